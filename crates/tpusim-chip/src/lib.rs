@@ -1,0 +1,615 @@
+//! TPU chip models for tpusim.
+//!
+//! A [`ChipModel`] is one TensorCore as a Pallas kernel sees it: its matrix units (MXU), vector
+//! unit (VPU), transcendental unit (EUP), cross-lane unit (XLU), on-chip memories (VMEM, SMEM),
+//! HBM, and the parameters that had to be fitted to measurements because they are not public.
+//!
+//! Chip models are TOML files (see `models/README.md`). Every number is a [`Param`]: a value with
+//! its unit in the field name and either a `source` (architectural parameters) or a `fitted_to`
+//! list naming the measurement rows it was fitted to (parameters in the `[fitted]` table).
+//! Unknown keys, missing sources and out-of-range values are errors ([`ChipError`]).
+//!
+//! This crate depends on nothing else in the workspace.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::path::Path;
+
+/// Names of the chip models built into the binary (from `models/*.toml`).
+pub const PRESETS: &[&str] = &["v6e", "v5e", "v5p", "v4", "v7x"];
+
+const PRESET_TEXT: &[(&str, &str)] = &[
+    ("v6e", include_str!("../../../models/v6e.toml")),
+    ("v5e", include_str!("../../../models/v5e.toml")),
+    ("v5p", include_str!("../../../models/v5p.toml")),
+    ("v4", include_str!("../../../models/v4.toml")),
+    ("v7x", include_str!("../../../models/v7x.toml")),
+];
+
+/// An error in a chip model: where it is, what was wrong, and what is allowed.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ChipError {
+    /// The `--chip` argument named neither a preset nor a readable file.
+    #[error("unknown chip '{name}': expected a preset ({presets}) or a path to a .toml chip model")]
+    UnknownChip {
+        /// What the user passed.
+        name: String,
+        /// The preset names, comma separated.
+        presets: String,
+    },
+    /// The file could not be read.
+    #[error("cannot read chip model {path}: {reason}")]
+    Io {
+        /// File path.
+        path: String,
+        /// The operating system's reason.
+        reason: String,
+    },
+    /// The TOML is malformed or has unknown / missing keys.
+    #[error("chip model {origin}: {message}")]
+    Parse {
+        /// File path or preset name.
+        origin: String,
+        /// The TOML parser's message (names the key and line).
+        message: String,
+    },
+    /// A field has a value outside its allowed range, or lacks its source.
+    #[error("chip model {origin}: field '{field}' = {value}: {allowed}")]
+    Field {
+        /// File path, preset name or `--set`.
+        origin: String,
+        /// Dotted field path, e.g. `mxu.count`.
+        field: String,
+        /// The offending value as written.
+        value: String,
+        /// What is allowed.
+        allowed: String,
+    },
+}
+
+/// One chip-model number: its value and where it comes from.
+///
+/// Architectural parameters carry `source` (a document, page or measurement). Fitted parameters
+/// (only in [`Fitted`]) carry `fitted_to`, the ids of the calibration rows they were fitted to,
+/// and a `note` on how; an empty `fitted_to` is allowed only with a `note` saying why (e.g. a
+/// value carried over from another chip for lack of measurements).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Param<T> {
+    /// The value, in the unit the field name states.
+    pub value: T,
+    /// Where an architectural value comes from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    /// Calibration rows a fitted value was fitted to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fitted_to: Option<Vec<String>>,
+    /// Free-text remark (how a value was derived or fitted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+impl<T> Param<T> {
+    /// A parameter with a value and a source.
+    pub fn sourced(value: T, source: &str) -> Self {
+        Param { value, source: Some(source.to_string()), fitted_to: None, note: None }
+    }
+}
+
+/// Matrix units (systolic arrays).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Mxu {
+    /// Number of MXUs per TensorCore.
+    pub count: Param<u32>,
+    /// Systolic array rows (the contraction dimension of a weight tile).
+    pub rows: Param<u32>,
+    /// Systolic array columns (the output dimension of a weight tile).
+    pub columns: Param<u32>,
+    /// Array passes retired per cycle per MXU (1 on the 128x128 generations; 2 makes v6e's
+    /// published peak agree with a 1.75 GHz clock).
+    pub passes_per_cycle: Param<u32>,
+    /// Published peak bf16 dense matmul rate, TFLOP/s (reference only: the simulator derives the
+    /// peak from count x rows x columns x passes x clock so that what-if changes move it).
+    pub published_peak_bf16_tflops: Param<f64>,
+}
+
+/// Vector unit.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Vpu {
+    /// Sublanes of a vector register.
+    pub sublanes: Param<u32>,
+    /// Lanes of a vector register.
+    pub lanes: Param<u32>,
+    /// Latency of a simple f32 vector ALU op, cycles.
+    pub alu_latency_cycles: Param<u32>,
+}
+
+/// Transcendental unit (exp, reciprocal).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Eup {
+    /// Latency of one transcendental op, cycles.
+    pub latency_cycles: Param<u32>,
+}
+
+/// Cross-lane unit (row reductions, permutes).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Xlu {
+    /// Number of XLUs per TensorCore.
+    pub count: Param<u32>,
+    /// Cycles between issues of cross-lane ops on one XLU (one (8,128) register per issue).
+    pub issue_interval_cycles: Param<u32>,
+    /// Latency of one cross-lane op, cycles.
+    pub latency_cycles: Param<u32>,
+}
+
+/// Vector memory (the on-chip scratchpad blocks live in).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Vmem {
+    /// Physical VMEM per TensorCore, MiB.
+    pub size_mib: Param<f64>,
+    /// The compiler's default scoped VMEM limit for one kernel, MiB.
+    pub scoped_limit_mib: Param<f64>,
+}
+
+/// Scalar memory (grid metadata, block indices).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Smem {
+    /// SMEM per TensorCore, KiB.
+    pub size_kib: Param<f64>,
+}
+
+/// High-bandwidth memory.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Hbm {
+    /// Capacity per chip, GiB.
+    pub capacity_gib: Param<f64>,
+    /// Peak bandwidth, GB/s (10^9 bytes per second).
+    pub bandwidth_gb_per_s: Param<f64>,
+}
+
+/// Parameters that are not public and were fitted to measurements.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Fitted {
+    /// Core clock, GHz.
+    pub clock_ghz: Param<f64>,
+    /// Vector ALU throughput: (8,128) f32 register operations retired per cycle.
+    pub valu_vreg_ops_per_cycle: Param<f64>,
+    /// Transcendental throughput: (8,128) registers of exp results per cycle.
+    pub eup_vregs_per_cycle: Param<f64>,
+    /// Fixed scalar-unit cost of one grid step (pipeline bookkeeping, semaphore waits), cycles.
+    pub grid_step_overhead_cycles: Param<f64>,
+    /// Extra vector cycles per (8,128) register of scores on the masked path, on top of the
+    /// mask expression's own ALU ops (the select and the masked code path's spills).
+    pub mask_extra_cycles_per_vreg: Param<f64>,
+    /// Latency from a DMA's issue to its first byte arriving in VMEM, ns.
+    pub dma_latency_ns: Param<f64>,
+    /// Fraction of peak HBM bandwidth a large DMA stream achieves (0, 1].
+    pub hbm_efficiency: Param<f64>,
+}
+
+/// One TensorCore of a TPU chip, as a Pallas kernel sees it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChipModel {
+    /// Short name, e.g. `v6e`.
+    pub name: String,
+    /// One line describing the chip.
+    pub description: String,
+    /// Matrix units.
+    pub mxu: Mxu,
+    /// Vector unit.
+    pub vpu: Vpu,
+    /// Transcendental unit.
+    pub eup: Eup,
+    /// Cross-lane unit.
+    pub xlu: Xlu,
+    /// Vector memory.
+    pub vmem: Vmem,
+    /// Scalar memory.
+    pub smem: Smem,
+    /// HBM.
+    pub hbm: Hbm,
+    /// Parameters fitted to measurements.
+    pub fitted: Fitted,
+}
+
+impl ChipModel {
+    /// Parses and validates a chip model from TOML text. `origin` names the file in errors.
+    ///
+    /// # Errors
+    /// [`ChipError::Parse`] for malformed TOML, unknown or missing keys; [`ChipError::Field`] for
+    /// out-of-range values or parameters without a source.
+    pub fn from_toml_str(text: &str, origin: &str) -> Result<Self, ChipError> {
+        let chip: ChipModel = toml::from_str(text)
+            .map_err(|e| ChipError::Parse { origin: origin.to_string(), message: one_line(&e.to_string()) })?;
+        chip.validate(origin)?;
+        Ok(chip)
+    }
+
+    /// A built-in chip model by preset name (`v6e`, `v5e`, `v5p`, `v4`, `v7x`).
+    ///
+    /// # Errors
+    /// [`ChipError::UnknownChip`] if the name is not a preset.
+    pub fn preset(name: &str) -> Result<Self, ChipError> {
+        let text = PRESET_TEXT
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, t)| *t)
+            .ok_or_else(|| ChipError::UnknownChip { name: name.to_string(), presets: PRESETS.join(", ") })?;
+        Self::from_toml_str(text, &format!("preset {name}"))
+    }
+
+    /// Loads a chip by preset name or, if `spec` ends in `.toml` or names an existing file, by path.
+    ///
+    /// # Errors
+    /// As [`ChipModel::preset`] and [`ChipModel::from_toml_str`], plus [`ChipError::Io`].
+    pub fn load(spec: &str) -> Result<Self, ChipError> {
+        if PRESETS.contains(&spec) {
+            return Self::preset(spec);
+        }
+        let path = Path::new(spec);
+        if spec.ends_with(".toml") || path.exists() {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| ChipError::Io { path: spec.to_string(), reason: e.to_string() })?;
+            return Self::from_toml_str(&text, spec);
+        }
+        Err(ChipError::UnknownChip { name: spec.to_string(), presets: PRESETS.join(", ") })
+    }
+
+    /// Returns a copy with one field's value replaced: `key` is a dotted path such as
+    /// `hbm.bandwidth_gb_per_s` or `fitted.clock_ghz`, `value` is parsed as that field's type.
+    /// The result is validated like a TOML file.
+    ///
+    /// # Errors
+    /// [`ChipError::Field`] naming the key if it does not exist or the value has the wrong type
+    /// or range.
+    pub fn with_override(&self, key: &str, value: &str) -> Result<Self, ChipError> {
+        let origin = "--set";
+        let bad = |allowed: String| ChipError::Field {
+            origin: origin.to_string(),
+            field: key.to_string(),
+            value: value.to_string(),
+            allowed,
+        };
+        let mut doc = toml::Value::try_from(self).map_err(|e| bad(e.to_string()))?;
+        let mut parts = key.split('.');
+        let (section, field) = match (parts.next(), parts.next(), parts.next()) {
+            (Some(s), Some(f), None) => (s, f),
+            _ => return Err(bad("expected SECTION.FIELD, e.g. hbm.bandwidth_gb_per_s".into())),
+        };
+        let known_fields = |t: &toml::value::Table| t.keys().cloned().collect::<Vec<_>>().join(", ");
+        let table = doc.as_table_mut().expect("a chip model serialises to a table");
+        let sections: Vec<String> = table.iter().filter(|(_, v)| v.is_table()).map(|(k, _)| k.clone()).collect();
+        let sec = table
+            .get_mut(section)
+            .and_then(|v| v.as_table_mut())
+            .ok_or_else(|| bad(format!("unknown section '{section}'; sections are {}", sections.join(", "))))?;
+        let listing = known_fields(sec);
+        let param = sec
+            .get_mut(field)
+            .and_then(|v| v.as_table_mut())
+            .ok_or_else(|| bad(format!("unknown field '{field}' in [{section}]; fields are {listing}")))?;
+        let old = param.get("value").cloned().expect("every parameter has a value");
+        let new = match old {
+            toml::Value::Integer(_) => value
+                .trim()
+                .parse::<i64>()
+                .map(toml::Value::Integer)
+                .map_err(|_| bad("expected a whole number".into()))?,
+            toml::Value::Float(_) => value
+                .trim()
+                .parse::<f64>()
+                .ok()
+                .filter(|v| v.is_finite())
+                .map(toml::Value::Float)
+                .ok_or_else(|| bad("expected a finite number".into()))?,
+            _ => return Err(bad("this field cannot be overridden".into())),
+        };
+        if let toml::Value::Integer(i) = new {
+            if i < 0 || i > u32::MAX as i64 {
+                return Err(bad(format!("expected a whole number from 1 to {}", u32::MAX)));
+            }
+        }
+        param.insert("value".into(), new);
+        param.insert("note".into(), toml::Value::String(format!("overridden with --set {key}={value}")));
+        let chip: ChipModel = doc.try_into().map_err(|e: toml::de::Error| bad(one_line(&e.to_string())))?;
+        chip.validate(origin)?;
+        Ok(chip)
+    }
+
+    /// Checks ranges and provenance of every field.
+    ///
+    /// # Errors
+    /// [`ChipError::Field`] for the first offending field.
+    pub fn validate(&self, origin: &str) -> Result<(), ChipError> {
+        let mut v = Validator { origin, err: None };
+        v.count("mxu.count", &self.mxu.count, 1, 64);
+        v.count("mxu.rows", &self.mxu.rows, 8, 4096);
+        v.count("mxu.columns", &self.mxu.columns, 8, 4096);
+        v.count("mxu.passes_per_cycle", &self.mxu.passes_per_cycle, 1, 16);
+        v.pos("mxu.published_peak_bf16_tflops", &self.mxu.published_peak_bf16_tflops, 1e-3, 1e6);
+        v.count("vpu.sublanes", &self.vpu.sublanes, 1, 1024);
+        v.count("vpu.lanes", &self.vpu.lanes, 1, 8192);
+        v.count("vpu.alu_latency_cycles", &self.vpu.alu_latency_cycles, 1, 10_000);
+        v.count("eup.latency_cycles", &self.eup.latency_cycles, 1, 10_000);
+        v.count("xlu.count", &self.xlu.count, 1, 64);
+        v.count("xlu.issue_interval_cycles", &self.xlu.issue_interval_cycles, 1, 10_000);
+        v.count("xlu.latency_cycles", &self.xlu.latency_cycles, 1, 100_000);
+        v.pos("vmem.size_mib", &self.vmem.size_mib, 1e-3, 1e6);
+        v.pos("vmem.scoped_limit_mib", &self.vmem.scoped_limit_mib, 1e-3, 1e6);
+        if self.vmem.scoped_limit_mib.value > self.vmem.size_mib.value {
+            v.fail(
+                "vmem.scoped_limit_mib",
+                self.vmem.scoped_limit_mib.value,
+                &format!("must not exceed vmem.size_mib ({})", self.vmem.size_mib.value),
+            );
+        }
+        v.pos("smem.size_kib", &self.smem.size_kib, 1e-3, 1e9);
+        v.pos("hbm.capacity_gib", &self.hbm.capacity_gib, 1e-3, 1e6);
+        v.pos("hbm.bandwidth_gb_per_s", &self.hbm.bandwidth_gb_per_s, 1e-3, 1e7);
+        v.fit("fitted.clock_ghz", &self.fitted.clock_ghz, 1e-3, 100.0);
+        v.fit("fitted.valu_vreg_ops_per_cycle", &self.fitted.valu_vreg_ops_per_cycle, 1e-3, 64.0);
+        v.fit("fitted.eup_vregs_per_cycle", &self.fitted.eup_vregs_per_cycle, 1e-3, 64.0);
+        v.fit_nonneg("fitted.grid_step_overhead_cycles", &self.fitted.grid_step_overhead_cycles, 1e7);
+        v.fit_nonneg("fitted.mask_extra_cycles_per_vreg", &self.fitted.mask_extra_cycles_per_vreg, 1e4);
+        v.fit_nonneg("fitted.dma_latency_ns", &self.fitted.dma_latency_ns, 1e6);
+        v.fit("fitted.hbm_efficiency", &self.fitted.hbm_efficiency, 1e-3, 1.0);
+        match v.err {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// Clock frequency, Hz.
+    pub fn clock_hz(&self) -> f64 {
+        self.fitted.clock_ghz.value * 1e9
+    }
+
+    /// Elements in one vector register (sublanes x lanes; 1024 on every TPU so far).
+    pub fn vreg_elems(&self) -> f64 {
+        (self.vpu.sublanes.value * self.vpu.lanes.value) as f64
+    }
+
+    /// Weight arrays that stream concurrently: MXU count x passes per cycle.
+    pub fn mxu_arrays(&self) -> f64 {
+        (self.mxu.count.value * self.mxu.passes_per_cycle.value) as f64
+    }
+
+    /// Peak bf16 matmul rate of the model, FLOP/s: 2 x count x rows x columns x passes x clock.
+    pub fn peak_flops(&self) -> f64 {
+        2.0 * self.mxu_arrays() * (self.mxu.rows.value as f64) * (self.mxu.columns.value as f64) * self.clock_hz()
+    }
+
+    /// Sustained HBM bandwidth of a long DMA stream, bytes per cycle
+    /// (peak GB/s x efficiency / clock).
+    pub fn hbm_bytes_per_cycle(&self) -> f64 {
+        self.hbm.bandwidth_gb_per_s.value * 1e9 * self.fitted.hbm_efficiency.value / self.clock_hz()
+    }
+
+    /// DMA latency in cycles.
+    pub fn dma_latency_cycles(&self) -> f64 {
+        self.fitted.dma_latency_ns.value * 1e-9 * self.clock_hz()
+    }
+
+    /// Scoped VMEM limit, bytes.
+    pub fn vmem_limit_bytes(&self) -> u64 {
+        (self.vmem.scoped_limit_mib.value * 1024.0 * 1024.0) as u64
+    }
+
+    /// Physical VMEM, bytes.
+    pub fn vmem_size_bytes(&self) -> u64 {
+        (self.vmem.size_mib.value * 1024.0 * 1024.0) as u64
+    }
+
+    /// Every parameter as (dotted field, value, unit, provenance), in file order, for display.
+    pub fn rows(&self) -> Vec<ParamRow> {
+        let mut out = Vec::new();
+        let doc = toml::Value::try_from(self).expect("a chip model serialises");
+        for (sec, v) in doc.as_table().expect("table") {
+            let Some(t) = v.as_table() else { continue };
+            for (field, p) in t {
+                let Some(p) = p.as_table() else { continue };
+                let value = match p.get("value") {
+                    Some(toml::Value::Float(f)) => format!("{f}"),
+                    Some(other) => other.to_string(),
+                    None => continue,
+                };
+                let provenance = if let Some(rows) = p.get("fitted_to").and_then(|r| r.as_array()) {
+                    let ids: Vec<String> = rows.iter().filter_map(|r| r.as_str().map(String::from)).collect();
+                    let mut s = format!("FITTED to [{}]", ids.join(", "));
+                    if let Some(n) = p.get("note").and_then(|n| n.as_str()) {
+                        s.push_str("; ");
+                        s.push_str(n);
+                    }
+                    s
+                } else {
+                    let mut s = p.get("source").and_then(|s| s.as_str()).unwrap_or("").to_string();
+                    if let Some(n) = p.get("note").and_then(|n| n.as_str()) {
+                        s.push_str("; ");
+                        s.push_str(n);
+                    }
+                    s
+                };
+                out.push(ParamRow { field: format!("{sec}.{field}"), value, unit: unit_of(field), provenance });
+            }
+        }
+        out
+    }
+}
+
+/// One parameter for display by `tpusim chip show`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ParamRow {
+    /// Dotted field path.
+    pub field: String,
+    /// Value as text.
+    pub value: String,
+    /// Unit, read off the field name's suffix.
+    pub unit: &'static str,
+    /// Source, or the rows it was fitted to.
+    pub provenance: String,
+}
+
+/// The unit a field name states by its suffix.
+pub fn unit_of(field: &str) -> &'static str {
+    const SUFFIXES: &[(&str, &str)] = &[
+        ("_ghz", "GHz"),
+        ("_tflops", "TFLOP/s"),
+        ("_gb_per_s", "GB/s"),
+        ("_mib", "MiB"),
+        ("_kib", "KiB"),
+        ("_gib", "GiB"),
+        ("_ns", "ns"),
+        ("_cycles", "cycles"),
+        ("_per_cycle", "per cycle"),
+        ("_per_vreg", "cycles per (8,128) register"),
+        ("_efficiency", "fraction"),
+    ];
+    SUFFIXES.iter().find(|(s, _)| field.ends_with(s)).map(|(_, u)| *u).unwrap_or("count")
+}
+
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+struct Validator<'a> {
+    origin: &'a str,
+    err: Option<ChipError>,
+}
+
+impl Validator<'_> {
+    fn fail(&mut self, field: &str, value: impl fmt::Display, allowed: &str) {
+        if self.err.is_none() {
+            self.err = Some(ChipError::Field {
+                origin: self.origin.to_string(),
+                field: field.to_string(),
+                value: value.to_string(),
+                allowed: allowed.to_string(),
+            });
+        }
+    }
+    fn sourced<T: fmt::Display>(&mut self, field: &str, p: &Param<T>) {
+        let ok = p.source.as_deref().is_some_and(|s| !s.trim().is_empty());
+        if !ok {
+            self.fail(field, &p.value, "an architectural parameter needs a non-empty `source`");
+        }
+        if p.fitted_to.is_some() {
+            self.fail(field, &p.value, "`fitted_to` belongs only to parameters in [fitted]");
+        }
+    }
+    fn count(&mut self, field: &str, p: &Param<u32>, lo: u32, hi: u32) {
+        self.sourced(field, p);
+        if p.value < lo || p.value > hi {
+            self.fail(field, p.value, &format!("expected a whole number from {lo} to {hi}"));
+        }
+    }
+    fn pos(&mut self, field: &str, p: &Param<f64>, lo: f64, hi: f64) {
+        self.sourced(field, p);
+        if !(p.value.is_finite() && p.value >= lo && p.value <= hi) {
+            self.fail(field, p.value, &format!("expected a number from {lo} to {hi}"));
+        }
+    }
+    fn fitted_provenance(&mut self, field: &str, p: &Param<f64>) {
+        match &p.fitted_to {
+            None => self.fail(field, p.value, "a fitted parameter needs `fitted_to` (calibration row ids)"),
+            Some(rows) if rows.is_empty() && p.note.as_deref().is_none_or(|n| n.trim().is_empty()) => {
+                self.fail(field, p.value, "an empty `fitted_to` needs a `note` saying where the value comes from")
+            }
+            _ => {}
+        }
+    }
+    fn fit(&mut self, field: &str, p: &Param<f64>, lo: f64, hi: f64) {
+        self.fitted_provenance(field, p);
+        if !(p.value.is_finite() && p.value >= lo && p.value <= hi) {
+            self.fail(field, p.value, &format!("expected a number from {lo} to {hi}"));
+        }
+    }
+    fn fit_nonneg(&mut self, field: &str, p: &Param<f64>, hi: f64) {
+        self.fitted_provenance(field, p);
+        if !(p.value.is_finite() && p.value >= 0.0 && p.value <= hi) {
+            self.fail(field, p.value, &format!("expected a number from 0 to {hi}"));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_preset_loads_and_validates() {
+        for name in PRESETS {
+            let chip = ChipModel::preset(name).unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(&chip.name, name);
+            assert!(chip.peak_flops() > 1e13, "{name} peak {}", chip.peak_flops());
+        }
+    }
+
+    #[test]
+    fn v6e_peak_matches_published_within_2_percent() {
+        let chip = ChipModel::preset("v6e").unwrap();
+        let published = chip.mxu.published_peak_bf16_tflops.value * 1e12;
+        assert!((chip.peak_flops() / published - 1.0).abs() < 0.02, "{}", chip.peak_flops());
+    }
+
+    #[test]
+    fn unknown_key_is_an_error_naming_it() {
+        let text = PRESET_TEXT[0].1.replace("[mxu]", "[mxu]\nbogus_field = { value = 1, source = \"x\" }");
+        let err = ChipModel::from_toml_str(&text, "t.toml").unwrap_err().to_string();
+        assert!(err.contains("bogus_field"), "{err}");
+    }
+
+    #[test]
+    fn missing_source_is_an_error() {
+        let chip = ChipModel::preset("v6e").unwrap();
+        let mut doc = toml::Value::try_from(&chip).unwrap();
+        doc["mxu"]["count"].as_table_mut().unwrap().remove("source");
+        let err = ChipModel::from_toml_str(&toml::to_string(&doc).unwrap(), "t").unwrap_err().to_string();
+        assert!(err.contains("mxu.count") && err.contains("source"), "{err}");
+    }
+
+    #[test]
+    fn zero_count_is_an_error() {
+        let chip = ChipModel::preset("v6e").unwrap();
+        let err = chip.with_override("mxu.count", "0").unwrap_err().to_string();
+        assert!(err.contains("mxu.count") && err.contains("from 1"), "{err}");
+    }
+
+    #[test]
+    fn override_changes_value_and_unknown_override_is_named() {
+        let chip = ChipModel::preset("v6e").unwrap();
+        let faster = chip.with_override("hbm.bandwidth_gb_per_s", "3276").unwrap();
+        assert_eq!(faster.hbm.bandwidth_gb_per_s.value, 3276.0);
+        let err = chip.with_override("hbm.bandwith_gb_per_s", "1").unwrap_err().to_string();
+        assert!(err.contains("bandwith") && err.contains("bandwidth_gb_per_s"), "{err}");
+        let err = chip.with_override("fitted.clock_ghz", "fast").unwrap_err().to_string();
+        assert!(err.contains("fitted.clock_ghz") && err.contains("number"), "{err}");
+    }
+
+    #[test]
+    fn unknown_chip_lists_presets() {
+        let err = ChipModel::load("v9z").unwrap_err().to_string();
+        assert!(err.contains("v9z") && err.contains("v6e"), "{err}");
+    }
+
+    #[test]
+    fn malformed_toml_is_an_error_not_a_panic() {
+        assert!(ChipModel::from_toml_str("name = ", "x").is_err());
+        assert!(ChipModel::from_toml_str("", "x").is_err());
+    }
+
+    #[test]
+    fn units_come_from_field_names() {
+        assert_eq!(unit_of("clock_ghz"), "GHz");
+        assert_eq!(unit_of("bandwidth_gb_per_s"), "GB/s");
+        assert_eq!(unit_of("count"), "count");
+    }
+}

@@ -1,0 +1,374 @@
+//! Cycle-approximate simulation of a lowered kernel ([`tpusim_kernel::Program`]) on a chip model.
+//!
+//! Two levels:
+//!
+//! 1. **Inside a grid step** ([`schedule_body`]): the step's tile operations form a dependency
+//!    graph (petgraph). A list scheduler issues them on the MXU, VPU, EUP and XLU: each unit runs
+//!    one operation at a time; an operation starts when its inputs are done and its unit is free
+//!    (earliest-ready first). An operation *occupies* its unit for its throughput time and its
+//!    result is available a *latency* later (MXU: the systolic fill/drain, 2 x rows + columns
+//!    cycles; VPU/EUP/XLU: the chip's op latencies). Work -> cycles:
+//!    * matmul m x k x n whose weights serve `m_total` streamed rows: folds = ceil(k / rows) x
+//!      ceil(n / columns); the whole product takes max(folds x m_total / A, ceil(folds / A) x rows)
+//!      cycles on A = count x passes arrays (a fold streams one row per cycle; loading a fold's
+//!      weights takes `rows` cycles and overlaps the previous stream); an operation streaming m of
+//!      the m_total rows takes its m / m_total share;
+//!    * vector: ops / valu_vreg_ops_per_cycle + masked registers x mask_extra_cycles_per_vreg;
+//!    * transcendental: registers / eup_vregs_per_cycle;
+//!    * cross-lane: registers x issue_interval_cycles / count.
+//!    Each distinct step body is scheduled once and reused.
+//! 2. **Across grid steps** ([`simulate`]): the Pallas pipeline. Step i's body starts when the
+//!    previous step's body has ended plus the fixed grid-step overhead (scalar unit), and when its
+//!    input DMAs have landed. The next step's input DMAs are issued as step i's body starts
+//!    (double buffering); a DMA waits `dma_latency_ns`, then moves its bytes at the sustained HBM
+//!    bandwidth (peak x efficiency), one DMA at a time. Output blocks are written back after the
+//!    step that completes them; the kernel ends when the last body and the last write-back end.
+
+use petgraph::graph::NodeIndex;
+use petgraph::Direction;
+use serde::Serialize;
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use tpusim_chip::ChipModel;
+use tpusim_kernel::{Program, StepBody, Unit, Work};
+
+/// Busy cycles per unit. `hbm` is DMA transfer time, `step_control` the grid-step overhead.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct UnitCycles {
+    /// Matrix units.
+    pub mxu: f64,
+    /// Vector ALUs.
+    pub vpu: f64,
+    /// Transcendental unit.
+    pub eup: f64,
+    /// Cross-lane units.
+    pub xlu: f64,
+    /// HBM <-> VMEM DMA transfers.
+    pub hbm: f64,
+    /// Scalar grid-step control (fixed per-step overhead).
+    pub step_control: f64,
+}
+
+impl UnitCycles {
+    /// (name, cycles) pairs in report order.
+    pub fn named(&self) -> [(&'static str, f64); 6] {
+        [
+            ("mxu", self.mxu),
+            ("vpu", self.vpu),
+            ("eup", self.eup),
+            ("xlu", self.xlu),
+            ("hbm", self.hbm),
+            ("step_control", self.step_control),
+        ]
+    }
+
+    fn add_unit(&mut self, u: Unit, c: f64) {
+        match u {
+            Unit::Mxu => self.mxu += c,
+            Unit::Vpu => self.vpu += c,
+            Unit::Eup => self.eup += c,
+            Unit::Xlu => self.xlu += c,
+        }
+    }
+}
+
+/// When one tile operation ran inside a step body, cycles from the body's start.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct OpTiming {
+    /// Node index in the body graph.
+    pub node: usize,
+    /// Unit it ran on.
+    pub unit: Unit,
+    /// Start cycle.
+    pub start: f64,
+    /// Cycle its unit became free again.
+    pub end: f64,
+}
+
+/// A scheduled step body.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct BodyTiming {
+    /// Cycles from the first issue to the last result.
+    pub cycles: f64,
+    /// Busy cycles per unit (MXU, VPU, EUP, XLU; hbm and step_control are zero).
+    pub busy: UnitCycles,
+    /// Per-operation timing, in node order.
+    pub ops: Vec<OpTiming>,
+}
+
+/// Occupancy and latency in cycles of one piece of work on a chip.
+pub fn op_cycles(chip: &ChipModel, work: &Work) -> (f64, f64) {
+    match *work {
+        Work::Matmul { m, k, n, m_total } => {
+            let rows = chip.mxu.rows.value as u64;
+            let cols = chip.mxu.columns.value as u64;
+            let arrays = chip.mxu_arrays();
+            let folds = (k.div_ceil(rows) * n.div_ceil(cols)) as f64;
+            let whole = (folds * m_total as f64 / arrays).max((folds / arrays).ceil() * rows as f64);
+            let occ = whole * m as f64 / m_total.max(1) as f64;
+            (occ, (2 * rows + cols) as f64)
+        }
+        Work::Vector { ops, masked_vregs } => (
+            ops / chip.fitted.valu_vreg_ops_per_cycle.value + masked_vregs * chip.fitted.mask_extra_cycles_per_vreg.value,
+            chip.vpu.alu_latency_cycles.value as f64,
+        ),
+        Work::Transcendental { vregs } => (vregs / chip.fitted.eup_vregs_per_cycle.value, chip.eup.latency_cycles.value as f64),
+        Work::CrossLane { vregs } => (
+            vregs * chip.xlu.issue_interval_cycles.value as f64 / chip.xlu.count.value as f64,
+            chip.xlu.latency_cycles.value as f64,
+        ),
+    }
+}
+
+#[derive(PartialEq, PartialOrd)]
+struct Key(f64, usize);
+impl Eq for Key {}
+impl Ord for Key {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        self.partial_cmp(o).unwrap_or(std::cmp::Ordering::Equal)
+    }
+}
+
+/// List-schedules one step body on the chip's units (module docs).
+pub fn schedule_body(chip: &ChipModel, body: &StepBody) -> BodyTiming {
+    let g = &body.graph;
+    let n = g.node_count();
+    if n == 0 {
+        return BodyTiming::default();
+    }
+    let mut indeg: Vec<usize> = (0..n).map(|i| g.neighbors_directed(NodeIndex::new(i), Direction::Incoming).count()).collect();
+    let mut ready_at = vec![0.0f64; n];
+    let mut heaps: Vec<BinaryHeap<Reverse<Key>>> = (0..Unit::ALL.len()).map(|_| BinaryHeap::new()).collect();
+    let mut unit_free = [0.0f64; 4];
+    let cost: Vec<(f64, f64)> = g.node_weights().map(|op| op_cycles(chip, &op.work)).collect();
+    for i in 0..n {
+        if indeg[i] == 0 {
+            heaps[g[NodeIndex::new(i)].work.unit().index()].push(Reverse(Key(0.0, i)));
+        }
+    }
+    let mut t = BodyTiming { ops: Vec::with_capacity(n), ..Default::default() };
+    let mut timing = vec![None; n];
+    for _ in 0..n {
+        // The unit whose earliest-ready operation can start first.
+        let mut best: Option<(f64, usize)> = None;
+        for (u, h) in heaps.iter().enumerate() {
+            if let Some(Reverse(Key(r, _))) = h.peek() {
+                let s = r.max(unit_free[u]);
+                if best.is_none_or(|(bs, _)| s < bs) {
+                    best = Some((s, u));
+                }
+            }
+        }
+        let Some((start, u)) = best else { break };
+        let Reverse(Key(_, i)) = heaps[u].pop().expect("peeked");
+        let (occ, lat) = cost[i];
+        let end = start + occ;
+        unit_free[u] = end;
+        let done = end + lat;
+        t.cycles = t.cycles.max(done);
+        t.busy.add_unit(Unit::ALL[u], occ);
+        timing[i] = Some(OpTiming { node: i, unit: Unit::ALL[u], start, end });
+        for s in g.neighbors_directed(NodeIndex::new(i), Direction::Outgoing) {
+            let j = s.index();
+            ready_at[j] = ready_at[j].max(done);
+            indeg[j] -= 1;
+            if indeg[j] == 0 {
+                heaps[g[s].work.unit().index()].push(Reverse(Key(ready_at[j], j)));
+            }
+        }
+    }
+    t.ops = timing.into_iter().flatten().collect();
+    t
+}
+
+/// The outcome of simulating a program.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SimResult {
+    /// Total cycles from the first DMA issue to the last write-back.
+    pub cycles: f64,
+    /// Total time, seconds.
+    pub seconds: f64,
+    /// Busy cycles per unit.
+    pub busy: UnitCycles,
+    /// Executed matmul FLOPs (padding and masked-out pairs of visited tiles included).
+    pub flops: f64,
+    /// Executed exp/reciprocal elements.
+    pub transcendentals: f64,
+    /// Bytes moved between HBM and VMEM (both directions).
+    pub hbm_bytes: u64,
+    /// Grid steps run.
+    pub grid_steps: u64,
+    /// Scheduled body of each step class (index = class id).
+    pub class_timing: Vec<BodyTiming>,
+    /// Steps run of each class.
+    pub class_steps: Vec<u64>,
+}
+
+impl SimResult {
+    /// Busy fraction per unit (busy cycles / total cycles).
+    pub fn utilization(&self) -> Vec<(&'static str, f64)> {
+        self.busy.named().iter().map(|&(n, c)| (n, if self.cycles > 0.0 { c / self.cycles } else { 0.0 })).collect()
+    }
+
+    /// The unit with the most busy cycles: the one that bounds the run.
+    pub fn bottleneck(&self) -> &'static str {
+        self.busy
+            .named()
+            .iter()
+            .fold(("none", 0.0), |best, &(n, c)| if c > best.1 { (n, c) } else { best })
+            .0
+    }
+}
+
+/// Per-step times from the pipeline recursion, passed to an observer (for timelines).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct StepTiming {
+    /// Grid step index.
+    pub index: u64,
+    /// Cycle the body started.
+    pub body_start: f64,
+    /// Cycle the body ended.
+    pub body_end: f64,
+    /// Cycle the step's overhead started (after the previous body).
+    pub overhead_start: f64,
+    /// Input DMA for this step: (transfer start, transfer end) if any bytes moved.
+    pub dma_in: Option<(f64, f64)>,
+    /// Output DMA after this step: (transfer start, transfer end) if any.
+    pub dma_out: Option<(f64, f64)>,
+}
+
+/// Simulates a program on a chip (module docs).
+pub fn simulate(chip: &ChipModel, program: &Program) -> SimResult {
+    simulate_observed(chip, program, &mut |_, _| {})
+}
+
+/// Like [`simulate`], calling `observe(step, timing)` for every grid step in order.
+pub fn simulate_observed(
+    chip: &ChipModel,
+    program: &Program,
+    observe: &mut dyn FnMut(&tpusim_kernel::Step, &StepTiming),
+) -> SimResult {
+    let class_timing: Vec<BodyTiming> = program.classes.iter().map(|c| schedule_body(chip, &c.body)).collect();
+    let mut class_steps = vec![0u64; class_timing.len()];
+    let bpc = chip.hbm_bytes_per_cycle();
+    let lat = chip.dma_latency_cycles();
+    let overhead = chip.fitted.grid_step_overhead_cycles.value;
+
+    let mut hbm_free = 0.0f64;
+    let mut prev_end = 0.0f64;
+    let mut issue = 0.0f64; // when the current step's inputs were issued
+    let mut in_bytes_total = 0u64;
+    let mut out_bytes_total = 0u64;
+    let mut steps = 0u64;
+    let mut last_out_done = 0.0f64;
+    let mut transfer = |issue: f64, bytes: u64, hbm_free: &mut f64| -> (f64, f64) {
+        let start = (issue + lat).max(*hbm_free);
+        let end = start + bytes as f64 / bpc;
+        *hbm_free = end;
+        (start, end)
+    };
+    program.for_each_step(&mut |s| {
+        let dma_in = (s.in_bytes > 0).then(|| transfer(issue, s.in_bytes, &mut hbm_free));
+        let ready = dma_in.map_or(issue, |(_, e)| e);
+        let overhead_start = prev_end;
+        let body_start = (prev_end + overhead).max(ready);
+        let bt = &class_timing[s.class as usize];
+        let body_end = body_start + bt.cycles;
+        // The next step's inputs are issued as this body starts (double buffering).
+        issue = body_start;
+        let dma_out = (s.out_bytes > 0).then(|| transfer(body_end, s.out_bytes, &mut hbm_free));
+        if let Some((_, e)) = dma_out {
+            last_out_done = e;
+        }
+        observe(s, &StepTiming { index: steps, body_start, body_end, overhead_start, dma_in, dma_out });
+        prev_end = body_end;
+        class_steps[s.class as usize] += 1;
+        in_bytes_total += s.in_bytes;
+        out_bytes_total += s.out_bytes;
+        steps += 1;
+    });
+    let cycles = prev_end.max(last_out_done);
+    let mut busy = UnitCycles::default();
+    let mut flops = 0.0;
+    let mut trans = 0.0;
+    for (i, t) in class_timing.iter().enumerate() {
+        let k = class_steps[i] as f64;
+        busy.mxu += k * t.busy.mxu;
+        busy.vpu += k * t.busy.vpu;
+        busy.eup += k * t.busy.eup;
+        busy.xlu += k * t.busy.xlu;
+        flops += k * program.classes[i].body.flops();
+        trans += k * program.classes[i].body.transcendental_vregs() * chip.vreg_elems();
+    }
+    let hbm_bytes = in_bytes_total + out_bytes_total;
+    busy.hbm = hbm_bytes as f64 / bpc;
+    busy.step_control = steps as f64 * overhead;
+    SimResult {
+        cycles,
+        seconds: cycles / chip.clock_hz(),
+        busy,
+        flops,
+        transcendentals: trans,
+        hbm_bytes,
+        grid_steps: steps,
+        class_timing,
+        class_steps,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tpusim_kernel::{matmul, splash, MatmulConfig, SplashConfig};
+    use tpusim_workload::{AttentionCall, MatmulCall};
+
+    fn v6e() -> ChipModel {
+        ChipModel::preset("v6e").unwrap()
+    }
+
+    #[test]
+    fn busy_never_exceeds_total() {
+        let chip = v6e();
+        let w = AttentionCall::video_default();
+        let p = splash::lower(&chip, &w, &SplashConfig::defaults_for(&w)).unwrap();
+        let r = simulate(&chip, &p);
+        for (n, u) in r.utilization() {
+            assert!((0.0..=1.0 + 1e-9).contains(&u), "{n} {u}");
+        }
+        assert!(r.cycles > 0.0);
+    }
+
+    #[test]
+    fn body_schedule_overlaps_units() {
+        let chip = v6e();
+        let w = AttentionCall::video_default();
+        let p = splash::lower(&chip, &w, &SplashConfig::defaults_for(&w)).unwrap();
+        let t = schedule_body(&chip, &p.classes[1].body);
+        let serial = t.busy.mxu + t.busy.vpu + t.busy.eup + t.busy.xlu;
+        let longest = t.busy.mxu.max(t.busy.vpu).max(t.busy.eup).max(t.busy.xlu);
+        assert!(t.cycles < serial, "no overlap: {} vs {serial}", t.cycles);
+        assert!(t.cycles >= longest);
+    }
+
+    #[test]
+    fn matmul_flops_and_bytes() {
+        let chip = ChipModel::preset("v5e").unwrap();
+        let mm = MatmulCall { m: 2048, n: 2048, k: 2048 };
+        let p = matmul::lower(&chip, &mm, &MatmulConfig::defaults_for(&mm)).unwrap();
+        let r = simulate(&chip, &p);
+        assert!((r.flops - mm.flops()).abs() < 1.0);
+        // A large-block matmul is MXU-bound.
+        assert_eq!(r.bottleneck(), "mxu");
+    }
+
+    #[test]
+    fn more_bandwidth_is_never_slower() {
+        let chip = v6e();
+        let fast = chip.with_override("hbm.bandwidth_gb_per_s", "3276").unwrap();
+        let mm = MatmulCall { m: 4096, n: 4096, k: 4096 };
+        let cfg = MatmulConfig { block_m: 128, block_n: 128, block_k: 128, vmem_limit_bytes: None };
+        let a = simulate(&chip, &matmul::lower(&chip, &mm, &cfg).unwrap()).cycles;
+        let b = simulate(&fast, &matmul::lower(&fast, &mm, &cfg).unwrap()).cycles;
+        assert!(b <= a, "{b} > {a}");
+    }
+}

@@ -1,0 +1,185 @@
+//! The lowered form of a kernel: a Pallas grid of steps, each step a small dependency graph of
+//! tile operations on the chip's units, plus the DMAs that feed it.
+//!
+//! The engine (`tpusim-engine`) times these; this module only says *what* runs. Work amounts are
+//! in hardware-neutral units (matmul shapes, (8,128)-register counts) so that the same program
+//! can be timed on any chip model.
+
+use petgraph::graph::{DiGraph, NodeIndex};
+use serde::Serialize;
+
+/// A unit of the TensorCore that a tile operation occupies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, PartialOrd, Ord)]
+#[serde(rename_all = "snake_case")]
+pub enum Unit {
+    /// Matrix units (all MXUs together).
+    Mxu,
+    /// Vector ALUs.
+    Vpu,
+    /// Transcendental unit.
+    Eup,
+    /// Cross-lane units.
+    Xlu,
+}
+
+impl Unit {
+    /// Every unit, in report order.
+    pub const ALL: [Unit; 4] = [Unit::Mxu, Unit::Vpu, Unit::Eup, Unit::Xlu];
+
+    /// Index into per-unit arrays.
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    /// Short name as used in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Unit::Mxu => "mxu",
+            Unit::Vpu => "vpu",
+            Unit::Eup => "eup",
+            Unit::Xlu => "xlu",
+        }
+    }
+}
+
+/// How much work one tile operation is.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub enum Work {
+    /// A bf16 matmul of `m` x `k` by `k` x `n` rows streamed through weight tiles of the whole
+    /// `m_total` x `k` x `n` product (weights stay resident while `m_total` rows stream in slabs).
+    Matmul {
+        /// Rows streamed by this operation.
+        m: u64,
+        /// Contraction length.
+        k: u64,
+        /// Output columns.
+        n: u64,
+        /// Rows streamed through the same weights over all slabs of the product.
+        m_total: u64,
+    },
+    /// Vector ALU work: `ops` (8,128)-register operations, of which `masked_vregs` registers are
+    /// on the masked path (they pay the chip's extra mask cycles).
+    Vector {
+        /// Register operations.
+        ops: f64,
+        /// Score registers on the masked path.
+        masked_vregs: f64,
+    },
+    /// Transcendental work: (8,128) registers of exp or reciprocal.
+    Transcendental {
+        /// Registers.
+        vregs: f64,
+    },
+    /// Cross-lane reductions: (8,128) registers reduced across lanes.
+    CrossLane {
+        /// Registers.
+        vregs: f64,
+    },
+}
+
+impl Work {
+    /// The unit this work runs on.
+    pub fn unit(&self) -> Unit {
+        match self {
+            Work::Matmul { .. } => Unit::Mxu,
+            Work::Vector { .. } => Unit::Vpu,
+            Work::Transcendental { .. } => Unit::Eup,
+            Work::CrossLane { .. } => Unit::Xlu,
+        }
+    }
+
+    /// FLOPs of a matmul (2 x m x k x n); zero for other work.
+    pub fn flops(&self) -> f64 {
+        match self {
+            Work::Matmul { m, k, n, .. } => 2.0 * (*m as f64) * (*k as f64) * (*n as f64),
+            _ => 0.0,
+        }
+    }
+}
+
+/// One tile operation: a name (for timelines) and its work.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TileOp {
+    /// What it computes, e.g. `qk`, `exp`, `pv`.
+    pub name: &'static str,
+    /// Its work.
+    pub work: Work,
+}
+
+/// The body of one grid step: tile operations and their data dependencies.
+///
+/// Node indices are a topological order (every edge goes from a lower to a higher index), which
+/// is also program order: the order the kernel's code issues them.
+#[derive(Debug, Clone, Default)]
+pub struct StepBody {
+    /// Operations and dependency edges (from producer to consumer).
+    pub graph: DiGraph<TileOp, ()>,
+}
+
+impl StepBody {
+    /// Adds an operation depending on `deps` and returns its index.
+    pub fn add(&mut self, name: &'static str, work: Work, deps: &[NodeIndex]) -> NodeIndex {
+        let n = self.graph.add_node(TileOp { name, work });
+        for &d in deps {
+            self.graph.add_edge(d, n, ());
+        }
+        n
+    }
+
+    /// Total matmul FLOPs of the body.
+    pub fn flops(&self) -> f64 {
+        self.graph.node_weights().map(|op| op.work.flops()).sum()
+    }
+
+    /// Total exp/reciprocal registers x elements per register gives transcendentals.
+    pub fn transcendental_vregs(&self) -> f64 {
+        self.graph
+            .node_weights()
+            .map(|op| match op.work {
+                Work::Transcendental { vregs } => vregs,
+                _ => 0.0,
+            })
+            .sum()
+    }
+
+    /// True when the body has no operations (a skipped grid step).
+    pub fn is_empty(&self) -> bool {
+        self.graph.node_count() == 0
+    }
+}
+
+/// What a step class stands for, for reports and timelines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+pub struct ClassKey {
+    /// `empty`, `partial` or `full` for attention tiles; `full` for matmul steps.
+    pub tile: &'static str,
+    /// Whether the element-wise mask is applied.
+    pub masked: bool,
+    /// First step of an output block (initialises accumulators).
+    pub first: bool,
+    /// Last step of an output block (finalises and writes back).
+    pub last: bool,
+}
+
+/// A distinct step body and what it stands for.
+#[derive(Debug, Clone)]
+pub struct StepClass {
+    /// Description.
+    pub key: ClassKey,
+    /// The operations.
+    pub body: StepBody,
+}
+
+/// One grid step as the engine sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Step {
+    /// Index into [`crate::Program::classes`].
+    pub class: u32,
+    /// Bytes copied HBM -> VMEM for this step's inputs (0 when every input's block index is
+    /// the same as the previous step's, so the copy is elided).
+    pub in_bytes: u64,
+    /// Bytes copied VMEM -> HBM after this step (an output block that is complete).
+    pub out_bytes: u64,
+    /// Grid coordinates: (batch x head, q block or row block, kv block or column block, k block).
+    pub coords: [u32; 4],
+}

@@ -1,0 +1,171 @@
+//! Kernel lowering for tpusim: a kernel and its block sizes -> a Pallas grid of tile operations.
+//!
+//! * [`splash`]: forward flash attention as Splash Attention and its sparse descendants run it
+//!   (dense, full-grid with skipped empty steps, compacted grid; masked on every tile, on partial
+//!   tiles only, or never; masks computed from iota or loaded as int8 blocks; tile alignment).
+//! * [`matmul`]: a blocked Pallas matmul (the Pallas TPU matmul tutorial's kernel).
+//!
+//! The result is a [`Program`]: step classes (distinct step bodies, each a dependency graph of
+//! [`ir::TileOp`]s) and a stream of [`ir::Step`]s in grid order with their DMA bytes. Lowering
+//! checks the hardware's block rules and the VMEM budget against the chip model.
+//!
+//! Depends on `tpusim-chip` (block rules, VMEM limits) and `tpusim-workload` (shapes, masks,
+//! tile classification); never on the engine or anything above it.
+
+pub mod ir;
+pub mod matmul;
+pub mod splash;
+
+pub use ir::{ClassKey, Step, StepBody, StepClass, TileOp, Unit, Work};
+pub use matmul::MatmulConfig;
+pub use splash::{MaskSource, Masking, SplashConfig, Traversal};
+
+use serde::Serialize;
+
+/// Rows of a block the kernel's code processes as one software-pipelined slab: the MXU streams
+/// slab s+1 while the vector units work on slab s. An assumption about the compiler's schedule
+/// (not public), fixed for every chip and workload.
+pub const SLAB_ROWS: u64 = 256;
+
+/// An error in a kernel configuration: the field, its value and what is allowed.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum KernelError {
+    /// A block size or option breaks the hardware's or the kernel's rules.
+    #[error("{field} = {value}: {allowed}")]
+    Config {
+        /// Flag name, e.g. `--block-kv-compute`.
+        field: String,
+        /// Offending value.
+        value: String,
+        /// What is allowed.
+        allowed: String,
+    },
+    /// The tiling does not fit the scoped VMEM limit.
+    #[error("tiling needs {needed} bytes of VMEM ({breakdown}) but the scoped limit is {limit} bytes ({limit_mib} MiB); use smaller blocks or raise --vmem-limit-mib (physical VMEM: {physical_mib} MiB)")]
+    Vmem {
+        /// Bytes the tiling needs.
+        needed: u64,
+        /// Bytes allowed.
+        limit: u64,
+        /// The limit in MiB.
+        limit_mib: f64,
+        /// Physical VMEM in MiB.
+        physical_mib: f64,
+        /// Per-buffer breakdown.
+        breakdown: String,
+    },
+    /// The workload itself is invalid.
+    #[error(transparent)]
+    Workload(#[from] tpusim_workload::WorkloadError),
+    /// The mask is invalid for this workload.
+    #[error(transparent)]
+    Mask(#[from] tpusim_workload::MaskError),
+}
+
+impl KernelError {
+    pub(crate) fn config(field: &str, value: impl ToString, allowed: impl Into<String>) -> Self {
+        KernelError::Config { field: field.to_string(), value: value.to_string(), allowed: allowed.into() }
+    }
+}
+
+/// VMEM a tiling needs, buffer by buffer, bytes.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct VmemBudget {
+    /// (buffer name, bytes), e.g. ("q x2", 1548288).
+    pub buffers: Vec<(String, u64)>,
+    /// The scoped limit checked against, bytes.
+    pub limit_bytes: u64,
+}
+
+impl VmemBudget {
+    /// Total bytes.
+    pub fn total(&self) -> u64 {
+        self.buffers.iter().map(|(_, b)| b).sum()
+    }
+
+    /// Checks the budget against the limit.
+    ///
+    /// # Errors
+    /// [`KernelError::Vmem`] with the breakdown when it does not fit.
+    pub fn check(&self, chip: &tpusim_chip::ChipModel) -> Result<(), KernelError> {
+        if self.total() > self.limit_bytes {
+            return Err(KernelError::Vmem {
+                needed: self.total(),
+                limit: self.limit_bytes,
+                limit_mib: self.limit_bytes as f64 / 1048576.0,
+                physical_mib: chip.vmem.size_mib.value,
+                breakdown: self.buffers.iter().map(|(n, b)| format!("{n} {b}")).collect::<Vec<_>>().join(", "),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Tile counts of an attention program, summed over batch and heads.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct TileCounts {
+    /// All tiles of the padded grid (batch x heads x q tiles x kv tiles).
+    pub total: u64,
+    /// Tiles whose compute runs (non-empty tiles).
+    pub visited: u64,
+    /// Tiles with no kept pair.
+    pub empty: u64,
+    /// Non-empty tiles that need the element-wise mask.
+    pub partial: u64,
+    /// Mask-free tiles.
+    pub full: u64,
+    /// Visited tiles that apply the element-wise mask (depends on `--masking`).
+    pub masked: u64,
+}
+
+/// Facts about a lowered program that reports show.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct ProgramInfo {
+    /// Kernel name (`splash` or `matmul`).
+    pub kernel: String,
+    /// Grid dimensions as (name, extent).
+    pub grid: Vec<(String, u64)>,
+    /// Block sizes as (name, value).
+    pub blocks: Vec<(String, u64)>,
+    /// Padded lengths as (name, unpadded, padded).
+    pub padded: Vec<(String, u64, u64)>,
+    /// Tile counts (attention only).
+    pub tiles: Option<TileCounts>,
+    /// Kept (q, kv) pairs over batch and heads (attention: after tile alignment, if any).
+    pub kept_pairs: u64,
+    /// Pairs in visited tiles, padding included (attention).
+    pub visited_pairs: u64,
+    /// Kept pairs of the exact (unaligned) mask (attention).
+    pub exact_kept_pairs: u64,
+    /// Total grid steps.
+    pub grid_steps: u64,
+}
+
+/// A lowered kernel: step classes and the grid's step stream.
+#[derive(Debug, Clone)]
+pub struct Program {
+    /// Distinct step bodies; [`Step::class`] indexes this.
+    pub classes: Vec<StepClass>,
+    /// VMEM budget of the tiling.
+    pub vmem: VmemBudget,
+    /// Facts for reports.
+    pub info: ProgramInfo,
+    steps: StepSource,
+}
+
+#[derive(Debug, Clone)]
+enum StepSource {
+    Splash(splash::Steps),
+    Matmul(matmul::Steps),
+}
+
+impl Program {
+    /// Calls `f` for every grid step in execution (lexicographic grid) order. Steps are generated
+    /// on the fly, so memory does not grow with the number of steps.
+    pub fn for_each_step(&self, f: &mut dyn FnMut(&Step)) {
+        match &self.steps {
+            StepSource::Splash(s) => s.for_each(f),
+            StepSource::Matmul(s) => s.for_each(f),
+        }
+    }
+}

@@ -1,0 +1,198 @@
+//! A blocked Pallas matmul (the kernel of the Pallas TPU matmul tutorial) lowered to grid steps.
+//!
+//! Grid (M / block_m, N / block_n, K / block_k), k innermost. Each step multiplies an x block
+//! (block_m x block_k) by a y block (block_k x block_n) on the MXU and adds the f32 result into a
+//! VMEM accumulator (1 VPU op per (8,128) register); the first k step zeroes the accumulator, the
+//! last casts it to bf16 and the output block is written back. Per [`SLAB_ROWS`]-row slab of x:
+//! `mm` (MXU) then `acc` (VPU), so the two units overlap across slabs. Sizes that are not a
+//! multiple of their block are padded up.
+
+use crate::ir::{ClassKey, Step, StepBody, StepClass, Work};
+use crate::{KernelError, Program, ProgramInfo, StepSource, VmemBudget, SLAB_ROWS};
+use serde::Serialize;
+use tpusim_chip::ChipModel;
+use tpusim_workload::MatmulCall;
+
+/// Block sizes of the blocked matmul.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct MatmulConfig {
+    /// Rows of x and of the output per block.
+    pub block_m: u64,
+    /// Columns of y and of the output per block.
+    pub block_n: u64,
+    /// Contraction per block.
+    pub block_k: u64,
+    /// Scoped VMEM limit in bytes; `None` uses the chip's default.
+    pub vmem_limit_bytes: Option<u64>,
+}
+
+impl MatmulConfig {
+    /// Default blocks: 512 x 1024 x 1024 (the tutorial's fastest), clamped to the sizes
+    /// (rounded up to 8 rows / 128 columns).
+    pub fn defaults_for(mm: &MatmulCall) -> Self {
+        MatmulConfig {
+            block_m: mm.m.next_multiple_of(8).min(512),
+            block_n: mm.n.next_multiple_of(128).min(1024),
+            block_k: mm.k.next_multiple_of(128).min(1024),
+            vmem_limit_bytes: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Steps {
+    nm: u64,
+    nn: u64,
+    nk: u64,
+    x_bytes: u64,
+    y_bytes: u64,
+    o_bytes: u64,
+    class_of: [[u32; 2]; 2],
+}
+
+impl Steps {
+    pub(crate) fn for_each(&self, f: &mut dyn FnMut(&Step)) {
+        let mut last_x = None;
+        let mut last_y = None;
+        for i in 0..self.nm {
+            for j in 0..self.nn {
+                for k in 0..self.nk {
+                    let mut in_bytes = 0;
+                    if last_x != Some((i, k)) {
+                        in_bytes += self.x_bytes;
+                        last_x = Some((i, k));
+                    }
+                    if last_y != Some((k, j)) {
+                        in_bytes += self.y_bytes;
+                        last_y = Some((k, j));
+                    }
+                    let last = k + 1 == self.nk;
+                    f(&Step {
+                        class: self.class_of[usize::from(k == 0)][usize::from(last)],
+                        in_bytes,
+                        out_bytes: if last { self.o_bytes } else { 0 },
+                        coords: [0, i as u32, j as u32, k as u32],
+                    });
+                }
+            }
+        }
+    }
+}
+
+fn body(bm: u64, bn: u64, bk: u64, first: bool, last: bool) -> StepBody {
+    let mut b = StepBody::default();
+    for si in 0..bm.div_ceil(SLAB_ROWS) {
+        let r = SLAB_ROWS.min(bm - si * SLAB_ROWS);
+        let v = (r * bn) as f64 / 1024.0;
+        let init = first.then(|| b.add("init", Work::Vector { ops: v, masked_vregs: 0.0 }, &[]));
+        let mm = b.add("mm", Work::Matmul { m: r, k: bk, n: bn, m_total: bm }, &[]);
+        let mut deps = vec![mm];
+        deps.extend(init);
+        let acc = b.add("acc", Work::Vector { ops: v, masked_vregs: 0.0 }, &deps);
+        if last {
+            b.add("cast", Work::Vector { ops: v, masked_vregs: 0.0 }, &[acc]);
+        }
+    }
+    b
+}
+
+/// Lowers a matmul with block sizes.
+///
+/// # Errors
+/// [`KernelError::Config`] naming the flag when a block breaks the (8, 128) rules or exceeds its
+/// dimension; [`KernelError::Vmem`] when the blocks overflow the scoped VMEM limit;
+/// [`KernelError::Workload`] for invalid sizes.
+pub fn lower(chip: &ChipModel, mm: &MatmulCall, cfg: &MatmulConfig) -> Result<Program, KernelError> {
+    mm.validate()?;
+    let sub = chip.vpu.sublanes.value as u64;
+    let lanes = chip.vpu.lanes.value as u64;
+    let (bm, bn, bk) = (cfg.block_m, cfg.block_n, cfg.block_k);
+    for (f, v, dim, unit, name) in [
+        ("--block-m", bm, mm.m, sub, "--m"),
+        ("--block-n", bn, mm.n, lanes, "--n"),
+        ("--block-k", bk, mm.k, lanes, "--k"),
+    ] {
+        if v == 0 || v > tpusim_workload::MAX_DIM {
+            return Err(KernelError::config(f, v, format!("expected a whole number from 1 to {}", tpusim_workload::MAX_DIM)));
+        }
+        if v % unit != 0 && v != dim {
+            return Err(KernelError::config(f, v, format!("must be a multiple of {unit} ((8, 128) block rule) or equal {name} ({dim})")));
+        }
+        if v > dim.next_multiple_of(unit) {
+            return Err(KernelError::config(f, v, format!("must not exceed {name} ({dim}) rounded up to {unit}")));
+        }
+    }
+    let limit = cfg.vmem_limit_bytes.unwrap_or_else(|| chip.vmem_limit_bytes());
+    let vmem = VmemBudget {
+        buffers: vec![
+            ("x x2".into(), 2 * bm * bk * 2),
+            ("y x2".into(), 2 * bk * bn * 2),
+            ("o x2".into(), 2 * bm * bn * 2),
+            ("acc f32".into(), bm * bn * 4),
+            ("dot result f32".into(), bm * bn * 4),
+        ],
+        limit_bytes: limit,
+    };
+    vmem.check(chip)?;
+    let (nm, nn, nk) = (mm.m.div_ceil(bm), mm.n.div_ceil(bn), mm.k.div_ceil(bk));
+    let mut classes = Vec::new();
+    let mut class_of = [[0u32; 2]; 2];
+    for first in [false, true] {
+        for last in [false, true] {
+            class_of[usize::from(first)][usize::from(last)] = classes.len() as u32;
+            classes.push(StepClass { key: ClassKey { tile: "full", masked: false, first, last }, body: body(bm, bn, bk, first, last) });
+        }
+    }
+    let info = ProgramInfo {
+        kernel: "matmul".into(),
+        grid: vec![("m blocks".into(), nm), ("n blocks".into(), nn), ("k blocks".into(), nk)],
+        blocks: vec![("block_m".into(), bm), ("block_n".into(), bn), ("block_k".into(), bk)],
+        padded: vec![
+            ("m".into(), mm.m, nm * bm),
+            ("n".into(), mm.n, nn * bn),
+            ("k".into(), mm.k, nk * bk),
+        ],
+        grid_steps: nm * nn * nk,
+        ..Default::default()
+    };
+    let steps = Steps { nm, nn, nk, x_bytes: bm * bk * 2, y_bytes: bk * bn * 2, o_bytes: bm * bn * 2, class_of };
+    Ok(Program { classes, vmem, info, steps: StepSource::Matmul(steps) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tutorial_grid_and_bytes() {
+        let chip = ChipModel::preset("v5e").unwrap();
+        let mm = MatmulCall { m: 1024, n: 1024, k: 1024 };
+        let cfg = MatmulConfig { block_m: 512, block_n: 512, block_k: 512, vmem_limit_bytes: None };
+        let p = lower(&chip, &mm, &cfg).unwrap();
+        let (mut n, mut bytes, mut out, mut flops) = (0, 0, 0, 0.0);
+        p.for_each_step(&mut |s| {
+            n += 1;
+            bytes += s.in_bytes;
+            out += s.out_bytes;
+            flops += p.classes[s.class as usize].body.flops();
+        });
+        assert_eq!(n, 8);
+        assert_eq!(out, 1024 * 1024 * 2);
+        assert_eq!(bytes, 8 * 2 * 512 * 512 * 2);
+        assert!((flops - 2.0 * 1024f64.powi(3)).abs() < 1.0);
+    }
+
+    #[test]
+    fn bad_blocks_are_named() {
+        let chip = ChipModel::preset("v5e").unwrap();
+        let mm = MatmulCall { m: 1024, n: 1024, k: 1024 };
+        let e = lower(&chip, &mm, &MatmulConfig { block_m: 100, block_n: 512, block_k: 512, vmem_limit_bytes: None })
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--block-m") && e.contains("multiple of 8"), "{e}");
+        let e = lower(&chip, &mm, &MatmulConfig { block_m: 512, block_n: 500, block_k: 512, vmem_limit_bytes: None })
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--block-n"), "{e}");
+    }
+}

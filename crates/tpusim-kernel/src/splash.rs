@@ -1,0 +1,568 @@
+//! Forward Splash Attention (and its sparse descendants) lowered to grid steps.
+//!
+//! Grid: (batch x q heads, q blocks, kv steps), run in lexicographic order (attention-kernels.md).
+//! Per computed step, for each `block_kv_compute`-wide sub-tile and each [`SLAB_ROWS`]-row slab
+//! of the q block, the body issues (op name: unit, work):
+//!
+//! | op | unit | work per slab of r rows and c columns |
+//! |---|---|---|
+//! | `qk` | MXU | r x d x c matmul (k^T chunk stationary) |
+//! | `mask` | VPU | (r c / 1024) x mask ops (masked steps only; see [`mask_ops_per_vreg`]) |
+//! | `rowmax` | VPU | r c / 1024 (element-wise max across lane chunks) |
+//! | `rowmax_xlu` | XLU | r / 8 cross-lane reductions |
+//! | `sub` | VPU | r c / 1024 (s - m) + 2 r / 8 (m update, alpha argument) |
+//! | `exp` | EUP | r c / 1024 + r / 8 (p and alpha) |
+//! | `sum_cast` | VPU | 2 r c / 1024 (row-sum accumulate, cast p to bf16) |
+//! | `rowsum_xlu` | XLU | r / 8 |
+//! | `pv` | MXU | r x c x dv matmul (v chunk stationary) |
+//! | `acc` | VPU | 2 r dv / 1024 + 2 r / 8 (o_acc = alpha o_acc + pv; l update) |
+//!
+//! plus `init` (zero m, l, o_acc: r (256 + dv) / 1024 register stores) on a row's first step and
+//! `finalize` (reciprocal of l on the EUP, o = o_acc / l and cast: 1.5 r dv / 1024 VPU ops) on its
+//! last. m and l are lane-replicated (r x 128), so per-row work is r / 8 registers.
+//!
+//! DMAs: q block (block_q x d bf16) when the (batch, head, q block) index changes; k and v blocks
+//! (block_kv x d and block_kv x dv bf16) when the (batch, kv head, kv block) index changes (GQA
+//! heads of one group share them); an int8 mask block per masked partial step when masks are
+//! loaded; the o block (block_q x dv bf16) after a row's last step.
+//!
+//! Traversals: `full-grid` (JAX Splash after grid shrinking: every row has as many steps as the
+//! longest row's non-empty tiles; surplus steps are empty: fixed step cost, no compute, no copy)
+//! and `compact` (a grid over non-empty tiles only: tokamax / MaxDiffusion sparse kernels).
+
+use crate::ir::{ClassKey, Step, StepBody, StepClass, Work};
+use crate::{KernelError, Program, ProgramInfo, StepSource, TileCounts, VmemBudget, SLAB_ROWS};
+use petgraph::graph::NodeIndex;
+use serde::Serialize;
+use std::collections::HashMap;
+use tpusim_chip::ChipModel;
+use tpusim_workload::tiles::{for_each_tile_row, TileGrid, TileKind};
+use tpusim_workload::{AttentionCall, Mask};
+
+/// Which grid steps the kernel runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Traversal {
+    /// Every row runs as many steps as the longest row's non-empty tiles (JAX Splash).
+    FullGrid,
+    /// Only non-empty tiles are steps (tokamax / MaxDiffusion sparse Splash).
+    Compact,
+}
+
+/// Which visited tiles apply the element-wise mask.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Masking {
+    /// Every computed tile (JAX Splash with a computed mask function).
+    All,
+    /// Partial tiles only; full tiles take a mask-free path.
+    Partial,
+    /// Never (a mask-free kernel; results are wrong unless the mask is tile-aligned and unpadded).
+    None,
+}
+
+/// Where the element-wise mask comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum MaskSource {
+    /// Compared from iota-generated positions on the VPU.
+    Computed,
+    /// int8 mask blocks loaded from HBM by DMA.
+    Loaded,
+}
+
+/// Block sizes and strategy of a Splash-style attention kernel.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SplashConfig {
+    /// Rows of q per block.
+    pub block_q: u64,
+    /// Rows of k/v per block (one DMA tile).
+    pub block_kv: u64,
+    /// Width of the inner matmul/softmax sub-tile; divides block_kv.
+    pub block_kv_compute: u64,
+    /// Which steps run.
+    pub traversal: Traversal,
+    /// Which tiles are masked.
+    pub masking: Masking,
+    /// How the mask is evaluated.
+    pub mask_source: MaskSource,
+    /// Round the mask to whole tiles first (see `tpusim_workload::tiles`).
+    pub tile_align: bool,
+    /// Scoped VMEM limit in bytes; `None` uses the chip's default.
+    pub vmem_limit_bytes: Option<u64>,
+}
+
+impl SplashConfig {
+    /// JAX Splash defaults with block sizes chosen by rule for a workload: block_q = min(2048,
+    /// q_len rounded up to 8), block_kv = min(2048, kv_len rounded up to 128), block_kv_compute =
+    /// the largest multiple of 128 that divides block_kv and is at most 512 (tokamax's autotuned
+    /// v6e forward configuration: 2048 / 2048 / 512, attention-kernels.md).
+    pub fn defaults_for(w: &AttentionCall) -> Self {
+        let block_q = w.q_len.next_multiple_of(8).min(2048);
+        let block_kv = w.kv_len.next_multiple_of(128).min(2048);
+        SplashConfig {
+            block_q,
+            block_kv,
+            block_kv_compute: default_compute(block_kv),
+            traversal: Traversal::FullGrid,
+            masking: Masking::All,
+            mask_source: MaskSource::Computed,
+            tile_align: false,
+            vmem_limit_bytes: None,
+        }
+    }
+}
+
+/// The default `block_kv_compute` for a `block_kv`: the largest multiple of 128 that divides it
+/// and is at most 512; `block_kv` itself if it is not a multiple of 128.
+pub fn default_compute(block_kv: u64) -> u64 {
+    if block_kv % 128 != 0 {
+        return block_kv;
+    }
+    (1..=4).rev().map(|m| m * 128).find(|c| block_kv % c == 0).unwrap_or(128)
+}
+
+/// VPU register operations per (8,128) register of scores to apply a mask.
+///
+/// Computed masks: 2 (q and kv positions from iota plus block offsets) + one per comparison,
+/// position arithmetic and boolean combination in the mask expression + 1 (the select), + 2 when
+/// the sequence is padded (segment-id compare and combine). Loaded masks: 3 (unpack the int8
+/// block, compare, select). A mask that can only be loaded (a block file) always costs 3.
+pub fn mask_ops_per_vreg(mask: &Mask, source: MaskSource, padded: bool) -> f64 {
+    let t = mask.expression_terms();
+    match source {
+        MaskSource::Loaded => 3.0,
+        MaskSource::Computed if t.loaded_only => 3.0,
+        MaskSource::Computed => {
+            let pad = if padded { 2.0 } else { 0.0 };
+            2.0 + (t.compares + t.arith + t.combines) as f64 + 1.0 + pad
+        }
+    }
+}
+
+/// Shapes of one attention step body.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct BodyShape {
+    block_q: u64,
+    block_kv: u64,
+    compute: u64,
+    d: u64,
+    dv: u64,
+    mask_ops: Option<f64>,
+    first: bool,
+    last: bool,
+}
+
+fn vregs(rows: u64, cols: u64) -> f64 {
+    (rows * cols) as f64 / 1024.0
+}
+
+/// Builds the dependency graph of one computed attention step (module docs).
+fn attention_body(s: &BodyShape) -> StepBody {
+    let mut b = StepBody::default();
+    let slabs = s.block_q.div_ceil(SLAB_ROWS);
+    let chunks = s.block_kv / s.compute;
+    let c = s.compute;
+    let mut prev_max: Vec<Option<NodeIndex>> = vec![None; slabs as usize];
+    let mut prev_acc: Vec<Option<NodeIndex>> = vec![None; slabs as usize];
+    for j in 0..chunks {
+        for si in 0..slabs {
+            let r = SLAB_ROWS.min(s.block_q - si * SLAB_ROWS);
+            let sv = vregs(r, c);
+            let rv = r as f64 / 8.0;
+            let i = si as usize;
+            if s.first && j == 0 {
+                let init = b.add("init", Work::Vector { ops: vregs(r, 256 + s.dv), masked_vregs: 0.0 }, &[]);
+                prev_max[i] = Some(init);
+                prev_acc[i] = Some(init);
+            }
+            let qk = b.add("qk", Work::Matmul { m: r, k: s.d, n: c, m_total: s.block_q }, &[]);
+            let scores = match s.mask_ops {
+                Some(ops) => b.add("mask", Work::Vector { ops: sv * ops, masked_vregs: sv }, &[qk]),
+                None => qk,
+            };
+            let rowmax = b.add("rowmax", Work::Vector { ops: sv, masked_vregs: 0.0 }, &[scores]);
+            let mut deps = vec![rowmax];
+            deps.extend(prev_max[i]);
+            let rowmax_x = b.add("rowmax_xlu", Work::CrossLane { vregs: rv }, &deps);
+            prev_max[i] = Some(rowmax_x);
+            let sub = b.add("sub", Work::Vector { ops: sv + 2.0 * rv, masked_vregs: 0.0 }, &[rowmax_x]);
+            let exp = b.add("exp", Work::Transcendental { vregs: sv + rv }, &[sub]);
+            let post = b.add("sum_cast", Work::Vector { ops: 2.0 * sv, masked_vregs: 0.0 }, &[exp]);
+            let rowsum = b.add("rowsum_xlu", Work::CrossLane { vregs: rv }, &[post]);
+            let pv = b.add("pv", Work::Matmul { m: r, k: c, n: s.dv, m_total: s.block_q }, &[post]);
+            let mut deps = vec![pv, rowsum];
+            deps.extend(prev_acc[i]);
+            let acc = b.add("acc", Work::Vector { ops: 2.0 * vregs(r, s.dv) + 2.0 * rv, masked_vregs: 0.0 }, &deps);
+            prev_acc[i] = Some(acc);
+            if s.last && j == chunks - 1 {
+                let recip = b.add("recip", Work::Transcendental { vregs: rv }, &[acc]);
+                b.add("finalize", Work::Vector { ops: 1.5 * vregs(r, s.dv), masked_vregs: 0.0 }, &[recip]);
+            }
+        }
+    }
+    b
+}
+
+/// VMEM a Splash tiling needs (attention-kernels.md): double-buffered q, k, v, o blocks; m and l
+/// lane-replicated (block_q x 128 f32 each); o_acc (block_q x dv f32); the score sub-tile
+/// (block_q x block_kv_compute f32) and p (same, bf16); double-buffered int8 mask blocks when
+/// loaded.
+pub fn vmem_budget(w: &AttentionCall, cfg: &SplashConfig, limit_bytes: u64) -> VmemBudget {
+    let (bq, bkv, c, d, dv) = (cfg.block_q, cfg.block_kv, cfg.block_kv_compute, w.head_dim, w.head_dim_v);
+    let mut buffers = vec![
+        ("q x2".to_string(), 2 * bq * d * 2),
+        ("k x2".to_string(), 2 * bkv * d * 2),
+        ("v x2".to_string(), 2 * bkv * dv * 2),
+        ("o x2".to_string(), 2 * bq * dv * 2),
+        ("m,l".to_string(), 2 * bq * 128 * 4),
+        ("o_acc".to_string(), bq * dv * 4),
+        ("scores f32".to_string(), bq * c * 4),
+        ("p bf16".to_string(), bq * c * 2),
+    ];
+    if cfg.mask_source == MaskSource::Loaded && cfg.masking != Masking::None && !w.mask.is_full() {
+        buffers.push(("mask int8 x2".to_string(), 2 * bq * bkv));
+    }
+    VmemBudget { buffers, limit_bytes }
+}
+
+fn check_blocks(w: &AttentionCall, cfg: &SplashConfig, chip: &ChipModel) -> Result<(), KernelError> {
+    let sub = chip.vpu.sublanes.value as u64;
+    let lanes = chip.vpu.lanes.value as u64;
+    let (bq, bkv, c) = (cfg.block_q, cfg.block_kv, cfg.block_kv_compute);
+    for (f, v) in [("--block-q", bq), ("--block-kv", bkv), ("--block-kv-compute", c)] {
+        if v == 0 || v > tpusim_workload::MAX_DIM {
+            return Err(KernelError::config(f, v, format!("expected a whole number from 1 to {}", tpusim_workload::MAX_DIM)));
+        }
+    }
+    if bq % sub != 0 && bq != w.q_len {
+        return Err(KernelError::config(
+            "--block-q",
+            bq,
+            format!("must be a multiple of {sub} (the sublanes of an ({sub}, {lanes}) tile) or equal --q-len ({})", w.q_len),
+        ));
+    }
+    if bq > w.q_len.next_multiple_of(sub) {
+        return Err(KernelError::config("--block-q", bq, format!("must not exceed --q-len ({}) rounded up to {sub}", w.q_len)));
+    }
+    if bkv % lanes != 0 && bkv != w.kv_len {
+        return Err(KernelError::config(
+            "--block-kv",
+            bkv,
+            format!("must be a multiple of {lanes} (the lanes of an ({sub}, {lanes}) tile: kv positions are the score tile's lane dimension) or equal --kv-len ({})", w.kv_len),
+        ));
+    }
+    if bkv > w.kv_len.next_multiple_of(lanes) {
+        return Err(KernelError::config("--block-kv", bkv, format!("must not exceed --kv-len ({}) rounded up to {lanes}", w.kv_len)));
+    }
+    if c % lanes != 0 && c != bkv {
+        return Err(KernelError::config("--block-kv-compute", c, format!("must be a multiple of {lanes} or equal --block-kv ({bkv})")));
+    }
+    if bkv % c != 0 {
+        return Err(KernelError::config("--block-kv-compute", c, format!("must divide --block-kv ({bkv})")));
+    }
+    Ok(())
+}
+
+/// The step stream of a lowered Splash kernel (regenerated on demand).
+#[derive(Debug, Clone)]
+pub(crate) struct Steps {
+    batch: u64,
+    q_heads: u64,
+    group: u64,
+    /// Distinct masks' rows: for each q block, its non-empty tiles (kv block, kind).
+    rows: Vec<Vec<Vec<(u32, TileKind)>>>,
+    /// Which distinct mask each q head uses.
+    head_mask: Vec<usize>,
+    traversal: Traversal,
+    width: u64,
+    /// class id by [kind (0 partial, 1 full)][first][last]; empty steps use `empty_class`.
+    class_of: [[[u32; 2]; 2]; 2],
+    empty_class: u32,
+    q_bytes: u64,
+    kv_bytes: u64,
+    mask_bytes: u64,
+    o_bytes: u64,
+    masked_partial: bool,
+}
+
+impl Steps {
+    pub(crate) fn for_each(&self, f: &mut dyn FnMut(&Step)) {
+        let mut last_q: Option<(u64, u64)> = None;
+        let mut last_kv: Option<(u64, u64, u32)> = None;
+        for b in 0..self.batch {
+            for h in 0..self.q_heads {
+                let rows = &self.rows[self.head_mask[h as usize]];
+                let bh = (b * self.q_heads + h) as u32;
+                let kvh = b * (self.q_heads / self.group) + h / self.group;
+                for (qi, row) in rows.iter().enumerate() {
+                    let n_steps = match self.traversal {
+                        Traversal::Compact => row.len() as u64,
+                        Traversal::FullGrid => self.width,
+                    };
+                    for j in 0..n_steps {
+                        let last_step = j + 1 == n_steps;
+                        let out_bytes = if last_step { self.o_bytes } else { 0 };
+                        let Some(&(kj, kind)) = row.get(j as usize) else {
+                            // An empty step: fixed cost only; data_next repeats the last block.
+                            f(&Step { class: self.empty_class, in_bytes: 0, out_bytes, coords: [bh, qi as u32, j as u32, 0] });
+                            continue;
+                        };
+                        let mut in_bytes = 0;
+                        if last_q != Some((bh as u64, qi as u64)) {
+                            in_bytes += self.q_bytes;
+                            last_q = Some((bh as u64, qi as u64));
+                        }
+                        if last_kv != Some((b, kvh, kj)) {
+                            in_bytes += self.kv_bytes;
+                            last_kv = Some((b, kvh, kj));
+                        }
+                        if kind == TileKind::Partial && self.masked_partial {
+                            in_bytes += self.mask_bytes;
+                        }
+                        let k = usize::from(kind == TileKind::Full);
+                        let first = usize::from(j == 0);
+                        let last = usize::from(j + 1 == row.len() as u64);
+                        f(&Step { class: self.class_of[k][first][last], in_bytes, out_bytes, coords: [bh, qi as u32, kj, 0] });
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Lowers one attention call with a Splash configuration.
+///
+/// # Errors
+/// [`KernelError::Config`] naming the flag for block sizes that break the (8, 128) rules, a
+/// `block_kv_compute` that does not divide `block_kv`, or blocks larger than the sequence;
+/// [`KernelError::Vmem`] when the tiling overflows the scoped VMEM limit;
+/// [`KernelError::Workload`] / [`KernelError::Mask`] for invalid shapes or mask files.
+pub fn lower(chip: &ChipModel, w: &AttentionCall, cfg: &SplashConfig) -> Result<Program, KernelError> {
+    w.validate()?;
+    w.mask.check_lengths(w.q_len, w.kv_len)?;
+    check_blocks(w, cfg, chip)?;
+    let limit = cfg.vmem_limit_bytes.unwrap_or_else(|| chip.vmem_limit_bytes());
+    let vmem = vmem_budget(w, cfg, limit);
+    vmem.check(chip)?;
+
+    let grid = TileGrid { q_len: w.q_len, kv_len: w.kv_len, block_q: cfg.block_q, block_kv: cfg.block_kv };
+    let padded = grid.padded_q_len() != w.q_len || grid.padded_kv_len() != w.kv_len;
+
+    // Classify each distinct mask once.
+    let mut distinct: Vec<&Mask> = Vec::new();
+    let mut index: HashMap<String, usize> = HashMap::new();
+    let mut head_mask = Vec::with_capacity(w.q_heads as usize);
+    for h in 0..w.q_heads {
+        let m = w.mask_for_head(h);
+        let key = m.to_string();
+        let id = *index.entry(key).or_insert_with(|| {
+            distinct.push(m);
+            distinct.len() - 1
+        });
+        head_mask.push(id);
+    }
+    let mut rows = Vec::with_capacity(distinct.len());
+    let mut per_mask_stats = Vec::with_capacity(distinct.len());
+    for m in &distinct {
+        let mut mrows = Vec::with_capacity(grid.q_tiles() as usize);
+        let mut st = (0u64, 0u64, 0u64, 0u64, 0u64, 0u64); // empty, partial, full, kept, exact kept, visited pairs
+        for_each_tile_row(m, &grid, false, |_, row| st.4 += row.iter().map(|t| t.kept).sum::<u64>());
+        for_each_tile_row(m, &grid, cfg.tile_align, |_, row| {
+            let mut r = Vec::new();
+            for (kj, t) in row.iter().enumerate() {
+                st.3 += t.kept;
+                match t.kind {
+                    TileKind::Empty => st.0 += 1,
+                    TileKind::Partial => st.1 += 1,
+                    TileKind::Full => st.2 += 1,
+                }
+                if t.kind != TileKind::Empty {
+                    r.push((kj as u32, t.kind));
+                    st.5 += cfg.block_q * cfg.block_kv;
+                }
+            }
+            mrows.push(r);
+        });
+        rows.push(mrows);
+        per_mask_stats.push(st);
+    }
+    let width = rows.iter().flat_map(|m| m.iter().map(|r| r.len() as u64)).max().unwrap_or(0);
+
+    // One mask cost for the program: the costliest distinct mask's expression.
+    let mask_ops = distinct.iter().map(|m| mask_ops_per_vreg(m, cfg.mask_source, padded)).fold(0.0, f64::max);
+    let any_not_full = distinct.iter().any(|m| !m.is_full()) || cfg.tile_align;
+
+    let mut classes = vec![StepClass {
+        key: ClassKey { tile: "empty", masked: false, first: false, last: false },
+        body: StepBody::default(),
+    }];
+    let mut class_of = [[[0u32; 2]; 2]; 2];
+    for (k, kind) in [TileKind::Partial, TileKind::Full].into_iter().enumerate() {
+        for first in [false, true] {
+            for last in [false, true] {
+                let is_masked = match cfg.masking {
+                    Masking::None => false,
+                    Masking::Partial => kind == TileKind::Partial,
+                    Masking::All => kind == TileKind::Partial || any_not_full,
+                };
+                let shape = BodyShape {
+                    block_q: cfg.block_q,
+                    block_kv: cfg.block_kv,
+                    compute: cfg.block_kv_compute,
+                    d: w.head_dim,
+                    dv: w.head_dim_v,
+                    mask_ops: is_masked.then_some(mask_ops),
+                    first,
+                    last,
+                };
+                class_of[k][usize::from(first)][usize::from(last)] = classes.len() as u32;
+                classes.push(StepClass {
+                    key: ClassKey { tile: if k == 0 { "partial" } else { "full" }, masked: is_masked, first, last },
+                    body: attention_body(&shape),
+                });
+            }
+        }
+    }
+
+    // Tile counts over batch and heads.
+    let mut tiles = TileCounts::default();
+    let mut kept = 0u64;
+    let mut exact = 0u64;
+    let mut visited_pairs = 0u64;
+    let mut grid_steps = 0u64;
+    for h in 0..w.q_heads {
+        let id = head_mask[h as usize];
+        let st = per_mask_stats[id];
+        tiles.total += w.batch * (st.0 + st.1 + st.2);
+        tiles.empty += w.batch * st.0;
+        tiles.partial += w.batch * st.1;
+        tiles.full += w.batch * st.2;
+        tiles.visited += w.batch * (st.1 + st.2);
+        let masked_tiles = match cfg.masking {
+            Masking::None => 0,
+            Masking::Partial => st.1,
+            Masking::All => st.1 + if any_not_full { st.2 } else { 0 },
+        };
+        tiles.masked += w.batch * masked_tiles;
+        kept += w.batch * st.3;
+        exact += w.batch * st.4;
+        visited_pairs += w.batch * st.5;
+        grid_steps += w.batch
+            * match cfg.traversal {
+                Traversal::Compact => st.1 + st.2,
+                Traversal::FullGrid => grid.q_tiles() * width,
+            };
+    }
+
+    let steps = Steps {
+        batch: w.batch,
+        q_heads: w.q_heads,
+        group: w.q_heads / w.kv_heads,
+        rows,
+        head_mask,
+        traversal: cfg.traversal,
+        width,
+        class_of,
+        empty_class: 0,
+        q_bytes: cfg.block_q * w.head_dim * 2,
+        kv_bytes: cfg.block_kv * (w.head_dim + w.head_dim_v) * 2,
+        mask_bytes: if cfg.mask_source == MaskSource::Loaded { cfg.block_q * cfg.block_kv } else { 0 },
+        o_bytes: cfg.block_q * w.head_dim_v * 2,
+        masked_partial: cfg.masking != Masking::None,
+    };
+    let info = ProgramInfo {
+        kernel: "splash".into(),
+        grid: vec![
+            ("batch x heads".into(), w.batch * w.q_heads),
+            ("q blocks".into(), grid.q_tiles()),
+            (
+                match cfg.traversal {
+                    Traversal::FullGrid => "kv steps (after grid shrinking)".into(),
+                    Traversal::Compact => "kv steps (compacted, varies by row)".into(),
+                },
+                width,
+            ),
+        ],
+        blocks: vec![
+            ("block_q".into(), cfg.block_q),
+            ("block_kv".into(), cfg.block_kv),
+            ("block_kv_compute".into(), cfg.block_kv_compute),
+        ],
+        padded: vec![("q_len".into(), w.q_len, grid.padded_q_len()), ("kv_len".into(), w.kv_len, grid.padded_kv_len())],
+        tiles: Some(tiles),
+        kept_pairs: kept,
+        visited_pairs,
+        exact_kept_pairs: exact,
+        grid_steps,
+    };
+    Ok(Program { classes, vmem, info, steps: StepSource::Splash(steps) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn v6e() -> ChipModel {
+        ChipModel::preset("v6e").unwrap()
+    }
+
+    fn cfg(bq: u64, bkv: u64, c: u64) -> SplashConfig {
+        SplashConfig { block_q: bq, block_kv: bkv, block_kv_compute: c, ..SplashConfig::defaults_for(&AttentionCall::video_default()) }
+    }
+
+    #[test]
+    fn dense_video_case_grid_and_padding() {
+        let p = lower(&v6e(), &AttentionCall::video_default(), &cfg(3024, 2048, 1024)).unwrap();
+        assert_eq!(p.info.grid_steps, 10 * 25 * 37);
+        assert_eq!(p.info.padded[1], ("kv_len".to_string(), 75600, 75776));
+        let mut n = 0;
+        let mut flops = 0.0;
+        p.for_each_step(&mut |s| {
+            n += 1;
+            flops += p.classes[s.class as usize].body.flops();
+        });
+        assert_eq!(n, 9250);
+        // Executed FLOPs = 4 x heads x padded q x padded kv x d.
+        let want = 4.0 * 10.0 * 75600.0 * 75776.0 * 128.0;
+        assert!((flops / want - 1.0).abs() < 1e-9, "{flops} vs {want}");
+    }
+
+    #[test]
+    fn block_rule_errors_name_the_flag() {
+        let w = AttentionCall::video_default();
+        let e = lower(&v6e(), &w, &cfg(3024, 2000, 1000)).unwrap_err().to_string();
+        assert!(e.contains("--block-kv") && e.contains("128"), "{e}");
+        let e = lower(&v6e(), &w, &cfg(3020, 2048, 1024)).unwrap_err().to_string();
+        assert!(e.contains("--block-q") && e.contains("multiple of 8"), "{e}");
+        let e = lower(&v6e(), &w, &cfg(3024, 2048, 768)).unwrap_err().to_string();
+        assert!(e.contains("--block-kv-compute") && e.contains("divide"), "{e}");
+        let e = lower(&v6e(), &w, &cfg(8192, 8192, 8192)).unwrap_err().to_string();
+        assert!(e.contains("VMEM") && e.contains("bytes"), "{e}");
+    }
+
+    #[test]
+    fn kv_copies_are_elided_when_the_block_repeats() {
+        // One kv block per row: consecutive q blocks of one head reuse it.
+        let mut w = AttentionCall::video_default();
+        w.q_len = 4096;
+        w.kv_len = 1024;
+        w.q_heads = 1;
+        w.kv_heads = 1;
+        let p = lower(&v6e(), &w, &cfg(1024, 1024, 512)).unwrap();
+        let mut bytes = 0;
+        p.for_each_step(&mut |s| bytes += s.in_bytes);
+        assert_eq!(bytes, 4 * 1024 * 128 * 2 + 1024 * 256 * 2);
+    }
+
+    #[test]
+    fn body_graph_is_in_topological_order() {
+        let p = lower(&v6e(), &AttentionCall::video_default(), &cfg(3024, 2048, 1024)).unwrap();
+        for c in &p.classes {
+            for e in c.body.graph.edge_indices() {
+                let (a, b) = c.body.graph.edge_endpoints(e).unwrap();
+                assert!(a.index() < b.index());
+            }
+        }
+    }
+}

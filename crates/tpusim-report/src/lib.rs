@@ -1,0 +1,347 @@
+//! Reports for tpusim: runs a kernel end to end (lower, simulate, and for sparse attention the
+//! dense baseline) and summarises it as a [`Report`]: JSON for machines, a table for people.
+//!
+//! Depends on every lower crate (chip, workload, kernel, engine); nothing depends on it but the
+//! binary.
+
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use tpusim_chip::ChipModel;
+use tpusim_engine::{simulate, SimResult};
+use tpusim_kernel::{matmul, splash, KernelError, MatmulConfig, Program, SplashConfig, TileCounts};
+use tpusim_workload::{AttentionCall, MatmulCall, Mask};
+
+/// What to run: a kernel, its workload and its configuration.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "kernel", rename_all = "lowercase")]
+pub enum Job {
+    /// Splash-style attention.
+    Splash {
+        /// The attention call.
+        workload: AttentionCall,
+        /// Block sizes and strategy.
+        config: SplashConfig,
+    },
+    /// Blocked matmul.
+    Matmul {
+        /// The matmul.
+        workload: MatmulCall,
+        /// Block sizes.
+        config: MatmulConfig,
+    },
+}
+
+/// Everything one run produced.
+#[derive(Debug, Clone)]
+pub struct Run {
+    /// The chip simulated.
+    pub chip: ChipModel,
+    /// What ran.
+    pub job: Job,
+    /// The lowered program.
+    pub program: Program,
+    /// Its simulation.
+    pub result: SimResult,
+    /// For attention with a non-full mask: the same kernel and blocks with the full mask.
+    pub dense: Option<SimResult>,
+}
+
+/// Lowers and simulates a job; for attention with a non-full mask also simulates the dense
+/// baseline (same kernel and blocks, full mask, no alignment) for `tile_skip_efficiency`.
+///
+/// # Errors
+/// Whatever lowering reports ([`KernelError`]): invalid shapes, block rules, VMEM overflow.
+pub fn run(chip: &ChipModel, job: &Job) -> Result<Run, KernelError> {
+    let (program, dense) = match job {
+        Job::Splash { workload, config } => {
+            let program = splash::lower(chip, workload, config)?;
+            let dense = if workload.mask.is_full() && !config.tile_align {
+                None
+            } else {
+                let mut w = workload.clone();
+                w.mask = Mask::Full;
+                let c = SplashConfig { tile_align: false, ..config.clone() };
+                Some(simulate(chip, &splash::lower(chip, &w, &c)?))
+            };
+            (program, dense)
+        }
+        Job::Matmul { workload, config } => (matmul::lower(chip, workload, config)?, None),
+    };
+    let result = simulate(chip, &program);
+    Ok(Run { chip: chip.clone(), job: job.clone(), program, result, dense })
+}
+
+/// The metrics of one run. Serialised as the JSON output of `tpusim run --format json`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Report {
+    /// Chip model name.
+    pub chip: String,
+    /// `splash` or `matmul`.
+    pub kernel: String,
+    /// Predicted latency, milliseconds.
+    pub latency_ms: f64,
+    /// Predicted latency, cycles.
+    pub cycles: f64,
+    /// Clock of the chip model, GHz.
+    pub clock_ghz: f64,
+    /// Executed matmul FLOPs (visited tiles, padding included).
+    pub flops: f64,
+    /// Achieved FLOP/s over the chip model's peak.
+    pub mfu: f64,
+    /// Achieved TFLOP/s.
+    pub achieved_tflops: f64,
+    /// The chip model's peak bf16 TFLOP/s (count x rows x columns x passes x clock x 2).
+    pub peak_tflops: f64,
+    /// Executed exp / reciprocal elements.
+    pub transcendentals: f64,
+    /// Bytes moved between HBM and VMEM.
+    pub hbm_bytes: u64,
+    /// FLOPs per HBM byte.
+    pub arithmetic_intensity: f64,
+    /// Grid steps run.
+    pub grid_steps: u64,
+    /// The unit with the most busy time.
+    pub bottleneck: String,
+    /// Busy fraction of the run per unit (mxu, vpu, eup, xlu, hbm, step_control).
+    pub utilization: BTreeMap<String, f64>,
+    /// Busy time per unit, milliseconds.
+    pub busy_ms: BTreeMap<String, f64>,
+    /// What ran: workload and kernel configuration.
+    pub job: Job,
+    /// Grid dimensions.
+    pub grid: Vec<(String, u64)>,
+    /// Unpadded and padded lengths: (name, unpadded, padded).
+    pub padded: Vec<(String, u64, u64)>,
+    /// VMEM the tiling needs, bytes.
+    pub vmem_bytes: u64,
+    /// Scoped VMEM limit checked against, bytes.
+    pub vmem_limit_bytes: u64,
+    /// Tile counts over batch and heads (attention).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tiles: Option<TileCounts>,
+    /// Kept pairs / (batch x heads x q_len x kv_len) (attention).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pair_density: Option<f64>,
+    /// Kept pairs of the exact mask over the same total, before tile alignment (attention).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exact_pair_density: Option<f64>,
+    /// Non-empty tiles / total tiles (attention).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tile_density: Option<f64>,
+    /// Kept pairs / pairs in visited tiles, padding included (attention).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub useful_fraction: Option<f64>,
+    /// Latency of the same kernel and blocks with the full mask, ms (sparse attention).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dense_latency_ms: Option<f64>,
+    /// (dense latency x tile_density) / latency: 1.0 when skipped tiles cost nothing and visited
+    /// tiles cost no more than dense ones (sparse attention).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tile_skip_efficiency: Option<f64>,
+    /// Dense latency / latency (sparse attention).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub speedup_vs_dense: Option<f64>,
+}
+
+impl Report {
+    /// Summarises a run.
+    pub fn from_run(run: &Run) -> Self {
+        let r = &run.result;
+        let chip = &run.chip;
+        let ms = |c: f64| c / chip.clock_hz() * 1e3;
+        let seconds = r.seconds.max(f64::MIN_POSITIVE);
+        let info = &run.program.info;
+        let mut rep = Report {
+            chip: chip.name.clone(),
+            kernel: info.kernel.clone(),
+            latency_ms: r.seconds * 1e3,
+            cycles: r.cycles,
+            clock_ghz: chip.fitted.clock_ghz.value,
+            flops: r.flops,
+            mfu: r.flops / seconds / chip.peak_flops(),
+            achieved_tflops: r.flops / seconds / 1e12,
+            peak_tflops: chip.peak_flops() / 1e12,
+            transcendentals: r.transcendentals,
+            hbm_bytes: r.hbm_bytes,
+            arithmetic_intensity: if r.hbm_bytes > 0 { r.flops / r.hbm_bytes as f64 } else { 0.0 },
+            grid_steps: r.grid_steps,
+            bottleneck: r.bottleneck().to_string(),
+            utilization: r.utilization().into_iter().map(|(n, u)| (n.to_string(), u)).collect(),
+            busy_ms: r.busy.named().iter().map(|&(n, c)| (n.to_string(), ms(c))).collect(),
+            job: run.job.clone(),
+            grid: info.grid.clone(),
+            padded: info.padded.clone(),
+            vmem_bytes: run.program.vmem.total(),
+            vmem_limit_bytes: run.program.vmem.limit_bytes,
+            tiles: info.tiles,
+            pair_density: None,
+            exact_pair_density: None,
+            tile_density: None,
+            useful_fraction: None,
+            dense_latency_ms: None,
+            tile_skip_efficiency: None,
+            speedup_vs_dense: None,
+        };
+        if let (Job::Splash { workload: w, .. }, Some(t)) = (&run.job, info.tiles) {
+            let all = (w.batch * w.q_heads) as f64 * w.q_len as f64 * w.kv_len as f64;
+            rep.pair_density = Some(info.kept_pairs as f64 / all);
+            rep.exact_pair_density = Some(info.exact_kept_pairs as f64 / all);
+            let td = if t.total > 0 { t.visited as f64 / t.total as f64 } else { 0.0 };
+            rep.tile_density = Some(td);
+            rep.useful_fraction = Some(if info.visited_pairs > 0 { info.kept_pairs as f64 / info.visited_pairs as f64 } else { 0.0 });
+            if let Some(d) = &run.dense {
+                rep.dense_latency_ms = Some(d.seconds * 1e3);
+                rep.tile_skip_efficiency = Some(d.seconds * td / seconds);
+                rep.speedup_vs_dense = Some(d.seconds / seconds);
+            }
+        }
+        rep
+    }
+
+    /// JSON, one object.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).expect("a report serialises")
+    }
+
+    /// A table for people.
+    pub fn to_table(&self) -> String {
+        let mut s = String::new();
+        let mib = |b: u64| b as f64 / 1048576.0;
+        match &self.job {
+            Job::Splash { workload: w, config: c } => {
+                let _ = writeln!(s, "tpusim: Splash attention (forward) on {}", self.chip);
+                let _ = writeln!(
+                    s,
+                    "  workload     batch {}, heads {} (kv heads {}), q_len {}, kv_len {}, head_dim {}/{}, mask {}",
+                    w.batch, w.q_heads, w.kv_heads, w.q_len, w.kv_len, w.head_dim, w.head_dim_v, w.mask
+                );
+                let _ = writeln!(
+                    s,
+                    "  kernel       block_q {}, block_kv {}, block_kv_compute {}; traversal {}, masking {}, mask source {}{}",
+                    c.block_q,
+                    c.block_kv,
+                    c.block_kv_compute,
+                    kebab(&c.traversal),
+                    kebab(&c.masking),
+                    kebab(&c.mask_source),
+                    if c.tile_align { ", tile-aligned mask" } else { "" }
+                );
+            }
+            Job::Matmul { workload: m, config: c } => {
+                let _ = writeln!(s, "tpusim: blocked Pallas matmul on {}", self.chip);
+                let _ = writeln!(s, "  workload     M {} x N {} x K {} bf16", m.m, m.n, m.k);
+                let _ = writeln!(s, "  kernel       block_m {}, block_n {}, block_k {}", c.block_m, c.block_n, c.block_k);
+            }
+        }
+        let pads: Vec<String> = self
+            .padded
+            .iter()
+            .map(|(n, a, b)| if a == b { format!("{n} {a}") } else { format!("{n} {a} padded to {b}") })
+            .collect();
+        let _ = writeln!(s, "  lengths      {}", pads.join(", "));
+        let grid: Vec<String> = self.grid.iter().map(|(n, v)| format!("{v} {n}")).collect();
+        let _ = writeln!(s, "  grid         {} -> {} grid steps", grid.join(" x "), self.grid_steps);
+        let _ = writeln!(
+            s,
+            "  VMEM         {:.1} MiB of the {:.1} MiB scoped limit",
+            mib(self.vmem_bytes),
+            mib(self.vmem_limit_bytes)
+        );
+        let _ = writeln!(s);
+        let _ = writeln!(s, "  latency      {:.3} ms  ({:.4e} cycles at {} GHz)", self.latency_ms, self.cycles, self.clock_ghz);
+        let _ = writeln!(
+            s,
+            "  compute      {:.3e} FLOP executed, {:.1} TFLOP/s = {:.1}% MFU (peak {:.0} TFLOP/s)",
+            self.flops,
+            self.achieved_tflops,
+            self.mfu * 100.0,
+            self.peak_tflops
+        );
+        let _ = writeln!(
+            s,
+            "  memory       {:.3} GB HBM traffic, arithmetic intensity {:.0} FLOP/byte",
+            self.hbm_bytes as f64 / 1e9,
+            self.arithmetic_intensity
+        );
+        let u = self.utilization.get(&self.bottleneck).copied().unwrap_or(0.0);
+        let _ = writeln!(s, "  bound by     {} (busy {:.0}% of the run)", self.bottleneck, u * 100.0);
+        let _ = writeln!(s, "  unit         busy ms     busy %");
+        for (n, _) in ORDER.iter().map(|n| (n, 0)) {
+            let b = self.busy_ms.get(*n).copied().unwrap_or(0.0);
+            let u = self.utilization.get(*n).copied().unwrap_or(0.0);
+            let _ = writeln!(s, "    {:<12} {:>9.3}  {:>6.1}  {}", n, b, u * 100.0, bar(u));
+        }
+        if let Some(t) = self.tiles {
+            let _ = writeln!(s);
+            let pct = |a: u64, b: u64| if b > 0 { 100.0 * a as f64 / b as f64 } else { 0.0 };
+            let _ = writeln!(
+                s,
+                "  tiles        {} total: {} empty, {} partial, {} full; {} visited ({:.1}%), {} masked",
+                t.total,
+                t.empty,
+                t.partial,
+                t.full,
+                t.visited,
+                pct(t.visited, t.total),
+                t.masked
+            );
+            let _ = writeln!(s, "               partial = {:.1}% of visited tiles", pct(t.partial, t.visited));
+            if let (Some(pd), Some(uf)) = (self.pair_density, self.useful_fraction) {
+                let _ = writeln!(
+                    s,
+                    "  density      pairs {:.1}% (exact mask {:.1}%), tiles {:.1}%, useful fraction of visited pairs {:.1}%",
+                    pd * 100.0,
+                    self.exact_pair_density.unwrap_or(pd) * 100.0,
+                    self.tile_density.unwrap_or(0.0) * 100.0,
+                    uf * 100.0
+                );
+            }
+            if let (Some(d), Some(e), Some(x)) = (self.dense_latency_ms, self.tile_skip_efficiency, self.speedup_vs_dense) {
+                let _ = writeln!(
+                    s,
+                    "  vs dense     dense {:.3} ms with the same kernel and blocks: speedup {:.2}x, tile-skip efficiency {:.2}",
+                    d, x, e
+                );
+            }
+        }
+        s
+    }
+}
+
+const ORDER: [&str; 6] = ["mxu", "vpu", "eup", "xlu", "hbm", "step_control"];
+
+fn bar(u: f64) -> String {
+    "#".repeat((u.clamp(0.0, 1.0) * 30.0).round() as usize)
+}
+
+fn kebab<T: Serialize>(v: &T) -> String {
+    serde_json::to_value(v).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sparse_report_has_dense_baseline_and_metrics() {
+        let chip = ChipModel::preset("v6e").unwrap();
+        let mut w = AttentionCall::video_default();
+        w.q_len = 16384;
+        w.kv_len = 16384;
+        w.mask = Mask::Causal;
+        let mut config = SplashConfig::defaults_for(&w);
+        config.traversal = tpusim_kernel::Traversal::Compact;
+        config.masking = tpusim_kernel::Masking::Partial;
+        let run = run(&chip, &Job::Splash { workload: w, config }).unwrap();
+        let rep = Report::from_run(&run);
+        let t = rep.tiles.unwrap();
+        assert_eq!(t.visited, 10 * 36);
+        assert!(rep.dense_latency_ms.unwrap() > rep.latency_ms);
+        let json: serde_json::Value = serde_json::from_str(&rep.to_json()).unwrap();
+        for k in ["latency_ms", "cycles", "flops", "mfu", "hbm_bytes", "grid_steps", "bottleneck", "utilization", "tiles"] {
+            assert!(json.get(k).is_some(), "{k}");
+        }
+        assert!(rep.to_table().contains("partial"));
+    }
+}

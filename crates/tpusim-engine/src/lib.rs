@@ -6,7 +6,7 @@
 //!    graph (petgraph). A list scheduler issues them on the MXU, VPU, EUP and XLU: each unit runs
 //!    one operation at a time; an operation starts when its inputs are done and its unit is free
 //!    (earliest-ready first). An operation *occupies* its unit for its throughput time and its
-//!    result is available a *latency* later (MXU: the systolic fill/drain, 2 x rows + columns
+//!    result is available a *latency* later (MXU: the systolic pipeline depth with weights preloaded, rows + columns
 //!    cycles; VPU/EUP/XLU: the chip's op latencies). Work -> cycles:
 //!    * matmul m x k x n whose weights serve `m_total` streamed rows: folds = ceil(k / rows) x
 //!      ceil(n / columns); the whole product takes max(folds x m_total / A, ceil(folds / A) x rows)
@@ -106,7 +106,7 @@ pub fn op_cycles(chip: &ChipModel, work: &Work) -> (f64, f64) {
             let folds = (k.div_ceil(rows) * n.div_ceil(cols)) as f64;
             let whole = (folds * m_total as f64 / arrays).max((folds / arrays).ceil() * rows as f64);
             let occ = whole * m as f64 / m_total.max(1) as f64;
-            (occ, (2 * rows + cols) as f64)
+            (occ, (rows + cols) as f64)
         }
         Work::Vector { ops, masked_vregs } => (
             ops / chip.fitted.valu_vreg_ops_per_cycle.value + masked_vregs * chip.fitted.mask_extra_cycles_per_vreg.value,
@@ -256,37 +256,53 @@ pub fn simulate_observed(
 
     let mut hbm_free = 0.0f64;
     let mut prev_end = 0.0f64;
-    let mut issue = 0.0f64; // when the current step's inputs were issued
     let mut in_bytes_total = 0u64;
     let mut out_bytes_total = 0u64;
     let mut steps = 0u64;
     let mut last_out_done = 0.0f64;
-    let mut transfer = |issue: f64, bytes: u64, hbm_free: &mut f64| -> (f64, f64) {
+    let transfer = |issue: f64, bytes: u64, hbm_free: &mut f64| -> (f64, f64) {
         let start = (issue + lat).max(*hbm_free);
         let end = start + bytes as f64 / bpc;
         *hbm_free = end;
         (start, end)
     };
-    program.for_each_step(&mut |s| {
-        let dma_in = (s.in_bytes > 0).then(|| transfer(issue, s.in_bytes, &mut hbm_free));
-        let ready = dma_in.map_or(issue, |(_, e)| e);
+    // The step whose inputs are in flight: (step, its input DMA). Steps are processed one behind
+    // the stream so that the next step's input DMA is issued (and queued on HBM) when this step's
+    // body starts, before this step's output write-back.
+    let mut pending: Option<(tpusim_kernel::Step, Option<(f64, f64)>)> = None;
+    let mut advance = |s: tpusim_kernel::Step, dma_in: Option<(f64, f64)>, next: Option<&tpusim_kernel::Step>, hbm_free: &mut f64| -> Option<(f64, f64)> {
+        let ready = dma_in.map_or(prev_end, |(_, e)| e);
         let overhead_start = prev_end;
         let body_start = (prev_end + overhead).max(ready);
+        let next_in = next.and_then(|n| (n.in_bytes > 0).then(|| transfer(body_start, n.in_bytes, hbm_free)));
         let bt = &class_timing[s.class as usize];
         let body_end = body_start + bt.cycles;
-        // The next step's inputs are issued as this body starts (double buffering).
-        issue = body_start;
-        let dma_out = (s.out_bytes > 0).then(|| transfer(body_end, s.out_bytes, &mut hbm_free));
+        let dma_out = (s.out_bytes > 0).then(|| transfer(body_end, s.out_bytes, hbm_free));
         if let Some((_, e)) = dma_out {
             last_out_done = e;
         }
-        observe(s, &StepTiming { index: steps, body_start, body_end, overhead_start, dma_in, dma_out });
+        observe(&s, &StepTiming { index: steps, body_start, body_end, overhead_start, dma_in, dma_out });
         prev_end = body_end;
         class_steps[s.class as usize] += 1;
         in_bytes_total += s.in_bytes;
         out_bytes_total += s.out_bytes;
         steps += 1;
+        next_in
+    };
+    program.for_each_step(&mut |s| match pending.take() {
+        None => {
+            // The first step's inputs are issued at time 0 (the pipeline prologue).
+            let dma_in = (s.in_bytes > 0).then(|| transfer(0.0, s.in_bytes, &mut hbm_free));
+            pending = Some((*s, dma_in));
+        }
+        Some((p, p_in)) => {
+            let next_in = advance(p, p_in, Some(s), &mut hbm_free);
+            pending = Some((*s, next_in));
+        }
     });
+    if let Some((p, p_in)) = pending.take() {
+        advance(p, p_in, None, &mut hbm_free);
+    }
     let cycles = prev_end.max(last_out_done);
     let mut busy = UnitCycles::default();
     let mut flops = 0.0;
@@ -330,7 +346,7 @@ mod tests {
     fn busy_never_exceeds_total() {
         let chip = v6e();
         let w = AttentionCall::video_default();
-        let p = splash::lower(&chip, &w, &SplashConfig::defaults_for(&w)).unwrap();
+        let p = splash::lower(&chip, &w, &SplashConfig::defaults_for(&w, &chip)).unwrap();
         let r = simulate(&chip, &p);
         for (n, u) in r.utilization() {
             assert!((0.0..=1.0 + 1e-9).contains(&u), "{n} {u}");
@@ -342,7 +358,7 @@ mod tests {
     fn body_schedule_overlaps_units() {
         let chip = v6e();
         let w = AttentionCall::video_default();
-        let p = splash::lower(&chip, &w, &SplashConfig::defaults_for(&w)).unwrap();
+        let p = splash::lower(&chip, &w, &SplashConfig::defaults_for(&w, &chip)).unwrap();
         let t = schedule_body(&chip, &p.classes[1].body);
         let serial = t.busy.mxu + t.busy.vpu + t.busy.eup + t.busy.xlu;
         let longest = t.busy.mxu.max(t.busy.vpu).max(t.busy.eup).max(t.busy.xlu);

@@ -1,8 +1,8 @@
 //! A blocked Pallas matmul (the kernel of the Pallas TPU matmul tutorial) lowered to grid steps.
 //!
 //! Grid (M / block_m, N / block_n, K / block_k), k innermost. Each step multiplies an x block
-//! (block_m x block_k) by a y block (block_k x block_n) on the MXU and adds the f32 result into a
-//! VMEM accumulator (1 VPU op per (8,128) register); the first k step zeroes the accumulator, the
+//! (block_m x block_k) by a y block (block_k x block_n) on the MXU, pops the f32 result and adds
+//! it into a VMEM accumulator (2 VPU ops per (8,128) register); the first k step zeroes the accumulator, the
 //! last casts it to bf16 and the output block is written back. Per [`SLAB_ROWS`]-row slab of x:
 //! `mm` (MXU) then `acc` (VPU), so the two units overlap across slabs. Sizes that are not a
 //! multiple of their block are padded up.
@@ -88,7 +88,7 @@ fn body(bm: u64, bn: u64, bk: u64, first: bool, last: bool) -> StepBody {
         let mm = b.add("mm", Work::Matmul { m: r, k: bk, n: bn, m_total: bm }, &[]);
         let mut deps = vec![mm];
         deps.extend(init);
-        let acc = b.add("acc", Work::Vector { ops: v, masked_vregs: 0.0 }, &deps);
+        let acc = b.add("acc", Work::Vector { ops: 2.0 * v, masked_vregs: 0.0 }, &deps);
         if last {
             b.add("cast", Work::Vector { ops: v, masked_vregs: 0.0 }, &[acc]);
         }

@@ -8,14 +8,14 @@
 //! |---|---|---|
 //! | `qk` | MXU | r x d x c matmul (k^T chunk stationary) |
 //! | `mask` | VPU | (r c / 1024) x mask ops (masked steps only; see [`mask_ops_per_vreg`]) |
-//! | `rowmax` | VPU | r c / 1024 (element-wise max across lane chunks) |
+//! | `rowmax` | VPU | 2 r c / 1024 (pop scores from the MXU result buffer; element-wise max across lane chunks) |
 //! | `rowmax_xlu` | XLU | r / 8 cross-lane reductions |
 //! | `sub` | VPU | r c / 1024 (s - m) + 2 r / 8 (m update, alpha argument) |
 //! | `exp` | EUP | r c / 1024 + r / 8 (p and alpha) |
 //! | `sum_cast` | VPU | 2 r c / 1024 (row-sum accumulate, cast p to bf16) |
 //! | `rowsum_xlu` | XLU | r / 8 |
 //! | `pv` | MXU | r x c x dv matmul (v chunk stationary) |
-//! | `acc` | VPU | 2 r dv / 1024 + 2 r / 8 (o_acc = alpha o_acc + pv; l update) |
+//! | `acc` | VPU | 3 r dv / 1024 + 2 r / 8 (pop pv; o_acc = alpha o_acc + pv; l update) |
 //!
 //! plus `init` (zero m, l, o_acc: r (256 + dv) / 1024 register stores) on a row's first step and
 //! `finalize` (reciprocal of l on the EUP, o = o_acc / l and cast: 1.5 r dv / 1024 VPU ops) on its
@@ -93,33 +93,44 @@ pub struct SplashConfig {
 }
 
 impl SplashConfig {
-    /// JAX Splash defaults with block sizes chosen by rule for a workload: block_q = min(2048,
-    /// q_len rounded up to 8), block_kv = min(2048, kv_len rounded up to 128), block_kv_compute =
-    /// the largest multiple of 128 that divides block_kv and is at most 512 (tokamax's autotuned
-    /// v6e forward configuration: 2048 / 2048 / 512, attention-kernels.md).
-    pub fn defaults_for(w: &AttentionCall) -> Self {
+    /// JAX Splash defaults with block sizes chosen by rule for a workload on a chip:
+    /// block_q = min(2048, q_len rounded up to 8), block_kv = min(2048, kv_len rounded up to 128)
+    /// (tokamax's autotuned v6e forward blocks for long sequences, attention-kernels.md), and
+    /// block_kv_compute by [`default_compute`].
+    pub fn defaults_for(w: &AttentionCall, chip: &ChipModel) -> Self {
         let block_q = w.q_len.next_multiple_of(8).min(2048);
         let block_kv = w.kv_len.next_multiple_of(128).min(2048);
-        SplashConfig {
+        let mut c = SplashConfig {
             block_q,
             block_kv,
-            block_kv_compute: default_compute(block_kv),
+            block_kv_compute: block_kv,
             traversal: Traversal::FullGrid,
             masking: Masking::All,
             mask_source: MaskSource::Computed,
             tile_align: false,
             vmem_limit_bytes: None,
-        }
+        };
+        c.block_kv_compute = default_compute(w, &c, chip);
+        c
     }
 }
 
-/// The default `block_kv_compute` for a `block_kv`: the largest multiple of 128 that divides it
-/// and is at most 512; `block_kv` itself if it is not a multiple of 128.
-pub fn default_compute(block_kv: u64) -> u64 {
-    if block_kv % 128 != 0 {
-        return block_kv;
+/// The default `block_kv_compute` for a configuration: `block_kv` itself (JAX Splash's default),
+/// or, when that tiling overflows the scoped VMEM limit, the largest multiple of 128 that divides
+/// `block_kv` and fits (what a kernel author or autotuner does). Falls back to the smallest
+/// candidate, whose VMEM error lowering then reports.
+pub fn default_compute(w: &AttentionCall, cfg: &SplashConfig, chip: &ChipModel) -> u64 {
+    let bkv = cfg.block_kv;
+    if bkv == 0 || bkv % 128 != 0 {
+        return bkv;
     }
-    (1..=4).rev().map(|m| m * 128).find(|c| block_kv % c == 0).unwrap_or(128)
+    let limit = cfg.vmem_limit_bytes.unwrap_or_else(|| chip.vmem_limit_bytes());
+    let candidates: Vec<u64> = (1..=bkv / 128).rev().map(|m| m * 128).filter(|c| bkv % c == 0).collect();
+    candidates
+        .iter()
+        .copied()
+        .find(|&c| vmem_budget(w, &SplashConfig { block_kv_compute: c, ..cfg.clone() }, limit).total() <= limit)
+        .unwrap_or(128)
 }
 
 /// VPU register operations per (8,128) register of scores to apply a mask.
@@ -181,7 +192,8 @@ fn attention_body(s: &BodyShape) -> StepBody {
                 Some(ops) => b.add("mask", Work::Vector { ops: sv * ops, masked_vregs: sv }, &[qk]),
                 None => qk,
             };
-            let rowmax = b.add("rowmax", Work::Vector { ops: sv, masked_vregs: 0.0 }, &[scores]);
+            // Pop the f32 scores from the MXU result buffer, then the element-wise max.
+            let rowmax = b.add("rowmax", Work::Vector { ops: 2.0 * sv, masked_vregs: 0.0 }, &[scores]);
             let mut deps = vec![rowmax];
             deps.extend(prev_max[i]);
             let rowmax_x = b.add("rowmax_xlu", Work::CrossLane { vregs: rv }, &deps);
@@ -193,7 +205,7 @@ fn attention_body(s: &BodyShape) -> StepBody {
             let pv = b.add("pv", Work::Matmul { m: r, k: c, n: s.dv, m_total: s.block_q }, &[post]);
             let mut deps = vec![pv, rowsum];
             deps.extend(prev_acc[i]);
-            let acc = b.add("acc", Work::Vector { ops: 2.0 * vregs(r, s.dv) + 2.0 * rv, masked_vregs: 0.0 }, &deps);
+            let acc = b.add("acc", Work::Vector { ops: 3.0 * vregs(r, s.dv) + 2.0 * rv, masked_vregs: 0.0 }, &deps);
             prev_acc[i] = Some(acc);
             if s.last && j == chunks - 1 {
                 let recip = b.add("recip", Work::Transcendental { vregs: rv }, &[acc]);
@@ -508,7 +520,7 @@ mod tests {
     }
 
     fn cfg(bq: u64, bkv: u64, c: u64) -> SplashConfig {
-        SplashConfig { block_q: bq, block_kv: bkv, block_kv_compute: c, ..SplashConfig::defaults_for(&AttentionCall::video_default()) }
+        SplashConfig { block_q: bq, block_kv: bkv, block_kv_compute: c, ..SplashConfig::defaults_for(&AttentionCall::video_default(), &v6e()) }
     }
 
     #[test]

@@ -142,6 +142,27 @@ pub struct Report {
     /// Dense latency / latency (sparse attention).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub speedup_vs_dense: Option<f64>,
+    /// Each distinct step body: what it is, how many steps ran it, and its scheduled cycles.
+    pub step_classes: Vec<ClassSummary>,
+}
+
+/// One distinct grid-step body of a run.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ClassSummary {
+    /// Tile kind (`empty`, `partial`, `full`).
+    pub tile: String,
+    /// Whether the element-wise mask is applied.
+    pub masked: bool,
+    /// First step of an output block.
+    pub first: bool,
+    /// Last step of an output block.
+    pub last: bool,
+    /// Steps that ran this body.
+    pub steps: u64,
+    /// Cycles of one body, first issue to last result (grid-step overhead and DMA waits excluded).
+    pub body_cycles: f64,
+    /// Busy cycles of one body per unit (mxu, vpu, eup, xlu).
+    pub busy_cycles: BTreeMap<String, f64>,
 }
 
 impl Report {
@@ -182,6 +203,23 @@ impl Report {
             dense_latency_ms: None,
             tile_skip_efficiency: None,
             speedup_vs_dense: None,
+            step_classes: run
+                .program
+                .classes
+                .iter()
+                .zip(&r.class_timing)
+                .zip(&r.class_steps)
+                .filter(|(_, &n)| n > 0)
+                .map(|((c, t), &n)| ClassSummary {
+                    tile: c.key.tile.to_string(),
+                    masked: c.key.masked,
+                    first: c.key.first,
+                    last: c.key.last,
+                    steps: n,
+                    body_cycles: t.cycles,
+                    busy_cycles: t.busy.named()[..4].iter().map(|&(k, v)| (k.to_string(), v)).collect(),
+                })
+                .collect(),
         };
         if let (Job::Splash { workload: w, .. }, Some(t)) = (&run.job, info.tiles) {
             let all = (w.batch * w.q_heads) as f64 * w.q_len as f64 * w.kv_len as f64;
@@ -330,7 +368,7 @@ mod tests {
         w.q_len = 16384;
         w.kv_len = 16384;
         w.mask = Mask::Causal;
-        let mut config = SplashConfig::defaults_for(&w);
+        let mut config = SplashConfig::defaults_for(&w, &chip);
         config.traversal = tpusim_kernel::Traversal::Compact;
         config.masking = tpusim_kernel::Masking::Partial;
         let run = run(&chip, &Job::Splash { workload: w, config }).unwrap();

@@ -109,7 +109,7 @@ struct RunArgs {
     #[arg(long)]
     block_kv: Option<u64>,
     /// Width of the inner matmul/softmax sub-tile (multiple of 128 dividing --block-kv).
-    /// Default: the largest such width up to 512.
+    /// Default: --block-kv, or the largest such width whose tiling fits the VMEM limit.
     #[arg(long)]
     block_kv_compute: Option<u64>,
     /// Which grid steps run: full-grid (JAX Splash) or compact (non-empty tiles only).
@@ -260,7 +260,7 @@ fn build_job(a: &RunArgs, chip: &ChipModel) -> Result<Job, InputError> {
                 mask,
             };
             workload.validate()?;
-            let mut config = SplashConfig::defaults_for(&workload);
+            let mut config = SplashConfig::defaults_for(&workload, chip);
             let blocks_given = a.block_q.is_some() || a.block_kv.is_some() || a.block_kv_compute.is_some();
             if !workload_given && !blocks_given {
                 // The built-in default case carries MaxDiffusion's v6e blocks for Wan 2.1 720p.
@@ -273,10 +273,6 @@ fn build_job(a: &RunArgs, chip: &ChipModel) -> Result<Job, InputError> {
             }
             if let Some(v) = a.block_kv {
                 config.block_kv = v;
-                config.block_kv_compute = splash::default_compute(v);
-            }
-            if let Some(v) = a.block_kv_compute {
-                config.block_kv_compute = v;
             }
             if let Some(t) = a.traversal {
                 config.traversal = match t {
@@ -299,6 +295,11 @@ fn build_job(a: &RunArgs, chip: &ChipModel) -> Result<Job, InputError> {
             }
             config.tile_align = a.tile_align;
             config.vmem_limit_bytes = vmem_limit_bytes;
+            config.block_kv_compute = match a.block_kv_compute {
+                Some(v) => v,
+                None if !workload_given && !blocks_given => config.block_kv_compute,
+                None => splash::default_compute(&workload, &config, chip),
+            };
             Ok(Job::Splash { workload, config })
         }
     }

@@ -4,6 +4,10 @@
 //! Depends on every lower crate (chip, workload, kernel, engine); nothing depends on it but the
 //! binary.
 
+pub mod spec;
+
+pub use spec::{JobSpec, SpecError};
+
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;

@@ -94,6 +94,11 @@ pub struct BodyTiming {
     pub busy: UnitCycles,
     /// Per-operation timing, in node order.
     pub ops: Vec<OpTiming>,
+    /// The body's critical path split by unit (sums to `cycles`): walking back from the last
+    /// result, each operation on the path is charged from its start to the point where its
+    /// successor on the path started (occupancy plus latency when a data dependency binds,
+    /// occupancy alone when the successor waited for the unit).
+    pub critical: UnitCycles,
 }
 
 /// Occupancy and latency in cycles of one piece of work on a chip.
@@ -148,6 +153,11 @@ pub fn schedule_body(chip: &ChipModel, body: &StepBody) -> BodyTiming {
     }
     let mut t = BodyTiming { ops: Vec::with_capacity(n), ..Default::default() };
     let mut timing = vec![None; n];
+    // For each op: what bound its start (a data dependency or the previous op on its unit).
+    let mut cause: Vec<Option<usize>> = vec![None; n];
+    let mut done_at = vec![0.0f64; n];
+    let mut last_on_unit: [Option<usize>; 4] = [None; 4];
+    let mut binding_dep: Vec<Option<usize>> = vec![None; n];
     for _ in 0..n {
         // The unit whose earliest-ready operation can start first.
         let mut best: Option<(f64, usize)> = None;
@@ -162,14 +172,20 @@ pub fn schedule_body(chip: &ChipModel, body: &StepBody) -> BodyTiming {
         let Some((start, u)) = best else { break };
         let Reverse(Key(_, i)) = heaps[u].pop().expect("peeked");
         let (occ, lat) = cost[i];
+        cause[i] = if ready_at[i] >= unit_free[u] { binding_dep[i] } else { last_on_unit[u] };
         let end = start + occ;
         unit_free[u] = end;
+        last_on_unit[u] = Some(i);
         let done = end + lat;
+        done_at[i] = done;
         t.cycles = t.cycles.max(done);
         t.busy.add_unit(Unit::ALL[u], occ);
         timing[i] = Some(OpTiming { node: i, unit: Unit::ALL[u], start, end });
         for s in g.neighbors_directed(NodeIndex::new(i), Direction::Outgoing) {
             let j = s.index();
+            if done >= ready_at[j] {
+                binding_dep[j] = Some(i);
+            }
             ready_at[j] = ready_at[j].max(done);
             indeg[j] -= 1;
             if indeg[j] == 0 {
@@ -178,6 +194,20 @@ pub fn schedule_body(chip: &ChipModel, body: &StepBody) -> BodyTiming {
         }
     }
     t.ops = timing.into_iter().flatten().collect();
+    // Walk the critical path back from the last result.
+    let mut cur = (0..n).max_by(|&a, &b| done_at[a].total_cmp(&done_at[b]));
+    let mut mark = t.cycles;
+    let mut starts = vec![0.0f64; n];
+    for o in &t.ops {
+        starts[o.node] = o.start;
+    }
+    while let Some(i) = cur {
+        let unit = g[NodeIndex::new(i)].work.unit();
+        t.critical.add_unit(unit, mark - starts[i]);
+        mark = starts[i];
+        cur = cause[i];
+    }
+    // Time before the first op on the path started (none in practice) is charged to nothing.
     t
 }
 
@@ -202,6 +232,13 @@ pub struct SimResult {
     pub class_timing: Vec<BodyTiming>,
     /// Steps run of each class.
     pub class_steps: Vec<u64>,
+    /// Cycles step bodies waited for their input DMAs beyond the grid-step overhead (exposed DMA
+    /// latency and bandwidth).
+    pub dma_stall_cycles: f64,
+    /// The run's critical path split by unit (sums to `cycles`): per step, the grid-step overhead
+    /// (step_control), the wait for input DMAs beyond it and the final write-back tail (hbm), and
+    /// the body's critical path ([`BodyTiming::critical`]).
+    pub critical: UnitCycles,
 }
 
 impl SimResult {
@@ -210,13 +247,11 @@ impl SimResult {
         self.busy.named().iter().map(|&(n, c)| (n, if self.cycles > 0.0 { c / self.cycles } else { 0.0 })).collect()
     }
 
-    /// The unit with the most busy cycles: the one that bounds the run.
+    /// The unit that bounds the run: the one with the largest share of the critical path
+    /// ([`SimResult::critical`]). A unit can bound a run by throughput (busy all the time) or
+    /// by latency (e.g. MXU fill and drain in short steps, DMA latency with small blocks).
     pub fn bottleneck(&self) -> &'static str {
-        self.busy
-            .named()
-            .iter()
-            .fold(("none", 0.0), |best, &(n, c)| if c > best.1 { (n, c) } else { best })
-            .0
+        self.critical.named().iter().fold(("none", 0.0), |best, &(n, c)| if c > best.1 { (n, c) } else { best }).0
     }
 }
 
@@ -260,6 +295,8 @@ pub fn simulate_observed(
     let mut out_bytes_total = 0u64;
     let mut steps = 0u64;
     let mut last_out_done = 0.0f64;
+    let mut stall = 0.0f64;
+    let mut critical = UnitCycles::default();
     let transfer = |issue: f64, bytes: u64, hbm_free: &mut f64| -> (f64, f64) {
         let start = (issue + lat).max(*hbm_free);
         let end = start + bytes as f64 / bpc;
@@ -274,6 +311,10 @@ pub fn simulate_observed(
         let ready = dma_in.map_or(prev_end, |(_, e)| e);
         let overhead_start = prev_end;
         let body_start = (prev_end + overhead).max(ready);
+        let waited = (ready - (prev_end + overhead)).max(0.0);
+        stall += waited;
+        critical.step_control += body_start - prev_end - waited;
+        critical.hbm += waited;
         let next_in = next.and_then(|n| (n.in_bytes > 0).then(|| transfer(body_start, n.in_bytes, hbm_free)));
         let bt = &class_timing[s.class as usize];
         let body_end = body_start + bt.cycles;
@@ -304,6 +345,14 @@ pub fn simulate_observed(
         advance(p, p_in, None, &mut hbm_free);
     }
     let cycles = prev_end.max(last_out_done);
+    critical.hbm += cycles - prev_end;
+    for (i, t) in class_timing.iter().enumerate() {
+        let k = class_steps[i] as f64;
+        critical.mxu += k * t.critical.mxu;
+        critical.vpu += k * t.critical.vpu;
+        critical.eup += k * t.critical.eup;
+        critical.xlu += k * t.critical.xlu;
+    }
     let mut busy = UnitCycles::default();
     let mut flops = 0.0;
     let mut trans = 0.0;
@@ -329,6 +378,8 @@ pub fn simulate_observed(
         grid_steps: steps,
         class_timing,
         class_steps,
+        dma_stall_cycles: stall,
+        critical,
     }
 }
 
@@ -364,6 +415,20 @@ mod tests {
         let longest = t.busy.mxu.max(t.busy.vpu).max(t.busy.eup).max(t.busy.xlu);
         assert!(t.cycles < serial, "no overlap: {} vs {serial}", t.cycles);
         assert!(t.cycles >= longest);
+    }
+
+    #[test]
+    fn critical_path_sums_to_total() {
+        let chip = v6e();
+        let w = AttentionCall::video_default();
+        let p = splash::lower(&chip, &w, &SplashConfig::defaults_for(&w, &chip)).unwrap();
+        let r = simulate(&chip, &p);
+        let sum: f64 = r.critical.named().iter().map(|(_, c)| c).sum();
+        assert!((sum / r.cycles - 1.0).abs() < 1e-9, "{sum} vs {}", r.cycles);
+        for t in &r.class_timing {
+            let s: f64 = t.critical.named().iter().map(|(_, c)| c).sum();
+            assert!((s - t.cycles).abs() < 1e-6 * t.cycles.max(1.0), "{s} vs {}", t.cycles);
+        }
     }
 
     #[test]

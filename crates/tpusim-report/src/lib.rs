@@ -111,6 +111,11 @@ pub struct Report {
     pub utilization: BTreeMap<String, f64>,
     /// Busy time per unit, milliseconds.
     pub busy_ms: BTreeMap<String, f64>,
+    /// Time step bodies waited for input DMAs beyond the step overhead, milliseconds.
+    pub dma_stall_ms: f64,
+    /// The critical path split by unit, milliseconds (sums to `latency_ms`): which unit the run
+    /// was waiting on, by throughput or by latency. `bottleneck` is its largest entry.
+    pub critical_path_ms: BTreeMap<String, f64>,
     /// What ran: workload and kernel configuration.
     pub job: Job,
     /// Grid dimensions.
@@ -194,6 +199,8 @@ impl Report {
             bottleneck: r.bottleneck().to_string(),
             utilization: r.utilization().into_iter().map(|(n, u)| (n.to_string(), u)).collect(),
             busy_ms: r.busy.named().iter().map(|&(n, c)| (n.to_string(), ms(c))).collect(),
+            dma_stall_ms: ms(r.dma_stall_cycles),
+            critical_path_ms: r.critical.named().iter().map(|&(n, c)| (n.to_string(), ms(c))).collect(),
             job: run.job.clone(),
             grid: info.grid.clone(),
             padded: info.padded.clone(),
@@ -306,13 +313,22 @@ impl Report {
             self.hbm_bytes as f64 / 1e9,
             self.arithmetic_intensity
         );
-        let u = self.utilization.get(&self.bottleneck).copied().unwrap_or(0.0);
-        let _ = writeln!(s, "  bound by     {} (busy {:.0}% of the run)", self.bottleneck, u * 100.0);
-        let _ = writeln!(s, "  unit         busy ms     busy %");
-        for (n, _) in ORDER.iter().map(|n| (n, 0)) {
-            let b = self.busy_ms.get(*n).copied().unwrap_or(0.0);
-            let u = self.utilization.get(*n).copied().unwrap_or(0.0);
-            let _ = writeln!(s, "    {:<12} {:>9.3}  {:>6.1}  {}", n, b, u * 100.0, bar(u));
+        let crit = self.critical_path_ms.get(&self.bottleneck).copied().unwrap_or(0.0);
+        let busy = self.utilization.get(&self.bottleneck).copied().unwrap_or(0.0);
+        let how = if busy >= 0.5 { "throughput" } else { "latency" };
+        let _ = writeln!(
+            s,
+            "  bound by     {} ({how}: {:.0}% of the critical path, busy {:.0}% of the run)",
+            self.bottleneck,
+            if self.latency_ms > 0.0 { 100.0 * crit / self.latency_ms } else { 0.0 },
+            busy * 100.0
+        );
+        let _ = writeln!(s, "  unit           busy ms  busy %  critical path ms");
+        for n in ORDER {
+            let b = self.busy_ms.get(n).copied().unwrap_or(0.0);
+            let u = self.utilization.get(n).copied().unwrap_or(0.0);
+            let c = self.critical_path_ms.get(n).copied().unwrap_or(0.0);
+            let _ = writeln!(s, "    {:<12} {:>9.3}  {:>6.1}  {:>9.3}  {}", n, b, u * 100.0, c, bar(u));
         }
         if let Some(t) = self.tiles {
             let _ = writeln!(s);

@@ -1,0 +1,243 @@
+//! End-to-end tests of `tpusim run` and `tpusim chip` through the built binary: predictions
+//! against published measurements within stated bands, explanations, and bad input.
+
+use serde_json::Value;
+use std::path::PathBuf;
+use std::process::Command;
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_tpusim"))
+}
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// Runs `tpusim run ARGS --format json`, panicking with stderr on failure.
+fn run_json(args: &[&str]) -> Value {
+    let out = bin().arg("run").args(args).args(["--format", "json"]).output().unwrap();
+    assert!(out.status.success(), "tpusim run {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// Runs `tpusim ARGS`, expecting exit code 2 and a one-line error containing every `needle`.
+fn expect_input_error(args: &[&str], needles: &[&str]) {
+    let out = bin().args(args).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "tpusim {args:?} should exit 2; stderr: {err}");
+    for n in needles {
+        assert!(err.contains(n), "tpusim {args:?}: error should mention {n:?}: {err}");
+    }
+    assert!(out.stdout.is_empty(), "nothing on stdout on error");
+}
+
+/// Measured rows of the shipped calibration CSV: (id, row as column -> value).
+fn calibration_rows() -> Vec<std::collections::HashMap<String, String>> {
+    let text = std::fs::read_to_string(root().join("traces/measured/calibration.csv")).unwrap();
+    let mut lines = text.lines();
+    let header: Vec<String> = split_csv(lines.next().unwrap());
+    lines.map(|l| header.iter().cloned().zip(split_csv(l)).collect()).collect()
+}
+
+fn split_csv(line: &str) -> Vec<String> {
+    let mut out = vec![String::new()];
+    let mut quoted = false;
+    for c in line.chars() {
+        match c {
+            '"' => quoted = !quoted,
+            ',' if !quoted => out.push(String::new()),
+            c => out.last_mut().unwrap().push(c),
+        }
+    }
+    out
+}
+
+fn row_args(r: &std::collections::HashMap<String, String>) -> Vec<String> {
+    let mut a: Vec<String> = Vec::new();
+    fn push2(a: &mut Vec<String>, f: &str, v: &str) {
+        a.push(f.to_string());
+        a.push(v.to_string());
+    }
+    macro_rules! push {
+        ($f:expr, $v:expr) => {
+            push2(&mut a, $f, $v)
+        };
+    }
+    if r["kernel"] == "pallas-matmul" {
+        push!("--chip", &r["chip"]);
+        push!("--kernel", "matmul");
+        push!("--m", &r["q_len"]);
+        push!("--n", &r["kv_len"]);
+        push!("--k", &r["head_dim"]);
+        push!("--block-m", &r["block_q"]);
+        push!("--block-n", &r["block_kv"]);
+        push!("--block-k", &r["block_kv_compute"]);
+        return a;
+    }
+    for (f, c) in [("--chip", "chip"), ("--batch", "batch"), ("--heads", "q_heads"), ("--kv-heads", "kv_heads"), ("--q-len", "q_len"), ("--kv-len", "kv_len"), ("--head-dim", "head_dim")] {
+        push!(f, &r[c]);
+    }
+    let mask = r["mask"].replace(" (reconstructed)", "");
+    if mask != "full" {
+        push!("--mask", &mask);
+        push!("--traversal", &r["traversal"]);
+        push!("--masking", &r["masking"]);
+    }
+    if r["tile_align"] == "yes" {
+        a.push("--tile-align".into());
+    }
+    for (f, c) in [("--block-q", "block_q"), ("--block-kv", "block_kv"), ("--block-kv-compute", "block_kv_compute")] {
+        if !r[c].is_empty() {
+            push!(f, &r[c]);
+        }
+    }
+    a
+}
+
+fn predict(r: &std::collections::HashMap<String, String>, extra: &[&str]) -> f64 {
+    let mut args = row_args(r);
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    run_json(&refs)["latency_ms"].as_f64().unwrap()
+}
+
+fn rel_err(p: f64, m: f64) -> f64 {
+    (p - m) / m
+}
+
+#[test]
+fn dense_video_case_within_10_percent_of_vd_b0() {
+    // VD-B0: 78.70 ms, MaxDiffusion's v6e blocks (issue 2's command).
+    let j = run_json(&[
+        "--chip", "v6e", "--heads", "10", "--seq-len", "75600", "--head-dim", "128", "--block-q", "3024", "--block-kv", "2048",
+        "--block-kv-compute", "1024",
+    ]);
+    let p = j["latency_ms"].as_f64().unwrap();
+    assert!(rel_err(p, 78.70).abs() <= 0.10, "predicted {p} ms vs 78.70 ms");
+    for k in ["cycles", "flops", "mfu", "hbm_bytes", "grid_steps", "bottleneck", "utilization"] {
+        assert!(j.get(k).is_some(), "JSON lacks {k}");
+    }
+    // The default run is the same case.
+    let d = run_json(&[]);
+    assert_eq!(d["latency_ms"], j["latency_ms"]);
+}
+
+#[test]
+fn full_mask_tokamax_and_pallas_matmul_rows_within_15_percent() {
+    let rows = calibration_rows();
+    let picked: Vec<_> = rows
+        .iter()
+        .filter(|r| (r["kernel"] == "tokamax-splash" && r["mask"] == "full") || r["kernel"] == "pallas-matmul")
+        .collect();
+    assert_eq!(picked.len(), 9, "expected 5 tokamax full rows and 4 Pallas matmul rows");
+    let mut misses = Vec::new();
+    for r in picked {
+        let p = predict(r, &[]);
+        let m: f64 = r["measured_ms"].parse().unwrap();
+        if rel_err(p, m).abs() > 0.15 {
+            misses.push(format!("{}: {p:.3} vs {m:.3} ms", r["id"]));
+        }
+    }
+    assert!(misses.is_empty(), "outside the 15% band: {misses:?}");
+}
+
+#[test]
+fn head_dim_128_is_not_hbm_bound_and_mfu_rises_with_head_dim() {
+    let base = ["--chip", "v6e", "--seq-len", "16384", "--block-q", "2048", "--block-kv", "2048", "--block-kv-compute", "512"];
+    let mut mfu = Vec::new();
+    for (d, h) in [("64", "32"), ("128", "16"), ("256", "8")] {
+        let mut a = base.to_vec();
+        a.extend(["--head-dim", d, "--heads", h]);
+        let j = run_json(&a);
+        if d == "128" {
+            assert_ne!(j["bottleneck"], "hbm", "d=128 should not be HBM-bound");
+        }
+        mfu.push(j["mfu"].as_f64().unwrap());
+    }
+    assert!(mfu[0] < mfu[1] && mfu[1] < mfu[2], "MFU should rise with head_dim: {mfu:?}");
+}
+
+#[test]
+fn busy_time_never_exceeds_latency_and_critical_path_sums_to_it() {
+    let j = run_json(&["--heads", "4", "--seq-len", "8192", "--mask", "causal", "--traversal", "compact", "--masking", "partial"]);
+    let lat = j["latency_ms"].as_f64().unwrap();
+    for (k, v) in j["utilization"].as_object().unwrap() {
+        let u = v.as_f64().unwrap();
+        assert!((0.0..=1.0 + 1e-9).contains(&u), "{k} utilisation {u}");
+    }
+    let crit: f64 = j["critical_path_ms"].as_object().unwrap().values().map(|v| v.as_f64().unwrap()).sum();
+    assert!((crit / lat - 1.0).abs() < 1e-6, "{crit} vs {lat}");
+}
+
+#[test]
+fn padding_is_reported_and_costs_like_real_tokens() {
+    let j = run_json(&["--heads", "1", "--seq-len", "1000", "--block-q", "512", "--block-kv", "512"]);
+    let padded = &j["padded"];
+    assert_eq!(padded[0][2], 1024);
+    assert_eq!(padded[1][2], 1024);
+    // Executed FLOPs cover the padded square: 4 x 1024^2 x 128.
+    assert_eq!(j["flops"].as_f64().unwrap(), 4.0 * 1024.0 * 1024.0 * 128.0);
+}
+
+#[test]
+fn gqa_shares_kv_blocks_and_reads_less() {
+    let a = run_json(&["--heads", "8", "--seq-len", "4096", "--block-kv", "4096", "--block-q", "1024"]);
+    let b = run_json(&["--heads", "8", "--kv-heads", "1", "--seq-len", "4096", "--block-kv", "4096", "--block-q", "1024"]);
+    assert!(b["hbm_bytes"].as_u64().unwrap() < a["hbm_bytes"].as_u64().unwrap());
+}
+
+#[test]
+fn chip_show_prints_units_and_sources() {
+    let out = bin().args(["chip", "show", "v6e"]).output().unwrap();
+    assert!(out.status.success());
+    let s = String::from_utf8_lossy(&out.stdout);
+    assert!(s.contains("hbm.bandwidth_gb_per_s") && s.contains("GB/s") && s.contains("cloud-v6e"), "{s}");
+    assert!(s.contains("FITTED to [") && s.contains("VD-B0"), "{s}");
+}
+
+#[test]
+fn bad_input_exits_2_naming_the_field() {
+    expect_input_error(&["run", "--chip", "v9"], &["unknown chip", "v9", "v6e"]);
+    expect_input_error(&["run", "--heads", "0"], &["--heads", "0"]);
+    expect_input_error(&["run", "--seq-len", "0"], &["--q-len", "0"]);
+    expect_input_error(&["run", "--head-dim", "0"], &["--head-dim"]);
+    expect_input_error(&["run", "--heads", "10", "--kv-heads", "3"], &["--kv-heads", "3", "divide"]);
+    expect_input_error(&["run", "--block-kv", "2000"], &["--block-kv", "2000", "128"]);
+    expect_input_error(&["run", "--block-q", "3020"], &["--block-q", "3020", "8"]);
+    expect_input_error(&["run", "--block-kv", "2048", "--block-kv-compute", "768"], &["--block-kv-compute", "768", "divide"]);
+    expect_input_error(&["run", "--block-q", "4096", "--block-kv", "8192", "--block-kv-compute", "8192"], &["VMEM", "bytes", "limit"]);
+    expect_input_error(&["run", "--vmem-limit-mib", "0"], &["--vmem-limit-mib"]);
+    expect_input_error(&["run", "--set", "mxu.count=0"], &["mxu.count", "0"]);
+    expect_input_error(&["run", "--set", "hbm.bogus=1"], &["bogus", "bandwidth_gb_per_s"]);
+    expect_input_error(&["run", "--mask", "band:-5"], &["band", "non-negative"]);
+    expect_input_error(&["run", "--mask", "diagonal"], &["diagonal"]);
+    expect_input_error(&["run", "--kernel", "matmul", "--m", "64"], &["--m, --n and --k"]);
+    expect_input_error(&["run", "--kernel", "matmul", "--m", "1024", "--n", "1024", "--k", "1024", "--block-n", "100"], &["--block-n", "100"]);
+    expect_input_error(&["run", "--traversal", "zigzag"], &["zigzag"]);
+}
+
+#[test]
+fn malformed_and_unknown_chip_toml_are_errors() {
+    let dir = std::env::temp_dir().join(format!("tpusim-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bad = dir.join("bad.toml");
+    std::fs::write(&bad, "name = \"x\"\n[mxu\n").unwrap();
+    expect_input_error(&["run", "--chip", bad.to_str().unwrap()], &["bad.toml"]);
+    let text = std::fs::read_to_string(root().join("models/v6e.toml")).unwrap();
+    let unknown = dir.join("unknown.toml");
+    std::fs::write(&unknown, text.replace("[vmem]", "[vmem]\nwidth_lanes = { value = 3, source = \"x\" }")).unwrap();
+    expect_input_error(&["run", "--chip", unknown.to_str().unwrap()], &["width_lanes"]);
+    let missing = dir.join("missing.toml");
+    expect_input_error(&["run", "--chip", missing.to_str().unwrap()], &["missing.toml"]);
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn table_output_explains_the_run() {
+    let out = bin().arg("run").output().unwrap();
+    assert!(out.status.success());
+    let s = String::from_utf8_lossy(&out.stdout);
+    for needle in ["latency", "MFU", "bound by", "vpu", "padded to 75776", "9250 grid steps"] {
+        assert!(s.contains(needle), "table lacks {needle:?}:\n{s}");
+    }
+}

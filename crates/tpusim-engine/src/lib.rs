@@ -30,7 +30,7 @@ use serde::Serialize;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use tpusim_chip::ChipModel;
-use tpusim_kernel::{Program, StepBody, Unit, Work};
+use tpusim_kernel::{Program, Step, StepBody, Unit, Work};
 
 /// Busy cycles per unit. `hbm` is DMA transfer time, `step_control` the grid-step overhead.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
@@ -273,113 +273,235 @@ pub struct StepTiming {
 }
 
 /// Simulates a program on a chip (module docs).
+///
+/// Runs of identical grid steps ([`Program::for_each_run`]) are simulated step by step only until
+/// the pipeline reaches a steady state (two consecutive steps advance every time and total by the
+/// same amounts); the rest of the run is then added in one jump. The result equals step-by-step
+/// simulation ([`simulate_observed`]) up to floating-point rounding, and the cost grows with the
+/// number of runs, not the number of steps.
 pub fn simulate(chip: &ChipModel, program: &Program) -> SimResult {
-    simulate_observed(chip, program, &mut |_, _| {})
+    let mut sim = Pipeline::new(chip, program);
+    let mut quiet = |_: &Step, _: &StepTiming| {};
+    program.for_each_run(&mut |s, n| sim.run(s, n, &mut quiet));
+    sim.finish(&mut quiet)
 }
 
-/// Like [`simulate`], calling `observe(step, timing)` for every grid step in order.
-pub fn simulate_observed(
-    chip: &ChipModel,
-    program: &Program,
-    observe: &mut dyn FnMut(&tpusim_kernel::Step, &StepTiming),
-) -> SimResult {
-    let class_timing: Vec<BodyTiming> = program.classes.iter().map(|c| schedule_body(chip, &c.body)).collect();
-    let mut class_steps = vec![0u64; class_timing.len()];
-    let bpc = chip.hbm_bytes_per_cycle();
-    let lat = chip.dma_latency_cycles();
-    let overhead = chip.fitted.grid_step_overhead_cycles.value;
+/// Simulates step by step, calling `observe(step, timing)` for every grid step in order (for
+/// timelines). Same result as [`simulate`].
+pub fn simulate_observed(chip: &ChipModel, program: &Program, observe: &mut dyn FnMut(&Step, &StepTiming)) -> SimResult {
+    let mut sim = Pipeline::new(chip, program);
+    program.for_each_step(&mut |s| sim.push(s, observe));
+    sim.finish(observe)
+}
 
-    let mut hbm_free = 0.0f64;
-    let mut prev_end = 0.0f64;
-    let mut in_bytes_total = 0u64;
-    let mut out_bytes_total = 0u64;
-    let mut steps = 0u64;
-    let mut last_out_done = 0.0f64;
-    let mut stall = 0.0f64;
-    let mut critical = UnitCycles::default();
-    let transfer = |issue: f64, bytes: u64, hbm_free: &mut f64| -> (f64, f64) {
-        let start = (issue + lat).max(*hbm_free);
-        let end = start + bytes as f64 / bpc;
-        *hbm_free = end;
+/// State of the Pallas pipeline recursion (module docs, level 2).
+struct Pipeline<'a> {
+    chip: &'a ChipModel,
+    program: &'a Program,
+    class_timing: Vec<BodyTiming>,
+    class_steps: Vec<u64>,
+    bpc: f64,
+    lat: f64,
+    overhead: f64,
+    t: Times,
+    in_bytes: u64,
+    out_bytes: u64,
+    steps: u64,
+    /// The step whose inputs are in flight, with its input DMA (start, end).
+    pending: Option<(Step, Option<(f64, f64)>)>,
+}
+
+/// The time-valued and accumulated state that one grid step advances.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct Times {
+    prev_end: f64,
+    hbm_free: f64,
+    last_out_done: f64,
+    stall: f64,
+    crit_step: f64,
+    crit_hbm: f64,
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 1e-9 * a.abs().max(b.abs()).max(1.0)
+}
+
+impl<'a> Pipeline<'a> {
+    fn new(chip: &'a ChipModel, program: &'a Program) -> Self {
+        let class_timing: Vec<BodyTiming> = program.classes.iter().map(|c| schedule_body(chip, &c.body)).collect();
+        Pipeline {
+            chip,
+            program,
+            class_steps: vec![0; class_timing.len()],
+            class_timing,
+            bpc: chip.hbm_bytes_per_cycle(),
+            lat: chip.dma_latency_cycles(),
+            overhead: chip.fitted.grid_step_overhead_cycles.value,
+            t: Times::default(),
+            in_bytes: 0,
+            out_bytes: 0,
+            steps: 0,
+            pending: None,
+        }
+    }
+
+    fn transfer(&mut self, issue: f64, bytes: u64) -> (f64, f64) {
+        let start = (issue + self.lat).max(self.t.hbm_free);
+        let end = start + bytes as f64 / self.bpc;
+        self.t.hbm_free = end;
         (start, end)
-    };
-    // The step whose inputs are in flight: (step, its input DMA). Steps are processed one behind
-    // the stream so that the next step's input DMA is issued (and queued on HBM) when this step's
-    // body starts, before this step's output write-back.
-    let mut pending: Option<(tpusim_kernel::Step, Option<(f64, f64)>)> = None;
-    let mut advance = |s: tpusim_kernel::Step, dma_in: Option<(f64, f64)>, next: Option<&tpusim_kernel::Step>, hbm_free: &mut f64| -> Option<(f64, f64)> {
-        let ready = dma_in.map_or(prev_end, |(_, e)| e);
-        let overhead_start = prev_end;
-        let body_start = (prev_end + overhead).max(ready);
-        let waited = (ready - (prev_end + overhead)).max(0.0);
-        stall += waited;
-        critical.step_control += body_start - prev_end - waited;
-        critical.hbm += waited;
-        let next_in = next.and_then(|n| (n.in_bytes > 0).then(|| transfer(body_start, n.in_bytes, hbm_free)));
-        let bt = &class_timing[s.class as usize];
-        let body_end = body_start + bt.cycles;
-        let dma_out = (s.out_bytes > 0).then(|| transfer(body_end, s.out_bytes, hbm_free));
+    }
+
+    /// Runs step `cur` (inputs `cur_in`) knowing the next step; returns the next step's input DMA.
+    fn advance(&mut self, cur: &Step, cur_in: Option<(f64, f64)>, next: Option<&Step>, observe: &mut dyn FnMut(&Step, &StepTiming)) -> Option<(f64, f64)> {
+        let prev_end = self.t.prev_end;
+        let ready = cur_in.map_or(prev_end, |(_, e)| e);
+        let body_start = (prev_end + self.overhead).max(ready);
+        let waited = (ready - (prev_end + self.overhead)).max(0.0);
+        self.t.stall += waited;
+        self.t.crit_step += body_start - prev_end - waited;
+        self.t.crit_hbm += waited;
+        // The next step's inputs are issued as this body starts (double buffering).
+        let next_in = next.and_then(|n| (n.in_bytes > 0).then(|| self.transfer(body_start, n.in_bytes)));
+        let body_end = body_start + self.class_timing[cur.class as usize].cycles;
+        let dma_out = (cur.out_bytes > 0).then(|| self.transfer(body_end, cur.out_bytes));
         if let Some((_, e)) = dma_out {
-            last_out_done = e;
+            self.t.last_out_done = e;
         }
-        observe(&s, &StepTiming { index: steps, body_start, body_end, overhead_start, dma_in, dma_out });
-        prev_end = body_end;
-        class_steps[s.class as usize] += 1;
-        in_bytes_total += s.in_bytes;
-        out_bytes_total += s.out_bytes;
-        steps += 1;
+        observe(cur, &StepTiming { index: self.steps, body_start, body_end, overhead_start: prev_end, dma_in: cur_in, dma_out });
+        self.t.prev_end = body_end;
+        self.count(cur, 1);
         next_in
-    };
-    program.for_each_step(&mut |s| match pending.take() {
-        None => {
-            // The first step's inputs are issued at time 0 (the pipeline prologue).
-            let dma_in = (s.in_bytes > 0).then(|| transfer(0.0, s.in_bytes, &mut hbm_free));
-            pending = Some((*s, dma_in));
+    }
+
+    fn count(&mut self, s: &Step, n: u64) {
+        self.class_steps[s.class as usize] += n;
+        self.in_bytes += n * s.in_bytes;
+        self.out_bytes += n * s.out_bytes;
+        self.steps += n;
+    }
+
+    /// Feeds one step of the stream.
+    fn push(&mut self, s: &Step, observe: &mut dyn FnMut(&Step, &StepTiming)) {
+        match self.pending.take() {
+            None => {
+                // The first step's inputs are issued at time 0 (the pipeline prologue).
+                let dma_in = (s.in_bytes > 0).then(|| self.transfer(0.0, s.in_bytes));
+                self.pending = Some((*s, dma_in));
+            }
+            Some((p, p_in)) => {
+                let next_in = self.advance(&p, p_in, Some(s), observe);
+                self.pending = Some((*s, next_in));
+            }
         }
-        Some((p, p_in)) => {
-            let next_in = advance(p, p_in, Some(s), &mut hbm_free);
-            pending = Some((*s, next_in));
+    }
+
+    /// Feeds a run of `n` steps identical to `s` but for coordinates, jumping over its steady state.
+    fn run(&mut self, s: &Step, n: u64, observe: &mut dyn FnMut(&Step, &StepTiming)) {
+        if n == 0 {
+            return;
         }
-    });
-    if let Some((p, p_in)) = pending.take() {
-        advance(p, p_in, None, &mut hbm_free);
+        self.push(s, observe);
+        // The remaining n - 1 transitions each run a copy of `s` with a copy of `s` next.
+        let mut remaining = n - 1;
+        let traffic = s.in_bytes > 0 || s.out_bytes > 0;
+        let mut prev_delta: Option<(Times, Option<(f64, f64)>)> = None;
+        while remaining > 0 {
+            let (cur, cur_in) = self.pending.take().expect("a step is pending");
+            let before = self.t;
+            let next_in = self.advance(&cur, cur_in, Some(s), observe);
+            self.pending = Some((*s, next_in));
+            remaining -= 1;
+            let d = Times {
+                prev_end: self.t.prev_end - before.prev_end,
+                hbm_free: self.t.hbm_free - before.hbm_free,
+                last_out_done: self.t.last_out_done - before.last_out_done,
+                stall: self.t.stall - before.stall,
+                crit_step: self.t.crit_step - before.crit_step,
+                crit_hbm: self.t.crit_hbm - before.crit_hbm,
+            };
+            let din = match (cur_in, next_in) {
+                (Some(a), Some(b)) => Some((b.0 - a.0, b.1 - a.1)),
+                _ => None,
+            };
+            let c = d.prev_end;
+            // A uniform shift of every time that matters, repeated twice: the rest is periodic.
+            let shift_ok = (!traffic || close(d.hbm_free, c))
+                && (traffic || self.t.hbm_free <= self.t.prev_end)
+                && (s.out_bytes == 0 || close(d.last_out_done, c))
+                && din.is_none_or(|(a, b)| close(a, c) && close(b, c))
+                && (s.in_bytes == 0) == din.is_none();
+            let steady = shift_ok
+                && prev_delta.is_some_and(|(p, pin)| {
+                    close(p.prev_end, c)
+                        && close(p.stall, d.stall)
+                        && close(p.crit_step, d.crit_step)
+                        && close(p.crit_hbm, d.crit_hbm)
+                        && pin.is_some() == din.is_some()
+                });
+            if steady && remaining > 0 {
+                let m = remaining as f64;
+                self.t.prev_end += m * c;
+                if traffic {
+                    self.t.hbm_free += m * c;
+                }
+                if s.out_bytes > 0 {
+                    self.t.last_out_done += m * c;
+                }
+                self.t.stall += m * d.stall;
+                self.t.crit_step += m * d.crit_step;
+                self.t.crit_hbm += m * d.crit_hbm;
+                if let Some((p, Some((a, b)))) = self.pending.take() {
+                    self.pending = Some((p, Some((a + m * c, b + m * c))));
+                } else {
+                    self.pending = Some((*s, None));
+                }
+                self.count(s, remaining);
+                remaining = 0;
+            }
+            prev_delta = Some((d, din));
+        }
     }
-    let cycles = prev_end.max(last_out_done);
-    critical.hbm += cycles - prev_end;
-    for (i, t) in class_timing.iter().enumerate() {
-        let k = class_steps[i] as f64;
-        critical.mxu += k * t.critical.mxu;
-        critical.vpu += k * t.critical.vpu;
-        critical.eup += k * t.critical.eup;
-        critical.xlu += k * t.critical.xlu;
-    }
-    let mut busy = UnitCycles::default();
-    let mut flops = 0.0;
-    let mut trans = 0.0;
-    for (i, t) in class_timing.iter().enumerate() {
-        let k = class_steps[i] as f64;
-        busy.mxu += k * t.busy.mxu;
-        busy.vpu += k * t.busy.vpu;
-        busy.eup += k * t.busy.eup;
-        busy.xlu += k * t.busy.xlu;
-        flops += k * program.classes[i].body.flops();
-        trans += k * program.classes[i].body.transcendental_vregs() * chip.vreg_elems();
-    }
-    let hbm_bytes = in_bytes_total + out_bytes_total;
-    busy.hbm = hbm_bytes as f64 / bpc;
-    busy.step_control = steps as f64 * overhead;
-    SimResult {
-        cycles,
-        seconds: cycles / chip.clock_hz(),
-        busy,
-        flops,
-        transcendentals: trans,
-        hbm_bytes,
-        grid_steps: steps,
-        class_timing,
-        class_steps,
-        dma_stall_cycles: stall,
-        critical,
+
+    fn finish(mut self, observe: &mut dyn FnMut(&Step, &StepTiming)) -> SimResult {
+        if let Some((p, p_in)) = self.pending.take() {
+            self.advance(&p, p_in, None, observe);
+        }
+        let chip = self.chip;
+        let cycles = self.t.prev_end.max(self.t.last_out_done);
+        let mut critical = UnitCycles { step_control: self.t.crit_step, hbm: self.t.crit_hbm + (cycles - self.t.prev_end), ..Default::default() };
+        let mut busy = UnitCycles::default();
+        let mut flops = 0.0;
+        let mut trans = 0.0;
+        for (i, t) in self.class_timing.iter().enumerate() {
+            let k = self.class_steps[i] as f64;
+            critical.mxu += k * t.critical.mxu;
+            critical.vpu += k * t.critical.vpu;
+            critical.eup += k * t.critical.eup;
+            critical.xlu += k * t.critical.xlu;
+            busy.mxu += k * t.busy.mxu;
+            busy.vpu += k * t.busy.vpu;
+            busy.eup += k * t.busy.eup;
+            busy.xlu += k * t.busy.xlu;
+            flops += k * self.program.classes[i].body.flops();
+            trans += k * self.program.classes[i].body.transcendental_vregs() * chip.vreg_elems();
+        }
+        let hbm_bytes = self.in_bytes + self.out_bytes;
+        busy.hbm = hbm_bytes as f64 / self.bpc;
+        busy.step_control = self.steps as f64 * self.overhead;
+        SimResult {
+            cycles,
+            seconds: cycles / chip.clock_hz(),
+            busy,
+            flops,
+            transcendentals: trans,
+            hbm_bytes,
+            grid_steps: self.steps,
+            class_timing: self.class_timing,
+            class_steps: self.class_steps,
+            dma_stall_cycles: self.t.stall,
+            critical,
+        }
     }
 }
 
@@ -429,6 +551,49 @@ mod tests {
             let s: f64 = t.critical.named().iter().map(|(_, c)| c).sum();
             assert!((s - t.cycles).abs() < 1e-6 * t.cycles.max(1.0), "{s} vs {}", t.cycles);
         }
+    }
+
+    #[test]
+    fn steady_state_fast_path_equals_step_by_step() {
+        let chip = v6e();
+        let cases: Vec<(AttentionCall, SplashConfig)> = ["full", "causal", "band:3000+sink:700", "local:2000,0"]
+            .iter()
+            .flat_map(|m| {
+                [tpusim_kernel::Traversal::Compact, tpusim_kernel::Traversal::FullGrid].into_iter().map(move |t| {
+                    let mut w = AttentionCall::video_default();
+                    w.q_len = 12_000;
+                    w.kv_len = 12_000;
+                    w.q_heads = 3;
+                    w.kv_heads = 3;
+                    w.mask = tpusim_workload::Mask::parse(m).unwrap();
+                    let mut c = SplashConfig::defaults_for(&w, &v6e());
+                    c.block_q = 1024;
+                    c.block_kv = 512;
+                    c.block_kv_compute = 512;
+                    c.traversal = t;
+                    c.masking = tpusim_kernel::Masking::Partial;
+                    (w, c)
+                })
+            })
+            .collect();
+        for (w, c) in cases {
+            let p = splash::lower(&chip, &w, &c).unwrap();
+            let fast = simulate(&chip, &p);
+            let slow = simulate_observed(&chip, &p, &mut |_, _| {});
+            assert_eq!(fast.grid_steps, slow.grid_steps);
+            assert_eq!(fast.class_steps, slow.class_steps);
+            assert_eq!(fast.hbm_bytes, slow.hbm_bytes);
+            for (a, b) in [(fast.cycles, slow.cycles), (fast.dma_stall_cycles, slow.dma_stall_cycles), (fast.critical.hbm, slow.critical.hbm), (fast.critical.step_control, slow.critical.step_control)] {
+                assert!((a - b).abs() <= 1e-9 * b.abs().max(1.0), "{} {:?}: fast {a} vs step-by-step {b}", w.mask, c.traversal);
+            }
+        }
+        // A DMA-latency-bound matmul (every step waits for its prefetch) also reaches a steady state.
+        let chip5 = ChipModel::preset("v5e").unwrap();
+        let mm = MatmulCall { m: 1024, n: 1024, k: 4096 };
+        let p = matmul::lower(&chip5, &mm, &MatmulConfig { block_m: 128, block_n: 128, block_k: 128, vmem_limit_bytes: None }).unwrap();
+        let fast = simulate(&chip5, &p);
+        let slow = simulate_observed(&chip5, &p, &mut |_, _| {});
+        assert!((fast.cycles - slow.cycles).abs() <= 1e-9 * slow.cycles);
     }
 
     #[test]

@@ -168,4 +168,16 @@ impl Program {
             StepSource::Matmul(s) => s.for_each(f),
         }
     }
+
+    /// Calls `f(step, n)` for runs of `n` consecutive grid steps that are identical but for their
+    /// coordinates (same class, same DMA bytes), in execution order; `step` is the first of the
+    /// run. Expanding the runs gives exactly the stream of [`Program::for_each_step`]. The engine
+    /// uses runs to simulate steady states once; the number of runs grows with the number of
+    /// distinct tile behaviours (rows x same-kind segments), not with the number of steps.
+    pub fn for_each_run(&self, f: &mut dyn FnMut(&Step, u64)) {
+        match &self.steps {
+            StepSource::Splash(s) => s.for_each_run(f),
+            StepSource::Matmul(s) => s.for_each_run(f),
+        }
+    }
 }

@@ -51,6 +51,29 @@ pub(crate) struct Steps {
 }
 
 impl Steps {
+    /// Runs of identical steps: within an output block, the k steps between the first and the
+    /// last differ only in their coordinates (x and y blocks change every step).
+    pub(crate) fn for_each_run(&self, f: &mut dyn FnMut(&Step, u64)) {
+        if self.nk < 3 {
+            return self.for_each(&mut |s| f(s, 1));
+        }
+        let mut first_block = true;
+        for i in 0..self.nm {
+            for j in 0..self.nn {
+                // x (i, 0) always differs from the previous step's x; y (0, j) too unless nk == 1.
+                let _ = first_block;
+                first_block = false;
+                let both = self.x_bytes + self.y_bytes;
+                f(&Step { class: self.class_of[1][0], in_bytes: both, out_bytes: 0, coords: [0, i as u32, j as u32, 0] }, 1);
+                f(&Step { class: self.class_of[0][0], in_bytes: both, out_bytes: 0, coords: [0, i as u32, j as u32, 1] }, self.nk - 2);
+                f(
+                    &Step { class: self.class_of[0][1], in_bytes: both, out_bytes: self.o_bytes, coords: [0, i as u32, j as u32, (self.nk - 1) as u32] },
+                    1,
+                );
+            }
+        }
+    }
+
     pub(crate) fn for_each(&self, f: &mut dyn FnMut(&Step)) {
         let mut last_x = None;
         let mut last_y = None;

@@ -276,14 +276,22 @@ fn check_blocks(w: &AttentionCall, cfg: &SplashConfig, chip: &ChipModel) -> Resu
     Ok(())
 }
 
+/// A run of consecutive non-empty tiles of one kind in a q row: kv blocks `kj0 .. kj0 + n`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Seg {
+    kj0: u32,
+    n: u32,
+    kind: TileKind,
+}
+
 /// The step stream of a lowered Splash kernel (regenerated on demand).
 #[derive(Debug, Clone)]
 pub(crate) struct Steps {
     batch: u64,
     q_heads: u64,
     group: u64,
-    /// Distinct masks' rows: for each q block, its non-empty tiles (kv block, kind).
-    rows: Vec<Vec<Vec<(u32, TileKind)>>>,
+    /// Distinct masks' rows: for each q block, its non-empty tiles as runs of one kind.
+    rows: Vec<Vec<Vec<Seg>>>,
     /// Which distinct mask each q head uses.
     head_mask: Vec<usize>,
     traversal: Traversal,
@@ -299,8 +307,12 @@ pub(crate) struct Steps {
 }
 
 impl Steps {
-    pub(crate) fn for_each(&self, f: &mut dyn FnMut(&Step)) {
-        let mut last_q: Option<(u64, u64)> = None;
+    /// Emits the grid in order as runs `(first step, count)`: the steps of a run differ only in
+    /// their kv coordinate, which increases by one per step (a run never spans two rows).
+    /// Runs cover the interior of each segment of same-kind tiles at once, so the cost is
+    /// O(rows x segments), not O(steps).
+    pub(crate) fn for_each_run(&self, f: &mut dyn FnMut(&Step, u64)) {
+        let mut last_q: Option<(u32, u32)> = None;
         let mut last_kv: Option<(u64, u64, u32)> = None;
         for b in 0..self.batch {
             for h in 0..self.q_heads {
@@ -308,38 +320,79 @@ impl Steps {
                 let bh = (b * self.q_heads + h) as u32;
                 let kvh = b * (self.q_heads / self.group) + h / self.group;
                 for (qi, row) in rows.iter().enumerate() {
+                    let qi = qi as u32;
+                    let len: u64 = row.iter().map(|s| s.n as u64).sum();
                     let n_steps = match self.traversal {
-                        Traversal::Compact => row.len() as u64,
+                        Traversal::Compact => len,
                         Traversal::FullGrid => self.width,
                     };
-                    for j in 0..n_steps {
-                        let last_step = j + 1 == n_steps;
-                        let out_bytes = if last_step { self.o_bytes } else { 0 };
-                        let Some(&(kj, kind)) = row.get(j as usize) else {
-                            // An empty step: fixed cost only; data_next repeats the last block.
-                            f(&Step { class: self.empty_class, in_bytes: 0, out_bytes, coords: [bh, qi as u32, j as u32, 0] });
-                            continue;
-                        };
+                    // One computed step with every rule applied.
+                    let single = |kj: u32,
+                                  kind: TileKind,
+                                  j: u64,
+                                  last_q: &mut Option<(u32, u32)>,
+                                  last_kv: &mut Option<(u64, u64, u32)>,
+                                  f: &mut dyn FnMut(&Step, u64)| {
                         let mut in_bytes = 0;
-                        if last_q != Some((bh as u64, qi as u64)) {
+                        if *last_q != Some((bh, qi)) {
                             in_bytes += self.q_bytes;
-                            last_q = Some((bh as u64, qi as u64));
+                            *last_q = Some((bh, qi));
                         }
-                        if last_kv != Some((b, kvh, kj)) {
+                        if *last_kv != Some((b, kvh, kj)) {
                             in_bytes += self.kv_bytes;
-                            last_kv = Some((b, kvh, kj));
+                            *last_kv = Some((b, kvh, kj));
                         }
                         if kind == TileKind::Partial && self.masked_partial {
                             in_bytes += self.mask_bytes;
                         }
                         let k = usize::from(kind == TileKind::Full);
                         let first = usize::from(j == 0);
-                        let last = usize::from(j + 1 == row.len() as u64);
-                        f(&Step { class: self.class_of[k][first][last], in_bytes, out_bytes, coords: [bh, qi as u32, kj, 0] });
+                        let last = usize::from(j + 1 == len);
+                        let out_bytes = if j + 1 == n_steps { self.o_bytes } else { 0 };
+                        f(&Step { class: self.class_of[k][first][last], in_bytes, out_bytes, coords: [bh, qi, kj, 0] }, 1);
+                    };
+                    let mut j = 0u64;
+                    for seg in row {
+                        let n = seg.n as u64;
+                        single(seg.kj0, seg.kind, j, &mut last_q, &mut last_kv, f);
+                        if n >= 3 {
+                            // Interior steps: a new kv block each, neither first nor last of the row.
+                            let k = usize::from(seg.kind == TileKind::Full);
+                            let mask = if seg.kind == TileKind::Partial && self.masked_partial { self.mask_bytes } else { 0 };
+                            let step = Step {
+                                class: self.class_of[k][0][0],
+                                in_bytes: self.kv_bytes + mask,
+                                out_bytes: 0,
+                                coords: [bh, qi, seg.kj0 + 1, 0],
+                            };
+                            f(&step, n - 2);
+                            last_kv = Some((b, kvh, seg.kj0 + seg.n - 2));
+                        }
+                        if n >= 2 {
+                            single(seg.kj0 + seg.n - 1, seg.kind, j + n - 1, &mut last_q, &mut last_kv, f);
+                        }
+                        j += n;
+                    }
+                    if n_steps > len {
+                        // Empty steps: fixed cost only; data_next repeats the last block, so no copy.
+                        let empty = |j: u64, out_bytes: u64| Step { class: self.empty_class, in_bytes: 0, out_bytes, coords: [bh, qi, j as u32, 0] };
+                        if n_steps - len > 1 {
+                            f(&empty(len, 0), n_steps - len - 1);
+                        }
+                        f(&empty(n_steps - 1, self.o_bytes), 1);
                     }
                 }
             }
         }
+    }
+
+    /// Emits every grid step in order (runs expanded).
+    pub(crate) fn for_each(&self, f: &mut dyn FnMut(&Step)) {
+        self.for_each_run(&mut |s, n| {
+            for i in 0..n {
+                f(&Step { coords: [s.coords[0], s.coords[1], s.coords[2] + i as u32, s.coords[3]], ..*s });
+            }
+        });
     }
 }
 
@@ -381,7 +434,7 @@ pub fn lower(chip: &ChipModel, w: &AttentionCall, cfg: &SplashConfig) -> Result<
         let mut st = (0u64, 0u64, 0u64, 0u64, 0u64, 0u64); // empty, partial, full, kept, exact kept, visited pairs
         for_each_tile_row(m, &grid, false, |_, row| st.4 += row.iter().map(|t| t.kept).sum::<u64>());
         for_each_tile_row(m, &grid, cfg.tile_align, |_, row| {
-            let mut r = Vec::new();
+            let mut r: Vec<Seg> = Vec::new();
             for (kj, t) in row.iter().enumerate() {
                 st.3 += t.kept;
                 match t.kind {
@@ -390,7 +443,10 @@ pub fn lower(chip: &ChipModel, w: &AttentionCall, cfg: &SplashConfig) -> Result<
                     TileKind::Full => st.2 += 1,
                 }
                 if t.kind != TileKind::Empty {
-                    r.push((kj as u32, t.kind));
+                    match r.last_mut() {
+                        Some(seg) if seg.kind == t.kind && seg.kj0 + seg.n == kj as u32 => seg.n += 1,
+                        _ => r.push(Seg { kj0: kj as u32, n: 1, kind: t.kind }),
+                    }
                     st.5 += cfg.block_q * cfg.block_kv;
                 }
             }
@@ -399,7 +455,7 @@ pub fn lower(chip: &ChipModel, w: &AttentionCall, cfg: &SplashConfig) -> Result<
         rows.push(mrows);
         per_mask_stats.push(st);
     }
-    let width = rows.iter().flat_map(|m| m.iter().map(|r| r.len() as u64)).max().unwrap_or(0);
+    let width = rows.iter().flat_map(|m| m.iter().map(|r| r.iter().map(|s| s.n as u64).sum::<u64>())).max().unwrap_or(0);
 
     // One mask cost for the program: the costliest distinct mask's expression.
     let mask_ops = distinct.iter().map(|m| mask_ops_per_vreg(m, cfg.mask_source, padded)).fold(0.0, f64::max);
@@ -565,6 +621,41 @@ mod tests {
         let mut bytes = 0;
         p.for_each_step(&mut |s| bytes += s.in_bytes);
         assert_eq!(bytes, 4 * 1024 * 128 * 2 + 1024 * 256 * 2);
+    }
+
+    #[test]
+    fn runs_expand_to_the_same_steps() {
+        // Per-step generation written out directly, compared with the run generator.
+        let chip = v6e();
+        for (mask, trav) in [("band:700+sink:300", Traversal::Compact), ("causal", Traversal::FullGrid), ("local:900,100", Traversal::FullGrid)] {
+            let mut w = AttentionCall::video_default();
+            w.q_len = 5000;
+            w.kv_len = 5000;
+            w.q_heads = 4;
+            w.kv_heads = 2;
+            w.mask = Mask::parse(mask).unwrap();
+            let mut c = cfg(512, 256, 256);
+            c.traversal = trav;
+            c.masking = Masking::Partial;
+            let p = lower(&chip, &w, &c).unwrap();
+            let mut a = Vec::new();
+            p.for_each_step(&mut |s| a.push(*s));
+            let mut runs = 0;
+            let mut b = Vec::new();
+            p.for_each_run(&mut |s, n| {
+                runs += 1;
+                for i in 0..n {
+                    b.push(Step { coords: [s.coords[0], s.coords[1], s.coords[2] + i as u32, 0], ..*s });
+                }
+            });
+            assert_eq!(a, b, "{mask}");
+            assert_eq!(a.len() as u64, p.info.grid_steps, "{mask}");
+            assert!(runs < a.len(), "{mask}: runs should compress the stream");
+            // Each visited tile's kv block appears once per (head, q block) and kv copies happen
+            // on every computed step of a row except when the block repeats.
+            let computed = a.iter().filter(|s| s.class != 0).count() as u64;
+            assert_eq!(computed, p.info.tiles.unwrap().visited, "{mask}");
+        }
     }
 
     #[test]

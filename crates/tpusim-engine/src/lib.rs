@@ -3,9 +3,9 @@
 //! Two levels:
 //!
 //! 1. **Inside a grid step** ([`schedule_body`]): the step's tile operations form a dependency
-//!    graph (petgraph). A list scheduler issues them on the MXU, VPU, EUP and XLU: each unit runs
-//!    one operation at a time; an operation starts when its inputs are done and its unit is free
-//!    (earliest-ready first). An operation *occupies* its unit for its throughput time and its
+//!    graph (petgraph). They issue on the MXU, VPU, EUP and XLU in the body's static
+//!    (software-pipelined) order: each unit runs one operation at a time, in that order; an
+//!    operation starts when its inputs are done and its unit is free. An operation *occupies* its unit for its throughput time and its
 //!    result is available a *latency* later (MXU: the systolic pipeline depth with weights preloaded, rows + columns
 //!    cycles; VPU/EUP/XLU: the chip's op latencies). Work -> cycles:
 //!    * matmul m x k x n whose weights serve `m_total` streamed rows: folds = ceil(k / rows) x
@@ -27,8 +27,6 @@
 use petgraph::graph::NodeIndex;
 use petgraph::Direction;
 use serde::Serialize;
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
 use tpusim_chip::ChipModel;
 use tpusim_kernel::{Program, Step, StepBody, Unit, Work};
 
@@ -125,59 +123,39 @@ pub fn op_cycles(chip: &ChipModel, work: &Work) -> (f64, f64) {
     }
 }
 
-#[derive(PartialEq, PartialOrd)]
-struct Key(f64, usize);
-impl Eq for Key {}
-impl Ord for Key {
-    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
-        self.partial_cmp(o).unwrap_or(std::cmp::Ordering::Equal)
-    }
-}
-
-/// List-schedules one step body on the chip's units (module docs).
+/// Schedules one step body on the chip's units (module docs): operations issue in the body's
+/// static order (issue slot, then node index); each starts when its inputs are done and its unit
+/// has finished the previous operation in that order. With a fixed order, every start time is a
+/// max-plus expression of operation times, so making any unit faster never delays anything.
 pub fn schedule_body(chip: &ChipModel, body: &StepBody) -> BodyTiming {
     let g = &body.graph;
     let n = g.node_count();
     if n == 0 {
         return BodyTiming::default();
     }
-    let mut indeg: Vec<usize> = (0..n).map(|i| g.neighbors_directed(NodeIndex::new(i), Direction::Incoming).count()).collect();
+    let mut order: Vec<usize> = (0..n).collect();
+    order.sort_by_key(|&i| (g[NodeIndex::new(i)].issue, i));
     let mut ready_at = vec![0.0f64; n];
-    let mut heaps: Vec<BinaryHeap<Reverse<Key>>> = (0..Unit::ALL.len()).map(|_| BinaryHeap::new()).collect();
+    let mut binding_dep: Vec<Option<usize>> = vec![None; n];
     let mut unit_free = [0.0f64; 4];
-    let cost: Vec<(f64, f64)> = g.node_weights().map(|op| op_cycles(chip, &op.work)).collect();
-    for i in 0..n {
-        if indeg[i] == 0 {
-            heaps[g[NodeIndex::new(i)].work.unit().index()].push(Reverse(Key(0.0, i)));
-        }
-    }
-    let mut t = BodyTiming { ops: Vec::with_capacity(n), ..Default::default() };
-    let mut timing = vec![None; n];
-    // For each op: what bound its start (a data dependency or the previous op on its unit).
+    let mut last_on_unit: [Option<usize>; 4] = [None; 4];
     let mut cause: Vec<Option<usize>> = vec![None; n];
     let mut done_at = vec![0.0f64; n];
-    let mut last_on_unit: [Option<usize>; 4] = [None; 4];
-    let mut binding_dep: Vec<Option<usize>> = vec![None; n];
-    for _ in 0..n {
-        // The unit whose earliest-ready operation can start first.
-        let mut best: Option<(f64, usize)> = None;
-        for (u, h) in heaps.iter().enumerate() {
-            if let Some(Reverse(Key(r, _))) = h.peek() {
-                let s = r.max(unit_free[u]);
-                if best.is_none_or(|(bs, _)| s < bs) {
-                    best = Some((s, u));
-                }
-            }
-        }
-        let Some((start, u)) = best else { break };
-        let Reverse(Key(_, i)) = heaps[u].pop().expect("peeked");
-        let (occ, lat) = cost[i];
+    let mut starts = vec![0.0f64; n];
+    let mut t = BodyTiming { ops: Vec::with_capacity(n), ..Default::default() };
+    let mut timing = vec![None; n];
+    for &i in &order {
+        let op = &g[NodeIndex::new(i)];
+        let u = op.work.unit().index();
+        let (occ, lat) = op_cycles(chip, &op.work);
+        let start = ready_at[i].max(unit_free[u]);
         cause[i] = if ready_at[i] >= unit_free[u] { binding_dep[i] } else { last_on_unit[u] };
         let end = start + occ;
         unit_free[u] = end;
         last_on_unit[u] = Some(i);
         let done = end + lat;
         done_at[i] = done;
+        starts[i] = start;
         t.cycles = t.cycles.max(done);
         t.busy.add_unit(Unit::ALL[u], occ);
         timing[i] = Some(OpTiming { node: i, unit: Unit::ALL[u], start, end });
@@ -187,27 +165,17 @@ pub fn schedule_body(chip: &ChipModel, body: &StepBody) -> BodyTiming {
                 binding_dep[j] = Some(i);
             }
             ready_at[j] = ready_at[j].max(done);
-            indeg[j] -= 1;
-            if indeg[j] == 0 {
-                heaps[g[s].work.unit().index()].push(Reverse(Key(ready_at[j], j)));
-            }
         }
     }
     t.ops = timing.into_iter().flatten().collect();
     // Walk the critical path back from the last result.
     let mut cur = (0..n).max_by(|&a, &b| done_at[a].total_cmp(&done_at[b]));
     let mut mark = t.cycles;
-    let mut starts = vec![0.0f64; n];
-    for o in &t.ops {
-        starts[o.node] = o.start;
-    }
     while let Some(i) = cur {
-        let unit = g[NodeIndex::new(i)].work.unit();
-        t.critical.add_unit(unit, mark - starts[i]);
+        t.critical.add_unit(g[NodeIndex::new(i)].work.unit(), mark - starts[i]);
         mark = starts[i];
         cur = cause[i];
     }
-    // Time before the first op on the path started (none in practice) is charged to nothing.
     t
 }
 

@@ -97,19 +97,24 @@ impl Work {
     }
 }
 
-/// One tile operation: a name (for timelines) and its work.
+/// One tile operation: a name (for timelines), its work and its issue slot.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct TileOp {
     /// What it computes, e.g. `qk`, `exp`, `pv`.
     pub name: &'static str,
     /// Its work.
     pub work: Work,
+    /// Position in the kernel's static instruction schedule: each unit issues its operations in
+    /// increasing `issue` order (ties by node index). Lowering assigns software-pipelined slots
+    /// (slab s's stage k at slot s + skew(k)), as a compiler's modulo schedule would; a fixed
+    /// order keeps timing monotone in every unit's speed.
+    pub issue: u64,
 }
 
 /// The body of one grid step: tile operations and their data dependencies.
 ///
-/// Node indices are a topological order (every edge goes from a lower to a higher index), which
-/// is also program order: the order the kernel's code issues them.
+/// Node indices are a topological order (every edge goes from a lower to a higher index); the
+/// issue order is (issue slot, node index), also topological.
 #[derive(Debug, Clone, Default)]
 pub struct StepBody {
     /// Operations and dependency edges (from producer to consumer).
@@ -117,9 +122,10 @@ pub struct StepBody {
 }
 
 impl StepBody {
-    /// Adds an operation depending on `deps` and returns its index.
-    pub fn add(&mut self, name: &'static str, work: Work, deps: &[NodeIndex]) -> NodeIndex {
-        let n = self.graph.add_node(TileOp { name, work });
+    /// Adds an operation issued at slot `issue`, depending on `deps`, and returns its index.
+    /// Every dependency must have an issue slot no later than the operation's.
+    pub fn add(&mut self, name: &'static str, work: Work, deps: &[NodeIndex], issue: u64) -> NodeIndex {
+        let n = self.graph.add_node(TileOp { name, work, issue });
         for &d in deps {
             self.graph.add_edge(d, n, ());
         }

@@ -104,16 +104,18 @@ impl Steps {
 
 fn body(bm: u64, bn: u64, bk: u64, first: bool, last: bool) -> StepBody {
     let mut b = StepBody::default();
+    // Issue slots: the accumulate of slab s issues two slabs after its matmul (covers MXU latency).
+    let slot = |g: u64, skew: u64, stage: u64| (g + skew) * 4 + stage;
     for si in 0..bm.div_ceil(SLAB_ROWS) {
         let r = SLAB_ROWS.min(bm - si * SLAB_ROWS);
         let v = (r * bn) as f64 / 1024.0;
-        let init = first.then(|| b.add("init", Work::Vector { ops: v, masked_vregs: 0.0 }, &[]));
-        let mm = b.add("mm", Work::Matmul { m: r, k: bk, n: bn, m_total: bm }, &[]);
+        let init = first.then(|| b.add("init", Work::Vector { ops: v, masked_vregs: 0.0 }, &[], slot(si, 0, 0)));
+        let mm = b.add("mm", Work::Matmul { m: r, k: bk, n: bn, m_total: bm }, &[], slot(si, 0, 1));
         let mut deps = vec![mm];
         deps.extend(init);
-        let acc = b.add("acc", Work::Vector { ops: 2.0 * v, masked_vregs: 0.0 }, &deps);
+        let acc = b.add("acc", Work::Vector { ops: 2.0 * v, masked_vregs: 0.0 }, &deps, slot(si, 2, 2));
         if last {
-            b.add("cast", Work::Vector { ops: v, masked_vregs: 0.0 }, &[acc]);
+            b.add("cast", Work::Vector { ops: v, masked_vregs: 0.0 }, &[acc], slot(si, 2, 3));
         }
     }
     b

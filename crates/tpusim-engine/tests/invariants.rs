@@ -1,0 +1,122 @@
+//! Model invariants over random workloads, masks, tilings and chip parameters (issue 7).
+
+use proptest::prelude::*;
+use tpusim_chip::ChipModel;
+use tpusim_engine::{simulate, SimResult};
+use tpusim_kernel::{splash, Masking, SplashConfig, Traversal};
+use tpusim_workload::{AttentionCall, Mask};
+
+fn case(len: u64, heads: u64, d: u64, bq: u64, bkv: u64, mask: &str, trav: Traversal, masking: Masking) -> (AttentionCall, SplashConfig) {
+    let chip = ChipModel::preset("v6e").unwrap();
+    let w = AttentionCall { batch: 1, q_heads: heads, kv_heads: heads, q_len: len, kv_len: len, head_dim: d, head_dim_v: d, mask: Mask::parse(mask).unwrap() };
+    let mut c = SplashConfig::defaults_for(&w, &chip);
+    c.block_q = bq.min(len.next_multiple_of(8));
+    c.block_kv = bkv.min(len.next_multiple_of(128));
+    c.block_kv_compute = c.block_kv;
+    c.traversal = trav;
+    c.masking = masking;
+    c.vmem_limit_bytes = Some(128 << 20);
+    (w, c)
+}
+
+fn sim(chip: &ChipModel, w: &AttentionCall, c: &SplashConfig) -> SimResult {
+    simulate(chip, &splash::lower(chip, w, c).unwrap())
+}
+
+fn masks() -> impl Strategy<Value = String> {
+    prop_oneof![
+        Just("full".to_string()),
+        Just("causal".to_string()),
+        (0u64..3000).prop_map(|w| format!("band:{w}")),
+        (0u64..3000, 0u64..3000).prop_map(|(l, r)| format!("local:{l},{r}")),
+        (0u64..3000, 0u64..2000).prop_map(|(w, s)| format!("band:{w}+sink:{s}")),
+        (1u64..3000).prop_map(|c| format!("chunked:{c}")),
+    ]
+}
+
+fn tiling() -> impl Strategy<Value = (u64, u64, u64, u64)> {
+    (1u64..8000, prop::sample::select(vec![64u64, 128, 256]), 1u64..=16, 1u64..=16).prop_map(|(len, d, q, k)| (len, d, q * 128, k * 128))
+}
+
+fn traversal() -> impl Strategy<Value = Traversal> {
+    prop_oneof![Just(Traversal::Compact), Just(Traversal::FullGrid)]
+}
+
+fn masking() -> impl Strategy<Value = Masking> {
+    prop_oneof![Just(Masking::All), Just(Masking::Partial), Just(Masking::None)]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// More HBM bandwidth, more MXUs, a faster EUP or VPU, or a lower step overhead never makes a
+    /// prediction slower.
+    #[test]
+    fn better_hardware_is_never_slower((len, d, bq, bkv) in tiling(), mask in masks(), t in traversal(), m in masking(), which in 0usize..5) {
+        let chip = ChipModel::preset("v6e").unwrap();
+        let (w, c) = case(len, 2, d, bq, bkv, &mask, t, m);
+        let better = match which {
+            0 => chip.with_override("hbm.bandwidth_gb_per_s", "3276").unwrap(),
+            1 => chip.with_override("mxu.count", "4").unwrap(),
+            2 => chip.with_override("fitted.eup_vregs_per_cycle", "2").unwrap(),
+            3 => chip.with_override("fitted.valu_vreg_ops_per_cycle", "5.2").unwrap(),
+            _ => chip.with_override("fitted.grid_step_overhead_cycles", "100").unwrap(),
+        };
+        let a = sim(&chip, &w, &c).cycles;
+        let b = sim(&better, &w, &c).cycles;
+        prop_assert!(b <= a * (1.0 + 1e-12), "{which}: {b} > {a} for {mask} {len} {bq}x{bkv} {t:?} {m:?}");
+    }
+
+    /// Reported FLOPs and bytes equal the analytical counts for the visited tiles; busy time per
+    /// unit never exceeds the latency; the critical path sums to the latency.
+    #[test]
+    fn counts_match_analysis_and_busy_fits((len, d, bq, bkv) in tiling(), mask in masks(), t in traversal(), m in masking()) {
+        let chip = ChipModel::preset("v6e").unwrap();
+        let (w, c) = case(len, 3, d, bq, bkv, &mask, t, m);
+        let p = splash::lower(&chip, &w, &c).unwrap();
+        let r = simulate(&chip, &p);
+        let tiles = p.info.tiles.unwrap();
+        let want_flops = tiles.visited as f64 * 4.0 * (c.block_q * c.block_kv * d) as f64;
+        prop_assert!((r.flops - want_flops).abs() <= 1e-9 * want_flops.max(1.0), "{} vs {want_flops}", r.flops);
+        for (n, u) in r.utilization() {
+            prop_assert!(u <= 1.0 + 1e-9, "{n} busy {u}");
+        }
+        let crit: f64 = r.critical.named().iter().map(|(_, x)| x).sum();
+        prop_assert!((crit - r.cycles).abs() <= 1e-6 * r.cycles.max(1.0));
+        // Output is written once per (head, q block) with at least one step.
+        let q_tiles = len.div_ceil(c.block_q);
+        let min_out = if tiles.visited > 0 { c.block_q * d * 2 } else { 0 };
+        prop_assert!(r.hbm_bytes >= min_out);
+        prop_assert!(r.grid_steps >= tiles.visited && r.grid_steps <= 3 * q_tiles * len.div_ceil(c.block_kv));
+    }
+
+    /// A mask that keeps a subset of another's pairs (a narrower window of the same kind) never
+    /// needs more MXU work, and with a compacted grid that masks every visited tile (equal cost
+    /// per tile) never takes longer.
+    #[test]
+    fn subset_masks_never_cost_more((len, d, bq, bkv) in tiling(), w1 in 0u64..3000, extra in 0u64..3000, kind in 0usize..3) {
+        let chip = ChipModel::preset("v6e").unwrap();
+        let w2 = w1 + extra;
+        let (small, big) = match kind {
+            0 => (format!("band:{w1}"), format!("band:{w2}")),
+            1 => (format!("local:{w1},0"), format!("local:{w2},0")),
+            _ => (format!("band:{w1}+sink:{w1}"), format!("band:{w2}+sink:{w2}")),
+        };
+        let (ws, c) = case(len, 2, d, bq, bkv, &small, Traversal::Compact, Masking::All);
+        let (wb, _) = case(len, 2, d, bq, bkv, &big, Traversal::Compact, Masking::All);
+        let a = sim(&chip, &ws, &c);
+        let b = sim(&chip, &wb, &c);
+        prop_assert!(a.busy.mxu <= b.busy.mxu * (1.0 + 1e-12), "{small} MXU {} > {big} {}", a.busy.mxu, b.busy.mxu);
+        prop_assert!(a.cycles <= b.cycles * (1.0 + 1e-12), "{small} {} > {big} {}", a.cycles, b.cycles);
+    }
+
+    /// Identical input gives identical output.
+    #[test]
+    fn deterministic((len, d, bq, bkv) in tiling(), mask in masks(), t in traversal(), m in masking()) {
+        let chip = ChipModel::preset("v6e").unwrap();
+        let (w, c) = case(len, 2, d, bq, bkv, &mask, t, m);
+        let a = sim(&chip, &w, &c);
+        let b = sim(&chip, &w, &c);
+        prop_assert_eq!(a, b);
+    }
+}

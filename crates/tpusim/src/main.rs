@@ -10,6 +10,7 @@ mod run;
 mod sweep;
 
 use clap::{Parser, Subcommand};
+use std::io::Write;
 use std::process::ExitCode;
 
 #[derive(Parser, Debug)]
@@ -57,7 +58,39 @@ impl<E: std::fmt::Display> From<E> for InputError {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let out = match &cli.command {
+    // A panic is a bug, not bad input: report it as an internal failure with exit code 1.
+    std::panic::set_hook(Box::new(|info| {
+        eprintln!("internal error (a tpusim bug; please report it with the command line): {info}");
+    }));
+    let out = match std::panic::catch_unwind(|| dispatch(&cli)) {
+        Ok(out) => out,
+        Err(_) => return ExitCode::from(1),
+    };
+    match out {
+        Ok(mut s) => {
+            if !s.is_empty() && !s.ends_with('\n') {
+                s.push('\n');
+            }
+            let mut stdout = std::io::stdout().lock();
+            match stdout.write_all(s.as_bytes()).and_then(|_| stdout.flush()) {
+                Ok(()) => ExitCode::SUCCESS,
+                // A reader that stopped early (`| head`) is not an error.
+                Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("error: cannot write the output: {e}");
+                    ExitCode::from(1)
+                }
+            }
+        }
+        Err(InputError(e)) => {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn dispatch(cli: &Cli) -> Result<String, InputError> {
+    match &cli.command {
         Command::Run(a) => run::cmd_run(a),
         Command::Chip { command } => run::cmd_chip(command),
         Command::Validate(a) => calib::cmd_validate(a),
@@ -66,18 +99,5 @@ fn main() -> ExitCode {
         Command::Merge(a) => sweep::cmd_merge(a),
         Command::Tune(a) => sweep::cmd_tune(a),
         Command::Plot(a) => plot::cmd_plot(a),
-    };
-    match out {
-        Ok(s) => {
-            print!("{s}");
-            if !s.is_empty() && !s.ends_with('\n') {
-                println!();
-            }
-            ExitCode::SUCCESS
-        }
-        Err(InputError(e)) => {
-            eprintln!("error: {e}");
-            ExitCode::from(2)
-        }
     }
 }

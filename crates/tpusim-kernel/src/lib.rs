@@ -27,6 +27,11 @@ use serde::Serialize;
 /// (not public), fixed for every chip and workload.
 pub const SLAB_ROWS: u64 = 256;
 
+/// Most tiles of one head's grid (q tiles x kv tiles), or output blocks of a matmul, that a
+/// program may have (2^28): classification and run generation are linear in it, and beyond it a
+/// run would take minutes. Larger problems need larger blocks.
+pub const MAX_TILES: u64 = 1 << 28;
+
 /// An error in a kernel configuration: the field, its value and what is allowed.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum KernelError {

@@ -160,6 +160,13 @@ pub fn lower(chip: &ChipModel, mm: &MatmulCall, cfg: &MatmulConfig) -> Result<Pr
     };
     vmem.check(chip)?;
     let (nm, nn, nk) = (mm.m.div_ceil(bm), mm.n.div_ceil(bn), mm.k.div_ceil(bk));
+    if nm.saturating_mul(nn) > crate::MAX_TILES {
+        return Err(KernelError::config(
+            "--block-m x --block-n",
+            format!("{bm} x {bn}"),
+            format!("the grid has {nm} x {nn} = {} output blocks; at most {} are supported: use larger blocks", nm * nn, crate::MAX_TILES),
+        ));
+    }
     let mut classes = Vec::new();
     let mut class_of = [[0u32; 2]; 2];
     for first in [false, true] {

@@ -420,6 +420,19 @@ pub fn lower(chip: &ChipModel, w: &AttentionCall, cfg: &SplashConfig) -> Result<
     vmem.check(chip)?;
 
     let grid = TileGrid { q_len: w.q_len, kv_len: w.kv_len, block_q: cfg.block_q, block_kv: cfg.block_kv };
+    let tiles_per_head = grid.q_tiles().saturating_mul(grid.kv_tiles());
+    if tiles_per_head > crate::MAX_TILES {
+        return Err(KernelError::config(
+            "--block-q x --block-kv",
+            format!("{} x {}", cfg.block_q, cfg.block_kv),
+            format!(
+                "the grid has {} q tiles x {} kv tiles = {tiles_per_head} tiles per head; at most {} are supported: use larger blocks",
+                grid.q_tiles(),
+                grid.kv_tiles(),
+                crate::MAX_TILES
+            ),
+        ));
+    }
     let padded = grid.padded_q_len() != w.q_len || grid.padded_kv_len() != w.kv_len;
 
     // Classify each distinct mask once.

@@ -153,6 +153,8 @@ pub struct Report {
     pub speedup_vs_dense: Option<f64>,
     /// Each distinct step body: what it is, how many steps ran it, and its scheduled cycles.
     pub step_classes: Vec<ClassSummary>,
+    /// Caveats a kernel engineer should know about this configuration (inexact results, ...).
+    pub notes: Vec<String>,
 }
 
 /// One distinct grid-step body of a run.
@@ -231,8 +233,22 @@ impl Report {
                     busy_cycles: t.busy.named()[..4].iter().map(|&(k, v)| (k.to_string(), v)).collect(),
                 })
                 .collect(),
+            notes: Vec::new(),
         };
-        if let (Job::Splash { workload: w, .. }, Some(t)) = (&run.job, info.tiles) {
+        if let (Job::Splash { workload: w, config: c }, Some(t)) = (&run.job, info.tiles) {
+            if c.masking == tpusim_kernel::Masking::None && t.partial > 0 {
+                rep.notes.push(format!(
+                    "--masking none with {} partial tiles: a mask-free kernel computes wrong results on them (kept pairs are not masked apart from dropped ones)",
+                    t.partial
+                ));
+            }
+            if c.tile_align {
+                rep.notes.push(format!(
+                    "--tile-align changes the attention output: {:.2}% of pairs kept vs {:.2}% in the exact mask",
+                    100.0 * info.kept_pairs as f64 / ((w.batch * w.q_heads) as f64 * w.q_len as f64 * w.kv_len as f64),
+                    100.0 * info.exact_kept_pairs as f64 / ((w.batch * w.q_heads) as f64 * w.q_len as f64 * w.kv_len as f64)
+                ));
+            }
             let all = (w.batch * w.q_heads) as f64 * w.q_len as f64 * w.kv_len as f64;
             rep.pair_density = Some(info.kept_pairs as f64 / all);
             rep.exact_pair_density = Some(info.exact_kept_pairs as f64 / all);
@@ -362,6 +378,9 @@ impl Report {
                     d, x, e
                 );
             }
+        }
+        for n in &self.notes {
+            let _ = writeln!(s, "  note         {n}");
         }
         s
     }

@@ -10,7 +10,7 @@
 pub mod mask;
 pub mod tiles;
 
-pub use mask::{Mask, MaskError};
+pub use mask::{Mask, MaskError, VideoMask, VideoOrder, VideoWindow};
 pub use tiles::{TileGrid, TileKind, TileStats};
 
 use serde::Serialize;
@@ -77,8 +77,10 @@ impl AttentionCall {
         }
     }
 
-    /// Checks sizes: all positive, at most [`MAX_DIM`], q_heads a multiple of kv_heads, and a
-    /// per-head mask listing one mask per q head or per kv head.
+    /// Checks sizes: all positive, at most [`MAX_DIM`], q_heads a multiple of kv_heads, a
+    /// per-head mask listing one mask per q head or per kv head, and the mask itself
+    /// ([`Mask::validate`], and [`Mask::check_lengths`]: file masks made for these lengths,
+    /// video volumes of exactly q_len = kv_len tokens).
     ///
     /// # Errors
     /// [`WorkloadError`] naming the flag.
@@ -125,10 +127,19 @@ impl AttentionCall {
             }
         }
         self.mask.validate().map_err(|e| WorkloadError::new("--mask", self.mask.to_string(), &e.to_string()))?;
+        self.mask
+            .check_lengths(self.q_len, self.kv_len)
+            .map_err(|e| WorkloadError::new("--mask", self.mask.to_string(), &e.to_string()))?;
         Ok(())
     }
 
-    /// The mask that q head `h` uses (resolving per-head lists by q head or by kv head group).
+    /// The mask that q head `h` (0-based, below `q_heads`) uses, resolving per-head lists by q
+    /// head (a list of `q_heads` masks) or by kv head group (a list of `kv_heads` masks: q head
+    /// h uses entry h / (q_heads / kv_heads)).
+    ///
+    /// # Panics
+    /// If `h >= q_heads` or the call has not passed [`AttentionCall::validate`] (a per-head
+    /// list of the wrong length).
     pub fn mask_for_head(&self, h: u64) -> &Mask {
         match &self.mask {
             Mask::PerHead(list) => {

@@ -11,27 +11,102 @@
 //! union := inter ('+' inter)*          union of kept pairs
 //! inter := atom ('&' atom)*            intersection of kept pairs
 //! atom  := 'full' | 'causal' | 'local:' L ',' R | 'band:' W | 'sink:' S | 'chunked:' C
-//!        | '(' union ')' | 'file:' PATH     (PATH runs to the end of the text)
+//!        | 'video:' F ',' H ',' W ':' wf ',' wh ',' ww [order]
+//!        | 'sta:' F ',' H ',' W ':' kf ',' kh ',' kw ':' tf ',' th ',' tw [order]
+//!        | 'per-head[' item (';' item)* ']'
+//!        | '(' union ')' | 'file:' PATH
+//! order := '@frame' | '@position' | '@tiles:' tf ',' th ',' tw
+//! item  := [N '*'] union               N copies of the mask (one per head)
 //! ```
+//!
+//! All numbers are whole token counts from 0 to 2^32 (negative numbers are errors). Spaces
+//! around words and operators are ignored.
+//!
+//! ## 1-D masks
 //!
 //! * `full`: every pair.
 //! * `causal`: k <= q.
 //! * `local:L,R`: q - L <= k <= q + R (sliding window; `local:L,0` is causal local attention).
 //! * `band:W`: |q - k| <= W.
 //! * `sink:S`: k < S (attention-sink columns).
-//! * `chunked:C`: chunked causal: k <= q and k / C == q / C.
-//! * `file:PATH`: block-sparse mask read from a JSON file (see [`crate::mask::BlockSparse`]).
+//! * `chunked:C`: chunked causal: k <= q and k / C == q / C (C >= 1).
 //!
 //! Example: `band:15000+sink:3600` is the video-diffusion case's reconstructed mask.
+//!
+//! ## 3-D video masks ([`VideoMask`])
+//!
+//! The sequence is a latent video of F frames x H rows x W columns (F x H x W must equal both
+//! q_len and kv_len; [`Mask::check_lengths`] says so otherwise). Each token has coordinates
+//! (f, h, w) given by the token order:
+//!
+//! * `@frame` (default for `video`): frame-major, token = (f x H + h) x W + w;
+//! * `@position`: position-major (the temporal-head permutation), token = (h x W + w) x F + f;
+//! * `@tiles:tf,th,tw`: tile by tile as in Sliding Tile Attention (STA): the volume is cut into
+//!   tiles of tf x th x tw tokens (tf, th, tw must divide F, H, W), tiles ordered frame-major,
+//!   tokens inside a tile frame-major.
+//!
+//! Windows:
+//!
+//! * `video:F,H,W:wf,wh,ww` keeps (q, k) when |fq - fk| <= wf, |hq - hk| <= wh and
+//!   |wq - wk| <= ww (half-widths in frames, rows, columns; a half-width of at least the
+//!   extent keeps the whole dimension).
+//! * `sta:F,H,W:kf,kh,kw:tf,th,tw` is STA's tile window: the volume is cut into tiles of
+//!   tf x th x tw tokens and each query tile attends a kernel of kf x kh x kw tiles (odd
+//!   counts) centred on its own tile, shifted inward at the volume's borders (the kernel centre
+//!   is clamped to [k/2, NT - 1 - k/2] tiles, as in the STA reference masks) so every query sees
+//!   the same number of tiles. Default order: `@tiles` with the same tile sizes (STA's layout);
+//!   another order may be given.
+//!
+//! Examples:
+//!
+//! * `video:21,45,80:4,45,80`: Wan 2.1 720p latent (21 x 45 x 80 = 75,600 tokens), each token
+//!   sees +-4 frames, whole frames; frame-major.
+//! * `video:21,45,80:4,45,80@position`: the same window after the temporal-head permutation.
+//! * `video:30,48,80:18,24,24@tiles:6,8,8`: token window in STA's tiled layout.
+//! * `sta:30,48,80:3,3,5:6,8,8`: STA with 6 x 8 x 8 tiles and a 3 x 3 x 5 tile kernel.
+//!
+//! ## Per-head masks
+//!
+//! `per-head[M1;M2;...]` lists one mask per q head or per kv head group, in head order
+//! (resolved by [`crate::AttentionCall::mask_for_head`]; [`crate::AttentionCall::validate`]
+//! checks the count). `N*M` repeats item `M` (a whole union expression) N times:
+//! `per-head[4*band:100;6*causal]` is 4 heads of `band:100` then 6 of `causal`, and
+//! `per-head[2*band:8+sink:4;causal]` is 2 heads of `band:8+sink:4` then one `causal`. A list
+//! holds at most 65,536 masks; lists cannot nest or be combined with `+` / `&`. Display
+//! prints runs of equal masks with the `N*` shorthand.
+//!
+//! ## Mask files
+//!
+//! `file:PATH` reads a JSON file; the format is picked by its keys
+//! (see `crates/tpusim-workload/MASK_FILES.md`):
+//!
+//! * block format ([`BlockSparse`]): kept tiles of a tiling,
+//!   `{"q_len": 4096, "kv_len": 4096, "block_q": 512, "block_kv": 512, "blocks": [[0, 0], [1, 1]]}`;
+//! * range format ([`RangeSparse`]): kept kv ranges per q range (half-open; rows not listed
+//!   keep nothing; overlapping q ranges are unioned),
+//!   `{"q_len": 1000, "kv_len": 1000, "rows": [{"q": [0, 500], "kv": [[0, 600]]}]}`.
+//!
+//! At the top level PATH runs to the end of the text (so `causal+file:a.json` works but
+//! `file:a.json+causal` reads the path `a.json+causal`); inside `( )` or `per-head[ ]` it ends at
+//! the first `)`, `;` or `]`, e.g. `(file:a.json)&causal` or `per-head[file:a.json;causal]`.
+//! Display parenthesises file masks inside `+` / `&` so that its output parses back.
 
-use serde::{Deserialize, Serialize};
+pub mod files;
+pub mod video;
+
+pub use files::{mask_from_json, read_mask_file, BlockSparse, RangeRow, RangeSparse};
+pub use video::{VideoDigits, VideoMask, VideoOrder, VideoWindow};
+
 use std::fmt;
+
+/// Largest number of masks a `per-head[...]` list may hold (after expanding `N*` repeats).
+pub const MAX_PER_HEAD: usize = 65_536;
 
 /// An error in a mask: what was wrong and what is allowed.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum MaskError {
     /// The text does not follow the grammar.
-    #[error("mask '{text}': {message}; allowed: full, causal, local:L,R, band:W, sink:S, chunked:C, file:PATH, joined with + (union) and & (intersection), grouped with ( )")]
+    #[error("mask '{text}': {message}; allowed: full, causal, local:L,R, band:W, sink:S, chunked:C, video:F,H,W:wf,wh,ww[@frame|@position|@tiles:tf,th,tw], sta:F,H,W:kf,kh,kw:tf,th,tw[@order], per-head[[N*]M;...], file:PATH, joined with + (union) and & (intersection), grouped with ( )")]
     Syntax {
         /// The whole mask text.
         text: String,
@@ -54,73 +129,6 @@ pub enum MaskError {
         /// What is wrong, naming the field.
         message: String,
     },
-}
-
-/// A block-sparse mask read from a file: kept tiles of a (block_q x block_kv) tiling.
-///
-/// File format (JSON):
-/// ```json
-/// { "q_len": 4096, "kv_len": 4096, "block_q": 512, "block_kv": 512,
-///   "blocks": [[0, 0], [1, 0], [1, 1]] }
-/// ```
-/// `blocks` lists `[q_block, kv_block]` index pairs whose every pair is kept; all other tiles are
-/// dropped. `q_len` and `kv_len` must equal the workload's lengths.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct BlockSparse {
-    /// Query length the file was made for.
-    pub q_len: u64,
-    /// Key/value length the file was made for.
-    pub kv_len: u64,
-    /// Rows per block.
-    pub block_q: u64,
-    /// Columns per block.
-    pub block_kv: u64,
-    /// Kept blocks as `[q_block, kv_block]`.
-    pub blocks: Vec<[u64; 2]>,
-    /// Path the mask was read from (not in the file).
-    #[serde(skip)]
-    pub path: String,
-    /// Kept kv block indices per q block, sorted (derived).
-    #[serde(skip)]
-    pub rows: Vec<Vec<u64>>,
-}
-
-impl BlockSparse {
-    /// Reads and checks a block-sparse mask file.
-    ///
-    /// # Errors
-    /// [`MaskError::File`] naming the field for unreadable files, malformed JSON, zero sizes and
-    /// block indices outside the grid.
-    pub fn read(path: &str) -> Result<Self, MaskError> {
-        let err = |m: String| MaskError::File { path: path.to_string(), message: m };
-        let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
-        let mut b: BlockSparse = serde_json::from_str(&text).map_err(|e| err(e.to_string()))?;
-        b.path = path.to_string();
-        for (name, v) in [("q_len", b.q_len), ("kv_len", b.kv_len), ("block_q", b.block_q), ("block_kv", b.block_kv)] {
-            if v == 0 || v > crate::MAX_DIM {
-                return Err(err(format!("field '{name}' = {v}: expected a whole number from 1 to {}", crate::MAX_DIM)));
-            }
-        }
-        let nq = b.q_len.div_ceil(b.block_q);
-        let nk = b.kv_len.div_ceil(b.block_kv);
-        let mut rows = vec![Vec::new(); nq as usize];
-        for (i, [qi, kj]) in b.blocks.iter().enumerate() {
-            if *qi >= nq || *kj >= nk {
-                return Err(err(format!(
-                    "field 'blocks'[{i}] = [{qi}, {kj}]: outside the {nq} x {nk} block grid of q_len {} / block_q {} and kv_len {} / block_kv {}",
-                    b.q_len, b.block_q, b.kv_len, b.block_kv
-                )));
-            }
-            rows[*qi as usize].push(*kj);
-        }
-        for r in &mut rows {
-            r.sort_unstable();
-            r.dedup();
-        }
-        b.rows = rows;
-        Ok(b)
-    }
 }
 
 /// Which (q, kv) pairs attention keeps. See the module docs for the grammar and semantics.
@@ -158,8 +166,12 @@ pub enum Mask {
     Intersect(Vec<Mask>),
     /// One mask per q head (or per kv head group), in head order.
     PerHead(Vec<Mask>),
-    /// Kept tiles read from a file.
+    /// Kept tiles read from a file (block format).
     Blocks(Box<BlockSparse>),
+    /// Kept kv ranges per q range read from a file (range format).
+    Ranges(Box<RangeSparse>),
+    /// A window in a 3-D video volume under a token order.
+    Video(VideoMask),
 }
 
 /// Serialises a value through its `Display` form (used for masks in JSON output).
@@ -180,25 +192,41 @@ impl fmt::Display for Mask {
             Mask::Intersect(parts) => join(f, parts, "&", true),
             Mask::PerHead(parts) => {
                 write!(f, "per-head[")?;
-                for (i, p) in parts.iter().enumerate() {
+                let mut i = 0;
+                while i < parts.len() {
+                    let run = parts[i..].iter().take_while(|m| **m == parts[i]).count();
                     if i > 0 {
                         write!(f, ";")?;
                     }
-                    write!(f, "{p}")?;
+                    if run > 1 {
+                        write!(f, "{run}*")?;
+                    }
+                    write!(f, "{}", parts[i])?;
+                    i += run;
                 }
                 write!(f, "]")
             }
             Mask::Blocks(b) => write!(f, "file:{}", b.path),
+            Mask::Ranges(r) => write!(f, "file:{}", r.path),
+            Mask::Video(v) => write!(f, "{v}"),
         }
     }
 }
 
-fn join(f: &mut fmt::Formatter<'_>, parts: &[Mask], sep: &str, paren_unions: bool) -> fmt::Result {
+/// Writes `parts` joined by `sep`, parenthesising what would otherwise parse differently:
+/// nested unions (and, inside an intersection, nested intersections) and file masks (whose
+/// path would otherwise run to the end of the text).
+fn join(f: &mut fmt::Formatter<'_>, parts: &[Mask], sep: &str, in_intersection: bool) -> fmt::Result {
     for (i, p) in parts.iter().enumerate() {
         if i > 0 {
             write!(f, "{sep}")?;
         }
-        if paren_unions && matches!(p, Mask::Union(_)) {
+        let paren = match p {
+            Mask::Union(_) | Mask::Blocks(_) | Mask::Ranges(_) => true,
+            Mask::Intersect(_) => in_intersection,
+            _ => false,
+        };
+        if paren {
             write!(f, "({p})")?;
         } else {
             write!(f, "{p}")?;
@@ -212,9 +240,10 @@ impl Mask {
     ///
     /// # Errors
     /// [`MaskError::Syntax`] for unknown words or malformed numbers, [`MaskError::Value`] for
-    /// negative or zero sizes, [`MaskError::File`] for unreadable mask files.
+    /// negative or zero sizes and inconsistent video dimensions, [`MaskError::File`] for
+    /// unreadable or malformed mask files.
     pub fn parse(text: &str) -> Result<Mask, MaskError> {
-        let mut p = Parser { text, pos: 0 };
+        let mut p = Parser { text, pos: 0, depth: 0 };
         let m = p.union()?;
         p.skip_ws();
         if p.pos < text.len() {
@@ -224,15 +253,18 @@ impl Mask {
         Ok(m)
     }
 
-    /// Checks sizes (chunk sizes must be positive; nested per-head lists are not allowed).
+    /// Checks sizes (chunk sizes must be positive; video volumes, tiles and STA kernels as in
+    /// [`VideoMask::check`]; per-head lists non-empty, at most [`MAX_PER_HEAD`] long, not
+    /// nested and not combined with `+` / `&`).
     ///
     /// # Errors
-    /// [`MaskError::Value`].
+    /// [`MaskError::Value`] naming the mask and the field.
     pub fn validate(&self) -> Result<(), MaskError> {
         match self {
             Mask::Chunked { size: 0 } => {
                 Err(MaskError::Value { text: self.to_string(), message: "chunk size must be at least 1".into() })
             }
+            Mask::Video(v) => v.check().map_err(|message| MaskError::Value { text: self.to_string(), message }),
             Mask::Union(p) | Mask::Intersect(p) => {
                 for m in p {
                     if matches!(m, Mask::PerHead(_)) {
@@ -249,6 +281,12 @@ impl Mask {
                 if p.is_empty() {
                     return Err(MaskError::Value { text: self.to_string(), message: "a per-head list needs at least one mask".into() });
                 }
+                if p.len() > MAX_PER_HEAD {
+                    return Err(MaskError::Value {
+                        text: format!("per-head[... {} masks]", p.len()),
+                        message: format!("a per-head list holds at most {MAX_PER_HEAD} masks"),
+                    });
+                }
                 for m in p {
                     if matches!(m, Mask::PerHead(_)) {
                         return Err(MaskError::Value { text: self.to_string(), message: "per-head lists cannot nest".into() });
@@ -261,19 +299,36 @@ impl Mask {
         }
     }
 
-    /// Checks that a file mask was made for these lengths.
+    /// Checks that file masks were made for these lengths and that video volumes hold exactly
+    /// this many tokens.
     ///
     /// # Errors
-    /// [`MaskError::File`] naming `q_len` or `kv_len` when they differ from the workload's.
+    /// [`MaskError::File`] naming `q_len` or `kv_len` when a file's lengths differ from the
+    /// workload's; [`MaskError::Value`] naming the video mask, its F x H x W and both lengths
+    /// when they differ.
     pub fn check_lengths(&self, q_len: u64, kv_len: u64) -> Result<(), MaskError> {
+        let file_mismatch = |path: &str, fq: u64, fk: u64| {
+            if fq != q_len || fk != kv_len {
+                return Err(MaskError::File {
+                    path: path.to_string(),
+                    message: format!(
+                        "field 'q_len' x 'kv_len' = {fq} x {fk}: the workload is {q_len} x {kv_len}; the file must match it"
+                    ),
+                });
+            }
+            Ok(())
+        };
         match self {
-            Mask::Blocks(b) => {
-                if b.q_len != q_len || b.kv_len != kv_len {
-                    return Err(MaskError::File {
-                        path: b.path.clone(),
+            Mask::Blocks(b) => file_mismatch(&b.path, b.q_len, b.kv_len),
+            Mask::Ranges(r) => file_mismatch(&r.path, r.q_len, r.kv_len),
+            Mask::Video(v) => {
+                let n = v.tokens();
+                if n != q_len || n != kv_len {
+                    let [f, h, w] = v.dims;
+                    return Err(MaskError::Value {
+                        text: self.to_string(),
                         message: format!(
-                            "field 'q_len' x 'kv_len' = {} x {}: the workload is {} x {}; the file must match it",
-                            b.q_len, b.kv_len, q_len, kv_len
+                            "the video volume F x H x W = {f} x {h} x {w} = {n} tokens must equal both lengths, but q_len = {q_len} and kv_len = {kv_len}"
                         ),
                     });
                 }
@@ -286,10 +341,12 @@ impl Mask {
         }
     }
 
-    /// True when the mask keeps every pair.
+    /// True when the mask keeps every pair (a video mask whose window spans its whole volume
+    /// counts as full: [`Mask::check_lengths`] ties the volume to the lengths).
     pub fn is_full(&self) -> bool {
         match self {
             Mask::Full => true,
+            Mask::Video(v) => v.is_full(),
             Mask::Union(p) => p.iter().any(|m| m.is_full()),
             Mask::Intersect(p) | Mask::PerHead(p) => p.iter().all(|m| m.is_full()),
             _ => false,
@@ -297,9 +354,12 @@ impl Mask {
     }
 
     /// Kept kv positions of query row `q`, as sorted, disjoint, non-empty half-open intervals
-    /// within `[0, kv_len)`, written into `out` (cleared first). A per-head list answers with
-    /// the union of its heads (callers resolve heads first with
-    /// [`crate::AttentionCall::mask_for_head`]).
+    /// within `[0, kv_len)`, written into `out` (cleared first). Adjacent intervals are merged
+    /// (the list is maximal). A per-head list answers with the union of its heads (callers
+    /// resolve heads first with [`crate::AttentionCall::mask_for_head`]).
+    ///
+    /// Cost: O(intervals) for each kind (a video mask walks only its window's frames / rows /
+    /// tiles), plus a sort for unions.
     pub fn row_intervals(&self, q: u64, kv_len: u64, out: &mut Vec<(u64, u64)>) {
         out.clear();
         let push = |out: &mut Vec<(u64, u64)>, lo: u64, hi: u64| {
@@ -315,6 +375,8 @@ impl Mask {
             Mask::Band { width } => push(out, q.saturating_sub(*width), q.saturating_add(*width).saturating_add(1)),
             Mask::Sink { tokens } => push(out, 0, *tokens),
             Mask::Chunked { size } => push(out, q / size * size, q.saturating_add(1)),
+            Mask::Video(v) => v.row_intervals(q, kv_len, out),
+            Mask::Ranges(r) => r.row_intervals(q, kv_len, out),
             Mask::Blocks(b) => {
                 let qi = q / b.block_q;
                 if let Some(row) = b.rows.get(qi as usize) {
@@ -334,17 +396,12 @@ impl Mask {
                     p.row_intervals(q, kv_len, &mut tmp);
                     out.extend_from_slice(&tmp);
                 }
-                out.sort_unstable();
-                let mut merged: Vec<(u64, u64)> = Vec::with_capacity(out.len());
-                for &(lo, hi) in out.iter() {
-                    match merged.last_mut() {
-                        Some(last) if lo <= last.1 => last.1 = last.1.max(hi),
-                        _ => merged.push((lo, hi)),
-                    }
-                }
-                *out = merged;
+                files::merge_in_place(out);
             }
             Mask::Intersect(parts) => {
+                if kv_len == 0 {
+                    return;
+                }
                 let mut acc: Vec<(u64, u64)> = vec![(0, kv_len)];
                 let mut tmp = Vec::new();
                 for p in parts {
@@ -359,9 +416,36 @@ impl Mask {
         }
     }
 
+    /// True when rows can share work: every part's kept intervals depend on the row only
+    /// through a short key ([`Mask::row_key`]) that many rows share (full, sink, video, file
+    /// masks and their combinations). Causal, local, band and chunked rows are all distinct.
+    pub(crate) fn has_row_classes(&self) -> bool {
+        match self {
+            Mask::Full | Mask::Sink { .. } | Mask::Video(_) | Mask::Blocks(_) | Mask::Ranges(_) => true,
+            Mask::Causal | Mask::Local { .. } | Mask::Band { .. } | Mask::Chunked { .. } => false,
+            Mask::Union(p) | Mask::Intersect(p) | Mask::PerHead(p) => p.iter().all(|m| m.has_row_classes()),
+        }
+    }
+
+    /// Appends row `q`'s key to `key`: rows with equal keys have equal
+    /// [`Mask::row_intervals`]. Meaningful only when [`Mask::has_row_classes`] holds (rows of
+    /// other kinds append `q` itself).
+    pub(crate) fn row_key(&self, q: u64, key: &mut Vec<u64>) {
+        match self {
+            Mask::Full | Mask::Sink { .. } => {}
+            Mask::Causal | Mask::Local { .. } | Mask::Band { .. } | Mask::Chunked { .. } => key.push(q),
+            Mask::Video(v) => v.row_key(q, key),
+            Mask::Blocks(b) => key.push(q / b.block_q),
+            Mask::Ranges(r) => key.push(r.row_key(q)),
+            Mask::Union(p) | Mask::Intersect(p) | Mask::PerHead(p) => p.iter().for_each(|m| m.row_key(q, key)),
+        }
+    }
+
     /// Number of primitive comparisons the mask expression evaluates per element and number of
     /// boolean combinations (`+`, `&`), used by kernel lowering to cost a computed mask.
-    /// Returns (compares, combines, needs_abs) summed over the tree; `full` costs nothing.
+    /// Returns (compares, combines, needs_abs) summed over the tree; `full` costs nothing. Video
+    /// masks count their coordinate arithmetic (see [`VideoMask::expression_terms`]); file masks
+    /// are `loaded_only`.
     pub fn expression_terms(&self) -> MaskTerms {
         match self {
             Mask::Full => MaskTerms::default(),
@@ -369,7 +453,8 @@ impl Mask {
             Mask::Local { .. } => MaskTerms { compares: 2, combines: 1, ..Default::default() },
             Mask::Band { .. } => MaskTerms { compares: 1, arith: 2, ..Default::default() },
             Mask::Chunked { .. } => MaskTerms { compares: 2, combines: 1, arith: 2, ..Default::default() },
-            Mask::Blocks(_) => MaskTerms { loaded_only: true, ..Default::default() },
+            Mask::Video(v) => v.expression_terms(),
+            Mask::Blocks(_) | Mask::Ranges(_) => MaskTerms { loaded_only: true, ..Default::default() },
             Mask::Union(p) | Mask::Intersect(p) | Mask::PerHead(p) => {
                 let mut t = MaskTerms::default();
                 for m in p {
@@ -393,9 +478,10 @@ pub struct MaskTerms {
     pub compares: u32,
     /// Boolean and/or of comparison results.
     pub combines: u32,
-    /// Arithmetic on positions (differences, absolute values, divisions by a chunk size).
+    /// Arithmetic on positions (differences, absolute values, divisions by a chunk size,
+    /// video coordinate extraction).
     pub arith: u32,
-    /// The mask has no closed form and can only be loaded (a file of kept blocks).
+    /// The mask has no closed form and can only be loaded (a file of kept blocks or ranges).
     pub loaded_only: bool,
 }
 
@@ -420,11 +506,16 @@ fn intersect(a: &[(u64, u64)], b: &[(u64, u64)]) -> Vec<(u64, u64)> {
 struct Parser<'a> {
     text: &'a str,
     pos: usize,
+    /// Nesting depth in `( )` and `per-head[ ]` (file paths end at `)`, `;`, `]` when > 0).
+    depth: usize,
 }
 
 impl Parser<'_> {
     fn err(&self, message: &str) -> MaskError {
         MaskError::Syntax { text: self.text.to_string(), message: message.to_string() }
+    }
+    fn value_err(&self, message: String) -> MaskError {
+        MaskError::Value { text: self.text.to_string(), message }
     }
     fn skip_ws(&mut self) {
         while self.text[self.pos..].starts_with(' ') {
@@ -457,35 +548,137 @@ impl Parser<'_> {
     fn number(&self, word: &str, s: &str) -> Result<u64, MaskError> {
         let s = s.trim();
         if s.starts_with('-') {
-            return Err(MaskError::Value {
-                text: self.text.to_string(),
-                message: format!("'{word}' takes non-negative token counts, got {s}"),
-            });
+            return Err(self.value_err(format!("'{word}' takes non-negative token counts, got {s}")));
         }
         s.parse::<u64>()
             .ok()
             .filter(|v| *v <= crate::MAX_DIM)
             .ok_or_else(|| self.err(&format!("'{word}' expects a whole number of tokens (0 to {}), got '{s}'", crate::MAX_DIM)))
     }
+    /// Three comma-separated numbers named `names` (e.g. frames F, height H, width W).
+    fn triple(&self, word: &str, what: &str, names: [&str; 3], s: &str) -> Result<[u64; 3], MaskError> {
+        let v: Vec<&str> = s.split(',').collect();
+        if v.len() != 3 {
+            return Err(self.err(&format!("'{word}' {what} needs 3 numbers {},{},{}, got '{s}'", names[0], names[1], names[2])));
+        }
+        let mut out = [0; 3];
+        for i in 0..3 {
+            let t = v[i].trim();
+            if t.starts_with('-') {
+                return Err(self.value_err(format!("'{word}' {what} {} = {t}: expected a non-negative whole number", names[i])));
+            }
+            out[i] = t.parse::<u64>().ok().filter(|x| *x <= crate::MAX_DIM).ok_or_else(|| {
+                self.err(&format!("'{word}' {what} {} = '{t}': expected a whole number from 0 to {}", names[i], crate::MAX_DIM))
+            })?;
+        }
+        Ok(out)
+    }
+    fn video(&self, word: &str, arg: &str) -> Result<Mask, MaskError> {
+        let (main, order) = match arg.split_once('@') {
+            Some((m, o)) => (m, Some(o.trim())),
+            None => (arg, None),
+        };
+        let parts: Vec<&str> = main.split(':').collect();
+        let want = if word == "video" { 2 } else { 3 };
+        if parts.len() != want {
+            let form = if word == "video" { "video:F,H,W:wf,wh,ww" } else { "sta:F,H,W:kf,kh,kw:tf,th,tw" };
+            return Err(self.err(&format!("'{word}' takes {form}, got '{word}:{arg}'")));
+        }
+        let dims = self.triple(word, "volume", ["F", "H", "W"], parts[0])?;
+        for (i, &n) in dims.iter().enumerate() {
+            if n == 0 {
+                return Err(self.value_err(format!("'{word}' volume {} = 0: video sizes must be at least 1", ["F", "H", "W"][i])));
+            }
+        }
+        let window = if word == "video" {
+            VideoWindow::Tokens(self.triple(word, "window", ["wf", "wh", "ww"], parts[1])?)
+        } else {
+            let kernel = self.triple(word, "kernel", ["kf", "kh", "kw"], parts[1])?;
+            let tile = self.triple(word, "tile", ["tf", "th", "tw"], parts[2])?;
+            VideoWindow::Tiles { kernel, tile }
+        };
+        let order = match order {
+            None => match window {
+                VideoWindow::Tokens(_) => VideoOrder::Frame,
+                VideoWindow::Tiles { tile, .. } => VideoOrder::Tiles { tile },
+            },
+            Some("frame") => VideoOrder::Frame,
+            Some("position") => VideoOrder::Position,
+            Some(o) => match o.strip_prefix("tiles:") {
+                Some(t) => VideoOrder::Tiles { tile: self.triple(word, "@tiles", ["tf", "th", "tw"], t)? },
+                None => {
+                    return Err(self.err(&format!("unknown video order '@{o}'; allowed: @frame, @position, @tiles:tf,th,tw")));
+                }
+            },
+        };
+        Ok(Mask::Video(VideoMask { dims, window, order }))
+    }
+    fn per_head(&mut self) -> Result<Mask, MaskError> {
+        self.depth += 1;
+        let mut list: Vec<Mask> = Vec::new();
+        loop {
+            self.skip_ws();
+            let rest = &self.text[self.pos..];
+            if rest.starts_with(']') && list.is_empty() {
+                return Err(self.value_err("a per-head list needs at least one mask: per-head[M1;M2;...]".into()));
+            }
+            let digits = rest.len() - rest.trim_start_matches(|c: char| c.is_ascii_digit()).len();
+            let mut count = 1usize;
+            if digits > 0 {
+                let after = &rest[digits..];
+                let spaces = after.len() - after.trim_start_matches(' ').len();
+                if after[spaces..].starts_with('*') {
+                    count = rest[..digits].parse::<usize>().ok().filter(|n| *n <= MAX_PER_HEAD).ok_or_else(|| {
+                        self.value_err(format!("per-head repeat count '{}' is above {MAX_PER_HEAD}", &rest[..digits]))
+                    })?;
+                    if count == 0 {
+                        return Err(self.value_err("per-head repeat count 0: expected at least 1 (N*M repeats M N times)".into()));
+                    }
+                    self.pos += digits + spaces + 1;
+                }
+            }
+            let m = self.union()?;
+            if list.len() + count > MAX_PER_HEAD {
+                return Err(self.value_err(format!("a per-head list holds at most {MAX_PER_HEAD} masks")));
+            }
+            list.extend(std::iter::repeat(m).take(count));
+            if self.eat(';') {
+                continue;
+            }
+            if self.eat(']') {
+                break;
+            }
+            return Err(self.err(&format!("expected ';' or ']' in the per-head list at position {}", self.pos)));
+        }
+        self.depth -= 1;
+        Ok(Mask::PerHead(list))
+    }
     fn atom(&mut self) -> Result<Mask, MaskError> {
         self.skip_ws();
         if self.eat('(') {
+            self.depth += 1;
             let m = self.union()?;
             if !self.eat(')') {
                 return Err(self.err(&format!("missing ')' at position {}", self.pos)));
             }
+            self.depth -= 1;
             return Ok(m);
         }
         let rest = &self.text[self.pos..];
+        if rest.starts_with("per-head[") {
+            self.pos += "per-head[".len();
+            return self.per_head();
+        }
         if let Some(path) = rest.strip_prefix("file:") {
-            self.pos = self.text.len();
-            let path = path.trim();
+            let len = if self.depth == 0 { path.len() } else { path.find([')', ';', ']']).unwrap_or(path.len()) };
+            self.pos += "file:".len() + len;
+            let path = path[..len].trim();
             if path.is_empty() {
                 return Err(self.err("'file:' needs a path"));
             }
-            return Ok(Mask::Blocks(Box::new(BlockSparse::read(path)?)));
+            return read_mask_file(path);
         }
-        let end = rest.find(['+', '&', ')', '(']).unwrap_or(rest.len());
+        let end = rest.find(['+', '&', ')', '(', ';', ']', '[']).unwrap_or(rest.len());
         let tok = rest[..end].trim();
         self.pos += end;
         let (word, arg) = match tok.split_once(':') {
@@ -518,10 +711,17 @@ impl Parser<'_> {
             "chunked" => {
                 let size = self.number(word, need(1)?[0])?;
                 if size == 0 {
-                    return Err(MaskError::Value { text: self.text.to_string(), message: "'chunked' needs a chunk size of at least 1".into() });
+                    return Err(self.value_err("'chunked' needs a chunk size of at least 1".into()));
                 }
                 Ok(Mask::Chunked { size })
             }
+            "video" | "sta" => {
+                let a = arg.ok_or_else(|| {
+                    self.err(&format!("'{word}' needs its volume and window after ':' (e.g. video:21,45,80:4,45,80)"))
+                })?;
+                self.video(word, a)
+            }
+            "per-head" => Err(self.err("'per-head' needs a bracketed list: per-head[M1;M2;...]")),
             "" => Err(self.err(&format!("expected a mask at position {}", self.pos))),
             other => Err(self.err(&format!("unknown mask word '{other}'"))),
         }
@@ -529,51 +729,4 @@ impl Parser<'_> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn rows(m: &Mask, q: u64, kv: u64) -> Vec<(u64, u64)> {
-        let mut v = Vec::new();
-        m.row_intervals(q, kv, &mut v);
-        v
-    }
-
-    #[test]
-    fn parse_round_trips() {
-        for s in ["full", "causal", "local:128,0", "band:15000+sink:3600", "causal&band:5", "(causal+sink:4)&local:10,10"] {
-            let m = Mask::parse(s).unwrap();
-            assert_eq!(Mask::parse(&m.to_string()).unwrap(), m, "{s}");
-        }
-    }
-
-    #[test]
-    fn bad_masks_are_named() {
-        let e = Mask::parse("band:-5").unwrap_err().to_string();
-        assert!(e.contains("non-negative") && e.contains("band"), "{e}");
-        let e = Mask::parse("diagonal").unwrap_err().to_string();
-        assert!(e.contains("unknown mask word 'diagonal'") && e.contains("allowed"), "{e}");
-        assert!(Mask::parse("local:5").is_err());
-        assert!(Mask::parse("band:x").is_err());
-        assert!(Mask::parse("causal:3").is_err());
-        assert!(Mask::parse("chunked:0").is_err());
-        assert!(Mask::parse("(causal").is_err());
-        assert!(Mask::parse("").is_err());
-        assert!(Mask::parse("causal+").is_err());
-    }
-
-    #[test]
-    fn band_plus_sink_rows() {
-        let m = Mask::parse("band:2+sink:3").unwrap();
-        assert_eq!(rows(&m, 10, 20), vec![(0, 3), (8, 13)]);
-        assert_eq!(rows(&m, 1, 20), vec![(0, 4)]);
-        assert_eq!(rows(&m, 19, 20), vec![(0, 3), (17, 20)]);
-    }
-
-    #[test]
-    fn intersection_rows() {
-        let m = Mask::parse("causal&local:3,3").unwrap();
-        assert_eq!(rows(&m, 10, 20), vec![(7, 11)]);
-        let m = Mask::parse("chunked:4").unwrap();
-        assert_eq!(rows(&m, 6, 20), vec![(4, 7)]);
-    }
-}
+mod tests;

@@ -12,7 +12,12 @@
 //!
 //! Cost: for each q row, one pass over the row's kept intervals ([`Mask::row_intervals`]) with
 //! a difference array over kv tiles, so O(q_len x intervals + q_tiles x kv_tiles) per distinct
-//! mask; the N x N mask is never built.
+//! mask; the N x N mask is never built. Masks whose rows repeat (video, sink, file masks and
+//! their combinations) group the rows of each q tile by a short row key and walk each
+//! distinct row once, weighted by how many rows share it. A video row is counted either by its
+//! intervals or, when it has more runs than kv tiles it crosses, by an O(1) rank (kept tokens
+//! below each tile boundary, [`crate::mask::VideoMask::rank_digits`]), so a video mask costs
+//! O(q_len + distinct rows per tile x min(runs, kv tiles crossed)).
 //!
 //! **Tile alignment** (`align = true`) rounds the mask to whole tiles: a tile is kept whole when
 //! at least half of its real pairs are kept, and dropped otherwise. Rounding in and out at the
@@ -20,8 +25,10 @@
 //! 445 of 1,150 tiles, 39.1% vs 39.4% pair density). Kept tiles are full unless they hold
 //! padding, which still has to be masked.
 
-use crate::mask::Mask;
+use crate::mask::{Mask, VideoDigits};
 use serde::Serialize;
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 
 /// A tiling of a q_len x kv_len score matrix into block_q x block_kv tiles.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -91,10 +98,16 @@ pub fn for_each_tile_row(mask: &Mask, grid: &TileGrid, align: bool, mut f: impl 
     let nk = grid.kv_tiles() as usize;
     let bkv = grid.block_kv;
     let mut counts = vec![0u64; nk];
-    let mut diff = vec![0i64; nk + 1];
+    let mut diff = vec![0u64; nk + 1];
     let mut iv = Vec::new();
     let mut tiles = vec![Tile { kept: 0, kind: TileKind::Empty }; nk];
     let full_mask = mask.is_full();
+    let grouped = !full_mask && mask.has_row_classes();
+    let mut classes = RowClasses::default();
+    let bounds = match mask {
+        Mask::Video(v) if !full_mask => v.tile_bounds(bkv, grid.kv_len),
+        _ => Vec::new(),
+    };
     for qi in 0..grid.q_tiles() {
         let rows = grid.real_rows(qi);
         counts.iter_mut().for_each(|c| *c = 0);
@@ -105,27 +118,22 @@ pub fn for_each_tile_row(mask: &Mask, grid: &TileGrid, align: bool, mut f: impl 
         } else {
             diff.iter_mut().for_each(|d| *d = 0);
             let q0 = qi * grid.block_q;
-            for q in q0..q0 + rows {
-                mask.row_intervals(q, grid.kv_len, &mut iv);
-                for &(lo, hi) in &iv {
-                    let ja = (lo / bkv) as usize;
-                    let jb = ((hi - 1) / bkv) as usize;
-                    if ja == jb {
-                        counts[ja] += hi - lo;
-                    } else {
-                        counts[ja] += (ja as u64 + 1) * bkv - lo;
-                        counts[jb] += hi - jb as u64 * bkv;
-                        if jb > ja + 1 {
-                            diff[ja + 1] += bkv as i64;
-                            diff[jb] -= bkv as i64;
-                        }
-                    }
+            if grouped {
+                classes.collect(mask, q0, q0 + rows);
+                for &(q, mult) in &classes.reps {
+                    add_row(mask, q, grid, &bounds, mult, &mut iv, &mut counts, &mut diff);
+                }
+            } else {
+                for q in q0..q0 + rows {
+                    add_row(mask, q, grid, &bounds, 1, &mut iv, &mut counts, &mut diff);
                 }
             }
-            let mut run = 0i64;
+            // Prefix sums in wrapping arithmetic: every partial sum of true values is
+            // non-negative, so the wrapped result equals the true count.
+            let mut run = 0u64;
             for (kj, c) in counts.iter_mut().enumerate() {
-                run += diff[kj];
-                *c += run as u64;
+                run = run.wrapping_add(diff[kj]);
+                *c += run;
             }
         }
         for (kj, t) in tiles.iter_mut().enumerate() {
@@ -148,6 +156,125 @@ pub fn for_each_tile_row(mask: &Mask, grid: &TileGrid, align: bool, mut f: impl 
             };
         }
         f(qi, &tiles);
+    }
+}
+
+/// Adds `mult` copies of row `q` to the per-tile counts: a video mask counts by rank at tile
+/// boundaries when that is cheaper than its intervals ([`crate::mask::VideoMask::add_tile_counts`]);
+/// everything else walks [`Mask::row_intervals`].
+#[inline]
+#[allow(clippy::too_many_arguments)]
+fn add_row(
+    mask: &Mask,
+    q: u64,
+    grid: &TileGrid,
+    bounds: &[VideoDigits],
+    mult: u64,
+    iv: &mut Vec<(u64, u64)>,
+    counts: &mut [u64],
+    diff: &mut [u64],
+) {
+    if let Mask::Video(v) = mask {
+        if v.add_tile_counts(q, grid.kv_len, grid.block_kv, bounds, mult, counts) {
+            return;
+        }
+    }
+    mask.row_intervals(q, grid.kv_len, iv);
+    accumulate(iv, mult, grid.block_kv, counts, diff);
+}
+
+/// Adds `mult` rows with kept intervals `iv` to per-tile counts: the first and last kv tile an
+/// interval touches directly, the whole tiles between through the difference array `diff`
+/// (wrapping; see the prefix sum in [`for_each_tile_row`]).
+#[inline]
+fn accumulate(iv: &[(u64, u64)], mult: u64, bkv: u64, counts: &mut [u64], diff: &mut [u64]) {
+    for &(lo, hi) in iv {
+        let ja = (lo / bkv) as usize;
+        let jb = ((hi - 1) / bkv) as usize;
+        if ja == jb {
+            counts[ja] += mult * (hi - lo);
+        } else {
+            counts[ja] += mult * ((ja as u64 + 1) * bkv - lo);
+            counts[jb] += mult * (hi - jb as u64 * bkv);
+            if jb > ja + 1 {
+                diff[ja + 1] = diff[ja + 1].wrapping_add(mult * bkv);
+                diff[jb] = diff[jb].wrapping_sub(mult * bkv);
+            }
+        }
+    }
+}
+
+/// Rows of one q tile grouped by [`Mask::row_key`]: one representative row per distinct key
+/// and how many rows share it, so each distinct row's intervals are walked once (a video mask
+/// in position-major order has only F distinct rows per tile when its window spans H and W).
+#[derive(Default)]
+struct RowClasses {
+    /// (representative row, rows sharing its key).
+    reps: Vec<(u64, u64)>,
+    index: HashMap<Vec<u64>, usize, BuildHasherDefault<FxHasher>>,
+    key: Vec<u64>,
+    last: Vec<u64>,
+}
+
+impl RowClasses {
+    fn collect(&mut self, mask: &Mask, q0: u64, q1: u64) {
+        self.reps.clear();
+        self.index.clear();
+        let mut last_id = usize::MAX;
+        for q in q0..q1 {
+            self.key.clear();
+            mask.row_key(q, &mut self.key);
+            if last_id != usize::MAX && self.key == self.last {
+                self.reps[last_id].1 += 1;
+                continue;
+            }
+            let id = match self.index.get(self.key.as_slice()) {
+                Some(&id) => {
+                    self.reps[id].1 += 1;
+                    id
+                }
+                None => {
+                    self.reps.push((q, 1));
+                    self.index.insert(self.key.clone(), self.reps.len() - 1);
+                    self.reps.len() - 1
+                }
+            };
+            last_id = id;
+            std::mem::swap(&mut self.last, &mut self.key);
+        }
+    }
+}
+
+/// A small multiplicative hasher for row keys (a few u64 words); not DoS-resistant, which
+/// does not matter for keys derived from the mask itself.
+#[derive(Default)]
+struct FxHasher(u64);
+
+impl FxHasher {
+    #[inline]
+    fn add(&mut self, w: u64) {
+        self.0 = (self.0.rotate_left(5) ^ w).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+}
+
+impl Hasher for FxHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            self.add(u64::from_le_bytes(c.try_into().expect("8 bytes")));
+        }
+        for &b in chunks.remainder() {
+            self.add(b as u64);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.add(v);
+    }
+    fn write_usize(&mut self, v: usize) {
+        self.add(v as u64);
+    }
+    fn finish(&self) -> u64 {
+        self.0
     }
 }
 

@@ -1,26 +1,108 @@
-//! `tpusim validate` and `tpusim calibrate` (issue 4). Owned by the calibration work.
+//! `tpusim validate` and `tpusim calibrate` (issue 4): flags and output; the work is in
+//! `tpusim-calib`. The measurement CSV format is documented in traces/measured/README.md.
 
 use crate::InputError;
-use clap::Args;
+use clap::{Args, ValueEnum};
+use tpusim_calib::{calibrate, read_file, validate, CalibrateOptions, ChipSet, FITTED_PARAMS};
+use tpusim_chip::ChipModel;
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ValidateFormat {
+    /// Per-row table and summary, for people.
+    Table,
+    /// One object: rows, skipped, groups, summary.
+    Json,
+    /// One line per row of the file, predicted or skipped.
+    Csv,
+    /// Markdown tables, as in traces/measured/VALIDATION.md.
+    Markdown,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum CalibrateFormat {
+    /// Parameters, per-row predictions and error summary, for people.
+    Table,
+    /// One object.
+    Json,
+}
 
 /// Flags of `tpusim validate`.
 #[derive(Args, Debug)]
 pub struct ValidateArgs {
-    /// Measurement CSV (see traces/measured/README.md).
+    /// Measurement CSV (format: traces/measured/README.md), e.g. traces/measured/calibration.csv.
     pub file: String,
+    /// Chip model for the rows whose `chip` column equals its `name`, instead of the preset: a
+    /// chip TOML, e.g. one written by `tpusim calibrate` (repeatable).
+    #[arg(long, value_name = "CHIP")]
+    pub chip: Vec<String>,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = ValidateFormat::Table)]
+    pub format: ValidateFormat,
 }
 
 /// Flags of `tpusim calibrate`.
 #[derive(Args, Debug)]
 pub struct CalibrateArgs {
-    /// Measurement CSV.
+    /// Measurement CSV (format: traces/measured/README.md).
     pub file: String,
+    /// Chip model to start from: preset name or chip TOML. Rows whose `chip` column equals its
+    /// `name` (or this argument) are fitted to; the others are listed as not used.
+    #[arg(long)]
+    pub chip: String,
+    /// Write the fitted chip model here (complete TOML, written atomically). Without it nothing
+    /// is written.
+    #[arg(long, value_name = "PATH")]
+    pub out: Option<String>,
+    /// Fit only these fitted parameters (comma separated), e.g.
+    /// --params valu_vreg_ops_per_cycle,grid_step_overhead_cycles [default: all of [fitted]].
+    #[arg(long, value_delimiter = ',')]
+    pub params: Vec<String>,
+    /// Skip cross-validation (leave-one-out / k-fold refits).
+    #[arg(long)]
+    pub no_cv: bool,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = CalibrateFormat::Table)]
+    pub format: CalibrateFormat,
 }
 
-pub fn cmd_validate(_a: &ValidateArgs) -> Result<String, InputError> {
-    Err(InputError("tpusim validate is not built yet".into()))
+pub fn cmd_validate(a: &ValidateArgs) -> Result<String, InputError> {
+    let models = a.chip.iter().map(|c| ChipModel::load(c)).collect::<Result<Vec<_>, _>>()?;
+    let file = read_file(&a.file, &models)?;
+    let v = validate(&file, &ChipSet { models });
+    Ok(match a.format {
+        ValidateFormat::Table => v.to_table(),
+        ValidateFormat::Json => v.to_json(),
+        ValidateFormat::Csv => v.to_csv(),
+        ValidateFormat::Markdown => v.to_markdown(),
+    })
 }
 
-pub fn cmd_calibrate(_a: &CalibrateArgs) -> Result<String, InputError> {
-    Err(InputError("tpusim calibrate is not built yet".into()))
+pub fn cmd_calibrate(a: &CalibrateArgs) -> Result<String, InputError> {
+    let base = ChipModel::load(&a.chip)?;
+    for p in &a.params {
+        if !FITTED_PARAMS.contains(&p.as_str()) {
+            return Err(InputError(format!(
+                "--params {p}: not a fitted parameter; the fitted parameters are {}",
+                FITTED_PARAMS.join(", ")
+            )));
+        }
+    }
+    let file = read_file(&a.file, std::slice::from_ref(&base))?;
+    let opts = CalibrateOptions { params: a.params.clone(), cross_validate: !a.no_cv, date: None };
+    let cal = calibrate(&file, &base, &a.chip, &opts).map_err(InputError)?;
+    let mut out = match a.format {
+        CalibrateFormat::Table => cal.to_table(),
+        CalibrateFormat::Json => cal.to_json(),
+    };
+    if let Some(path) = &a.out {
+        let text = cal.model_toml().map_err(InputError)?;
+        tpusim_calib::fit::write_atomic(path, &text).map_err(InputError)?;
+        if a.format == CalibrateFormat::Table {
+            out.push_str(&format!(
+                "\nwrote {path}: chip model {} with the fitted values above (use it with --chip {path})\n",
+                cal.chip
+            ));
+        }
+    }
+    Ok(out)
 }

@@ -1,0 +1,906 @@
+//! Calibration: fit a chip model's `[fitted]` parameters (and only those) to measured times.
+//!
+//! **Objective.** Least squares on log time: minimise `S = sum_i ln(predicted_i / measured_i)^2`
+//! over the rows of the chosen chip that the simulator can express, every row weighted equally.
+//! Log time makes a 10% miss on a 0.1 ms kernel count as much as a 10% miss on a 100 ms one.
+//!
+//! **Coordinates and bounds.** Each parameter `x` is moved in offset-log coordinates
+//! `u = ln(x + c)`: `c = 0` for the strictly positive parameters (clock, throughputs, HBM
+//! efficiency), and a typical scale `c` for those that may be zero (100 cycles of grid-step
+//! overhead, 1 cycle per masked register, 100 ns of DMA latency), so that a zero value can still
+//! move. `x` is kept within the ranges [`tpusim_chip::ChipModel::validate`] allows.
+//!
+//! **Optimiser.** Levenberg-Marquardt on the residuals `ln(predicted/measured)` with a
+//! forward-difference Jacobian (step 0.01 in `u`), Marquardt's diagonal scaling, steps limited to
+//! a factor e per iteration and projected onto the bounds. Small and dependency-free; every
+//! evaluation simulates every row (a few ms each), on all cores.
+//!
+//! **Identifiability.** Before fitting, the elasticity of every row's time to every parameter
+//! (`d ln t / d u`, by central differences of +-0.05 in `u`) is measured at the starting point.
+//! Parameters are taken in the order of [`FITTED_PARAMS`]; one is fitted only when the part of its
+//! elasticity column that the parameters taken before it cannot mimic has a norm of at least
+//! [`MIN_RESIDUAL_NORM`] (a 10% change moves the rows' log times, beyond what the others can make
+//! up, by at least 1% root-sum-square) and is at least [`CONFOUND_FRACTION`] of its whole column.
+//! Otherwise it is *not identifiable from these rows* and keeps its value and provenance: either
+//! no row responds to it (e.g. the exp rate when no row is bound by the EUP), or it is confounded
+//! (e.g. the clock when every row is bound by the VPU, where only
+//! `clock x valu_vreg_ops_per_cycle` matters).
+//!
+//! **Cross-validation.** Each row is predicted by a model refitted without it: leave-one-out up
+//! to [`LOO_MAX_ROWS`] rows, [`KFOLDS`]-fold above (row i in fold i mod k). Each refit repeats the
+//! identifiability test on its own rows, starts from the full fit, and puts parameters it cannot
+//! identify back to the starting model's values. A held-out error well above the training error
+//! means the fitted parameters follow noise in the rows rather than the hardware.
+
+use crate::measure::{Measurement, MeasurementFile};
+use crate::stats::{mean, median};
+use serde::Serialize;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use tpusim_chip::{ChipModel, Param};
+use tpusim_kernel::{matmul, splash};
+use tpusim_report::{Job, JobSpec};
+
+/// The chip model's fitted parameters, in the order they are considered for fitting (the most
+/// specific first; the clock last, so that it is only fitted when rows pin it independently of
+/// the throughputs).
+pub const FITTED_PARAMS: &[&str] = &[
+    "valu_vreg_ops_per_cycle",
+    "eup_vregs_per_cycle",
+    "mask_extra_cycles_per_vreg",
+    "grid_step_overhead_cycles",
+    "dma_latency_ns",
+    "hbm_efficiency",
+    "clock_ghz",
+];
+
+/// Leave-one-out up to this many rows; k-fold above.
+pub const LOO_MAX_ROWS: usize = 30;
+/// Folds of k-fold cross-validation for more than [`LOO_MAX_ROWS`] rows.
+pub const KFOLDS: usize = 10;
+
+/// Smallest norm of a parameter's elasticity column, beyond what earlier parameters explain, for
+/// it to be fitted (module docs, "Identifiability").
+pub const MIN_RESIDUAL_NORM: f64 = 0.1;
+/// Smallest share of a parameter's elasticity column not explained by earlier parameters.
+pub const CONFOUND_FRACTION: f64 = 0.05;
+
+/// Range and offset of one fitted parameter.
+#[derive(Debug, Clone, Copy)]
+struct Spec {
+    name: &'static str,
+    lo: f64,
+    hi: f64,
+    offset: f64,
+}
+
+fn spec(name: &str) -> Option<Spec> {
+    // Ranges as ChipModel::validate allows them.
+    let (lo, hi, offset) = match name {
+        "clock_ghz" => (1e-3, 100.0, 0.0),
+        "valu_vreg_ops_per_cycle" => (1e-3, 64.0, 0.0),
+        "eup_vregs_per_cycle" => (1e-3, 64.0, 0.0),
+        "grid_step_overhead_cycles" => (0.0, 1e7, 100.0),
+        "mask_extra_cycles_per_vreg" => (0.0, 1e4, 1.0),
+        "dma_latency_ns" => (0.0, 1e6, 100.0),
+        "hbm_efficiency" => (1e-3, 1.0, 0.0),
+        _ => return None,
+    };
+    let name = FITTED_PARAMS.iter().find(|n| **n == name)?;
+    Some(Spec { name, lo, hi, offset })
+}
+
+impl Spec {
+    fn to_u(self, x: f64) -> f64 {
+        (x + self.offset).max(1e-300).ln()
+    }
+    fn to_x(self, u: f64) -> f64 {
+        (u.exp() - self.offset).clamp(self.lo, self.hi)
+    }
+    fn u_lo(self) -> f64 {
+        self.to_u(self.lo)
+    }
+    fn u_hi(self) -> f64 {
+        self.to_u(self.hi)
+    }
+}
+
+/// The fitted parameter `name` of a chip, mutably.
+///
+/// # Panics
+/// For a name not in [`FITTED_PARAMS`] (a programming error).
+fn param_mut<'a>(chip: &'a mut ChipModel, name: &str) -> &'a mut Param<f64> {
+    let f = &mut chip.fitted;
+    match name {
+        "clock_ghz" => &mut f.clock_ghz,
+        "valu_vreg_ops_per_cycle" => &mut f.valu_vreg_ops_per_cycle,
+        "eup_vregs_per_cycle" => &mut f.eup_vregs_per_cycle,
+        "grid_step_overhead_cycles" => &mut f.grid_step_overhead_cycles,
+        "mask_extra_cycles_per_vreg" => &mut f.mask_extra_cycles_per_vreg,
+        "dma_latency_ns" => &mut f.dma_latency_ns,
+        "hbm_efficiency" => &mut f.hbm_efficiency,
+        other => panic!("not a fitted parameter: {other}"),
+    }
+}
+
+/// The value of fitted parameter `name` (one of [`FITTED_PARAMS`]); `None` for other names.
+pub fn fitted_value(chip: &ChipModel, name: &str) -> Option<f64> {
+    let f = &chip.fitted;
+    let p = match name {
+        "clock_ghz" => &f.clock_ghz,
+        "valu_vreg_ops_per_cycle" => &f.valu_vreg_ops_per_cycle,
+        "eup_vregs_per_cycle" => &f.eup_vregs_per_cycle,
+        "grid_step_overhead_cycles" => &f.grid_step_overhead_cycles,
+        "mask_extra_cycles_per_vreg" => &f.mask_extra_cycles_per_vreg,
+        "dma_latency_ns" => &f.dma_latency_ns,
+        "hbm_efficiency" => &f.hbm_efficiency,
+        _ => return None,
+    };
+    Some(p.value)
+}
+
+/// A copy of `chip` with fitted parameter `name` set to `value` (through
+/// [`ChipModel::with_override`], so it is validated like a file).
+///
+/// # Errors
+/// The chip model's error for an unknown name or an out-of-range value.
+pub fn with_fitted(chip: &ChipModel, name: &str, value: f64) -> Result<ChipModel, String> {
+    chip.with_override(&format!("fitted.{name}"), &format!("{value}")).map_err(|e| e.to_string())
+}
+
+/// One row prepared for repeated simulation.
+#[derive(Debug, Clone)]
+struct Row {
+    id: String,
+    measured_ms: f64,
+    spec: JobSpec,
+}
+
+fn simulate_ms(chip: &ChipModel, spec: &JobSpec) -> Result<f64, String> {
+    let job = spec.build(chip).map_err(|e| e.to_string())?;
+    let program = match &job {
+        Job::Splash { workload, config } => splash::lower(chip, workload, config),
+        Job::Matmul { workload, config } => matmul::lower(chip, workload, config),
+    }
+    .map_err(|e| e.to_string())?;
+    Ok(tpusim_engine::simulate(chip, &program).seconds * 1e3)
+}
+
+/// Predicted times (ms) of rows on a chip, simulated on all cores. A failed row gives NaN.
+fn predict_all(chip: &ChipModel, rows: &[&Row]) -> Vec<f64> {
+    let n = rows.len();
+    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).min(n.max(1));
+    let next = AtomicUsize::new(0);
+    let mut out = vec![f64::NAN; n];
+    let results: Vec<Vec<(usize, f64)>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|_| {
+                s.spawn(|| {
+                    let mut mine = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        if i >= n {
+                            break;
+                        }
+                        mine.push((i, simulate_ms(chip, &rows[i].spec).unwrap_or(f64::NAN)));
+                    }
+                    mine
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap_or_default()).collect()
+    });
+    for (i, v) in results.into_iter().flatten() {
+        out[i] = v;
+    }
+    out
+}
+
+/// The state of a fit: a base chip and values in `u` for the active parameters.
+struct Problem<'a> {
+    base: &'a ChipModel,
+    rows: Vec<&'a Row>,
+    active: Vec<Spec>,
+    evaluations: usize,
+}
+
+impl Problem<'_> {
+    fn chip_at(&self, u: &[f64]) -> ChipModel {
+        let mut c = self.base.clone();
+        for (s, &ui) in self.active.iter().zip(u) {
+            param_mut(&mut c, s.name).value = s.to_x(ui);
+        }
+        c
+    }
+
+    fn residuals(&mut self, u: &[f64]) -> Vec<f64> {
+        self.evaluations += 1;
+        let chip = self.chip_at(u);
+        predict_all(&chip, &self.rows)
+            .iter()
+            .zip(&self.rows)
+            .map(|(p, r)| if p.is_finite() && *p > 0.0 { (p / r.measured_ms).ln() } else { 1e3 })
+            .collect()
+    }
+
+    fn jacobian(&mut self, u: &[f64], r0: &[f64], h: f64) -> Vec<Vec<f64>> {
+        // column j = d r / d u_j, forward differences (backward at the upper bound)
+        (0..u.len())
+            .map(|j| {
+                let s = self.active[j];
+                let step = if u[j] + h <= s.u_hi() { h } else { -h };
+                let mut v = u.to_vec();
+                v[j] += step;
+                let r = self.residuals(&v);
+                r.iter().zip(r0).map(|(a, b)| (a - b) / step).collect()
+            })
+            .collect()
+    }
+
+    fn clamp(&self, u: &mut [f64]) {
+        for (s, ui) in self.active.iter().zip(u.iter_mut()) {
+            *ui = ui.clamp(s.u_lo(), s.u_hi());
+        }
+    }
+}
+
+fn sum_sq(r: &[f64]) -> f64 {
+    r.iter().map(|x| x * x).sum()
+}
+
+/// Solves `a x = b` (small, dense) by Gaussian elimination with partial pivoting.
+fn solve(mut a: Vec<Vec<f64>>, mut b: Vec<f64>) -> Option<Vec<f64>> {
+    let n = b.len();
+    for col in 0..n {
+        let piv = (col..n).max_by(|&i, &j| a[i][col].abs().total_cmp(&a[j][col].abs()))?;
+        if a[piv][col].abs() < 1e-300 {
+            return None;
+        }
+        a.swap(col, piv);
+        b.swap(col, piv);
+        let (top, below) = a.split_at_mut(col + 1);
+        let pivot_row = &top[col];
+        for (r, row) in below.iter_mut().enumerate() {
+            let f = row[col] / pivot_row[col];
+            for (x, p) in row[col..].iter_mut().zip(&pivot_row[col..]) {
+                *x -= f * p;
+            }
+            b[col + 1 + r] -= f * b[col];
+        }
+    }
+    let mut x = vec![0.0; n];
+    for i in (0..n).rev() {
+        let s: f64 = (i + 1..n).map(|k| a[i][k] * x[k]).sum();
+        x[i] = (b[i] - s) / a[i][i];
+    }
+    Some(x)
+}
+
+/// Levenberg-Marquardt from `u0`; returns the best `u` found.
+fn levenberg_marquardt(p: &mut Problem, u0: &[f64]) -> Vec<f64> {
+    let mut u = u0.to_vec();
+    p.clamp(&mut u);
+    if u.is_empty() {
+        return u;
+    }
+    let mut r = p.residuals(&u);
+    let mut s = sum_sq(&r);
+    let mut lambda = 1e-3;
+    for _ in 0..60 {
+        if s < 1e-20 {
+            break;
+        }
+        let j = p.jacobian(&u, &r, 0.01);
+        let m = u.len();
+        let mut a = vec![vec![0.0; m]; m];
+        let mut g = vec![0.0; m];
+        for i in 0..m {
+            for k in 0..m {
+                a[i][k] = j[i].iter().zip(&j[k]).map(|(x, y)| x * y).sum();
+            }
+            g[i] = j[i].iter().zip(&r).map(|(x, y)| x * y).sum();
+        }
+        let mut improved = false;
+        for _ in 0..12 {
+            let mut damped = a.clone();
+            for i in 0..m {
+                damped[i][i] += lambda * a[i][i].max(1e-9);
+            }
+            let Some(delta) = solve(damped, g.iter().map(|x| -x).collect()) else {
+                lambda *= 10.0;
+                continue;
+            };
+            let mut v: Vec<f64> = u.iter().zip(&delta).map(|(a, d)| a + d.clamp(-1.0, 1.0)).collect();
+            p.clamp(&mut v);
+            let rv = p.residuals(&v);
+            let sv = sum_sq(&rv);
+            if sv < s {
+                let step: f64 = u.iter().zip(&v).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+                let gain = s - sv;
+                u = v;
+                r = rv;
+                s = sv;
+                lambda = (lambda / 3.0).max(1e-12);
+                improved = gain > 1e-6 * s + 1e-24 && step > 1e-9;
+                break;
+            }
+            lambda *= 4.0;
+        }
+        if !improved {
+            break;
+        }
+    }
+    u
+}
+
+/// How a parameter came out of a fit.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    /// Fitted to the rows.
+    Fitted,
+    /// Left unchanged: the rows do not respond to it, or only through parameters taken before it.
+    NotIdentifiable(String),
+    /// Left unchanged: not among the parameters asked for.
+    NotSelected,
+}
+
+/// One fitted parameter's outcome.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ParamFit {
+    /// Field name in `[fitted]`.
+    pub name: String,
+    /// Value before.
+    pub before: f64,
+    /// Value after.
+    pub after: f64,
+    /// Largest |d ln t / d ln(x + c)| over the rows at the starting point.
+    pub elasticity: f64,
+    /// Fitted or why not.
+    pub status: Status,
+    /// The value ended at a bound of its allowed range.
+    pub at_bound: bool,
+}
+
+/// One row's predictions before and after the fit, and held out.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FitRow {
+    /// Row id.
+    pub id: String,
+    /// Measured, ms.
+    pub measured_ms: f64,
+    /// Predicted by the starting model, ms.
+    pub before_ms: f64,
+    /// Predicted by the fitted model, ms.
+    pub after_ms: f64,
+    /// Predicted by the model fitted without this row (cross-validation), ms.
+    pub held_out_ms: Option<f64>,
+}
+
+/// |error| figures over a set of predictions.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct ErrorStats {
+    /// Median |error| (fraction).
+    pub median_abs_error: f64,
+    /// Mean |error| (fraction).
+    pub mean_abs_error: f64,
+    /// Largest |error| (fraction).
+    pub worst_abs_error: f64,
+    /// RMS of ln(predicted / measured): the square root of the objective over the row count.
+    pub rms_log_error: f64,
+}
+
+impl ErrorStats {
+    fn of(pred: &[f64], meas: &[f64]) -> Option<ErrorStats> {
+        let abs: Vec<f64> = pred.iter().zip(meas).map(|(p, m)| ((p - m) / m).abs()).collect();
+        let logs: Vec<f64> = pred.iter().zip(meas).map(|(p, m)| (p / m).ln().powi(2)).collect();
+        Some(ErrorStats {
+            median_abs_error: median(&abs)?,
+            mean_abs_error: mean(&abs)?,
+            worst_abs_error: abs.iter().copied().fold(0.0, f64::max),
+            rms_log_error: mean(&logs)?.sqrt(),
+        })
+    }
+}
+
+/// A row of the file not used in the fit, and why.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Unused {
+    /// Row id.
+    pub id: String,
+    /// Why.
+    pub reason: String,
+}
+
+/// Options of a calibration.
+#[derive(Debug, Clone)]
+pub struct CalibrateOptions {
+    /// Fitted parameters to fit (names from [`FITTED_PARAMS`]); empty = all.
+    pub params: Vec<String>,
+    /// Run cross-validation (leave-one-out or k-fold).
+    pub cross_validate: bool,
+    /// Date recorded in the notes (YYYY-MM-DD); `None` = today (UTC).
+    pub date: Option<String>,
+}
+
+impl Default for CalibrateOptions {
+    fn default() -> Self {
+        CalibrateOptions { params: Vec::new(), cross_validate: true, date: None }
+    }
+}
+
+/// The outcome of a calibration.
+#[derive(Debug, Clone, Serialize)]
+pub struct Calibration {
+    /// The measurement file.
+    pub file: String,
+    /// Chip model name.
+    pub chip: String,
+    /// Objective, in words.
+    pub objective: String,
+    /// Ids of the rows fitted to.
+    pub fitted_to: Vec<String>,
+    /// Rows of the file not used.
+    pub unused: Vec<Unused>,
+    /// Every fitted parameter, before and after.
+    pub params: Vec<ParamFit>,
+    /// Per-row predictions.
+    pub rows: Vec<FitRow>,
+    /// Training error of the starting model.
+    pub before: Option<ErrorStats>,
+    /// Training error of the fitted model.
+    pub after: Option<ErrorStats>,
+    /// Held-out error (cross-validation), when run.
+    pub held_out: Option<ErrorStats>,
+    /// `leave-one-out`, `10-fold` or `none`.
+    pub cross_validation: String,
+    /// Simulations of the whole row set run by the main fit.
+    pub evaluations: usize,
+    /// The fitted chip model.
+    #[serde(skip)]
+    pub model: ChipModel,
+}
+
+/// Today's date (UTC) as YYYY-MM-DD.
+pub fn today() -> String {
+    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    // days since 1970-01-01 to a civil date (H. Hinnant's algorithm)
+    let z = (secs / 86_400) as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02}")
+}
+
+fn round_sig(x: f64, digits: i32) -> f64 {
+    if x == 0.0 || !x.is_finite() {
+        return x;
+    }
+    let scale = 10f64.powi(digits - 1 - x.abs().log10().floor() as i32);
+    (x * scale).round() / scale
+}
+
+/// Elasticities at `u`: column j = d r / d u_j by central differences of +-0.05 (one-sided at a
+/// bound).
+fn elasticities(p: &mut Problem, u: &[f64]) -> Vec<Vec<f64>> {
+    let h = 0.05;
+    (0..u.len())
+        .map(|j| {
+            let s = p.active[j];
+            let (lo, hi) = ((u[j] - h).max(s.u_lo()), (u[j] + h).min(s.u_hi()));
+            if hi - lo < 1e-12 {
+                return vec![0.0; p.rows.len()];
+            }
+            let mut a = u.to_vec();
+            a[j] = lo;
+            let ra = p.residuals(&a);
+            let mut b = u.to_vec();
+            b[j] = hi;
+            let rb = p.residuals(&b);
+            ra.iter().zip(&rb).map(|(x, y)| (y - x) / (hi - lo)).collect()
+        })
+        .collect()
+}
+
+/// Chooses the identifiable parameters among the candidates, whose elasticity columns are
+/// `cols`: returns the indices taken and, per candidate, its status and largest |elasticity|.
+///
+/// A candidate is taken when the part of its column not explained by the columns taken before it
+/// has a norm of at least [`MIN_RESIDUAL_NORM`] (a 10% change of x + c moves the rows' log times,
+/// beyond what the earlier parameters can make up, by at least 1% root-sum-square) and at least
+/// [`CONFOUND_FRACTION`] of the column's own norm.
+fn identify(cols: &[Vec<f64>], names: &[&str]) -> (Vec<usize>, Vec<(Status, f64)>) {
+    let norm = |v: &[f64]| v.iter().map(|x| x * x).sum::<f64>().sqrt();
+    let mut basis: Vec<Vec<f64>> = Vec::new();
+    let mut taken: Vec<usize> = Vec::new();
+    let mut out = Vec::new();
+    for (j, col) in cols.iter().enumerate() {
+        let max = col.iter().map(|x| x.abs()).fold(0.0, f64::max);
+        let mut rest = col.clone();
+        for b in &basis {
+            let d: f64 = rest.iter().zip(b).map(|(x, y)| x * y).sum();
+            for (x, y) in rest.iter_mut().zip(b) {
+                *x -= d * y;
+            }
+        }
+        let (nr, nc) = (norm(&rest), norm(col));
+        if nc < MIN_RESIDUAL_NORM {
+            out.push((
+                Status::NotIdentifiable(format!(
+                    "not identifiable from these rows: a 10% change moves their times by {:.2}% (root-sum-square; at most {:.2}% on one row)",
+                    nc * 10.0,
+                    max * 10.0
+                )),
+                max,
+            ));
+            continue;
+        }
+        if nr < MIN_RESIDUAL_NORM || nr < CONFOUND_FRACTION * nc {
+            let with: Vec<&str> = taken.iter().map(|&i| names[i]).collect();
+            out.push((
+                Status::NotIdentifiable(format!(
+                    "not identifiable from these rows: its effect on them is almost all one that {} already have (confounded)",
+                    with.join(", ")
+                )),
+                max,
+            ));
+            continue;
+        }
+        basis.push(rest.iter().map(|x| x / nr).collect());
+        taken.push(j);
+        out.push((Status::Fitted, max));
+    }
+    (taken, out)
+}
+
+/// Fits the chosen parameters of `start` to `rows`: returns the fitted chip, per-parameter status
+/// and elasticity, and the number of evaluations. Parameters found not identifiable take their
+/// value from `fallback`.
+fn fit_rows(
+    start: &ChipModel,
+    fallback: &ChipModel,
+    rows: &[&Row],
+    names: &[&str],
+) -> (ChipModel, Vec<(Status, f64)>, usize) {
+    let all: Vec<Spec> = names.iter().filter_map(|n| spec(n)).collect();
+    let mut p = Problem { base: start, rows: rows.to_vec(), active: all.clone(), evaluations: 0 };
+    let u0: Vec<f64> = all.iter().map(|s| s.to_u(fitted_value(start, s.name).unwrap_or(0.0))).collect();
+    let cols = elasticities(&mut p, &u0);
+    let (taken, status) = identify(&cols, names);
+    let mut base = start.clone();
+    for (i, s) in all.iter().enumerate() {
+        if !taken.contains(&i) {
+            param_mut(&mut base, s.name).value = fitted_value(fallback, s.name).unwrap_or(0.0);
+        }
+    }
+    let mut p = Problem {
+        base: &base,
+        rows: rows.to_vec(),
+        active: taken.iter().map(|&i| all[i]).collect(),
+        evaluations: p.evaluations,
+    };
+    let u_start: Vec<f64> = taken.iter().map(|&i| u0[i]).collect();
+    let u = levenberg_marquardt(&mut p, &u_start);
+    let mut chip = p.chip_at(&u);
+    for s in &p.active {
+        let v = param_mut(&mut chip, s.name);
+        v.value = round_sig(v.value, 5).clamp(s.lo, s.hi);
+    }
+    (chip, status, p.evaluations)
+}
+
+/// Calibrates `base` to the rows of `file` whose chip is `base` (the `chip` column equals the
+/// model's `name` or `chip_arg`, the `--chip` argument as given).
+///
+/// # Errors
+/// A message when no row can be used, or a parameter name is unknown.
+pub fn calibrate(
+    file: &MeasurementFile,
+    base: &ChipModel,
+    chip_arg: &str,
+    opts: &CalibrateOptions,
+) -> Result<Calibration, String> {
+    for n in &opts.params {
+        if spec(n).is_none() {
+            return Err(format!(
+                "--params {n}: not a fitted parameter; the fitted parameters are {}",
+                FITTED_PARAMS.join(", ")
+            ));
+        }
+    }
+    let names: Vec<&str> = FITTED_PARAMS
+        .iter()
+        .copied()
+        .filter(|n| opts.params.is_empty() || opts.params.iter().any(|p| p == n))
+        .collect();
+    let mut rows = Vec::new();
+    let mut unused = Vec::new();
+    for m in &file.rows {
+        if m.chip != base.name && m.chip != chip_arg {
+            unused.push(Unused { id: m.id.clone(), reason: format!("chip {} (calibrating {})", m.chip, base.name) });
+            continue;
+        }
+        match prepare(m, base) {
+            Ok(r) => rows.push(r),
+            Err(reason) => unused.push(Unused { id: m.id.clone(), reason }),
+        }
+    }
+    if rows.is_empty() {
+        return Err(format!(
+            "{}: no row of chip {} that the simulator can express; nothing to fit",
+            file.path, base.name
+        ));
+    }
+    let refs: Vec<&Row> = rows.iter().collect();
+    let meas: Vec<f64> = rows.iter().map(|r| r.measured_ms).collect();
+    let before_pred = predict_all(base, &refs);
+    let (mut fitted, status, evaluations) = fit_rows(base, base, &refs, &names);
+    let after_pred = predict_all(&fitted, &refs);
+
+    // cross-validation
+    let n = rows.len();
+    let (cv_name, folds) = if !opts.cross_validate || n < 2 {
+        ("none".to_string(), 0)
+    } else if n <= LOO_MAX_ROWS {
+        ("leave-one-out".to_string(), n)
+    } else {
+        (format!("{KFOLDS}-fold"), KFOLDS)
+    };
+    let mut held = vec![None; n];
+    for f in 0..folds {
+        let test: Vec<usize> = (0..n).filter(|i| i % folds == f).collect();
+        let train: Vec<&Row> = (0..n).filter(|i| i % folds != f).map(|i| &rows[i]).collect();
+        let (chip, _, _) = fit_rows(&fitted, base, &train, &names);
+        let pred = predict_all(&chip, &test.iter().map(|&i| &rows[i]).collect::<Vec<_>>());
+        for (k, &i) in test.iter().enumerate() {
+            held[i] = Some(pred[k]);
+        }
+    }
+    let held_out = if folds > 0 {
+        let p: Vec<f64> = held.iter().map(|h| h.unwrap_or(f64::NAN)).collect();
+        ErrorStats::of(&p, &meas)
+    } else {
+        None
+    };
+
+    // provenance of the fitted values
+    let date = opts.date.clone().unwrap_or_else(today);
+    let ids: Vec<String> = rows.iter().map(|r| r.id.clone()).collect();
+    let fitted_names: Vec<&str> =
+        names.iter().zip(&status).filter(|(_, (s, _))| *s == Status::Fitted).map(|(n, _)| *n).collect();
+    let objective =
+        "least squares on ln(predicted/measured), rows weighted equally (Levenberg-Marquardt in log parameters)"
+            .to_string();
+    let mut params = Vec::new();
+    for name in FITTED_PARAMS {
+        let before = fitted_value(base, name).unwrap_or(0.0);
+        let after = fitted_value(&fitted, name).unwrap_or(0.0);
+        let (st, el) = match names.iter().position(|n| n == name) {
+            Some(i) => status[i].clone(),
+            None => (Status::NotSelected, 0.0),
+        };
+        let s = spec(name).expect("known name");
+        if st == Status::Fitted {
+            let p = param_mut(&mut fitted, name);
+            p.fitted_to = Some(ids.clone());
+            p.source = None;
+            p.note = Some(format!(
+                "fitted by tpusim calibrate on {date} to {} ({} rows): {objective}; jointly with: {}; was {before}",
+                file.path,
+                ids.len(),
+                match fitted_names.iter().filter(|n| *n != name).copied().collect::<Vec<_>>().join(", ") {
+                    others if others.is_empty() => "alone".to_string(),
+                    others => others,
+                }
+            ));
+        }
+        params.push(ParamFit {
+            name: name.to_string(),
+            before,
+            after,
+            elasticity: el,
+            at_bound: st == Status::Fitted && (after <= s.lo || after >= s.hi),
+            status: st,
+        });
+    }
+    fitted.description = format!("{} [calibrated by tpusim calibrate on {date} to {}]", base.description, file.path);
+    fitted.validate("calibrated model").map_err(|e| e.to_string())?;
+    let fit_rows_out = rows
+        .iter()
+        .enumerate()
+        .map(|(i, r)| FitRow {
+            id: r.id.clone(),
+            measured_ms: r.measured_ms,
+            before_ms: before_pred[i],
+            after_ms: after_pred[i],
+            held_out_ms: held[i],
+        })
+        .collect();
+    Ok(Calibration {
+        file: file.path.clone(),
+        chip: base.name.clone(),
+        objective,
+        fitted_to: ids,
+        unused,
+        params,
+        rows: fit_rows_out,
+        before: ErrorStats::of(&before_pred, &meas),
+        after: ErrorStats::of(&after_pred, &meas),
+        held_out,
+        cross_validation: cv_name,
+        evaluations,
+        model: fitted,
+    })
+}
+
+fn prepare(m: &Measurement, base: &ChipModel) -> Result<Row, String> {
+    let (spec, _) = m.job_spec(&base.name)?;
+    simulate_ms(base, &spec).map_err(|e| format!("the simulator rejects this row: {e}"))?;
+    Ok(Row { id: m.id.clone(), measured_ms: m.measured_ms, spec })
+}
+
+/// Writes a chip model as a complete TOML file in the presets' layout (one inline table per
+/// parameter), with a header comment. The text parses back to the same model.
+pub fn chip_to_toml(chip: &ChipModel, header: &str) -> Result<String, String> {
+    let doc = toml::Value::try_from(chip).map_err(|e| e.to_string())?;
+    let table = doc.as_table().ok_or("a chip model serialises to a table")?;
+    let mut s = String::new();
+    for line in header.lines() {
+        let _ = writeln!(s, "# {line}");
+    }
+    for (k, v) in table {
+        if !v.is_table() {
+            let _ = writeln!(s, "{k} = {v}");
+        }
+    }
+    for (sec, v) in table {
+        let Some(t) = v.as_table() else { continue };
+        let _ = writeln!(s, "\n[{sec}]");
+        for (field, p) in t {
+            let Some(p) = p.as_table() else { continue };
+            let parts: Vec<String> = p.iter().map(|(k, v)| format!("{k} = {v}")).collect();
+            let _ = writeln!(s, "{field} = {{ {} }}", parts.join(", "));
+        }
+    }
+    let back = ChipModel::from_toml_str(&s, "calibrated model").map_err(|e| e.to_string())?;
+    if &back != chip {
+        return Err("internal: the written chip model does not read back identically".into());
+    }
+    Ok(s)
+}
+
+/// Writes `text` to `path` atomically: a temporary file in the same directory, then a rename.
+///
+/// # Errors
+/// The operating system's error, naming the path.
+pub fn write_atomic(path: &str, text: &str) -> Result<(), String> {
+    let p = std::path::Path::new(path);
+    let dir = p.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+    let name = p.file_name().ok_or_else(|| format!("--out {path}: not a file name"))?.to_string_lossy().to_string();
+    let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
+    std::fs::write(&tmp, text).map_err(|e| format!("cannot write {}: {e}", tmp.display()))?;
+    std::fs::rename(&tmp, p).map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        format!("cannot rename {} to {path}: {e}", tmp.display())
+    })
+}
+
+fn pct(x: f64) -> String {
+    format!("{:.1}%", x * 100.0)
+}
+
+impl Calibration {
+    /// The fitted chip model as TOML, with a header saying how it was made.
+    ///
+    /// # Errors
+    /// If the model does not serialise (an internal error).
+    pub fn model_toml(&self) -> Result<String, String> {
+        let header = format!(
+            "Chip model {} calibrated by `tpusim calibrate` to {} ({} rows: {}).\n\
+             Objective: {}.\nOnly [fitted] values changed; architectural parameters are the starting model's.\n\
+             Field meanings: models/README.md.",
+            self.chip,
+            self.file,
+            self.fitted_to.len(),
+            self.fitted_to.join(", "),
+            self.objective
+        );
+        chip_to_toml(&self.model, &header)
+    }
+
+    /// JSON: one object (errors as fractions).
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).expect("a calibration serialises")
+    }
+
+    /// A table for people: parameters with their change, per-row predictions, error summary.
+    pub fn to_table(&self) -> String {
+        let mut s = String::new();
+        let _ = writeln!(s, "tpusim calibrate: chip {} to {} ({} rows)", self.chip, self.file, self.fitted_to.len());
+        let _ = writeln!(s, "  objective: {}", self.objective);
+        let _ = writeln!(s);
+        let _ = writeln!(
+            s,
+            "{:<28} {:>12} {:>12} {:>8}  {:>10}  status",
+            "parameter", "before", "after", "change", "elasticity"
+        );
+        for p in &self.params {
+            let change = if p.before != 0.0 {
+                format!("{:+.1}%", (p.after / p.before - 1.0) * 100.0)
+            } else if p.after == 0.0 {
+                "0".into()
+            } else {
+                "new".into()
+            };
+            let status = match &p.status {
+                Status::Fitted if p.at_bound => "fitted (at a bound of its range)".to_string(),
+                Status::Fitted => "fitted".to_string(),
+                Status::NotIdentifiable(r) => r.clone(),
+                Status::NotSelected => "not selected (--params)".to_string(),
+            };
+            let _ = writeln!(
+                s,
+                "{:<28} {:>12} {:>12} {:>8}  {:>10.3}  {}",
+                p.name, p.before, p.after, change, p.elasticity, status
+            );
+        }
+        let _ = writeln!(s);
+        let idw = self.rows.iter().map(|r| r.id.len()).max().unwrap_or(2).max(2);
+        let _ = writeln!(
+            s,
+            "{:<idw$}  {:>11}  {:>11} {:>7}  {:>11} {:>7}  {:>11} {:>7}",
+            "id", "measured ms", "before ms", "err", "fitted ms", "err", "held-out ms", "err"
+        );
+        for r in &self.rows {
+            let e = |p: f64| format!("{:+.1}%", (p / r.measured_ms - 1.0) * 100.0);
+            let (h, he) = match r.held_out_ms {
+                Some(h) => (format!("{h:.4}"), e(h)),
+                None => ("-".into(), "-".into()),
+            };
+            let _ = writeln!(
+                s,
+                "{:<idw$}  {:>11.4}  {:>11.4} {:>7}  {:>11.4} {:>7}  {:>11} {:>7}",
+                r.id,
+                r.measured_ms,
+                r.before_ms,
+                e(r.before_ms),
+                r.after_ms,
+                e(r.after_ms),
+                h,
+                he
+            );
+        }
+        if !self.unused.is_empty() {
+            let _ = writeln!(s);
+            let _ = writeln!(s, "not used ({} rows):", self.unused.len());
+            for u in &self.unused {
+                let _ = writeln!(s, "  {}: {}", u.id, u.reason);
+            }
+        }
+        let _ = writeln!(s);
+        let line = |name: &str, e: &Option<ErrorStats>| match e {
+            Some(e) => format!(
+                "  {name:<26} median {}, mean {}, worst {}; RMS ln(pred/meas) {:.4}",
+                pct(e.median_abs_error),
+                pct(e.mean_abs_error),
+                pct(e.worst_abs_error),
+                e.rms_log_error
+            ),
+            None => format!("  {name:<26} n/a"),
+        };
+        let _ = writeln!(s, "|error|:");
+        let _ = writeln!(s, "{}", line("starting model (training)", &self.before));
+        let _ = writeln!(s, "{}", line("fitted model (training)", &self.after));
+        if self.cross_validation != "none" {
+            let _ = writeln!(s, "{}", line(&format!("held out ({})", self.cross_validation), &self.held_out));
+        } else {
+            let _ = writeln!(s, "  held out                   not run (fewer than 2 rows, or --no-cv)");
+        }
+        s
+    }
+}

@@ -1,0 +1,25 @@
+//! Validation of tpusim against measured kernel timings, and calibration of a chip model's
+//! fitted parameters to a user's own measurements.
+//!
+//! * [`measure`]: the measurement CSV format (documented in `traces/measured/README.md`), strict
+//!   parsing with errors that name the file, line and column, and the mapping of a row onto a
+//!   [`tpusim_report::JobSpec`].
+//! * [`mod@validate`]: predicts every row, reports signed errors, skipped rows with reasons, an error
+//!   summary (median and mean |error|, worst row) and, for rows that differ only in tiling or
+//!   kernel options, whether the predicted ranking matches the measured one (Kendall's tau).
+//! * [`fit`]: fits the `[fitted]` parameters of a chip model by least squares on log time,
+//!   detects parameters the rows cannot identify, cross-validates (leave-one-out or k-fold), and
+//!   writes the fitted model with the rows it was fitted to.
+//!
+//! Depends on `tpusim-report` and the crates below it; nothing depends on it but the binary.
+
+#![warn(missing_docs)]
+
+pub mod fit;
+pub mod measure;
+pub mod stats;
+pub mod validate;
+
+pub use fit::{calibrate, CalibrateOptions, Calibration, FITTED_PARAMS};
+pub use measure::{parse, read_file, MeasureError, Measurement, MeasurementFile};
+pub use validate::{validate, ChipSet, Validation};

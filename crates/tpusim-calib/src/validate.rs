@@ -1,0 +1,519 @@
+//! Validation: predict every row of a measurement file and compare with the measured times.
+
+use crate::measure::{Measurement, MeasurementFile};
+use crate::stats::{mean, median, PairCounts};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use tpusim_chip::ChipModel;
+use tpusim_report::{run, Job, Report};
+
+/// Chip models to use instead of a row's `chip`: a row whose `chip` equals a model's `name` is
+/// predicted on that model (e.g. a calibrated `my-v6e.toml` named `v6e`); other rows load their
+/// chip by preset name or path.
+#[derive(Debug, Clone, Default)]
+pub struct ChipSet {
+    /// Replacement models, matched by name.
+    pub models: Vec<ChipModel>,
+}
+
+impl ChipSet {
+    /// The chip for a row.
+    ///
+    /// # Errors
+    /// The chip model's error (unknown preset, unreadable or invalid file).
+    pub fn chip_for(&self, name: &str) -> Result<ChipModel, String> {
+        match self.models.iter().find(|c| c.name == name) {
+            Some(c) => Ok(c.clone()),
+            None => ChipModel::load(name).map_err(|e| e.to_string()),
+        }
+    }
+}
+
+/// A row the simulator predicted.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PredictedRow {
+    /// Row id.
+    pub id: String,
+    /// Line in the file.
+    pub line: u64,
+    /// Chip column.
+    pub chip: String,
+    /// Kernel column.
+    pub kernel: String,
+    /// Predicted time, ms.
+    pub predicted_ms: f64,
+    /// Measured time, ms.
+    pub measured_ms: f64,
+    /// (predicted - measured) / measured.
+    pub error: f64,
+    /// The unit bounding the simulated run.
+    pub bottleneck: String,
+    /// Block sizes simulated, `block_q/block_kv/block_kv_compute` (matmul: `block_m/block_n/block_k`).
+    pub blocks: String,
+    /// Why the row's blocks were assumed, when they were.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+/// A row that was not predicted, and why.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SkippedRow {
+    /// Row id.
+    pub id: String,
+    /// Line in the file.
+    pub line: u64,
+    /// Chip column.
+    pub chip: String,
+    /// Kernel column.
+    pub kernel: String,
+    /// Measured time, ms.
+    pub measured_ms: f64,
+    /// Why the simulator cannot express it.
+    pub reason: String,
+}
+
+/// Rows that differ only in block sizes or kernel options, and whether the simulator orders them
+/// as the measurements do.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RankGroup {
+    /// What the rows share (chip, kernel family, workload shape, mask).
+    pub key: String,
+    /// Row ids, fastest measured first.
+    pub ids: Vec<String>,
+    /// Kendall's tau-b between predicted and measured times (`None` when undefined: all tied).
+    pub kendall_tau: Option<f64>,
+    /// Pair counts behind it.
+    pub pairs: PairCounts,
+    /// Every pair ordered as measured (no discordant pair, no predicted tie of distinct times).
+    pub ranking_matches: bool,
+}
+
+/// Worst row.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Worst {
+    /// Row id.
+    pub id: String,
+    /// Signed error.
+    pub error: f64,
+}
+
+/// Error summary over the predicted rows.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Summary {
+    /// Rows in the file.
+    pub rows: usize,
+    /// Rows predicted.
+    pub predicted: usize,
+    /// Rows skipped.
+    pub skipped: usize,
+    /// Median of |error| (fraction).
+    pub median_abs_error: Option<f64>,
+    /// Mean of |error| (fraction): the mean absolute percentage error / 100.
+    pub mean_abs_error: Option<f64>,
+    /// Mean signed error (bias).
+    pub mean_signed_error: Option<f64>,
+    /// Root mean square of ln(predicted / measured).
+    pub rms_log_error: Option<f64>,
+    /// The row with the largest |error|.
+    pub worst: Option<Worst>,
+    /// Ranking groups (two rows or more).
+    pub groups: usize,
+    /// Groups whose predicted ranking matches the measured one.
+    pub groups_ranking_matches: usize,
+    /// Kendall's tau-a over all within-group pairs: (concordant - discordant) / pairs.
+    pub pooled_kendall_tau: Option<f64>,
+}
+
+/// The outcome of validating a measurement file.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Validation {
+    /// The file.
+    pub file: String,
+    /// Predicted rows, in file order.
+    pub rows: Vec<PredictedRow>,
+    /// Skipped rows with their reasons, in file order.
+    pub skipped: Vec<SkippedRow>,
+    /// Ranking groups.
+    pub groups: Vec<RankGroup>,
+    /// Error summary.
+    pub summary: Summary,
+}
+
+fn blocks_of(job: &Job) -> String {
+    match job {
+        Job::Splash { config: c, .. } => format!("{}/{}/{}", c.block_q, c.block_kv, c.block_kv_compute),
+        Job::Matmul { config: c, .. } => format!("{}/{}/{}", c.block_m, c.block_n, c.block_k),
+    }
+}
+
+/// Predicts one row: `Ok` with the prediction, or `Err` with the reason it is skipped (the
+/// kernel is not expressible, or the simulator rejects the configuration, e.g. a tiling that
+/// does not fit VMEM).
+///
+/// # Errors
+/// The reason, as text.
+pub fn predict(m: &Measurement, chips: &ChipSet) -> Result<PredictedRow, String> {
+    let (spec, note) = m.job_spec(&m.chip)?;
+    let chip = chips.chip_for(&m.chip)?;
+    let job = spec.build(&chip).map_err(|e| format!("the simulator rejects this row: {e}"))?;
+    let r = run(&chip, &job).map_err(|e| format!("the simulator rejects this configuration: {e}"))?;
+    let rep = Report::from_run(&r);
+    Ok(PredictedRow {
+        id: m.id.clone(),
+        line: m.line,
+        chip: m.chip.clone(),
+        kernel: m.kernel.clone(),
+        predicted_ms: rep.latency_ms,
+        measured_ms: m.measured_ms,
+        error: (rep.latency_ms - m.measured_ms) / m.measured_ms,
+        bottleneck: rep.bottleneck,
+        blocks: blocks_of(&r.job),
+        note,
+    })
+}
+
+/// Error summary of predicted rows.
+pub fn summarize(rows: &[PredictedRow], skipped: usize, groups: &[RankGroup]) -> Summary {
+    let abs: Vec<f64> = rows.iter().map(|r| r.error.abs()).collect();
+    let signed: Vec<f64> = rows.iter().map(|r| r.error).collect();
+    let logs: Vec<f64> = rows.iter().map(|r| (r.predicted_ms / r.measured_ms).ln().powi(2)).collect();
+    let worst = rows
+        .iter()
+        .max_by(|a, b| a.error.abs().total_cmp(&b.error.abs()))
+        .map(|r| Worst { id: r.id.clone(), error: r.error });
+    let (c, d, n) = groups.iter().fold((0u64, 0u64, 0u64), |(c, d, n), g| {
+        let p = &g.pairs;
+        (c + p.concordant, d + p.discordant, n + p.concordant + p.discordant + p.ties_x + p.ties_y + p.ties_xy)
+    });
+    Summary {
+        rows: rows.len() + skipped,
+        predicted: rows.len(),
+        skipped,
+        median_abs_error: median(&abs),
+        mean_abs_error: mean(&abs),
+        mean_signed_error: mean(&signed),
+        rms_log_error: mean(&logs).map(f64::sqrt),
+        worst,
+        groups: groups.len(),
+        groups_ranking_matches: groups.iter().filter(|g| g.ranking_matches).count(),
+        pooled_kendall_tau: if n > 0 { Some((c as f64 - d as f64) / n as f64) } else { None },
+    }
+}
+
+/// Ranking groups of the predicted rows: rows with the same [`Measurement::group_key`], two or more.
+pub fn rank_groups(file: &MeasurementFile, rows: &[PredictedRow]) -> Vec<RankGroup> {
+    let mut by_key: BTreeMap<String, Vec<&PredictedRow>> = BTreeMap::new();
+    for m in &file.rows {
+        if let (Some(key), Some(p)) = (m.group_key(), rows.iter().find(|r| r.id == m.id)) {
+            by_key.entry(key).or_default().push(p);
+        }
+    }
+    by_key
+        .into_iter()
+        .filter(|(_, v)| v.len() >= 2)
+        .map(|(key, mut v)| {
+            v.sort_by(|a, b| a.measured_ms.total_cmp(&b.measured_ms));
+            let pred: Vec<f64> = v.iter().map(|r| r.predicted_ms).collect();
+            let meas: Vec<f64> = v.iter().map(|r| r.measured_ms).collect();
+            let pairs = PairCounts::of(&pred, &meas);
+            RankGroup {
+                key,
+                ids: v.iter().map(|r| r.id.clone()).collect(),
+                kendall_tau: pairs.tau_b(),
+                ranking_matches: pairs.discordant == 0 && pairs.ties_x == 0,
+                pairs,
+            }
+        })
+        .collect()
+}
+
+/// Predicts every row of a file (skipped rows keep their reason) and summarises the errors.
+pub fn validate(file: &MeasurementFile, chips: &ChipSet) -> Validation {
+    let mut rows = Vec::new();
+    let mut skipped = Vec::new();
+    for m in &file.rows {
+        match predict(m, chips) {
+            Ok(p) => rows.push(p),
+            Err(reason) => skipped.push(SkippedRow {
+                id: m.id.clone(),
+                line: m.line,
+                chip: m.chip.clone(),
+                kernel: m.kernel.clone(),
+                measured_ms: m.measured_ms,
+                reason,
+            }),
+        }
+    }
+    let groups = rank_groups(file, &rows);
+    let summary = summarize(&rows, skipped.len(), &groups);
+    Validation { file: file.path.clone(), rows, skipped, groups, summary }
+}
+
+fn pct(x: Option<f64>) -> String {
+    x.map(|v| format!("{:.1}%", v * 100.0)).unwrap_or_else(|| "n/a".into())
+}
+
+impl Validation {
+    /// JSON: one object with `rows`, `skipped`, `groups` and `summary` (errors as fractions).
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).expect("a validation serialises")
+    }
+
+    /// CSV: one line per row of the file (predicted and skipped), in file order, with columns
+    /// `id,line,chip,kernel,status,predicted_ms,measured_ms,error,bottleneck,blocks,note`
+    /// (`status` is `predicted` or `skipped`; a skipped row's `note` is the reason).
+    pub fn to_csv(&self) -> String {
+        let mut w = csv::Writer::from_writer(Vec::new());
+        let _ = w.write_record([
+            "id",
+            "line",
+            "chip",
+            "kernel",
+            "status",
+            "predicted_ms",
+            "measured_ms",
+            "error",
+            "bottleneck",
+            "blocks",
+            "note",
+        ]);
+        let mut lines: Vec<(u64, Vec<String>)> = Vec::new();
+        for r in &self.rows {
+            lines.push((
+                r.line,
+                vec![
+                    r.id.clone(),
+                    r.line.to_string(),
+                    r.chip.clone(),
+                    r.kernel.clone(),
+                    "predicted".into(),
+                    format!("{}", r.predicted_ms),
+                    format!("{}", r.measured_ms),
+                    format!("{}", r.error),
+                    r.bottleneck.clone(),
+                    r.blocks.clone(),
+                    r.note.clone().unwrap_or_default(),
+                ],
+            ));
+        }
+        for s in &self.skipped {
+            lines.push((
+                s.line,
+                vec![
+                    s.id.clone(),
+                    s.line.to_string(),
+                    s.chip.clone(),
+                    s.kernel.clone(),
+                    "skipped".into(),
+                    String::new(),
+                    format!("{}", s.measured_ms),
+                    String::new(),
+                    String::new(),
+                    String::new(),
+                    s.reason.clone(),
+                ],
+            ));
+        }
+        lines.sort_by_key(|(l, _)| *l);
+        for (_, rec) in lines {
+            let _ = w.write_record(rec);
+        }
+        String::from_utf8(w.into_inner().unwrap_or_default()).unwrap_or_default()
+    }
+
+    /// Markdown (for reports such as traces/measured/VALIDATION.md): the per-row table, the
+    /// skipped rows with reasons, the ranking groups and the summary.
+    pub fn to_markdown(&self) -> String {
+        let mut s = String::new();
+        let _ = writeln!(s, "| id | chip | kernel | blocks | predicted ms | measured ms | error | bound by |");
+        let _ = writeln!(s, "|---|---|---|---|---:|---:|---:|---|");
+        for r in &self.rows {
+            let blocks = match &r.note {
+                Some(_) => format!("{} (assumed)", r.blocks),
+                None => r.blocks.clone(),
+            };
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {} | {:.4} | {:.4} | {:+.1}% | {} |",
+                r.id,
+                r.chip,
+                r.kernel,
+                blocks,
+                r.predicted_ms,
+                r.measured_ms,
+                r.error * 100.0,
+                r.bottleneck
+            );
+        }
+        if !self.skipped.is_empty() {
+            let _ = writeln!(s);
+            let _ = writeln!(s, "Skipped (the simulator cannot express them):");
+            let _ = writeln!(s);
+            for r in &self.skipped {
+                let _ = writeln!(s, "- `{}` ({}, {} ms): {}", r.id, r.kernel, r.measured_ms, r.reason);
+            }
+        }
+        if !self.groups.is_empty() {
+            let _ = writeln!(s);
+            let _ = writeln!(s, "Ranking within groups that differ only in tiling or kernel options:");
+            let _ = writeln!(s);
+            for g in &self.groups {
+                let tau = g.kendall_tau.map(|t| format!("{t:+.2}")).unwrap_or_else(|| "n/a".into());
+                let _ = writeln!(
+                    s,
+                    "- {}: Kendall tau {tau}, {} (measured fastest first: {})",
+                    g.key,
+                    if g.ranking_matches { "ranking matches" } else { "ranking differs" },
+                    g.ids.join(" < ")
+                );
+            }
+        }
+        let m = &self.summary;
+        let _ = writeln!(s);
+        let _ = writeln!(s, "Summary: {} rows, {} predicted, {} skipped.", m.rows, m.predicted, m.skipped);
+        let _ = writeln!(s);
+        let _ =
+            writeln!(s, "- median |error| {}, mean |error| (MAPE) {}", pct(m.median_abs_error), pct(m.mean_abs_error));
+        if let Some(w) = &m.worst {
+            let _ = writeln!(s, "- worst row {} ({:+.1}%)", w.id, w.error * 100.0);
+        }
+        if m.groups > 0 {
+            let _ = writeln!(
+                s,
+                "- ranking: {} of {} groups ordered as measured; pooled Kendall tau {}",
+                m.groups_ranking_matches,
+                m.groups,
+                m.pooled_kendall_tau.map(|t| format!("{t:+.2}")).unwrap_or_else(|| "n/a".into())
+            );
+        }
+        s
+    }
+
+    /// A table for people: per row id, predicted, measured, signed error, bottleneck; then the
+    /// skipped rows with reasons, the ranking groups and the summary.
+    pub fn to_table(&self) -> String {
+        let mut s = String::new();
+        let idw = self
+            .rows
+            .iter()
+            .map(|r| r.id.len())
+            .chain(self.skipped.iter().map(|r| r.id.len()))
+            .max()
+            .unwrap_or(2)
+            .max(2);
+        let _ = writeln!(s, "tpusim validate: {}", self.file);
+        let _ = writeln!(s);
+        let _ = writeln!(
+            s,
+            "{:<idw$}  {:>12}  {:>12}  {:>8}  {:<12}  blocks",
+            "id", "predicted ms", "measured ms", "error", "bound by"
+        );
+        for r in &self.rows {
+            let _ = writeln!(
+                s,
+                "{:<idw$}  {:>12.4}  {:>12.4}  {:>+7.1}%  {:<12}  {}{}",
+                r.id,
+                r.predicted_ms,
+                r.measured_ms,
+                r.error * 100.0,
+                r.bottleneck,
+                r.blocks,
+                r.note.as_deref().map(|n| format!(" ({n})")).unwrap_or_default()
+            );
+        }
+        if !self.skipped.is_empty() {
+            let _ = writeln!(s);
+            let _ = writeln!(s, "skipped ({} rows the simulator cannot express):", self.skipped.len());
+            for r in &self.skipped {
+                let _ = writeln!(s, "  {:<idw$}  line {:>3}  {}: {}", r.id, r.line, r.kernel, r.reason);
+            }
+        }
+        if !self.groups.is_empty() {
+            let _ = writeln!(s);
+            let _ = writeln!(
+                s,
+                "ranking within groups that differ only in tiling or kernel options (fastest measured first):"
+            );
+            for g in &self.groups {
+                let tau = g.kendall_tau.map(|t| format!("{t:+.2}")).unwrap_or_else(|| "n/a".into());
+                let _ = writeln!(
+                    s,
+                    "  {}: Kendall tau {tau}, {} ({})",
+                    g.key,
+                    if g.ranking_matches { "ranking matches" } else { "RANKING DIFFERS" },
+                    g.ids.join(" < ")
+                );
+            }
+        }
+        let m = &self.summary;
+        let _ = writeln!(s);
+        let _ = writeln!(s, "summary: {} rows, {} predicted, {} skipped", m.rows, m.predicted, m.skipped);
+        let _ = writeln!(
+            s,
+            "  |error|   median {}, mean {} (MAPE); bias {}; RMS of ln(pred/meas) {}",
+            pct(m.median_abs_error),
+            pct(m.mean_abs_error),
+            m.mean_signed_error.map(|v| format!("{:+.1}%", v * 100.0)).unwrap_or_else(|| "n/a".into()),
+            m.rms_log_error.map(|v| format!("{v:.3}")).unwrap_or_else(|| "n/a".into())
+        );
+        if let Some(w) = &m.worst {
+            let _ = writeln!(s, "  worst     {} ({:+.1}%)", w.id, w.error * 100.0);
+        }
+        if m.groups > 0 {
+            let _ = writeln!(
+                s,
+                "  ranking   {} of {} groups ordered as measured; pooled Kendall tau {}",
+                m.groups_ranking_matches,
+                m.groups,
+                m.pooled_kendall_tau.map(|t| format!("{t:+.2}")).unwrap_or_else(|| "n/a".into())
+            );
+        }
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::measure::parse;
+
+    const HEADER: &str =
+        "id,chip,kernel,batch,q_heads,q_len,kv_len,head_dim,block_q,block_kv,block_kv_compute,measured_ms";
+
+    #[test]
+    fn rows_the_simulator_rejects_or_cannot_express_are_skipped_with_reasons() {
+        let text = format!(
+            "{HEADER}\n\
+             ok,v6e,tokamax-splash,1,8,4096,4096,128,1024,1024,512,1.0\n\
+             vmem,v6e,tokamax-splash,1,8,65536,65536,256,32768,32768,32768,1.0\n\
+             flash3,v6e,flash-attention-3,1,8,4096,4096,128,,,,1.0\n"
+        );
+        let file = parse(&text, "t.csv", &[]).unwrap();
+        let v = validate(&file, &ChipSet::default());
+        assert_eq!(v.rows.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(), ["ok"]);
+        let reasons: Vec<(&str, &str)> = v.skipped.iter().map(|s| (s.id.as_str(), s.reason.as_str())).collect();
+        assert_eq!(reasons.len(), 2);
+        assert!(reasons[0].0 == "vmem" && reasons[0].1.contains("VMEM"), "{reasons:?}");
+        assert!(reasons[1].0 == "flash3" && reasons[1].1.contains("flash-attention-3"), "{reasons:?}");
+        assert_eq!((v.summary.rows, v.summary.predicted, v.summary.skipped), (3, 1, 2));
+        assert!(v.to_table().contains("vmem") && v.to_csv().contains("flash3"));
+    }
+
+    #[test]
+    fn a_reversed_ranking_is_reported() {
+        // two tilings of one workload whose measured order is the opposite of the predicted one
+        let text = format!(
+            "{HEADER}\n\
+             small,v5e,pallas-matmul,,,4096,4096,4096,128,128,128,0.5\n\
+             big,v5e,pallas-matmul,,,4096,4096,4096,512,1024,1024,5.0\n"
+        );
+        let file = parse(&text, "t.csv", &[]).unwrap();
+        let v = validate(&file, &ChipSet::default());
+        assert_eq!(v.groups.len(), 1);
+        assert_eq!(v.groups[0].kendall_tau, Some(-1.0));
+        assert!(!v.groups[0].ranking_matches);
+        assert_eq!(v.summary.groups_ranking_matches, 0);
+        assert!(v.to_table().contains("RANKING DIFFERS"));
+    }
+}

@@ -215,11 +215,18 @@ impl SimResult {
         self.busy.named().iter().map(|&(n, c)| (n, if self.cycles > 0.0 { c / self.cycles } else { 0.0 })).collect()
     }
 
-    /// The unit that bounds the run: the one with the largest share of the critical path
-    /// ([`SimResult::critical`]). A unit can bound a run by throughput (busy all the time) or
-    /// by latency (e.g. MXU fill and drain in short steps, DMA latency with small blocks).
+    /// The unit that bounds the run: the one with the largest of its busy time (a throughput
+    /// bound: the run cannot be shorter) and its share of the critical path
+    /// ([`SimResult::critical`]: a latency bound, e.g. MXU fill and drain in short steps or DMA
+    /// latency with small blocks).
     pub fn bottleneck(&self) -> &'static str {
-        self.critical.named().iter().fold(("none", 0.0), |best, &(n, c)| if c > best.1 { (n, c) } else { best }).0
+        let busy = self.busy.named();
+        let crit = self.critical.named();
+        busy.iter()
+            .zip(crit.iter())
+            .map(|(&(n, b), &(_, c))| (n, b.max(c)))
+            .fold(("none", 0.0), |best, (n, c)| if c > best.1 { (n, c) } else { best })
+            .0
     }
 }
 

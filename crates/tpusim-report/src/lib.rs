@@ -331,7 +331,7 @@ impl Report {
         );
         let crit = self.critical_path_ms.get(&self.bottleneck).copied().unwrap_or(0.0);
         let busy = self.utilization.get(&self.bottleneck).copied().unwrap_or(0.0);
-        let how = if busy >= 0.5 { "throughput" } else { "latency" };
+        let how = if busy * self.latency_ms >= crit { "throughput" } else { "latency" };
         let _ = writeln!(
             s,
             "  bound by     {} ({how}: {:.0}% of the critical path, busy {:.0}% of the run)",

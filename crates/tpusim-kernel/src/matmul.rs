@@ -39,6 +39,34 @@ impl MatmulConfig {
     }
 }
 
+impl MatmulConfig {
+    /// Default blocks for a chip: the first of 1024 x 1024 x 1024, 512 x 1024 x 1024 (the
+    /// tutorial's fastest on v5e), 512 x 512 x 512, 256 x 256 x 256 and 128 x 128 x 128 (each
+    /// clamped to the sizes) whose buffers fit the chip's scoped VMEM limit. Larger blocks raise
+    /// the arithmetic intensity per step, which v6e's MXU-to-HBM ratio needs.
+    pub fn defaults_for_chip(mm: &MatmulCall, chip: &ChipModel) -> Self {
+        let limit = chip.vmem_limit_bytes();
+        let candidates = [(1024, 1024, 1024), (512, 1024, 1024), (512, 512, 512), (256, 256, 256), (128, 128, 128)];
+        let pick = |(m, n, k): (u64, u64, u64)| MatmulConfig {
+            block_m: mm.m.next_multiple_of(8).min(m),
+            block_n: mm.n.next_multiple_of(128).min(n),
+            block_k: mm.k.next_multiple_of(128).min(k),
+            vmem_limit_bytes: None,
+        };
+        candidates
+            .iter()
+            .map(|&c| pick(c))
+            .find(|c| vmem_bytes(c) <= limit)
+            .unwrap_or_else(|| pick((128, 128, 128)))
+    }
+}
+
+/// VMEM the matmul's buffers need, bytes (double-buffered x, y, o; f32 accumulator and dot result).
+fn vmem_bytes(c: &MatmulConfig) -> u64 {
+    let (bm, bn, bk) = (c.block_m, c.block_n, c.block_k);
+    2 * bm * bk * 2 + 2 * bk * bn * 2 + 2 * bm * bn * 2 + bm * bn * 4 + bm * bn * 4
+}
+
 #[derive(Debug, Clone)]
 pub(crate) struct Steps {
     nm: u64,

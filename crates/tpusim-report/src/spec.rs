@@ -203,7 +203,7 @@ impl JobSpec {
                 };
                 let workload = MatmulCall { m, n, k };
                 workload.validate().map_err(|e| SpecError(e.to_string()))?;
-                let d = MatmulConfig::defaults_for(&workload);
+                let d = MatmulConfig::defaults_for_chip(&workload, chip);
                 let config = MatmulConfig {
                     block_m: self.block_m.unwrap_or(d.block_m),
                     block_n: self.block_n.unwrap_or(d.block_n),

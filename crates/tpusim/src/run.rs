@@ -149,6 +149,17 @@ pub struct RunArgs {
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Table)]
     pub format: Format,
+    /// Also write the simulated execution as a Chrome trace (open in Perfetto or
+    /// chrome://tracing): one track per unit, one event per tile operation, DMA and step
+    /// overhead, with head, q block, kv block and tile kind as arguments.
+    #[arg(long, value_name = "FILE.json")]
+    pub timeline: Option<String>,
+    /// Only grid steps START..END (END exclusive) in the timeline, e.g. 0:16.
+    #[arg(long, value_name = "START:END", requires = "timeline")]
+    pub timeline_steps: Option<String>,
+    /// Only the steps of one batch x head index (grid coordinate 0) in the timeline.
+    #[arg(long, value_name = "H", requires = "timeline")]
+    pub timeline_head: Option<u32>,
 }
 
 impl RunArgs {
@@ -198,10 +209,38 @@ pub fn report(spec: &JobSpec) -> Result<Report, InputError> {
 }
 
 pub fn cmd_run(a: &RunArgs) -> Result<String, InputError> {
-    let rep = report(&a.spec()?)?;
+    let Some(path) = &a.timeline else {
+        let rep = report(&a.spec()?)?;
+        return Ok(match a.format {
+            Format::Json => rep.to_json(),
+            Format::Table => rep.to_table(),
+        });
+    };
+    let window = tpusim_plot::timeline::Window {
+        steps: a.timeline_steps.as_deref().map(|s| tpusim_plot::timeline::Window::parse_steps(s, "--timeline-steps")).transpose()?,
+        head: a.timeline_head,
+    };
+    let spec = a.spec()?;
+    let chip = spec.chip()?;
+    let job = spec.build(&chip)?;
+    let r = run(&chip, &job)?;
+    let sum = tpusim_plot::timeline::write_chrome_trace(&r, &window, std::path::Path::new(path), "--timeline")?;
+    let rep = Report::from_run(&r);
     Ok(match a.format {
         Format::Json => rep.to_json(),
-        Format::Table => rep.to_table(),
+        Format::Table => {
+            let steps = match sum.step_range {
+                Some((f, l)) => format!("steps {f} to {l}"),
+                None => "no steps".into(),
+            };
+            format!(
+                "{}\n  timeline     {path}: {} events, {} of {} grid steps ({steps}); open in Perfetto or chrome://tracing\n",
+                rep.to_table().trim_end(),
+                sum.events,
+                sum.steps,
+                sum.run_steps
+            )
+        }
     })
 }
 

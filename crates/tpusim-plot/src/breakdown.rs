@@ -1,0 +1,171 @@
+//! Stacked bars of busy time per unit (MXU, VPU, EUP, XLU, HBM DMA, step control) for several
+//! jobs side by side, each with its latency marked. Busy times come from the report
+//! (`busy_ms`); units run concurrently, so a stack is total work, not elapsed time.
+
+use crate::jobs::{describe, JobRun};
+use crate::style::{self, Sizes};
+use crate::{draw_err, sig3, Figure, PlotError};
+use plotters::coord::Shift;
+use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
+
+/// Units stacked, bottom to top, with legend names.
+pub const UNITS: [(&str, &str); 6] = [
+    ("mxu", "MXU"),
+    ("vpu", "VPU"),
+    ("eup", "EUP"),
+    ("xlu", "XLU"),
+    ("hbm", "HBM DMA"),
+    ("step_control", "step control"),
+];
+
+/// One bar.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Bar {
+    /// Label under the bar.
+    pub label: String,
+    /// Busy ms per unit, in [`UNITS`] order.
+    pub busy_ms: Vec<f64>,
+    /// Latency, ms.
+    pub latency_ms: f64,
+    /// Bounding unit.
+    pub bottleneck: String,
+}
+
+/// The breakdown figure.
+#[derive(Debug, Clone)]
+pub struct BreakdownFigure {
+    /// Title.
+    pub title: String,
+    /// Bars in order.
+    pub bars: Vec<Bar>,
+    /// Footnotes (job descriptions).
+    pub notes: Vec<String>,
+}
+
+impl BreakdownFigure {
+    /// Bars from runs.
+    pub fn from_runs(runs: &[JobRun], title: Option<&str>) -> Self {
+        let bars = runs
+            .iter()
+            .map(|r| Bar {
+                label: r.label.clone(),
+                busy_ms: UNITS.iter().map(|(k, _)| r.report.busy_ms.get(*k).copied().unwrap_or(0.0)).collect(),
+                latency_ms: r.report.latency_ms,
+                bottleneck: r.report.bottleneck.clone(),
+            })
+            .collect();
+        BreakdownFigure {
+            title: title.unwrap_or("Busy time per unit").to_string(),
+            bars,
+            notes: runs.iter().map(describe).collect(),
+        }
+    }
+}
+
+impl Figure for BreakdownFigure {
+    fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> Result<(), PlotError>
+    where
+        DB::ErrorType: 'static,
+    {
+        let s = Sizes::for_height(root.dim_in_pixel().1);
+        let sub = "Stacked busy time per unit from the simulation; units run concurrently, so a stack can exceed the latency (black line).";
+        let area = style::frame(root, &self.title, sub, &self.notes)?;
+        let n = self.bars.len().max(1);
+        let top = self
+            .bars
+            .iter()
+            .map(|b| b.busy_ms.iter().sum::<f64>().max(b.latency_ms))
+            .fold(0.0f64, f64::max)
+            .max(1e-9)
+            * 1.12;
+        let (area_w, _) = area.dim_in_pixel();
+        let legend_w = (s.tick * 9.5) as u32;
+        let (chart_area, legend_area) = area.split_horizontally(area_w - legend_w);
+        let mut chart = ChartBuilder::on(&chart_area)
+            .margin_right((s.tick) as u32)
+            .x_label_area_size((s.label * 3.2) as u32)
+            .y_label_area_size((s.label * 4.0) as u32)
+            .build_cartesian_2d(-0.5f64..(n as f64 - 0.5), 0f64..top)
+            .map_err(draw_err)?;
+        chart
+            .configure_mesh()
+            .disable_x_mesh()
+            .x_labels(0)
+            .y_desc("busy time (ms)")
+            .axis_desc_style(style::font(s.label))
+            .label_style(style::font(s.tick))
+            .y_label_formatter(&|v| style::tick_label(*v))
+            .light_line_style(WHITE)
+            .bold_line_style(style::LIGHT_GREY)
+            .draw()
+            .map_err(draw_err)?;
+        let plot = chart.plotting_area();
+        let half = 0.3;
+        for (i, b) in self.bars.iter().enumerate() {
+            let x = i as f64;
+            let mut y = 0.0;
+            for (u, &v) in b.busy_ms.iter().enumerate() {
+                if v <= 0.0 {
+                    continue;
+                }
+                let c = style::unit_color(UNITS[u].0);
+                plot.draw(&Rectangle::new([(x - half, y), (x + half, y + v)], c.filled())).map_err(draw_err)?;
+                plot.draw(&Rectangle::new([(x - half, y), (x + half, y + v)], WHITE.stroke_width(1))).map_err(draw_err)?;
+                // Label the segment when it is tall enough to hold text.
+                let (p0, p1) = (plot.map_coordinate(&(x, y)), plot.map_coordinate(&(x, y + v)));
+                if (p0.1 - p1.1) as f64 > s.tick * 1.3 {
+                    let txt = format!("{} {}", UNITS[u].1, sig3(v));
+                    let fg = if matches!(UNITS[u].0, "vpu" | "hbm" | "step_control" | "xlu") { BLACK } else { WHITE };
+                    // Keep the label off the latency line: move it above or below, or drop it.
+                    let lat_py = plot.map_coordinate(&(x, b.latency_ms)).1;
+                    let half_h = (s.tick * 0.55) as i32;
+                    let mut ly = (p0.1 + p1.1) / 2;
+                    if (ly - lat_py).abs() <= half_h + 3 {
+                        let above = lat_py - half_h - 5;
+                        let below = lat_py + half_h + 5;
+                        ly = if above - half_h > p1.1 { above } else if below + half_h < p0.1 { below } else { i32::MIN };
+                    }
+                    if ly != i32::MIN {
+                        style::centered(root, &txt, (p0.0, ly), &style::font_c(s.tick * 0.9, fg))?;
+                    }
+                }
+                y += v;
+            }
+            // Latency marker.
+            let l = b.latency_ms;
+            plot.draw(&PathElement::new(vec![(x - half - 0.06, l), (x + half + 0.06, l)], BLACK.stroke_width(4))).map_err(draw_err)?;
+            let p = plot.map_coordinate(&(x + half + 0.07, l));
+            let st = style::font(s.tick * 0.95).pos(Pos::new(HPos::Left, VPos::Center));
+            root.draw(&Text::new(format!("{} ms", sig3(l)), p, st)).map_err(draw_err)?;
+            let tot = plot.map_coordinate(&(x, y));
+            let st = style::font_c(s.tick * 0.9, style::DARK_GREY).pos(Pos::new(HPos::Center, VPos::Bottom));
+            root.draw(&Text::new(format!("sum {} ms", sig3(y)), (tot.0, tot.1 - 4), st)).map_err(draw_err)?;
+            // Label under the bar: name, then the bound.
+            let base = plot.map_coordinate(&(x, 0.0));
+            let st = style::font(s.label).pos(Pos::new(HPos::Center, VPos::Top));
+            root.draw(&Text::new(b.label.clone(), (base.0, base.1 + (s.tick * 0.6) as i32), st)).map_err(draw_err)?;
+            let st = style::font_c(s.tick, style::DARK_GREY).pos(Pos::new(HPos::Center, VPos::Top));
+            root.draw(&Text::new(format!("bound by {}", b.bottleneck), (base.0, base.1 + (s.tick * 0.6 + s.label * 1.3) as i32), st))
+                .map_err(draw_err)?;
+        }
+        // Legend: top of the right column, top unit first (stack order).
+        let st = style::font(s.tick).pos(Pos::new(HPos::Left, VPos::Center));
+        let sq = (s.tick * 0.9) as i32;
+        let mut yy = (s.tick * 1.5) as i32;
+        let x0 = (s.tick * 0.5) as i32;
+        legend_area
+            .draw(&Text::new("unit", (x0, yy), style::font(s.label).pos(Pos::new(HPos::Left, VPos::Center))))
+            .map_err(draw_err)?;
+        yy += (s.label * 1.5) as i32;
+        for (k, name) in UNITS.iter().rev() {
+            let c = style::unit_color(k);
+            legend_area.draw(&Rectangle::new([(x0, yy - sq / 2), (x0 + sq, yy + sq / 2)], c.filled())).map_err(draw_err)?;
+            legend_area.draw(&Text::new(name.to_string(), (x0 + sq + 8, yy), st.clone())).map_err(draw_err)?;
+            yy += (s.tick * 1.6) as i32;
+        }
+        legend_area.draw(&PathElement::new(vec![(x0, yy), (x0 + sq, yy)], BLACK.stroke_width(4))).map_err(draw_err)?;
+        legend_area.draw(&Text::new("latency", (x0 + sq + 8, yy), st)).map_err(draw_err)?;
+        Ok(())
+    }
+}

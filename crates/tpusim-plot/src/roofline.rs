@@ -1,0 +1,302 @@
+//! Roofline: arithmetic intensity (FLOP per HBM byte) against achieved FLOP/s, log-log, with
+//! the chip's roofs and each workload's own ceilings.
+//!
+//! Formulas (all from the chip model and the simulation; nothing is fitted here):
+//!
+//! * **HBM roof**: FLOP/s = intensity x sustained bandwidth, sustained bandwidth = peak GB/s x
+//!   `hbm_efficiency` ([`tpusim_chip::ChipModel::hbm_bytes_per_cycle`] x clock);
+//! * **MXU peak**: 2 x MXUs x rows x columns x passes per cycle x clock
+//!   ([`tpusim_chip::ChipModel::peak_flops`]);
+//! * **MXU ceiling at head_dim** (attention): QK^T contracts over d, so a weight tile uses
+//!   e_qk = d / (rows x ceil(d / rows)) of the array's rows; PV produces dv columns, so it uses
+//!   e_pv = dv / (columns x ceil(dv / columns)) of its columns. The two matmuls do equal FLOPs
+//!   when d = dv; in general the ceiling is peak x (F_qk + F_pv) / (F_qk / e_qk + F_pv / e_pv)
+//!   with F_qk : F_pv = d : dv. For d = dv = 128 on 256 x 256 arrays: half the peak;
+//! * **softmax ceiling** of a workload: the FLOP rate at which the vector work per score equals
+//!   the matmul work per score: FLOPs per score 2 (d + dv) over VPU cycles per score, times the
+//!   clock, i.e. executed FLOPs / (VPU busy cycles / clock) from the simulation (the VPU work of
+//!   the lowering: softmax, mask ops, accumulator update). The EUP ceiling is computed the same
+//!   way; the lower of the two is drawn and named.
+//!
+//! A workload's point is (executed FLOPs / HBM bytes, executed FLOPs / latency).
+
+use crate::jobs::{describe, JobRun};
+use crate::style::{self, Sizes, DARK_GREY};
+use crate::{draw_err, sig3, Figure, PlotError};
+use plotters::coord::Shift;
+use plotters::element::DashedPathElement;
+use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
+use tpusim_chip::ChipModel;
+use tpusim_report::Job;
+
+/// Roofs of one chip.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChipRoofs {
+    /// Chip name.
+    pub chip: String,
+    /// MXU peak, FLOP/s.
+    pub peak: f64,
+    /// Sustained HBM bandwidth, bytes/s.
+    pub bw: f64,
+    /// Peak HBM bandwidth, GB/s, and efficiency (for the label).
+    pub bw_peak_gbs: f64,
+    /// Fitted HBM efficiency.
+    pub efficiency: f64,
+    /// MXU array rows and columns.
+    pub rows_cols: (u64, u64),
+}
+
+impl ChipRoofs {
+    /// Roofs of a chip model.
+    pub fn of(chip: &ChipModel) -> Self {
+        ChipRoofs {
+            chip: chip.name.clone(),
+            peak: chip.peak_flops(),
+            bw: chip.hbm_bytes_per_cycle() * chip.clock_hz(),
+            bw_peak_gbs: chip.hbm.bandwidth_gb_per_s.value,
+            efficiency: chip.fitted.hbm_efficiency.value,
+            rows_cols: (chip.mxu.rows.value as u64, chip.mxu.columns.value as u64),
+        }
+    }
+}
+
+/// Fraction of the MXU peak that attention matmuls can reach at head dims `d` (QK^T contraction)
+/// and `dv` (PV output columns) on `rows` x `cols` arrays (module docs).
+pub fn mxu_head_dim_fraction(d: u64, dv: u64, rows: u64, cols: u64) -> f64 {
+    let e_qk = d as f64 / (rows * d.div_ceil(rows)) as f64;
+    let e_pv = dv as f64 / (cols * dv.div_ceil(cols)) as f64;
+    let (f_qk, f_pv) = (d as f64, dv as f64);
+    (f_qk + f_pv) / (f_qk / e_qk + f_pv / e_pv)
+}
+
+/// One workload's point and ceilings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Point {
+    /// Legend label.
+    pub label: String,
+    /// Chip it ran on.
+    pub chip: String,
+    /// FLOP per HBM byte.
+    pub intensity: f64,
+    /// Achieved FLOP/s.
+    pub achieved: f64,
+    /// MFU (achieved / peak).
+    pub mfu: f64,
+    /// MXU ceiling at the workload's head dims, FLOP/s (attention only).
+    pub mxu_head_dim: Option<(u64, f64)>,
+    /// Softmax ceiling: (unit that sets it, FLOP/s).
+    pub softmax: Option<(&'static str, f64)>,
+}
+
+impl Point {
+    /// The point and ceilings of a run (module docs for the formulas).
+    pub fn of(r: &JobRun) -> Self {
+        let res = &r.run.result;
+        let chip = &r.run.chip;
+        let clock = chip.clock_hz();
+        let ceiling = |busy: f64| (busy > 0.0).then(|| res.flops / (busy / clock));
+        let vpu = ceiling(res.busy.vpu);
+        let eup = ceiling(res.busy.eup);
+        let softmax = match (vpu, eup) {
+            (Some(v), Some(e)) if e < v => Some(("EUP", e)),
+            (Some(v), _) => Some(("VPU", v)),
+            (None, Some(e)) => Some(("EUP", e)),
+            (None, None) => None,
+        };
+        let mxu_head_dim = match &r.run.job {
+            Job::Splash { workload: w, .. } => Some((
+                w.head_dim,
+                chip.peak_flops() * mxu_head_dim_fraction(w.head_dim, w.head_dim_v, chip.mxu.rows.value as u64, chip.mxu.columns.value as u64),
+            )),
+            Job::Matmul { .. } => None,
+        };
+        Point {
+            label: r.label.clone(),
+            chip: chip.name.clone(),
+            intensity: if res.hbm_bytes > 0 { res.flops / res.hbm_bytes as f64 } else { 0.0 },
+            achieved: res.flops / res.seconds.max(f64::MIN_POSITIVE),
+            mfu: r.report.mfu,
+            mxu_head_dim,
+            softmax: if matches!(r.run.job, Job::Splash { .. }) { softmax } else { None },
+        }
+    }
+}
+
+/// The roofline figure.
+#[derive(Debug, Clone)]
+pub struct RooflineFigure {
+    /// Title.
+    pub title: String,
+    /// Roofs per distinct chip.
+    pub roofs: Vec<ChipRoofs>,
+    /// Workloads.
+    pub points: Vec<Point>,
+    /// Footnotes.
+    pub notes: Vec<String>,
+}
+
+impl RooflineFigure {
+    /// A roofline of runs.
+    ///
+    /// # Errors
+    /// [`PlotError`] when no run moved any HBM byte (no intensity to plot).
+    pub fn from_runs(runs: &[JobRun], title: Option<&str>) -> Result<Self, PlotError> {
+        let mut roofs: Vec<ChipRoofs> = Vec::new();
+        for r in runs {
+            let c = ChipRoofs::of(&r.run.chip);
+            if !roofs.iter().any(|x| x.chip == c.chip) {
+                roofs.push(c);
+            }
+        }
+        let points: Vec<Point> = runs.iter().map(Point::of).collect();
+        if points.iter().all(|p| p.intensity <= 0.0) {
+            return Err(PlotError("roofline: no job moved HBM bytes, so there is no arithmetic intensity to plot".into()));
+        }
+        let chips = roofs.iter().map(|r| r.chip.as_str()).collect::<Vec<_>>().join(", ");
+        let mut notes = vec![
+            "Roofs: HBM = peak bandwidth x fitted efficiency; MXU peak = 2 x MXUs x rows x columns x passes x clock.".to_string(),
+            "MXU ceiling at head_dim: peak x (d + dv) / (d / e_qk + dv / e_pv), e_qk = d / (rows ceil(d/rows)), e_pv = dv / (cols ceil(dv/cols)).".to_string(),
+            "Softmax ceiling (dashed, per workload): executed FLOPs / VPU busy time = 2(d+dv) FLOP per score / VPU cycles per score x clock (EUP likewise; lower drawn)."
+                .to_string(),
+        ];
+        notes.extend(runs.iter().map(describe));
+        Ok(RooflineFigure { title: title.map(str::to_string).unwrap_or_else(|| format!("Roofline on {chips}")), roofs, points, notes })
+    }
+}
+
+impl Figure for RooflineFigure {
+    fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> Result<(), PlotError>
+    where
+        DB::ErrorType: 'static,
+    {
+        let s = Sizes::for_height(root.dim_in_pixel().1);
+        let sub = "Achieved FLOP/s against arithmetic intensity (executed matmul FLOPs per HBM byte), with the chip's roofs and each workload's ceilings";
+        let area = style::frame(root, &self.title, sub, &self.notes)?;
+        let t = 1e12;
+        // Ranges: around the points, ceilings and ridges, with room on the right for labels.
+        let ridges: Vec<f64> = self.roofs.iter().map(|r| r.peak / r.bw).collect();
+        let ai: Vec<f64> = self.points.iter().map(|p| p.intensity).filter(|v| *v > 0.0).collect();
+        let xmin = ai.iter().chain(&ridges).copied().fold(f64::INFINITY, f64::min);
+        let xmax = ai.iter().chain(&ridges).copied().fold(0.0f64, f64::max);
+        let xlo = 10f64.powf((xmin / 5.0).log10().floor());
+        let xhi = 10f64.powf((xmax * 8.0).log10().ceil());
+        let peak_max = self.roofs.iter().map(|r| r.peak).fold(0.0f64, f64::max);
+        let ys = self
+            .points
+            .iter()
+            .flat_map(|p| [Some(p.achieved), p.softmax.map(|s| s.1), p.mxu_head_dim.map(|m| m.1)])
+            .flatten()
+            .chain(self.roofs.iter().map(|r| r.peak));
+        let ymin = ys.fold(f64::INFINITY, f64::min);
+        let ylo = ymin / 2.5 / t;
+        let yhi = peak_max * 1.6 / t;
+        let mut chart = ChartBuilder::on(&area)
+            .margin_right((s.tick * 1.5) as u32)
+            .x_label_area_size((s.label * 3.2) as u32)
+            .y_label_area_size((s.label * 4.0) as u32)
+            .build_cartesian_2d(
+                (xlo..xhi).log_scale().with_key_points(style::log_ticks(xlo, xhi)),
+                (ylo..yhi).log_scale().with_key_points(style::log_ticks(ylo, yhi)),
+            )
+            .map_err(draw_err)?;
+        chart
+            .configure_mesh()
+            .x_desc("arithmetic intensity (FLOP per HBM byte)")
+            .y_desc("achieved compute (TFLOP/s)")
+            .axis_desc_style(style::font(s.label))
+            .label_style(style::font(s.tick))
+            .x_label_formatter(&|v| style::tick_label(*v))
+            .y_label_formatter(&|v| style::tick_label(*v))
+            .bold_line_style(style::LIGHT_GREY)
+            .light_line_style(WHITE)
+            .draw()
+            .map_err(draw_err)?;
+        let plot = chart.plotting_area();
+        // Right-aligned labels on horizontal lines, spread so they do not overlap.
+        let mut right_labels: Vec<(String, f64, RGBColor)> = Vec::new();
+        for (i, r) in self.roofs.iter().enumerate() {
+            let ridge = ridges[i];
+            let roof = BLACK.stroke_width(3);
+            let xs = xlo.max(ylo * t / r.bw);
+            plot.draw(&PathElement::new(vec![(xs, xs * r.bw / t), (ridge, r.peak / t), (xhi, r.peak / t)], roof)).map_err(draw_err)?;
+            let chip = if self.roofs.len() > 1 { format!("{} ", r.chip) } else { String::new() };
+            right_labels.push((format!("{chip}MXU peak {} TFLOP/s (ridge at {} FLOP/B)", sig3(r.peak / t), sig3(ridge)), r.peak / t, BLACK));
+            // HBM label below the slope, near its foot (clear of the workloads' labels).
+            let lx = xs * (ridge / xs).powf(0.12);
+            let p = plot.map_coordinate(&(lx, lx * r.bw / t));
+            let st = style::font(s.tick).pos(Pos::new(HPos::Left, VPos::Top));
+            style::boxed(
+                root,
+                &format!("{chip}HBM roof: {} GB/s sustained ({} GB/s x {})", sig3(r.bw / 1e9), sig3(r.bw_peak_gbs), r.efficiency),
+                (p.0 + 12, p.1 + 4),
+                &st,
+            )?;
+        }
+        // MXU ceilings at head_dim (one per distinct (chip, d, value)).
+        let mut seen: Vec<(String, u64)> = Vec::new();
+        for p in &self.points {
+            let Some((d, v)) = p.mxu_head_dim else { continue };
+            if seen.contains(&(p.chip.clone(), d)) || (v - self.roofs.iter().find(|r| r.chip == p.chip).map_or(0.0, |r| r.peak)).abs() < 1.0 {
+                continue;
+            }
+            seen.push((p.chip.clone(), d));
+            let bw = self.roofs.iter().find(|r| r.chip == p.chip).map_or(1.0, |r| r.bw);
+            let x0 = (v / bw).max(xlo);
+            plot.draw(&DashedPathElement::new(vec![(x0, v / t), (xhi, v / t)], 10, 6, DARK_GREY.stroke_width(2))).map_err(draw_err)?;
+            let chip = if self.roofs.len() > 1 { format!("{} ", p.chip) } else { String::new() };
+            right_labels.push((format!("{chip}MXU ceiling at head_dim {d}: {} TFLOP/s", sig3(v / t)), v / t, DARK_GREY));
+        }
+        // Workloads: softmax ceilings (dashed, own colour) and points.
+        let mut left_labels: Vec<(String, (f64, f64), RGBColor)> = Vec::new();
+        for (i, p) in self.points.iter().enumerate() {
+            let c = style::series(i);
+            if let Some((unit, v)) = p.softmax {
+                let bw = self.roofs.iter().find(|r| r.chip == p.chip).map_or(1.0, |r| r.bw);
+                let x0 = (v / bw).max(xlo);
+                plot.draw(&DashedPathElement::new(vec![(x0, v / t), (xhi, v / t)], 6, 5, c.stroke_width(2))).map_err(draw_err)?;
+                right_labels.push((format!("{}: softmax ceiling ({unit}) {} TFLOP/s", p.label, sig3(v / t)), v / t, c));
+            }
+            if p.intensity > 0.0 {
+                plot.draw(&Circle::new((p.intensity, p.achieved / t), 8, c.filled())).map_err(draw_err)?;
+                plot.draw(&Circle::new((p.intensity, p.achieved / t), 8, BLACK.stroke_width(1))).map_err(draw_err)?;
+                left_labels.push((
+                    format!("{}: {} TFLOP/s, {:.0}% MFU", p.label, sig3(p.achieved / t), p.mfu * 100.0),
+                    (p.intensity, p.achieved / t),
+                    c,
+                ));
+            }
+        }
+        let gap = (s.tick * 1.25) as i32;
+        let x_right = plot.map_coordinate(&(xhi, 1.0)).0 - 6;
+        let wanted: Vec<i32> = right_labels.iter().map(|(_, y, _)| plot.map_coordinate(&(xhi, *y)).1 - (s.tick * 0.7) as i32).collect();
+        for ((txt, _, c), y) in right_labels.iter().zip(style::spread(&wanted, gap)) {
+            let st = style::font_c(s.tick, *c).pos(Pos::new(HPos::Right, VPos::Center));
+            style::boxed(root, txt, (x_right, y), &st)?;
+        }
+        let wanted: Vec<i32> = left_labels.iter().map(|(_, xy, _)| plot.map_coordinate(xy).1).collect();
+        for ((txt, xy, c), y) in left_labels.iter().zip(style::spread(&wanted, gap)) {
+            let px = plot.map_coordinate(xy);
+            let st = style::font_c(s.tick, *c).pos(Pos::new(HPos::Right, VPos::Center));
+            style::boxed(root, txt, (px.0 - 14, y), &st)?;
+            if (y - px.1).abs() > 3 {
+                root.draw(&PathElement::new(vec![(px.0 - 12, y), (px.0 - 8, px.1)], c.stroke_width(1))).map_err(draw_err)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn head_dim_fraction() {
+        assert!((mxu_head_dim_fraction(128, 128, 256, 256) - 0.5).abs() < 1e-12);
+        assert!((mxu_head_dim_fraction(256, 256, 256, 256) - 1.0).abs() < 1e-12);
+        assert!((mxu_head_dim_fraction(128, 128, 128, 128) - 1.0).abs() < 1e-12);
+        // 320 = 256 + 64 on 256 rows: 320 / 512.
+        assert!((mxu_head_dim_fraction(320, 320, 256, 256) - 0.625).abs() < 1e-12);
+    }
+}

@@ -1,0 +1,194 @@
+//! CSV input for the data-driven figures (sweep, heatmap, validation): a header row, then one
+//! row per record; columns are chosen by name. RFC 4180 quoting (fields in double quotes may hold
+//! commas and doubled quotes); blank lines and lines starting with `#` are skipped.
+
+use crate::PlotError;
+
+/// A CSV file read into memory.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Table {
+    /// Path it was read from (for error messages).
+    pub path: String,
+    /// Column names from the header row.
+    pub header: Vec<String>,
+    /// Records as (line number in the file, fields).
+    pub rows: Vec<(usize, Vec<String>)>,
+}
+
+/// Splits one CSV line into fields.
+fn split_line(line: &str) -> Result<Vec<String>, String> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    let mut chars = line.chars().peekable();
+    let mut quoted = false;
+    let mut at_start = true;
+    while let Some(c) = chars.next() {
+        if quoted {
+            if c == '"' {
+                if chars.peek() == Some(&'"') {
+                    cur.push('"');
+                    chars.next();
+                } else {
+                    quoted = false;
+                }
+            } else {
+                cur.push(c);
+            }
+        } else if c == '"' && at_start {
+            quoted = true;
+            at_start = false;
+        } else if c == ',' {
+            out.push(std::mem::take(&mut cur).trim().to_string());
+            at_start = true;
+        } else {
+            if !c.is_whitespace() {
+                at_start = false;
+            }
+            cur.push(c);
+        }
+    }
+    if quoted {
+        return Err("unterminated quoted field".into());
+    }
+    out.push(cur.trim().to_string());
+    Ok(out)
+}
+
+impl Table {
+    /// Parses CSV text.
+    ///
+    /// # Errors
+    /// [`PlotError`] naming `flag`, the path and the line for an empty file, an unterminated
+    /// quote or a row with more fields than the header.
+    pub fn parse(text: &str, path: &str, flag: &str) -> Result<Self, PlotError> {
+        let mut header: Option<Vec<String>> = None;
+        let mut rows = Vec::new();
+        for (i, raw) in text.lines().enumerate() {
+            let line = raw.trim_end_matches('\r');
+            if line.trim().is_empty() || line.trim_start().starts_with('#') {
+                continue;
+            }
+            let fields = split_line(line).map_err(|e| PlotError(format!("{flag} {path} line {}: {e}", i + 1)))?;
+            match &header {
+                None => header = Some(fields),
+                Some(h) => {
+                    if fields.len() > h.len() {
+                        return Err(PlotError(format!(
+                            "{flag} {path} line {}: {} fields but the header has {} columns",
+                            i + 1,
+                            fields.len(),
+                            h.len()
+                        )));
+                    }
+                    rows.push((i + 1, fields));
+                }
+            }
+        }
+        let header = header.ok_or_else(|| PlotError(format!("{flag} {path}: empty file (expected a CSV header row)")))?;
+        Ok(Table { path: path.to_string(), header, rows })
+    }
+
+    /// Reads and parses a CSV file.
+    ///
+    /// # Errors
+    /// [`PlotError`] naming `flag` and the path when the file cannot be read or parsed.
+    pub fn read(path: &str, flag: &str) -> Result<Self, PlotError> {
+        let text = std::fs::read_to_string(path).map_err(|e| PlotError(format!("{flag} {path}: cannot read: {e}")))?;
+        Self::parse(&text, path, flag)
+    }
+
+    /// Index of the column `name`, chosen by `flag`.
+    ///
+    /// # Errors
+    /// [`PlotError`] naming the flag, the column, the file and the columns it has.
+    pub fn col(&self, name: &str, flag: &str) -> Result<usize, PlotError> {
+        self.header.iter().position(|h| h == name).ok_or_else(|| {
+            PlotError(format!("{flag} {name}: no such column in {} (columns: {})", self.path, self.header.join(", ")))
+        })
+    }
+
+    /// Whether the table has a column.
+    pub fn has(&self, name: &str) -> bool {
+        self.header.iter().any(|h| h == name)
+    }
+
+    /// The field of a row (empty when the row is short).
+    pub fn get<'a>(&self, row: &'a [String], col: usize) -> &'a str {
+        row.get(col).map(String::as_str).unwrap_or("")
+    }
+
+    /// The numeric value of a field: `Ok(None)` when the field is empty.
+    ///
+    /// # Errors
+    /// [`PlotError`] naming the file, line and column when the field is not a number.
+    pub fn num(&self, line: usize, row: &[String], col: usize) -> Result<Option<f64>, PlotError> {
+        let s = self.get(row, col);
+        if s.is_empty() {
+            return Ok(None);
+        }
+        s.parse::<f64>().map(Some).map_err(|_| {
+            PlotError(format!("{} line {line}: column {} = {s:?} is not a number", self.path, self.header[col]))
+        })
+    }
+
+    /// Rows passing every `COL=VALUE` filter (string equality, or numeric equality when both
+    /// sides are numbers).
+    ///
+    /// # Errors
+    /// [`PlotError`] naming `--where` for a filter without `=` or naming an unknown column.
+    pub fn filtered(&self, filters: &[String]) -> Result<Vec<(usize, &[String])>, PlotError> {
+        let mut fs = Vec::new();
+        for f in filters {
+            let (k, v) = f
+                .split_once('=')
+                .ok_or_else(|| PlotError(format!("--where {f}: expected COLUMN=VALUE, e.g. traversal=compact")))?;
+            fs.push((self.col(k.trim(), "--where")?, v.trim().to_string()));
+        }
+        Ok(self
+            .rows
+            .iter()
+            .filter(|(_, r)| {
+                fs.iter().all(|(c, v)| {
+                    let got = self.get(r, *c);
+                    got == v || matches!((got.parse::<f64>(), v.parse::<f64>()), (Ok(a), Ok(b)) if a == b)
+                })
+            })
+            .map(|(l, r)| (*l, r.as_slice()))
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_quotes_and_comments() {
+        let t = Table::parse("a,b,c\n# note\n1,\"x, y\",\"say \"\"hi\"\"\"\n\n2,3\n", "f.csv", "--input").unwrap();
+        assert_eq!(t.header, vec!["a", "b", "c"]);
+        assert_eq!(t.rows[0].1, vec!["1", "x, y", "say \"hi\""]);
+        assert_eq!(t.rows[1].0, 5);
+        assert_eq!(t.get(&t.rows[1].1, 2), "");
+    }
+
+    #[test]
+    fn errors_name_file_column_and_line() {
+        let t = Table::parse("a,b\n1,zz\n", "f.csv", "--input").unwrap();
+        let e = t.col("c", "--y").unwrap_err().to_string();
+        assert!(e.contains("--y c") && e.contains("f.csv") && e.contains("a, b"), "{e}");
+        let e = t.num(2, &t.rows[0].1, 1).unwrap_err().to_string();
+        assert!(e.contains("line 2") && e.contains("column b"), "{e}");
+        let e = Table::parse("", "f.csv", "--input").unwrap_err().to_string();
+        assert!(e.contains("empty"), "{e}");
+        let e = Table::read("/nonexistent/x.csv", "--input").unwrap_err().to_string();
+        assert!(e.contains("--input /nonexistent/x.csv") && e.contains("cannot read"), "{e}");
+    }
+
+    #[test]
+    fn filters() {
+        let t = Table::parse("a,b\n1,x\n1.0,y\n2,x\n", "f.csv", "--input").unwrap();
+        assert_eq!(t.filtered(&["a=1".into()]).unwrap().len(), 2);
+        assert_eq!(t.filtered(&["b=x".into(), "a=2".into()]).unwrap().len(), 1);
+        assert!(t.filtered(&["q=1".into()]).unwrap_err().to_string().contains("--where q"));
+    }
+}

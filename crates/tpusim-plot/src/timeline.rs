@@ -1,0 +1,617 @@
+//! Timelines: the simulated execution as events on unit tracks, written as Chrome Trace Event
+//! JSON (the format Perfetto and `chrome://tracing` open).
+//!
+//! Events come from the engine's pipeline recursion ([`tpusim_engine::simulate_observed`]) and
+//! the per-class body schedules ([`tpusim_engine::schedule_body`]); nothing is re-modelled here.
+//! For every grid step in the [`Window`]:
+//!
+//! * **step control**: the fixed grid-step overhead, from `overhead_start` for
+//!   `grid_step_overhead_cycles` (the engine's `busy.step_control` is exactly the sum of these);
+//! * **DMA in**: the step's input copy (transfer start to end, after the DMA latency);
+//! * **MXU / VPU / EUP / XLU**: one event per tile operation of the step body, at
+//!   `body_start + op.start` for `op.end - op.start` cycles (its occupancy; the result latency is
+//!   not busy time);
+//! * **DMA out**: the output write-back after the step, if any.
+//!
+//! Per track, the durations of a whole run's events add up to the report's busy time per unit
+//! (`busy_ms`; DMA in + DMA out = `hbm`), so utilisation read off a timeline matches the report.
+//!
+//! JSON: `{"traceEvents": [...], "displayTimeUnit": "ns", "otherData": {...}}`. Process 1 is the
+//! run; threads 1..=7 are the tracks (named by `thread_name` metadata events, ordered by
+//! `thread_sort_index`). Each event is a complete event (`"ph": "X"`) with `ts` and `dur` in
+//! microseconds (cycles / clock), full f64 precision (no rounding, so sums match the report),
+//! `cat` the track key and `args` = `step`, `head` (batch x head index, grid coordinate 0),
+//! `q_block`, `kv_block`, `tile` (`empty` / `partial` / `full`), `masked`, and `bytes` for
+//! DMAs. Matmul programs carry `m_block`, `n_block`, `k_block` instead of head and blocks.
+
+use crate::PlotError;
+use petgraph::graph::NodeIndex;
+use serde::Serialize;
+use std::io::{BufWriter, Write};
+use std::path::Path;
+use tpusim_chip::ChipModel;
+use tpusim_engine::{schedule_body, simulate_observed, BodyTiming, SimResult, StepTiming};
+use tpusim_kernel::{Program, Step, Unit};
+use tpusim_report::Run;
+
+/// A track of the timeline: a unit of the TensorCore, a DMA direction, or step control.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub enum Track {
+    /// Matrix units.
+    Mxu,
+    /// Vector ALUs.
+    Vpu,
+    /// Transcendental unit.
+    Eup,
+    /// Cross-lane units.
+    Xlu,
+    /// HBM -> VMEM input copies.
+    DmaIn,
+    /// VMEM -> HBM write-backs.
+    DmaOut,
+    /// Scalar grid-step control (fixed per-step overhead).
+    StepControl,
+}
+
+impl Track {
+    /// Every track, in display order.
+    pub const ALL: [Track; 7] = [Track::Mxu, Track::Vpu, Track::Eup, Track::Xlu, Track::DmaIn, Track::DmaOut, Track::StepControl];
+
+    /// Display name (the Chrome trace thread name).
+    pub fn name(self) -> &'static str {
+        match self {
+            Track::Mxu => "MXU",
+            Track::Vpu => "VPU",
+            Track::Eup => "EUP",
+            Track::Xlu => "XLU",
+            Track::DmaIn => "DMA in",
+            Track::DmaOut => "DMA out",
+            Track::StepControl => "step control",
+        }
+    }
+
+    /// Key (the Chrome trace category; report unit names where they exist).
+    pub fn key(self) -> &'static str {
+        match self {
+            Track::Mxu => "mxu",
+            Track::Vpu => "vpu",
+            Track::Eup => "eup",
+            Track::Xlu => "xlu",
+            Track::DmaIn => "dma_in",
+            Track::DmaOut => "dma_out",
+            Track::StepControl => "step_control",
+        }
+    }
+
+    /// The report unit whose busy time this track adds to (`hbm` for both DMA tracks).
+    pub fn report_unit(self) -> &'static str {
+        match self {
+            Track::DmaIn | Track::DmaOut => "hbm",
+            t => t.key(),
+        }
+    }
+
+    /// Chrome trace thread id (1-based, display order).
+    pub fn tid(self) -> u32 {
+        self as u32 + 1
+    }
+
+    /// The track of a thread name (inverse of [`Track::name`]).
+    pub fn from_name(s: &str) -> Option<Track> {
+        Track::ALL.into_iter().find(|t| t.name() == s)
+    }
+
+    fn of_unit(u: Unit) -> Track {
+        match u {
+            Unit::Mxu => Track::Mxu,
+            Unit::Vpu => Track::Vpu,
+            Unit::Eup => Track::Eup,
+            Unit::Xlu => Track::Xlu,
+        }
+    }
+}
+
+/// Which grid steps a timeline covers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Window {
+    /// Grid step indices `start..end` (half-open); `None` for all.
+    pub steps: Option<(u64, u64)>,
+    /// Only steps of this batch x head index (grid coordinate 0); `None` for all.
+    pub head: Option<u32>,
+}
+
+impl Window {
+    /// Parses `START:END` (grid step indices, END exclusive; either side may be empty: `:100`,
+    /// `500:`).
+    ///
+    /// # Errors
+    /// [`PlotError`] naming `flag` when the text is not two whole numbers with START < END.
+    pub fn parse_steps(s: &str, flag: &str) -> Result<(u64, u64), PlotError> {
+        let bad = || PlotError(format!("{flag} {s}: expected START:END, grid step indices with START < END (END exclusive), e.g. 0:8"));
+        let (a, b) = s.split_once(':').ok_or_else(bad)?;
+        let a = if a.trim().is_empty() { 0 } else { a.trim().parse::<u64>().map_err(|_| bad())? };
+        let b = if b.trim().is_empty() { u64::MAX } else { b.trim().parse::<u64>().map_err(|_| bad())? };
+        if a >= b {
+            return Err(bad());
+        }
+        Ok((a, b))
+    }
+
+    /// Whether a step is inside the window.
+    pub fn contains(&self, index: u64, step: &Step) -> bool {
+        self.steps.map_or(true, |(a, b)| index >= a && index < b) && self.head.map_or(true, |h| step.coords[0] == h)
+    }
+
+    /// Whether the window bounds anything.
+    pub fn is_bounded(&self) -> bool {
+        self.steps.is_some() || self.head.is_some()
+    }
+}
+
+/// One timeline event, in cycles from the start of the run.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Event {
+    /// Track.
+    pub track: Track,
+    /// Operation name (`qk`, `exp`, ..., `dma in`, `write-back`, `step overhead`).
+    pub name: &'static str,
+    /// Start, cycles.
+    pub start: f64,
+    /// Duration, cycles.
+    pub dur: f64,
+    /// Grid step index.
+    pub step: u64,
+    /// Grid coordinates of the step.
+    pub coords: [u32; 4],
+    /// Tile kind of the step (`empty`, `partial`, `full`).
+    pub tile: &'static str,
+    /// Whether the step applies the element-wise mask.
+    pub masked: bool,
+    /// Bytes moved (DMA events), else 0.
+    pub bytes: u64,
+}
+
+/// Calls `f` for every event of the steps in `window`, in step order, and returns the
+/// simulation result (identical to [`tpusim_engine::simulate`]). Zero-length operations are
+/// skipped.
+pub fn for_each_event(chip: &ChipModel, program: &Program, window: &Window, f: &mut dyn FnMut(&Event)) -> SimResult {
+    let bodies: Vec<BodyTiming> = program.classes.iter().map(|c| schedule_body(chip, &c.body)).collect();
+    let overhead = chip.fitted.grid_step_overhead_cycles.value;
+    simulate_observed(chip, program, &mut |s: &Step, t: &StepTiming| {
+        if !window.contains(t.index, s) {
+            return;
+        }
+        let class = &program.classes[s.class as usize];
+        let base = Event {
+            track: Track::StepControl,
+            name: "step overhead",
+            start: t.overhead_start,
+            dur: overhead,
+            step: t.index,
+            coords: s.coords,
+            tile: class.key.tile,
+            masked: class.key.masked,
+            bytes: 0,
+        };
+        if overhead > 0.0 {
+            f(&base);
+        }
+        if let Some((a, b)) = t.dma_in {
+            f(&Event { track: Track::DmaIn, name: "dma in", start: a, dur: b - a, bytes: s.in_bytes, ..base });
+        }
+        for op in &bodies[s.class as usize].ops {
+            let dur = op.end - op.start;
+            if dur > 0.0 {
+                let name = class.body.graph[NodeIndex::new(op.node)].name;
+                f(&Event { track: Track::of_unit(op.unit), name, start: t.body_start + op.start, dur, ..base });
+            }
+        }
+        if let Some((a, b)) = t.dma_out {
+            f(&Event { track: Track::DmaOut, name: "write-back", start: a, dur: b - a, bytes: s.out_bytes, ..base });
+        }
+    })
+}
+
+/// Counts the events a window would produce without simulating (for size checks).
+pub fn count_events(chip: &ChipModel, program: &Program, window: &Window) -> u64 {
+    let per_class: Vec<u64> = program
+        .classes
+        .iter()
+        .map(|c| schedule_body(chip, &c.body).ops.iter().filter(|o| o.end > o.start).count() as u64)
+        .collect();
+    let step_ev = u64::from(chip.fitted.grid_step_overhead_cycles.value > 0.0);
+    let mut n = 0u64;
+    let mut i = 0u64;
+    program.for_each_step(&mut |s| {
+        if window.contains(i, s) {
+            n += step_ev + per_class[s.class as usize] + u64::from(s.in_bytes > 0) + u64::from(s.out_bytes > 0);
+        }
+        i += 1;
+    });
+    n
+}
+
+/// What a written timeline holds.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TraceSummary {
+    /// Events written (metadata excluded).
+    pub events: u64,
+    /// Grid steps included.
+    pub steps: u64,
+    /// Grid steps of the whole run.
+    pub run_steps: u64,
+    /// First and last included step index.
+    pub step_range: Option<(u64, u64)>,
+    /// Busy time per track in the window, microseconds, in [`Track::ALL`] order.
+    pub busy_us: Vec<(String, f64)>,
+    /// Latency of the whole run, microseconds.
+    pub run_us: f64,
+}
+
+/// Largest number of events written without an explicit window (about 180 bytes each).
+pub const MAX_UNBOUNDED_EVENTS: u64 = 1_000_000;
+
+#[derive(Serialize)]
+struct MetaArgs<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    name: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    sort_index: Option<u32>,
+}
+
+#[derive(Serialize)]
+struct Meta<'a> {
+    name: &'a str,
+    ph: &'a str,
+    pid: u32,
+    tid: u32,
+    args: MetaArgs<'a>,
+}
+
+#[derive(Serialize)]
+struct SplashArgs {
+    step: u64,
+    head: u32,
+    q_block: u32,
+    kv_block: u32,
+    tile: &'static str,
+    masked: bool,
+    #[serde(skip_serializing_if = "is_zero")]
+    bytes: u64,
+}
+
+#[derive(Serialize)]
+struct MatmulArgs {
+    step: u64,
+    m_block: u32,
+    n_block: u32,
+    k_block: u32,
+    #[serde(skip_serializing_if = "is_zero")]
+    bytes: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
+}
+
+#[derive(Serialize)]
+#[serde(untagged)]
+enum Args {
+    Splash(SplashArgs),
+    Matmul(MatmulArgs),
+}
+
+#[derive(Serialize)]
+struct XEvent<'a> {
+    name: &'a str,
+    cat: &'a str,
+    ph: &'a str,
+    pid: u32,
+    tid: u32,
+    ts: f64,
+    dur: f64,
+    args: Args,
+}
+
+/// Writes the timeline of `run` over `window` to `path` as Chrome Trace Event JSON, atomically,
+/// streaming (memory does not grow with the number of events).
+///
+/// # Errors
+/// [`PlotError`] naming `flag` when the file cannot be written, or when the window is unbounded
+/// and the run would produce more than [`MAX_UNBOUNDED_EVENTS`] events (the message suggests
+/// `--timeline-steps` / `--timeline-head`), or when the window holds no step.
+pub fn write_chrome_trace(run: &Run, window: &Window, path: &Path, flag: &str) -> Result<TraceSummary, PlotError> {
+    let chip = &run.chip;
+    let program = &run.program;
+    let n = count_events(chip, program, window);
+    if !window.is_bounded() && n > MAX_UNBOUNDED_EVENTS {
+        return Err(PlotError(format!(
+            "{flag} {}: the whole run is {} grid steps and {} events (about {} MB); bound it with --timeline-steps START:END (e.g. 0:16) or --timeline-head H",
+            path.display(),
+            program.info.grid_steps,
+            n,
+            n * 180 / 1_000_000
+        )));
+    }
+    if n == 0 {
+        return Err(PlotError(format!(
+            "{flag} {}: the window holds no grid step (the run has {} steps and {} batch x head indices)",
+            path.display(),
+            program.info.grid_steps,
+            program.info.grid.first().map_or(1, |g| g.1)
+        )));
+    }
+    let us = 1e6 / chip.clock_hz();
+    let splash = program.info.kernel == "splash";
+    let mut summary = TraceSummary {
+        events: 0,
+        steps: 0,
+        run_steps: program.info.grid_steps,
+        step_range: None,
+        busy_us: Track::ALL.iter().map(|t| (t.key().to_string(), 0.0)).collect(),
+        run_us: 0.0,
+    };
+    crate::atomic_with(path, flag, |file| {
+        let mut w = BufWriter::with_capacity(1 << 20, file);
+        w.write_all(b"{\"traceEvents\":[\n")?;
+        let process = format!(
+            "tpusim: {} on {} ({})",
+            program.info.kernel,
+            chip.name,
+            match (window.steps, window.head) {
+                (None, None) => "whole run".to_string(),
+                (s, h) => {
+                    let mut v = Vec::new();
+                    if let Some((a, b)) = s {
+                        v.push(if b == u64::MAX { format!("steps {a}..") } else { format!("steps {a}..{b}") });
+                    }
+                    if let Some(h) = h {
+                        v.push(format!("head {h}"));
+                    }
+                    v.join(", ")
+                }
+            }
+        );
+        serde_json::to_writer(&mut w, &Meta { name: "process_name", ph: "M", pid: 1, tid: 0, args: MetaArgs { name: Some(&process), sort_index: None } })?;
+        for t in Track::ALL {
+            w.write_all(b",\n")?;
+            serde_json::to_writer(&mut w, &Meta { name: "thread_name", ph: "M", pid: 1, tid: t.tid(), args: MetaArgs { name: Some(t.name()), sort_index: None } })?;
+            w.write_all(b",\n")?;
+            serde_json::to_writer(&mut w, &Meta { name: "thread_sort_index", ph: "M", pid: 1, tid: t.tid(), args: MetaArgs { name: None, sort_index: Some(t.tid()) } })?;
+        }
+        let mut err: Option<std::io::Error> = None;
+        let mut last_step = None;
+        let res = for_each_event(chip, program, window, &mut |e| {
+            if err.is_some() {
+                return;
+            }
+            if last_step != Some(e.step) {
+                last_step = Some(e.step);
+                summary.steps += 1;
+                summary.step_range = Some((summary.step_range.map_or(e.step, |r| r.0), e.step));
+            }
+            let args = if splash {
+                Args::Splash(SplashArgs {
+                    step: e.step,
+                    head: e.coords[0],
+                    q_block: e.coords[1],
+                    kv_block: e.coords[2],
+                    tile: e.tile,
+                    masked: e.masked,
+                    bytes: e.bytes,
+                })
+            } else {
+                Args::Matmul(MatmulArgs { step: e.step, m_block: e.coords[1], n_block: e.coords[2], k_block: e.coords[3], bytes: e.bytes })
+            };
+            // Both ends converted, and the duration their difference: an event that starts where
+            // the previous one on its track ended then starts exactly at that event's ts + dur
+            // (no rounding overlap for trace viewers that require disjoint slices).
+            let ts = e.start * us;
+            let dur = (e.start + e.dur) * us - ts;
+            summary.busy_us[e.track as usize].1 += dur;
+            summary.events += 1;
+            let ev = XEvent { name: e.name, cat: e.track.key(), ph: "X", pid: 1, tid: e.track.tid(), ts, dur, args };
+            let r = w.write_all(b",\n").and_then(|_| serde_json::to_writer(&mut w, &ev).map_err(std::io::Error::from));
+            if let Err(x) = r {
+                err = Some(x);
+            }
+        });
+        if let Some(e) = err {
+            return Err(e);
+        }
+        summary.run_us = res.seconds * 1e6;
+        w.write_all(b"\n],\n\"displayTimeUnit\":\"ns\",\n\"otherData\":")?;
+        let other = serde_json::json!({
+            "generator": "tpusim run --timeline",
+            "chip": chip.name,
+            "kernel": program.info.kernel,
+            "clock_ghz": chip.fitted.clock_ghz.value,
+            "time_unit": "us",
+            "window_steps": window.steps.map(|(a, b)| vec![a, b.min(program.info.grid_steps)]),
+            "window_head": window.head,
+            "whole_run": !window.is_bounded(),
+            "steps_included": summary.steps,
+            "run_grid_steps": summary.run_steps,
+            "run_latency_us": summary.run_us,
+            "busy_us": summary.busy_us.iter().map(|(k, v)| (k.clone(), serde_json::json!(v))).collect::<serde_json::Map<_, _>>(),
+        });
+        serde_json::to_writer(&mut w, &other)?;
+        w.write_all(b"}\n")?;
+        w.flush()
+    })?;
+    Ok(summary)
+}
+
+/// A timeline event in microseconds, as read back from a Chrome trace or converted from
+/// [`Event`] (for the Gantt figure).
+#[derive(Debug, Clone, PartialEq)]
+pub struct UsEvent {
+    /// Track.
+    pub track: Track,
+    /// Operation name.
+    pub name: String,
+    /// Start, microseconds.
+    pub ts: f64,
+    /// Duration, microseconds.
+    pub dur: f64,
+    /// Grid step index.
+    pub step: u64,
+    /// Batch x head index of the step (attention), if known.
+    pub head: Option<u32>,
+    /// Short description of the step (`h0 q1 kv3 full masked`).
+    pub desc: String,
+}
+
+fn describe(e: &Event, splash: bool) -> String {
+    if splash {
+        format!("h{} q{} kv{} {}{}", e.coords[0], e.coords[1], e.coords[2], e.tile, if e.masked { " masked" } else { "" })
+    } else {
+        format!("m{} n{} k{}", e.coords[1], e.coords[2], e.coords[3])
+    }
+}
+
+/// The events of `run` over `window`, in microseconds.
+pub fn collect_us(run: &Run, window: &Window) -> Vec<UsEvent> {
+    let us = 1e6 / run.chip.clock_hz();
+    let splash = run.program.info.kernel == "splash";
+    let mut out = Vec::new();
+    for_each_event(&run.chip, &run.program, window, &mut |e| {
+        out.push(UsEvent {
+            track: e.track,
+            name: e.name.to_string(),
+            ts: e.start * us,
+            dur: e.dur * us,
+            step: e.step,
+            head: splash.then_some(e.coords[0]),
+            desc: describe(e, splash),
+        });
+    });
+    out
+}
+
+/// Reads a Chrome trace written by [`write_chrome_trace`] (or any trace whose thread names are
+/// track names) back into events.
+///
+/// # Errors
+/// [`PlotError`] naming `flag` and the file when it cannot be read, is not JSON, has no
+/// `traceEvents` array, or has no complete event on a known track.
+pub fn read_chrome_trace(path: &str, flag: &str) -> Result<Vec<UsEvent>, PlotError> {
+    let text = std::fs::read_to_string(path).map_err(|e| PlotError(format!("{flag} {path}: cannot read: {e}")))?;
+    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| PlotError(format!("{flag} {path}: not JSON: {e}")))?;
+    let evs = v
+        .get("traceEvents")
+        .and_then(|e| e.as_array())
+        .or_else(|| v.as_array())
+        .ok_or_else(|| PlotError(format!("{flag} {path}: no traceEvents array (expected a Chrome trace from tpusim run --timeline)")))?;
+    let mut tracks = std::collections::HashMap::new();
+    for e in evs {
+        if e.get("ph").and_then(|p| p.as_str()) == Some("M") && e.get("name").and_then(|n| n.as_str()) == Some("thread_name") {
+            if let (Some(tid), Some(t)) = (e.get("tid").and_then(|t| t.as_u64()), e.pointer("/args/name").and_then(|n| n.as_str()).and_then(Track::from_name)) {
+                tracks.insert(tid, t);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for e in evs {
+        if e.get("ph").and_then(|p| p.as_str()) != Some("X") {
+            continue;
+        }
+        let Some(track) = e.get("tid").and_then(|t| t.as_u64()).and_then(|t| tracks.get(&t)).copied() else { continue };
+        let num = |k: &str| e.get(k).and_then(|x| x.as_f64());
+        let (Some(ts), Some(dur)) = (num("ts"), num("dur")) else { continue };
+        let a = |k: &str| e.pointer(&format!("/args/{k}")).and_then(|x| x.as_u64());
+        let desc = match (a("head"), a("q_block"), a("kv_block")) {
+            (Some(h), Some(q), Some(k)) => format!(
+                "h{h} q{q} kv{k} {}{}",
+                e.pointer("/args/tile").and_then(|x| x.as_str()).unwrap_or(""),
+                if e.pointer("/args/masked").and_then(|x| x.as_bool()) == Some(true) { " masked" } else { "" }
+            ),
+            _ => match (a("m_block"), a("n_block"), a("k_block")) {
+                (Some(m), Some(n), Some(k)) => format!("m{m} n{n} k{k}"),
+                _ => String::new(),
+            },
+        };
+        out.push(UsEvent {
+            track,
+            name: e.get("name").and_then(|n| n.as_str()).unwrap_or("").to_string(),
+            ts,
+            dur,
+            step: a("step").unwrap_or(0),
+            head: a("head").map(|h| h as u32),
+            desc,
+        });
+    }
+    if out.is_empty() {
+        return Err(PlotError(format!(
+            "{flag} {path}: no complete (\"ph\": \"X\") events on tracks named {}",
+            Track::ALL.iter().map(|t| t.name()).collect::<Vec<_>>().join(", ")
+        )));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tpusim_report::JobSpec;
+
+    fn small_run() -> Run {
+        let spec = JobSpec { seq_len: Some(2048), heads: Some(2), mask: Some("causal".into()), block_q: Some(512), block_kv: Some(512), ..Default::default() };
+        let chip = spec.chip().unwrap();
+        let job = spec.build(&chip).unwrap();
+        tpusim_report::run(&chip, &job).unwrap()
+    }
+
+    #[test]
+    fn whole_run_totals_equal_busy() {
+        let r = small_run();
+        let mut busy = [0.0f64; 7];
+        let res = for_each_event(&r.chip, &r.program, &Window::default(), &mut |e| busy[e.track as usize] += e.dur);
+        assert_eq!(res, r.result);
+        let b = &r.result.busy;
+        let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * b.abs().max(1.0);
+        assert!(close(busy[0], b.mxu) && close(busy[1], b.vpu) && close(busy[2], b.eup) && close(busy[3], b.xlu), "{busy:?} {b:?}");
+        assert!(close(busy[4] + busy[5], b.hbm), "{busy:?} {b:?}");
+        assert!(close(busy[6], b.step_control));
+    }
+
+    #[test]
+    fn tracks_never_overlap() {
+        // A track is one unit (or one DMA engine for both directions): Chrome trace viewers need
+        // its slices disjoint.
+        let r = small_run();
+        let mut spans: Vec<Vec<(f64, f64)>> = vec![Vec::new(); 7];
+        for_each_event(&r.chip, &r.program, &Window::default(), &mut |e| {
+            let i = if e.track == Track::DmaOut { Track::DmaIn as usize } else { e.track as usize };
+            spans[i].push((e.start, e.start + e.dur));
+        });
+        for (i, v) in spans.iter_mut().enumerate() {
+            v.sort_by(|a, b| a.0.total_cmp(&b.0));
+            for w in v.windows(2) {
+                assert!(w[1].0 >= w[0].1 - 1e-6, "track {i}: {:?} overlaps {:?}", w[0], w[1]);
+            }
+        }
+        assert!(!spans[4].is_empty());
+    }
+
+    #[test]
+    fn window_parsing_and_counting() {
+        assert_eq!(Window::parse_steps("3:9", "--steps").unwrap(), (3, 9));
+        assert_eq!(Window::parse_steps(":9", "--steps").unwrap(), (0, 9));
+        assert_eq!(Window::parse_steps("4:", "--steps").unwrap(), (4, u64::MAX));
+        for bad in ["9:3", "x", "1:y", "5:5"] {
+            assert!(Window::parse_steps(bad, "--steps").unwrap_err().to_string().contains("--steps"), "{bad}");
+        }
+        let r = small_run();
+        let w = Window { steps: Some((2, 5)), head: None };
+        let mut n = 0u64;
+        for_each_event(&r.chip, &r.program, &w, &mut |_| n += 1);
+        assert_eq!(n, count_events(&r.chip, &r.program, &w));
+        let h = Window { steps: None, head: Some(1) };
+        let mut heads = std::collections::BTreeSet::new();
+        for_each_event(&r.chip, &r.program, &h, &mut |e| {
+            heads.insert(e.coords[0]);
+        });
+        assert_eq!(heads.into_iter().collect::<Vec<_>>(), vec![1]);
+    }
+}

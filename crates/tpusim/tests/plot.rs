@@ -1,0 +1,297 @@
+//! `tpusim plot` and `tpusim run --timeline` end to end: every plot kind renders PNG and SVG from
+//! the shipped inputs (plots/jobs, plots/data), timelines are valid Chrome Trace JSON whose
+//! per-unit busy totals equal the report's, and bad input exits 2 naming what is wrong.
+
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().expect("repository root")
+}
+
+fn tpusim(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_tpusim")).args(args).current_dir(root()).output().expect("tpusim runs")
+}
+
+fn ok(args: &[&str]) -> String {
+    let o = tpusim(args);
+    assert!(o.status.success(), "tpusim {args:?} failed: {}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8(o.stdout).expect("utf-8")
+}
+
+/// Runs and expects exit code 2; returns stderr.
+fn fails(args: &[&str]) -> String {
+    let o = tpusim(args);
+    assert_eq!(o.status.code(), Some(2), "tpusim {args:?}: {}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn tmpdir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("tpusim-plot-test-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Checks a PNG's signature and IHDR size, and that the image is not trivially small.
+fn check_png(p: &Path, w: u32, h: u32) {
+    let b = std::fs::read(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    assert_eq!(&b[..8], b"\x89PNG\r\n\x1a\n", "{}: not a PNG", p.display());
+    assert_eq!(&b[12..16], b"IHDR");
+    let dim = |o: usize| u32::from_be_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
+    assert_eq!((dim(16), dim(20)), (w, h), "{}", p.display());
+    assert!(b.len() > 20_000, "{}: only {} bytes", p.display(), b.len());
+}
+
+fn check_svg(p: &Path) {
+    let s = std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    let head = s.trim_start();
+    assert!(head.starts_with("<svg") || head.starts_with("<?xml"), "{}: not an SVG", p.display());
+    assert!(s.contains("</svg>"), "{}: truncated SVG", p.display());
+    assert!(s.len() > 5_000 && s.contains("<text"), "{}: {} bytes, no text", p.display(), s.len());
+}
+
+const JOBS: [&str; 6] = ["--trace", "plots/jobs/dense.toml", "--trace", "plots/jobs/sparse.toml", "--trace", "plots/jobs/aligned.toml"];
+
+/// Every plot kind, with the shipped inputs.
+fn kinds() -> Vec<(&'static str, Vec<&'static str>)> {
+    vec![
+        ("sweep", vec!["--input", "plots/data/sweep_example.csv", "--where", "case=sparse", "--x", "block_kv", "--y", "latency_ms", "--series", "block_q"]),
+        ("heatmap", vec!["--input", "plots/data/sweep_example.csv", "--where", "case=aligned"]),
+        ("roofline", JOBS.to_vec()),
+        ("tiles", vec!["--trace", "plots/jobs/sparse.toml"]),
+        ("timeline", vec!["--trace", "plots/jobs/dense.toml", "--steps", "10:13"]),
+        ("validation", vec!["--input", "plots/data/validation.csv"]),
+        ("breakdown", JOBS.to_vec()),
+    ]
+}
+
+#[test]
+fn every_plot_kind_renders_png_and_svg() {
+    let d = tmpdir("kinds");
+    for (kind, args) in kinds() {
+        for ext in ["png", "svg"] {
+            let out = d.join(format!("{kind}.{ext}"));
+            let out_s = out.to_str().unwrap().to_string();
+            let mut a = vec!["plot", kind, "--out", &out_s];
+            a.extend(args.iter().copied());
+            let msg = ok(&a);
+            assert!(msg.contains("wrote"), "{msg}");
+            if ext == "png" {
+                let (w, h) = if kind == "tiles" { (1150, 900) } else { (1400, 860) };
+                check_png(&out, w, h);
+            } else {
+                check_svg(&out);
+            }
+        }
+    }
+    // Atomic writes leave no temporary files behind.
+    let names: Vec<String> = std::fs::read_dir(&d).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    assert!(names.iter().all(|n| !n.starts_with('.')), "{names:?}");
+    assert_eq!(names.len(), 14, "{names:?}");
+    let _ = std::fs::remove_dir_all(d);
+}
+
+#[test]
+fn timeline_plot_reads_a_chrome_trace_and_sizes_apply() {
+    let d = tmpdir("gantt");
+    let trace = d.join("t.json");
+    ok(&["run", "--trace", "plots/jobs/sparse.toml", "--timeline", trace.to_str().unwrap(), "--timeline-steps", "20:26"]);
+    let png = d.join("g.png");
+    ok(&["plot", "timeline", "--input", trace.to_str().unwrap(), "--steps", "20:25", "--width", "900", "--height", "600", "--out", png.to_str().unwrap()]);
+    check_png(&png, 900, 600);
+    let _ = std::fs::remove_dir_all(d);
+}
+
+fn read_json(p: &Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap_or_else(|e| panic!("{} is not JSON: {e}", p.display()))
+}
+
+const TRACKS: [&str; 7] = ["MXU", "VPU", "EUP", "XLU", "DMA in", "DMA out", "step control"];
+
+/// Parses a timeline: (thread id -> track name, per-track duration sums in us, complete events).
+fn parse_trace(v: &Value) -> (BTreeMap<u64, String>, BTreeMap<String, f64>, Vec<Value>) {
+    let evs = v["traceEvents"].as_array().expect("traceEvents array");
+    let mut names = BTreeMap::new();
+    for e in evs.iter().filter(|e| e["ph"] == "M" && e["name"] == "thread_name") {
+        names.insert(e["tid"].as_u64().unwrap(), e["args"]["name"].as_str().unwrap().to_string());
+    }
+    let mut sums: BTreeMap<String, f64> = TRACKS.iter().map(|t| (t.to_string(), 0.0)).collect();
+    let mut xs = Vec::new();
+    for e in evs.iter().filter(|e| e["ph"] == "X") {
+        let track = names.get(&e["tid"].as_u64().expect("tid")).unwrap_or_else(|| panic!("event on an unnamed thread: {e}"));
+        *sums.get_mut(track).unwrap() += e["dur"].as_f64().expect("dur");
+        xs.push(e.clone());
+    }
+    (names, sums, xs)
+}
+
+#[test]
+fn case_study_timeline_is_valid_chrome_trace() {
+    let d = tmpdir("trace");
+    let p = d.join("dense.json");
+    // Steps 30..40 of the dense case: row ends (write-backs), row starts (q copies), full and
+    // padded (partial) tiles.
+    let table = ok(&["run", "--trace", "plots/jobs/dense.toml", "--timeline", p.to_str().unwrap(), "--timeline-steps", "30:40"]);
+    assert!(table.contains("timeline") && table.contains("10 of 9250 grid steps"), "{table}");
+    let v = read_json(&p);
+    assert_eq!(v["displayTimeUnit"], "ns");
+    let (names, sums, xs) = parse_trace(&v);
+    let mut got: Vec<&str> = names.values().map(String::as_str).collect();
+    got.sort_unstable();
+    let mut want = TRACKS.to_vec();
+    want.sort_unstable();
+    assert_eq!(got, want, "one track per unit");
+    for t in TRACKS {
+        assert!(sums[t] > 0.0, "no events on {t}");
+    }
+    let mut steps = std::collections::BTreeSet::new();
+    for e in &xs {
+        for k in ["name", "cat", "ph", "pid", "tid", "ts", "dur", "args"] {
+            assert!(!e[k].is_null(), "event without {k}: {e}");
+        }
+        assert!(e["ts"].as_f64().unwrap() >= 0.0 && e["dur"].as_f64().unwrap() > 0.0, "{e}");
+        let a = &e["args"];
+        let step = a["step"].as_u64().expect("step");
+        assert!((30..40).contains(&step), "{e}");
+        steps.insert(step);
+        // Dense grid: 25 q blocks x 37 kv steps per head, in lexicographic order.
+        assert_eq!(a["head"].as_u64(), Some(step / (25 * 37)), "{e}");
+        assert_eq!(a["q_block"].as_u64(), Some(step / 37 % 25), "{e}");
+        assert_eq!(a["kv_block"].as_u64(), Some(step % 37), "{e}");
+        assert!(["full", "partial", "empty"].contains(&a["tile"].as_str().unwrap()), "{e}");
+        assert!(a["masked"].is_boolean(), "{e}");
+    }
+    assert_eq!(steps.len(), 10);
+    // The window's totals are recorded, and equal the events' sums.
+    let other = &v["otherData"];
+    assert_eq!(other["whole_run"], false);
+    for (k, t) in [("mxu", "MXU"), ("vpu", "VPU"), ("dma_in", "DMA in"), ("step_control", "step control")] {
+        let rec = other["busy_us"][k].as_f64().unwrap();
+        assert!((rec - sums[t]).abs() <= 1e-9 * rec, "{k}: {rec} vs {}", sums[t]);
+    }
+    let _ = std::fs::remove_dir_all(d);
+}
+
+/// Per-track sums of a whole-run timeline against the report of the same run.
+fn assert_totals_match(sums: &BTreeMap<String, f64>, report: &Value) {
+    let busy = &report["busy_ms"];
+    let ms = |t: &str| sums[t] / 1e3;
+    let pairs = [
+        ("mxu", ms("MXU")),
+        ("vpu", ms("VPU")),
+        ("eup", ms("EUP")),
+        ("xlu", ms("XLU")),
+        ("hbm", ms("DMA in") + ms("DMA out")),
+        ("step_control", ms("step control")),
+    ];
+    let latency = report["latency_ms"].as_f64().unwrap();
+    for (unit, got) in pairs {
+        let want = busy[unit].as_f64().unwrap();
+        assert!((got - want).abs() <= 1e-9 * want.max(1e-12), "{unit}: timeline {got} ms vs report {want} ms");
+        let util = report["utilization"][unit].as_f64().unwrap();
+        assert!((got / latency - util).abs() <= 1e-9, "{unit}: timeline utilisation {} vs report {util}", got / latency);
+    }
+}
+
+#[test]
+fn whole_run_timeline_totals_equal_report() {
+    // A small whole run through the file (every event parsed back) ...
+    let d = tmpdir("totals");
+    for (name, extra) in [
+        ("causal", vec!["--seq-len", "4096", "--heads", "2", "--mask", "causal", "--block-q", "512", "--block-kv", "512"]),
+        ("band", vec!["--seq-len", "6000", "--heads", "1", "--mask", "band:1500+sink:300", "--block-q", "1024", "--block-kv", "768", "--traversal", "compact", "--masking", "partial"]),
+        ("matmul", vec!["--kernel", "matmul", "--m", "2048", "--n", "2048", "--k", "2048"]),
+    ] {
+        let p = d.join(format!("{name}.json"));
+        let mut a = vec!["run", "--format", "json", "--timeline", p.to_str().unwrap()];
+        a.extend(extra);
+        let report: Value = serde_json::from_str(&ok(&a)).unwrap();
+        let v = read_json(&p);
+        assert_eq!(v["otherData"]["whole_run"], true);
+        let (_, sums, _) = parse_trace(&v);
+        assert_totals_match(&sums, &report);
+    }
+    let _ = std::fs::remove_dir_all(d);
+}
+
+#[test]
+fn case_study_timeline_totals_equal_report() {
+    // ... and the whole case study through the same event generator (its files would be
+    // hundreds of MB, which is why the CLI asks for a window).
+    for job in ["dense", "sparse", "aligned"] {
+        let spec = tpusim_report::JobSpec::from_toml_file(root().join(format!("plots/jobs/{job}.toml")).to_str().unwrap()).unwrap();
+        let chip = spec.chip().unwrap();
+        let r = tpusim_report::run(&chip, &spec.build(&chip).unwrap()).unwrap();
+        let us = 1e6 / chip.clock_hz();
+        let mut sums: BTreeMap<String, f64> = TRACKS.iter().map(|t| (t.to_string(), 0.0)).collect();
+        tpusim_plot::timeline::for_each_event(&r.chip, &r.program, &Default::default(), &mut |e| {
+            *sums.get_mut(e.track.name()).unwrap() += e.dur * us;
+        });
+        let report = serde_json::to_value(tpusim_report::Report::from_run(&r)).unwrap();
+        assert_totals_match(&sums, &report);
+    }
+}
+
+#[test]
+fn bad_input_exits_2_naming_the_problem() {
+    let d = tmpdir("errors");
+    let out = d.join("x.png");
+    let o = out.to_str().unwrap();
+    let e = fails(&["plot", "pie", "--out", o]);
+    assert!(e.contains("pie") && e.contains("roofline"), "{e}");
+    let e = fails(&["plot", "sweep", "--out", o, "--input", "plots/data/sweep_example.csv", "--x", "block_kv", "--y", "nope"]);
+    assert!(e.contains("--y nope") && e.contains("latency_ms"), "{e}");
+    let e = fails(&["plot", "heatmap", "--out", o, "--input", "/nonexistent/s.csv"]);
+    assert!(e.contains("--input /nonexistent/s.csv") && e.contains("cannot read"), "{e}");
+    let e = fails(&["plot", "roofline", "--out", d.join("x.jpg").to_str().unwrap()]);
+    assert!(e.contains("--out") && e.contains(".png"), "{e}");
+    let e = fails(&["plot", "validation", "--out", o]);
+    assert!(e.contains("--input"), "{e}");
+    let e = fails(&["plot", "tiles", "--out", o, "--trace", "plots/jobs/nope.toml"]);
+    assert!(e.contains("--trace plots/jobs/nope.toml"), "{e}");
+    let e = fails(&["plot", "timeline", "--out", o, "--steps", "9:3"]);
+    assert!(e.contains("--steps 9:3"), "{e}");
+    assert!(!out.exists(), "a failed plot wrote {o}");
+    // A failed render leaves an existing file untouched.
+    std::fs::write(&out, b"keep").unwrap();
+    fails(&["plot", "sweep", "--out", o, "--input", "plots/data/sweep_example.csv", "--x", "nope"]);
+    assert_eq!(std::fs::read(&out).unwrap(), b"keep");
+    // Timelines: unbounded runs that are too large, bad windows, empty windows.
+    let t = d.join("t.json");
+    let ts = t.to_str().unwrap();
+    let e = fails(&["run", "--timeline", ts]);
+    assert!(e.contains("--timeline-steps") && e.contains("--timeline-head"), "{e}");
+    let e = fails(&["run", "--timeline", ts, "--timeline-steps", "5"]);
+    assert!(e.contains("--timeline-steps 5"), "{e}");
+    let e = fails(&["run", "--timeline", ts, "--timeline-head", "99"]);
+    assert!(e.contains("no grid step"), "{e}");
+    assert!(!t.exists());
+    let _ = std::fs::remove_dir_all(d);
+}
+
+#[test]
+fn readme_gallery_images_exist_and_are_pngs() {
+    let readme = std::fs::read_to_string(root().join("plots/README.md")).expect("plots/README.md");
+    let mut n = 0;
+    for part in readme.split("](").skip(1) {
+        let target = part.split(')').next().unwrap();
+        if !target.ends_with(".png") {
+            continue;
+        }
+        let p = root().join("plots").join(target);
+        let b = std::fs::read(&p).unwrap_or_else(|e| panic!("README image {}: {e}", p.display()));
+        assert_eq!(&b[..8], b"\x89PNG\r\n\x1a\n", "{}", p.display());
+        assert!(b.len() > 20_000, "{}", p.display());
+        n += 1;
+    }
+    assert!(n >= 6, "README shows only {n} figures");
+    // Every figure make.sh writes is in the gallery.
+    let make = std::fs::read_to_string(root().join("plots/make.sh")).unwrap();
+    for part in make.split("--out plots/").skip(1) {
+        let f = part.split_whitespace().next().unwrap();
+        assert!(readme.contains(&format!("({f})")), "plots/make.sh writes {f} but plots/README.md does not show it");
+    }
+}

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Regenerates every figure of the case study in plots/ (and the example data they read).
+#
+#   plots/make.sh            # from the repository root or anywhere
+#   TPUSIM=path/to/tpusim plots/make.sh   # use an existing binary instead of building one
+#
+# Inputs: plots/jobs/*.toml (the case-study jobs, `tpusim run --trace` files),
+# traces/measured/calibration.csv (measurements). Outputs: plots/*.png, plots/data/*.csv.
+# Needs only bash, sed and the tpusim binary (fonts are bundled in the binary).
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(dirname "$here")"
+cd "$root"
+
+if [[ -z "${TPUSIM:-}" ]]; then
+  cargo build --release -q -p tpusim
+  TPUSIM="${CARGO_TARGET_DIR:-$root/target}/release/tpusim"
+fi
+t() { "$TPUSIM" "$@"; }
+
+jobs=(--trace plots/jobs/dense.toml --trace plots/jobs/sparse.toml --trace plots/jobs/aligned.toml)
+
+# --- Example data -----------------------------------------------------------------------------
+
+# A JSON report's top-level number or string for KEY (first occurrence).
+field() { sed -n "s/^  \"$1\": \"\{0,1\}\([^\",]*\)\"\{0,1\},\{0,1\}$/\1/p" <<<"$2" | head -n 1; }
+# The chosen block_kv_compute (nested in job.config).
+compute() { sed -n 's/^ *"block_kv_compute": \([0-9]*\),\{0,1\}$/\1/p' <<<"$1" | head -n 1; }
+
+# Block-size sweep of the sparse case study (exact and tile-aligned mask): the same columns a
+# `tpusim sweep` output has (latency_ms, block_q, block_kv, swept fields, metrics).
+sweep_csv=plots/data/sweep_example.csv
+{
+  echo "case,tile_align,block_q,block_kv,block_kv_compute,latency_ms,mfu,achieved_tflops,tile_density,speedup_vs_dense,bottleneck,error"
+  for align in false true; do
+    for bq in 1024 1536 2048 2560 3072 3328 4096; do
+      for bkv in 512 1024 1536 2048 3072; do
+        case_name=sparse; [[ $align == true ]] && case_name=aligned
+        flags=(--trace plots/jobs/sparse.toml --block-q "$bq" --block-kv "$bkv" --format json)
+        [[ $align == true ]] && flags+=(--tile-align)
+        if out="$(t run "${flags[@]}" 2>&1)"; then
+          echo "$case_name,$align,$bq,$bkv,$(compute "$out"),$(field latency_ms "$out"),$(field mfu "$out"),$(field achieved_tflops "$out"),$(field tile_density "$out"),$(field speedup_vs_dense "$out"),$(field bottleneck "$out"),"
+        else
+          # A tiling that does not fit: no metrics, the error instead (quoted for commas).
+          msg="$(head -n 1 <<<"$out" | sed 's/^error: //; s/"/'"'"'/g')"
+          echo "$case_name,$align,$bq,$bkv,,,,,,,,\"$msg\""
+        fi
+      done
+    done
+  done
+} >"$sweep_csv.tmp"
+mv "$sweep_csv.tmp" "$sweep_csv"
+
+# Predicted vs measured: every row of the measurement CSV that tpusim can model.
+val_csv=plots/data/validation.csv
+t validate traces/measured/calibration.csv --format csv >"$val_csv.tmp"
+mv "$val_csv.tmp" "$val_csv"
+
+# --- Figures ----------------------------------------------------------------------------------
+
+t plot roofline "${jobs[@]}" --title "Roofline: video attention case study on v6e" --out plots/roofline.png
+t plot breakdown "${jobs[@]}" --title "Busy time per unit: dense vs sparse vs tile-aligned (v6e)" --out plots/breakdown.png
+# block_kv_compute 256 so that the tiling fits v5e's 16 MiB scoped VMEM limit on every chip.
+t plot breakdown --trace plots/jobs/dense.toml --block-kv-compute 256 --chips v6e,v5e,v5p \
+  --title "Busy time per unit: dense video attention on three chips (blocks 3024/2048/256)" --out plots/breakdown_chips.png
+t plot tiles --trace plots/jobs/sparse.toml --out plots/tiles_exact.png
+t plot tiles --trace plots/jobs/aligned.toml --out plots/tiles_aligned.png
+t plot timeline --trace plots/jobs/dense.toml --steps 10:13 --out plots/timeline_dense.png
+t plot timeline --trace plots/jobs/sparse.toml --steps 10:13 --out plots/timeline_sparse.png
+t plot validation --input "$val_csv" --out plots/validation.png
+t plot sweep --input "$sweep_csv" --where case=sparse --x block_kv --y latency_ms --series block_q \
+  --title "Sparse video attention (exact mask, v6e): latency vs block_kv, one line per block_q" --out plots/sweep.png
+t plot heatmap --input "$sweep_csv" --where case=aligned --x block_kv --y block_q --z latency_ms \
+  --title "Tile-aligned sparse video attention (v6e): latency (ms) over block_q x block_kv" --out plots/heatmap.png
+echo "plots/make.sh: figures written to plots/"

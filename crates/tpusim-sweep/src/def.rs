@@ -1,0 +1,435 @@
+//! Sweep files: what to evaluate.
+//!
+//! ```toml
+//! description = "HBM bandwidth x MXU count on the sparse video case"   # optional, free text
+//! mode = "product"                     # or "points"; default: "points" if [[points]] is given
+//!
+//! [base]                               # a JobSpec: the keys of `tpusim run` (underscores)
+//! chip = "v6e"
+//! mask = "band:15000+sink:3600"
+//! traversal = "compact"
+//!
+//! [axes]                               # product mode: each key lists its values
+//! "chip.hbm.bandwidth_gb_per_s" = [819, 1640, 3276]   # a chip field -> a `set` entry
+//! block_q = [2048, 3024, 3328]                        # a JobSpec field
+//! ```
+//!
+//! In points mode, each `[[points]]` table gives one point with the same keys as `[axes]`, each
+//! with a single value. Axis keys are JobSpec field names (`chip`, `set`, `kernel`, `batch`,
+//! `heads`, `kv_heads`, `seq_len`, `q_len`, `kv_len`, `head_dim`, `head_dim_v`, `mask`, `block_q`,
+//! `block_kv`, `block_kv_compute`, `traversal`, `masking`, `mask_source`, `tile_align`,
+//! `vmem_limit_mib`, `m`, `n`, `k`, `block_m`, `block_n`, `block_k`) or `chip.SECTION.FIELD`
+//! (quoted, or as a dotted key when no `chip` axis is given), or `label`: a free-text input
+//! column (e.g. `label = "720p dense"` in a point) that does not change the job. A chip-field
+//! value becomes a `SECTION.FIELD=VALUE` override appended after the base's `set` (so an axis
+//! wins over the base and over `--set` on the command line).
+//!
+//! Points are numbered from 0. In product mode the first axis varies slowest and the last
+//! fastest; in points mode they are numbered in file order.
+//!
+//! Everything that can be checked without running a point is checked when the file is read:
+//! unknown keys, wrong value types, empty axes, unknown chip fields and out-of-range chip values,
+//! unknown option words and malformed masks are errors naming the file and the key. What depends
+//! on a combination (block rules, VMEM overflow, contradictory fields) is reported per point, in
+//! that point's row.
+
+use crate::SweepError;
+use serde::Deserialize;
+use tpusim_chip::ChipModel;
+use tpusim_report::JobSpec;
+use tpusim_workload::Mask;
+
+/// Most points a sweep may have.
+pub const MAX_POINTS: u64 = 1_000_000_000;
+
+/// How a sweep's points are formed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// The cartesian product of the axes.
+    Product,
+    /// The listed `[[points]]`.
+    Points,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSweep {
+    #[serde(default)]
+    #[allow(dead_code)]
+    description: Option<String>,
+    #[serde(default)]
+    mode: Option<String>,
+    #[serde(default)]
+    base: JobSpec,
+    #[serde(default)]
+    axes: Option<toml::Table>,
+    #[serde(default)]
+    points: Option<Vec<toml::Table>>,
+}
+
+/// One value of one input: as written (for the output row) and as a partial job (to overlay).
+#[derive(Debug, Clone, PartialEq)]
+struct Value {
+    raw: toml::Value,
+    spec: JobSpec,
+}
+
+/// A parsed, validated sweep file.
+#[derive(Debug, Clone)]
+pub struct SweepDef {
+    /// The file it came from (for messages).
+    pub origin: String,
+    /// The base job, with `--set` overrides from the command line appended to its `set`.
+    pub base: JobSpec,
+    /// Product or points.
+    pub mode: Mode,
+    /// The input keys, one output column each: the axis keys in file order (product mode) or
+    /// every key used by a point, in order of first use (points mode).
+    pub inputs: Vec<String>,
+    /// Product mode: values per input column.
+    axes: Vec<Vec<Value>>,
+    /// Points mode: per point, (input column, value).
+    points: Vec<Vec<(usize, Value)>>,
+    total: u64,
+    hash: u64,
+}
+
+/// One point of a sweep.
+#[derive(Debug, Clone)]
+pub struct Point<'a> {
+    /// Its index, 0-based.
+    pub index: u64,
+    /// Its input values, one per [`SweepDef::inputs`] column (`None`: not given for this point).
+    pub inputs: Vec<Option<&'a toml::Value>>,
+    /// The job: the base overlaid with the point's values.
+    pub spec: JobSpec,
+}
+
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+fn flatten(prefix: &str, t: &toml::Table, out: &mut Vec<(String, toml::Value)>) {
+    for (k, v) in t {
+        let key = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
+        match v {
+            toml::Value::Table(sub) => flatten(&key, sub, out),
+            other => out.push((key, other.clone())),
+        }
+    }
+}
+
+fn type_name(v: &toml::Value) -> &'static str {
+    match v {
+        toml::Value::String(_) => "a string",
+        toml::Value::Integer(_) => "a whole number",
+        toml::Value::Float(_) => "a number",
+        toml::Value::Boolean(_) => "a boolean",
+        toml::Value::Datetime(_) => "a date",
+        toml::Value::Array(_) => "a list",
+        toml::Value::Table(_) => "a table",
+    }
+}
+
+/// Checks the option words and mask of a (partial) job spec, naming the key on error.
+fn check_words(spec: &JobSpec) -> Result<(), String> {
+    let words: [(&str, &Option<String>, &[&str]); 4] = [
+        ("kernel", &spec.kernel, &["splash", "matmul"]),
+        ("traversal", &spec.traversal, &["full-grid", "compact"]),
+        ("masking", &spec.masking, &["all", "partial", "none"]),
+        ("mask_source", &spec.mask_source, &["computed", "loaded"]),
+    ];
+    for (key, v, allowed) in words {
+        if let Some(v) = v {
+            if !allowed.contains(&v.as_str()) {
+                return Err(format!("{key} = \"{v}\": expected one of {}", allowed.join(", ")));
+            }
+        }
+    }
+    if let Some(m) = &spec.mask {
+        Mask::parse(m).map_err(|e| format!("mask = \"{m}\": {e}"))?;
+    }
+    if let Some(c) = &spec.chip {
+        ChipModel::load(c).map_err(|e| format!("chip = \"{c}\": {e}"))?;
+    }
+    Ok(())
+}
+
+/// Turns one input value into a partial job spec, validating it. `chip` is the base chip that
+/// chip-field overrides are checked against.
+fn value_spec(key: &str, raw: &toml::Value, chip: &ChipModel) -> Result<JobSpec, String> {
+    if key == "label" {
+        return match raw {
+            toml::Value::String(_) => Ok(JobSpec::default()),
+            other => Err(format!("label: expected a string, found {}", type_name(other))),
+        };
+    }
+    if let Some(field) = key.strip_prefix("chip.") {
+        if field.split('.').count() != 2 {
+            return Err(format!("'{key}': a chip field is chip.SECTION.FIELD, e.g. chip.hbm.bandwidth_gb_per_s"));
+        }
+        let text = match raw {
+            toml::Value::Integer(i) => i.to_string(),
+            toml::Value::Float(f) => format!("{f}"),
+            toml::Value::String(s) => s.clone(),
+            other => return Err(format!("expected a number, found {}", type_name(other))),
+        };
+        chip.with_override(field, &text).map_err(|e| e.to_string())?;
+        return Ok(JobSpec { set: vec![format!("{field}={text}")], ..Default::default() });
+    }
+    let mut t = toml::Table::new();
+    t.insert(key.to_string(), raw.clone());
+    let spec: JobSpec = toml::Value::Table(t).try_into().map_err(|e: toml::de::Error| {
+        let msg = one_line(&e.to_string());
+        if msg.contains("unknown field") {
+            let section = key.split('.').next().unwrap_or("");
+            let chip_sections = ["mxu", "vpu", "eup", "xlu", "vmem", "smem", "hbm", "fitted"];
+            let hint =
+                if chip_sections.contains(&section) { format!(" (a chip field is written chip.{key})") } else { String::new() };
+            format!("unknown key '{key}': expected a job field or chip.SECTION.FIELD{hint}; {msg}")
+        } else {
+            format!("{key}: {msg}")
+        }
+    })?;
+    check_words(&spec)?;
+    Ok(spec)
+}
+
+impl SweepDef {
+    /// Reads and validates a sweep file. `set` holds `--set` overrides from the command line,
+    /// appended to the base's.
+    ///
+    /// # Errors
+    /// [`SweepError`] naming the file and the key (module docs).
+    pub fn from_file(path: &str, set: &[String]) -> Result<Self, SweepError> {
+        let text = std::fs::read_to_string(path).map_err(|e| SweepError::new(format!("cannot read sweep file {path}: {e}")))?;
+        Self::parse(&text, path, set)
+    }
+
+    /// Parses and validates a sweep definition; `origin` names it in errors.
+    ///
+    /// # Errors
+    /// [`SweepError`] naming `origin` and the key (module docs).
+    pub fn parse(text: &str, origin: &str, set: &[String]) -> Result<Self, SweepError> {
+        let fail = |what: String| SweepError::new(format!("sweep file {origin}: {what}"));
+        let raw: RawSweep = toml::from_str(text).map_err(|e| fail(one_line(&e.to_string())))?;
+        let mut base = raw.base;
+        base.set.extend(set.iter().cloned());
+        check_words(&base).map_err(|e| fail(format!("base.{e}")))?;
+        let chip = base.chip().map_err(|e| fail(format!("base: {e}")))?;
+
+        let mode = match raw.mode.as_deref() {
+            Some("product") => Mode::Product,
+            Some("points") => Mode::Points,
+            None if raw.points.is_some() => Mode::Points,
+            None => Mode::Product,
+            Some(other) => return Err(fail(format!("mode = \"{other}\": expected \"product\" or \"points\""))),
+        };
+        let mut inputs: Vec<String> = Vec::new();
+        let mut axes: Vec<Vec<Value>> = Vec::new();
+        let mut points: Vec<Vec<(usize, Value)>> = Vec::new();
+        match mode {
+            Mode::Product => {
+                if raw.points.is_some() {
+                    return Err(fail("[[points]] belongs to mode = \"points\"; in product mode list values under [axes]".into()));
+                }
+                let table = raw
+                    .axes
+                    .ok_or_else(|| fail("no [axes]: list the values to sweep, e.g. [axes] block_q = [2048, 3024]".into()))?;
+                let mut flat = Vec::new();
+                flatten("", &table, &mut flat);
+                if flat.is_empty() {
+                    return Err(fail("[axes] is empty: list at least one key with its values".into()));
+                }
+                for (key, v) in flat {
+                    if inputs.contains(&key) {
+                        return Err(fail(format!("axes.{key} is given twice")));
+                    }
+                    let toml::Value::Array(list) = v else {
+                        return Err(fail(format!(
+                            "axes.{key}: expected a list of values, e.g. {key} = [..], found {}",
+                            type_name(&v)
+                        )));
+                    };
+                    if list.is_empty() {
+                        return Err(fail(format!("axes.{key} is empty: give at least one value")));
+                    }
+                    let mut values = Vec::with_capacity(list.len());
+                    for (i, raw) in list.into_iter().enumerate() {
+                        let spec = value_spec(&key, &raw, &chip).map_err(|e| fail(format!("axes.{key}[{i}]: {e}")))?;
+                        values.push(Value { raw, spec });
+                    }
+                    inputs.push(key);
+                    axes.push(values);
+                }
+            }
+            Mode::Points => {
+                if raw.axes.is_some() {
+                    return Err(fail(
+                        "[axes] belongs to mode = \"product\"; in points mode give each point as a [[points]] table".into(),
+                    ));
+                }
+                let list = raw.points.unwrap_or_default();
+                if list.is_empty() {
+                    return Err(fail("mode = \"points\" needs at least one [[points]] table".into()));
+                }
+                for (pi, table) in list.iter().enumerate() {
+                    let mut flat = Vec::new();
+                    flatten("", table, &mut flat);
+                    let mut point = Vec::with_capacity(flat.len());
+                    for (key, raw) in flat {
+                        let col = match inputs.iter().position(|k| *k == key) {
+                            Some(c) => c,
+                            None => {
+                                inputs.push(key.clone());
+                                inputs.len() - 1
+                            }
+                        };
+                        if point.iter().any(|(c, _)| *c == col) {
+                            return Err(fail(format!("points[{pi}].{key} is given twice")));
+                        }
+                        let spec = value_spec(&key, &raw, &chip).map_err(|e| fail(format!("points[{pi}].{e}")))?;
+                        point.push((col, Value { raw, spec }));
+                    }
+                    points.push(point);
+                }
+            }
+        }
+        let total = match mode {
+            Mode::Product => axes.iter().try_fold(1u64, |n, a| n.checked_mul(a.len() as u64).filter(|&n| n <= MAX_POINTS)),
+            Mode::Points => Some(points.len() as u64),
+        }
+        .ok_or_else(|| fail(format!("the product of the axes has more than {MAX_POINTS} points")))?;
+
+        // The definition hash: the canonical definition and the tpusim version (a new release
+        // may compute different metrics, so its shards must not be merged with older ones).
+        let canon_values = |vals: &[&toml::Value]| -> Vec<serde_json::Value> {
+            vals.iter().map(|v| serde_json::to_value(v).unwrap_or(serde_json::Value::Null)).collect()
+        };
+        let canon = serde_json::json!({
+            "format": 1,
+            "tpusim": env!("CARGO_PKG_VERSION"),
+            "base": serde_json::to_value(&base).unwrap_or(serde_json::Value::Null),
+            "mode": format!("{mode:?}"),
+            "inputs": inputs,
+            "axes": axes.iter().map(|a| canon_values(&a.iter().map(|v| &v.raw).collect::<Vec<_>>())).collect::<Vec<_>>(),
+            "points": points
+                .iter()
+                .map(|p| p.iter().map(|(c, v)| serde_json::json!([c, serde_json::to_value(&v.raw).unwrap_or_default()])).collect::<Vec<_>>())
+                .collect::<Vec<_>>(),
+        });
+        let hash = crate::fnv1a(canon.to_string().as_bytes());
+        Ok(SweepDef { origin: origin.to_string(), base, mode, inputs, axes, points, total, hash })
+    }
+
+    /// Number of points.
+    pub fn total(&self) -> u64 {
+        self.total
+    }
+
+    /// The definition hash as 16 hex digits (changes with any key or value, or tpusim's version).
+    pub fn hash_hex(&self) -> String {
+        format!("{:016x}", self.hash)
+    }
+
+    /// Point `index` (0-based, below [`SweepDef::total`]).
+    ///
+    /// # Panics
+    /// If `index` is out of range.
+    pub fn point(&self, index: u64) -> Point<'_> {
+        assert!(index < self.total, "point {index} of a sweep of {}", self.total);
+        let mut inputs: Vec<Option<&toml::Value>> = vec![None; self.inputs.len()];
+        let mut spec = self.base.clone();
+        match self.mode {
+            Mode::Product => {
+                // Mixed radix, last axis fastest.
+                let mut rest = index;
+                let mut chosen = vec![0usize; self.axes.len()];
+                for (a, vals) in self.axes.iter().enumerate().rev() {
+                    let n = vals.len() as u64;
+                    chosen[a] = (rest % n) as usize;
+                    rest /= n;
+                }
+                for (a, &c) in chosen.iter().enumerate() {
+                    let v = &self.axes[a][c];
+                    inputs[a] = Some(&v.raw);
+                    spec = spec.overlay(&v.spec);
+                }
+            }
+            Mode::Points => {
+                for (col, v) in &self.points[index as usize] {
+                    inputs[*col] = Some(&v.raw);
+                    spec = spec.overlay(&v.spec);
+                }
+            }
+        }
+        Point { index, inputs, spec }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<SweepDef, SweepError> {
+        SweepDef::parse(text, "t.toml", &[])
+    }
+
+    #[test]
+    fn product_order_is_first_axis_slowest() {
+        let d = parse("[base]\nheads = 2\n[axes]\nblock_q = [512, 1024]\n\"chip.mxu.count\" = [1, 2, 4]\n").unwrap();
+        assert_eq!(d.total(), 6);
+        assert_eq!(d.inputs, vec!["block_q", "chip.mxu.count"]);
+        let p = d.point(4);
+        assert_eq!(p.spec.block_q, Some(1024));
+        assert_eq!(p.spec.set, vec!["mxu.count=2".to_string()]);
+        assert_eq!(p.spec.heads, Some(2));
+        assert_eq!(p.inputs[1], Some(&toml::Value::Integer(2)));
+    }
+
+    #[test]
+    fn dotted_chip_keys_and_points_mode() {
+        let d = parse("[axes]\nchip.hbm.bandwidth_gb_per_s = [819.0, 1640]\n").unwrap();
+        assert_eq!(d.inputs, vec!["chip.hbm.bandwidth_gb_per_s"]);
+        assert_eq!(d.point(0).spec.set, vec!["hbm.bandwidth_gb_per_s=819".to_string()]);
+        let d = parse("[[points]]\nblock_q = 512\n[[points]]\nmask = \"causal\"\nblock_q = 1024\n").unwrap();
+        assert_eq!((d.mode, d.total()), (Mode::Points, 2));
+        assert_eq!(d.inputs, vec!["block_q", "mask"]);
+        assert!(d.point(0).inputs[1].is_none());
+    }
+
+    #[test]
+    fn bad_files_name_the_file_and_key() {
+        let cases = [
+            ("[axes]\nblock_q = [512]\nbogus = [1]\n", "bogus"),
+            ("[axes]\nblock_q = [\"big\"]\n", "axes.block_q[0]"),
+            ("[axes]\nblock_q = 512\n", "expected a list"),
+            ("[axes]\nblock_q = []\n", "axes.block_q is empty"),
+            ("[axes]\n", "[axes] is empty"),
+            ("[base]\nheads = 2\n", "no [axes]"),
+            ("[axes]\n\"chip.hbm.bandwith_gb_per_s\" = [1.0]\n", "bandwith"),
+            ("[axes]\n\"chip.mxu.count\" = [0]\n", "mxu.count"),
+            ("[axes]\nhbm.bandwidth_gb_per_s = [1.0]\n", "chip.hbm.bandwidth_gb_per_s"),
+            ("[axes]\ntraversal = [\"zigzag\"]\n", "zigzag"),
+            ("[axes]\nmask = [\"band:\"]\n", "axes.mask[0]"),
+            ("[base]\nbogus = 1\n[axes]\nblock_q = [512]\n", "bogus"),
+            ("modes = 1\n", "modes"),
+            ("mode = \"grid\"\n[axes]\nblock_q = [512]\n", "grid"),
+        ];
+        for (text, want) in cases {
+            let e = parse(text).unwrap_err().to_string();
+            assert!(e.contains("t.toml") && e.contains(want), "{text:?} -> {e}");
+        }
+    }
+
+    #[test]
+    fn hash_follows_the_definition_not_the_formatting() {
+        let a = parse("[axes]\nblock_q = [512, 1024]\n").unwrap();
+        let b = parse("# comment\n[axes]\nblock_q = [ 512,1024 ]\n").unwrap();
+        let c = parse("[axes]\nblock_q = [512, 2048]\n").unwrap();
+        let d = SweepDef::parse("[axes]\nblock_q = [512, 1024]\n", "t", &["mxu.count=2".into()]).unwrap();
+        assert_eq!(a.hash_hex(), b.hash_hex());
+        assert_ne!(a.hash_hex(), c.hash_hex());
+        assert_ne!(a.hash_hex(), d.hash_hex());
+    }
+}

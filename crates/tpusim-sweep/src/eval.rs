@@ -1,0 +1,341 @@
+//! Evaluating jobs end to end, sharing work between the points of a sweep.
+//!
+//! A point is evaluated as `tpusim run` evaluates a job ([`JobSpec::chip`], [`JobSpec::build`],
+//! [`tpusim_report::run`], [`Report::from_run`]), with three savings that never change a
+//! result (tested against `tpusim_report::run`):
+//!
+//! * **Chips** are parsed once per (chip, `set` overrides).
+//! * **Lowering** is shared by points that differ only in the chip's `[hbm]` and `[fitted]`
+//!   parameters. Lowering reads the chip only for the block rules (`[vpu]` register shape) and
+//!   the VMEM budget (`[vmem]`); bandwidth, clock and unit throughputs are the simulator's
+//!   (ARCHITECTURE.md: step bodies carry hardware-neutral work amounts). [`lowering_key`] is the
+//!   resolved job plus every other chip section, so a what-if on any other section lowers anew.
+//!   A test checks that lowering with different `[hbm]` and `[fitted]` values gives identical
+//!   programs, so a change to that contract fails loudly. On the sparse video case lowering
+//!   (tile classification of 75,600 rows) is ~95% of a point's cost.
+//! * **Dense baselines** of sparse attention points are cached per (chip, workload with the full
+//!   mask, kernel configuration without tile alignment): a sweep over masks or kernel options
+//!   simulates one baseline per chip, shape and blocks. The cached baseline keeps every
+//!   [`SimResult`] field except the per-operation schedules (`class_timing[..].ops`).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+use tpusim_chip::ChipModel;
+use tpusim_engine::{simulate, SimResult};
+use tpusim_kernel::{matmul, splash, KernelError, Program, SplashConfig};
+use tpusim_report::{Job, JobSpec, Report, Run};
+use tpusim_workload::Mask;
+
+/// Caches stop growing at this many entries (memory stays bounded on huge sweeps).
+const CACHE_LIMIT: usize = 100_000;
+
+type DenseCell = Arc<OnceLock<Result<Arc<SimResult>, KernelError>>>;
+type ChipCache = HashMap<(Option<String>, Vec<String>), Result<Arc<ChipEntry>, String>>;
+
+/// A parsed chip with its cache keys.
+#[derive(Debug)]
+pub struct ChipEntry {
+    /// The chip with its overrides.
+    pub chip: ChipModel,
+    /// Identifies the whole chip (its name or path and overrides).
+    pub key: String,
+    /// Identifies the parts of the chip that lowering reads (module docs).
+    pub lowering_key: String,
+}
+
+/// What evaluating one job gave.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    /// The built job, if building succeeded (even when lowering then failed).
+    pub job: Option<Job>,
+    /// The report, or the error that stopped the point.
+    pub report: Result<Report, String>,
+}
+
+/// A job built for its chip, ready to lower and simulate.
+#[derive(Debug, Clone)]
+pub struct Prepared {
+    /// The chip, or why it is invalid.
+    pub chip: Result<Arc<ChipEntry>, String>,
+    /// The job, or why it cannot be built.
+    pub job: Result<Job, String>,
+}
+
+impl Prepared {
+    /// Points with equal keys lower to the same program (module docs); `None` for points that
+    /// fail before lowering.
+    pub fn lowering_key(&self) -> Option<String> {
+        match (&self.chip, &self.job) {
+            (Ok(c), Ok(j)) => Some(format!("{}|{j:?}", c.lowering_key)),
+            _ => None,
+        }
+    }
+}
+
+/// The key of the chip sections lowering reads: everything but `[hbm]` and `[fitted]`.
+pub fn lowering_key(chip: &ChipModel) -> String {
+    let mut v = serde_json::to_value(chip).unwrap_or_default();
+    if let Some(m) = v.as_object_mut() {
+        m.remove("hbm");
+        m.remove("fitted");
+        m.remove("description");
+    }
+    v.to_string()
+}
+
+/// Evaluates jobs, caching chips and dense baselines. Shared by threads (`Sync`).
+#[derive(Default)]
+pub struct Evaluator {
+    chips: Mutex<ChipCache>,
+    dense: Mutex<HashMap<String, DenseCell>>,
+    /// Skip the dense baseline of sparse points (the tuner only needs latency).
+    pub skip_dense: bool,
+}
+
+fn lower(chip: &ChipModel, job: &Job) -> Result<Program, KernelError> {
+    match job {
+        Job::Splash { workload, config } => splash::lower(chip, workload, config),
+        Job::Matmul { workload, config } => matmul::lower(chip, workload, config),
+    }
+}
+
+/// The dense baseline's job of a sparse attention job (as [`tpusim_report::run`] forms it), or
+/// `None` when the job has none.
+fn dense_job(job: &Job) -> Option<Job> {
+    match job {
+        Job::Splash { workload, config } if !workload.mask.is_full() || config.tile_align => {
+            let mut w = workload.clone();
+            w.mask = Mask::Full;
+            Some(Job::Splash { workload: w, config: SplashConfig { tile_align: false, ..config.clone() } })
+        }
+        _ => None,
+    }
+}
+
+impl Evaluator {
+    /// A new evaluator with empty caches.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The chip a spec names, with its overrides (cached).
+    ///
+    /// # Errors
+    /// The chip model's error, as text.
+    pub fn chip(&self, spec: &JobSpec) -> Result<Arc<ChipEntry>, String> {
+        let key = (spec.chip.clone(), spec.set.clone());
+        if let Some(c) = self.chips.lock().expect("chip cache").get(&key) {
+            return c.clone();
+        }
+        let entry = spec.chip().map_err(|e| e.to_string()).map(|chip| {
+            Arc::new(ChipEntry { lowering_key: lowering_key(&chip), key: format!("{:?}|{:?}", spec.chip, spec.set), chip })
+        });
+        let mut cache = self.chips.lock().expect("chip cache");
+        if cache.len() < CACHE_LIMIT {
+            cache.insert(key, entry.clone());
+        }
+        entry
+    }
+
+    /// Resolves a spec's chip and job.
+    pub fn prepare(&self, spec: &JobSpec) -> Prepared {
+        let chip = self.chip(spec);
+        let job = match &chip {
+            Ok(c) => spec.build(&c.chip).map_err(|e| e.to_string()),
+            Err(e) => Err(e.clone()),
+        };
+        Prepared { chip, job }
+    }
+
+    /// Builds, lowers and simulates a spec and summarises it.
+    pub fn evaluate(&self, spec: &JobSpec) -> Outcome {
+        let p = self.prepare(spec);
+        let mut out = None;
+        self.evaluate_group(&[&p], &mut |_, o| out = Some(o));
+        out.expect("one outcome per point")
+    }
+
+    /// Evaluates points that share one lowering key (or a single point), lowering once; calls
+    /// `done(i, outcome)` for `group[i]` as each finishes.
+    pub fn evaluate_group(&self, group: &[&Prepared], done: &mut dyn FnMut(usize, Outcome)) {
+        let Some(first) = group.first() else { return };
+        let (Ok(chip0), Ok(job)) = (&first.chip, &first.job) else {
+            for (i, p) in group.iter().enumerate() {
+                let err = match (&p.chip, &p.job) {
+                    (Err(e), _) | (_, Err(e)) => e.clone(),
+                    _ => "internal error: a point that builds was grouped with one that does not".into(),
+                };
+                done(i, Outcome { job: p.job.as_ref().ok().cloned(), report: Err(err) });
+            }
+            return;
+        };
+        let program = lower(&chip0.chip, job);
+        let dense = if self.skip_dense { None } else { dense_job(job) };
+        let dense_program: OnceLock<Result<Program, KernelError>> = OnceLock::new();
+        for (i, p) in group.iter().enumerate() {
+            let chip = match &p.chip {
+                Ok(c) => c,
+                Err(e) => {
+                    done(i, Outcome { job: None, report: Err(e.clone()) });
+                    continue;
+                }
+            };
+            let report = program.as_ref().map_err(|e| e.to_string()).and_then(|prog| {
+                let dense = match &dense {
+                    None => None,
+                    Some(dj) => Some(
+                        self.dense_result(&chip.key, &chip.chip, dj, &|| {
+                            dense_program.get_or_init(|| lower(&chip0.chip, dj)).clone()
+                        })
+                        .map_err(|e| e.to_string())?,
+                    ),
+                };
+                let result = simulate(&chip.chip, prog);
+                let run = Run { chip: chip.chip.clone(), job: job.clone(), program: prog.clone(), result, dense };
+                Ok(Report::from_run(&run))
+            });
+            done(i, Outcome { job: Some(job.clone()), report });
+        }
+    }
+
+    /// The dense baseline's result for a chip (cached), lowering with `lower_dense` on a miss.
+    fn dense_result(
+        &self,
+        chip_key: &str,
+        chip: &ChipModel,
+        dense_job: &Job,
+        lower_dense: &dyn Fn() -> Result<Program, KernelError>,
+    ) -> Result<SimResult, KernelError> {
+        let key = format!("{chip_key}|{dense_job:?}");
+        let cell = {
+            let mut cache = self.dense.lock().expect("dense cache");
+            match cache.get(&key) {
+                Some(cell) => cell.clone(),
+                None => {
+                    let cell = DenseCell::default();
+                    if cache.len() < CACHE_LIMIT {
+                        cache.insert(key, cell.clone());
+                    }
+                    cell
+                }
+            }
+        };
+        let r = cell.get_or_init(|| {
+            let mut r = simulate(chip, &lower_dense()?);
+            for t in &mut r.class_timing {
+                t.ops = Vec::new();
+            }
+            Ok(Arc::new(r))
+        });
+        r.clone().map(|r| SimResult::clone(&r))
+    }
+
+    /// [`tpusim_report::run`] with the dense baseline taken from the cache (one job, no
+    /// shared lowering).
+    ///
+    /// # Errors
+    /// Lowering errors, as `run` reports them.
+    pub fn run(&self, chip_key: &str, chip: &ChipModel, job: &Job) -> Result<Run, KernelError> {
+        let program = lower(chip, job)?;
+        let dense = match if self.skip_dense { None } else { dense_job(job) } {
+            None => None,
+            Some(dj) => Some(self.dense_result(chip_key, chip, &dj, &|| lower(chip, &dj))?),
+        };
+        let result = simulate(chip, &program);
+        Ok(Run { chip: chip.clone(), job: job.clone(), program, result, dense })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn specs() -> Vec<JobSpec> {
+        let sparse = JobSpec {
+            seq_len: Some(8192),
+            mask: Some("band:2000+sink:512".into()),
+            traversal: Some("compact".into()),
+            masking: Some("partial".into()),
+            ..Default::default()
+        };
+        vec![
+            JobSpec { seq_len: Some(4096), ..Default::default() },
+            sparse.clone(),
+            JobSpec { mask: Some("causal".into()), ..sparse.clone() },
+            JobSpec { tile_align: Some(true), ..sparse.clone() },
+            JobSpec { block_q: Some(4000), ..sparse.clone() },
+            JobSpec { block_q: Some(8192), block_kv: Some(8192), ..sparse.clone() },
+            JobSpec { kernel: Some("matmul".into()), m: Some(1024), n: Some(1024), k: Some(512), ..Default::default() },
+        ]
+    }
+
+    fn reference(s: &JobSpec) -> Result<Report, String> {
+        let chip = s.chip().map_err(|e| e.to_string())?;
+        let job = s.build(&chip).map_err(|e| e.to_string())?;
+        tpusim_report::run(&chip, &job).map(|r| Report::from_run(&r)).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn cached_evaluation_equals_tpusim_run() {
+        let ev = Evaluator::new();
+        for _ in 0..2 {
+            for s in specs() {
+                assert_eq!(ev.evaluate(&s).report, reference(&s), "{s:?}");
+            }
+        }
+        assert!(!ev.dense.lock().unwrap().is_empty());
+    }
+
+    #[test]
+    fn shared_lowering_equals_tpusim_run_for_each_chip() {
+        let ev = Evaluator::new();
+        let sets = [
+            vec![],
+            vec!["hbm.bandwidth_gb_per_s=3276".to_string()],
+            vec!["fitted.valu_vreg_ops_per_cycle=5.4".to_string(), "fitted.clock_ghz=2".to_string()],
+        ];
+        for base in specs() {
+            let group_specs: Vec<JobSpec> = sets.iter().map(|set| JobSpec { set: set.clone(), ..base.clone() }).collect();
+            let prepared: Vec<Prepared> = group_specs.iter().map(|s| ev.prepare(s)).collect();
+            let keys: Vec<Option<String>> = prepared.iter().map(Prepared::lowering_key).collect();
+            assert!(keys.iter().all(|k| *k == keys[0]), "one lowering key for {base:?}");
+            let refs: Vec<&Prepared> = prepared.iter().collect();
+            let mut got = vec![None; refs.len()];
+            ev.evaluate_group(&refs, &mut |i, o| got[i] = Some(o.report));
+            for (s, g) in group_specs.iter().zip(got) {
+                assert_eq!(g.unwrap(), reference(s), "{s:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn lowering_does_not_read_hbm_or_fitted_parameters() {
+        // The contract shared lowering relies on: a kernel lowered for chips that differ only in
+        // [hbm] and [fitted] is the same program.
+        let a = ChipModel::preset("v6e").unwrap();
+        let mut b = a.clone();
+        for (k, v) in [
+            ("hbm.bandwidth_gb_per_s", "100"),
+            ("hbm.capacity_gib", "1"),
+            ("fitted.clock_ghz", "0.5"),
+            ("fitted.valu_vreg_ops_per_cycle", "9"),
+            ("fitted.eup_vregs_per_cycle", "0.3"),
+            ("fitted.grid_step_overhead_cycles", "5000"),
+            ("fitted.mask_extra_cycles_per_vreg", "3"),
+            ("fitted.dma_latency_ns", "900"),
+            ("fitted.hbm_efficiency", "0.2"),
+        ] {
+            b = b.with_override(k, v).unwrap();
+        }
+        assert_eq!(lowering_key(&a), lowering_key(&b));
+        for s in specs() {
+            let ja = s.build(&a).unwrap();
+            let jb = s.build(&b).unwrap();
+            assert_eq!(ja, jb);
+            let (pa, pb) = (lower(&a, &ja), lower(&b, &jb));
+            assert_eq!(format!("{pa:?}"), format!("{pb:?}"), "{s:?}");
+        }
+        let c = a.with_override("vmem.scoped_limit_mib", "16").unwrap();
+        assert_ne!(lowering_key(&a), lowering_key(&c));
+    }
+}

@@ -1,0 +1,473 @@
+//! Running a sweep: parallel evaluation, deterministic output, resume, shards.
+//!
+//! **Parallelism.** Points are evaluated on a rayon pool (one thread per core unless `--jobs`):
+//! first every point's chip and job are resolved, then points that lower to the same program
+//! (they differ only in `[hbm]` and `[fitted]` chip parameters, see [`crate::eval`]) are grouped
+//! so that each group lowers once, and the groups (split into pieces so that every thread has
+//! work) are evaluated in parallel. Each point's row depends only on the point (sharing never
+//! changes a result), so the output is the same for any number of threads.
+//!
+//! **Writing and resuming.** While it runs, a sweep appends each finished row to `OUT.partial`
+//! (after the header), in the order points finish, flushing at least every 200 ms; a killed
+//! sweep loses only the rows of the last fraction of a second. When every point is done, the
+//! rows are written to `OUT` in index order through a temporary file and a rename, and
+//! `OUT.partial` is removed: `OUT` only ever holds a complete, ordered sweep, and its bytes do not
+//! depend on interruptions or thread counts.
+//!
+//! On start, a sweep reads `OUT.partial` (and `OUT`, if it exists) when its header matches this
+//! sweep (same definition hash, shard and format): their rows are kept and their points are not
+//! evaluated again. A last line without its newline (cut off by the kill) is dropped and
+//! recomputed. Files of a different sweep (another definition, shard or format) are replaced,
+//! with a note; `--restart` ignores existing files altogether.
+//!
+//! **Shards.** `--shard I/N` evaluates the points with `index % N == I` (interleaved, so that
+//! shards get similar mixes of cheap and costly points) and writes them with their indices;
+//! [`mod@crate::merge`] joins the shards.
+
+use crate::def::SweepDef;
+use crate::eval::{Evaluator, Outcome, Prepared};
+use crate::output::{csv_split, read_back, write_atomic, Format, Header, Layout};
+use crate::SweepError;
+use rayon::prelude::*;
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::io::Write;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+/// A slice of a sweep: the points with `index % count == index_of_shard`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shard {
+    /// Which slice, 0-based.
+    pub index: u64,
+    /// How many slices.
+    pub count: u64,
+}
+
+impl Shard {
+    /// The whole sweep (shard 0 of 1).
+    pub const WHOLE: Shard = Shard { index: 0, count: 1 };
+
+    /// Parses `I/N` (0 <= I < N).
+    ///
+    /// # Errors
+    /// [`SweepError`] naming the value.
+    pub fn parse(s: &str) -> Result<Shard, SweepError> {
+        let bad = || {
+            SweepError::new(format!("--shard {s}: expected I/N with 0 <= I < N, e.g. --shard 0/4 (Slurm: --shard $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT)"))
+        };
+        let (i, n) = s.split_once('/').ok_or_else(bad)?;
+        let (index, count): (u64, u64) = (i.trim().parse().map_err(|_| bad())?, n.trim().parse().map_err(|_| bad())?);
+        if count == 0 || index >= count {
+            return Err(bad());
+        }
+        Ok(Shard { index, count })
+    }
+
+    /// Whether a point belongs to this shard.
+    pub fn owns(&self, point: u64) -> bool {
+        point % self.count == self.index
+    }
+
+    /// Number of this shard's points in a sweep of `total`.
+    pub fn len(&self, total: u64) -> u64 {
+        if total > self.index {
+            (total - self.index - 1) / self.count + 1
+        } else {
+            0
+        }
+    }
+
+    /// Whether the shard has no point in a sweep of `total`.
+    pub fn is_empty(&self, total: u64) -> bool {
+        self.len(total) == 0
+    }
+}
+
+impl fmt::Display for Shard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.index, self.count)
+    }
+}
+
+/// How to run a sweep.
+#[derive(Debug, Clone)]
+pub struct SweepOptions {
+    /// Output file.
+    pub out: String,
+    /// Output format.
+    pub format: Format,
+    /// Which slice of the sweep to evaluate.
+    pub shard: Shard,
+    /// Worker threads (`None`: one per core).
+    pub jobs: Option<usize>,
+    /// Draw a progress bar (only when stderr is a terminal).
+    pub progress: bool,
+    /// Ignore existing output and partial files.
+    pub restart: bool,
+    /// Longest time between flushes of `OUT.partial`.
+    pub flush_every: Duration,
+}
+
+impl SweepOptions {
+    /// Options for writing `out` (format from its extension), whole sweep, all cores.
+    pub fn new(out: &str) -> Self {
+        SweepOptions {
+            out: out.to_string(),
+            format: Format::from_path(out),
+            shard: Shard::WHOLE,
+            jobs: None,
+            progress: false,
+            restart: false,
+            flush_every: Duration::from_millis(200),
+        }
+    }
+}
+
+/// The default output file of a sweep: the sweep file's name with the format's extension, in
+/// the current folder; shards add `.shard-I-of-N`.
+pub fn default_out(sweep_file: &str, shard: Shard, format: Format) -> String {
+    let stem = Path::new(sweep_file).file_stem().and_then(|s| s.to_str()).unwrap_or("sweep");
+    if shard.count > 1 {
+        format!("{stem}.shard-{}-of-{}.{}", shard.index, shard.count, format.extension())
+    } else {
+        format!("{stem}.{}", format.extension())
+    }
+}
+
+/// What a sweep run did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SweepSummary {
+    /// The sweep file.
+    pub origin: String,
+    /// The output file.
+    pub out: String,
+    /// The shard run.
+    pub shard: Shard,
+    /// Points in the whole sweep.
+    pub total: u64,
+    /// Points in this shard (rows written).
+    pub points: u64,
+    /// Points evaluated by this run.
+    pub computed: u64,
+    /// Points taken from an earlier, interrupted run.
+    pub resumed: u64,
+    /// Rows with an error.
+    pub errors: u64,
+    /// Wall time, seconds.
+    pub seconds: f64,
+    /// Remarks (files replaced or discarded).
+    pub notes: Vec<String>,
+}
+
+impl fmt::Display for SweepSummary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for n in &self.notes {
+            writeln!(f, "note: {n}")?;
+        }
+        let shard =
+            if self.shard.count > 1 { format!(" (shard {} of a sweep of {})", self.shard, self.total) } else { String::new() };
+        write!(
+            f,
+            "sweep {}: {} point{}{shard} -> {}: {} computed, {} resumed, {} with errors; {:.1} s",
+            self.origin,
+            self.points,
+            if self.points == 1 { "" } else { "s" },
+            self.out,
+            self.computed,
+            self.resumed,
+            self.errors,
+            self.seconds
+        )?;
+        if self.computed > 0 && self.seconds > 0.0 {
+            write!(f, " ({:.0} points/s)", self.computed as f64 / self.seconds)?;
+        }
+        writeln!(f)
+    }
+}
+
+fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "panic".into())
+}
+
+fn row_has_error(format: Format, line: &str) -> bool {
+    let body = line.trim_end_matches('\n');
+    match format {
+        Format::Csv => csv_split(body).and_then(|f| f.last().cloned()).is_some_and(|e| !e.is_empty()),
+        Format::Jsonl => serde_json::from_str::<serde_json::Value>(body)
+            .ok()
+            .and_then(|v| v.get("error").cloned())
+            .is_some_and(|e| !e.is_null()),
+    }
+}
+
+/// Runs (or resumes) a sweep or one shard of it and writes `opts.out` (module docs).
+///
+/// # Errors
+/// [`SweepError`] for unwritable files, an existing `OUT` that is not a sweep output, or rows of
+/// an existing file that are malformed (the message names the file and line).
+pub fn run_sweep(def: &SweepDef, opts: &SweepOptions) -> Result<SweepSummary, SweepError> {
+    let start = Instant::now();
+    let layout = Layout::for_sweep(def);
+    let shard = opts.shard;
+    let format = opts.format;
+    let header = Header {
+        points: def.total(),
+        shard: (shard.index, shard.count),
+        definition: def.hash_hex(),
+        version: env!("CARGO_PKG_VERSION").to_string(),
+    };
+    let header_text = header.render(format, &layout.columns);
+    let out = opts.out.as_str();
+    let partial = format!("{out}.partial");
+    let mut notes = Vec::new();
+    let mut done: BTreeMap<u64, String> = BTreeMap::new();
+
+    if !opts.restart {
+        for (path, is_partial) in [(out, false), (partial.as_str(), true)] {
+            if !Path::new(path).exists() {
+                continue;
+            }
+            let text = std::fs::read(path).map_err(|e| SweepError::new(format!("cannot read {path}: {e}")))?;
+            let first = text.split(|&b| b == b'\n').next().unwrap_or_default();
+            let Some((theirs, their_format)) = Header::parse(&String::from_utf8_lossy(first)) else {
+                if is_partial {
+                    notes.push(format!("discarded {path}: not a tpusim sweep output"));
+                    continue;
+                }
+                return Err(SweepError::new(format!(
+                    "{out} exists and is not a tpusim sweep output; remove it or choose another --out"
+                )));
+            };
+            if !text.starts_with(header_text.as_bytes()) {
+                notes.push(format!(
+                    "replaced {path}: it holds {} (definition {}, shard {}/{}, {}), not this sweep (definition {}, shard {shard}, {})",
+                    if theirs.definition == header.definition { "another shard or format of this sweep" } else { "another sweep" },
+                    theirs.definition,
+                    theirs.shard.0,
+                    theirs.shard.1,
+                    their_format.extension(),
+                    header.definition,
+                    format.extension()
+                ));
+                continue;
+            }
+            drop(text);
+            let rb = read_back(path, Some(&layout))
+                .map_err(|e| SweepError::new(format!("{e}; rerun with --restart to start this sweep over")))?;
+            for (i, line) in rb.rows {
+                if i >= def.total() || !shard.owns(i) {
+                    return Err(SweepError::new(format!(
+                        "{path}: row {i} does not belong to shard {shard} of this sweep; rerun with --restart"
+                    )));
+                }
+                match done.get(&i) {
+                    Some(prev) if *prev != line => {
+                        return Err(SweepError::new(format!(
+                            "{path}: point {i} appears twice with different rows; rerun with --restart"
+                        )))
+                    }
+                    _ => {
+                        done.insert(i, line);
+                    }
+                }
+            }
+        }
+    }
+    let resumed = done.len() as u64;
+    let todo: Vec<u64> = (shard.index..def.total()).step_by(shard.count as usize).filter(|i| !done.contains_key(i)).collect();
+
+    let mut computed = Vec::new();
+    if !todo.is_empty() {
+        // Start OUT.partial afresh with the rows kept so far (dropping any cut-off last line).
+        let mut text = header_text.clone();
+        done.values().for_each(|l| text.push_str(l));
+        write_atomic(&partial, text.as_bytes())?;
+        computed = evaluate_into(def, &layout, format, &todo, &partial, opts)?;
+    }
+    let computed_n = computed.len() as u64;
+    done.extend(computed);
+    let expected = shard.len(def.total());
+    if done.len() as u64 != expected {
+        return Err(SweepError::new(format!("internal error: {} rows for {expected} points", done.len())));
+    }
+    let errors = done.values().filter(|l| row_has_error(format, l)).count() as u64;
+    let mut text = String::with_capacity(header_text.len() + done.values().map(String::len).sum::<usize>());
+    text.push_str(&header_text);
+    done.values().for_each(|l| text.push_str(l));
+    write_atomic(out, text.as_bytes())?;
+    if Path::new(&partial).exists() {
+        std::fs::remove_file(&partial).map_err(|e| SweepError::new(format!("cannot remove {partial}: {e}")))?;
+    }
+    Ok(SweepSummary {
+        origin: def.origin.clone(),
+        out: out.to_string(),
+        shard,
+        total: def.total(),
+        points: expected,
+        computed: computed_n,
+        resumed,
+        errors,
+        seconds: start.elapsed().as_secs_f64(),
+        notes,
+    })
+}
+
+/// Evaluates `todo` in parallel, appending each row to `partial` as it finishes. Returns the
+/// rows (index, line).
+fn evaluate_into(
+    def: &SweepDef,
+    layout: &Layout,
+    format: Format,
+    todo: &[u64],
+    partial: &str,
+    opts: &SweepOptions,
+) -> Result<Vec<(u64, String)>, SweepError> {
+    let io = |e: std::io::Error| SweepError::new(format!("cannot write {partial}: {e}"));
+    let file = std::fs::OpenOptions::new().append(true).open(partial).map_err(io)?;
+    let pool = crate::pool(opts.jobs)?;
+    let pb = crate::progress_bar(opts.progress, todo.len() as u64, "sweep");
+    let ev = Evaluator::new();
+    let stop = AtomicBool::new(false);
+    let (tx, rx) = std::sync::mpsc::channel::<(u64, String)>();
+    let flush_every = opts.flush_every;
+    let result = std::thread::scope(|s| {
+        let writer = s.spawn(|| -> Result<Vec<(u64, String)>, SweepError> {
+            let mut w = std::io::BufWriter::with_capacity(1 << 16, file);
+            let mut last = Instant::now();
+            let mut rows = Vec::with_capacity(todo.len());
+            let mut fail = None;
+            let rx = rx; // moved into the writer
+            let mut dirty = false;
+            loop {
+                // Rows are flushed when 200 ms have passed since the last flush, or when no row
+                // has come for 200 ms: a kill loses at most the last fraction of a second.
+                let (i, line) = match rx.recv_timeout(flush_every) {
+                    Ok(row) => row,
+                    Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                        if dirty && fail.is_none() {
+                            if let Err(e) = w.flush() {
+                                fail = Some(io(e));
+                                stop.store(true, Ordering::Relaxed);
+                            }
+                            dirty = false;
+                            last = Instant::now();
+                        }
+                        continue;
+                    }
+                    Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+                };
+                if fail.is_none() {
+                    dirty = true;
+                    if let Err(e) = w.write_all(line.as_bytes()) {
+                        fail = Some(io(e));
+                        stop.store(true, Ordering::Relaxed);
+                    } else if last.elapsed() >= flush_every {
+                        if let Err(e) = w.flush() {
+                            fail = Some(io(e));
+                            stop.store(true, Ordering::Relaxed);
+                        }
+                        dirty = false;
+                        last = Instant::now();
+                    }
+                }
+                if let Some(pb) = &pb {
+                    pb.inc(1);
+                }
+                rows.push((i, line));
+            }
+            if let Some(e) = fail {
+                return Err(e);
+            }
+            w.flush().map_err(io)?;
+            Ok(rows)
+        });
+        pool.install(|| {
+            // Resolve every point's chip and job, then group points that lower to the same
+            // program (crate::eval) so that each group lowers once. Large groups are split so
+            // that every thread has work.
+            let prepared: Vec<Option<Prepared>> = todo
+                .par_iter()
+                .map(|&i| std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| ev.prepare(&def.point(i).spec))).ok())
+                .collect();
+            let mut groups: Vec<Vec<usize>> = Vec::new();
+            let mut by_key: HashMap<String, usize> = HashMap::new();
+            for (k, p) in prepared.iter().enumerate() {
+                match p.as_ref().and_then(Prepared::lowering_key) {
+                    Some(key) => {
+                        let g = *by_key.entry(key).or_insert_with(|| {
+                            groups.push(Vec::new());
+                            groups.len() - 1
+                        });
+                        groups[g].push(k);
+                    }
+                    None => groups.push(vec![k]),
+                }
+            }
+            drop(by_key);
+            let chunk = todo.len().div_ceil(4 * pool.current_num_threads()).max(1);
+            let work: Vec<&[usize]> = groups.iter().flat_map(|g| g.chunks(chunk)).collect();
+            work.par_iter().for_each_with(tx, |tx, members| {
+                if stop.load(Ordering::Relaxed) {
+                    return;
+                }
+                let send = |tx: &std::sync::mpsc::Sender<(u64, String)>, k: usize, outcome: &Outcome| {
+                    let point = def.point(todo[k]);
+                    let _ = tx.send((todo[k], layout.line(format, &layout.row(&point, outcome))));
+                };
+                let group: Option<Vec<&Prepared>> = members.iter().map(|&k| prepared[k].as_ref()).collect();
+                let mut sent = vec![false; members.len()];
+                let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    if let Some(group) = &group {
+                        ev.evaluate_group(group, &mut |j, outcome| {
+                            send(tx, members[j], &outcome);
+                            sent[j] = true;
+                        });
+                    }
+                }));
+                let why = match ran {
+                    Err(p) => format!("internal error: {}", panic_text(p.as_ref())),
+                    Ok(()) => "internal error: the point could not be prepared".to_string(),
+                };
+                for (j, &k) in members.iter().enumerate() {
+                    if !sent[j] {
+                        send(tx, k, &Outcome { job: None, report: Err(why.clone()) });
+                    }
+                }
+            });
+        });
+        writer
+            .join()
+            .unwrap_or_else(|p| Err(SweepError::new(format!("internal error in the writer: {}", panic_text(p.as_ref())))))
+    });
+    if let Some(pb) = pb {
+        pb.finish_and_clear();
+    }
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shards_partition_the_points() {
+        for total in [0u64, 1, 7, 10] {
+            for n in 1..5u64 {
+                let sum: u64 = (0..n).map(|i| Shard { index: i, count: n }.len(total)).sum();
+                assert_eq!(sum, total);
+                for i in 0..n {
+                    let s = Shard { index: i, count: n };
+                    assert_eq!(s.len(total), (0..total).filter(|&p| s.owns(p)).count() as u64);
+                }
+            }
+        }
+        assert!(Shard::parse("4/4").is_err());
+        assert!(Shard::parse("1/0").is_err());
+        assert_eq!(Shard::parse("1/4").unwrap(), Shard { index: 1, count: 4 });
+    }
+}

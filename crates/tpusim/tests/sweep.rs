@@ -1,0 +1,349 @@
+//! End-to-end tests of `tpusim sweep`, `tpusim merge` and `tpusim tune` (issue 5), through the
+//! binary.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_tpusim"))
+}
+
+/// A fresh scratch folder for one test.
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("tpusim-sweep-test-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn run(args: &[&str], dir: &Path) -> Output {
+    bin().args(args).current_dir(dir).output().expect("tpusim runs")
+}
+
+fn ok(args: &[&str], dir: &Path) -> String {
+    let o = run(args, dir);
+    assert!(o.status.success(), "tpusim {args:?} failed: {}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn fails(args: &[&str], dir: &Path) -> String {
+    let o = run(args, dir);
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "tpusim {args:?} should fail with exit code 2; stdout {}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn read(p: &Path) -> Vec<u8> {
+    std::fs::read(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+/// 36 small points: 3 block_q x 3 block_kv x 2 masks x 2 HBM bandwidths; block_q 8192 with
+/// block_kv 8192 overflows VMEM, so some rows carry errors.
+const SMALL: &str = r#"
+[base]
+heads = 2
+seq_len = 8192
+traversal = "compact"
+masking = "partial"
+
+[axes]
+mask = ["causal", "local:1000,1000+sink:256"]
+block_q = [512, 2048, 8192]
+block_kv = [512, 1024, 8192]
+"chip.hbm.bandwidth_gb_per_s" = [819, 3276]
+"#;
+
+#[test]
+fn shards_merged_equal_the_unsharded_sweep_byte_for_byte() {
+    let d = scratch("shards");
+    std::fs::write(d.join("small.toml"), SMALL).unwrap();
+    for ext in ["csv", "jsonl"] {
+        let whole = format!("whole.{ext}");
+        let out = ok(&["sweep", "small.toml", "--out", &whole, "--no-progress"], &d);
+        assert!(out.contains("36 points") && out.contains("36 computed"), "{out}");
+        let shards: Vec<String> = (0..3).map(|i| format!("s{i}.{ext}")).collect();
+        for (i, s) in shards.iter().enumerate() {
+            ok(&["sweep", "small.toml", "--shard", &format!("{i}/3"), "--out", s, "-j", "1"], &d);
+        }
+        // Shards in any order.
+        let merged = format!("merged.{ext}");
+        let out = ok(&["merge", &shards[2], &shards[0], &shards[1], "--out", &merged], &d);
+        assert!(out.contains("36 points"), "{out}");
+        assert_eq!(read(&d.join(&merged)), read(&d.join(&whole)), "{ext}: merged shards differ from the unsharded sweep");
+
+        // A missing shard, a duplicated shard.
+        let e = fails(&["merge", &shards[0], &shards[2], "--out", "bad.out"], &d);
+        assert!(e.contains("12 of 36 points are missing") && e.contains("shard 1 of 3"), "{e}");
+        let e = fails(&["merge", &shards[0], &shards[1], &shards[2], &shards[1], "--out", "bad.out"], &d);
+        assert!(e.contains("in both"), "{e}");
+        assert!(!d.join("bad.out").exists());
+    }
+    // A shard of a different sweep is refused.
+    std::fs::write(d.join("other.toml"), SMALL.replace("[819, 3276]", "[819, 1638]")).unwrap();
+    ok(&["sweep", "other.toml", "--shard", "1/3", "--out", "other1.csv"], &d);
+    let e = fails(&["merge", "s0.csv", "other1.csv", "s2.csv", "--out", "bad.csv"], &d);
+    assert!(e.contains("not shards of one sweep") && e.contains("definition"), "{e}");
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
+fn sweep_rows_hold_inputs_metrics_and_errors_in_index_order() {
+    let d = scratch("rows");
+    std::fs::write(d.join("small.toml"), SMALL).unwrap();
+    ok(&["sweep", "small.toml", "--out", "a.csv", "-j", "2"], &d);
+    let text = String::from_utf8(read(&d.join("a.csv"))).unwrap();
+    let mut lines = text.lines();
+    let header = lines.next().unwrap();
+    assert!(header.starts_with("# tpusim sweep: points=36 shard=0/1 definition="), "{header}");
+    let cols: Vec<&str> = lines.next().unwrap().split(',').collect();
+    assert_eq!(&cols[..5], &["index", "mask", "block_q", "block_kv", "chip.hbm.bandwidth_gb_per_s"]);
+    for c in [
+        "latency_ms",
+        "mfu",
+        "bottleneck",
+        "util_mxu",
+        "hbm_bytes",
+        "grid_steps",
+        "tiles_partial",
+        "tile_density",
+        "tile_skip_efficiency",
+        "dense_latency_ms",
+        "error",
+    ] {
+        assert!(cols.contains(&c), "column {c} missing from {cols:?}");
+    }
+    let col = |name: &str| cols.iter().position(|c| *c == name).unwrap();
+    let rows: Vec<Vec<String>> = lines.map(split_csv).collect();
+    assert_eq!(rows.len(), 36);
+    let mut errors = 0;
+    for (i, r) in rows.iter().enumerate() {
+        assert_eq!(r.len(), cols.len(), "row {i}");
+        assert_eq!(r[0], i.to_string(), "rows are in index order");
+        let err = &r[col("error")];
+        if r[col("block_q")] == "8192" && r[col("block_kv")] == "8192" {
+            assert!(err.contains("VMEM"), "row {i}: {err}");
+            assert!(r[col("latency_ms")].is_empty());
+            errors += 1;
+        } else {
+            assert!(err.is_empty(), "row {i}: {err}");
+            assert!(r[col("latency_ms")].parse::<f64>().unwrap() > 0.0);
+        }
+    }
+    assert_eq!(errors, 4);
+    // The last axis varies fastest; a faster HBM never makes a point slower.
+    assert_eq!(rows[0][col("chip.hbm.bandwidth_gb_per_s")], "819");
+    assert_eq!(rows[1][col("chip.hbm.bandwidth_gb_per_s")], "3276");
+    let lat = |r: &Vec<String>| r[col("latency_ms")].parse::<f64>().unwrap();
+    assert!(lat(&rows[1]) <= lat(&rows[0]));
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+fn split_csv(line: &str) -> Vec<String> {
+    let mut out = vec![String::new()];
+    let mut quoted = false;
+    let mut chars = line.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '"' if quoted && chars.peek() == Some(&'"') => {
+                out.last_mut().unwrap().push('"');
+                chars.next();
+            }
+            '"' => quoted = !quoted,
+            ',' if !quoted => out.push(String::new()),
+            c => out.last_mut().unwrap().push(c),
+        }
+    }
+    out
+}
+
+#[test]
+fn an_interrupted_sweep_resumes_to_the_same_file() {
+    let d = scratch("resume");
+    std::fs::write(d.join("small.toml"), SMALL).unwrap();
+    ok(&["sweep", "small.toml", "--out", "ref.csv"], &d);
+    let reference = read(&d.join("ref.csv"));
+    let text = String::from_utf8(reference.clone()).unwrap();
+    let lines: Vec<&str> = text.split_inclusive('\n').collect();
+    // What a kill leaves: the header, rows finished out of order, and a row cut off mid-line.
+    let mut partial = format!("{}{}", lines[0], lines[1]);
+    for i in [7usize, 2, 30, 11, 3] {
+        partial.push_str(lines[2 + i]);
+    }
+    partial.push_str(&lines[2 + 20][..25]);
+    std::fs::write(d.join("out.csv.partial"), &partial).unwrap();
+    let out = ok(&["sweep", "small.toml", "--out", "out.csv"], &d);
+    assert!(out.contains("31 computed, 5 resumed"), "{out}");
+    assert_eq!(read(&d.join("out.csv")), reference);
+    assert!(!d.join("out.csv.partial").exists());
+    // Rerunning a finished sweep computes nothing and leaves the same bytes.
+    let out = ok(&["sweep", "small.toml", "--out", "out.csv"], &d);
+    assert!(out.contains("0 computed, 36 resumed"), "{out}");
+    assert_eq!(read(&d.join("out.csv")), reference);
+    // A partial file of another sweep is not mixed in.
+    std::fs::write(d.join("other.toml"), SMALL.replace("heads = 2", "heads = 4")).unwrap();
+    std::fs::write(d.join("o.csv.partial"), &partial).unwrap();
+    let out = ok(&["sweep", "other.toml", "--out", "o.csv"], &d);
+    assert!(out.contains("36 computed, 0 resumed") && out.contains("replaced"), "{out}");
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
+fn killing_a_sweep_midway_and_rerunning_gives_the_uninterrupted_file() {
+    let d = scratch("kill");
+    // About 3 ms a point: the single-threaded run is killed after its first flushed rows.
+    let sweep = r#"
+[base]
+heads = 4
+seq_len = 32768
+mask = "band:6000+sink:1024"
+traversal = "compact"
+masking = "partial"
+[axes]
+"chip.hbm.bandwidth_gb_per_s" = [819, 1228, 1638, 2458, 3276, 4915]
+block_q = [1024, 1536, 2048, 2560, 3072]
+block_kv = [512, 1024, 1536, 2048, 3072, 4096]
+mask_source = ["computed", "loaded"]
+"#;
+    std::fs::write(d.join("k.toml"), sweep).unwrap();
+    ok(&["sweep", "k.toml", "--out", "ref.jsonl", "-j", "2"], &d);
+    let reference = read(&d.join("ref.jsonl"));
+
+    let mut child = bin().args(["sweep", "k.toml", "--out", "out.jsonl", "-j", "1"]).current_dir(&d).spawn().unwrap();
+    let partial = d.join("out.jsonl.partial");
+    let start = Instant::now();
+    let mut rows_at_kill = 0;
+    loop {
+        let rows = std::fs::read_to_string(&partial).map(|t| t.lines().count().saturating_sub(1)).unwrap_or(0);
+        if rows >= 20 {
+            child.kill().unwrap();
+            rows_at_kill = rows;
+            break;
+        }
+        if child.try_wait().unwrap().is_some() || start.elapsed() > Duration::from_secs(60) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    child.wait().unwrap();
+    assert!(rows_at_kill >= 20 && !d.join("out.jsonl").exists(), "the sweep finished before it could be killed");
+    let out = ok(&["sweep", "k.toml", "--out", "out.jsonl", "-j", "2"], &d);
+    let resumed: u64 = out.split(" resumed").next().unwrap().rsplit(' ').next().unwrap().parse().unwrap();
+    assert!(resumed >= 20 && out.contains(&format!("{} computed", 360 - resumed)), "{out}");
+    assert_eq!(read(&d.join("out.jsonl")), reference, "the resumed sweep differs from the uninterrupted one");
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
+fn bad_sweep_files_and_flags_are_input_errors_naming_file_and_key() {
+    let d = scratch("bad");
+    let cases = [
+        ("[axes]\nblock_q = [512]\nblok_kv = [512]\n", "blok_kv"),
+        ("[axes]\nblock_q = [\"wide\"]\n", "axes.block_q[0]"),
+        ("[axes]\n", "[axes] is empty"),
+        ("[axes]\nblock_q = []\n", "axes.block_q is empty"),
+        ("[axes]\n\"chip.hbm.bandwith_gb_per_s\" = [1000]\n", "bandwith"),
+        ("[base]\nheads = \"ten\"\n[axes]\nblock_q = [512]\n", "heads"),
+    ];
+    for (i, (text, key)) in cases.iter().enumerate() {
+        let f = format!("bad{i}.toml");
+        std::fs::write(d.join(&f), text).unwrap();
+        let e = fails(&["sweep", &f], &d);
+        assert!(e.contains(&f) && e.contains(key), "{text:?}: {e}");
+    }
+    std::fs::write(d.join("good.toml"), "[axes]\nblock_q = [512]\n").unwrap();
+    let e = fails(&["sweep", "good.toml", "--shard", "3/3"], &d);
+    assert!(e.contains("--shard 3/3"), "{e}");
+    let e = fails(&["sweep", "good.toml", "--set", "mxu.count=0"], &d);
+    assert!(e.contains("mxu.count"), "{e}");
+    std::fs::write(d.join("notes.csv"), "my notes\n").unwrap();
+    let e = fails(&["sweep", "good.toml", "--out", "notes.csv"], &d);
+    assert!(e.contains("not a tpusim sweep output"), "{e}");
+    assert_eq!(read(&d.join("notes.csv")), b"my notes\n");
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
+fn set_overrides_apply_to_sweep_and_tune() {
+    let d = scratch("set");
+    std::fs::write(d.join("s.toml"), "[base]\nheads = 2\nseq_len = 8192\n[axes]\nblock_q = [1024, 2048]\n").unwrap();
+    ok(&["sweep", "s.toml", "--out", "a.jsonl"], &d);
+    ok(&["sweep", "s.toml", "--out", "b.jsonl", "--set", "fitted.valu_vreg_ops_per_cycle=5.4"], &d);
+    let lat = |f: &str| -> Vec<f64> {
+        std::fs::read_to_string(d.join(f))
+            .unwrap()
+            .lines()
+            .skip(1)
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["latency_ms"].as_f64().unwrap())
+            .collect()
+    };
+    let (a, b) = (lat("a.jsonl"), lat("b.jsonl"));
+    assert!(a.iter().zip(&b).all(|(a, b)| b < a), "{a:?} vs {b:?}");
+
+    let tune = |set: &[&str]| -> f64 {
+        let mut args = vec!["tune", "--heads", "2", "--seq-len", "4096", "--mask", "causal", "--format", "json", "--top", "1"];
+        args.extend_from_slice(set);
+        let v: serde_json::Value = serde_json::from_str(&ok(&args, &d)).unwrap();
+        v["top"][0]["latency_ms"].as_f64().unwrap()
+    };
+    assert!(tune(&["--set", "fitted.valu_vreg_ops_per_cycle=5.4"]) < tune(&[]));
+    let e = fails(&["tune", "--set", "mxu.cont=4"], &d);
+    assert!(e.contains("mxu.cont"), "{e}");
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
+fn tune_on_the_sparse_video_case_beats_the_study_blocks() {
+    let d = scratch("tune");
+    let job = [
+        "--heads",
+        "10",
+        "--seq-len",
+        "75600",
+        "--head-dim",
+        "128",
+        "--mask",
+        "band:15000+sink:3600",
+        "--traversal",
+        "compact",
+        "--masking",
+        "partial",
+    ];
+    let mut args = vec!["tune"];
+    args.extend_from_slice(&job);
+    args.extend_from_slice(&["--format", "json", "--top", "5"]);
+    let v: serde_json::Value = serde_json::from_str(&ok(&args, &d)).unwrap();
+    let top = v["top"].as_array().unwrap();
+    assert_eq!(top.len(), 5);
+    let lats: Vec<f64> = top.iter().map(|t| t["latency_ms"].as_f64().unwrap()).collect();
+    assert!(lats.windows(2).all(|w| w[0] <= w[1]), "ranked by latency: {lats:?}");
+    for t in top {
+        let c = &t["job"]["config"];
+        assert_eq!(
+            (c["traversal"].as_str(), c["masking"].as_str()),
+            (Some("compact"), Some("partial")),
+            "given options are held fixed"
+        );
+        assert!(c["block_q"].as_u64().unwrap() % 8 == 0 && c["block_kv"].as_u64().unwrap() % 128 == 0);
+        assert!(t["vmem_bytes"].as_u64() <= t["vmem_limit_bytes"].as_u64());
+        assert!(t["bottleneck"].as_str().is_some());
+    }
+
+    let mut args = vec!["run"];
+    args.extend_from_slice(&job);
+    args.extend_from_slice(&["--block-q", "3328", "--block-kv", "1536", "--format", "json"]);
+    let study: serde_json::Value = serde_json::from_str(&ok(&args, &d)).unwrap();
+    let study_ms = study["latency_ms"].as_f64().unwrap();
+    assert!(lats[0] <= study_ms, "tuned {} ms vs 3328 x 1536 {study_ms} ms", lats[0]);
+    // The table names the limiting unit and the best configuration's flags.
+    let mut args = vec!["tune"];
+    args.extend_from_slice(&job);
+    args.extend_from_slice(&["--top", "3", "--block-kv", "1536"]);
+    let table = ok(&args, &d);
+    assert!(table.contains("bottleneck") && table.contains("best: tpusim run") && table.contains("block_kv 1536"), "{table}");
+    let _ = std::fs::remove_dir_all(&d);
+}

@@ -99,8 +99,10 @@ pub struct RunArgs {
     /// Head dimension of v and o [default: --head-dim].
     #[arg(long)]
     pub head_dim_v: Option<u64>,
-    /// Mask: full, causal, local:L,R, band:W, sink:S, chunked:C, file:PATH; + is union, & is
-    /// intersection, ( ) groups. Example: band:15000+sink:3600 [default: full].
+    /// Mask: full, causal, local:L,R, band:W, sink:S, chunked:C, video:F,H,W:wf,wh,ww[@order],
+    /// sta:F,H,W:kf,kh,kw:tf,th,tw[@order] (order @frame, @position or @tiles:tf,th,tw),
+    /// per-head[N*M;...], file:PATH; + is union, & is intersection, ( ) groups.
+    /// Example: band:15000+sink:3600 [default: full].
     #[arg(long)]
     pub mask: Option<String>,
     /// Rows of q per block (multiple of 8) [default: min(2048, q_len)].

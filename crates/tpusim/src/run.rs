@@ -59,9 +59,30 @@ fn word<T: ValueEnum>(v: &T) -> String {
     v.to_possible_value().map(|p| p.get_name().to_string()).unwrap_or_default()
 }
 
-/// Flags of `tpusim run`; every workload and kernel flag maps onto a [`JobSpec`] field.
+/// Flags of `tpusim run`: the job flags plus output options.
 #[derive(Args, Debug)]
 pub struct RunArgs {
+    #[command(flatten)]
+    pub job: JobArgs,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Format::Table)]
+    pub format: Format,
+    /// Also write the simulated execution as a Chrome trace (open in Perfetto or
+    /// chrome://tracing): one track per unit, one event per tile operation, DMA and step
+    /// overhead, with head, q block, kv block and tile kind as arguments.
+    #[arg(long, value_name = "FILE.json")]
+    pub timeline: Option<String>,
+    /// Only grid steps START..END (END exclusive) in the timeline, e.g. 0:16.
+    #[arg(long, value_name = "START:END", requires = "timeline")]
+    pub timeline_steps: Option<String>,
+    /// Only the steps of one batch x head index (grid coordinate 0) in the timeline.
+    #[arg(long, value_name = "H", requires = "timeline")]
+    pub timeline_head: Option<u32>,
+}
+
+/// The job flags shared by `tpusim run` and `tpusim tune`; each maps onto a [`JobSpec`] field.
+#[derive(Args, Debug)]
+pub struct JobArgs {
     /// Read the job from a trace file (TOML with the same keys as these flags); flags given on
     /// the command line override it. Examples in traces/.
     #[arg(long)]
@@ -148,23 +169,9 @@ pub struct RunArgs {
     /// Matmul block K [default: min(1024, K)].
     #[arg(long)]
     pub block_k: Option<u64>,
-    /// Output format.
-    #[arg(long, value_enum, default_value_t = Format::Table)]
-    pub format: Format,
-    /// Also write the simulated execution as a Chrome trace (open in Perfetto or
-    /// chrome://tracing): one track per unit, one event per tile operation, DMA and step
-    /// overhead, with head, q block, kv block and tile kind as arguments.
-    #[arg(long, value_name = "FILE.json")]
-    pub timeline: Option<String>,
-    /// Only grid steps START..END (END exclusive) in the timeline, e.g. 0:16.
-    #[arg(long, value_name = "START:END", requires = "timeline")]
-    pub timeline_steps: Option<String>,
-    /// Only the steps of one batch x head index (grid coordinate 0) in the timeline.
-    #[arg(long, value_name = "H", requires = "timeline")]
-    pub timeline_head: Option<u32>,
 }
 
-impl RunArgs {
+impl JobArgs {
     /// The job these flags describe (a trace file, if given, overlaid by the flags).
     pub fn spec(&self) -> Result<JobSpec, InputError> {
         let flags = JobSpec {
@@ -212,7 +219,7 @@ pub fn report(spec: &JobSpec) -> Result<Report, InputError> {
 
 pub fn cmd_run(a: &RunArgs) -> Result<String, InputError> {
     let Some(path) = &a.timeline else {
-        let rep = report(&a.spec()?)?;
+        let rep = report(&a.job.spec()?)?;
         return Ok(match a.format {
             Format::Json => rep.to_json(),
             Format::Table => rep.to_table(),
@@ -222,7 +229,7 @@ pub fn cmd_run(a: &RunArgs) -> Result<String, InputError> {
         steps: a.timeline_steps.as_deref().map(|s| tpusim_plot::timeline::Window::parse_steps(s, "--timeline-steps")).transpose()?,
         head: a.timeline_head,
     };
-    let spec = a.spec()?;
+    let spec = a.job.spec()?;
     let chip = spec.chip()?;
     let job = spec.build(&chip)?;
     let r = run(&chip, &job)?;

@@ -243,7 +243,7 @@ impl Mask {
     /// negative or zero sizes and inconsistent video dimensions, [`MaskError::File`] for
     /// unreadable or malformed mask files.
     pub fn parse(text: &str) -> Result<Mask, MaskError> {
-        let mut p = Parser { text, pos: 0, depth: 0 };
+        let mut p = Parser { text, pos: 0, depth: 0, atoms: 0 };
         let m = p.union()?;
         p.skip_ws();
         if p.pos < text.len() {
@@ -503,11 +503,18 @@ fn intersect(a: &[(u64, u64)], b: &[(u64, u64)]) -> Vec<(u64, u64)> {
     out
 }
 
+/// Deepest nesting of `( )` and `per-head[ ]` the grammar accepts.
+pub const MAX_MASK_DEPTH: usize = 64;
+/// Most mask words (and groups) one expression may hold; per-head repeats `N*M` count once.
+pub const MAX_MASK_TERMS: usize = 256;
+
 struct Parser<'a> {
     text: &'a str,
     pos: usize,
     /// Nesting depth in `( )` and `per-head[ ]` (file paths end at `)`, `;`, `]` when > 0).
     depth: usize,
+    /// Mask words parsed so far (bounded by [`MAX_MASK_TERMS`]).
+    atoms: usize,
 }
 
 impl Parser<'_> {
@@ -655,6 +662,13 @@ impl Parser<'_> {
     }
     fn atom(&mut self) -> Result<Mask, MaskError> {
         self.skip_ws();
+        self.atoms += 1;
+        if self.atoms > MAX_MASK_TERMS {
+            return Err(self.value_err(format!("a mask expression holds at most {MAX_MASK_TERMS} terms")));
+        }
+        if self.depth >= MAX_MASK_DEPTH {
+            return Err(self.value_err(format!("a mask expression nests at most {MAX_MASK_DEPTH} levels of ( ) and per-head[ ]")));
+        }
         if self.eat('(') {
             self.depth += 1;
             let m = self.union()?;

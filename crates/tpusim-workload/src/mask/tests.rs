@@ -76,6 +76,12 @@ fn bad_masks_are_named() {
     assert!(Mask::parse("(causal").is_err());
     assert!(Mask::parse("").is_err());
     assert!(Mask::parse("causal+").is_err());
+    let deep = format!("{}causal{}", "(".repeat(7000), ")".repeat(7000));
+    let e = Mask::parse(&deep).unwrap_err().to_string();
+    assert!(e.contains("nests at most"), "{e}");
+    let wide = vec!["sink:1"; 300].join("+");
+    let e = Mask::parse(&wide).unwrap_err().to_string();
+    assert!(e.contains("at most 256 terms"), "{e}");
 }
 
 #[test]

@@ -100,7 +100,12 @@ pub struct BodyTiming {
 }
 
 /// Occupancy and latency in cycles of one piece of work on a chip.
+///
+/// Vector, transcendental and cross-lane work is counted by lowering in (8,128)-register units of
+/// 1024 elements; a chip whose registers hold `sublanes x lanes` elements needs
+/// `1024 / (sublanes x lanes)` of its registers per unit.
 pub fn op_cycles(chip: &ChipModel, work: &Work) -> (f64, f64) {
+    let regs = |units: f64| units * 1024.0 / chip.vreg_elems();
     match *work {
         Work::Matmul { m, k, n, m_total } => {
             let rows = chip.mxu.rows.value as u64;
@@ -112,12 +117,12 @@ pub fn op_cycles(chip: &ChipModel, work: &Work) -> (f64, f64) {
             (occ, (rows + cols) as f64)
         }
         Work::Vector { ops, masked_vregs } => (
-            ops / chip.fitted.valu_vreg_ops_per_cycle.value + masked_vregs * chip.fitted.mask_extra_cycles_per_vreg.value,
+            regs(ops) / chip.fitted.valu_vreg_ops_per_cycle.value + regs(masked_vregs) * chip.fitted.mask_extra_cycles_per_vreg.value,
             chip.vpu.alu_latency_cycles.value as f64,
         ),
-        Work::Transcendental { vregs } => (vregs / chip.fitted.eup_vregs_per_cycle.value, chip.eup.latency_cycles.value as f64),
+        Work::Transcendental { vregs } => (regs(vregs) / chip.fitted.eup_vregs_per_cycle.value, chip.eup.latency_cycles.value as f64),
         Work::CrossLane { vregs } => (
-            vregs * chip.xlu.issue_interval_cycles.value as f64 / chip.xlu.count.value as f64,
+            regs(vregs) * chip.xlu.issue_interval_cycles.value as f64 / chip.xlu.count.value as f64,
             chip.xlu.latency_cycles.value as f64,
         ),
     }
@@ -459,7 +464,7 @@ impl<'a> Pipeline<'a> {
             busy.eup += k * t.busy.eup;
             busy.xlu += k * t.busy.xlu;
             flops += k * self.program.classes[i].body.flops();
-            trans += k * self.program.classes[i].body.transcendental_vregs() * chip.vreg_elems();
+            trans += k * self.program.classes[i].body.transcendental_vregs() * 1024.0;
         }
         let hbm_bytes = self.in_bytes + self.out_bytes;
         busy.hbm = hbm_bytes as f64 / self.bpc;

@@ -32,6 +32,10 @@ pub const SLAB_ROWS: u64 = 256;
 /// run would take minutes. Larger problems need larger blocks.
 pub const MAX_TILES: u64 = 1 << 28;
 
+/// Most rows of grid steps (batch x heads x q tiles) an attention program may have (2^24): step
+/// generation is linear in it.
+pub const MAX_ROWS: u64 = 1 << 24;
+
 /// An error in a kernel configuration: the field, its value and what is allowed.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum KernelError {

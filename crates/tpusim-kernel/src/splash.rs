@@ -240,7 +240,8 @@ pub fn vmem_budget(w: &AttentionCall, cfg: &SplashConfig, limit_bytes: u64) -> V
         ("scores f32".to_string(), bq * c * 4),
         ("p bf16".to_string(), bq * c * 2),
     ];
-    if cfg.mask_source == MaskSource::Loaded && cfg.masking != Masking::None && !w.mask.is_full() {
+    let loaded = cfg.mask_source == MaskSource::Loaded || w.mask.expression_terms().loaded_only;
+    if loaded && cfg.masking != Masking::None && !w.mask.is_full() {
         buffers.push(("mask int8 x2".to_string(), 2 * bq * bkv));
     }
     VmemBudget { buffers, limit_bytes }
@@ -421,6 +422,17 @@ pub fn lower(chip: &ChipModel, w: &AttentionCall, cfg: &SplashConfig) -> Result<
 
     let grid = TileGrid { q_len: w.q_len, kv_len: w.kv_len, block_q: cfg.block_q, block_kv: cfg.block_kv };
     let tiles_per_head = grid.q_tiles().saturating_mul(grid.kv_tiles());
+    let rows_total = (w.batch as u128) * (w.q_heads as u128) * (grid.q_tiles() as u128);
+    if rows_total > crate::MAX_ROWS as u128 {
+        return Err(KernelError::config(
+            "--batch x --heads",
+            format!("{} x {}", w.batch, w.q_heads),
+            format!(
+                "the grid has batch x heads x q tiles = {rows_total} rows of steps; at most {} are supported (latency scales linearly in batch: simulate a slice and scale)",
+                crate::MAX_ROWS
+            ),
+        ));
+    }
     if tiles_per_head > crate::MAX_TILES {
         return Err(KernelError::config(
             "--block-q x --block-kv",
@@ -477,9 +489,18 @@ pub fn lower(chip: &ChipModel, w: &AttentionCall, cfg: &SplashConfig) -> Result<
         per_mask_stats.push(st);
     }
     let width = rows.iter().flat_map(|m| m.iter().map(|r| r.iter().map(|s| s.n as u64).sum::<u64>())).max().unwrap_or(0);
+    if per_mask_stats.iter().all(|st| st.3 == 0) {
+        return Err(KernelError::config(
+            "--mask",
+            w.mask.to_string(),
+            "the mask keeps no (q, kv) pair of this workload: there is nothing to compute",
+        ));
+    }
+    // A mask with no closed form (a block file) can only be loaded, whatever --mask-source says.
+    let source = if distinct.iter().any(|m| m.expression_terms().loaded_only) { MaskSource::Loaded } else { cfg.mask_source };
 
     // One mask cost for the program: the costliest distinct mask's expression.
-    let mask_ops = distinct.iter().map(|m| mask_ops_per_vreg(m, cfg.mask_source, padded)).fold(0.0, f64::max);
+    let mask_ops = distinct.iter().map(|m| mask_ops_per_vreg(m, source, padded)).fold(0.0, f64::max);
     let any_not_full = distinct.iter().any(|m| !m.is_full()) || cfg.tile_align;
 
     let mut classes = vec![StepClass {
@@ -556,7 +577,7 @@ pub fn lower(chip: &ChipModel, w: &AttentionCall, cfg: &SplashConfig) -> Result<
         empty_class: 0,
         q_bytes: cfg.block_q * w.head_dim * 2,
         kv_bytes: cfg.block_kv * (w.head_dim + w.head_dim_v) * 2,
-        mask_bytes: if cfg.mask_source == MaskSource::Loaded { cfg.block_q * cfg.block_kv } else { 0 },
+        mask_bytes: if source == MaskSource::Loaded { cfg.block_q * cfg.block_kv } else { 0 },
         o_bytes: cfg.block_q * w.head_dim_v * 2,
         masked_partial: cfg.masking != Masking::None,
     };

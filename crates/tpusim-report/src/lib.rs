@@ -97,7 +97,7 @@ pub struct Report {
     pub achieved_tflops: f64,
     /// The chip model's peak bf16 TFLOP/s (count x rows x columns x passes x clock x 2).
     pub peak_tflops: f64,
-    /// Executed exp / reciprocal elements.
+    /// Executed exp / reciprocal elements (lane-replicated row values count every lane).
     pub transcendentals: f64,
     /// Bytes moved between HBM and VMEM.
     pub hbm_bytes: u64,
@@ -331,7 +331,9 @@ impl Report {
         );
         let crit = self.critical_path_ms.get(&self.bottleneck).copied().unwrap_or(0.0);
         let busy = self.utilization.get(&self.bottleneck).copied().unwrap_or(0.0);
-        let how = if busy * self.latency_ms >= crit { "throughput" } else { "latency" };
+        // Throughput-bound when the unit is busy for (nearly) all of its critical-path share: it
+        // could not finish sooner without more throughput; latency-bound otherwise.
+        let how = if busy * self.latency_ms >= 0.98 * crit { "throughput" } else { "latency" };
         let _ = writeln!(
             s,
             "  bound by     {} ({how}: {:.0}% of the critical path, busy {:.0}% of the run)",

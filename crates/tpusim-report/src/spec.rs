@@ -116,9 +116,23 @@ impl JobSpec {
     }
 
     /// Fields set in `over` replace those of `self` (CLI flags over a trace file).
+    /// `--seq-len` on top replaces a base's `q_len` / `kv_len`, and `--q-len` / `--kv-len` on top
+    /// replace a base's `seq_len` (the other length keeps the base's value).
     pub fn overlay(&self, over: &JobSpec) -> JobSpec {
+        let mut base = self.clone();
+        if over.seq_len.is_some() {
+            base.q_len = None;
+            base.kv_len = None;
+        }
+        if over.q_len.is_some() || over.kv_len.is_some() {
+            if let Some(l) = base.seq_len.take() {
+                base.q_len = base.q_len.or(Some(l));
+                base.kv_len = base.kv_len.or(Some(l));
+            }
+        }
+        let base = &base;
         macro_rules! pick {
-            ($($f:ident),*) => { JobSpec { $($f: over.$f.clone().or_else(|| self.$f.clone()),)* set: [self.set.clone(), over.set.clone()].concat() } };
+            ($($f:ident),*) => { JobSpec { $($f: over.$f.clone().or_else(|| base.$f.clone()),)* set: [base.set.clone(), over.set.clone()].concat() } };
         }
         pick!(
             chip, kernel, batch, heads, kv_heads, seq_len, q_len, kv_len, head_dim, head_dim_v, mask, block_q, block_kv,
@@ -141,17 +155,6 @@ impl JobSpec {
         Ok(chip)
     }
 
-    fn attention_given(&self) -> bool {
-        self.batch.is_some()
-            || self.heads.is_some()
-            || self.kv_heads.is_some()
-            || self.seq_len.is_some()
-            || self.q_len.is_some()
-            || self.kv_len.is_some()
-            || self.head_dim.is_some()
-            || self.head_dim_v.is_some()
-    }
-
     fn blocks_given(&self) -> bool {
         self.block_q.is_some() || self.block_kv.is_some() || self.block_kv_compute.is_some()
     }
@@ -159,8 +162,10 @@ impl JobSpec {
     /// Builds the job for a chip.
     ///
     /// Defaults: the built-in video workload (1 x 10 heads x 75,600 tokens, head_dim 128, full
-    /// mask); with neither workload nor block fields set, MaxDiffusion's v6e blocks for it
-    /// (3024 / 2048 / 1024); otherwise blocks by [`SplashConfig::defaults_for`]. Options default
+    /// mask); for that shape (75,600 x 75,600 tokens, head_dim 128) with no block fields,
+    /// MaxDiffusion's v6e blocks for it (block_q 3024, block_kv 2048); otherwise blocks by
+    /// [`SplashConfig::defaults_for`]; block_kv_compute by [`splash::default_compute`].
+    /// `q_len` and `kv_len` come together (or as `seq_len`). Options default
     /// to JAX Splash's: full-grid traversal, masking all, computed masks, no alignment.
     ///
     /// # Errors
@@ -231,6 +236,10 @@ impl JobSpec {
                     Some(s) => Mask::parse(s).map_err(|e| SpecError(format!("--mask: {e}")))?,
                     None => Mask::Full,
                 };
+                if self.q_len.is_some() != self.kv_len.is_some() {
+                    let (given, missing) = if self.q_len.is_some() { ("--q-len", "--kv-len") } else { ("--kv-len", "--q-len") };
+                    return err(given, self.q_len.or(self.kv_len).unwrap_or(0), &format!("give {missing} too, or --seq-len for both"));
+                }
                 let workload = AttentionCall {
                     batch: self.batch.unwrap_or(base.batch),
                     q_heads: heads,
@@ -243,11 +252,14 @@ impl JobSpec {
                 };
                 workload.validate().map_err(|e| SpecError(e.to_string()))?;
                 let mut config = SplashConfig::defaults_for(&workload, chip);
-                let builtin = !self.attention_given() && !self.blocks_given();
+                // The Wan 2.1 720p shape (75,600 tokens, head_dim 128) defaults to MaxDiffusion's v6e
+                // blocks for it; block_kv_compute then follows the rule (1024 on v6e).
+                let builtin = !self.blocks_given()
+                    && (workload.q_len, workload.kv_len, workload.head_dim, workload.head_dim_v)
+                        == (base.q_len, base.kv_len, base.head_dim, base.head_dim_v);
                 if builtin {
                     config.block_q = 3024;
                     config.block_kv = 2048;
-                    config.block_kv_compute = 1024;
                 }
                 if let Some(v) = self.block_q {
                     config.block_q = v;
@@ -277,11 +289,21 @@ impl JobSpec {
                         other => return err("--mask-source", other, "expected computed or loaded"),
                     };
                 }
+                if workload.mask.expression_terms().loaded_only {
+                    // A block file has no closed form: its blocks can only be loaded.
+                    if config.mask_source == MaskSource::Computed && self.mask_source.is_some() {
+                        return err(
+                            "--mask-source",
+                            "computed",
+                            "a file mask has no closed form to compute from iota; it can only be loaded (use --mask-source loaded)",
+                        );
+                    }
+                    config.mask_source = MaskSource::Loaded;
+                }
                 config.tile_align = self.tile_align.unwrap_or(false);
                 config.vmem_limit_bytes = vmem_limit_bytes;
                 config.block_kv_compute = match self.block_kv_compute {
                     Some(v) => v,
-                    None if builtin => config.block_kv_compute,
                     None => splash::default_compute(&workload, &config, chip),
                 };
                 Ok(Job::Splash { workload, config })

@@ -214,6 +214,12 @@ fn bad_input_exits_2_naming_the_field() {
     expect_input_error(&["run", "--kernel", "matmul", "--m", "64"], &["--m, --n and --k"]);
     expect_input_error(&["run", "--kernel", "matmul", "--m", "1024", "--n", "1024", "--k", "1024", "--block-n", "100"], &["--block-n", "100"]);
     expect_input_error(&["run", "--traversal", "zigzag"], &["zigzag"]);
+    expect_input_error(&["run", "--seq-len", "4096", "--mask", "sink:0"], &["--mask", "sink:0", "no (q, kv) pair"]);
+    expect_input_error(&["run", "--batch", "100000", "--heads", "1000", "--seq-len", "4096"], &["--batch x --heads", "rows"]);
+    expect_input_error(&["run", "--q-len", "4096"], &["--q-len", "--kv-len"]);
+    let deep = format!("{}causal{}", "(".repeat(5000), ")".repeat(5000));
+    expect_input_error(&["run", "--seq-len", "4096", "--mask", &deep], &["nests at most"]);
+    expect_input_error(&["run", "--seq-len", "1000000000"], &["score pairs"]);
 }
 
 #[test]
@@ -230,6 +236,22 @@ fn malformed_and_unknown_chip_toml_are_errors() {
     let missing = dir.join("missing.toml");
     expect_input_error(&["run", "--chip", missing.to_str().unwrap()], &["missing.toml"]);
     std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn flags_at_their_default_values_change_nothing_and_trace_lengths_can_be_overridden() {
+    let a = run_json(&[]);
+    let b = run_json(&["--heads", "10", "--batch", "1", "--head-dim", "128", "--seq-len", "75600"]);
+    assert_eq!(a["latency_ms"], b["latency_ms"]);
+    let trace = root().join("traces/llm-causal-16k.toml");
+    let j = run_json(&["--trace", trace.to_str().unwrap(), "--q-len", "8192", "--kv-len", "8192"]);
+    assert_eq!(j["job"]["workload"]["q_len"], 8192);
+    assert_eq!(j["job"]["workload"]["mask"], "causal");
+    // Every preset runs the default case (block_kv_compute follows its VMEM limit).
+    for chip in ["v6e", "v5e", "v5p", "v4", "v7x"] {
+        let j = run_json(&["--chip", chip]);
+        assert!(j["latency_ms"].as_f64().unwrap() > 0.0, "{chip}");
+    }
 }
 
 #[test]

@@ -424,7 +424,11 @@ impl ChipModel {
                 };
                 let provenance = if let Some(rows) = p.get("fitted_to").and_then(|r| r.as_array()) {
                     let ids: Vec<String> = rows.iter().filter_map(|r| r.as_str().map(String::from)).collect();
-                    let mut s = format!("FITTED to [{}]", ids.join(", "));
+                    let mut s = if ids.is_empty() {
+                        "FITTED elsewhere (no rows for this chip)".to_string()
+                    } else {
+                        format!("FITTED to [{}]", ids.join(", "))
+                    };
                     if let Some(n) = p.get("note").and_then(|n| n.as_str()) {
                         s.push_str("; ");
                         s.push_str(n);

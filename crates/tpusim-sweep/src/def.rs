@@ -318,6 +318,14 @@ impl SweepDef {
                 .map(|p| p.iter().map(|(c, v)| serde_json::json!([c, serde_json::to_value(&v.raw).unwrap_or_default()])).collect::<Vec<_>>())
                 .collect::<Vec<_>>(),
         });
+        // Files the definition refers to (chip models, mask files) are part of it: editing one
+        // must not let a resumed sweep keep results computed from the old contents.
+        let mut files = Vec::new();
+        collect_referenced_files(&canon, &mut files);
+        let mut canon = canon;
+        canon["files"] = serde_json::Value::Array(
+            files.into_iter().map(|(p, h)| serde_json::json!([p, format!("{h:016x}")])).collect(),
+        );
         let hash = crate::fnv1a(canon.to_string().as_bytes());
         Ok(SweepDef { origin: origin.to_string(), base, mode, inputs, axes, points, total, hash })
     }
@@ -431,5 +439,35 @@ mod tests {
         assert_eq!(a.hash_hex(), b.hash_hex());
         assert_ne!(a.hash_hex(), c.hash_hex());
         assert_ne!(a.hash_hex(), d.hash_hex());
+    }
+}
+
+/// Paths named by strings in a sweep definition that are readable files (chip models ending in
+/// `.toml`, mask files after `file:`), with an FNV-1a hash of their contents.
+fn collect_referenced_files(v: &serde_json::Value, out: &mut Vec<(String, u64)>) {
+    match v {
+        serde_json::Value::String(s) => {
+            let mut candidates = Vec::new();
+            if s.ends_with(".toml") {
+                candidates.push(s.clone());
+            }
+            let mut rest = s.as_str();
+            while let Some(i) = rest.find("file:") {
+                let after = &rest[i + 5..];
+                let end = after.find([')', ']', ';', '+', '&']).unwrap_or(after.len());
+                candidates.push(after[..end].trim().to_string());
+                rest = &after[end..];
+            }
+            for c in candidates {
+                if let Ok(bytes) = std::fs::read(&c) {
+                    if !out.iter().any(|(p, _)| *p == c) {
+                        out.push((c, crate::fnv1a(&bytes)));
+                    }
+                }
+            }
+        }
+        serde_json::Value::Array(a) => a.iter().for_each(|x| collect_referenced_files(x, out)),
+        serde_json::Value::Object(m) => m.values().for_each(|x| collect_referenced_files(x, out)),
+        _ => {}
     }
 }

@@ -232,7 +232,14 @@ pub fn run_sweep(def: &SweepDef, opts: &SweepOptions) -> Result<SweepSummary, Sw
             if !Path::new(path).exists() {
                 continue;
             }
-            let text = std::fs::read(path).map_err(|e| SweepError::new(format!("cannot read {path}: {e}")))?;
+            if !Path::new(path).is_file() {
+                return Err(SweepError::new(format!("{path} exists and is not a regular file; choose another --out")));
+            }
+            // Only the head of the file decides whether it is this sweep's output.
+            let mut text = Vec::new();
+            std::fs::File::open(path)
+                .and_then(|f| std::io::Read::read_to_end(&mut std::io::Read::take(f, 1 << 20), &mut text))
+                .map_err(|e| SweepError::new(format!("cannot read {path}: {e}")))?;
             let first = text.split(|&b| b == b'\n').next().unwrap_or_default();
             let Some((theirs, their_format)) = Header::parse(&String::from_utf8_lossy(first)) else {
                 if is_partial {

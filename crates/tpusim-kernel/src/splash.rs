@@ -588,7 +588,8 @@ pub fn lower(chip: &ChipModel, w: &AttentionCall, cfg: &SplashConfig) -> Result<
             ("q blocks".into(), grid.q_tiles()),
             (
                 match cfg.traversal {
-                    Traversal::FullGrid => "kv steps (after grid shrinking)".into(),
+                    Traversal::FullGrid if width < grid.kv_tiles() => "kv steps (after grid shrinking)".into(),
+                    Traversal::FullGrid => "kv steps".into(),
                     Traversal::Compact => "kv steps (compacted, varies by row)".into(),
                 },
                 width,

@@ -126,10 +126,12 @@ pub struct JobArgs {
     /// Example: band:15000+sink:3600 [default: full].
     #[arg(long)]
     pub mask: Option<String>,
-    /// Rows of q per block (multiple of 8) [default: min(2048, q_len)].
+    /// Rows of q per block (multiple of 8) [default: 3024 for the 75,600-token, head_dim-128
+    /// shape (MaxDiffusion's v6e blocks), else min(2048, q_len rounded up to 8)].
     #[arg(long)]
     pub block_q: Option<u64>,
-    /// Rows of k/v per block (multiple of 128) [default: min(2048, kv_len)].
+    /// Rows of k/v per block (multiple of 128) [default: 2048 for the 75,600-token shape, else
+    /// min(2048, kv_len rounded up to 128)].
     #[arg(long)]
     pub block_kv: Option<u64>,
     /// Width of the inner matmul/softmax sub-tile (multiple of 128 dividing --block-kv)
@@ -160,13 +162,14 @@ pub struct JobArgs {
     /// Matmul K.
     #[arg(long)]
     pub k: Option<u64>,
-    /// Matmul block M [default: min(512, M)].
+    /// Matmul block M [default: the first of 1024/1024/1024, 512/1024/1024, 512, 256, 128 (M/N/K
+    /// blocks, clamped to the sizes) that fits the VMEM limit].
     #[arg(long)]
     pub block_m: Option<u64>,
-    /// Matmul block N [default: min(1024, N)].
+    /// Matmul block N [default: see --block-m].
     #[arg(long)]
     pub block_n: Option<u64>,
-    /// Matmul block K [default: min(1024, K)].
+    /// Matmul block K [default: see --block-m].
     #[arg(long)]
     pub block_k: Option<u64>,
 }

@@ -192,7 +192,9 @@ pub fn atomic_with(path: &Path, flag: &str, fill: impl FnOnce(&mut std::fs::File
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
         _ => PathBuf::from("."),
     };
-    std::fs::create_dir_all(&dir).map_err(|e| fail("create its directory", e))?;
+    if !dir.is_dir() {
+        return Err(PlotError(format!("{flag} {}: the directory {} does not exist", path.display(), dir.display())));
+    }
     let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("out");
     let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
     let res = (|| {

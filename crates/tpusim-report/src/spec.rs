@@ -183,6 +183,9 @@ impl JobSpec {
                 )
             }
         };
+        if self.seq_len == Some(0) {
+            return err("--seq-len", 0, &format!("expected a whole number from 1 to {}", tpusim_workload::MAX_DIM));
+        }
         if self.seq_len.is_some() && (self.q_len.is_some() || self.kv_len.is_some()) {
             return err("--seq-len", self.seq_len.unwrap_or(0), "give either --seq-len or --q-len/--kv-len, not both");
         }

@@ -87,6 +87,14 @@ pub fn cmd_calibrate(a: &CalibrateArgs) -> Result<String, InputError> {
             )));
         }
     }
+    if let Some(path) = &a.out {
+        // Refuse an unwritable destination before the fit, not after it.
+        let p = std::path::Path::new(path);
+        let dir = p.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+        if !dir.is_dir() || p.is_dir() {
+            return Err(InputError(format!("--out {path}: the directory {} does not exist or the path is a directory", dir.display())));
+        }
+    }
     let file = read_file(&a.file, std::slice::from_ref(&base))?;
     let opts = CalibrateOptions { params: a.params.clone(), cross_validate: !a.no_cv, date: None };
     let cal = calibrate(&file, &base, &a.chip, &opts).map_err(InputError)?;

@@ -251,9 +251,11 @@ pub fn cmd_plot(a: &PlotArgs) -> Result<String, InputError> {
             done(&f, &out, &f.title)
         }
         "timeline" => {
-            let steps = Window::parse_steps(a.steps.as_deref().unwrap_or("0:4"), "--steps")?;
+            let mut steps = Window::parse_steps(a.steps.as_deref().unwrap_or("0:4"), "--steps")?;
+            // With --head and no --steps, the window is that head's first four steps.
+            let head_first = a.steps.is_none() && a.head.is_some() && a.input.is_none();
             // One step more than asked: its input DMA is prefetched inside the window.
-            let window = Window { steps: Some((steps.0, steps.1.saturating_add(1))), head: a.head };
+            let window = Window { steps: if head_first { None } else { Some((steps.0, steps.1.saturating_add(1))) }, head: a.head };
             let (events, what, job) = match &a.input {
                 Some(path) => {
                     let ev: Vec<_> =
@@ -262,7 +264,14 @@ pub fn cmd_plot(a: &PlotArgs) -> Result<String, InputError> {
                 }
                 None => {
                     let r = a.one_run("timeline")?;
-                    (timeline::collect_us(&r.run, &window), format!("{} on {}", r.label, r.report.chip), Some(jobs::describe(&r)))
+                    let mut ev = timeline::collect_us(&r.run, &window);
+                    if head_first {
+                        if let Some(first) = ev.iter().map(|e| e.step).min() {
+                            steps = (first, first + 4);
+                            ev.retain(|e| e.step <= first + 4);
+                        }
+                    }
+                    (ev, format!("{} on {}", r.label, r.report.chip), Some(jobs::describe(&r)))
                 }
             };
             let f = GanttFigure::new(events, steps, &what, job, a.title.as_deref())?;

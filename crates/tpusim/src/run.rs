@@ -221,6 +221,14 @@ pub fn report(spec: &JobSpec) -> Result<Report, InputError> {
 }
 
 pub fn cmd_run(a: &RunArgs) -> Result<String, InputError> {
+    cmd_run_inner(a).map_err(|InputError(e)| match &a.job.trace {
+        // Name the trace too: its keys are the flags without the leading dashes.
+        Some(t) if !e.contains(t.as_str()) => InputError(format!("with --trace {t}: {e}")),
+        _ => InputError(e),
+    })
+}
+
+fn cmd_run_inner(a: &RunArgs) -> Result<String, InputError> {
     let Some(path) = &a.timeline else {
         let rep = report(&a.job.spec()?)?;
         return Ok(match a.format {

@@ -199,7 +199,7 @@ fn chip_show_prints_units_and_sources() {
 fn bad_input_exits_2_naming_the_field() {
     expect_input_error(&["run", "--chip", "v9"], &["unknown chip", "v9", "v6e"]);
     expect_input_error(&["run", "--heads", "0"], &["--heads", "0"]);
-    expect_input_error(&["run", "--seq-len", "0"], &["--q-len", "0"]);
+    expect_input_error(&["run", "--seq-len", "0"], &["--seq-len", "0"]);
     expect_input_error(&["run", "--head-dim", "0"], &["--head-dim"]);
     expect_input_error(&["run", "--heads", "10", "--kv-heads", "3"], &["--kv-heads", "3", "divide"]);
     expect_input_error(&["run", "--block-kv", "2000"], &["--block-kv", "2000", "128"]);

@@ -112,8 +112,11 @@ pub struct TuneResult {
     pub rejected_vmem: usize,
     /// Of those, dropped as inexact (masking none with partial tiles).
     pub rejected_inexact: usize,
-    /// Valid configurations found.
+    /// Valid configurations found (distinct jobs).
     pub valid: usize,
+    /// Valid evaluations that resolved to the same job as another (e.g. a block size clamped to
+    /// the sequence), counted once in `valid`.
+    pub duplicates: usize,
     /// Wall time, seconds.
     pub seconds: f64,
     /// The best configurations, best first.
@@ -151,6 +154,9 @@ const OPTION_WORDS: [(&str, &[&str]); 3] = [
 /// [`SweepError`] when the chip or the job itself is invalid (before any block is changed).
 pub fn tune(spec: &JobSpec, opts: &TuneOptions) -> Result<TuneResult, SweepError> {
     let start = Instant::now();
+    if opts.top == 0 {
+        return Err(SweepError::new("--top 0: expected at least 1 configuration to list".to_string()));
+    }
     let chip = spec.chip().map_err(|e| SweepError::new(e.to_string()))?;
     let given = spec.build(&chip).map_err(|e| SweepError::new(e.to_string()))?;
     let pool = crate::pool(opts.jobs)?;
@@ -389,6 +395,13 @@ pub fn tune(spec: &JobSpec, opts: &TuneOptions) -> Result<TuneResult, SweepError
             }
         }
     }
+    let ok_evals = results.iter().filter(|(_, e)| matches!(e, Eval::Ok(..))).count();
+    if valid.is_empty() {
+        return Err(SweepError::new(format!(
+            "no valid configuration among {} evaluated: {rejected_vmem} over the VMEM limit, {rejected_rules} breaking block rules, {rejected_inexact} inexact; fix blocks held fixed or raise --vmem-limit-mib",
+            results.len()
+        )));
+    }
     valid.sort_by(|a, b| a.0.total_cmp(&b.0).then_with(|| a.1.cmp(&b.1)));
     let top = valid
         .iter()
@@ -421,6 +434,7 @@ pub fn tune(spec: &JobSpec, opts: &TuneOptions) -> Result<TuneResult, SweepError
         rejected_vmem,
         rejected_inexact,
         valid: valid.len(),
+        duplicates: ok_evals - valid.len(),
         seconds: start.elapsed().as_secs_f64(),
         top,
     })
@@ -530,8 +544,8 @@ impl TuneResult {
         }
         let _ = writeln!(
             s,
-            "  evaluated    {} configurations in {:.1} s: {} valid, {} over the VMEM limit, {} breaking block rules, {} inexact (masking none on partial tiles)",
-            self.evaluated, self.seconds, self.valid, self.rejected_vmem, self.rejected_rules, self.rejected_inexact
+            "  evaluated    {} configurations in {:.1} s: {} valid, {} duplicates of a valid one, {} over the VMEM limit, {} breaking block rules, {} inexact (masking none on partial tiles)",
+            self.evaluated, self.seconds, self.valid, self.duplicates, self.rejected_vmem, self.rejected_rules, self.rejected_inexact
         );
         match (self.given_latency_ms, &self.given_error, &self.given_job) {
             (Some(l), _, Some(job)) => {

@@ -238,7 +238,7 @@ impl Report {
         if let (Job::Splash { workload: w, config: c }, Some(t)) = (&run.job, info.tiles) {
             if c.masking == tpusim_kernel::Masking::None && t.partial > 0 {
                 rep.notes.push(format!(
-                    "--masking none with {} partial tiles: a mask-free kernel computes wrong results on them (kept pairs are not masked apart from dropped ones)",
+                    "--masking none with {} partial tiles: a mask-free kernel treats them as full, so the pairs the mask drops in them are wrongly attended (results are inexact)",
                     t.partial
                 ));
             }

@@ -93,6 +93,7 @@ proptest! {
         let path = dir.join(format!("m{}.json", e.len()));
         std::fs::write(&path, mutate(base, &e)).unwrap();
         let _ = Mask::parse(&format!("file:{}", path.display()));
+        std::fs::remove_dir_all(&dir).ok();
     }
 
     /// Random job specs within bounded sizes run to a result or an error naming a field.

@@ -59,7 +59,7 @@ impl Table {
     ///
     /// # Errors
     /// [`PlotError`] naming `flag`, the path and the line for an empty file, an unterminated
-    /// quote or a row with more fields than the header.
+    /// quote or a row whose field count differs from the header.
     pub fn parse(text: &str, path: &str, flag: &str) -> Result<Self, PlotError> {
         let mut header: Option<Vec<String>> = None;
         let mut rows = Vec::new();
@@ -72,7 +72,7 @@ impl Table {
             match &header {
                 None => header = Some(fields),
                 Some(h) => {
-                    if fields.len() > h.len() {
+                    if fields.len() != h.len() {
                         return Err(PlotError(format!(
                             "{flag} {path} line {}: {} fields but the header has {} columns",
                             i + 1,

@@ -270,6 +270,9 @@ mod tests {
     fn atomic_write_leaves_no_temp_file() {
         let dir = std::env::temp_dir().join(format!("tpusim-plot-atomic-{}", std::process::id()));
         let p = dir.join("sub/x.txt");
+        let e = write_atomic(&p, b"hello", "--out").unwrap_err().0;
+        assert!(e.contains("does not exist"), "{e}");
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
         write_atomic(&p, b"hello", "--out").unwrap();
         assert_eq!(std::fs::read(&p).unwrap(), b"hello");
         let names: Vec<_> = std::fs::read_dir(p.parent().unwrap()).unwrap().map(|e| e.unwrap().file_name()).collect();

@@ -164,11 +164,13 @@ mod tests {
 
     #[test]
     fn parses_quotes_and_comments() {
-        let t = Table::parse("a,b,c\n# note\n1,\"x, y\",\"say \"\"hi\"\"\"\n\n2,3\n", "f.csv", "--input").unwrap();
+        let t = Table::parse("a,b,c\n# note\n1,\"x, y\",\"say \"\"hi\"\"\"\n\n2,3,\n", "f.csv", "--input").unwrap();
         assert_eq!(t.header, vec!["a", "b", "c"]);
         assert_eq!(t.rows[0].1, vec!["1", "x, y", "say \"hi\""]);
         assert_eq!(t.rows[1].0, 5);
         assert_eq!(t.get(&t.rows[1].1, 2), "");
+        let e = Table::parse("a,b,c\n2,3\n", "f.csv", "--input").unwrap_err().0;
+        assert!(e.contains("line 2") && e.contains("2 fields"), "{e}");
     }
 
     #[test]

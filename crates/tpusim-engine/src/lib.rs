@@ -28,7 +28,7 @@ use petgraph::graph::NodeIndex;
 use petgraph::Direction;
 use serde::Serialize;
 use tpusim_chip::ChipModel;
-use tpusim_kernel::{Program, Step, StepBody, Unit, Work};
+use tpusim_kernel::{Program, RunItem, Step, StepBody, Unit, Work};
 
 /// Busy cycles per unit. `hbm` is DMA transfer time, `step_control` the grid-step overhead.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
@@ -262,7 +262,15 @@ pub struct StepTiming {
 pub fn simulate(chip: &ChipModel, program: &Program) -> SimResult {
     let mut sim = Pipeline::new(chip, program);
     let mut quiet = |_: &Step, _: &StepTiming| {};
-    program.for_each_run(&mut |s, n| sim.run(s, n, &mut quiet));
+    let mut head: Vec<(Step, u64)> = Vec::new();
+    program.for_each_run_block(&mut |item| match item {
+        RunItem::HeadStart => head.clear(),
+        RunItem::Run(s, n) => {
+            head.push((*s, n));
+            sim.run(s, n, &mut quiet);
+        }
+        RunItem::RepeatHead(k) => sim.repeat_head(&head, k, &mut quiet),
+    });
     sim.finish(&mut quiet)
 }
 
@@ -443,6 +451,65 @@ impl<'a> Pipeline<'a> {
         }
     }
 
+    /// Replays a head's runs `k` more times, jumping once two consecutive replays advance every
+    /// time and total by the same amounts (the rest of the heads are then periodic).
+    fn repeat_head(&mut self, head: &[(Step, u64)], k: u64, observe: &mut dyn FnMut(&Step, &StepTiming)) {
+        let snapshot = |p: &Self| (p.t, p.pending.and_then(|(_, i)| i));
+        let mut prev: Option<(Times, Option<(f64, f64)>)> = None;
+        let mut remaining = k;
+        while remaining > 0 {
+            let (t0, in0) = snapshot(self);
+            for (s, n) in head {
+                self.run(s, *n, observe);
+            }
+            remaining -= 1;
+            let (t1, in1) = snapshot(self);
+            let d = Times {
+                prev_end: t1.prev_end - t0.prev_end,
+                hbm_free: t1.hbm_free - t0.hbm_free,
+                last_out_done: t1.last_out_done - t0.last_out_done,
+                stall: t1.stall - t0.stall,
+                crit_step: t1.crit_step - t0.crit_step,
+                crit_hbm: t1.crit_hbm - t0.crit_hbm,
+            };
+            let din = match (in0, in1) {
+                (Some(a), Some(b)) => Some((b.0 - a.0, b.1 - a.1)),
+                (None, None) => None,
+                _ => {
+                    prev = None;
+                    continue;
+                }
+            };
+            let c = d.prev_end;
+            let uniform = close(d.hbm_free, c) && close(d.last_out_done, c) && din.is_none_or(|(a, b)| close(a, c) && close(b, c));
+            let steady = uniform
+                && prev.is_some_and(|(p, pin)| {
+                    close(p.prev_end, c)
+                        && close(p.stall, d.stall)
+                        && close(p.crit_step, d.crit_step)
+                        && close(p.crit_hbm, d.crit_hbm)
+                        && pin.is_some() == din.is_some()
+                });
+            if steady && remaining > 0 {
+                let m = remaining as f64;
+                self.t.prev_end += m * c;
+                self.t.hbm_free += m * c;
+                self.t.last_out_done += m * c;
+                self.t.stall += m * d.stall;
+                self.t.crit_step += m * d.crit_step;
+                self.t.crit_hbm += m * d.crit_hbm;
+                if let Some((p, Some((a, b)))) = self.pending {
+                    self.pending = Some((p, Some((a + m * c, b + m * c))));
+                }
+                for (s, n) in head {
+                    self.count(s, n * remaining);
+                }
+                remaining = 0;
+            }
+            prev = Some((d, din));
+        }
+    }
+
     fn finish(mut self, observe: &mut dyn FnMut(&Step, &StepTiming)) -> SimResult {
         if let Some((p, p_in)) = self.pending.take() {
             self.advance(&p, p_in, None, observe);
@@ -574,6 +641,45 @@ mod tests {
         let fast = simulate(&chip5, &p);
         let slow = simulate_observed(&chip5, &p, &mut |_, _| {});
         assert!((fast.cycles - slow.cycles).abs() <= 1e-9 * slow.cycles);
+    }
+
+    #[test]
+    fn repeated_heads_fold_exactly() {
+        let chip = v6e();
+        let masks = ["full", "causal", "band:2000+sink:300", "per-head[3*causal;5*band:900]", "per-head[2*full;2*local:700,0;4*sink:64]"];
+        for (mask, batch, heads, kv_heads, len, bkv) in [
+            (0usize, 3u64, 8u64, 8u64, 6000u64, 512u64),
+            (1, 2, 8, 2, 5000, 1024),
+            (2, 4, 4, 1, 4000, 512),
+            (3, 2, 8, 4, 3000, 512),
+            (4, 3, 8, 8, 2048, 2048),
+            (0, 5, 4, 2, 1000, 1024), // one kv tile per row with GQA: the kv copy is elided across heads
+        ] {
+            let mut w = AttentionCall::video_default();
+            w.batch = batch;
+            w.q_heads = heads;
+            w.kv_heads = kv_heads;
+            w.q_len = len;
+            w.kv_len = len;
+            w.mask = tpusim_workload::Mask::parse(masks[mask]).unwrap();
+            for t in [tpusim_kernel::Traversal::Compact, tpusim_kernel::Traversal::FullGrid] {
+                let mut c = SplashConfig::defaults_for(&w, &chip);
+                c.block_q = 512;
+                c.block_kv = bkv;
+                c.block_kv_compute = bkv.min(512);
+                c.traversal = t;
+                c.masking = tpusim_kernel::Masking::Partial;
+                let p = splash::lower(&chip, &w, &c).unwrap();
+                let fast = simulate(&chip, &p);
+                let slow = simulate_observed(&chip, &p, &mut |_, _| {});
+                assert_eq!(fast.grid_steps, slow.grid_steps, "{} {t:?}", masks[mask]);
+                assert_eq!(fast.class_steps, slow.class_steps, "{} {t:?}", masks[mask]);
+                assert_eq!(fast.hbm_bytes, slow.hbm_bytes, "{} {t:?}", masks[mask]);
+                for (a, b) in [(fast.cycles, slow.cycles), (fast.dma_stall_cycles, slow.dma_stall_cycles), (fast.critical.step_control, slow.critical.step_control)] {
+                    assert!((a - b).abs() <= 1e-9 * b.abs().max(1.0), "{} {t:?}: fast {a} vs step-by-step {b}", masks[mask]);
+                }
+            }
+        }
     }
 
     #[test]

@@ -18,7 +18,7 @@ pub mod splash;
 
 pub use ir::{ClassKey, Step, StepBody, StepClass, TileOp, Unit, Work};
 pub use matmul::MatmulConfig;
-pub use splash::{MaskSource, Masking, SplashConfig, Traversal};
+pub use splash::{MaskSource, Masking, RunItem, SplashConfig, Traversal};
 
 use serde::Serialize;
 
@@ -32,7 +32,8 @@ pub const SLAB_ROWS: u64 = 256;
 /// run would take minutes. Larger problems need larger blocks.
 pub const MAX_TILES: u64 = 1 << 28;
 
-/// Most rows of grid steps (batch x heads x q tiles) an attention program may have (2^24): step
+/// Most rows of grid steps an attention program may need generated (2^24): heads whose step
+/// streams repeat are folded, so this bounds heads that cannot be folded x q tiles; step
 /// generation is linear in it.
 pub const MAX_ROWS: u64 = 1 << 24;
 
@@ -187,6 +188,17 @@ impl Program {
         match &self.steps {
             StepSource::Splash(s) => s.for_each_run(f),
             StepSource::Matmul(s) => s.for_each_run(f),
+        }
+    }
+
+    /// The run stream of [`Program::for_each_run`] with whole (batch, head) blocks folded:
+    /// `HeadStart` marks each emitted head, and `RepeatHead(n)` says the previous head's runs
+    /// repeat `n` more times (for heads whose streams are identical but for coordinates). The
+    /// cost of walking it grows with the number of distinct heads, not with batch x heads.
+    pub fn for_each_run_block(&self, f: &mut dyn FnMut(RunItem<'_>)) {
+        match &self.steps {
+            StepSource::Splash(s) => s.for_each_run_block(f),
+            StepSource::Matmul(s) => s.for_each_run(&mut |st, n| f(RunItem::Run(st, n))),
         }
     }
 }

@@ -215,7 +215,12 @@ fn bad_input_exits_2_naming_the_field() {
     expect_input_error(&["run", "--kernel", "matmul", "--m", "1024", "--n", "1024", "--k", "1024", "--block-n", "100"], &["--block-n", "100"]);
     expect_input_error(&["run", "--traversal", "zigzag"], &["zigzag"]);
     expect_input_error(&["run", "--seq-len", "4096", "--mask", "sink:0"], &["--mask", "sink:0", "no (q, kv) pair"]);
-    expect_input_error(&["run", "--batch", "100000", "--heads", "1000", "--seq-len", "4096"], &["--batch x --heads", "rows"]);
+    // GQA with one kv tile per row: consecutive heads share the kv block, so heads cannot be
+    // folded and 1.6e9 rows would have to be generated.
+    expect_input_error(
+        &["run", "--batch", "100000", "--heads", "1000", "--kv-heads", "250", "--seq-len", "4096", "--block-kv", "4096", "--block-q", "256"],
+        &["--batch x --heads", "rows"],
+    );
     expect_input_error(&["run", "--q-len", "4096"], &["--q-len", "--kv-len"]);
     let deep = format!("{}causal{}", "(".repeat(5000), ")".repeat(5000));
     expect_input_error(&["run", "--seq-len", "4096", "--mask", &deep], &["nests at most"]);
@@ -252,6 +257,15 @@ fn flags_at_their_default_values_change_nothing_and_trace_lengths_can_be_overrid
         let j = run_json(&["--chip", chip]);
         assert!(j["latency_ms"].as_f64().unwrap() > 0.0, "{chip}");
     }
+}
+
+#[test]
+fn identical_heads_fold_so_huge_batches_run_and_scale_linearly() {
+    let one = run_json(&["--batch", "1", "--heads", "16", "--seq-len", "16384", "--mask", "causal", "--traversal", "compact", "--masking", "partial"]);
+    let many = run_json(&["--batch", "100000", "--heads", "16", "--seq-len", "16384", "--mask", "causal", "--traversal", "compact", "--masking", "partial"]);
+    let (a, b) = (one["latency_ms"].as_f64().unwrap(), many["latency_ms"].as_f64().unwrap());
+    assert!((b / (a * 100000.0) - 1.0).abs() < 0.01, "{b} vs 100000 x {a}");
+    assert_eq!(many["grid_steps"].as_u64().unwrap(), 100000 * one["grid_steps"].as_u64().unwrap());
 }
 
 #[test]

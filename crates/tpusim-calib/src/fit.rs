@@ -782,6 +782,11 @@ pub fn write_atomic(path: &str, text: &str) -> Result<(), String> {
     let p = std::path::Path::new(path);
     let dir = p.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
     let name = p.file_name().ok_or_else(|| format!("--out {path}: not a file name"))?.to_string_lossy().to_string();
+    if let Ok(m) = std::fs::symlink_metadata(p) {
+        if !m.file_type().is_file() {
+            return Err(format!("--out {path}: exists and is not a regular file (a device, directory or link); choose another path"));
+        }
+    }
     let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
     std::fs::write(&tmp, text).map_err(|e| format!("cannot write {}: {e}", tmp.display()))?;
     std::fs::rename(&tmp, p).map_err(|e| {

@@ -227,10 +227,11 @@ impl SimResult {
     pub fn bottleneck(&self) -> &'static str {
         let busy = self.busy.named();
         let crit = self.critical.named();
+        // Ties (equal bounds) go to the unit with the larger critical-path share.
         busy.iter()
             .zip(crit.iter())
-            .map(|(&(n, b), &(_, c))| (n, b.max(c)))
-            .fold(("none", 0.0), |best, (n, c)| if c > best.1 { (n, c) } else { best })
+            .map(|(&(n, b), &(_, c))| (n, b.max(c), c))
+            .fold(("none", 0.0, 0.0), |best, (n, v, c)| if v > best.1 || (v == best.1 && c > best.2) { (n, v, c) } else { best })
             .0
     }
 }

@@ -195,6 +195,14 @@ pub fn atomic_with(path: &Path, flag: &str, fill: impl FnOnce(&mut std::fs::File
     if !dir.is_dir() {
         return Err(PlotError(format!("{flag} {}: the directory {} does not exist", path.display(), dir.display())));
     }
+    if let Ok(m) = std::fs::symlink_metadata(path) {
+        if !m.file_type().is_file() {
+            return Err(PlotError(format!(
+                "{flag} {}: exists and is not a regular file (a device, directory or link); choose another path",
+                path.display()
+            )));
+        }
+    }
     let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("out");
     let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
     let res = (|| {

@@ -575,6 +575,11 @@ pub fn read_back(path: &str, layout: Option<&Layout>) -> Result<ReadBack, SweepE
 /// [`SweepError`] naming the file.
 pub fn write_atomic(path: &str, text: &[u8]) -> Result<(), SweepError> {
     use std::io::Write;
+    if let Ok(m) = std::fs::symlink_metadata(path) {
+        if !m.file_type().is_file() {
+            return Err(SweepError::new(format!("{path} exists and is not a regular file (a device, directory or link); choose another --out")));
+        }
+    }
     let tmp = format!("{path}.tmp{}", std::process::id());
     let io = |e: std::io::Error| SweepError::new(format!("cannot write {path}: {e}"));
     let mut f = std::fs::File::create(&tmp).map_err(io)?;

@@ -38,6 +38,9 @@ impl WorkloadError {
 /// could overflow 64-bit arithmetic.
 pub const MAX_DIM: u64 = 1 << 32;
 
+/// Most query heads one call may have (2^20); per-head state is kept per head.
+pub const MAX_HEADS: u64 = 1 << 20;
+
 /// One forward multi-head attention call: q[B, Hq, Sq, d] x k[B, Hkv, Skv, d] -> o[B, Hq, Sq, dv],
 /// bf16 inputs and outputs, with a mask over (q position, kv position).
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -97,6 +100,9 @@ impl AttentionCall {
             if v == 0 || v > MAX_DIM {
                 return Err(WorkloadError::new(field, v, &format!("expected a whole number from 1 to {MAX_DIM}")));
             }
+        }
+        if self.q_heads > MAX_HEADS {
+            return Err(WorkloadError::new("--heads", self.q_heads, &format!("expected at most {MAX_HEADS} heads (use --batch for more independent heads)")));
         }
         if self.head_dim > 4096 || self.head_dim_v > 4096 {
             return Err(WorkloadError::new("--head-dim", self.head_dim.max(self.head_dim_v), "expected at most 4096"));

@@ -503,6 +503,16 @@ fn intersect(a: &[(u64, u64)], b: &[(u64, u64)]) -> Vec<(u64, u64)> {
     out
 }
 
+/// The mask text as errors quote it: whole when short, else its start and its length.
+fn shorten(text: &str) -> String {
+    const KEEP: usize = 80;
+    if text.chars().count() <= KEEP {
+        return text.to_string();
+    }
+    let head: String = text.chars().take(KEEP).collect();
+    format!("{head}... ({} characters)", text.chars().count())
+}
+
 /// Deepest nesting of `( )` and `per-head[ ]` the grammar accepts.
 pub const MAX_MASK_DEPTH: usize = 64;
 /// Most mask words (and groups) one expression may hold; per-head repeats `N*M` count once.
@@ -519,10 +529,10 @@ struct Parser<'a> {
 
 impl Parser<'_> {
     fn err(&self, message: &str) -> MaskError {
-        MaskError::Syntax { text: self.text.to_string(), message: message.to_string() }
+        MaskError::Syntax { text: shorten(self.text), message: message.to_string() }
     }
     fn value_err(&self, message: String) -> MaskError {
-        MaskError::Value { text: self.text.to_string(), message }
+        MaskError::Value { text: shorten(self.text), message }
     }
     fn skip_ws(&mut self) {
         while self.text[self.pos..].starts_with(' ') {

@@ -91,8 +91,11 @@ pub fn cmd_calibrate(a: &CalibrateArgs) -> Result<String, InputError> {
         // Refuse an unwritable destination before the fit, not after it.
         let p = std::path::Path::new(path);
         let dir = p.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
-        if !dir.is_dir() || p.is_dir() {
-            return Err(InputError(format!("--out {path}: the directory {} does not exist or the path is a directory", dir.display())));
+        if !dir.is_dir() {
+            return Err(InputError(format!("--out {path}: the directory {} does not exist", dir.display())));
+        }
+        if std::fs::symlink_metadata(p).is_ok_and(|m| !m.file_type().is_file()) {
+            return Err(InputError(format!("--out {path}: exists and is not a regular file (a device, directory or link)")));
         }
     }
     let file = read_file(&a.file, std::slice::from_ref(&base))?;

@@ -114,7 +114,8 @@ pub struct PlotArgs {
     /// timeline shows (timeline) [tiles default: 0].
     #[arg(long, value_name = "H")]
     pub head: Option<u32>,
-    /// Grid steps START:END (END exclusive) of the timeline [default: 0:4].
+    /// Grid steps START:END (END exclusive) of the timeline [default: 0:4]; with --head they
+    /// count that head's own steps.
     #[arg(long, value_name = "START:END")]
     pub steps: Option<String>,
     /// Title (replaces the generated one).
@@ -252,8 +253,8 @@ pub fn cmd_plot(a: &PlotArgs) -> Result<String, InputError> {
         }
         "timeline" => {
             let mut steps = Window::parse_steps(a.steps.as_deref().unwrap_or("0:4"), "--steps")?;
-            // With --head and no --steps, the window is that head's first four steps.
-            let head_first = a.steps.is_none() && a.head.is_some() && a.input.is_none();
+            // With --head, --steps counts that head's own steps (default: its first four).
+            let head_first = a.head.is_some() && a.input.is_none();
             // One step more than asked: its input DMA is prefetched inside the window.
             let window = Window { steps: if head_first { None } else { Some((steps.0, steps.1.saturating_add(1))) }, head: a.head };
             let (events, what, job) = match &a.input {
@@ -264,11 +265,17 @@ pub fn cmd_plot(a: &PlotArgs) -> Result<String, InputError> {
                 }
                 None => {
                     let r = a.one_run("timeline")?;
+                    if let (Some(h), tpusim_report::Job::Splash { workload: w, .. }) = (a.head, &r.run.job) {
+                        let n = w.batch * w.q_heads;
+                        if u64::from(h) >= n {
+                            return Err(InputError(format!("--head {h}: the job has {n} batch x heads (0 to {})", n - 1)));
+                        }
+                    }
                     let mut ev = timeline::collect_us(&r.run, &window);
                     if head_first {
                         if let Some(first) = ev.iter().map(|e| e.step).min() {
-                            steps = (first, first + 4);
-                            ev.retain(|e| e.step <= first + 4);
+                            steps = (first + steps.0, first + steps.1);
+                            ev.retain(|e| e.step >= steps.0 && e.step <= steps.1);
                         }
                     }
                     (ev, format!("{} on {}", r.label, r.report.chip), Some(jobs::describe(&r)))

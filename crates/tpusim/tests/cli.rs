@@ -225,6 +225,17 @@ fn bad_input_exits_2_naming_the_field() {
     let deep = format!("{}causal{}", "(".repeat(5000), ")".repeat(5000));
     expect_input_error(&["run", "--seq-len", "4096", "--mask", &deep], &["nests at most"]);
     expect_input_error(&["run", "--seq-len", "1000000000"], &["score pairs"]);
+    expect_input_error(&["run", "--heads", "4294967295", "--seq-len", "128"], &["--heads", "at most"]);
+    // Outputs are never written through devices, directories or links.
+    let csv = root().join("traces/measured/calibration.csv");
+    expect_input_error(&["calibrate", csv.to_str().unwrap(), "--chip", "v6e", "--out", "/dev/null"], &["/dev/null", "not a regular file"]);
+    expect_input_error(&["run", "--seq-len", "2048", "--timeline", "/dev/null"], &["/dev/null", "not a regular file"]);
+    let dir = std::env::temp_dir().join(format!("tpusim-cli-out-{}", std::process::id()));
+    std::fs::create_dir_all(dir.join("taken.png")).unwrap();
+    let trace = root().join("plots/jobs/dense.toml");
+    let taken = dir.join("taken.png");
+    expect_input_error(&["plot", "roofline", "--trace", trace.to_str().unwrap(), "--out", taken.to_str().unwrap()], &["not a regular file"]);
+    std::fs::remove_dir_all(&dir).ok();
 }
 
 #[test]

@@ -157,6 +157,9 @@ pub fn tune(spec: &JobSpec, opts: &TuneOptions) -> Result<TuneResult, SweepError
     if opts.top == 0 {
         return Err(SweepError::new("--top 0: expected at least 1 configuration to list".to_string()));
     }
+    if opts.refine == 0 {
+        return Err(SweepError::new("--refine 0: expected at least 1 (block_q, block_kv) pair to refine".to_string()));
+    }
     let chip = spec.chip().map_err(|e| SweepError::new(e.to_string()))?;
     let given = spec.build(&chip).map_err(|e| SweepError::new(e.to_string()))?;
     let pool = crate::pool(opts.jobs)?;
@@ -398,8 +401,13 @@ pub fn tune(spec: &JobSpec, opts: &TuneOptions) -> Result<TuneResult, SweepError
     let ok_evals = results.iter().filter(|(_, e)| matches!(e, Eval::Ok(..))).count();
     if valid.is_empty() {
         return Err(SweepError::new(format!(
-            "no valid configuration among {} evaluated: {rejected_vmem} over the VMEM limit, {rejected_rules} breaking block rules, {rejected_inexact} inexact; fix blocks held fixed or raise --vmem-limit-mib",
-            results.len()
+            "no valid configuration among {} evaluated: {rejected_vmem} over the VMEM limit, {rejected_rules} breaking block rules, {rejected_inexact} inexact; {}",
+            results.len(),
+            if spec.block_q.is_some() || spec.block_kv.is_some() || spec.block_kv_compute.is_some() {
+                "change the blocks held fixed or raise --vmem-limit-mib"
+            } else {
+                "raise --vmem-limit-mib"
+            }
         )));
     }
     valid.sort_by(|a, b| a.0.total_cmp(&b.0).then_with(|| a.1.cmp(&b.1)));

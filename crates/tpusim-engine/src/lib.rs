@@ -311,6 +311,40 @@ struct Times {
     crit_hbm: f64,
 }
 
+impl Times {
+    /// How far each field advanced since `before`.
+    fn since(&self, before: &Times) -> Times {
+        Times {
+            prev_end: self.prev_end - before.prev_end,
+            hbm_free: self.hbm_free - before.hbm_free,
+            last_out_done: self.last_out_done - before.last_out_done,
+            stall: self.stall - before.stall,
+            crit_step: self.crit_step - before.crit_step,
+            crit_hbm: self.crit_hbm - before.crit_hbm,
+        }
+    }
+
+    /// Whether this advance repeats `prev` (same shift and same accumulated amounts), given the
+    /// shifts of the pending input DMA in both.
+    fn repeats(&self, din: Option<(f64, f64)>, prev: Option<(Times, Option<(f64, f64)>)>) -> bool {
+        prev.is_some_and(|(p, pin)| {
+            close(p.prev_end, self.prev_end)
+                && close(p.stall, self.stall)
+                && close(p.crit_step, self.crit_step)
+                && close(p.crit_hbm, self.crit_hbm)
+                && pin.is_some() == din.is_some()
+        })
+    }
+}
+
+/// The shift of an input DMA's (start, end) between two snapshots, if both exist.
+fn dma_shift(before: Option<(f64, f64)>, after: Option<(f64, f64)>) -> Option<(f64, f64)> {
+    match (before, after) {
+        (Some(a), Some(b)) => Some((b.0 - a.0, b.1 - a.1)),
+        _ => None,
+    }
+}
+
 fn close(a: f64, b: f64) -> bool {
     (a - b).abs() <= 1e-9 * a.abs().max(b.abs()).max(1.0)
 }
@@ -401,18 +435,8 @@ impl<'a> Pipeline<'a> {
             let next_in = self.advance(&cur, cur_in, Some(s), observe);
             self.pending = Some((*s, next_in));
             remaining -= 1;
-            let d = Times {
-                prev_end: self.t.prev_end - before.prev_end,
-                hbm_free: self.t.hbm_free - before.hbm_free,
-                last_out_done: self.t.last_out_done - before.last_out_done,
-                stall: self.t.stall - before.stall,
-                crit_step: self.t.crit_step - before.crit_step,
-                crit_hbm: self.t.crit_hbm - before.crit_hbm,
-            };
-            let din = match (cur_in, next_in) {
-                (Some(a), Some(b)) => Some((b.0 - a.0, b.1 - a.1)),
-                _ => None,
-            };
+            let d = self.t.since(&before);
+            let din = dma_shift(cur_in, next_in);
             let c = d.prev_end;
             // A uniform shift of every time that matters, repeated twice: the rest is periodic.
             let shift_ok = (!traffic || close(d.hbm_free, c))
@@ -420,35 +444,32 @@ impl<'a> Pipeline<'a> {
                 && (s.out_bytes == 0 || close(d.last_out_done, c))
                 && din.is_none_or(|(a, b)| close(a, c) && close(b, c))
                 && (s.in_bytes == 0) == din.is_none();
-            let steady = shift_ok
-                && prev_delta.is_some_and(|(p, pin)| {
-                    close(p.prev_end, c)
-                        && close(p.stall, d.stall)
-                        && close(p.crit_step, d.crit_step)
-                        && close(p.crit_hbm, d.crit_hbm)
-                        && pin.is_some() == din.is_some()
-                });
-            if steady && remaining > 0 {
-                let m = remaining as f64;
-                self.t.prev_end += m * c;
-                if traffic {
-                    self.t.hbm_free += m * c;
-                }
-                if s.out_bytes > 0 {
-                    self.t.last_out_done += m * c;
-                }
-                self.t.stall += m * d.stall;
-                self.t.crit_step += m * d.crit_step;
-                self.t.crit_hbm += m * d.crit_hbm;
-                if let Some((p, Some((a, b)))) = self.pending.take() {
-                    self.pending = Some((p, Some((a + m * c, b + m * c))));
-                } else {
-                    self.pending = Some((*s, None));
-                }
+            if shift_ok && d.repeats(din, prev_delta) && remaining > 0 {
+                self.jump(remaining as f64, &d, traffic, s.out_bytes > 0);
                 self.count(s, remaining);
                 remaining = 0;
             }
             prev_delta = Some((d, din));
+        }
+    }
+
+    /// Advances the state by `m` more repetitions of the period `d` (times shift by
+    /// `d.prev_end`; HBM and write-back times only when the period moves them).
+    fn jump(&mut self, m: f64, d: &Times, shift_hbm: bool, shift_out: bool) {
+        let c = d.prev_end;
+        self.t.prev_end += m * c;
+        if shift_hbm {
+            self.t.hbm_free += m * c;
+        }
+        if shift_out {
+            self.t.last_out_done += m * c;
+        }
+        self.t.stall += m * d.stall;
+        self.t.crit_step += m * d.crit_step;
+        self.t.crit_hbm += m * d.crit_hbm;
+        if let Some((_, Some((a, b)))) = &mut self.pending {
+            *a += m * c;
+            *b += m * c;
         }
     }
 
@@ -465,43 +486,16 @@ impl<'a> Pipeline<'a> {
             }
             remaining -= 1;
             let (t1, in1) = snapshot(self);
-            let d = Times {
-                prev_end: t1.prev_end - t0.prev_end,
-                hbm_free: t1.hbm_free - t0.hbm_free,
-                last_out_done: t1.last_out_done - t0.last_out_done,
-                stall: t1.stall - t0.stall,
-                crit_step: t1.crit_step - t0.crit_step,
-                crit_hbm: t1.crit_hbm - t0.crit_hbm,
-            };
-            let din = match (in0, in1) {
-                (Some(a), Some(b)) => Some((b.0 - a.0, b.1 - a.1)),
-                (None, None) => None,
-                _ => {
-                    prev = None;
-                    continue;
-                }
-            };
+            let d = t1.since(&t0);
+            if in0.is_some() != in1.is_some() {
+                prev = None;
+                continue;
+            }
+            let din = dma_shift(in0, in1);
             let c = d.prev_end;
             let uniform = close(d.hbm_free, c) && close(d.last_out_done, c) && din.is_none_or(|(a, b)| close(a, c) && close(b, c));
-            let steady = uniform
-                && prev.is_some_and(|(p, pin)| {
-                    close(p.prev_end, c)
-                        && close(p.stall, d.stall)
-                        && close(p.crit_step, d.crit_step)
-                        && close(p.crit_hbm, d.crit_hbm)
-                        && pin.is_some() == din.is_some()
-                });
-            if steady && remaining > 0 {
-                let m = remaining as f64;
-                self.t.prev_end += m * c;
-                self.t.hbm_free += m * c;
-                self.t.last_out_done += m * c;
-                self.t.stall += m * d.stall;
-                self.t.crit_step += m * d.crit_step;
-                self.t.crit_hbm += m * d.crit_hbm;
-                if let Some((p, Some((a, b)))) = self.pending {
-                    self.pending = Some((p, Some((a + m * c, b + m * c))));
-                }
+            if uniform && d.repeats(din, prev) && remaining > 0 {
+                self.jump(remaining as f64, &d, true, true);
                 for (s, n) in head {
                     self.count(s, n * remaining);
                 }

@@ -159,7 +159,7 @@ struct Row {
 fn simulate_ms(chip: &ChipModel, spec: &JobSpec) -> Result<f64, String> {
     let job = spec.build(chip).map_err(|e| e.to_string())?;
     let program = match &job {
-        Job::Splash { workload, config } => splash::lower(chip, workload, config),
+        Job::Attention { workload, config } => splash::lower(chip, workload, config),
         Job::Matmul { workload, config } => matmul::lower(chip, workload, config),
     }
     .map_err(|e| e.to_string())?;
@@ -604,13 +604,13 @@ pub fn calibrate(
     base: &ChipModel,
     chip_arg: &str,
     opts: &CalibrateOptions,
-) -> Result<Calibration, String> {
+) -> Result<Calibration, crate::CalibError> {
     for n in &opts.params {
         if spec(n).is_none() {
-            return Err(format!(
+            return Err(crate::CalibError::Input(format!(
                 "--params {n}: not a fitted parameter; the fitted parameters are {}",
                 FITTED_PARAMS.join(", ")
-            ));
+            )));
         }
     }
     let names: Vec<&str> = FITTED_PARAMS
@@ -631,10 +631,10 @@ pub fn calibrate(
         }
     }
     if rows.is_empty() {
-        return Err(format!(
+        return Err(crate::CalibError::Input(format!(
             "{}: no row of chip {} that the simulator can express; nothing to fit",
             file.path, base.name
-        ));
+        )));
     }
     let refs: Vec<&Row> = rows.iter().collect();
     let meas: Vec<f64> = rows.iter().map(|r| r.measured_ms).collect();
@@ -709,7 +709,7 @@ pub fn calibrate(
         });
     }
     fitted.description = format!("{} [calibrated by tpusim calibrate on {date} to {}]", base.description, file.path);
-    fitted.validate("calibrated model").map_err(|e| e.to_string())?;
+    fitted.validate("calibrated model")?;
     let fit_rows_out = rows
         .iter()
         .enumerate()
@@ -772,27 +772,6 @@ pub fn chip_to_toml(chip: &ChipModel, header: &str) -> Result<String, String> {
         return Err("internal: the written chip model does not read back identically".into());
     }
     Ok(s)
-}
-
-/// Writes `text` to `path` atomically: a temporary file in the same directory, then a rename.
-///
-/// # Errors
-/// The operating system's error, naming the path.
-pub fn write_atomic(path: &str, text: &str) -> Result<(), String> {
-    let p = std::path::Path::new(path);
-    let dir = p.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
-    let name = p.file_name().ok_or_else(|| format!("--out {path}: not a file name"))?.to_string_lossy().to_string();
-    if let Ok(m) = std::fs::symlink_metadata(p) {
-        if !m.file_type().is_file() {
-            return Err(format!("--out {path}: exists and is not a regular file (a device, directory or link); choose another path"));
-        }
-    }
-    let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
-    std::fs::write(&tmp, text).map_err(|e| format!("cannot write {}: {e}", tmp.display()))?;
-    std::fs::rename(&tmp, p).map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        format!("cannot rename {} to {path}: {e}", tmp.display())
-    })
 }
 
 fn pct(x: f64) -> String {

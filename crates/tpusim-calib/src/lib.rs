@@ -21,5 +21,36 @@ pub mod stats;
 pub mod validate;
 
 pub use fit::{calibrate, CalibrateOptions, Calibration, FITTED_PARAMS};
+
+/// An error of calibration or validation (not a skipped row: those carry their reason).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum CalibError {
+    /// Bad input: flags, an unknown parameter, too few rows to fit.
+    #[error("{0}")]
+    Input(String),
+    /// The measurement file is malformed (names file, line and column).
+    #[error(transparent)]
+    Measure(#[from] MeasureError),
+    /// The chip model could not be loaded.
+    #[error(transparent)]
+    Chip(#[from] tpusim_chip::ChipError),
+    /// The output file cannot be written.
+    #[error(transparent)]
+    Output(#[from] tpusim_io::OutputError),
+    /// A bug (a model that does not read back).
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl CalibError {
+    /// True for failures that are not the input's fault (writing, bugs).
+    pub fn is_internal(&self) -> bool {
+        match self {
+            CalibError::Output(e) => !e.is_refusal(),
+            CalibError::Internal(_) => true,
+            _ => false,
+        }
+    }
+}
 pub use measure::{parse, read_file, MeasureError, Measurement, MeasurementFile};
 pub use validate::{validate, ChipSet, Validation};

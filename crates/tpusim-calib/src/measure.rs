@@ -3,21 +3,41 @@
 //!
 //! One row is one measured kernel call: its workload (`batch`, `q_heads`, `kv_heads`, `q_len`,
 //! `kv_len`, `head_dim`, `head_dim_v`, `mask`), kernel options (`traversal`, `masking`,
-//! `mask_source`, `tile_align`), block sizes (`block_q`, `block_kv`, `block_kv_compute`), the
-//! `chip` and the measured time `measured_ms`. Matmul rows reuse the attention columns:
-//! M = `q_len`, N = `kv_len`, K = `head_dim`, block M/N/K = `block_q`/`block_kv`/`block_kv_compute`.
+//! `mask_source`, `tile_align`, and the option words of `options`), block sizes (`block_q`,
+//! `block_kv`, `block_kv_compute`), the `chip`, the kernel family (`kernel`) whose defaults apply
+//! to what the row leaves out, and the measured time `measured_ms`. Matmul rows reuse the
+//! attention columns: M = `q_len`, N = `kv_len`, K = `head_dim`, block M/N/K =
+//! `block_q`/`block_kv`/`block_kv_compute`.
+//!
+//! Every word maps onto the simulator's typed values here, in one place: `kernel` onto
+//! [`Kernel`], `direction` onto [`Direction`] (`bwd(dq,dk,dv)` is the backward), `traversal`,
+//! `masking` and `mask_source` onto their enums, and the known words of `options`
+//! ([`OptionWord`]) onto job fields; the rest of `options` is a note.
 //!
 //! Parsing is strict: an unknown column, a missing required column, a cell that is not a number
 //! where a number is expected, an unknown option word, a malformed mask or an unknown chip is a
 //! [`MeasureError`] naming the file, the line and the column. Rows whose kernel the simulator
-//! cannot express (XLA's matmul, a bare HBM copy, a backward pass) are not errors: they parse, and
-//! [`Measurement::expressible`] says why they are skipped.
+//! cannot express are not errors: they parse, and [`Measurement::expressible`] says why they are
+//! skipped.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use tpusim_chip::ChipModel;
+use tpusim_kernel::{Direction, Kernel, KernelKind, MaskSource, Masking, Traversal};
 use tpusim_report::JobSpec;
 use tpusim_workload::Mask;
+
+tpusim_kernel::word_enum! {
+    /// A word of the `options` column that names a kernel option (the rest of the text is a note).
+    pub enum OptionWord {
+        /// tokamax's `use_base2_exp`: `--exp base2`.
+        Base2Exp = "base2-exp",
+        /// tokamax's `use_experimental_scheduler`: `--experimental-scheduler`.
+        ExperimentalScheduler = "experimental-scheduler",
+        /// The forward also returns its residuals: `--return-residuals`.
+        ReturnResiduals = "return-residuals",
+    }
+}
 
 /// An error in a measurement file, naming the file, the line (1-based, the header is line 1) and
 /// the column where it is.
@@ -77,30 +97,6 @@ pub const KNOWN_COLUMNS: &[&str] = &[
     "source",
 ];
 
-/// `kernel` words simulated as Splash-style forward attention.
-pub const ATTENTION_KERNELS: &[&str] = &["splash", "splash-dense", "sparse-splash", "tokamax-splash"];
-/// `kernel` words simulated as the blocked Pallas matmul.
-pub const MATMUL_KERNELS: &[&str] = &["pallas-matmul", "matmul"];
-
-/// The simulator's kernel a row maps to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Family {
-    /// Splash-style forward attention (`--kernel splash`).
-    Attention,
-    /// Blocked Pallas matmul (`--kernel matmul`).
-    Matmul,
-}
-
-impl fmt::Display for Family {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Family::Attention => "attention",
-            Family::Matmul => "matmul",
-        })
-    }
-}
-
 /// One row of a measurement file, checked and typed. Empty cells are `None`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Measurement {
@@ -110,44 +106,23 @@ pub struct Measurement {
     pub line: u64,
     /// Chip preset name or chip-model path.
     pub chip: String,
-    /// Kernel word as written (`tokamax-splash`, `pallas-matmul`, `xla-matmul`, ...).
-    pub kernel: String,
-    /// `fwd`, `bwd`, `matmul`, `copy` or empty.
-    pub direction: Option<String>,
-    /// Batch.
-    pub batch: Option<u64>,
-    /// Query heads.
-    pub q_heads: Option<u64>,
-    /// Key/value heads.
-    pub kv_heads: Option<u64>,
-    /// Query length (matmul: M).
-    pub q_len: Option<u64>,
-    /// Key/value length (matmul: N).
-    pub kv_len: Option<u64>,
-    /// Head dimension of q and k (matmul: K).
-    pub head_dim: Option<u64>,
-    /// Head dimension of v and o.
-    pub head_dim_v: Option<u64>,
-    /// Mask in the `--mask` grammar, with a trailing note such as ` (reconstructed)` removed.
+    /// The `kernel` word as written.
+    pub kernel_word: String,
+    /// The kernel family it names, or `None` for a word that names none.
+    pub kernel: Option<Kernel>,
+    /// The direction (`fwd`, `bwd(dq,dk,dv)` = backward); `None` when empty, or for matmul and
+    /// copy rows (whose `direction` cell is descriptive: `matmul`, `copy`).
+    pub direction: Option<Direction>,
+    /// The job the row describes, every typed cell mapped onto its field (kernel and chip are
+    /// set by [`Measurement::job_spec`]).
+    pub job: JobSpec,
+    /// Mask in the `--mask` grammar as given, with a trailing note such as ` (reconstructed)`
+    /// removed.
     pub mask: Option<String>,
-    /// `full-grid` or `compact`.
-    pub traversal: Option<String>,
-    /// `all`, `partial` or `none`.
-    pub masking: Option<String>,
-    /// `computed` or `loaded`.
-    pub mask_source: Option<String>,
-    /// Mask rounded to whole tiles (`yes`/`no`).
-    pub tile_align: Option<bool>,
-    /// Block rows of q (matmul: block M).
-    pub block_q: Option<u64>,
-    /// Block rows of k/v (matmul: block N).
-    pub block_kv: Option<u64>,
-    /// Inner compute width (matmul: block K).
-    pub block_kv_compute: Option<u64>,
-    /// Scoped VMEM limit, MiB.
-    pub vmem_limit_mib: Option<f64>,
-    /// Free text about the kernel's options.
-    pub options: String,
+    /// Kernel options named in the `options` column.
+    pub options: Vec<OptionWord>,
+    /// The rest of the `options` text (a note).
+    pub note: String,
     /// Measured time, milliseconds.
     pub measured_ms: f64,
     /// How the time was measured (free text).
@@ -179,53 +154,22 @@ fn strip_note(mask: &str) -> String {
     m.to_string()
 }
 
-/// Finds "uses A/B/C" (three whole numbers) in free text: assumed block sizes.
-fn uses_blocks(text: &str) -> Option<(u64, u64, u64)> {
-    let mut rest = text;
-    while let Some(pos) = rest.find("uses ") {
-        let after = &rest[pos + 5..];
-        let token: String = after.chars().take_while(|c| c.is_ascii_digit() || *c == '/').collect();
-        let parts: Vec<&str> = token.split('/').collect();
-        if parts.len() == 3 {
-            if let (Ok(a), Ok(b), Ok(c)) = (parts[0].parse(), parts[1].parse(), parts[2].parse()) {
-                return Some((a, b, c));
-            }
-        }
-        rest = after;
-    }
-    None
-}
-
 impl Measurement {
-    /// The simulator kernel this row maps to, or why it cannot be simulated.
+    /// The kind of kernel this row is simulated as, or why it cannot be simulated.
     ///
     /// # Errors
     /// The reason the row is skipped (never a silent drop).
-    pub fn expressible(&self) -> Result<Family, String> {
-        let k = self.kernel.as_str();
-        let family = if ATTENTION_KERNELS.contains(&k) {
-            Family::Attention
-        } else if MATMUL_KERNELS.contains(&k) {
-            Family::Matmul
-        } else if k == "xla-matmul" {
-            return Err("XLA's own matmul is not a Pallas kernel; the simulator models Pallas kernels (use kernel pallas-matmul for a blocked Pallas matmul)".into());
-        } else if k == "hbm-copy" {
-            return Err("a bare HBM copy is not a kernel the simulator runs (fitted.hbm_efficiency is read off it by hand; see models/v6e.toml)".into());
-        } else {
-            return Err(format!(
-                "kernel '{k}' is not one the simulator models (attention: {}; matmul: {})",
-                ATTENTION_KERNELS.join(", "),
-                MATMUL_KERNELS.join(", ")
-            ));
+    pub fn expressible(&self) -> Result<KernelKind, String> {
+        let Some(kernel) = self.kernel else {
+            return Err(format!("kernel '{}' is not one the simulator models (kernel families: {})", self.kernel_word, Kernel::allowed()));
         };
-        if family == Family::Attention {
-            if let Some(d) = self.direction.as_deref() {
-                if d != "fwd" {
-                    return Err(format!("direction '{d}': only the forward pass of attention is modelled"));
-                }
+        match kernel.kind() {
+            KernelKind::Copy => Err("a bare HBM copy is not a kernel the simulator runs on its own".into()),
+            KernelKind::Attention if self.direction.is_some_and(|d| d != Direction::Fwd) => {
+                Err(format!("direction '{}': only the forward pass of attention is modelled", self.direction.map(|d| d.to_string()).unwrap_or_default()))
             }
+            kind => Ok(kind),
         }
-        Ok(family)
     }
 
     /// The mask, `full` when empty.
@@ -238,119 +182,53 @@ impl Measurement {
         Mask::parse(self.mask_or_full()).map(|m| m.is_full()).unwrap_or(false)
     }
 
-    /// Block sizes assumed for a row that gives none: "uses A/B/C" in its `options` text (e.g.
-    /// VD-B0: "maxdiffusion Wan v6e config uses 3024/2048/1024").
-    pub fn assumed_blocks(&self) -> Option<(u64, u64, u64)> {
-        if self.block_q.is_none() && self.block_kv.is_none() && self.block_kv_compute.is_none() {
-            uses_blocks(&self.options)
-        } else {
-            None
-        }
-    }
-
-    /// The job for this row, on `chip` (a preset name or a chip-model path), and a note when block
-    /// sizes were assumed or left to the simulator's defaults.
+    /// The job for this row, on `chip` (a preset name or a chip-model path), and a note when the
+    /// row gives no block sizes (the kernel family's defaults then apply).
     ///
-    /// Mapping: attention rows set chip, batch, heads (= q_heads), kv_heads, q_len, kv_len,
-    /// head_dim, head_dim_v and mask; traversal and masking only when the mask is not full (a
-    /// full mask has no sparse options); mask_source, tile_align and vmem_limit_mib when given;
-    /// block sizes when given. Matmul rows set m = q_len, n = kv_len, k = head_dim and
-    /// block_m/n/k = block_q/block_kv/block_kv_compute.
+    /// Mapping: the row's typed cells ([`Measurement::job`]) with `kernel` the row's family and
+    /// `chip`; attention rows take `traversal` and `masking` only when the mask is not full (a
+    /// full mask has no sparse options).
     ///
     /// # Errors
     /// The reason the row cannot be simulated ([`Measurement::expressible`]).
     pub fn job_spec(&self, chip: &str) -> Result<(JobSpec, Option<String>), String> {
-        let family = self.expressible()?;
-        let mut s = JobSpec { chip: Some(chip.to_string()), ..Default::default() };
-        let (mut bq, mut bkv, mut bc) = (self.block_q, self.block_kv, self.block_kv_compute);
-        let mut note = None;
-        if bq.is_none() && bkv.is_none() && bc.is_none() {
-            if let Some((a, b, c)) = self.assumed_blocks() {
-                (bq, bkv, bc) = (Some(a), Some(b), Some(c));
-                note = Some(format!("blocks {a}/{b}/{c} assumed from the options text; the row gives none"));
-            } else {
-                note = Some("the row gives no block sizes; the simulator's defaults for the workload".to_string());
-            }
+        let kind = self.expressible()?;
+        let mut s = JobSpec { chip: Some(chip.to_string()), kernel: self.kernel, ..self.job.clone() };
+        if kind == KernelKind::Attention && self.mask_is_full() {
+            s.mask = None;
+            s.traversal = None;
+            s.masking = None;
         }
-        match family {
-            Family::Matmul => {
-                s.kernel = Some("matmul".into());
-                s.m = self.q_len;
-                s.n = self.kv_len;
-                s.k = self.head_dim;
-                s.block_m = bq;
-                s.block_n = bkv;
-                s.block_k = bc;
-            }
-            Family::Attention => {
-                s.kernel = Some("splash".into());
-                s.batch = self.batch;
-                s.heads = self.q_heads;
-                s.kv_heads = self.kv_heads;
-                s.q_len = self.q_len;
-                s.kv_len = self.kv_len;
-                s.head_dim = self.head_dim;
-                s.head_dim_v = self.head_dim_v;
-                if !self.mask_is_full() {
-                    s.mask = Some(self.mask_or_full().to_string());
-                    s.traversal = self.traversal.clone();
-                    s.masking = self.masking.clone();
-                }
-                s.mask_source = self.mask_source.clone();
-                s.tile_align = self.tile_align.filter(|&t| t);
-                s.block_q = bq;
-                s.block_kv = bkv;
-                s.block_kv_compute = bc;
-            }
-        }
-        s.vmem_limit_mib = self.vmem_limit_mib;
+        let blocks_given = [s.block_q, s.block_kv, s.block_kv_compute, s.block_m, s.block_n, s.block_k].iter().any(Option::is_some);
+        let note = (!blocks_given).then(|| format!("the row gives no block sizes: the {} family's defaults", s.kernel()));
         Ok((s, note))
     }
 
     /// The key of the row's ranking group: rows with equal keys differ only in block sizes and
-    /// kernel options (traversal, masking, mask source, tile alignment).
+    /// kernel options (traversal, masking, mask source, tile alignment, option words).
     pub fn group_key(&self) -> Option<String> {
-        let family = self.expressible().ok()?;
+        let kind = self.expressible().ok()?;
+        let j = &self.job;
         let o = |v: Option<u64>| v.map(|x| x.to_string()).unwrap_or_default();
-        Some(match family {
-            Family::Matmul => {
-                format!("{} matmul M={} N={} K={}", self.chip, o(self.q_len), o(self.kv_len), o(self.head_dim))
-            }
-            Family::Attention => format!(
+        Some(match kind {
+            KernelKind::Attention => format!(
                 "{} attention B={} Hq={} Hkv={} Sq={} Skv={} d={}/{} mask {}",
                 self.chip,
-                o(self.batch),
-                o(self.q_heads),
-                o(self.kv_heads.or(self.q_heads)),
-                o(self.q_len),
-                o(self.kv_len),
-                o(self.head_dim),
-                o(self.head_dim_v.or(self.head_dim)),
+                o(j.batch),
+                o(j.heads),
+                o(j.kv_heads.or(j.heads)),
+                o(j.q_len),
+                o(j.kv_len),
+                o(j.head_dim),
+                o(j.head_dim_v.or(j.head_dim)),
                 self.mask_or_full()
             ),
+            _ => format!("{} matmul M={} N={} K={}", self.chip, o(j.m), o(j.n), o(j.k)),
         })
     }
 }
 
-/// The 1-based line of the record that starts at or after byte `byte` (the csv crate's position
-/// may point at the previous line's terminator or at skipped blank and comment lines).
-fn line_at(text: &str, byte: u64) -> u64 {
-    let b = text.as_bytes();
-    let mut i = (byte as usize).min(b.len());
-    loop {
-        while i < b.len() && (b[i] == b'\n' || b[i] == b'\r') {
-            i += 1;
-        }
-        if i < b.len() && b[i] == b'#' {
-            while i < b.len() && b[i] != b'\n' {
-                i += 1;
-            }
-            continue;
-        }
-        break;
-    }
-    1 + b[..i].iter().filter(|&&c| c == b'\n').count() as u64
-}
+use tpusim_io::csv_line_at as line_at;
 
 /// Reads and checks a measurement file.
 ///
@@ -447,15 +325,14 @@ pub fn parse(text: &str, path: &str, known_chips: &[ChipModel]) -> Result<Measur
                 },
             }
         };
-        let word = |name: &str, allowed: &[&str]| -> Result<Option<String>, MeasureError> {
-            match cell(name) {
-                None => Ok(None),
-                Some(s) if allowed.contains(&s) => Ok(Some(s.to_string())),
-                Some(s) => {
-                    Err(err(Some(line), Some(name), format!("\"{s}\": expected {} or empty", allowed.join(", "))))
-                }
-            }
-        };
+        // A typed word: parsed by the enum that defines it (its error lists the words).
+        fn typed<T: std::str::FromStr<Err = tpusim_kernel::WordError>>(
+            cell: Option<&str>,
+            err: &dyn Fn(String) -> MeasureError,
+        ) -> Result<Option<T>, MeasureError> {
+            cell.map(|s| s.parse::<T>().map_err(|e| err(format!("{e}, or empty")))).transpose()
+        }
+        let col_err = |name: &'static str| move |m: String| err(Some(line), Some(name), m);
         let id =
             cell("id").ok_or_else(|| err(Some(line), Some("id"), "empty; every row needs an id".into()))?.to_string();
         if let Some(first) = seen.insert(id.clone(), line) {
@@ -481,12 +358,26 @@ pub fn parse(text: &str, path: &str, known_chips: &[ChipModel]) -> Result<Measur
         if let Err(e) = chip_check {
             return Err(err(Some(line), Some("chip"), e));
         }
-        let kernel = cell("kernel")
+        let kernel_word = cell("kernel")
             .ok_or_else(|| err(Some(line), Some("kernel"), "empty; every row needs a kernel".into()))?
             .to_string();
+        let kernel = kernel_word.parse::<Kernel>().ok();
+        let kind = kernel.map(Kernel::kind);
         let measured_ms = match cell("measured_ms") {
             None => return Err(err(Some(line), Some("measured_ms"), "empty; every row needs a measured time".into())),
             Some(_) => pos_f64("measured_ms")?.unwrap_or(0.0),
+        };
+        let direction = match cell("direction") {
+            // Matmul and copy rows describe their direction in words of their own.
+            Some(d) if kind.is_some_and(|k| k != KernelKind::Attention) || kernel.is_none() => {
+                if kernel.is_none() || d == "matmul" || d == "copy" {
+                    None
+                } else {
+                    return Err(err(Some(line), Some("direction"), format!("\"{d}\": expected matmul, copy or empty for kernel {kernel_word}")));
+                }
+            }
+            Some(d) => Some(Direction::from_measurement(d).map_err(|e| err(Some(line), Some("direction"), e.to_string()))?),
+            None => None,
         };
         let mask = match cell("mask") {
             None => None,
@@ -502,37 +393,57 @@ pub fn parse(text: &str, path: &str, known_chips: &[ChipModel]) -> Result<Measur
             Some("no") | Some("false") => Some(false),
             Some(s) => return Err(err(Some(line), Some("tile_align"), format!("\"{s}\": expected yes, no or empty"))),
         };
+        let (mut options, mut note) = (Vec::new(), Vec::new());
+        for w in cell("options").unwrap_or("").split_whitespace() {
+            match w.parse::<OptionWord>() {
+                Ok(o) => options.push(o),
+                Err(_) => note.push(w),
+            }
+        }
+        // The workload and blocks onto the job's fields: matmul rows reuse the attention columns.
+        let matmul = kind == Some(KernelKind::Matmul);
+        let (q_len, kv_len, head_dim) = (int("q_len")?, int("kv_len")?, int("head_dim")?);
+        let (block_q, block_kv, block_kv_compute) = (int("block_q")?, int("block_kv")?, int("block_kv_compute")?);
+        let mut job = JobSpec {
+            batch: int("batch")?,
+            heads: int("q_heads")?,
+            kv_heads: int("kv_heads")?,
+            head_dim_v: int("head_dim_v")?,
+            mask: mask.clone(),
+            traversal: typed::<Traversal>(cell("traversal"), &col_err("traversal"))?,
+            masking: typed::<Masking>(cell("masking"), &col_err("masking"))?,
+            mask_source: typed::<MaskSource>(cell("mask_source"), &col_err("mask_source"))?,
+            tile_align: tile_align.filter(|&t| t),
+            vmem_limit_mib: pos_f64("vmem_limit_mib")?,
+            ..Default::default()
+        };
+        if matmul {
+            (job.m, job.n, job.k) = (q_len, kv_len, head_dim);
+            (job.block_m, job.block_n, job.block_k) = (block_q, block_kv, block_kv_compute);
+            job.batch = None;
+        } else {
+            (job.q_len, job.kv_len, job.head_dim) = (q_len, kv_len, head_dim);
+            (job.block_q, job.block_kv, job.block_kv_compute) = (block_q, block_kv, block_kv_compute);
+        }
         let m = Measurement {
             id,
             line,
             chip,
+            kernel_word,
             kernel,
-            direction: text_of("direction"),
-            batch: int("batch")?,
-            q_heads: int("q_heads")?,
-            kv_heads: int("kv_heads")?,
-            q_len: int("q_len")?,
-            kv_len: int("kv_len")?,
-            head_dim: int("head_dim")?,
-            head_dim_v: int("head_dim_v")?,
+            direction,
+            job,
             mask,
-            traversal: word("traversal", &["full-grid", "compact"])?,
-            masking: word("masking", &["all", "partial", "none"])?,
-            mask_source: word("mask_source", &["computed", "loaded"])?,
-            tile_align,
-            block_q: int("block_q")?,
-            block_kv: int("block_kv")?,
-            block_kv_compute: int("block_kv_compute")?,
-            vmem_limit_mib: pos_f64("vmem_limit_mib")?,
-            options: text_of("options").unwrap_or_default(),
+            options,
+            note: note.join(" "),
             measured_ms,
             timing: text_of("timing").unwrap_or_default(),
             source: text_of("source").unwrap_or_default(),
         };
-        if let Ok(family) = m.expressible() {
-            let needed: &[&str] = match family {
-                Family::Attention => &["batch", "q_heads", "q_len", "kv_len", "head_dim"],
-                Family::Matmul => &["q_len", "kv_len", "head_dim"],
+        if let Ok(kind) = m.expressible() {
+            let needed: &[&str] = match kind {
+                KernelKind::Attention => &["batch", "q_heads", "q_len", "kv_len", "head_dim"],
+                _ => &["q_len", "kv_len", "head_dim"],
             };
             for n in needed {
                 if cell(n).is_none() {
@@ -540,7 +451,7 @@ pub fn parse(text: &str, path: &str, known_chips: &[ChipModel]) -> Result<Measur
                     return Err(err(
                         Some(line),
                         Some(n),
-                        format!("{why}; kernel {} needs {}", m.kernel, needed.join(", ")),
+                        format!("{why}; kernel {} needs {}", m.kernel_word, needed.join(", ")),
                     ));
                 }
             }
@@ -566,7 +477,8 @@ mod tests {
         let r = &f.rows[0];
         assert_eq!((r.line, r.mask.as_deref(), r.measured_ms), (2, Some("causal"), 1.5));
         let (s, note) = r.job_spec("v6e").unwrap();
-        assert_eq!((s.heads, s.block_kv_compute, s.traversal.as_deref()), (Some(8), Some(512), Some("compact")));
+        assert_eq!((s.heads, s.block_kv_compute, s.traversal), (Some(8), Some(512), Some(Traversal::Compact)));
+        assert_eq!(s.kernel, Some(Kernel::TokamaxSplash));
         assert!(note.is_none());
     }
 
@@ -579,23 +491,34 @@ mod tests {
     }
 
     #[test]
-    fn blocks_are_assumed_from_options_text() {
-        let f = one("B0,v6e,splash-dense,fwd,1,10,10,75600,75600,128,128,full,full-grid,none,no,,,,config uses 3024/2048/1024,78.7,t,s").unwrap();
-        let (s, note) = f.rows[0].job_spec("v6e").unwrap();
-        assert_eq!((s.block_q, s.block_kv, s.block_kv_compute), (Some(3024), Some(2048), Some(1024)));
-        assert!(note.unwrap().contains("3024/2048/1024 assumed"));
-        let f = one("B0,v6e,splash-dense,fwd,1,10,10,7560,7560,128,128,full,,,,,,,none given,7.8,t,s").unwrap();
-        let (s, note) = f.rows[0].job_spec("v6e").unwrap();
-        assert_eq!(s.block_q, None);
-        assert!(note.unwrap().contains("defaults"));
+    fn rows_without_blocks_take_the_family_defaults_and_options_map_to_words() {
+        let f = one("B0,v6e,splash-dense,fwd,1,10,10,7560,7560,128,128,full,,,,,,,none given base2-exp,7.8,t,s").unwrap();
+        let r = &f.rows[0];
+        let (s, note) = r.job_spec("v6e").unwrap();
+        assert_eq!((s.block_q, s.kernel), (None, Some(Kernel::SplashDense)));
+        assert!(note.unwrap().contains("splash-dense family's defaults"));
+        assert_eq!(r.options, vec![OptionWord::Base2Exp]);
+        assert_eq!(r.note, "none given");
+        let e = one("B0,v6e,tokamax-splash,fwd,1,10,10,7560,7560,128,128,full,,zigzag,,,,,,7.8,t,s").unwrap_err().to_string();
+        assert!(e.contains("column masking") && e.contains("all, partial or none"), "{e}");
+    }
+
+    #[test]
+    fn directions_map_to_typed_values() {
+        let f = one("B,v7x,tokamax-splash,\"bwd(dq,dk,dv)\",1,8,8,4096,4096,128,128,full,,,,,,,,1,t,s").unwrap();
+        assert_eq!(f.rows[0].direction, Some(Direction::Bwd));
+        let e = one("B,v7x,tokamax-splash,sideways,1,8,8,4096,4096,128,128,full,,,,,,,,1,t,s").unwrap_err().to_string();
+        assert!(e.contains("column direction") && e.contains("bwd(dq,dk,dv)"), "{e}");
+        let f = one("M,v6e,xla-matmul,matmul,1,,,4096,4096,4096,,,,,,,,,,0.16,t,s").unwrap();
+        assert_eq!((f.rows[0].direction, f.rows[0].job.m), (None, Some(4096)));
     }
 
     #[test]
     fn inexpressible_rows_say_why() {
-        let f = one("X,v6e,xla-matmul,matmul,1,,,4096,4096,4096,,,,,,,,,,0.16,t,s").unwrap();
-        assert!(f.rows[0].expressible().unwrap_err().contains("XLA"));
-        let f = one("X,v6e,tokamax-splash,bwd,1,8,8,4096,4096,128,128,full,,,,,,,,0.16,t,s").unwrap();
-        assert!(f.rows[0].expressible().unwrap_err().contains("forward"));
+        let f = one("X,v6e,hbm-copy,copy,1,,,,,,,,,,,,,,,0.16,t,s").unwrap();
+        assert!(f.rows[0].expressible().unwrap_err().contains("copy"));
+        let f = one("X,v6e,flash-attention-3,fwd,1,8,8,4096,4096,128,128,full,,,,,,,,0.16,t,s").unwrap();
+        assert!(f.rows[0].expressible().unwrap_err().contains("flash-attention-3"));
     }
 
     #[test]
@@ -664,7 +587,5 @@ mod tests {
     fn notes_in_parentheses_are_stripped_but_groups_are_not() {
         assert_eq!(strip_note("band:15000+sink:3600 (reconstructed)"), "band:15000+sink:3600");
         assert_eq!(strip_note("causal&(band:8+sink:2)"), "causal&(band:8+sink:2)");
-        assert_eq!(uses_blocks("config uses 3024/2048/1024"), Some((3024, 2048, 1024)));
-        assert_eq!(uses_blocks("uses 12/3"), None);
     }
 }

@@ -142,7 +142,7 @@ pub struct Validation {
 
 fn blocks_of(job: &Job) -> String {
     match job {
-        Job::Splash { config: c, .. } => format!("{}/{}/{}", c.block_q, c.block_kv, c.block_kv_compute),
+        Job::Attention { config: c, .. } => format!("{}/{}/{}", c.block_q, c.block_kv, c.block_kv_compute),
         Job::Matmul { config: c, .. } => format!("{}/{}/{}", c.block_m, c.block_n, c.block_k),
     }
 }
@@ -163,11 +163,11 @@ pub fn predict(m: &Measurement, chips: &ChipSet) -> Result<PredictedRow, String>
         id: m.id.clone(),
         line: m.line,
         chip: m.chip.clone(),
-        kernel: m.kernel.clone(),
+        kernel: m.kernel_word.clone(),
         predicted_ms: rep.latency_ms,
         measured_ms: m.measured_ms,
         error: (rep.latency_ms - m.measured_ms) / m.measured_ms,
-        bottleneck: rep.bottleneck,
+        bottleneck: rep.bottleneck.to_string(),
         blocks: blocks_of(&r.job),
         note,
     })
@@ -239,7 +239,7 @@ pub fn validate(file: &MeasurementFile, chips: &ChipSet) -> Validation {
                 id: m.id.clone(),
                 line: m.line,
                 chip: m.chip.clone(),
-                kernel: m.kernel.clone(),
+                kernel: m.kernel_word.clone(),
                 measured_ms: m.measured_ms,
                 reason,
             }),

@@ -150,7 +150,7 @@ fn the_written_model_reads_back_and_records_its_rows() {
     let dir = std::env::temp_dir().join(format!("tpusim-calib-test-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let out = dir.join("my-v6e.toml");
-    tpusim_calib::fit::write_atomic(out.to_str().unwrap(), &text).unwrap();
+    tpusim_io::write_atomic(&out, text.as_bytes()).unwrap();
     assert_eq!(ChipModel::load(out.to_str().unwrap()).unwrap(), cal.model);
     assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1, "no temporary file left behind");
     std::fs::remove_dir_all(&dir).unwrap();

@@ -409,6 +409,12 @@ impl ChipModel {
         (self.vmem.size_mib.value * 1024.0 * 1024.0) as u64
     }
 
+    /// The names of the model's sections (`mxu`, `vpu`, ..., `fitted`), in file order.
+    pub fn sections(&self) -> Vec<String> {
+        let doc = toml::Value::try_from(self).expect("a chip model serialises");
+        doc.as_table().map(|t| t.iter().filter(|(_, v)| v.is_table()).map(|(k, _)| k.clone()).collect()).unwrap_or_default()
+    }
+
     /// Every parameter as (dotted field, value, unit, provenance), in file order, for display.
     pub fn rows(&self) -> Vec<ParamRow> {
         let mut out = Vec::new();

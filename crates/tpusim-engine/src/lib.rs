@@ -28,47 +28,11 @@ use petgraph::graph::NodeIndex;
 use petgraph::Direction;
 use serde::Serialize;
 use tpusim_chip::ChipModel;
-use tpusim_kernel::{Program, RunItem, Step, StepBody, Unit, Work};
+use tpusim_kernel::{PerUnit, Program, RunItem, Step, StepBody, Unit, Work};
 
-/// Busy cycles per unit. `hbm` is DMA transfer time, `step_control` the grid-step overhead.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
-pub struct UnitCycles {
-    /// Matrix units.
-    pub mxu: f64,
-    /// Vector ALUs.
-    pub vpu: f64,
-    /// Transcendental unit.
-    pub eup: f64,
-    /// Cross-lane units.
-    pub xlu: f64,
-    /// HBM <-> VMEM DMA transfers.
-    pub hbm: f64,
-    /// Scalar grid-step control (fixed per-step overhead).
-    pub step_control: f64,
-}
-
-impl UnitCycles {
-    /// (name, cycles) pairs in report order.
-    pub fn named(&self) -> [(&'static str, f64); 6] {
-        [
-            ("mxu", self.mxu),
-            ("vpu", self.vpu),
-            ("eup", self.eup),
-            ("xlu", self.xlu),
-            ("hbm", self.hbm),
-            ("step_control", self.step_control),
-        ]
-    }
-
-    fn add_unit(&mut self, u: Unit, c: f64) {
-        match u {
-            Unit::Mxu => self.mxu += c,
-            Unit::Vpu => self.vpu += c,
-            Unit::Eup => self.eup += c,
-            Unit::Xlu => self.xlu += c,
-        }
-    }
-}
+/// Cycles per unit ([`Unit`]): busy time or a share of the critical path. `hbm` is DMA transfer
+/// time, `step_control` the grid-step overhead.
+pub type UnitCycles = PerUnit<f64>;
 
 /// When one tile operation ran inside a step body, cycles from the body's start.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -142,8 +106,8 @@ pub fn schedule_body(chip: &ChipModel, body: &StepBody) -> BodyTiming {
     order.sort_by_key(|&i| (g[NodeIndex::new(i)].issue, i));
     let mut ready_at = vec![0.0f64; n];
     let mut binding_dep: Vec<Option<usize>> = vec![None; n];
-    let mut unit_free = [0.0f64; 4];
-    let mut last_on_unit: [Option<usize>; 4] = [None; 4];
+    let mut unit_free = [0.0f64; 6];
+    let mut last_on_unit: [Option<usize>; 6] = [None; 6];
     let mut cause: Vec<Option<usize>> = vec![None; n];
     let mut done_at = vec![0.0f64; n];
     let mut starts = vec![0.0f64; n];
@@ -162,7 +126,7 @@ pub fn schedule_body(chip: &ChipModel, body: &StepBody) -> BodyTiming {
         done_at[i] = done;
         starts[i] = start;
         t.cycles = t.cycles.max(done);
-        t.busy.add_unit(Unit::ALL[u], occ);
+        t.busy.0[u] += occ;
         timing[i] = Some(OpTiming { node: i, unit: Unit::ALL[u], start, end });
         for s in g.neighbors_directed(NodeIndex::new(i), Direction::Outgoing) {
             let j = s.index();
@@ -177,7 +141,7 @@ pub fn schedule_body(chip: &ChipModel, body: &StepBody) -> BodyTiming {
     let mut cur = (0..n).max_by(|&a, &b| done_at[a].total_cmp(&done_at[b]));
     let mut mark = t.cycles;
     while let Some(i) = cur {
-        t.critical.add_unit(g[NodeIndex::new(i)].work.unit(), mark - starts[i]);
+        t.critical[g[NodeIndex::new(i)].work.unit()] += mark - starts[i];
         mark = starts[i];
         cur = cause[i];
     }
@@ -216,23 +180,23 @@ pub struct SimResult {
 
 impl SimResult {
     /// Busy fraction per unit (busy cycles / total cycles).
-    pub fn utilization(&self) -> Vec<(&'static str, f64)> {
-        self.busy.named().iter().map(|&(n, c)| (n, if self.cycles > 0.0 { c / self.cycles } else { 0.0 })).collect()
+    pub fn utilization(&self) -> PerUnit<f64> {
+        PerUnit(self.busy.0.map(|c| if self.cycles > 0.0 { c / self.cycles } else { 0.0 }))
     }
 
     /// The unit that bounds the run: the one with the largest of its busy time (a throughput
     /// bound: the run cannot be shorter) and its share of the critical path
     /// ([`SimResult::critical`]: a latency bound, e.g. MXU fill and drain in short steps or DMA
-    /// latency with small blocks).
-    pub fn bottleneck(&self) -> &'static str {
-        let busy = self.busy.named();
-        let crit = self.critical.named();
-        // Ties (equal bounds) go to the unit with the larger critical-path share.
-        busy.iter()
-            .zip(crit.iter())
-            .map(|(&(n, b), &(_, c))| (n, b.max(c), c))
-            .fold(("none", 0.0, 0.0), |best, (n, v, c)| if v > best.1 || (v == best.1 && c > best.2) { (n, v, c) } else { best })
-            .0
+    /// latency with small blocks). Ties go to the unit with the larger critical-path share.
+    pub fn bottleneck(&self) -> Unit {
+        let mut best = (Unit::Mxu, f64::NEG_INFINITY, f64::NEG_INFINITY);
+        for ((u, b), (_, c)) in self.busy.iter().zip(self.critical.iter()) {
+            let v = b.max(c);
+            if v > best.1 || (v == best.1 && c > best.2) {
+                best = (u, v, c);
+            }
+        }
+        best.0
     }
 }
 
@@ -511,26 +475,22 @@ impl<'a> Pipeline<'a> {
         }
         let chip = self.chip;
         let cycles = self.t.prev_end.max(self.t.last_out_done);
-        let mut critical = UnitCycles { step_control: self.t.crit_step, hbm: self.t.crit_hbm + (cycles - self.t.prev_end), ..Default::default() };
+        let mut critical = UnitCycles::default();
+        critical[Unit::StepControl] = self.t.crit_step;
+        critical[Unit::Hbm] = self.t.crit_hbm + (cycles - self.t.prev_end);
         let mut busy = UnitCycles::default();
         let mut flops = 0.0;
         let mut trans = 0.0;
         for (i, t) in self.class_timing.iter().enumerate() {
             let k = self.class_steps[i] as f64;
-            critical.mxu += k * t.critical.mxu;
-            critical.vpu += k * t.critical.vpu;
-            critical.eup += k * t.critical.eup;
-            critical.xlu += k * t.critical.xlu;
-            busy.mxu += k * t.busy.mxu;
-            busy.vpu += k * t.busy.vpu;
-            busy.eup += k * t.busy.eup;
-            busy.xlu += k * t.busy.xlu;
+            critical.add_scaled(&t.critical, k);
+            busy.add_scaled(&t.busy, k);
             flops += k * self.program.classes[i].body.flops();
             trans += k * self.program.classes[i].body.transcendental_vregs() * 1024.0;
         }
         let hbm_bytes = self.in_bytes + self.out_bytes;
-        busy.hbm = hbm_bytes as f64 / self.bpc;
-        busy.step_control = self.steps as f64 * self.overhead;
+        busy[Unit::Hbm] = hbm_bytes as f64 / self.bpc;
+        busy[Unit::StepControl] = self.steps as f64 * self.overhead;
         SimResult {
             cycles,
             seconds: cycles / chip.clock_hz(),
@@ -561,9 +521,9 @@ mod tests {
     fn busy_never_exceeds_total() {
         let chip = v6e();
         let w = AttentionCall::video_default();
-        let p = splash::lower(&chip, &w, &SplashConfig::defaults_for(&w, &chip)).unwrap();
+        let p = splash::lower(&chip, &w, &SplashConfig::with_blocks(&w, &chip, 2048, 2048, None)).unwrap();
         let r = simulate(&chip, &p);
-        for (n, u) in r.utilization() {
+        for (n, u) in r.utilization().iter() {
             assert!((0.0..=1.0 + 1e-9).contains(&u), "{n} {u}");
         }
         assert!(r.cycles > 0.0);
@@ -573,10 +533,10 @@ mod tests {
     fn body_schedule_overlaps_units() {
         let chip = v6e();
         let w = AttentionCall::video_default();
-        let p = splash::lower(&chip, &w, &SplashConfig::defaults_for(&w, &chip)).unwrap();
+        let p = splash::lower(&chip, &w, &SplashConfig::with_blocks(&w, &chip, 2048, 2048, None)).unwrap();
         let t = schedule_body(&chip, &p.classes[1].body);
-        let serial = t.busy.mxu + t.busy.vpu + t.busy.eup + t.busy.xlu;
-        let longest = t.busy.mxu.max(t.busy.vpu).max(t.busy.eup).max(t.busy.xlu);
+        let serial = t.busy.total();
+        let longest = Unit::COMPUTE.iter().map(|&u| t.busy[u]).fold(0.0, f64::max);
         assert!(t.cycles < serial, "no overlap: {} vs {serial}", t.cycles);
         assert!(t.cycles >= longest);
     }
@@ -585,12 +545,12 @@ mod tests {
     fn critical_path_sums_to_total() {
         let chip = v6e();
         let w = AttentionCall::video_default();
-        let p = splash::lower(&chip, &w, &SplashConfig::defaults_for(&w, &chip)).unwrap();
+        let p = splash::lower(&chip, &w, &SplashConfig::with_blocks(&w, &chip, 2048, 2048, None)).unwrap();
         let r = simulate(&chip, &p);
-        let sum: f64 = r.critical.named().iter().map(|(_, c)| c).sum();
+        let sum: f64 = r.critical.total();
         assert!((sum / r.cycles - 1.0).abs() < 1e-9, "{sum} vs {}", r.cycles);
         for t in &r.class_timing {
-            let s: f64 = t.critical.named().iter().map(|(_, c)| c).sum();
+            let s: f64 = t.critical.total();
             assert!((s - t.cycles).abs() < 1e-6 * t.cycles.max(1.0), "{s} vs {}", t.cycles);
         }
     }
@@ -608,7 +568,7 @@ mod tests {
                     w.q_heads = 3;
                     w.kv_heads = 3;
                     w.mask = tpusim_workload::Mask::parse(m).unwrap();
-                    let mut c = SplashConfig::defaults_for(&w, &v6e());
+                    let mut c = SplashConfig::with_blocks(&w, &v6e(), 2048, 2048, None);
                     c.block_q = 1024;
                     c.block_kv = 512;
                     c.block_kv_compute = 512;
@@ -625,14 +585,14 @@ mod tests {
             assert_eq!(fast.grid_steps, slow.grid_steps);
             assert_eq!(fast.class_steps, slow.class_steps);
             assert_eq!(fast.hbm_bytes, slow.hbm_bytes);
-            for (a, b) in [(fast.cycles, slow.cycles), (fast.dma_stall_cycles, slow.dma_stall_cycles), (fast.critical.hbm, slow.critical.hbm), (fast.critical.step_control, slow.critical.step_control)] {
+            for (a, b) in [(fast.cycles, slow.cycles), (fast.dma_stall_cycles, slow.dma_stall_cycles), (fast.critical[Unit::Hbm], slow.critical[Unit::Hbm]), (fast.critical[Unit::StepControl], slow.critical[Unit::StepControl])] {
                 assert!((a - b).abs() <= 1e-9 * b.abs().max(1.0), "{} {:?}: fast {a} vs step-by-step {b}", w.mask, c.traversal);
             }
         }
         // A DMA-latency-bound matmul (every step waits for its prefetch) also reaches a steady state.
         let chip5 = ChipModel::preset("v5e").unwrap();
         let mm = MatmulCall { m: 1024, n: 1024, k: 4096 };
-        let p = matmul::lower(&chip5, &mm, &MatmulConfig { block_m: 128, block_n: 128, block_k: 128, vmem_limit_bytes: None }).unwrap();
+        let p = matmul::lower(&chip5, &mm, &MatmulConfig::blocks(128, 128, 128)).unwrap();
         let fast = simulate(&chip5, &p);
         let slow = simulate_observed(&chip5, &p, &mut |_, _| {});
         assert!((fast.cycles - slow.cycles).abs() <= 1e-9 * slow.cycles);
@@ -658,7 +618,7 @@ mod tests {
             w.kv_len = len;
             w.mask = tpusim_workload::Mask::parse(masks[mask]).unwrap();
             for t in [tpusim_kernel::Traversal::Compact, tpusim_kernel::Traversal::FullGrid] {
-                let mut c = SplashConfig::defaults_for(&w, &chip);
+                let mut c = SplashConfig::with_blocks(&w, &chip, 2048, 2048, None);
                 c.block_q = 512;
                 c.block_kv = bkv;
                 c.block_kv_compute = bkv.min(512);
@@ -670,7 +630,7 @@ mod tests {
                 assert_eq!(fast.grid_steps, slow.grid_steps, "{} {t:?}", masks[mask]);
                 assert_eq!(fast.class_steps, slow.class_steps, "{} {t:?}", masks[mask]);
                 assert_eq!(fast.hbm_bytes, slow.hbm_bytes, "{} {t:?}", masks[mask]);
-                for (a, b) in [(fast.cycles, slow.cycles), (fast.dma_stall_cycles, slow.dma_stall_cycles), (fast.critical.step_control, slow.critical.step_control)] {
+                for (a, b) in [(fast.cycles, slow.cycles), (fast.dma_stall_cycles, slow.dma_stall_cycles), (fast.critical[Unit::StepControl], slow.critical[Unit::StepControl])] {
                     assert!((a - b).abs() <= 1e-9 * b.abs().max(1.0), "{} {t:?}: fast {a} vs step-by-step {b}", masks[mask]);
                 }
             }
@@ -681,11 +641,11 @@ mod tests {
     fn matmul_flops_and_bytes() {
         let chip = ChipModel::preset("v5e").unwrap();
         let mm = MatmulCall { m: 2048, n: 2048, k: 2048 };
-        let p = matmul::lower(&chip, &mm, &MatmulConfig::defaults_for(&mm)).unwrap();
+        let p = matmul::lower(&chip, &mm, &MatmulConfig::blocks(512, 1024, 1024)).unwrap();
         let r = simulate(&chip, &p);
         assert!((r.flops - mm.flops()).abs() < 1.0);
         // A large-block matmul is MXU-bound.
-        assert_eq!(r.bottleneck(), "mxu");
+        assert_eq!(r.bottleneck(), Unit::Mxu);
     }
 
     #[test]
@@ -693,7 +653,7 @@ mod tests {
         let chip = v6e();
         let fast = chip.with_override("hbm.bandwidth_gb_per_s", "3276").unwrap();
         let mm = MatmulCall { m: 4096, n: 4096, k: 4096 };
-        let cfg = MatmulConfig { block_m: 128, block_n: 128, block_k: 128, vmem_limit_bytes: None };
+        let cfg = MatmulConfig::blocks(128, 128, 128);
         let a = simulate(&chip, &matmul::lower(&chip, &mm, &cfg).unwrap()).cycles;
         let b = simulate(&fast, &matmul::lower(&fast, &mm, &cfg).unwrap()).cycles;
         assert!(b <= a, "{b} > {a}");

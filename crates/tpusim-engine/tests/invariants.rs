@@ -3,13 +3,13 @@
 use proptest::prelude::*;
 use tpusim_chip::ChipModel;
 use tpusim_engine::{simulate, SimResult};
-use tpusim_kernel::{splash, Masking, SplashConfig, Traversal};
+use tpusim_kernel::{splash, Masking, SplashConfig, Traversal, Unit};
 use tpusim_workload::{AttentionCall, Mask};
 
 fn case(len: u64, heads: u64, d: u64, bq: u64, bkv: u64, mask: &str, trav: Traversal, masking: Masking) -> (AttentionCall, SplashConfig) {
     let chip = ChipModel::preset("v6e").unwrap();
     let w = AttentionCall { batch: 1, q_heads: heads, kv_heads: heads, q_len: len, kv_len: len, head_dim: d, head_dim_v: d, mask: Mask::parse(mask).unwrap() };
-    let mut c = SplashConfig::defaults_for(&w, &chip);
+    let mut c = SplashConfig::with_blocks(&w, &chip, 2048, 2048, None);
     c.block_q = bq.min(len.next_multiple_of(8));
     c.block_kv = bkv.min(len.next_multiple_of(128));
     c.block_kv_compute = c.block_kv;
@@ -78,10 +78,10 @@ proptest! {
         let tiles = p.info.tiles.unwrap();
         let want_flops = tiles.visited as f64 * 4.0 * (c.block_q * c.block_kv * d) as f64;
         prop_assert!((r.flops - want_flops).abs() <= 1e-9 * want_flops.max(1.0), "{} vs {want_flops}", r.flops);
-        for (n, u) in r.utilization() {
+        for (n, u) in r.utilization().iter() {
             prop_assert!(u <= 1.0 + 1e-9, "{n} busy {u}");
         }
-        let crit: f64 = r.critical.named().iter().map(|(_, x)| x).sum();
+        let crit: f64 = r.critical.total();
         prop_assert!((crit - r.cycles).abs() <= 1e-6 * r.cycles.max(1.0));
         // Output is written once per (head, q block) with at least one step.
         let q_tiles = len.div_ceil(c.block_q);
@@ -106,7 +106,7 @@ proptest! {
         let (wb, _) = case(len, 2, d, bq, bkv, &big, Traversal::Compact, Masking::All);
         let a = sim(&chip, &ws, &c);
         let b = sim(&chip, &wb, &c);
-        prop_assert!(a.busy.mxu <= b.busy.mxu * (1.0 + 1e-12), "{small} MXU {} > {big} {}", a.busy.mxu, b.busy.mxu);
+        prop_assert!(a.busy[Unit::Mxu] <= b.busy[Unit::Mxu] * (1.0 + 1e-12), "{small} MXU {} > {big} {}", a.busy[Unit::Mxu], b.busy[Unit::Mxu]);
         prop_assert!(a.cycles <= b.cycles * (1.0 + 1e-12), "{small} {} > {big} {}", a.cycles, b.cycles);
     }
 

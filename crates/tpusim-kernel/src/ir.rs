@@ -8,37 +8,109 @@
 use petgraph::graph::{DiGraph, NodeIndex};
 use serde::Serialize;
 
-/// A unit of the TensorCore that a tile operation occupies.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, PartialOrd, Ord)]
-#[serde(rename_all = "snake_case")]
-pub enum Unit {
-    /// Matrix units (all MXUs together).
-    Mxu,
-    /// Vector ALUs.
-    Vpu,
-    /// Transcendental unit.
-    Eup,
-    /// Cross-lane units.
-    Xlu,
+crate::word_enum! {
+    /// A unit of the TensorCore whose time the simulator accounts: the four compute units that
+    /// tile operations occupy, the HBM <-> VMEM DMA engines and the scalar unit's grid-step
+    /// control. Per-unit quantities are [`PerUnit`] arrays indexed by it.
+    pub enum Unit {
+        /// Matrix units (all MXUs together).
+        Mxu = "mxu",
+        /// Vector ALUs.
+        Vpu = "vpu",
+        /// Transcendental unit.
+        Eup = "eup",
+        /// Cross-lane units.
+        Xlu = "xlu",
+        /// HBM <-> VMEM DMA transfers.
+        Hbm = "hbm",
+        /// Scalar grid-step control (the fixed per-step overhead).
+        StepControl = "step_control",
+    }
 }
 
 impl Unit {
-    /// Every unit, in report order.
-    pub const ALL: [Unit; 4] = [Unit::Mxu, Unit::Vpu, Unit::Eup, Unit::Xlu];
+    /// The units tile operations run on, in report order.
+    pub const COMPUTE: [Unit; 4] = [Unit::Mxu, Unit::Vpu, Unit::Eup, Unit::Xlu];
 
     /// Index into per-unit arrays.
     pub fn index(self) -> usize {
         self as usize
     }
 
-    /// Short name as used in reports.
+    /// Short name as used in reports (the serialised word).
     pub fn name(self) -> &'static str {
+        self.word()
+    }
+
+    /// Name for figures and tables: `MXU`, ..., `HBM`, `step control`.
+    pub fn label(self) -> &'static str {
         match self {
-            Unit::Mxu => "mxu",
-            Unit::Vpu => "vpu",
-            Unit::Eup => "eup",
-            Unit::Xlu => "xlu",
+            Unit::Mxu => "MXU",
+            Unit::Vpu => "VPU",
+            Unit::Eup => "EUP",
+            Unit::Xlu => "XLU",
+            Unit::Hbm => "HBM",
+            Unit::StepControl => "step control",
         }
+    }
+}
+
+/// One value per [`Unit`], in [`Unit::ALL`] order. Serialised as a map from unit word to value.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct PerUnit<T>(pub [T; 6]);
+
+impl<T: Copy> PerUnit<T> {
+    /// The value of one unit.
+    pub fn get(&self, u: Unit) -> T {
+        self.0[u.index()]
+    }
+
+    /// (unit, value) pairs in report order.
+    pub fn iter(&self) -> impl Iterator<Item = (Unit, T)> + '_ {
+        Unit::ALL.iter().map(move |&u| (u, self.0[u.index()]))
+    }
+}
+
+impl<T> std::ops::Index<Unit> for PerUnit<T> {
+    type Output = T;
+    fn index(&self, u: Unit) -> &T {
+        &self.0[u.index()]
+    }
+}
+
+impl<T> std::ops::IndexMut<Unit> for PerUnit<T> {
+    fn index_mut(&mut self, u: Unit) -> &mut T {
+        &mut self.0[u.index()]
+    }
+}
+
+impl PerUnit<f64> {
+    /// Sum over units.
+    pub fn total(&self) -> f64 {
+        self.0.iter().sum()
+    }
+
+    /// Adds `k` times `other`, unit by unit.
+    pub fn add_scaled(&mut self, other: &PerUnit<f64>, k: f64) {
+        for (a, b) in self.0.iter_mut().zip(other.0.iter()) {
+            *a += k * b;
+        }
+    }
+
+    /// Every value multiplied by `k`.
+    pub fn scaled(&self, k: f64) -> PerUnit<f64> {
+        PerUnit(self.0.map(|v| v * k))
+    }
+}
+
+impl<T: Serialize> Serialize for PerUnit<T> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut m = s.serialize_map(Some(6))?;
+        for u in Unit::ALL {
+            m.serialize_entry(u.word(), &self.0[u.index()])?;
+        }
+        m.end()
     }
 }
 

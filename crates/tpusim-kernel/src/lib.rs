@@ -14,11 +14,21 @@
 
 pub mod ir;
 pub mod matmul;
+pub mod options;
 pub mod splash;
+pub mod words;
 
-pub use ir::{ClassKey, Step, StepBody, StepClass, TileOp, Unit, Work};
+#[doc(hidden)]
+pub mod __private {
+    #[cfg(feature = "clap")]
+    pub use clap;
+}
+
+pub use ir::{ClassKey, PerUnit, Step, StepBody, StepClass, TileOp, Unit, Work};
+pub use options::{Direction, Exp, Kernel, KernelKind, MaskSource, Masking, Scope, Traversal};
 pub use matmul::MatmulConfig;
-pub use splash::{MaskSource, Masking, RunItem, SplashConfig, Traversal};
+pub use splash::{RunItem, SplashConfig};
+pub use words::WordError;
 
 use serde::Serialize;
 
@@ -51,7 +61,7 @@ pub enum KernelError {
         allowed: String,
     },
     /// The tiling does not fit the scoped VMEM limit.
-    #[error("tiling needs {needed} bytes of VMEM ({breakdown}) but the scoped limit is {limit} bytes ({limit_mib} MiB); use smaller blocks or raise --vmem-limit-mib (physical VMEM: {physical_mib} MiB)")]
+    #[error("tiling needs {needed} bytes of VMEM ({breakdown}) but the scoped limit is {limit} bytes ({limit_mib} MiB); use smaller blocks or raise `vmem_limit_mib` (physical VMEM: {physical_mib} MiB)")]
     Vmem {
         /// Bytes the tiling needs.
         needed: u64,

@@ -8,7 +8,7 @@
 //! multiple of their block are padded up.
 
 use crate::ir::{ClassKey, Step, StepBody, StepClass, Work};
-use crate::{KernelError, Program, ProgramInfo, StepSource, VmemBudget, SLAB_ROWS};
+use crate::{Kernel, KernelError, Program, ProgramInfo, StepSource, VmemBudget, SLAB_ROWS};
 use serde::Serialize;
 use tpusim_chip::ChipModel;
 use tpusim_workload::MatmulCall;
@@ -16,6 +16,8 @@ use tpusim_workload::MatmulCall;
 /// Block sizes of the blocked matmul.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct MatmulConfig {
+    /// The kernel family (the Pallas tutorial's matmul, or XLA's dot modelled as one).
+    pub kernel: Kernel,
     /// Rows of x and of the output per block.
     pub block_m: u64,
     /// Columns of y and of the output per block.
@@ -27,44 +29,23 @@ pub struct MatmulConfig {
 }
 
 impl MatmulConfig {
-    /// Default blocks: 512 x 1024 x 1024 (the tutorial's fastest), clamped to the sizes
-    /// (rounded up to 8 rows / 128 columns).
-    pub fn defaults_for(mm: &MatmulCall) -> Self {
+    /// A family's default blocks ([`Kernel::defaults`]) clamped to the sizes (rounded up to 8
+    /// rows / 128 columns).
+    pub fn for_family(kernel: Kernel, mm: &MatmulCall) -> Self {
+        let d = kernel.defaults().blocks;
         MatmulConfig {
-            block_m: mm.m.next_multiple_of(8).min(512),
-            block_n: mm.n.next_multiple_of(128).min(1024),
-            block_k: mm.k.next_multiple_of(128).min(1024),
+            kernel,
+            block_m: mm.m.next_multiple_of(8).min(d.q),
+            block_n: mm.n.next_multiple_of(128).min(d.kv),
+            block_k: mm.k.next_multiple_of(128).min(d.compute.unwrap_or(d.kv)),
             vmem_limit_bytes: None,
         }
     }
-}
 
-impl MatmulConfig {
-    /// Default blocks for a chip: the first of 1024 x 1024 x 1024, 512 x 1024 x 1024 (the
-    /// tutorial's fastest on v5e), 512 x 512 x 512, 256 x 256 x 256 and 128 x 128 x 128 (each
-    /// clamped to the sizes) whose buffers fit the chip's scoped VMEM limit. Larger blocks raise
-    /// the arithmetic intensity per step, which v6e's MXU-to-HBM ratio needs.
-    pub fn defaults_for_chip(mm: &MatmulCall, chip: &ChipModel) -> Self {
-        let limit = chip.vmem_limit_bytes();
-        let candidates = [(1024, 1024, 1024), (512, 1024, 1024), (512, 512, 512), (256, 256, 256), (128, 128, 128)];
-        let pick = |(m, n, k): (u64, u64, u64)| MatmulConfig {
-            block_m: mm.m.next_multiple_of(8).min(m),
-            block_n: mm.n.next_multiple_of(128).min(n),
-            block_k: mm.k.next_multiple_of(128).min(k),
-            vmem_limit_bytes: None,
-        };
-        candidates
-            .iter()
-            .map(|&c| pick(c))
-            .find(|c| vmem_bytes(c) <= limit)
-            .unwrap_or_else(|| pick((128, 128, 128)))
+    /// Given blocks of the Pallas matmul.
+    pub fn blocks(block_m: u64, block_n: u64, block_k: u64) -> Self {
+        MatmulConfig { kernel: Kernel::PallasMatmul, block_m, block_n, block_k, vmem_limit_bytes: None }
     }
-}
-
-/// VMEM the matmul's buffers need, bytes (double-buffered x, y, o; f32 accumulator and dot result).
-fn vmem_bytes(c: &MatmulConfig) -> u64 {
-    let (bm, bn, bk) = (c.block_m, c.block_n, c.block_k);
-    2 * bm * bk * 2 + 2 * bk * bn * 2 + 2 * bm * bn * 2 + bm * bn * 4 + bm * bn * 4
 }
 
 #[derive(Debug, Clone)]
@@ -161,9 +142,9 @@ pub fn lower(chip: &ChipModel, mm: &MatmulCall, cfg: &MatmulConfig) -> Result<Pr
     let lanes = chip.vpu.lanes.value as u64;
     let (bm, bn, bk) = (cfg.block_m, cfg.block_n, cfg.block_k);
     for (f, v, dim, unit, name) in [
-        ("--block-m", bm, mm.m, sub, "--m"),
-        ("--block-n", bn, mm.n, lanes, "--n"),
-        ("--block-k", bk, mm.k, lanes, "--k"),
+        ("`block_m`", bm, mm.m, sub, "`m`"),
+        ("`block_n`", bn, mm.n, lanes, "`n`"),
+        ("`block_k`", bk, mm.k, lanes, "`k`"),
     ] {
         if v == 0 || v > tpusim_workload::MAX_DIM {
             return Err(KernelError::config(f, v, format!("expected a whole number from 1 to {}", tpusim_workload::MAX_DIM)));
@@ -190,7 +171,7 @@ pub fn lower(chip: &ChipModel, mm: &MatmulCall, cfg: &MatmulConfig) -> Result<Pr
     let (nm, nn, nk) = (mm.m.div_ceil(bm), mm.n.div_ceil(bn), mm.k.div_ceil(bk));
     if nm.saturating_mul(nn) > crate::MAX_TILES {
         return Err(KernelError::config(
-            "--block-m x --block-n",
+            "`block_m` x `block_n`",
             format!("{bm} x {bn}"),
             format!("the grid has {nm} x {nn} = {} output blocks; at most {} are supported: use larger blocks", nm * nn, crate::MAX_TILES),
         ));
@@ -227,7 +208,7 @@ mod tests {
     fn tutorial_grid_and_bytes() {
         let chip = ChipModel::preset("v5e").unwrap();
         let mm = MatmulCall { m: 1024, n: 1024, k: 1024 };
-        let cfg = MatmulConfig { block_m: 512, block_n: 512, block_k: 512, vmem_limit_bytes: None };
+        let cfg = MatmulConfig::blocks(512, 512, 512);
         let p = lower(&chip, &mm, &cfg).unwrap();
         let (mut n, mut bytes, mut out, mut flops) = (0, 0, 0, 0.0);
         p.for_each_step(&mut |s| {
@@ -246,13 +227,13 @@ mod tests {
     fn bad_blocks_are_named() {
         let chip = ChipModel::preset("v5e").unwrap();
         let mm = MatmulCall { m: 1024, n: 1024, k: 1024 };
-        let e = lower(&chip, &mm, &MatmulConfig { block_m: 100, block_n: 512, block_k: 512, vmem_limit_bytes: None })
+        let e = lower(&chip, &mm, &MatmulConfig::blocks(100, 512, 512))
             .unwrap_err()
             .to_string();
-        assert!(e.contains("--block-m") && e.contains("multiple of 8"), "{e}");
-        let e = lower(&chip, &mm, &MatmulConfig { block_m: 512, block_n: 500, block_k: 512, vmem_limit_bytes: None })
+        assert!(e.contains("`block_m`") && e.contains("multiple of 8"), "{e}");
+        let e = lower(&chip, &mm, &MatmulConfig::blocks(512, 500, 512))
             .unwrap_err()
             .to_string();
-        assert!(e.contains("--block-n"), "{e}");
+        assert!(e.contains("`block_n`"), "{e}");
     }
 }

@@ -31,6 +31,7 @@
 //! and `compact` (a grid over non-empty tiles only: tokamax / MaxDiffusion sparse kernels).
 
 use crate::ir::{ClassKey, Step, StepBody, StepClass, Work};
+pub use crate::options::{Kernel, MaskSource, Masking, Traversal};
 use crate::{KernelError, Program, ProgramInfo, StepSource, TileCounts, VmemBudget, SLAB_ROWS};
 use petgraph::graph::NodeIndex;
 use serde::Serialize;
@@ -39,41 +40,11 @@ use tpusim_chip::ChipModel;
 use tpusim_workload::tiles::{for_each_tile_row, TileGrid, TileKind};
 use tpusim_workload::{AttentionCall, Mask};
 
-/// Which grid steps the kernel runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Traversal {
-    /// Every row runs as many steps as the longest row's non-empty tiles (JAX Splash).
-    FullGrid,
-    /// Only non-empty tiles are steps (tokamax / MaxDiffusion sparse Splash).
-    Compact,
-}
-
-/// Which visited tiles apply the element-wise mask.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Masking {
-    /// Every computed tile (JAX Splash with a computed mask function).
-    All,
-    /// Partial tiles only; full tiles take a mask-free path.
-    Partial,
-    /// Never (a mask-free kernel; results are wrong unless the mask is tile-aligned and unpadded).
-    None,
-}
-
-/// Where the element-wise mask comes from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum MaskSource {
-    /// Compared from iota-generated positions on the VPU.
-    Computed,
-    /// int8 mask blocks loaded from HBM by DMA.
-    Loaded,
-}
-
 /// Block sizes and strategy of a Splash-style attention kernel.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct SplashConfig {
+    /// The kernel family simulated (whose library's behaviour the options describe).
+    pub kernel: Kernel,
     /// Rows of q per block.
     pub block_q: u64,
     /// Rows of k/v per block (one DMA tile).
@@ -93,24 +64,29 @@ pub struct SplashConfig {
 }
 
 impl SplashConfig {
-    /// JAX Splash defaults with block sizes chosen by rule for a workload on a chip:
-    /// block_q = min(2048, q_len rounded up to 8), block_kv = min(2048, kv_len rounded up to 128)
-    /// (tokamax's autotuned v6e forward blocks for long sequences, attention-kernels.md), and
-    /// block_kv_compute by [`default_compute`].
-    pub fn defaults_for(w: &AttentionCall, chip: &ChipModel) -> Self {
-        let block_q = w.q_len.next_multiple_of(8).min(2048);
-        let block_kv = w.kv_len.next_multiple_of(128).min(2048);
-        let mut c = SplashConfig {
-            block_q,
-            block_kv,
-            block_kv_compute: block_kv,
-            traversal: Traversal::FullGrid,
-            masking: Masking::All,
-            mask_source: MaskSource::Computed,
+    /// A kernel family's configuration with its library's defaults ([`Kernel::defaults`]):
+    /// blocks, traversal, masking and mask source; `block_kv_compute` = `block_kv` when the
+    /// family leaves it unset.
+    pub fn for_family(kernel: Kernel) -> Self {
+        let d = kernel.defaults();
+        SplashConfig {
+            kernel,
+            block_q: d.blocks.q,
+            block_kv: d.blocks.kv,
+            block_kv_compute: d.blocks.compute.unwrap_or(d.blocks.kv),
+            traversal: d.traversal,
+            masking: d.masking,
+            mask_source: d.mask_source,
             tile_align: false,
             vmem_limit_bytes: None,
-        };
-        c.block_kv_compute = default_compute(w, &c, chip);
+        }
+    }
+
+    /// The default family's configuration ([`Kernel::default`]) with the given blocks, the
+    /// compute width by [`default_compute`] when `compute` is `None`.
+    pub fn with_blocks(w: &AttentionCall, chip: &ChipModel, block_q: u64, block_kv: u64, compute: Option<u64>) -> Self {
+        let mut c = SplashConfig { block_q, block_kv, block_kv_compute: block_kv, ..SplashConfig::for_family(Kernel::default()) };
+        c.block_kv_compute = compute.unwrap_or_else(|| default_compute(w, &c, chip));
         c
     }
 }
@@ -251,36 +227,36 @@ fn check_blocks(w: &AttentionCall, cfg: &SplashConfig, chip: &ChipModel) -> Resu
     let sub = chip.vpu.sublanes.value as u64;
     let lanes = chip.vpu.lanes.value as u64;
     let (bq, bkv, c) = (cfg.block_q, cfg.block_kv, cfg.block_kv_compute);
-    for (f, v) in [("--block-q", bq), ("--block-kv", bkv), ("--block-kv-compute", c)] {
+    for (f, v) in [("`block_q`", bq), ("`block_kv`", bkv), ("`block_kv_compute`", c)] {
         if v == 0 || v > tpusim_workload::MAX_DIM {
             return Err(KernelError::config(f, v, format!("expected a whole number from 1 to {}", tpusim_workload::MAX_DIM)));
         }
     }
     if bq % sub != 0 && bq != w.q_len {
         return Err(KernelError::config(
-            "--block-q",
+            "`block_q`",
             bq,
-            format!("must be a multiple of {sub} (the sublanes of an ({sub}, {lanes}) tile) or equal --q-len ({})", w.q_len),
+            format!("must be a multiple of {sub} (the sublanes of an ({sub}, {lanes}) tile) or equal `q_len` ({})", w.q_len),
         ));
     }
     if bq > w.q_len.next_multiple_of(sub) {
-        return Err(KernelError::config("--block-q", bq, format!("must not exceed --q-len ({}) rounded up to {sub}", w.q_len)));
+        return Err(KernelError::config("`block_q`", bq, format!("must not exceed `q_len` ({}) rounded up to {sub}", w.q_len)));
     }
     if bkv % lanes != 0 && bkv != w.kv_len {
         return Err(KernelError::config(
-            "--block-kv",
+            "`block_kv`",
             bkv,
-            format!("must be a multiple of {lanes} (the lanes of an ({sub}, {lanes}) tile: kv positions are the score tile's lane dimension) or equal --kv-len ({})", w.kv_len),
+            format!("must be a multiple of {lanes} (the lanes of an ({sub}, {lanes}) tile: kv positions are the score tile's lane dimension) or equal `kv_len` ({})", w.kv_len),
         ));
     }
     if bkv > w.kv_len.next_multiple_of(lanes) {
-        return Err(KernelError::config("--block-kv", bkv, format!("must not exceed --kv-len ({}) rounded up to {lanes}", w.kv_len)));
+        return Err(KernelError::config("`block_kv`", bkv, format!("must not exceed `kv_len` ({}) rounded up to {lanes}", w.kv_len)));
     }
     if c % lanes != 0 && c != bkv {
-        return Err(KernelError::config("--block-kv-compute", c, format!("must be a multiple of {lanes} or equal --block-kv ({bkv})")));
+        return Err(KernelError::config("`block_kv_compute`", c, format!("must be a multiple of {lanes} or equal `block_kv` ({bkv})")));
     }
     if bkv % c != 0 {
-        return Err(KernelError::config("--block-kv-compute", c, format!("must divide --block-kv ({bkv})")));
+        return Err(KernelError::config("`block_kv_compute`", c, format!("must divide `block_kv` ({bkv})")));
     }
     Ok(())
 }
@@ -536,7 +512,7 @@ pub fn lower(chip: &ChipModel, w: &AttentionCall, cfg: &SplashConfig) -> Result<
     let tiles_per_head = grid.q_tiles().saturating_mul(grid.kv_tiles());
     if tiles_per_head > crate::MAX_TILES {
         return Err(KernelError::config(
-            "--block-q x --block-kv",
+            "`block_q` x `block_kv`",
             format!("{} x {}", cfg.block_q, cfg.block_kv),
             format!(
                 "the grid has {} q tiles x {} kv tiles = {tiles_per_head} tiles per head; at most {} are supported: use larger blocks",
@@ -592,7 +568,7 @@ pub fn lower(chip: &ChipModel, w: &AttentionCall, cfg: &SplashConfig) -> Result<
     let width = rows.iter().flat_map(|m| m.iter().map(|r| r.iter().map(|s| s.n as u64).sum::<u64>())).max().unwrap_or(0);
     if per_mask_stats.iter().all(|st| st.3 == 0) {
         return Err(KernelError::config(
-            "--mask",
+            "`mask`",
             w.mask.to_string(),
             "the mask keeps no (q, kv) pair of this workload: there is nothing to compute",
         ));
@@ -685,7 +661,7 @@ pub fn lower(chip: &ChipModel, w: &AttentionCall, cfg: &SplashConfig) -> Result<
     let rows_generated = steps.emitted_heads().saturating_mul(grid.q_tiles());
     if rows_generated > crate::MAX_ROWS {
         return Err(KernelError::config(
-            "--batch x --heads",
+            "`batch` x `heads`",
             format!("{} x {}", w.batch, w.q_heads),
             format!(
                 "the grid needs {rows_generated} rows of steps generated (heads that cannot be folded x q tiles); at most {} are supported (latency scales linearly in batch: simulate a slice and scale)",
@@ -731,7 +707,7 @@ mod tests {
     }
 
     fn cfg(bq: u64, bkv: u64, c: u64) -> SplashConfig {
-        SplashConfig { block_q: bq, block_kv: bkv, block_kv_compute: c, ..SplashConfig::defaults_for(&AttentionCall::video_default(), &v6e()) }
+        SplashConfig::with_blocks(&AttentionCall::video_default(), &v6e(), bq, bkv, Some(c))
     }
 
     #[test]
@@ -755,11 +731,11 @@ mod tests {
     fn block_rule_errors_name_the_flag() {
         let w = AttentionCall::video_default();
         let e = lower(&v6e(), &w, &cfg(3024, 2000, 1000)).unwrap_err().to_string();
-        assert!(e.contains("--block-kv") && e.contains("128"), "{e}");
+        assert!(e.contains("`block_kv`") && e.contains("128"), "{e}");
         let e = lower(&v6e(), &w, &cfg(3020, 2048, 1024)).unwrap_err().to_string();
-        assert!(e.contains("--block-q") && e.contains("multiple of 8"), "{e}");
+        assert!(e.contains("`block_q`") && e.contains("multiple of 8"), "{e}");
         let e = lower(&v6e(), &w, &cfg(3024, 2048, 768)).unwrap_err().to_string();
-        assert!(e.contains("--block-kv-compute") && e.contains("divide"), "{e}");
+        assert!(e.contains("`block_kv_compute`") && e.contains("divide"), "{e}");
         let e = lower(&v6e(), &w, &cfg(8192, 8192, 8192)).unwrap_err().to_string();
         assert!(e.contains("VMEM") && e.contains("bytes"), "{e}");
     }

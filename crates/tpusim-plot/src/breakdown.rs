@@ -8,28 +8,20 @@ use crate::{draw_err, sig3, Figure, PlotError};
 use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
+use tpusim_kernel::{PerUnit, Unit};
 
-/// Units stacked, bottom to top, with legend names.
-pub const UNITS: [(&str, &str); 6] = [
-    ("mxu", "MXU"),
-    ("vpu", "VPU"),
-    ("eup", "EUP"),
-    ("xlu", "XLU"),
-    ("hbm", "HBM DMA"),
-    ("step_control", "step control"),
-];
 
 /// One bar.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Bar {
     /// Label under the bar.
     pub label: String,
-    /// Busy ms per unit, in [`UNITS`] order.
-    pub busy_ms: Vec<f64>,
+    /// Busy ms per unit (stacked bottom to top in [`Unit::ALL`] order).
+    pub busy_ms: PerUnit<f64>,
     /// Latency, ms.
     pub latency_ms: f64,
     /// Bounding unit.
-    pub bottleneck: String,
+    pub bottleneck: Unit,
 }
 
 /// The breakdown figure.
@@ -50,9 +42,9 @@ impl BreakdownFigure {
             .iter()
             .map(|r| Bar {
                 label: r.label.clone(),
-                busy_ms: UNITS.iter().map(|(k, _)| r.report.busy_ms.get(*k).copied().unwrap_or(0.0)).collect(),
+                busy_ms: r.report.busy_ms,
                 latency_ms: r.report.latency_ms,
-                bottleneck: r.report.bottleneck.clone(),
+                bottleneck: r.report.bottleneck,
             })
             .collect();
         BreakdownFigure {
@@ -75,7 +67,7 @@ impl Figure for BreakdownFigure {
         let top = self
             .bars
             .iter()
-            .map(|b| b.busy_ms.iter().sum::<f64>().max(b.latency_ms))
+            .map(|b| b.busy_ms.total().max(b.latency_ms))
             .fold(0.0f64, f64::max)
             .max(1e-9)
             * 1.12;
@@ -105,18 +97,18 @@ impl Figure for BreakdownFigure {
         for (i, b) in self.bars.iter().enumerate() {
             let x = i as f64;
             let mut y = 0.0;
-            for (u, &v) in b.busy_ms.iter().enumerate() {
+            for (u, v) in b.busy_ms.iter() {
                 if v <= 0.0 {
                     continue;
                 }
-                let c = style::unit_color(UNITS[u].0);
+                let c = style::unit_color(u);
                 plot.draw(&Rectangle::new([(x - half, y), (x + half, y + v)], c.filled())).map_err(draw_err)?;
                 plot.draw(&Rectangle::new([(x - half, y), (x + half, y + v)], WHITE.stroke_width(1))).map_err(draw_err)?;
                 // Label the segment when it is tall enough to hold text.
                 let (p0, p1) = (plot.map_coordinate(&(x, y)), plot.map_coordinate(&(x, y + v)));
                 if (p0.1 - p1.1) as f64 > s.tick * 1.3 {
-                    let txt = format!("{} {}", UNITS[u].1, sig3(v));
-                    let fg = if matches!(UNITS[u].0, "vpu" | "hbm" | "step_control" | "xlu") { BLACK } else { WHITE };
+                    let txt = format!("{} {}", u.label(), sig3(v));
+                    let fg = if matches!(u, Unit::Vpu | Unit::Hbm | Unit::StepControl | Unit::Xlu) { BLACK } else { WHITE };
                     // Keep the label off the latency line: move it above or below, or drop it.
                     let lat_py = plot.map_coordinate(&(x, b.latency_ms)).1;
                     let half_h = (s.tick * 0.55) as i32;
@@ -158,10 +150,10 @@ impl Figure for BreakdownFigure {
             .draw(&Text::new("unit", (x0, yy), style::font(s.label).pos(Pos::new(HPos::Left, VPos::Center))))
             .map_err(draw_err)?;
         yy += (s.label * 1.5) as i32;
-        for (k, name) in UNITS.iter().rev() {
-            let c = style::unit_color(k);
+        for u in Unit::ALL.iter().rev() {
+            let c = style::unit_color(*u);
             legend_area.draw(&Rectangle::new([(x0, yy - sq / 2), (x0 + sq, yy + sq / 2)], c.filled())).map_err(draw_err)?;
-            legend_area.draw(&Text::new(name.to_string(), (x0 + sq + 8, yy), st.clone())).map_err(draw_err)?;
+            legend_area.draw(&Text::new(u.label().to_string(), (x0 + sq + 8, yy), st.clone())).map_err(draw_err)?;
             yy += (s.tick * 1.6) as i32;
         }
         legend_area.draw(&PathElement::new(vec![(x0, yy), (x0 + sq, yy)], BLACK.stroke_width(4))).map_err(draw_err)?;

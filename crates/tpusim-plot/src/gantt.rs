@@ -29,7 +29,8 @@ pub fn event_color(track: Track, name: &str) -> RGBColor {
     match (track, name) {
         (Track::Mxu, "pv") => style::LIGHT_BLUE,
         (Track::Vpu, "mask") => style::DARK_ORANGE,
-        _ => style::unit_color(track.key()),
+        (Track::DmaOut, _) => style::LIGHT_GREEN,
+        _ => style::unit_color(track.report_unit()),
     }
 }
 
@@ -71,7 +72,7 @@ impl GanttFigure {
         let inside = |e: &UsEvent| e.step >= steps.0 && e.step < steps.1;
         let main: Vec<&UsEvent> = events.iter().filter(|e| inside(e)).collect();
         if main.is_empty() {
-            return Err(PlotError(format!(
+            return Err(PlotError::Input(format!(
                 "timeline: no event in grid steps {}..{} (check --steps / --head)",
                 steps.0,
                 if steps.1 == u64::MAX { String::new() } else { steps.1.to_string() }

@@ -101,7 +101,7 @@ impl HeatmapFigure {
             }
         }
         if pts.iter().all(|p| p.2.is_nan()) {
-            return Err(PlotError(format!("--input {}: no row has numeric {}, {} and {}", t.path, spec.x, spec.y, spec.z)));
+            return Err(PlotError::Input(format!("--input {}: no row has numeric {}, {} and {}", t.path, spec.x, spec.y, spec.z)));
         }
         let distinct = |mut v: Vec<f64>| {
             v.sort_by(f64::total_cmp);

@@ -41,7 +41,7 @@ pub fn expand(traces: &[String], overlay: &JobSpec, chips: &[String], labels: &[
         bases.push(("default".to_string(), JobSpec::default()));
     }
     for t in traces {
-        let spec = JobSpec::from_toml_file(t).map_err(|e| PlotError(format!("--trace {t}: {e}")))?;
+        let spec = JobSpec::from_toml_file(t).map_err(|source| PlotError::Spec { context: format!("--trace {t}: "), source })?;
         let stem = std::path::Path::new(t).file_stem().and_then(|s| s.to_str()).unwrap_or(t).to_string();
         bases.push((stem, spec));
     }
@@ -61,7 +61,7 @@ pub fn expand(traces: &[String], overlay: &JobSpec, chips: &[String], labels: &[
     }
     if !labels.is_empty() {
         if labels.len() != out.len() {
-            return Err(PlotError(format!(
+            return Err(PlotError::Input(format!(
                 "--label given {} times but there are {} jobs ({}); give one label per job or none",
                 labels.len(),
                 out.len(),
@@ -80,10 +80,10 @@ pub fn expand(traces: &[String], overlay: &JobSpec, chips: &[String], labels: &[
 /// # Errors
 /// [`PlotError`] prefixed with the job's label: chip, spec or lowering errors.
 pub fn run_one(j: &LabelledSpec) -> Result<JobRun, PlotError> {
-    let ctx = |e: String| PlotError(format!("job {}: {e}", j.label));
-    let chip = j.spec.chip().map_err(|e| ctx(e.to_string()))?;
-    let job = j.spec.build(&chip).map_err(|e| ctx(e.to_string()))?;
-    let r = run(&chip, &job).map_err(|e| ctx(e.to_string()))?;
+    let ctx = |source: tpusim_report::SpecError| PlotError::Spec { context: format!("job {}: ", j.label), source };
+    let chip = j.spec.chip().map_err(ctx)?;
+    let job = j.spec.build(&chip).map_err(ctx)?;
+    let r = run(&chip, &job).map_err(|e| ctx(e.into()))?;
     let report = Report::from_run(&r);
     Ok(JobRun { label: j.label.clone(), run: r, report })
 }
@@ -102,20 +102,16 @@ pub fn run_all(jobs: &[LabelledSpec]) -> Result<Vec<JobRun>, PlotError> {
 /// [`PlotError`] naming `kind` when the job is not attention.
 pub fn splash_of<'a>(r: &'a JobRun, kind: &str) -> Result<(&'a tpusim_workload::AttentionCall, &'a tpusim_kernel::SplashConfig), PlotError> {
     match &r.run.job {
-        Job::Splash { workload, config } => Ok((workload, config)),
-        Job::Matmul { .. } => Err(PlotError(format!("{kind} needs an attention job (--kernel splash); job {} is a matmul", r.label))),
+        Job::Attention { workload, config } => Ok((workload, config)),
+        Job::Matmul { .. } => Err(PlotError::Input(format!("{kind} needs an attention job (an attention --kernel); job {} is a matmul", r.label))),
     }
-}
-
-fn kebab<T: serde::Serialize>(v: &T) -> String {
-    serde_json::to_value(v).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default()
 }
 
 /// A one-line description of a job: chip, workload and kernel configuration.
 pub fn describe(r: &JobRun) -> String {
     let chip = &r.report.chip;
     match &r.run.job {
-        Job::Splash { workload: w, config: c } => {
+        Job::Attention { workload: w, config: c } => {
             let heads = if w.kv_heads == w.q_heads { format!("{} heads", w.q_heads) } else { format!("{} q / {} kv heads", w.q_heads, w.kv_heads) };
             let len = if w.q_len == w.kv_len { crate::thousands(w.q_len) } else { format!("{} x {}", crate::thousands(w.q_len), crate::thousands(w.kv_len)) };
             format!(
@@ -128,8 +124,8 @@ pub fn describe(r: &JobRun) -> String {
                 c.block_q,
                 c.block_kv,
                 c.block_kv_compute,
-                kebab(&c.traversal),
-                kebab(&c.masking)
+                c.traversal,
+                c.masking
             )
         }
         Job::Matmul { workload: m, config: c } => {

@@ -37,22 +37,44 @@ use plotters::prelude::*;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
-/// An error for the user: names the flag, file or column and what is expected.
+/// An error of a figure. Input errors name the flag, file or column and what is expected.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
-#[error("{0}")]
-pub struct PlotError(pub String);
+pub enum PlotError {
+    /// Bad input: a flag, an input file, a column, a job.
+    #[error("{0}")]
+    Input(String),
+    /// A job of the figure is invalid (names the field).
+    #[error("{context}{source}")]
+    Spec {
+        /// Which job, e.g. `job dense: `.
+        context: String,
+        /// The job's error.
+        source: tpusim_report::SpecError,
+    },
+    /// Drawing failed (a plotters backend error: not the input's fault).
+    #[error("drawing failed: {0}")]
+    Draw(String),
+    /// Writing the output file failed.
+    #[error("{0}")]
+    Io(String),
+}
 
 impl PlotError {
-    /// Builds an error from anything printable.
+    /// An input error from anything printable.
     pub fn new(msg: impl Into<String>) -> Self {
-        PlotError(msg.into())
+        PlotError::Input(msg.into())
+    }
+
+    /// True for failures that are not the input's fault (drawing, writing).
+    pub fn is_internal(&self) -> bool {
+        matches!(self, PlotError::Draw(_) | PlotError::Io(_))
     }
 }
 
 /// Converts a plotters drawing error into a [`PlotError`] (these are internal: a backend that
 /// writes to memory does not fail on user input).
 pub(crate) fn draw_err<E: std::error::Error + Send + Sync>(e: DrawingAreaErrorKind<E>) -> PlotError {
-    PlotError(format!("drawing failed: {e}"))
+    PlotError::Draw(e.to_string())
 }
 
 /// The bundled font: DejaVu Sans (see `assets/DejaVuSans-LICENSE.txt`).
@@ -103,11 +125,11 @@ impl Output {
         let format = match ext.as_deref() {
             Some("png") => Format::Png,
             Some("svg") => Format::Svg,
-            _ => return Err(PlotError(format!("--out {path}: expected a file name ending in .png or .svg"))),
+            _ => return Err(PlotError::Input(format!("--out {path}: expected a file name ending in .png or .svg"))),
         };
         for (flag, v) in [("--width", width), ("--height", height)] {
             if !(200..=8000).contains(&v) {
-                return Err(PlotError(format!("{flag} = {v}: expected 200 to 8000 pixels")));
+                return Err(PlotError::Input(format!("{flag} = {v}: expected 200 to 8000 pixels")));
             }
         }
         Ok(Output { path: PathBuf::from(path), format, width, height })
@@ -156,8 +178,8 @@ pub fn render_bytes<F: Figure>(fig: &F, format: Format, width: u32, height: u32)
                 enc.set_color(png::ColorType::Rgb);
                 enc.set_depth(png::BitDepth::Eight);
                 enc.set_compression(png::Compression::Best);
-                let mut w = enc.write_header().map_err(|e| PlotError(format!("PNG encoding failed: {e}")))?;
-                w.write_image_data(&buf).map_err(|e| PlotError(format!("PNG encoding failed: {e}")))?;
+                let mut w = enc.write_header().map_err(|e| PlotError::Draw(format!("PNG encoding failed: {e}")))?;
+                w.write_image_data(&buf).map_err(|e| PlotError::Draw(format!("PNG encoding failed: {e}")))?;
             }
             Ok(out)
         }
@@ -173,11 +195,11 @@ pub fn render<F: Figure>(fig: &F, out: &Output) -> Result<(), PlotError> {
     write_atomic(&out.path, &bytes, "--out")
 }
 
-/// Writes `bytes` to `path` through a temporary file in the same directory and a rename, so a
-/// reader never sees a half-written file. Creates missing parent directories.
+/// Writes `bytes` to `path` completely or not at all ([`tpusim_io::write_atomic`]).
 ///
 /// # Errors
-/// [`PlotError`] naming `flag` and the path.
+/// [`PlotError`] naming `flag` and the path: [`PlotError::Input`] for a path that cannot be an
+/// output, [`PlotError::Io`] when writing fails.
 pub fn write_atomic(path: &Path, bytes: &[u8], flag: &str) -> Result<(), PlotError> {
     atomic_with(path, flag, |f| f.write_all(bytes))
 }
@@ -185,40 +207,18 @@ pub fn write_atomic(path: &Path, bytes: &[u8], flag: &str) -> Result<(), PlotErr
 /// Like [`write_atomic`], with the contents produced by `fill` writing into the temporary file.
 ///
 /// # Errors
-/// [`PlotError`] naming `flag` and the path when the file cannot be created, written or renamed.
+/// As [`write_atomic`].
 pub fn atomic_with(path: &Path, flag: &str, fill: impl FnOnce(&mut std::fs::File) -> std::io::Result<()>) -> Result<(), PlotError> {
-    let fail = |what: &str, e: std::io::Error| PlotError(format!("{flag} {}: cannot {what}: {e}", path.display()));
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    if !dir.is_dir() {
-        return Err(PlotError(format!("{flag} {}: the directory {} does not exist", path.display(), dir.display())));
+    tpusim_io::write_with(path, fill).map_err(|e| output_error(e, flag))
+}
+
+/// A [`tpusim_io::OutputError`] as a [`PlotError`] naming the flag.
+pub fn output_error(e: tpusim_io::OutputError, flag: &str) -> PlotError {
+    if e.is_refusal() {
+        PlotError::Input(format!("{flag} {e}"))
+    } else {
+        PlotError::Io(format!("{flag} {e}"))
     }
-    if let Ok(m) = std::fs::symlink_metadata(path) {
-        if !m.file_type().is_file() {
-            return Err(PlotError(format!(
-                "{flag} {}: exists and is not a regular file (a device, directory or link); choose another path",
-                path.display()
-            )));
-        }
-    }
-    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("out");
-    let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
-    let res = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
-        fill(&mut f)?;
-        f.flush()?;
-        f.sync_all()
-    })();
-    if let Err(e) = res {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(fail("write", e));
-    }
-    std::fs::rename(&tmp, path).map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        fail("rename the temporary file onto", e)
-    })
 }
 
 /// Formats a number with thousands separators (`75600` -> `75,600`).
@@ -278,7 +278,7 @@ mod tests {
     fn atomic_write_leaves_no_temp_file() {
         let dir = std::env::temp_dir().join(format!("tpusim-plot-atomic-{}", std::process::id()));
         let p = dir.join("sub/x.txt");
-        let e = write_atomic(&p, b"hello", "--out").unwrap_err().0;
+        let e = write_atomic(&p, b"hello", "--out").unwrap_err().to_string();
         assert!(e.contains("does not exist"), "{e}");
         std::fs::create_dir_all(p.parent().unwrap()).unwrap();
         write_atomic(&p, b"hello", "--out").unwrap();

@@ -96,8 +96,8 @@ impl Point {
         let chip = &r.run.chip;
         let clock = chip.clock_hz();
         let ceiling = |busy: f64| (busy > 0.0).then(|| res.flops / (busy / clock));
-        let vpu = ceiling(res.busy.vpu);
-        let eup = ceiling(res.busy.eup);
+        let vpu = ceiling(res.busy[tpusim_kernel::Unit::Vpu]);
+        let eup = ceiling(res.busy[tpusim_kernel::Unit::Eup]);
         let softmax = match (vpu, eup) {
             (Some(v), Some(e)) if e < v => Some(("EUP", e)),
             (Some(v), _) => Some(("VPU", v)),
@@ -105,7 +105,7 @@ impl Point {
             (None, None) => None,
         };
         let mxu_head_dim = match &r.run.job {
-            Job::Splash { workload: w, .. } => Some((
+            Job::Attention { workload: w, .. } => Some((
                 w.head_dim,
                 chip.peak_flops() * mxu_head_dim_fraction(w.head_dim, w.head_dim_v, chip.mxu.rows.value as u64, chip.mxu.columns.value as u64),
             )),
@@ -118,7 +118,7 @@ impl Point {
             achieved: res.flops / res.seconds.max(f64::MIN_POSITIVE),
             mfu: r.report.mfu,
             mxu_head_dim,
-            softmax: if matches!(r.run.job, Job::Splash { .. }) { softmax } else { None },
+            softmax: if matches!(r.run.job, Job::Attention { .. }) { softmax } else { None },
         }
     }
 }
@@ -151,7 +151,7 @@ impl RooflineFigure {
         }
         let points: Vec<Point> = runs.iter().map(Point::of).collect();
         if points.iter().all(|p| p.intensity <= 0.0) {
-            return Err(PlotError("roofline: no job moved HBM bytes, so there is no arithmetic intensity to plot".into()));
+            return Err(PlotError::Input("roofline: no job moved HBM bytes, so there is no arithmetic intensity to plot".into()));
         }
         let chips = roofs.iter().map(|r| r.chip.as_str()).collect::<Vec<_>>().join(", ");
         let mut notes = vec![

@@ -50,18 +50,16 @@ pub fn series(i: usize) -> RGBColor {
     SERIES[i % SERIES.len()]
 }
 
-/// Colour of a unit by its report name (`mxu`, `vpu`, `eup`, `xlu`, `hbm`, `dma_in`, `dma_out`,
-/// `step_control`).
-pub fn unit_color(name: &str) -> RGBColor {
-    match name {
-        "mxu" => BLUE,
-        "vpu" => ORANGE,
-        "eup" => VERMILLION,
-        "xlu" => PURPLE,
-        "hbm" | "dma_in" => GREEN,
-        "dma_out" => LIGHT_GREEN,
-        "step_control" => GREY,
-        _ => DARK_GREY,
+/// Colour of a unit (the timeline draws DMA out in [`LIGHT_GREEN`], beside DMA in's HBM green).
+pub fn unit_color(u: tpusim_kernel::Unit) -> RGBColor {
+    use tpusim_kernel::Unit;
+    match u {
+        Unit::Mxu => BLUE,
+        Unit::Vpu => ORANGE,
+        Unit::Eup => VERMILLION,
+        Unit::Xlu => PURPLE,
+        Unit::Hbm => GREEN,
+        Unit::StepControl => GREY,
     }
 }
 

@@ -81,7 +81,7 @@ impl SweepFigure {
             }
         }
         if series.is_empty() {
-            return Err(PlotError(format!(
+            return Err(PlotError::Input(format!(
                 "--input {}: no row has numeric {} and {}{}",
                 t.path,
                 spec.x,

@@ -1,6 +1,7 @@
 //! CSV input for the data-driven figures (sweep, heatmap, validation): a header row, then one
-//! row per record; columns are chosen by name. RFC 4180 quoting (fields in double quotes may hold
-//! commas and doubled quotes); blank lines and lines starting with `#` are skipped.
+//! row per record; columns are chosen by name. Read with the `csv` crate (RFC 4180: quoted
+//! fields may hold commas, doubled quotes and line breaks); blank lines and lines starting with
+//! `#` are skipped.
 
 use crate::PlotError;
 
@@ -15,45 +16,6 @@ pub struct Table {
     pub rows: Vec<(usize, Vec<String>)>,
 }
 
-/// Splits one CSV line into fields.
-fn split_line(line: &str) -> Result<Vec<String>, String> {
-    let mut out = Vec::new();
-    let mut cur = String::new();
-    let mut chars = line.chars().peekable();
-    let mut quoted = false;
-    let mut at_start = true;
-    while let Some(c) = chars.next() {
-        if quoted {
-            if c == '"' {
-                if chars.peek() == Some(&'"') {
-                    cur.push('"');
-                    chars.next();
-                } else {
-                    quoted = false;
-                }
-            } else {
-                cur.push(c);
-            }
-        } else if c == '"' && at_start {
-            quoted = true;
-            at_start = false;
-        } else if c == ',' {
-            out.push(std::mem::take(&mut cur).trim().to_string());
-            at_start = true;
-        } else {
-            if !c.is_whitespace() {
-                at_start = false;
-            }
-            cur.push(c);
-        }
-    }
-    if quoted {
-        return Err("unterminated quoted field".into());
-    }
-    out.push(cur.trim().to_string());
-    Ok(out)
-}
-
 impl Table {
     /// Parses CSV text.
     ///
@@ -61,30 +23,40 @@ impl Table {
     /// [`PlotError`] naming `flag`, the path and the line for an empty file, an unterminated
     /// quote or a row whose field count differs from the header.
     pub fn parse(text: &str, path: &str, flag: &str) -> Result<Self, PlotError> {
+        let mut rdr = csv::ReaderBuilder::new()
+            .has_headers(false)
+            .flexible(true)
+            .comment(Some(b'#'))
+            .trim(csv::Trim::All)
+            .from_reader(text.as_bytes());
+        let line_at = |byte: u64| tpusim_io::csv_line_at(text, byte) as usize;
         let mut header: Option<Vec<String>> = None;
         let mut rows = Vec::new();
-        for (i, raw) in text.lines().enumerate() {
-            let line = raw.trim_end_matches('\r');
-            if line.trim().is_empty() || line.trim_start().starts_with('#') {
+        for rec in rdr.records() {
+            let rec = rec.map_err(|e| {
+                let line = e.position().map(|p| line_at(p.byte())).unwrap_or(0);
+                PlotError::Input(format!("{flag} {path} line {line}: malformed CSV: {e}"))
+            })?;
+            let line = rec.position().map(|p| line_at(p.byte())).unwrap_or(0);
+            let fields: Vec<String> = rec.iter().map(String::from).collect();
+            if fields.iter().all(|f| f.is_empty()) {
                 continue;
             }
-            let fields = split_line(line).map_err(|e| PlotError(format!("{flag} {path} line {}: {e}", i + 1)))?;
             match &header {
                 None => header = Some(fields),
                 Some(h) => {
                     if fields.len() != h.len() {
-                        return Err(PlotError(format!(
-                            "{flag} {path} line {}: {} fields but the header has {} columns",
-                            i + 1,
+                        return Err(PlotError::Input(format!(
+                            "{flag} {path} line {line}: {} fields but the header has {} columns",
                             fields.len(),
                             h.len()
                         )));
                     }
-                    rows.push((i + 1, fields));
+                    rows.push((line, fields));
                 }
             }
         }
-        let header = header.ok_or_else(|| PlotError(format!("{flag} {path}: empty file (expected a CSV header row)")))?;
+        let header = header.ok_or_else(|| PlotError::Input(format!("{flag} {path}: empty file (expected a CSV header row)")))?;
         Ok(Table { path: path.to_string(), header, rows })
     }
 
@@ -93,7 +65,7 @@ impl Table {
     /// # Errors
     /// [`PlotError`] naming `flag` and the path when the file cannot be read or parsed.
     pub fn read(path: &str, flag: &str) -> Result<Self, PlotError> {
-        let text = std::fs::read_to_string(path).map_err(|e| PlotError(format!("{flag} {path}: cannot read: {e}")))?;
+        let text = std::fs::read_to_string(path).map_err(|e| PlotError::Input(format!("{flag} {path}: cannot read: {e}")))?;
         Self::parse(&text, path, flag)
     }
 
@@ -103,7 +75,7 @@ impl Table {
     /// [`PlotError`] naming the flag, the column, the file and the columns it has.
     pub fn col(&self, name: &str, flag: &str) -> Result<usize, PlotError> {
         self.header.iter().position(|h| h == name).ok_or_else(|| {
-            PlotError(format!("{flag} {name}: no such column in {} (columns: {})", self.path, self.header.join(", ")))
+            PlotError::Input(format!("{flag} {name}: no such column in {} (columns: {})", self.path, self.header.join(", ")))
         })
     }
 
@@ -127,7 +99,7 @@ impl Table {
             return Ok(None);
         }
         s.parse::<f64>().map(Some).map_err(|_| {
-            PlotError(format!("{} line {line}: column {} = {s:?} is not a number", self.path, self.header[col]))
+            PlotError::Input(format!("{} line {line}: column {} = {s:?} is not a number", self.path, self.header[col]))
         })
     }
 
@@ -141,7 +113,7 @@ impl Table {
         for f in filters {
             let (k, v) = f
                 .split_once('=')
-                .ok_or_else(|| PlotError(format!("--where {f}: expected COLUMN=VALUE, e.g. traversal=compact")))?;
+                .ok_or_else(|| PlotError::Input(format!("--where {f}: expected COLUMN=VALUE, e.g. traversal=compact")))?;
             fs.push((self.col(k.trim(), "--where")?, v.trim().to_string()));
         }
         Ok(self
@@ -169,7 +141,7 @@ mod tests {
         assert_eq!(t.rows[0].1, vec!["1", "x, y", "say \"hi\""]);
         assert_eq!(t.rows[1].0, 5);
         assert_eq!(t.get(&t.rows[1].1, 2), "");
-        let e = Table::parse("a,b,c\n2,3\n", "f.csv", "--input").unwrap_err().0;
+        let e = Table::parse("a,b,c\n2,3\n", "f.csv", "--input").unwrap_err().to_string();
         assert!(e.contains("line 2") && e.contains("2 fields"), "{e}");
     }
 

@@ -73,21 +73,21 @@ impl Track {
     /// Key (the Chrome trace category; report unit names where they exist).
     pub fn key(self) -> &'static str {
         match self {
-            Track::Mxu => "mxu",
-            Track::Vpu => "vpu",
-            Track::Eup => "eup",
-            Track::Xlu => "xlu",
             Track::DmaIn => "dma_in",
             Track::DmaOut => "dma_out",
-            Track::StepControl => "step_control",
+            t => t.report_unit().word(),
         }
     }
 
-    /// The report unit whose busy time this track adds to (`hbm` for both DMA tracks).
-    pub fn report_unit(self) -> &'static str {
+    /// The report unit whose busy time this track adds to (HBM for both DMA tracks).
+    pub fn report_unit(self) -> Unit {
         match self {
-            Track::DmaIn | Track::DmaOut => "hbm",
-            t => t.key(),
+            Track::Mxu => Unit::Mxu,
+            Track::Vpu => Unit::Vpu,
+            Track::Eup => Unit::Eup,
+            Track::Xlu => Unit::Xlu,
+            Track::DmaIn | Track::DmaOut => Unit::Hbm,
+            Track::StepControl => Unit::StepControl,
         }
     }
 
@@ -107,6 +107,8 @@ impl Track {
             Unit::Vpu => Track::Vpu,
             Unit::Eup => Track::Eup,
             Unit::Xlu => Track::Xlu,
+            Unit::Hbm => Track::DmaIn,
+            Unit::StepControl => Track::StepControl,
         }
     }
 }
@@ -127,7 +129,7 @@ impl Window {
     /// # Errors
     /// [`PlotError`] naming `flag` when the text is not two whole numbers with START < END.
     pub fn parse_steps(s: &str, flag: &str) -> Result<(u64, u64), PlotError> {
-        let bad = || PlotError(format!("{flag} {s}: expected START:END, grid step indices with START < END (END exclusive), e.g. 0:8"));
+        let bad = || PlotError::Input(format!("{flag} {s}: expected START:END, grid step indices with START < END (END exclusive), e.g. 0:8"));
         let (a, b) = s.split_once(':').ok_or_else(bad)?;
         let a = if a.trim().is_empty() { 0 } else { a.trim().parse::<u64>().map_err(|_| bad())? };
         let b = if b.trim().is_empty() { u64::MAX } else { b.trim().parse::<u64>().map_err(|_| bad())? };
@@ -325,7 +327,7 @@ pub fn write_chrome_trace(run: &Run, window: &Window, path: &Path, flag: &str) -
     let program = &run.program;
     let n = count_events(chip, program, window);
     if !window.is_bounded() && n > MAX_UNBOUNDED_EVENTS {
-        return Err(PlotError(format!(
+        return Err(PlotError::Input(format!(
             "{flag} {}: the whole run is {} grid steps and {} events (about {} MB); bound it with --timeline-steps START:END (e.g. 0:16) or --timeline-head H",
             path.display(),
             program.info.grid_steps,
@@ -334,7 +336,7 @@ pub fn write_chrome_trace(run: &Run, window: &Window, path: &Path, flag: &str) -
         )));
     }
     if n == 0 {
-        return Err(PlotError(format!(
+        return Err(PlotError::Input(format!(
             "{flag} {}: the window holds no grid step (the run has {} steps and {} batch x head indices)",
             path.display(),
             program.info.grid_steps,
@@ -496,13 +498,13 @@ pub fn collect_us(run: &Run, window: &Window) -> Vec<UsEvent> {
 /// [`PlotError`] naming `flag` and the file when it cannot be read, is not JSON, has no
 /// `traceEvents` array, or has no complete event on a known track.
 pub fn read_chrome_trace(path: &str, flag: &str) -> Result<Vec<UsEvent>, PlotError> {
-    let text = std::fs::read_to_string(path).map_err(|e| PlotError(format!("{flag} {path}: cannot read: {e}")))?;
-    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| PlotError(format!("{flag} {path}: not JSON: {e}")))?;
+    let text = std::fs::read_to_string(path).map_err(|e| PlotError::Input(format!("{flag} {path}: cannot read: {e}")))?;
+    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| PlotError::Input(format!("{flag} {path}: not JSON: {e}")))?;
     let evs = v
         .get("traceEvents")
         .and_then(|e| e.as_array())
         .or_else(|| v.as_array())
-        .ok_or_else(|| PlotError(format!("{flag} {path}: no traceEvents array (expected a Chrome trace from tpusim run --timeline)")))?;
+        .ok_or_else(|| PlotError::Input(format!("{flag} {path}: no traceEvents array (expected a Chrome trace from tpusim run --timeline)")))?;
     let mut tracks = std::collections::HashMap::new();
     for e in evs {
         if e.get("ph").and_then(|p| p.as_str()) == Some("M") && e.get("name").and_then(|n| n.as_str()) == Some("thread_name") {
@@ -542,7 +544,7 @@ pub fn read_chrome_trace(path: &str, flag: &str) -> Result<Vec<UsEvent>, PlotErr
         });
     }
     if out.is_empty() {
-        return Err(PlotError(format!(
+        return Err(PlotError::Input(format!(
             "{flag} {path}: no complete (\"ph\": \"X\") events on tracks named {}",
             Track::ALL.iter().map(|t| t.name()).collect::<Vec<_>>().join(", ")
         )));
@@ -570,9 +572,10 @@ mod tests {
         assert_eq!(res, r.result);
         let b = &r.result.busy;
         let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * b.abs().max(1.0);
-        assert!(close(busy[0], b.mxu) && close(busy[1], b.vpu) && close(busy[2], b.eup) && close(busy[3], b.xlu), "{busy:?} {b:?}");
-        assert!(close(busy[4] + busy[5], b.hbm), "{busy:?} {b:?}");
-        assert!(close(busy[6], b.step_control));
+        use tpusim_kernel::Unit;
+        assert!(close(busy[0], b[Unit::Mxu]) && close(busy[1], b[Unit::Vpu]) && close(busy[2], b[Unit::Eup]) && close(busy[3], b[Unit::Xlu]), "{busy:?} {b:?}");
+        assert!(close(busy[4] + busy[5], b[Unit::Hbm]), "{busy:?} {b:?}");
+        assert!(close(busy[6], b[Unit::StepControl]));
     }
 
     #[test]

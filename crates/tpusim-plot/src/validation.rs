@@ -75,9 +75,9 @@ pub struct ValidationFigure {
 pub fn parse_bands(s: &str) -> Result<Vec<f64>, PlotError> {
     let mut v = Vec::new();
     for p in s.split(',').filter(|p| !p.trim().is_empty()) {
-        let x: f64 = p.trim().parse().map_err(|_| PlotError(format!("--bands {s}: expected percentages like 10,25")))?;
+        let x: f64 = p.trim().parse().map_err(|_| PlotError::Input(format!("--bands {s}: expected percentages like 10,25")))?;
         if !(x > 0.0 && x < 100.0) {
-            return Err(PlotError(format!("--bands {s}: {x} is not a percentage between 0 and 100")));
+            return Err(PlotError::Input(format!("--bands {s}: {x} is not a percentage between 0 and 100")));
         }
         v.push(x / 100.0);
     }
@@ -105,7 +105,7 @@ impl ValidationFigure {
                 continue;
             };
             if m <= 0.0 || p <= 0.0 {
-                return Err(PlotError(format!("{} line {line}: latencies must be positive (measured {m}, predicted {p})", t.path)));
+                return Err(PlotError::Input(format!("{} line {line}: latencies must be positive (measured {m}, predicted {p})", t.path)));
             }
             let id = t.get(r, ic).to_string();
             let group = match gc {
@@ -115,7 +115,7 @@ impl ValidationFigure {
             rows.push(Row { id, group, measured: m, predicted: p });
         }
         if rows.is_empty() {
-            return Err(PlotError(format!("--input {}: no row has numeric {} and {}", t.path, spec.measured, spec.predicted)));
+            return Err(PlotError::Input(format!("--input {}: no row has numeric {} and {}", t.path, spec.measured, spec.predicted)));
         }
         let mut groups: Vec<String> = Vec::new();
         for r in &rows {

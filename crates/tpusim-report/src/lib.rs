@@ -1,27 +1,30 @@
-//! Reports for tpusim: runs a kernel end to end (lower, simulate, and for sparse attention the
-//! dense baseline) and summarises it as a [`Report`]: JSON for machines, a table for people.
+//! The job layer of tpusim: what a job is ([`JobSpec`], built into a [`Job`] for a chip), how it
+//! runs end to end ([`run`]: lower, simulate, and for sparse attention the dense baseline) and
+//! what it reports ([`Report`]: JSON for machines, a table for people).
 //!
-//! Depends on every lower crate (chip, workload, kernel, engine); nothing depends on it but the
-//! binary.
+//! Every front end goes through this crate: the command line (`tpusim run`, `tune`, `plot`),
+//! trace files, sweep points (`tpusim-sweep`), measurement rows (`tpusim-calib`) and figures
+//! (`tpusim-plot`). Depends on every lower crate (chip, workload, kernel, engine); never on the
+//! crates above it.
 
 pub mod spec;
 
-pub use spec::{JobSpec, SpecError};
+pub use spec::{render_fields, render_fields_with, FieldStyle, JobSpec, SpecError, DEFAULT_KERNEL};
 
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use tpusim_chip::ChipModel;
 use tpusim_engine::{simulate, SimResult};
-use tpusim_kernel::{matmul, splash, KernelError, MatmulConfig, Program, SplashConfig, TileCounts};
+use tpusim_kernel::{matmul, splash, KernelError, MatmulConfig, PerUnit, Program, SplashConfig, TileCounts, Unit};
 use tpusim_workload::{AttentionCall, MatmulCall, Mask};
 
 /// What to run: a kernel, its workload and its configuration.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-#[serde(tag = "kernel", rename_all = "lowercase")]
+#[serde(tag = "kind", rename_all = "lowercase")]
 pub enum Job {
     /// Splash-style attention.
-    Splash {
+    Attention {
         /// The attention call.
         workload: AttentionCall,
         /// Block sizes and strategy.
@@ -34,6 +37,16 @@ pub enum Job {
         /// Block sizes.
         config: MatmulConfig,
     },
+}
+
+impl Job {
+    /// The kernel family the job runs.
+    pub fn kernel(&self) -> tpusim_kernel::Kernel {
+        match self {
+            Job::Attention { config, .. } => config.kernel,
+            Job::Matmul { config, .. } => config.kernel,
+        }
+    }
 }
 
 /// Everything one run produced.
@@ -58,7 +71,7 @@ pub struct Run {
 /// Whatever lowering reports ([`KernelError`]): invalid shapes, block rules, VMEM overflow.
 pub fn run(chip: &ChipModel, job: &Job) -> Result<Run, KernelError> {
     let (program, dense) = match job {
-        Job::Splash { workload, config } => {
+        Job::Attention { workload, config } => {
             let program = splash::lower(chip, workload, config)?;
             let dense = if workload.mask.is_full() && !config.tile_align {
                 None
@@ -81,8 +94,8 @@ pub fn run(chip: &ChipModel, job: &Job) -> Result<Run, KernelError> {
 pub struct Report {
     /// Chip model name.
     pub chip: String,
-    /// `splash` or `matmul`.
-    pub kernel: String,
+    /// The kernel family simulated.
+    pub kernel: tpusim_kernel::Kernel,
     /// Predicted latency, milliseconds.
     pub latency_ms: f64,
     /// Predicted latency, cycles.
@@ -105,17 +118,17 @@ pub struct Report {
     pub arithmetic_intensity: f64,
     /// Grid steps run.
     pub grid_steps: u64,
-    /// The unit with the most busy time.
-    pub bottleneck: String,
+    /// The unit that bounds the run ([`SimResult::bottleneck`]).
+    pub bottleneck: Unit,
     /// Busy fraction of the run per unit (mxu, vpu, eup, xlu, hbm, step_control).
-    pub utilization: BTreeMap<String, f64>,
+    pub utilization: PerUnit<f64>,
     /// Busy time per unit, milliseconds.
-    pub busy_ms: BTreeMap<String, f64>,
+    pub busy_ms: PerUnit<f64>,
     /// Time step bodies waited for input DMAs beyond the step overhead, milliseconds.
     pub dma_stall_ms: f64,
     /// The critical path split by unit, milliseconds (sums to `latency_ms`): which unit the run
     /// was waiting on, by throughput or by latency. `bottleneck` is its largest entry.
-    pub critical_path_ms: BTreeMap<String, f64>,
+    pub critical_path_ms: PerUnit<f64>,
     /// What ran: workload and kernel configuration.
     pub job: Job,
     /// Grid dimensions.
@@ -172,8 +185,8 @@ pub struct ClassSummary {
     pub steps: u64,
     /// Cycles of one body, first issue to last result (grid-step overhead and DMA waits excluded).
     pub body_cycles: f64,
-    /// Busy cycles of one body per unit (mxu, vpu, eup, xlu).
-    pub busy_cycles: BTreeMap<String, f64>,
+    /// Busy cycles of one body per compute unit (mxu, vpu, eup, xlu).
+    pub busy_cycles: BTreeMap<Unit, f64>,
 }
 
 impl Report {
@@ -186,7 +199,7 @@ impl Report {
         let info = &run.program.info;
         let mut rep = Report {
             chip: chip.name.clone(),
-            kernel: info.kernel.clone(),
+            kernel: run.job.kernel(),
             latency_ms: r.seconds * 1e3,
             cycles: r.cycles,
             clock_ghz: chip.fitted.clock_ghz.value,
@@ -198,11 +211,11 @@ impl Report {
             hbm_bytes: r.hbm_bytes,
             arithmetic_intensity: if r.hbm_bytes > 0 { r.flops / r.hbm_bytes as f64 } else { 0.0 },
             grid_steps: r.grid_steps,
-            bottleneck: r.bottleneck().to_string(),
-            utilization: r.utilization().into_iter().map(|(n, u)| (n.to_string(), u)).collect(),
-            busy_ms: r.busy.named().iter().map(|&(n, c)| (n.to_string(), ms(c))).collect(),
+            bottleneck: r.bottleneck(),
+            utilization: r.utilization(),
+            busy_ms: PerUnit(r.busy.0.map(ms)),
             dma_stall_ms: ms(r.dma_stall_cycles),
-            critical_path_ms: r.critical.named().iter().map(|&(n, c)| (n.to_string(), ms(c))).collect(),
+            critical_path_ms: PerUnit(r.critical.0.map(ms)),
             job: run.job.clone(),
             grid: info.grid.clone(),
             padded: info.padded.clone(),
@@ -230,12 +243,12 @@ impl Report {
                     last: c.key.last,
                     steps: n,
                     body_cycles: t.cycles,
-                    busy_cycles: t.busy.named()[..4].iter().map(|&(k, v)| (k.to_string(), v)).collect(),
+                    busy_cycles: Unit::COMPUTE.iter().map(|&u| (u, t.busy[u])).collect(),
                 })
                 .collect(),
             notes: Vec::new(),
         };
-        if let (Job::Splash { workload: w, config: c }, Some(t)) = (&run.job, info.tiles) {
+        if let (Job::Attention { workload: w, config: c }, Some(t)) = (&run.job, info.tiles) {
             if c.masking == tpusim_kernel::Masking::None && t.partial > 0 {
                 rep.notes.push(format!(
                     "--masking none with {} partial tiles: a mask-free kernel treats them as full, so the pairs the mask drops in them are wrongly attended (results are inexact)",
@@ -274,8 +287,8 @@ impl Report {
         let mut s = String::new();
         let mib = |b: u64| b as f64 / 1048576.0;
         match &self.job {
-            Job::Splash { workload: w, config: c } => {
-                let _ = writeln!(s, "tpusim: Splash attention (forward) on {}", self.chip);
+            Job::Attention { workload: w, config: c } => {
+                let _ = writeln!(s, "tpusim: {} attention (forward) on {}", c.kernel, self.chip);
                 let _ = writeln!(
                     s,
                     "  workload     batch {}, heads {} (kv heads {}), q_len {}, kv_len {}, head_dim {}/{}, mask {}",
@@ -287,14 +300,14 @@ impl Report {
                     c.block_q,
                     c.block_kv,
                     c.block_kv_compute,
-                    kebab(&c.traversal),
-                    kebab(&c.masking),
-                    kebab(&c.mask_source),
+                    c.traversal,
+                    c.masking,
+                    c.mask_source,
                     if c.tile_align { ", tile-aligned mask" } else { "" }
                 );
             }
             Job::Matmul { workload: m, config: c } => {
-                let _ = writeln!(s, "tpusim: blocked Pallas matmul on {}", self.chip);
+                let _ = writeln!(s, "tpusim: {} matmul on {}", c.kernel, self.chip);
                 let _ = writeln!(s, "  workload     M {} x N {} x K {} bf16", m.m, m.n, m.k);
                 let _ = writeln!(s, "  kernel       block_m {}, block_n {}, block_k {}", c.block_m, c.block_n, c.block_k);
             }
@@ -329,8 +342,8 @@ impl Report {
             self.hbm_bytes as f64 / 1e9,
             self.arithmetic_intensity
         );
-        let crit = self.critical_path_ms.get(&self.bottleneck).copied().unwrap_or(0.0);
-        let busy = self.utilization.get(&self.bottleneck).copied().unwrap_or(0.0);
+        let crit = self.critical_path_ms[self.bottleneck];
+        let busy = self.utilization[self.bottleneck];
         // Throughput-bound when the unit is busy for (nearly) all of its critical-path share: it
         // could not finish sooner without more throughput; latency-bound otherwise.
         let how = if busy * self.latency_ms >= 0.98 * crit { "throughput" } else { "latency" };
@@ -342,11 +355,9 @@ impl Report {
             busy * 100.0
         );
         let _ = writeln!(s, "  unit           busy ms  busy %  critical path ms");
-        for n in ORDER {
-            let b = self.busy_ms.get(n).copied().unwrap_or(0.0);
-            let u = self.utilization.get(n).copied().unwrap_or(0.0);
-            let c = self.critical_path_ms.get(n).copied().unwrap_or(0.0);
-            let _ = writeln!(s, "    {:<12} {:>9.3}  {:>6.1}  {:>9.3}  {}", n, b, u * 100.0, c, bar(u));
+        for n in Unit::ALL {
+            let (b, u, c) = (self.busy_ms[*n], self.utilization[*n], self.critical_path_ms[*n]);
+            let _ = writeln!(s, "    {:<12} {:>9.3}  {:>6.1}  {:>9.3}  {}", n.word(), b, u * 100.0, c, bar(u));
         }
         if let Some(t) = self.tiles {
             let _ = writeln!(s);
@@ -388,14 +399,8 @@ impl Report {
     }
 }
 
-const ORDER: [&str; 6] = ["mxu", "vpu", "eup", "xlu", "hbm", "step_control"];
-
 fn bar(u: f64) -> String {
     "#".repeat((u.clamp(0.0, 1.0) * 30.0).round() as usize)
-}
-
-fn kebab<T: Serialize>(v: &T) -> String {
-    serde_json::to_value(v).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -409,10 +414,10 @@ mod tests {
         w.q_len = 16384;
         w.kv_len = 16384;
         w.mask = Mask::Causal;
-        let mut config = SplashConfig::defaults_for(&w, &chip);
+        let mut config = SplashConfig::with_blocks(&w, &chip, 2048, 2048, None);
         config.traversal = tpusim_kernel::Traversal::Compact;
         config.masking = tpusim_kernel::Masking::Partial;
-        let run = run(&chip, &Job::Splash { workload: w, config }).unwrap();
+        let run = run(&chip, &Job::Attention { workload: w, config }).unwrap();
         let rep = Report::from_run(&run);
         let t = rep.tiles.unwrap();
         assert_eq!(t.visited, 10 * 36);

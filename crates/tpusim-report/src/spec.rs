@@ -1,123 +1,284 @@
-//! [`JobSpec`]: the one description of "what to simulate" shared by the CLI flags, trace files,
-//! measurement rows, sweep points and the tuner. Every field is optional; unset fields take the
-//! documented defaults when [`JobSpec::build`] turns the spec into a [`Job`] for a chip.
+//! [`JobSpec`]: the one description of "what to simulate". The same struct is the command line's
+//! job flags (`#[command(flatten)]` in `run`, `tune` and `plot`), a trace file (TOML with the
+//! same keys), a sweep point and a measurement row; every field is optional, and unset fields
+//! take the kernel family's defaults when [`JobSpec::build`] turns the spec into a [`Job`] for a
+//! chip.
 //!
-//! Trace files (`traces/*.toml`) are JobSpecs in TOML with the same keys as the CLI flags (with
-//! underscores): unknown keys are errors.
+//! Field names are the vocabulary of every layer below: workload and kernel errors name fields
+//! in backticks (`` `heads` ``), and each front end renders them as what its user typed
+//! ([`FieldStyle`]: `--heads` on the command line, `heads` in a trace or sweep file).
 
 use crate::Job;
+use clap::Args;
 use serde::{Deserialize, Serialize};
-use tpusim_chip::ChipModel;
-use tpusim_kernel::{splash, MaskSource, Masking, MatmulConfig, SplashConfig, Traversal};
-use tpusim_workload::{AttentionCall, Mask, MatmulCall};
+use std::sync::OnceLock;
+use tpusim_chip::{ChipError, ChipModel};
+use tpusim_kernel::{splash, KernelError, KernelKind, MaskSource, Masking, MatmulConfig, SplashConfig, Traversal};
+use tpusim_workload::{AttentionCall, Mask, MatmulCall, WorkloadError};
 
-/// An error in a job description, naming the field, its value and what is allowed.
+pub use tpusim_kernel::Kernel;
+
+/// The kernel family a job runs when it names none.
+pub const DEFAULT_KERNEL: Kernel = Kernel::TokamaxSplash;
+
+/// An error in a job: the field (in backticks, rendered by the front end with
+/// [`render_fields`]), its value and what is allowed, or an error of a lower layer.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
-#[error("{0}")]
-pub struct SpecError(pub String);
+pub enum SpecError {
+    /// A field's value is not allowed, or fields contradict each other.
+    #[error("`{field}` = {value}: {allowed}")]
+    Field {
+        /// The job field, e.g. `heads`.
+        field: String,
+        /// The value as given.
+        value: String,
+        /// What is allowed.
+        allowed: String,
+    },
+    /// The chip model: unknown preset, unreadable or invalid file, bad `set` override.
+    #[error(transparent)]
+    Chip(#[from] ChipError),
+    /// A trace file cannot be read or parsed.
+    #[error("trace {path}: {message}")]
+    Trace {
+        /// The file as given.
+        path: String,
+        /// What is wrong (names the key).
+        message: String,
+    },
+    /// The workload is invalid (names the field).
+    #[error(transparent)]
+    Workload(#[from] WorkloadError),
+    /// The kernel refuses the configuration (block rules, VMEM, ...).
+    #[error(transparent)]
+    Kernel(#[from] KernelError),
+}
 
-/// What to simulate: kernel, workload and kernel options. Field names match the CLI flags.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+impl SpecError {
+    fn field(field: &str, value: impl std::fmt::Display, allowed: impl Into<String>) -> Self {
+        SpecError::Field { field: field.to_string(), value: value.to_string(), allowed: allowed.into() }
+    }
+}
+
+/// How a front end names job fields in messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FieldStyle {
+    /// Command-line flags: `--block-kv-compute`.
+    Flag,
+    /// Trace and sweep-file keys: `block_kv_compute`.
+    Key,
+}
+
+/// Rewrites every backticked job field in `text` (`` `block_q` ``) as `style` names it; other
+/// backticked words are left alone.
+pub fn render_fields(text: &str, style: FieldStyle) -> String {
+    render_fields_with(text, &mut |field| match style {
+        FieldStyle::Flag => format!("--{}", field.replace('_', "-")),
+        FieldStyle::Key => field.to_string(),
+    })
+}
+
+/// Rewrites every backticked job field in `text` with `name(field)`; other backticked words are
+/// left alone.
+pub fn render_fields_with(text: &str, name: &mut dyn FnMut(&str) -> String) -> String {
+    let fields = JobSpec::fields();
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(open) = rest.find('`') {
+        let Some(close) = rest[open + 1..].find('`') else { break };
+        let word = &rest[open + 1..open + 1 + close];
+        out.push_str(&rest[..open]);
+        if fields.iter().any(|f| f == word) {
+            out.push_str(&name(word));
+        } else {
+            out.push_str(&rest[open..open + close + 2]);
+        }
+        rest = &rest[open + close + 2..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// What to simulate: kernel family, workload and kernel options. Field names are the trace keys;
+/// the command-line flags are the same names with dashes. Defaults are the kernel family's
+/// (`--kernel`), never a workload's.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, Args)]
 #[serde(deny_unknown_fields)]
 pub struct JobSpec {
-    /// Chip preset or TOML path (default `v6e`).
+    /// Chip: preset name (v6e, v5e, v5p, v4, v7x) or path to a chip TOML [default: v6e].
+    #[arg(long)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub chip: Option<String>,
-    /// Chip overrides as `SECTION.FIELD=VALUE`.
+    /// Change a chip parameter, e.g. --set hbm.bandwidth_gb_per_s=3276 (repeatable).
+    #[arg(long = "set", value_name = "SECTION.FIELD=VALUE")]
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub set: Vec<String>,
-    /// `splash` (default) or `matmul`.
+    /// Kernel family; its library's defaults apply to every option and block size not given
+    /// [default: tokamax-splash].
+    #[arg(long, value_enum)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub kernel: Option<String>,
-    /// Batch size (default 1).
+    pub kernel: Option<Kernel>,
+    /// Batch size [default: 1].
+    #[arg(long)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub batch: Option<u64>,
-    /// Query heads (default 10).
+    /// Query heads [default: 10].
+    #[arg(long)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub heads: Option<u64>,
-    /// Key/value heads (default: heads).
+    /// Key/value heads (fewer than --heads is GQA/MQA) [default: --heads].
+    #[arg(long)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kv_heads: Option<u64>,
-    /// q and kv length (default 75,600).
+    /// Sequence length of both q and kv [default: 75600, Wan 2.1 at 720p].
+    #[arg(long, conflicts_with_all = ["q_len", "kv_len"])]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seq_len: Option<u64>,
-    /// q length (default seq_len).
+    /// Query length (with --kv-len).
+    #[arg(long)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub q_len: Option<u64>,
-    /// kv length (default seq_len).
+    /// Key/value length (with --q-len).
+    #[arg(long)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kv_len: Option<u64>,
-    /// Head dimension of q, k (default 128).
+    /// Head dimension of q and k [default: 128].
+    #[arg(long)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub head_dim: Option<u64>,
-    /// Head dimension of v, o (default head_dim).
+    /// Head dimension of v and o [default: --head-dim].
+    #[arg(long)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub head_dim_v: Option<u64>,
-    /// Mask in the `--mask` grammar (default `full`).
+    /// Mask: full, causal, local:L,R, band:W, sink:S, chunked:C, video:F,H,W:wf,wh,ww[@order],
+    /// sta:F,H,W:kf,kh,kw:tf,th,tw[@order] (order @frame, @position or @tiles:tf,th,tw),
+    /// per-head[N*M;...], file:PATH; + is union, & is intersection, ( ) groups.
+    /// Example: band:15000+sink:3600 [default: full].
+    #[arg(long)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mask: Option<String>,
-    /// Rows of q per block.
+    /// Rows of q per block (multiple of 8) [default: the kernel family's].
+    #[arg(long)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub block_q: Option<u64>,
-    /// Rows of k/v per block.
+    /// Rows of k/v per block (multiple of 128) [default: the kernel family's].
+    #[arg(long)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub block_kv: Option<u64>,
-    /// Inner sub-tile width.
+    /// Width of the inner matmul/softmax sub-tile (multiple of 128 dividing --block-kv)
+    /// [default: the kernel family's, or the largest width that fits the VMEM limit].
+    #[arg(long)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub block_kv_compute: Option<u64>,
-    /// `full-grid` (default) or `compact`.
+    /// Which grid steps run [default: the kernel family's].
+    #[arg(long, value_enum)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub traversal: Option<String>,
-    /// `all` (default), `partial` or `none`.
+    pub traversal: Option<Traversal>,
+    /// Which visited blocks apply the element-wise mask [default: the kernel family's].
+    #[arg(long, value_enum)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub masking: Option<String>,
-    /// `computed` (default) or `loaded`.
+    pub masking: Option<Masking>,
+    /// How the mask is evaluated [default: computed; a file mask is always loaded].
+    #[arg(long, value_enum)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub mask_source: Option<String>,
-    /// Round the mask to whole tiles (default false).
+    pub mask_source: Option<MaskSource>,
+    /// Round the mask to whole tiles (keep a tile when at least half its pairs are kept).
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", value_name = "BOOL")]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tile_align: Option<bool>,
-    /// Scoped VMEM limit, MiB (default: the chip's).
+    /// Scoped VMEM limit, MiB [default: the chip's].
+    #[arg(long)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vmem_limit_mib: Option<f64>,
-    /// Matmul M.
+    /// Matmul M (matmul kernels).
+    #[arg(long)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub m: Option<u64>,
-    /// Matmul N.
+    /// Matmul N (matmul kernels).
+    #[arg(long)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub n: Option<u64>,
-    /// Matmul K.
+    /// Matmul K (matmul kernels).
+    #[arg(long)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub k: Option<u64>,
-    /// Matmul block M.
+    /// Matmul block M [default: the kernel family's, clamped to M].
+    #[arg(long)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub block_m: Option<u64>,
-    /// Matmul block N.
+    /// Matmul block N [default: the kernel family's, clamped to N].
+    #[arg(long)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub block_n: Option<u64>,
-    /// Matmul block K.
+    /// Matmul block K [default: the kernel family's, clamped to K].
+    #[arg(long)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub block_k: Option<u64>,
 }
 
-fn err<T>(field: &str, value: impl std::fmt::Display, allowed: &str) -> Result<T, SpecError> {
-    Err(SpecError(format!("{field} = {value}: {allowed}")))
-}
+/// Fields that describe attention (refused for matmul kernels).
+const ATTENTION_ONLY: &[&str] = &[
+    "heads",
+    "kv_heads",
+    "seq_len",
+    "q_len",
+    "kv_len",
+    "head_dim",
+    "head_dim_v",
+    "mask",
+    "block_q",
+    "block_kv",
+    "block_kv_compute",
+    "traversal",
+    "masking",
+    "mask_source",
+    "tile_align",
+];
+/// Fields that describe a matmul (refused for attention kernels).
+const MATMUL_ONLY: &[&str] = &["m", "n", "k", "block_m", "block_n", "block_k"];
 
 impl JobSpec {
-    /// Reads a trace file (TOML JobSpec).
-    ///
-    /// # Errors
-    /// [`SpecError`] naming the file and the key for unreadable files, malformed TOML and unknown
-    /// keys.
-    pub fn from_toml_file(path: &str) -> Result<Self, SpecError> {
-        let text = std::fs::read_to_string(path).map_err(|e| SpecError(format!("cannot read trace {path}: {e}")))?;
-        toml::from_str(&text).map_err(|e| SpecError(format!("trace {path}: {}", e.to_string().split_whitespace().collect::<Vec<_>>().join(" "))))
+    /// Every field name, in declaration order (read off the command-line definition, so the
+    /// list cannot drift from the struct).
+    pub fn fields() -> &'static [String] {
+        static FIELDS: OnceLock<Vec<String>> = OnceLock::new();
+        FIELDS.get_or_init(|| {
+            <JobSpec as Args>::augment_args(clap::Command::new("job"))
+                .get_arguments()
+                .map(|a| a.get_id().as_str().to_string())
+                .collect()
+        })
     }
 
-    /// Fields set in `over` replace those of `self` (CLI flags over a trace file).
-    /// `--seq-len` on top replaces a base's `q_len` / `kv_len`, and `--q-len` / `--kv-len` on top
-    /// replace a base's `seq_len` (the other length keeps the base's value).
+    /// The fields this spec sets, with their values as JSON.
+    pub fn set_fields(&self) -> serde_json::Map<String, serde_json::Value> {
+        match serde_json::to_value(self) {
+            Ok(serde_json::Value::Object(m)) => m,
+            _ => serde_json::Map::new(),
+        }
+    }
+
+    /// Reads a trace file (TOML with the keys of [`JobSpec`]).
+    ///
+    /// # Errors
+    /// [`SpecError::Trace`] naming the file and the key for unreadable files, malformed TOML,
+    /// unknown keys and values of the wrong type.
+    pub fn from_toml_file(path: &str) -> Result<Self, SpecError> {
+        let text = std::fs::read_to_string(path).map_err(|e| SpecError::Trace { path: path.into(), message: format!("cannot read: {e}") })?;
+        Self::from_toml_str(&text, path)
+    }
+
+    /// Parses trace text; `path` names it in errors.
+    ///
+    /// # Errors
+    /// As [`JobSpec::from_toml_file`].
+    pub fn from_toml_str(text: &str, path: &str) -> Result<Self, SpecError> {
+        toml::from_str(text).map_err(|e| SpecError::Trace { path: path.into(), message: one_line(&e.to_string()) })
+    }
+
+    /// Fields set in `over` replace those of `self` (flags over a trace file); `set` overrides
+    /// are concatenated. `seq_len` on top replaces a base's `q_len` / `kv_len`, and `q_len` /
+    /// `kv_len` on top replace a base's `seq_len` (the other length keeps the base's value).
     pub fn overlay(&self, over: &JobSpec) -> JobSpec {
         let mut base = self.clone();
         if over.seq_len.is_some() {
@@ -130,190 +291,283 @@ impl JobSpec {
                 base.kv_len = base.kv_len.or(Some(l));
             }
         }
-        let base = &base;
-        macro_rules! pick {
-            ($($f:ident),*) => { JobSpec { $($f: over.$f.clone().or_else(|| base.$f.clone()),)* set: [base.set.clone(), over.set.clone()].concat() } };
+        let mut merged = base.set_fields();
+        for (k, v) in over.set_fields() {
+            if k == "set" {
+                let mut all = merged.remove("set").and_then(|s| s.as_array().cloned()).unwrap_or_default();
+                all.extend(v.as_array().cloned().unwrap_or_default());
+                merged.insert(k, serde_json::Value::Array(all));
+            } else {
+                merged.insert(k, v);
+            }
         }
-        pick!(
-            chip, kernel, batch, heads, kv_heads, seq_len, q_len, kv_len, head_dim, head_dim_v, mask, block_q, block_kv,
-            block_kv_compute, traversal, masking, mask_source, tile_align, vmem_limit_mib, m, n, k, block_m, block_n, block_k
-        )
+        serde_json::from_value(serde_json::Value::Object(merged)).expect("a merge of two valid specs is a valid spec")
     }
 
     /// The chip this spec names, with its overrides applied (default `v6e`).
     ///
     /// # Errors
-    /// [`SpecError`] with the chip model's error (unknown chip, bad override).
+    /// [`SpecError::Chip`]: unknown chip, unreadable file, bad override.
     pub fn chip(&self) -> Result<ChipModel, SpecError> {
-        let mut chip = ChipModel::load(self.chip.as_deref().unwrap_or("v6e")).map_err(|e| SpecError(e.to_string()))?;
+        let mut chip = ChipModel::load(self.chip.as_deref().unwrap_or("v6e"))?;
         for s in &self.set {
-            let (k, v) = s
-                .split_once('=')
-                .ok_or_else(|| SpecError(format!("--set {s}: expected SECTION.FIELD=VALUE, e.g. hbm.bandwidth_gb_per_s=3276")))?;
-            chip = chip.with_override(k.trim(), v.trim()).map_err(|e| SpecError(e.to_string()))?;
+            let (k, v) = s.split_once('=').ok_or_else(|| {
+                SpecError::field("set", s, "expected SECTION.FIELD=VALUE, e.g. hbm.bandwidth_gb_per_s=3276")
+            })?;
+            chip = chip.with_override(k.trim(), v.trim())?;
         }
         Ok(chip)
     }
 
-    fn blocks_given(&self) -> bool {
-        self.block_q.is_some() || self.block_kv.is_some() || self.block_kv_compute.is_some()
+    /// The kernel family ([`DEFAULT_KERNEL`] when unset).
+    pub fn kernel(&self) -> Kernel {
+        self.kernel.unwrap_or(DEFAULT_KERNEL)
     }
 
-    /// Builds the job for a chip.
-    ///
-    /// Defaults: the built-in video workload (1 x 10 heads x 75,600 tokens, head_dim 128, full
-    /// mask); for that shape (75,600 x 75,600 tokens, head_dim 128) with no block fields,
-    /// MaxDiffusion's v6e blocks for it (block_q 3024, block_kv 2048); otherwise blocks by
-    /// [`SplashConfig::defaults_for`]; block_kv_compute by [`splash::default_compute`].
-    /// `q_len` and `kv_len` come together (or as `seq_len`). Options default
-    /// to JAX Splash's: full-grid traversal, masking all, computed masks, no alignment.
+    /// Builds the job for a chip, in stages: the kernel family and the fields that apply to
+    /// it; the VMEM limit; the workload; the kernel configuration from the family's defaults
+    /// ([`tpusim_kernel::Kernel::defaults`]) overridden by the fields given.
     ///
     /// # Errors
-    /// [`SpecError`] naming the field: contradictory fields, unknown option words, invalid
-    /// sizes or masks. Block rules and VMEM are checked later, by lowering.
+    /// [`SpecError`] naming the field: contradictory fields, fields that do not apply to the
+    /// kernel, invalid sizes or masks, unreadable mask files. Block rules and VMEM are checked
+    /// later, by lowering.
     pub fn build(&self, chip: &ChipModel) -> Result<Job, SpecError> {
-        let vmem_limit_bytes = match self.vmem_limit_mib {
-            None => None,
-            Some(v) if v.is_finite() && v > 0.0 && v <= chip.vmem.size_mib.value => Some((v * 1048576.0) as u64),
-            Some(v) => {
-                return err(
-                    "--vmem-limit-mib",
-                    v,
-                    &format!("expected a number above 0 and at most the chip's physical VMEM ({} MiB)", chip.vmem.size_mib.value),
-                )
+        let kernel = self.kernel();
+        self.check_applicable(kernel)?;
+        let vmem_limit_bytes = self.vmem_limit_bytes(chip)?;
+        match kernel.kind() {
+            KernelKind::Attention => {
+                let workload = self.attention_call()?;
+                let config = self.splash_config(kernel, &workload, chip, vmem_limit_bytes)?;
+                Ok(Job::Attention { workload, config })
             }
-        };
-        if self.seq_len == Some(0) {
-            return err("--seq-len", 0, &format!("expected a whole number from 1 to {}", tpusim_workload::MAX_DIM));
-        }
-        if self.seq_len.is_some() && (self.q_len.is_some() || self.kv_len.is_some()) {
-            return err("--seq-len", self.seq_len.unwrap_or(0), "give either --seq-len or --q-len/--kv-len, not both");
-        }
-        match self.kernel.as_deref().unwrap_or("splash") {
-            "matmul" => {
-                let attention_only = [
-                    ("--heads", self.heads.is_some()),
-                    ("--seq-len", self.seq_len.is_some()),
-                    ("--mask", self.mask.is_some()),
-                    ("--block-q", self.block_q.is_some()),
-                    ("--block-kv", self.block_kv.is_some()),
-                    ("--traversal", self.traversal.is_some()),
-                    ("--masking", self.masking.is_some()),
-                ];
-                if let Some((f, _)) = attention_only.iter().find(|(_, set)| *set) {
-                    return Err(SpecError(format!(
-                        "{f} applies to --kernel splash, not --kernel matmul (use --m --n --k --block-m --block-n --block-k)"
-                    )));
-                }
-                let (m, n, k) = match (self.m, self.n, self.k) {
-                    (Some(m), Some(n), Some(k)) => (m, n, k),
-                    _ => return Err(SpecError("--kernel matmul needs --m, --n and --k".into())),
-                };
-                let workload = MatmulCall { m, n, k };
-                workload.validate().map_err(|e| SpecError(e.to_string()))?;
-                let d = MatmulConfig::defaults_for_chip(&workload, chip);
-                let config = MatmulConfig {
-                    block_m: self.block_m.unwrap_or(d.block_m),
-                    block_n: self.block_n.unwrap_or(d.block_n),
-                    block_k: self.block_k.unwrap_or(d.block_k),
-                    vmem_limit_bytes,
-                };
+            KernelKind::Matmul => {
+                let workload = self.matmul_call()?;
+                let config = self.matmul_config(kernel, &workload, vmem_limit_bytes);
                 Ok(Job::Matmul { workload, config })
             }
-            "splash" => {
-                let matmul_only = [
-                    ("--m", self.m),
-                    ("--n", self.n),
-                    ("--k", self.k),
-                    ("--block-m", self.block_m),
-                    ("--block-n", self.block_n),
-                    ("--block-k", self.block_k),
-                ];
-                if let Some((f, _)) = matmul_only.iter().find(|(_, v)| v.is_some()) {
-                    return Err(SpecError(format!("{f} applies to --kernel matmul, not --kernel splash")));
-                }
-                let base = AttentionCall::video_default();
-                let heads = self.heads.unwrap_or(base.q_heads);
-                let head_dim = self.head_dim.unwrap_or(base.head_dim);
-                let mask = match &self.mask {
-                    Some(s) => Mask::parse(s).map_err(|e| SpecError(format!("--mask: {e}")))?,
-                    None => Mask::Full,
-                };
-                if self.q_len.is_some() != self.kv_len.is_some() {
-                    let (given, missing) = if self.q_len.is_some() { ("--q-len", "--kv-len") } else { ("--kv-len", "--q-len") };
-                    return err(given, self.q_len.or(self.kv_len).unwrap_or(0), &format!("give {missing} too, or --seq-len for both"));
-                }
-                let workload = AttentionCall {
-                    batch: self.batch.unwrap_or(base.batch),
-                    q_heads: heads,
-                    kv_heads: self.kv_heads.unwrap_or(heads),
-                    q_len: self.seq_len.or(self.q_len).unwrap_or(base.q_len),
-                    kv_len: self.seq_len.or(self.kv_len).unwrap_or(base.kv_len),
-                    head_dim,
-                    head_dim_v: self.head_dim_v.unwrap_or(head_dim),
-                    mask,
-                };
-                workload.validate().map_err(|e| SpecError(e.to_string()))?;
-                let mut config = SplashConfig::defaults_for(&workload, chip);
-                // The Wan 2.1 720p shape (75,600 tokens, head_dim 128) defaults to MaxDiffusion's v6e
-                // blocks for it; block_kv_compute then follows the rule (1024 on v6e).
-                let builtin = !self.blocks_given()
-                    && (workload.q_len, workload.kv_len, workload.head_dim, workload.head_dim_v)
-                        == (base.q_len, base.kv_len, base.head_dim, base.head_dim_v);
-                if builtin {
-                    config.block_q = 3024;
-                    config.block_kv = 2048;
-                }
-                if let Some(v) = self.block_q {
-                    config.block_q = v;
-                }
-                if let Some(v) = self.block_kv {
-                    config.block_kv = v;
-                }
-                if let Some(t) = &self.traversal {
-                    config.traversal = match t.as_str() {
-                        "full-grid" => Traversal::FullGrid,
-                        "compact" => Traversal::Compact,
-                        other => return err("--traversal", other, "expected full-grid or compact"),
-                    };
-                }
-                if let Some(m) = &self.masking {
-                    config.masking = match m.as_str() {
-                        "all" => Masking::All,
-                        "partial" => Masking::Partial,
-                        "none" => Masking::None,
-                        other => return err("--masking", other, "expected all, partial or none"),
-                    };
-                }
-                if let Some(s) = &self.mask_source {
-                    config.mask_source = match s.as_str() {
-                        "computed" => MaskSource::Computed,
-                        "loaded" => MaskSource::Loaded,
-                        other => return err("--mask-source", other, "expected computed or loaded"),
-                    };
-                }
-                if workload.mask.expression_terms().loaded_only {
-                    // A block file has no closed form: its blocks can only be loaded.
-                    if config.mask_source == MaskSource::Computed && self.mask_source.is_some() {
-                        return err(
-                            "--mask-source",
-                            "computed",
-                            "a file mask has no closed form to compute from iota; it can only be loaded (use --mask-source loaded)",
-                        );
-                    }
-                    config.mask_source = MaskSource::Loaded;
-                }
-                config.tile_align = self.tile_align.unwrap_or(false);
-                config.vmem_limit_bytes = vmem_limit_bytes;
-                config.block_kv_compute = match self.block_kv_compute {
-                    Some(v) => v,
-                    None => splash::default_compute(&workload, &config, chip),
-                };
-                Ok(Job::Splash { workload, config })
-            }
-            other => err("--kernel", other, "expected splash or matmul"),
+            KernelKind::Copy => Err(SpecError::field("kernel", kernel, "an HBM copy is not a kernel tpusim runs on its own")),
         }
     }
+
+    /// Stage 1: fields that belong to another kind of kernel are errors, not ignored.
+    fn check_applicable(&self, kernel: Kernel) -> Result<(), SpecError> {
+        let (foreign, kind) = match kernel.kind() {
+            KernelKind::Attention => (MATMUL_ONLY, "attention"),
+            KernelKind::Matmul => (ATTENTION_ONLY, "matmul"),
+            KernelKind::Copy => (&[][..], "copy"),
+        };
+        let set = self.set_fields();
+        if let Some(f) = foreign.iter().find(|f| set.contains_key(**f)) {
+            return Err(SpecError::field(
+                f,
+                set[*f].to_string().trim_matches('"'),
+                format!("does not apply to `kernel` {kernel} (a {kind} kernel)"),
+            ));
+        }
+        if self.seq_len == Some(0) {
+            return Err(SpecError::field("seq_len", 0, format!("expected a whole number from 1 to {}", tpusim_workload::MAX_DIM)));
+        }
+        if self.seq_len.is_some() && (self.q_len.is_some() || self.kv_len.is_some()) {
+            return Err(SpecError::field("seq_len", self.seq_len.unwrap_or(0), "give either `seq_len` or `q_len` and `kv_len`, not both"));
+        }
+        if self.q_len.is_some() != self.kv_len.is_some() {
+            let (given, missing) = if self.q_len.is_some() { ("q_len", "kv_len") } else { ("kv_len", "q_len") };
+            return Err(SpecError::field(given, self.q_len.or(self.kv_len).unwrap_or(0), format!("give `{missing}` too, or `seq_len` for both")));
+        }
+        Ok(())
+    }
+
+    /// Stage 2: the scoped VMEM limit, if given.
+    fn vmem_limit_bytes(&self, chip: &ChipModel) -> Result<Option<u64>, SpecError> {
+        match self.vmem_limit_mib {
+            None => Ok(None),
+            Some(v) if v.is_finite() && v > 0.0 && v <= chip.vmem.size_mib.value => Ok(Some((v * 1048576.0) as u64)),
+            Some(v) => Err(SpecError::field(
+                "vmem_limit_mib",
+                v,
+                format!("expected a number above 0 and at most the chip's physical VMEM ({} MiB)", chip.vmem.size_mib.value),
+            )),
+        }
+    }
+
+    /// Stage 3 (attention): the workload, with mask files read. Defaults: the built-in video
+    /// workload (1 x 10 heads x 75,600 tokens, head_dim 128, full mask).
+    fn attention_call(&self) -> Result<AttentionCall, SpecError> {
+        let base = AttentionCall::video_default();
+        let heads = self.heads.unwrap_or(base.q_heads);
+        let head_dim = self.head_dim.unwrap_or(base.head_dim);
+        let mask = match &self.mask {
+            Some(s) => Mask::parse(s)
+                .and_then(|m| m.load_files(&tpusim_workload::mask::read_mask_file))
+                .map_err(|e| SpecError::field("mask", s, e.to_string()))?,
+            None => Mask::Full,
+        };
+        let workload = AttentionCall {
+            batch: self.batch.unwrap_or(base.batch),
+            q_heads: heads,
+            kv_heads: self.kv_heads.unwrap_or(heads),
+            q_len: self.seq_len.or(self.q_len).unwrap_or(base.q_len),
+            kv_len: self.seq_len.or(self.kv_len).unwrap_or(base.kv_len),
+            head_dim,
+            head_dim_v: self.head_dim_v.unwrap_or(head_dim),
+            mask,
+        };
+        workload.validate().map_err(|e| self.name_lengths(e))?;
+        Ok(workload)
+    }
+
+    /// A length error names `seq_len` when the user gave the lengths as `seq_len`.
+    fn name_lengths(&self, mut e: WorkloadError) -> WorkloadError {
+        if self.seq_len.is_some() && (e.field == "`q_len`" || e.field == "`kv_len`") {
+            e.field = "`seq_len`".into();
+        }
+        e
+    }
+
+    /// Stage 4 (attention): the family's defaults, overridden by the fields given.
+    fn splash_config(&self, kernel: Kernel, w: &AttentionCall, chip: &ChipModel, vmem_limit_bytes: Option<u64>) -> Result<SplashConfig, SpecError> {
+        let d = kernel.defaults();
+        let mut config = SplashConfig::for_family(kernel);
+        config.block_q = self.block_q.unwrap_or(d.blocks.q);
+        config.block_kv = self.block_kv.unwrap_or(d.blocks.kv);
+        config.traversal = self.traversal.unwrap_or(d.traversal);
+        config.masking = self.masking.unwrap_or(d.masking);
+        config.mask_source = self.mask_source.unwrap_or(d.mask_source);
+        if w.mask.expression_terms().loaded_only {
+            // A file mask has no closed form: its blocks can only be loaded.
+            if self.mask_source == Some(MaskSource::Computed) {
+                return Err(SpecError::field(
+                    "mask_source",
+                    MaskSource::Computed,
+                    "a file mask has no closed form to compute from iota; it can only be loaded (use `mask_source` loaded)",
+                ));
+            }
+            config.mask_source = MaskSource::Loaded;
+        }
+        config.tile_align = self.tile_align.unwrap_or(false);
+        config.vmem_limit_bytes = vmem_limit_bytes;
+        config.block_kv_compute = match (self.block_kv_compute, d.blocks.compute, self.block_kv) {
+            (Some(v), _, _) => v,
+            // The family's compute width applies to its own block_kv; with a block_kv given, the
+            // width follows it (Splash: block_kv_compute = block_kv when unset).
+            (None, Some(c), None) => c,
+            _ => splash::default_compute(w, &config, chip),
+        };
+        Ok(config)
+    }
+
+    /// Stage 3 (matmul): the matmul's sizes.
+    fn matmul_call(&self) -> Result<MatmulCall, SpecError> {
+        let (m, n, k) = match (self.m, self.n, self.k) {
+            (Some(m), Some(n), Some(k)) => (m, n, k),
+            _ => {
+                let missing: Vec<&str> = [("m", self.m), ("n", self.n), ("k", self.k)].iter().filter(|(_, v)| v.is_none()).map(|(f, _)| *f).collect();
+                return Err(SpecError::field(missing[0], "unset", "a matmul kernel needs `m`, `n` and `k`"));
+            }
+        };
+        let workload = MatmulCall { m, n, k };
+        workload.validate()?;
+        Ok(workload)
+    }
+
+    /// Stage 4 (matmul): the family's blocks, clamped to the sizes, overridden by the fields.
+    fn matmul_config(&self, kernel: Kernel, mm: &MatmulCall, vmem_limit_bytes: Option<u64>) -> MatmulConfig {
+        let d = kernel.defaults().blocks;
+        MatmulConfig {
+            kernel,
+            block_m: self.block_m.unwrap_or_else(|| mm.m.next_multiple_of(8).min(d.q)),
+            block_n: self.block_n.unwrap_or_else(|| mm.n.next_multiple_of(128).min(d.kv)),
+            block_k: self.block_k.unwrap_or_else(|| mm.k.next_multiple_of(128).min(d.compute.unwrap_or(d.kv))),
+            vmem_limit_bytes,
+        }
+    }
+}
+
+impl Job {
+    /// The spec that builds this job again (every resolved field set): the job columns of sweep
+    /// outputs and the flags of tuned configurations.
+    pub fn to_spec(&self) -> JobSpec {
+        match self {
+            Job::Attention { workload: w, config: c } => JobSpec {
+                kernel: Some(c.kernel),
+                batch: Some(w.batch),
+                heads: Some(w.q_heads),
+                kv_heads: Some(w.kv_heads),
+                q_len: Some(w.q_len),
+                kv_len: Some(w.kv_len),
+                head_dim: Some(w.head_dim),
+                head_dim_v: Some(w.head_dim_v),
+                mask: Some(w.mask.to_string()),
+                block_q: Some(c.block_q),
+                block_kv: Some(c.block_kv),
+                block_kv_compute: Some(c.block_kv_compute),
+                traversal: Some(c.traversal),
+                masking: Some(c.masking),
+                mask_source: Some(c.mask_source),
+                tile_align: Some(c.tile_align),
+                vmem_limit_mib: c.vmem_limit_bytes.map(|b| b as f64 / 1048576.0),
+                ..Default::default()
+            },
+            Job::Matmul { workload: m, config: c } => JobSpec {
+                kernel: Some(c.kernel),
+                m: Some(m.m),
+                n: Some(m.n),
+                k: Some(m.k),
+                block_m: Some(c.block_m),
+                block_n: Some(c.block_n),
+                block_k: Some(c.block_k),
+                vmem_limit_mib: c.vmem_limit_bytes.map(|b| b as f64 / 1048576.0),
+                ..Default::default()
+            },
+        }
+    }
+}
+
+impl Job {
+    /// The kernel configuration of this job alone (family, blocks and options; no workload): the
+    /// flags a tuned configuration is reported with.
+    pub fn config_spec(&self) -> JobSpec {
+        let s = self.to_spec();
+        JobSpec {
+            kernel: s.kernel,
+            block_q: s.block_q,
+            block_kv: s.block_kv,
+            block_kv_compute: s.block_kv_compute,
+            traversal: s.traversal,
+            masking: s.masking,
+            mask_source: s.mask_source,
+            tile_align: s.tile_align,
+            block_m: s.block_m,
+            block_n: s.block_n,
+            block_k: s.block_k,
+            ..Default::default()
+        }
+    }
+}
+
+impl JobSpec {
+    /// The command-line flags that give this spec's fields, e.g. `--block-q 512 --tile-align`.
+    pub fn to_flags(&self) -> String {
+        let mut out = Vec::new();
+        for (k, v) in self.set_fields() {
+            let flag = format!("--{}", k.replace('_', "-"));
+            match v {
+                serde_json::Value::Bool(true) => out.push(flag),
+                serde_json::Value::Bool(false) => out.push(format!("{flag}=false")),
+                serde_json::Value::String(s) if s.contains(' ') => out.push(format!("{flag} '{s}'")),
+                serde_json::Value::String(s) => out.push(format!("{flag} {s}")),
+                serde_json::Value::Array(a) => out.extend(a.iter().map(|x| format!("{flag} {}", x.as_str().unwrap_or_default()))),
+                other => out.push(format!("{flag} {other}")),
+            }
+        }
+        out.join(" ")
+    }
+}
+
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 #[cfg(test)]
@@ -321,32 +575,68 @@ mod tests {
     use super::*;
 
     #[test]
-    fn empty_spec_is_the_builtin_default_case() {
+    fn empty_spec_is_the_video_workload_with_the_default_family() {
         let chip = ChipModel::preset("v6e").unwrap();
         match JobSpec::default().build(&chip).unwrap() {
-            Job::Splash { workload, config } => {
+            Job::Attention { workload, config } => {
                 assert_eq!(workload, AttentionCall::video_default());
-                assert_eq!((config.block_q, config.block_kv, config.block_kv_compute), (3024, 2048, 1024));
+                assert_eq!(config.kernel, DEFAULT_KERNEL);
+                let d = DEFAULT_KERNEL.defaults();
+                assert_eq!((config.block_q, config.block_kv, config.traversal), (d.blocks.q, d.blocks.kv, d.traversal));
             }
-            _ => panic!("expected splash"),
+            _ => panic!("expected attention"),
         }
     }
 
     #[test]
     fn unknown_words_and_keys_are_named() {
-        let chip = ChipModel::preset("v6e").unwrap();
-        let s = JobSpec { traversal: Some("zigzag".into()), ..Default::default() };
-        let e = s.build(&chip).unwrap_err().to_string();
-        assert!(e.contains("--traversal") && e.contains("zigzag"), "{e}");
+        let e = toml::from_str::<JobSpec>("traversal = \"zigzag\"").unwrap_err().to_string();
+        assert!(e.contains("zigzag") && e.contains("full-grid or compact"), "{e}");
         let e = toml::from_str::<JobSpec>("heads = 4\nbogus = 1").unwrap_err().to_string();
         assert!(e.contains("bogus"), "{e}");
     }
 
     #[test]
-    fn overlay_prefers_the_top() {
-        let a = JobSpec { heads: Some(4), seq_len: Some(1024), ..Default::default() };
-        let b = JobSpec { heads: Some(8), ..Default::default() };
+    fn overlay_prefers_the_top_and_concatenates_overrides() {
+        let a = JobSpec { heads: Some(4), seq_len: Some(1024), set: vec!["a=1".into()], ..Default::default() };
+        let b = JobSpec { heads: Some(8), set: vec!["b=2".into()], ..Default::default() };
         let c = a.overlay(&b);
         assert_eq!((c.heads, c.seq_len), (Some(8), Some(1024)));
+        assert_eq!(c.set, vec!["a=1".to_string(), "b=2".to_string()]);
+        let d = a.overlay(&JobSpec { q_len: Some(64), kv_len: Some(64), ..Default::default() });
+        assert_eq!((d.seq_len, d.q_len), (None, Some(64)));
+    }
+
+    #[test]
+    fn fields_come_from_the_struct_and_render_per_front_end() {
+        let f = JobSpec::fields();
+        assert!(f.iter().any(|x| x == "block_kv_compute") && f.iter().any(|x| x == "chip"));
+        let msg = "`block_kv_compute` = 768: must divide `block_kv` (2048); `other` stays";
+        assert_eq!(render_fields(msg, FieldStyle::Flag), "--block-kv-compute = 768: must divide --block-kv (2048); `other` stays");
+        assert_eq!(render_fields(msg, FieldStyle::Key), "block_kv_compute = 768: must divide block_kv (2048); `other` stays");
+    }
+
+    #[test]
+    fn foreign_fields_are_errors() {
+        let chip = ChipModel::preset("v6e").unwrap();
+        let e = JobSpec { kernel: Some(Kernel::PallasMatmul), heads: Some(2), ..Default::default() }.build(&chip).unwrap_err().to_string();
+        assert!(e.contains("`heads`") && e.contains("pallas-matmul"), "{e}");
+        let e = JobSpec { m: Some(2), ..Default::default() }.build(&chip).unwrap_err().to_string();
+        assert!(e.contains("`m`") && e.contains("attention"), "{e}");
+    }
+
+    #[test]
+    fn seq_len_errors_name_seq_len() {
+        let chip = ChipModel::preset("v6e").unwrap();
+        let e = JobSpec { seq_len: Some(100_000_000_000), ..Default::default() }.build(&chip).unwrap_err().to_string();
+        assert!(e.contains("`seq_len`") && !e.contains("`q_len`"), "{e}");
+    }
+
+    #[test]
+    fn to_spec_rebuilds_the_same_job() {
+        let chip = ChipModel::preset("v6e").unwrap();
+        let s = JobSpec { seq_len: Some(4096), mask: Some("causal".into()), block_q: Some(512), ..Default::default() };
+        let job = s.build(&chip).unwrap();
+        assert_eq!(job.to_spec().build(&chip).unwrap(), job);
     }
 }

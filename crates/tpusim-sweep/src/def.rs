@@ -131,21 +131,9 @@ fn type_name(v: &toml::Value) -> &'static str {
     }
 }
 
-/// Checks the option words and mask of a (partial) job spec, naming the key on error.
-fn check_words(spec: &JobSpec) -> Result<(), String> {
-    let words: [(&str, &Option<String>, &[&str]); 4] = [
-        ("kernel", &spec.kernel, &["splash", "matmul"]),
-        ("traversal", &spec.traversal, &["full-grid", "compact"]),
-        ("masking", &spec.masking, &["all", "partial", "none"]),
-        ("mask_source", &spec.mask_source, &["computed", "loaded"]),
-    ];
-    for (key, v, allowed) in words {
-        if let Some(v) = v {
-            if !allowed.contains(&v.as_str()) {
-                return Err(format!("{key} = \"{v}\": expected one of {}", allowed.join(", ")));
-            }
-        }
-    }
+/// Checks what deserialising a (partial) job spec cannot: that its mask parses and its chip
+/// loads, naming the key on error (option words are typed and checked while reading).
+fn check_spec(spec: &JobSpec) -> Result<(), String> {
     if let Some(m) = &spec.mask {
         Mask::parse(m).map_err(|e| format!("mask = \"{m}\": {e}"))?;
     }
@@ -183,15 +171,17 @@ fn value_spec(key: &str, raw: &toml::Value, chip: &ChipModel) -> Result<JobSpec,
         let msg = one_line(&e.to_string());
         if msg.contains("unknown field") {
             let section = key.split('.').next().unwrap_or("");
-            let chip_sections = ["mxu", "vpu", "eup", "xlu", "vmem", "smem", "hbm", "fitted"];
-            let hint =
-                if chip_sections.contains(&section) { format!(" (a chip field is written chip.{key})") } else { String::new() };
+            let hint = if chip.sections().iter().any(|s| s == section) {
+                format!(" (a chip field is written chip.{key})")
+            } else {
+                String::new()
+            };
             format!("unknown key '{key}': expected a job field or chip.SECTION.FIELD{hint}; {msg}")
         } else {
             format!("{key}: {msg}")
         }
     })?;
-    check_words(&spec)?;
+    check_spec(&spec)?;
     Ok(spec)
 }
 
@@ -215,7 +205,7 @@ impl SweepDef {
         let raw: RawSweep = toml::from_str(text).map_err(|e| fail(one_line(&e.to_string())))?;
         let mut base = raw.base;
         base.set.extend(set.iter().cloned());
-        check_words(&base).map_err(|e| fail(format!("base.{e}")))?;
+        check_spec(&base).map_err(|e| fail(format!("base.{e}")))?;
         let chip = base.chip().map_err(|e| fail(format!("base: {e}")))?;
 
         let mode = match raw.mode.as_deref() {
@@ -326,7 +316,7 @@ impl SweepDef {
         canon["files"] = serde_json::Value::Array(
             files.into_iter().map(|(p, h)| serde_json::json!([p, format!("{h:016x}")])).collect(),
         );
-        let hash = crate::fnv1a(canon.to_string().as_bytes());
+        let hash = crate::stable_hash(canon.to_string().as_bytes());
         Ok(SweepDef { origin: origin.to_string(), base, mode, inputs, axes, points, total, hash })
     }
 
@@ -461,7 +451,7 @@ fn collect_referenced_files(v: &serde_json::Value, out: &mut Vec<(String, u64)>)
             for c in candidates {
                 if let Ok(bytes) = std::fs::read(&c) {
                     if !out.iter().any(|(p, _)| *p == c) {
-                        out.push((c, crate::fnv1a(&bytes)));
+                        out.push((c, crate::stable_hash(&bytes)));
                     }
                 }
             }

@@ -94,7 +94,7 @@ pub struct Evaluator {
 
 fn lower(chip: &ChipModel, job: &Job) -> Result<Program, KernelError> {
     match job {
-        Job::Splash { workload, config } => splash::lower(chip, workload, config),
+        Job::Attention { workload, config } => splash::lower(chip, workload, config),
         Job::Matmul { workload, config } => matmul::lower(chip, workload, config),
     }
 }
@@ -103,10 +103,10 @@ fn lower(chip: &ChipModel, job: &Job) -> Result<Program, KernelError> {
 /// `None` when the job has none.
 fn dense_job(job: &Job) -> Option<Job> {
     match job {
-        Job::Splash { workload, config } if !workload.mask.is_full() || config.tile_align => {
+        Job::Attention { workload, config } if !workload.mask.is_full() || config.tile_align => {
             let mut w = workload.clone();
             w.mask = Mask::Full;
-            Some(Job::Splash { workload: w, config: SplashConfig { tile_align: false, ..config.clone() } })
+            Some(Job::Attention { workload: w, config: SplashConfig { tile_align: false, ..config.clone() } })
         }
         _ => None,
     }
@@ -254,8 +254,8 @@ mod tests {
         let sparse = JobSpec {
             seq_len: Some(8192),
             mask: Some("band:2000+sink:512".into()),
-            traversal: Some("compact".into()),
-            masking: Some("partial".into()),
+            traversal: Some(tpusim_kernel::Traversal::Compact),
+            masking: Some(tpusim_kernel::Masking::Partial),
             ..Default::default()
         };
         vec![
@@ -265,7 +265,7 @@ mod tests {
             JobSpec { tile_align: Some(true), ..sparse.clone() },
             JobSpec { block_q: Some(4000), ..sparse.clone() },
             JobSpec { block_q: Some(8192), block_kv: Some(8192), ..sparse.clone() },
-            JobSpec { kernel: Some("matmul".into()), m: Some(1024), n: Some(1024), k: Some(512), ..Default::default() },
+            JobSpec { kernel: Some(tpusim_kernel::Kernel::PallasMatmul), m: Some(1024), n: Some(1024), k: Some(512), ..Default::default() },
         ]
     }
 

@@ -26,7 +26,7 @@
 
 use crate::def::SweepDef;
 use crate::eval::{Evaluator, Outcome, Prepared};
-use crate::output::{csv_split, read_back, write_atomic, Format, Header, Layout};
+use crate::output::{csv_fields, read_back, write_atomic, Format, Header, Layout};
 use crate::SweepError;
 use rayon::prelude::*;
 use std::collections::{BTreeMap, HashMap};
@@ -197,7 +197,7 @@ fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
 fn row_has_error(format: Format, line: &str) -> bool {
     let body = line.trim_end_matches('\n');
     match format {
-        Format::Csv => csv_split(body).and_then(|f| f.last().cloned()).is_some_and(|e| !e.is_empty()),
+        Format::Csv => csv_fields(body).ok().and_then(|f| f.last().cloned()).is_some_and(|e| !e.is_empty()),
         Format::Jsonl => serde_json::from_str::<serde_json::Value>(body)
             .ok()
             .and_then(|v| v.get("error").cloned())
@@ -300,7 +300,7 @@ pub fn run_sweep(def: &SweepDef, opts: &SweepOptions) -> Result<SweepSummary, Sw
     done.extend(computed);
     let expected = shard.len(def.total());
     if done.len() as u64 != expected {
-        return Err(SweepError::new(format!("internal error: {} rows for {expected} points", done.len())));
+        return Err(SweepError::Internal(format!("{} rows for {expected} points", done.len())));
     }
     let errors = done.values().filter(|l| row_has_error(format, l)).count() as u64;
     let mut text = String::with_capacity(header_text.len() + done.values().map(String::len).sum::<usize>());
@@ -308,7 +308,7 @@ pub fn run_sweep(def: &SweepDef, opts: &SweepOptions) -> Result<SweepSummary, Sw
     done.values().for_each(|l| text.push_str(l));
     write_atomic(out, text.as_bytes())?;
     if Path::new(&partial).exists() {
-        std::fs::remove_file(&partial).map_err(|e| SweepError::new(format!("cannot remove {partial}: {e}")))?;
+        std::fs::remove_file(&partial).map_err(|e| SweepError::Io(format!("cannot remove {partial}: {e}")))?;
     }
     Ok(SweepSummary {
         origin: def.origin.clone(),
@@ -334,7 +334,7 @@ fn evaluate_into(
     partial: &str,
     opts: &SweepOptions,
 ) -> Result<Vec<(u64, String)>, SweepError> {
-    let io = |e: std::io::Error| SweepError::new(format!("cannot write {partial}: {e}"));
+    let io = |e: std::io::Error| SweepError::Io(format!("cannot write {partial}: {e}"));
     let file = std::fs::OpenOptions::new().append(true).open(partial).map_err(io)?;
     let pool = crate::pool(opts.jobs)?;
     let pb = crate::progress_bar(opts.progress, todo.len() as u64, "sweep");
@@ -449,7 +449,7 @@ fn evaluate_into(
         });
         writer
             .join()
-            .unwrap_or_else(|p| Err(SweepError::new(format!("internal error in the writer: {}", panic_text(p.as_ref())))))
+            .unwrap_or_else(|p| Err(SweepError::Internal(format!("in the writer: {}", panic_text(p.as_ref())))))
     });
     if let Some(pb) = pb {
         pb.finish_and_clear();

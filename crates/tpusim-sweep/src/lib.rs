@@ -34,15 +34,31 @@ pub use merge::{merge, MergeSummary};
 pub use output::Format;
 pub use tune::{tune, TuneOptions, TuneResult};
 
-/// An error for the user: a bad sweep file, a bad flag, an unreadable or inconsistent output
-/// file. The message names the file and the key or line.
+/// An error of a sweep, merge or search. Messages name the file and the key or line.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
-#[error("{0}")]
-pub struct SweepError(pub String);
+pub enum SweepError {
+    /// Bad input: a sweep file, a flag, an inconsistent or foreign output file.
+    #[error("{0}")]
+    Input(String),
+    /// The job itself is invalid (names the field).
+    #[error(transparent)]
+    Spec(#[from] tpusim_report::SpecError),
+    /// Writing or removing an output file failed, or worker threads could not start.
+    #[error("{0}")]
+    Io(String),
+    /// A bug (an inconsistency the code should never reach).
+    #[error("internal error: {0}")]
+    Internal(String),
+}
 
 impl SweepError {
     pub(crate) fn new(msg: impl Into<String>) -> Self {
-        SweepError(msg.into())
+        SweepError::Input(msg.into())
+    }
+
+    /// True for failures that are not the input's fault (I/O, bugs).
+    pub fn is_internal(&self) -> bool {
+        matches!(self, SweepError::Io(_) | SweepError::Internal(_))
     }
 }
 
@@ -55,7 +71,7 @@ pub(crate) fn pool(jobs: Option<usize>) -> Result<rayon::ThreadPool, SweepError>
         }
         b = b.num_threads(j);
     }
-    b.build().map_err(|e| SweepError::new(format!("cannot start worker threads: {e}")))
+    b.build().map_err(|e| SweepError::Io(format!("cannot start worker threads: {e}")))
 }
 
 /// A progress bar on stderr, drawn only when `show` is set and stderr is a terminal.
@@ -73,12 +89,11 @@ pub(crate) fn progress_bar(show: bool, len: u64, what: &str) -> Option<indicatif
     Some(pb)
 }
 
-/// 64-bit FNV-1a hash (stable across platforms and releases; used for sweep definitions).
-pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for &b in bytes {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h
+/// A 64-bit hash of bytes with no random seed (rustc-hash's FxHasher), for sweep definitions and
+/// the files they name: equal inputs hash equally on every run of a tpusim release.
+pub(crate) fn stable_hash(bytes: &[u8]) -> u64 {
+    use std::hash::Hasher;
+    let mut h = rustc_hash::FxHasher::default();
+    h.write(bytes);
+    h.finish()
 }

@@ -7,7 +7,7 @@
 //! are shards `I/N`, the shards that are missing or incomplete. The merged file is written
 //! atomically and is byte-for-byte the output of the same sweep run unsharded.
 
-use crate::output::{read_back, write_atomic, Header, ReadBack};
+use crate::output::{read_back, write_atomic, Format, Header, ReadBack};
 use crate::SweepError;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -114,11 +114,15 @@ pub fn merge(files: &[String], out: &str) -> Result<MergeSummary, SweepError> {
         return Err(SweepError::new(msg));
     }
     let header = Header { shard: (0, 1), ..first.header.clone() };
-    let mut text = header.render(first.format, &[]);
-    if let Some(rest) = first.header_text.split_once('\n').map(|(_, rest)| rest) {
-        // Keep the CSV column line exactly as the shards have it.
-        text = format!("{}\n{rest}", text.lines().next().unwrap_or(""));
-    }
+    let mut text = header.render(Format::Jsonl, &[]);
+    text = match first.format {
+        // Keep the CSV column line exactly as the shards have it, after a whole-sweep header.
+        Format::Csv => {
+            let rest = first.header_text.split_once('\n').map(|(_, rest)| rest).unwrap_or("");
+            format!("{}{rest}", header.render(Format::Csv, &[]).lines().next().map(|l| format!("{l}\n")).unwrap_or_default())
+        }
+        Format::Jsonl => text,
+    };
     rows.values().for_each(|(l, _)| text.push_str(l));
     write_atomic(out, text.as_bytes())?;
     Ok(MergeSummary { out: out.to_string(), files: files.len(), points: total })

@@ -12,11 +12,9 @@
 //! 1. `index`: the point's number (0-based);
 //! 2. the sweep's inputs: one column per axis key (or per key used by any point), holding the
 //!    value as written (empty where a point does not give it);
-//! 3. the resolved job (defaults applied), except keys that are already input columns: `chip`,
-//!    `kernel`, `batch`, `heads`, `kv_heads`, `q_len`, `kv_len`, `head_dim`, `head_dim_v`, `mask`,
-//!    `block_q`, `block_kv`, `block_kv_compute`, `traversal`, `masking`, `mask_source`,
-//!    `tile_align`, `vmem_limit_mib`, `m`, `n`, `k`, `block_m`, `block_n`, `block_k` (empty where
-//!    they do not apply, or when the job could not be built);
+//! 3. the resolved job (defaults applied): every field of [`tpusim_report::JobSpec`] but `set`
+//!    and `seq_len` ([`job_columns`], in the struct's order), except keys that are already input
+//!    columns (empty where they do not apply, or when the job could not be built);
 //! 4. the metrics of [`tpusim_report::Report`]: `latency_ms`, `cycles`, `flops`, `mfu`,
 //!    `achieved_tflops`, `bottleneck`, `util_mxu` .. `util_step_control` (busy fraction),
 //!    `busy_ms_mxu` .. `busy_ms_step_control`, `hbm_bytes`, `arithmetic_intensity`,
@@ -26,12 +24,15 @@
 //!    `tile_skip_efficiency`, `speedup_vs_dense`;
 //! 5. `error`: why the point could not be evaluated (empty when it was).
 //!
-//! Numbers are written in Rust's shortest round-trip form, so equal inputs give equal bytes.
+//! Numbers are written in Rust's shortest round-trip form, so equal inputs give equal bytes. CSV
+//! is written and read with the `csv` crate (RFC 4180: a field with a comma, quote or line break
+//! is quoted, so a row may span lines).
 
 use crate::def::{Point, SweepDef};
 use crate::eval::Outcome;
 use crate::SweepError;
-use tpusim_report::Job;
+use tpusim_kernel::Unit;
+use tpusim_report::{Job, JobSpec};
 
 /// Output format of a sweep.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,36 +64,11 @@ impl Format {
     }
 }
 
-/// Units whose utilisation and busy time get a column each.
-pub const UNITS: [&str; 6] = ["mxu", "vpu", "eup", "xlu", "hbm", "step_control"];
-
-/// Resolved-job columns (module docs).
-pub const JOB_COLUMNS: [&str; 24] = [
-    "chip",
-    "kernel",
-    "batch",
-    "heads",
-    "kv_heads",
-    "q_len",
-    "kv_len",
-    "head_dim",
-    "head_dim_v",
-    "mask",
-    "block_q",
-    "block_kv",
-    "block_kv_compute",
-    "traversal",
-    "masking",
-    "mask_source",
-    "tile_align",
-    "vmem_limit_mib",
-    "m",
-    "n",
-    "k",
-    "block_m",
-    "block_n",
-    "block_k",
-];
+/// Resolved-job columns (module docs): the job fields a resolved job sets, in
+/// [`JobSpec::fields`] order.
+pub fn job_columns() -> Vec<String> {
+    JobSpec::fields().iter().filter(|f| *f != "set" && *f != "seq_len").cloned().collect()
+}
 
 /// One cell of a row.
 #[derive(Debug, Clone, PartialEq)]
@@ -116,15 +92,15 @@ impl Cell {
         v.map_or(Cell::Empty, Into::into)
     }
 
-    fn csv(&self) -> String {
+    fn text(&self) -> String {
         match self {
             Cell::Empty => String::new(),
-            Cell::Str(s) => csv_escape(s),
+            Cell::Str(s) => s.clone(),
             Cell::Int(i) => i.to_string(),
             Cell::Float(f) if f.is_finite() => format!("{f}"),
             Cell::Float(_) => String::new(),
             Cell::Bool(b) => b.to_string(),
-            Cell::Toml(v) => csv_escape(&toml_text(v)),
+            Cell::Toml(v) => toml_text(v),
         }
     }
 
@@ -170,40 +146,32 @@ fn toml_text(v: &toml::Value) -> String {
     }
 }
 
-/// Quotes a CSV field when it holds a comma, a quote or a line break (RFC 4180); line breaks
-/// become spaces so that every row is one line.
-pub fn csv_escape(s: &str) -> String {
-    let s: String = s.chars().map(|c| if c == '\n' || c == '\r' { ' ' } else { c }).collect();
-    if s.contains(',') || s.contains('"') {
-        format!("\"{}\"", s.replace('"', "\"\""))
-    } else {
-        s
-    }
-}
+pub use tpusim_io::{csv_fields, csv_record};
 
-/// Splits one CSV line into fields (RFC 4180 quoting). `None` if a quote is left open.
-pub fn csv_split(line: &str) -> Option<Vec<String>> {
-    let mut out = Vec::new();
-    let mut cur = String::new();
-    let mut quoted = false;
-    let mut chars = line.chars().peekable();
-    while let Some(c) = chars.next() {
-        match (quoted, c) {
-            (true, '"') if chars.peek() == Some(&'"') => {
-                cur.push('"');
-                chars.next();
+/// CSV records of `text` with the byte range each occupies (ends include the line break);
+/// `complete` is false for a last record cut short (no line break, or inside an open quote).
+fn csv_records(text: &str) -> Vec<(Result<Vec<String>, String>, std::ops::Range<usize>, bool)> {
+    let mut r = csv::ReaderBuilder::new().has_headers(false).flexible(true).from_reader(text.as_bytes());
+    let mut out: Vec<(Result<Vec<String>, String>, std::ops::Range<usize>, bool)> = Vec::new();
+    let mut rec = csv::StringRecord::new();
+    loop {
+        let start = r.position().byte() as usize;
+        match r.read_record(&mut rec) {
+            Ok(false) => break,
+            Ok(true) => {
+                let end = r.position().byte() as usize;
+                // A record is complete when the reader stopped after its line break.
+                let complete = end > start && text.as_bytes().get(end - 1) == Some(&b'\n');
+                out.push((Ok(rec.iter().map(String::from).collect()), start..end, complete));
             }
-            (true, '"') => quoted = false,
-            (false, '"') if cur.is_empty() => quoted = true,
-            (false, ',') => out.push(std::mem::take(&mut cur)),
-            (_, c) => cur.push(c),
+            Err(e) => {
+                let end = r.position().byte() as usize;
+                out.push((Err(e.to_string()), start..end.max(start), false));
+                break;
+            }
         }
     }
-    if quoted {
-        return None;
-    }
-    out.push(cur);
-    Some(out)
+    out
 }
 
 /// The identity of a sweep output: which sweep, how many points, which shard.
@@ -225,13 +193,13 @@ impl Header {
     pub fn render(&self, format: Format, columns: &[String]) -> String {
         match format {
             Format::Csv => format!(
-                "# tpusim sweep: points={} shard={}/{} definition={} tpusim={}\n{}\n",
+                "# tpusim sweep: points={} shard={}/{} definition={} tpusim={}\n{}",
                 self.points,
                 self.shard.0,
                 self.shard.1,
                 self.definition,
                 self.version,
-                columns.iter().map(|c| csv_escape(c)).collect::<Vec<_>>().join(",")
+                csv_record(columns)
             ),
             Format::Jsonl => format!(
                 "{{\"tpusim_sweep\":{{\"points\":{},\"shard\":\"{}/{}\",\"definition\":\"{}\",\"tpusim\":\"{}\"}}}}\n",
@@ -289,8 +257,9 @@ impl Layout {
     pub fn for_sweep(def: &SweepDef) -> Layout {
         let mut columns = vec!["index".to_string()];
         columns.extend(def.inputs.iter().cloned());
-        let job: Vec<usize> = (0..JOB_COLUMNS.len()).filter(|&i| !def.inputs.iter().any(|k| k == JOB_COLUMNS[i])).collect();
-        columns.extend(job.iter().map(|&i| JOB_COLUMNS[i].to_string()));
+        let all = job_columns();
+        let job: Vec<usize> = (0..all.len()).filter(|&i| !def.inputs.iter().any(|k| *k == all[i])).collect();
+        columns.extend(job.iter().map(|&i| all[i].clone()));
         columns.extend(metric_columns());
         columns.push("error".into());
         Layout { columns, inputs: def.inputs.len(), job }
@@ -304,7 +273,7 @@ impl Layout {
             cells.push(Cell::opt(point.inputs.get(i).copied().flatten().map(|v| Cell::Toml(v.clone()))));
         }
         let chip = outcome.report.as_ref().map(|r| r.chip.clone()).ok().or_else(|| point.spec.chip.clone());
-        let job = job_cells(outcome.job.as_ref(), chip, point.spec.vmem_limit_mib);
+        let job = job_cells(outcome.job.as_ref(), chip);
         cells.extend(self.job.iter().map(|&i| job[i].clone()));
         match &outcome.report {
             Ok(r) => {
@@ -322,11 +291,7 @@ impl Layout {
     /// One row as a line of `format`, ending in a newline.
     pub fn line(&self, format: Format, cells: &[Cell]) -> String {
         match format {
-            Format::Csv => {
-                let mut s = cells.iter().map(Cell::csv).collect::<Vec<_>>().join(",");
-                s.push('\n');
-                s
-            }
+            Format::Csv => csv_record(cells.iter().map(Cell::text)),
             Format::Jsonl => {
                 let mut s = String::from("{");
                 for (i, (name, cell)) in self.columns.iter().zip(cells).enumerate() {
@@ -351,7 +316,7 @@ impl Layout {
     pub fn index_of(&self, format: Format, line: &str) -> Result<u64, String> {
         match format {
             Format::Csv => {
-                let fields = csv_split(line).ok_or("unterminated quote")?;
+                let fields = csv_fields(line)?;
                 if fields.len() != self.columns.len() {
                     return Err(format!("{} fields, expected {}", fields.len(), self.columns.len()));
                 }
@@ -372,8 +337,8 @@ impl Layout {
 fn metric_columns() -> Vec<String> {
     let mut c: Vec<String> =
         ["latency_ms", "cycles", "flops", "mfu", "achieved_tflops", "bottleneck"].iter().map(|s| s.to_string()).collect();
-    c.extend(UNITS.iter().map(|u| format!("util_{u}")));
-    c.extend(UNITS.iter().map(|u| format!("busy_ms_{u}")));
+    c.extend(Unit::ALL.iter().map(|u| format!("util_{u}")));
+    c.extend(Unit::ALL.iter().map(|u| format!("busy_ms_{u}")));
     c.extend(
         [
             "hbm_bytes",
@@ -408,10 +373,10 @@ fn metric_cells(r: &tpusim_report::Report) -> Vec<Cell> {
         Cell::Float(r.flops),
         Cell::Float(r.mfu),
         Cell::Float(r.achieved_tflops),
-        Cell::Str(r.bottleneck.clone()),
+        Cell::Str(r.bottleneck.to_string()),
     ];
-    c.extend(UNITS.iter().map(|u| Cell::opt(r.utilization.get(*u).copied())));
-    c.extend(UNITS.iter().map(|u| Cell::opt(r.busy_ms.get(*u).copied())));
+    c.extend(r.utilization.iter().map(|(_, v)| Cell::Float(v)));
+    c.extend(r.busy_ms.iter().map(|(_, v)| Cell::Float(v)));
     let t = r.tiles;
     c.extend([
         Cell::Int(r.hbm_bytes),
@@ -436,52 +401,21 @@ fn metric_cells(r: &tpusim_report::Report) -> Vec<Cell> {
     c
 }
 
-/// Cells of [`JOB_COLUMNS`] for a built job.
-fn job_cells(job: Option<&Job>, chip: Option<String>, vmem_limit_mib: Option<f64>) -> Vec<Cell> {
-    let mut c = vec![Cell::Empty; JOB_COLUMNS.len()];
-    let mut set = |name: &str, v: Cell| {
-        if let Some(i) = JOB_COLUMNS.iter().position(|n| *n == name) {
-            c[i] = v;
-        }
-    };
-    set("chip", Cell::opt(chip));
-    set("vmem_limit_mib", Cell::opt(vmem_limit_mib));
-    match job {
-        Some(Job::Splash { workload: w, config: k }) => {
-            set("kernel", Cell::Str("splash".into()));
-            set("batch", w.batch.into());
-            set("heads", w.q_heads.into());
-            set("kv_heads", w.kv_heads.into());
-            set("q_len", w.q_len.into());
-            set("kv_len", w.kv_len.into());
-            set("head_dim", w.head_dim.into());
-            set("head_dim_v", w.head_dim_v.into());
-            set("mask", Cell::Str(w.mask.to_string()));
-            set("block_q", k.block_q.into());
-            set("block_kv", k.block_kv.into());
-            set("block_kv_compute", k.block_kv_compute.into());
-            set("traversal", word(&k.traversal));
-            set("masking", word(&k.masking));
-            set("mask_source", word(&k.mask_source));
-            set("tile_align", k.tile_align.into());
-        }
-        Some(Job::Matmul { workload: w, config: k }) => {
-            set("kernel", Cell::Str("matmul".into()));
-            set("m", w.m.into());
-            set("n", w.n.into());
-            set("k", w.k.into());
-            set("block_m", k.block_m.into());
-            set("block_n", k.block_n.into());
-            set("block_k", k.block_k.into());
-        }
-        None => {}
-    }
-    c
-}
-
-/// An option enum's word as the CLI spells it (its serde name).
-fn word<T: serde::Serialize>(v: &T) -> Cell {
-    Cell::Str(serde_json::to_value(v).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default())
+/// Cells of [`job_columns`] for a built job: its [`Job::to_spec`] field by field.
+fn job_cells(job: Option<&Job>, chip: Option<String>) -> Vec<Cell> {
+    let mut spec = job.map(Job::to_spec).unwrap_or_default();
+    spec.chip = chip;
+    let fields = spec.set_fields();
+    job_columns()
+        .iter()
+        .map(|name| match fields.get(name) {
+            None | Some(serde_json::Value::Null) => Cell::Empty,
+            Some(serde_json::Value::String(s)) => Cell::Str(s.clone()),
+            Some(serde_json::Value::Bool(b)) => Cell::Bool(*b),
+            Some(serde_json::Value::Number(n)) => n.as_u64().map(Cell::Int).or_else(|| n.as_f64().map(Cell::Float)).unwrap_or(Cell::Empty),
+            Some(other) => Cell::Str(other.to_string()),
+        })
+        .collect()
 }
 
 /// Reads a sweep output file for resuming or merging: its header and its complete rows.
@@ -511,85 +445,93 @@ pub fn read_back(path: &str, layout: Option<&Layout>) -> Result<ReadBack, SweepE
     let text = std::fs::read(path).map_err(|e| SweepError::new(format!("cannot read {path}: {e}")))?;
     let text = String::from_utf8_lossy(&text);
     let bad = |line: usize, what: &str| SweepError::new(format!("{path}:{line}: {what}"));
-    let mut lines = text.split_inclusive('\n');
-    let first = lines.next().ok_or_else(|| bad(1, "empty file, not a tpusim sweep output"))?;
-    if !first.ends_with('\n') {
-        return Err(bad(1, "incomplete header line"));
-    }
+    let first_len = text.find('\n').map(|i| i + 1).ok_or_else(|| {
+        if text.is_empty() {
+            bad(1, "empty file, not a tpusim sweep output")
+        } else {
+            bad(1, "incomplete header line")
+        }
+    })?;
+    let first = &text[..first_len];
     let (header, format) =
         Header::parse(first.trim_end()).ok_or_else(|| bad(1, "not a tpusim sweep output (no sweep header line)"))?;
+    let line_of = |byte: usize| 1 + text[..byte.min(text.len())].matches('\n').count();
     let mut header_text = first.to_string();
-    let mut line_no = 1;
-    let own_layout;
-    let layout = match format {
+    let mut rows = Vec::new();
+    let mut truncated_tail = false;
+    match format {
         Format::Csv => {
-            let cols = lines.next().filter(|l| l.ends_with('\n')).ok_or_else(|| bad(2, "missing column names"))?;
-            line_no += 1;
-            header_text.push_str(cols);
-            match layout {
-                Some(l) => l,
-                None => {
-                    let columns = csv_split(cols.trim_end_matches('\n')).ok_or_else(|| bad(2, "malformed column names"))?;
-                    own_layout = Layout { columns, inputs: 0, job: Vec::new() };
-                    &own_layout
+            let body = &text[first_len..];
+            let mut records = csv_records(body).into_iter();
+            let (columns, range, complete) = records.next().ok_or_else(|| bad(2, "missing column names"))?;
+            if !complete {
+                return Err(bad(2, "missing column names"));
+            }
+            let columns = columns.map_err(|e| bad(2, &format!("malformed column names: {e}")))?;
+            header_text.push_str(&body[range.clone()]);
+            let own = Layout { columns, inputs: 0, job: Vec::new() };
+            let layout = layout.unwrap_or(&own);
+            let records: Vec<_> = records.collect();
+            let n = records.len();
+            for (i, (fields, range, complete)) in records.into_iter().enumerate() {
+                let line = line_of(first_len + range.start);
+                let checked = fields.and_then(|f| {
+                    if f.len() != layout.columns.len() {
+                        return Err(format!("{} fields, expected {}", f.len(), layout.columns.len()));
+                    }
+                    f[0].parse::<u64>().map_err(|_| format!("index '{}' is not a whole number", f[0]))
+                });
+                match checked {
+                    Ok(index) if complete => rows.push((index, body[range].to_string())),
+                    // The last record cut short by an interrupted write is dropped.
+                    _ if i + 1 == n => truncated_tail = true,
+                    Err(e) => return Err(bad(line, &format!("malformed row: {e}"))),
+                    Ok(_) => return Err(bad(line, "malformed row: incomplete")),
                 }
             }
         }
-        Format::Jsonl => match layout {
-            Some(l) => l,
-            None => {
-                own_layout = Layout { columns: Vec::new(), inputs: 0, job: Vec::new() };
-                &own_layout
+        Format::Jsonl => {
+            let mut offset = first_len;
+            for l in text[first_len..].split_inclusive('\n') {
+                let line = line_of(offset);
+                offset += l.len();
+                if !l.ends_with('\n') {
+                    truncated_tail = true;
+                    break;
+                }
+                let body = l.trim_end_matches('\n');
+                let index = match layout {
+                    Some(layout) => layout.index_of(format, body),
+                    None => serde_json::from_str::<serde_json::Value>(body)
+                        .ok()
+                        .and_then(|v| v.get("index").and_then(|i| i.as_u64()))
+                        .ok_or_else(|| "not a row object with an \"index\"".to_string()),
+                }
+                .map_err(|e| bad(line, &format!("malformed row: {e}")))?;
+                rows.push((index, l.to_string()));
             }
-        },
-    };
-    let mut rows = Vec::new();
-    let mut valid_len = header_text.len() as u64;
-    let mut truncated_tail = false;
-    for l in lines {
-        line_no += 1;
-        if !l.ends_with('\n') {
-            truncated_tail = true;
-            break;
         }
-        let body = l.trim_end_matches('\n');
-        let index = if format == Format::Jsonl && layout.columns.is_empty() {
-            serde_json::from_str::<serde_json::Value>(body)
-                .ok()
-                .and_then(|v| v.get("index").and_then(|i| i.as_u64()))
-                .ok_or_else(|| "not a row object with an \"index\"".to_string())
-        } else {
-            layout.index_of(format, body)
-        }
-        .map_err(|e| bad(line_no, &format!("malformed row: {e}")))?;
-        rows.push((index, l.to_string()));
-        valid_len += l.len() as u64;
     }
+    let valid_len = (header_text.len() + rows.iter().map(|(_, l)| l.len()).sum::<usize>()) as u64;
     Ok(ReadBack { header, format, header_text, rows, valid_len, truncated_tail })
 }
 
-/// Writes `text` to `path` atomically: a temporary file in the same folder, flushed to disk,
-/// then renamed over `path`.
+/// Writes `text` to `path` completely or not at all ([`tpusim_io::write_atomic`]).
 ///
 /// # Errors
-/// [`SweepError`] naming the file.
+/// [`SweepError::Input`] for a path that cannot be an output, [`SweepError::Io`] when writing
+/// fails.
 pub fn write_atomic(path: &str, text: &[u8]) -> Result<(), SweepError> {
-    use std::io::Write;
-    if let Ok(m) = std::fs::symlink_metadata(path) {
-        if !m.file_type().is_file() {
-            return Err(SweepError::new(format!("{path} exists and is not a regular file (a device, directory or link); choose another --out")));
-        }
+    tpusim_io::write_atomic(std::path::Path::new(path), text).map_err(output_error)
+}
+
+/// A [`tpusim_io::OutputError`] as a [`SweepError`].
+pub fn output_error(e: tpusim_io::OutputError) -> SweepError {
+    if e.is_refusal() {
+        SweepError::Input(format!("{e}; choose another --out"))
+    } else {
+        SweepError::Io(e.to_string())
     }
-    let tmp = format!("{path}.tmp{}", std::process::id());
-    let io = |e: std::io::Error| SweepError::new(format!("cannot write {path}: {e}"));
-    let mut f = std::fs::File::create(&tmp).map_err(io)?;
-    f.write_all(text).map_err(io)?;
-    f.sync_all().map_err(io)?;
-    drop(f);
-    std::fs::rename(&tmp, path).map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        io(e)
-    })
 }
 
 #[cfg(test)]
@@ -597,11 +539,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn csv_round_trip() {
+    fn csv_round_trip_keeps_line_breaks() {
         let fields = ["a", "b,c", "say \"hi\"", "", "x\ny"];
-        let line = fields.iter().map(|f| csv_escape(f)).collect::<Vec<_>>().join(",");
-        assert_eq!(csv_split(&line).unwrap(), vec!["a", "b,c", "say \"hi\"", "", "x y"]);
-        assert!(csv_split("\"open").is_none());
+        let line = csv_record(fields);
+        assert!(line.ends_with('\n'));
+        assert_eq!(csv_fields(&line).unwrap(), fields);
+        let recs = csv_records(&format!("{line}{line}1,2"));
+        assert_eq!(recs.len(), 3);
+        assert!(recs[0].2 && recs[1].2 && !recs[2].2);
     }
 
     #[test]

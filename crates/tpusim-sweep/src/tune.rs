@@ -37,7 +37,7 @@ use std::collections::{BTreeSet, HashSet};
 use std::fmt::Write as _;
 use std::time::Instant;
 use tpusim_chip::ChipModel;
-use tpusim_kernel::KernelError;
+use tpusim_kernel::{KernelError, MaskSource, Masking, Traversal, Unit};
 use tpusim_report::{Job, JobSpec, Report};
 
 /// How to tune.
@@ -74,7 +74,7 @@ pub struct Ranked {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub speedup_vs_given: Option<f64>,
     /// The limiting unit.
-    pub bottleneck: String,
+    pub bottleneck: Unit,
     /// Model FLOP utilisation.
     pub mfu: f64,
     /// VMEM the tiling needs, bytes.
@@ -123,16 +123,26 @@ pub struct TuneResult {
     pub top: Vec<Ranked>,
 }
 
+/// What evaluating one candidate gave.
 #[derive(Debug, Clone)]
 enum Eval {
     Ok(Box<Report>, Job),
-    Rules,
+    Rules(String),
     Vmem,
     Inexact,
     Other(String),
 }
 
-/// A candidate: the fields it sets (over the given job).
+impl Eval {
+    fn latency(&self) -> Option<f64> {
+        match self {
+            Eval::Ok(r, _) => Some(r.latency_ms),
+            _ => None,
+        }
+    }
+}
+
+/// A candidate: the fields it sets over the given job.
 type Cand = JobSpec;
 
 fn cand_key(c: &Cand) -> String {
@@ -142,43 +152,153 @@ fn cand_key(c: &Cand) -> String {
 /// Stage 1 keeps option combinations within this factor of the best latency.
 const OPTION_WINDOW: f64 = 1.05;
 
-const OPTION_WORDS: [(&str, &[&str]); 3] = [
-    ("traversal", &["full-grid", "compact"]),
-    ("masking", &["all", "partial", "none"]),
-    ("mask_source", &["computed", "loaded"]),
-];
+/// Stage 0: what is searched and what is held fixed (module docs).
+#[derive(Debug, Clone, Default)]
+struct Space {
+    /// Option combinations (traversal, masking, mask source, tile alignment) as candidates.
+    combos: Vec<Cand>,
+    /// block_q values (one when given).
+    block_q: Vec<u64>,
+    /// block_kv values (one when given).
+    block_kv: Vec<u64>,
+    /// Whether block_kv_compute is searched.
+    search_compute: bool,
+    searched: Vec<String>,
+    fixed: Vec<String>,
+}
 
-/// Searches block sizes and options for `spec` (module docs).
-///
-/// # Errors
-/// [`SweepError`] when the chip or the job itself is invalid (before any block is changed).
-pub fn tune(spec: &JobSpec, opts: &TuneOptions) -> Result<TuneResult, SweepError> {
-    let start = Instant::now();
-    if opts.top == 0 {
-        return Err(SweepError::new("--top 0: expected at least 1 configuration to list".to_string()));
+/// One option axis: every value when the job leaves it unset, else nothing (held fixed).
+fn axis<T: Copy + std::fmt::Display>(name: &str, given: Option<T>, all: &[T], space: &mut Space) -> Vec<Option<T>> {
+    match given {
+        Some(v) => {
+            space.fixed.push(format!("{name} {v}"));
+            vec![None]
+        }
+        None => {
+            space.searched.push(format!("{name} ({})", all.iter().map(|v| v.to_string()).collect::<Vec<_>>().join(", ")));
+            all.iter().map(|&v| Some(v)).collect()
+        }
     }
-    if opts.refine == 0 {
-        return Err(SweepError::new("--refine 0: expected at least 1 (block_q, block_kv) pair to refine".to_string()));
-    }
-    let chip = spec.chip().map_err(|e| SweepError::new(e.to_string()))?;
-    let given = spec.build(&chip).map_err(|e| SweepError::new(e.to_string()))?;
-    let pool = crate::pool(opts.jobs)?;
-    let mut ev = Evaluator::new();
-    ev.skip_dense = true;
-    let chip_key = format!("{:?}|{:?}", spec.chip, spec.set);
-    let mut seen: HashSet<String> = HashSet::new();
-    let mut results: Vec<(Cand, Eval)> = Vec::new();
-    let mut searched = Vec::new();
-    let mut fixed = Vec::new();
+}
 
-    let run_stage = |cands: Vec<Cand>, seen: &mut HashSet<String>, results: &mut Vec<(Cand, Eval)>, what: &str| {
-        let fresh: Vec<Cand> = cands.into_iter().filter(|c| seen.insert(cand_key(c))).collect();
-        let pb = crate::progress_bar(opts.progress, fresh.len() as u64, what);
-        let evals: Vec<Eval> = pool.install(|| {
+impl Space {
+    /// The attention search space of `spec` over workload `w`.
+    fn attention(spec: &JobSpec, w: &tpusim_workload::AttentionCall, opts: &TuneOptions) -> Space {
+        let mut sp = Space::default();
+        let traversals = axis("traversal", spec.traversal, Traversal::ALL, &mut sp);
+        let maskings = axis("masking", spec.masking, Masking::ALL, &mut sp);
+        let sources = axis("mask_source", spec.mask_source, MaskSource::ALL, &mut sp);
+        let aligns: Vec<Option<bool>> = match spec.tile_align {
+            Some(v) => {
+                sp.fixed.push(format!("tile_align {v}"));
+                vec![None]
+            }
+            None if opts.allow_approximate => {
+                sp.searched.push("tile_align (false, true)".into());
+                vec![Some(false), Some(true)]
+            }
+            None => vec![None],
+        };
+        for &traversal in &traversals {
+            for &masking in &maskings {
+                for &mask_source in &sources {
+                    for &tile_align in &aligns {
+                        sp.combos.push(JobSpec { traversal, masking, mask_source, tile_align, ..Default::default() });
+                    }
+                }
+            }
+        }
+        sp.block_q = sp.blocks("block_q", spec.block_q, || block_q_candidates(w.q_len));
+        sp.block_kv = sp.blocks("block_kv", spec.block_kv, || block_kv_candidates(w.kv_len));
+        sp.search_compute = spec.block_kv_compute.is_none();
+        match spec.block_kv_compute {
+            Some(v) => sp.fixed.push(format!("block_kv_compute {v}")),
+            None => sp.searched.push("block_kv_compute (multiples of 128 dividing block_kv)".into()),
+        }
+        sp
+    }
+
+    fn blocks(&mut self, name: &str, given: Option<u64>, candidates: impl Fn() -> Vec<u64>) -> Vec<u64> {
+        match given {
+            Some(v) => {
+                self.fixed.push(format!("{name} {v}"));
+                vec![v]
+            }
+            None => {
+                let v = candidates();
+                self.searched.push(format!("{name} ({} values)", v.len()));
+                v
+            }
+        }
+    }
+
+    /// The matmul search space: block_m (multiples of 8), block_n and block_k (multiples of
+    /// 128) over {128, ..., 2048} and the full dimension, as candidates.
+    fn matmul(spec: &JobSpec, mm: &tpusim_workload::MatmulCall) -> (Space, Vec<Cand>) {
+        let mut sp = Space::default();
+        let mut lists: Vec<Vec<u64>> = Vec::new();
+        for (name, given, dim, align) in
+            [("block_m", spec.block_m, mm.m, 8u64), ("block_n", spec.block_n, mm.n, 128), ("block_k", spec.block_k, mm.k, 128)]
+        {
+            lists.push(sp.blocks(name, given, || {
+                let full = dim.next_multiple_of(align);
+                let mut v: BTreeSet<u64> = [128u64, 256, 512, 1024, 2048].into_iter().filter(|&b| b <= full).collect();
+                if full <= 2048 {
+                    v.insert(full);
+                }
+                v.into_iter().collect()
+            }));
+        }
+        let mut cands = Vec::new();
+        for &m in &lists[0] {
+            for &n in &lists[1] {
+                for &k in &lists[2] {
+                    cands.push(JobSpec { block_m: Some(m), block_n: Some(n), block_k: Some(k), ..Default::default() });
+                }
+            }
+        }
+        (sp, cands)
+    }
+}
+
+/// Stage 2: evaluating candidates in parallel, each once.
+struct Search<'a> {
+    spec: &'a JobSpec,
+    chip: ChipModel,
+    chip_key: String,
+    opts: &'a TuneOptions,
+    pool: rayon::ThreadPool,
+    ev: Evaluator,
+    seen: HashSet<String>,
+    results: Vec<(Cand, Eval)>,
+}
+
+impl<'a> Search<'a> {
+    fn new(spec: &'a JobSpec, chip: ChipModel, opts: &'a TuneOptions) -> Result<Self, SweepError> {
+        let mut ev = Evaluator::new();
+        ev.skip_dense = true;
+        Ok(Search {
+            spec,
+            chip_key: format!("{:?}|{:?}", spec.chip, spec.set),
+            chip,
+            opts,
+            pool: crate::pool(opts.jobs)?,
+            ev,
+            seen: HashSet::new(),
+            results: Vec::new(),
+        })
+    }
+
+    /// Evaluates the candidates not seen before; returns the index of the first new result.
+    fn stage(&mut self, cands: Vec<Cand>, what: &str) -> usize {
+        let fresh: Vec<Cand> = cands.into_iter().filter(|c| self.seen.insert(cand_key(c))).collect();
+        let pb = crate::progress_bar(self.opts.progress, fresh.len() as u64, what);
+        let (ev, chip_key, chip, spec, opts) = (&self.ev, &self.chip_key, &self.chip, self.spec, self.opts);
+        let evals: Vec<Eval> = self.pool.install(|| {
             fresh
                 .par_iter()
                 .map(|c| {
-                    let e = evaluate(&ev, &chip_key, &chip, spec, c, opts);
+                    let e = evaluate(ev, chip_key, chip, spec, c, opts);
                     if let Some(pb) = &pb {
                         pb.inc(1);
                     }
@@ -189,208 +309,138 @@ pub fn tune(spec: &JobSpec, opts: &TuneOptions) -> Result<TuneResult, SweepError
         if let Some(pb) = pb {
             pb.finish_and_clear();
         }
-        let start = results.len();
-        results.extend(fresh.into_iter().zip(evals));
+        let start = self.results.len();
+        self.results.extend(fresh.into_iter().zip(evals));
         start
-    };
-
-    match &given {
-        Job::Splash { workload: w, .. } => {
-            // Free option values.
-            let mut option_axes: Vec<(&str, Vec<String>)> = Vec::new();
-            for (key, words) in OPTION_WORDS {
-                let given_word = match key {
-                    "traversal" => &spec.traversal,
-                    "masking" => &spec.masking,
-                    _ => &spec.mask_source,
-                };
-                match given_word {
-                    Some(v) => fixed.push(format!("{key} {v}")),
-                    None => {
-                        searched.push(format!("{key} ({})", words.join(", ")));
-                        option_axes.push((key, words.iter().map(|s| s.to_string()).collect()));
-                    }
-                }
-            }
-            let aligns: Vec<Option<bool>> = match spec.tile_align {
-                Some(v) => {
-                    fixed.push(format!("tile_align {v}"));
-                    vec![None]
-                }
-                None if opts.allow_approximate => {
-                    searched.push("tile_align (false, true)".into());
-                    vec![Some(false), Some(true)]
-                }
-                None => vec![None],
-            };
-            let mut combos: Vec<Cand> = vec![JobSpec::default()];
-            for (key, words) in &option_axes {
-                combos = combos
-                    .iter()
-                    .flat_map(|c| {
-                        words.iter().map(move |w| {
-                            let mut c = c.clone();
-                            match *key {
-                                "traversal" => c.traversal = Some(w.clone()),
-                                "masking" => c.masking = Some(w.clone()),
-                                _ => c.mask_source = Some(w.clone()),
-                            }
-                            c
-                        })
-                    })
-                    .collect();
-            }
-            combos = combos.iter().flat_map(|c| aligns.iter().map(move |a| JobSpec { tile_align: *a, ..c.clone() })).collect();
-
-            let bqs: Vec<u64> = match spec.block_q {
-                Some(v) => {
-                    fixed.push(format!("block_q {v}"));
-                    vec![v]
-                }
-                None => {
-                    let v = block_q_candidates(w.q_len);
-                    searched.push(format!("block_q ({} values)", v.len()));
-                    v
-                }
-            };
-            let bkvs: Vec<u64> = match spec.block_kv {
-                Some(v) => {
-                    fixed.push(format!("block_kv {v}"));
-                    vec![v]
-                }
-                None => {
-                    let v = block_kv_candidates(w.kv_len);
-                    searched.push(format!("block_kv ({} values)", v.len()));
-                    v
-                }
-            };
-            match spec.block_kv_compute {
-                Some(v) => fixed.push(format!("block_kv_compute {v}")),
-                None => searched.push("block_kv_compute (multiples of 128 dividing block_kv)".into()),
-            }
-
-            // Stage 1: options at the given blocks.
-            let s1 = run_stage(combos.clone(), &mut seen, &mut results, "tune: options");
-            let mut scored: Vec<(f64, &Cand)> = results[s1..].iter().filter_map(|(c, e)| latency(e).map(|l| (l, c))).collect();
-            // Judged: ran (valid or inexact). Combinations the probe could not run (e.g. over
-            // VMEM at the given blocks) go on unjudged.
-            let judged: HashSet<String> = results[s1..]
-                .iter()
-                .filter(|(_, e)| matches!(e, Eval::Ok(..) | Eval::Inexact))
-                .map(|(c, _)| cand_key(c))
-                .collect();
-            scored.sort_by(|a, b| a.0.total_cmp(&b.0).then_with(|| cand_key(a.1).cmp(&cand_key(b.1))));
-            let kept: Vec<Cand> = if scored.is_empty() {
-                combos.clone()
-            } else {
-                let best = scored[0].0;
-                let mut k: Vec<Cand> =
-                    scored.iter().filter(|(l, _)| *l <= best * OPTION_WINDOW).map(|(_, c)| (*c).clone()).collect();
-                k.extend(combos.iter().filter(|c| !judged.contains(&cand_key(c))).cloned());
-                k
-            };
-
-            // Stage 2: every block pair with the kept options.
-            let mut s2 = Vec::new();
-            for c in &kept {
-                for &bq in &bqs {
-                    for &bkv in &bkvs {
-                        s2.push(JobSpec { block_q: Some(bq), block_kv: Some(bkv), ..c.clone() });
-                    }
-                }
-            }
-            run_stage(s2, &mut seen, &mut results, "tune: blocks");
-
-            // Stage 3: refine the best pairs over compute widths and all options.
-            let mut ranked: Vec<(f64, String, (u64, u64))> = results
-                .iter()
-                .filter_map(|(_, e)| match e {
-                    Eval::Ok(r, Job::Splash { config, .. }) => {
-                        Some((r.latency_ms, format!("{config:?}"), (config.block_q, config.block_kv)))
-                    }
-                    _ => None,
-                })
-                .collect();
-            ranked.sort_by(|a, b| a.0.total_cmp(&b.0).then_with(|| a.1.cmp(&b.1)));
-            let mut pairs: Vec<(u64, u64)> = Vec::new();
-            for (_, _, p) in ranked {
-                if !pairs.contains(&p) {
-                    pairs.push(p);
-                }
-                if pairs.len() >= opts.refine {
-                    break;
-                }
-            }
-            let mut s3 = Vec::new();
-            for &(bq, bkv) in &pairs {
-                let computes: Vec<Option<u64>> = match spec.block_kv_compute {
-                    Some(_) => vec![None],
-                    None => {
-                        (1..=bkv / 128).map(|m| m * 128).filter(|c| bkv % c == 0).chain(std::iter::once(bkv)).map(Some).collect()
-                    }
-                };
-                for c in &combos {
-                    for &bc in &computes {
-                        s3.push(JobSpec { block_q: Some(bq), block_kv: Some(bkv), block_kv_compute: bc, ..c.clone() });
-                    }
-                }
-            }
-            run_stage(s3, &mut seen, &mut results, "tune: refine");
-        }
-        Job::Matmul { workload: mm, .. } => {
-            let dims = [
-                ("block_m", spec.block_m, mm.m, 8u64),
-                ("block_n", spec.block_n, mm.n, 128),
-                ("block_k", spec.block_k, mm.k, 128),
-            ];
-            let mut lists: Vec<Vec<u64>> = Vec::new();
-            for (name, given, dim, align) in dims {
-                match given {
-                    Some(v) => {
-                        fixed.push(format!("{name} {v}"));
-                        lists.push(vec![v]);
-                    }
-                    None => {
-                        let full = dim.next_multiple_of(align);
-                        let mut v: BTreeSet<u64> = [128u64, 256, 512, 1024, 2048].into_iter().filter(|&b| b <= full).collect();
-                        if full <= 2048 {
-                            v.insert(full);
-                        }
-                        searched.push(format!("{name} ({} values)", v.len()));
-                        lists.push(v.into_iter().collect());
-                    }
-                }
-            }
-            let mut cands = Vec::new();
-            for &m in &lists[0] {
-                for &n in &lists[1] {
-                    for &k in &lists[2] {
-                        cands.push(JobSpec { block_m: Some(m), block_n: Some(n), block_k: Some(k), ..Default::default() });
-                    }
-                }
-            }
-            run_stage(cands, &mut seen, &mut results, "tune: blocks");
-        }
     }
 
-    // The given configuration, for comparison.
-    let given_eval =
-        evaluate(&ev, &chip_key, &chip, spec, &JobSpec::default(), &TuneOptions { allow_inexact: true, ..opts.clone() });
+    /// The attention search (module docs): options at the given blocks; every block pair with
+    /// the options within [`OPTION_WINDOW`] of the best; the best pairs over every compute width.
+    fn attention(&mut self, sp: &Space) {
+        let s1 = self.stage(sp.combos.clone(), "tune: options");
+        let kept = self.kept_options(s1, &sp.combos);
+        let mut s2 = Vec::new();
+        for c in &kept {
+            for &bq in &sp.block_q {
+                for &bkv in &sp.block_kv {
+                    s2.push(JobSpec { block_q: Some(bq), block_kv: Some(bkv), ..c.clone() });
+                }
+            }
+        }
+        self.stage(s2, "tune: blocks");
+        let mut s3 = Vec::new();
+        for (bq, bkv) in self.best_pairs(self.opts.refine) {
+            let computes: Vec<Option<u64>> = if sp.search_compute {
+                (1..=bkv / 128).map(|m| m * 128).filter(|c| bkv % c == 0).chain(std::iter::once(bkv)).map(Some).collect()
+            } else {
+                vec![None]
+            };
+            for c in &sp.combos {
+                for &bc in &computes {
+                    s3.push(JobSpec { block_q: Some(bq), block_kv: Some(bkv), block_kv_compute: bc, ..c.clone() });
+                }
+            }
+        }
+        self.stage(s3, "tune: refine");
+    }
+
+    /// Option combinations within the window of the best from `start` on, plus those the probe
+    /// could not run (e.g. over VMEM at the given blocks), which go on unjudged.
+    fn kept_options(&self, start: usize, combos: &[Cand]) -> Vec<Cand> {
+        let results = &self.results[start..];
+        let mut scored: Vec<(f64, &Cand)> = results.iter().filter_map(|(c, e)| e.latency().map(|l| (l, c))).collect();
+        let judged: HashSet<String> =
+            results.iter().filter(|(_, e)| matches!(e, Eval::Ok(..) | Eval::Inexact)).map(|(c, _)| cand_key(c)).collect();
+        scored.sort_by(|a, b| a.0.total_cmp(&b.0).then_with(|| cand_key(a.1).cmp(&cand_key(b.1))));
+        let Some(&(best, _)) = scored.first() else { return combos.to_vec() };
+        let mut k: Vec<Cand> = scored.iter().filter(|(l, _)| *l <= best * OPTION_WINDOW).map(|(_, c)| (*c).clone()).collect();
+        k.extend(combos.iter().filter(|c| !judged.contains(&cand_key(c))).cloned());
+        k
+    }
+
+    /// The `n` fastest distinct (block_q, block_kv) pairs so far.
+    fn best_pairs(&self, n: usize) -> Vec<(u64, u64)> {
+        let mut ranked: Vec<(f64, String, (u64, u64))> = self
+            .results
+            .iter()
+            .filter_map(|(_, e)| match e {
+                Eval::Ok(r, Job::Attention { config, .. }) => Some((r.latency_ms, format!("{config:?}"), (config.block_q, config.block_kv))),
+                _ => None,
+            })
+            .collect();
+        ranked.sort_by(|a, b| a.0.total_cmp(&b.0).then_with(|| a.1.cmp(&b.1)));
+        let mut pairs: Vec<(u64, u64)> = Vec::new();
+        for (_, _, p) in ranked {
+            if !pairs.contains(&p) {
+                pairs.push(p);
+            }
+            if pairs.len() >= n {
+                break;
+            }
+        }
+        pairs
+    }
+}
+
+/// Searches block sizes and options for `spec` (module docs), in stages: the search space, the
+/// evaluation of candidates, and the ranking.
+///
+/// # Errors
+/// [`SweepError`] when the chip or the job itself is invalid (before any block is changed), or
+/// when no candidate is valid.
+pub fn tune(spec: &JobSpec, opts: &TuneOptions) -> Result<TuneResult, SweepError> {
+    let start = Instant::now();
+    if opts.top == 0 {
+        return Err(SweepError::new("--top 0: expected at least 1 configuration to list".to_string()));
+    }
+    if opts.refine == 0 {
+        return Err(SweepError::new("--refine 0: expected at least 1 (block_q, block_kv) pair to refine".to_string()));
+    }
+    let chip = spec.chip()?;
+    let given = spec.build(&chip)?;
+    let mut search = Search::new(spec, chip.clone(), opts)?;
+    let space = match &given {
+        Job::Attention { workload: w, .. } => {
+            let sp = Space::attention(spec, w, opts);
+            search.attention(&sp);
+            sp
+        }
+        Job::Matmul { workload: mm, .. } => {
+            let (sp, cands) = Space::matmul(spec, mm);
+            search.stage(cands, "tune: blocks");
+            sp
+        }
+    };
+    let given_eval = evaluate(&search.ev, &search.chip_key, &chip, spec, &JobSpec::default(), &TuneOptions { allow_inexact: true, ..opts.clone() });
+    rank(&chip, given, given_eval, &search.results, space, opts, spec, start)
+}
+
+/// Stage 3: distinct valid jobs ranked by latency (ties by the job's text), with the counts of
+/// what was rejected and why.
+#[allow(clippy::too_many_arguments)]
+fn rank(
+    chip: &ChipModel,
+    given: Job,
+    given_eval: Eval,
+    results: &[(Cand, Eval)],
+    space: Space,
+    opts: &TuneOptions,
+    spec: &JobSpec,
+    start: Instant,
+) -> Result<TuneResult, SweepError> {
     let (given_latency_ms, given_error) = match &given_eval {
         Eval::Ok(r, _) => (Some(r.latency_ms), None),
-        Eval::Other(e) => (None, Some(e.clone())),
+        Eval::Other(e) | Eval::Rules(e) => (None, Some(e.clone())),
         Eval::Vmem => (None, Some("the given blocks overflow the VMEM limit".into())),
-        Eval::Rules => (None, Some("the given blocks break the block rules".into())),
         Eval::Inexact => (None, None),
     };
-
     let count = |f: fn(&Eval) -> bool| results.iter().filter(|(_, e)| f(e)).count();
-    let rejected_rules = count(|e| matches!(e, Eval::Rules | Eval::Other(_)));
+    let rejected_rules = count(|e| matches!(e, Eval::Rules(_) | Eval::Other(_)));
     let rejected_vmem = count(|e| matches!(e, Eval::Vmem));
     let rejected_inexact = count(|e| matches!(e, Eval::Inexact));
     let mut valid: Vec<(f64, String, &Report, &Job)> = Vec::new();
     let mut jobs_seen = HashSet::new();
-    for (_, e) in &results {
+    for (_, e) in results {
         if let Eval::Ok(r, job) = e {
             let key = serde_json::to_string(job).unwrap_or_default();
             if jobs_seen.insert(key.clone()) {
@@ -400,9 +450,15 @@ pub fn tune(spec: &JobSpec, opts: &TuneOptions) -> Result<TuneResult, SweepError
     }
     let ok_evals = results.iter().filter(|(_, e)| matches!(e, Eval::Ok(..))).count();
     if valid.is_empty() {
+        // Name the rule the held-fixed blocks break, as `tpusim run` would.
+        let rule = results.iter().find_map(|(_, e)| match e {
+            Eval::Rules(r) | Eval::Other(r) => Some(r.clone()),
+            _ => None,
+        });
         return Err(SweepError::new(format!(
-            "no valid configuration among {} evaluated: {rejected_vmem} over the VMEM limit, {rejected_rules} breaking block rules, {rejected_inexact} inexact; {}",
+            "no valid configuration among {} evaluated: {rejected_vmem} over the VMEM limit, {rejected_rules} breaking block rules{}, {rejected_inexact} inexact; {}",
             results.len(),
+            rule.map(|r| format!(" (e.g. {r})")).unwrap_or_default(),
             if spec.block_q.is_some() || spec.block_kv.is_some() || spec.block_kv_compute.is_some() {
                 "change the blocks held fixed or raise --vmem-limit-mib"
             } else {
@@ -419,12 +475,12 @@ pub fn tune(spec: &JobSpec, opts: &TuneOptions) -> Result<TuneResult, SweepError
             rank: i + 1,
             latency_ms: *l,
             speedup_vs_given: given_latency_ms.map(|g| g / l),
-            bottleneck: r.bottleneck.clone(),
+            bottleneck: r.bottleneck,
             mfu: r.mfu,
             vmem_bytes: r.vmem_bytes,
             vmem_limit_bytes: r.vmem_limit_bytes,
             job: (*job).clone(),
-            flags: flags(job),
+            flags: job.config_spec().to_flags(),
         })
         .collect();
     Ok(TuneResult {
@@ -435,8 +491,8 @@ pub fn tune(spec: &JobSpec, opts: &TuneOptions) -> Result<TuneResult, SweepError
             Eval::Ok(_, j) => Some(j),
             _ => Some(given),
         },
-        searched,
-        fixed,
+        searched: space.searched,
+        fixed: space.fixed,
         evaluated: results.len(),
         rejected_rules,
         rejected_vmem,
@@ -448,31 +504,24 @@ pub fn tune(spec: &JobSpec, opts: &TuneOptions) -> Result<TuneResult, SweepError
     })
 }
 
-fn latency(e: &Eval) -> Option<f64> {
-    match e {
-        Eval::Ok(r, _) => Some(r.latency_ms),
-        _ => None,
-    }
-}
-
 fn evaluate(ev: &Evaluator, chip_key: &str, chip: &ChipModel, spec: &JobSpec, cand: &Cand, opts: &TuneOptions) -> Eval {
     let s = spec.overlay(cand);
     let job = match s.build(chip) {
         Ok(j) => j,
-        Err(e) => return Eval::Other(e.to_string()),
+        Err(e) => return Eval::Other(tpusim_report::render_fields(&e.to_string(), tpusim_report::FieldStyle::Flag)),
     };
     match ev.run(chip_key, chip, &job) {
         Ok(run) => {
             let r = tpusim_report::Report::from_run(&run);
-            let tuner_chose_none = spec.masking.is_none() && cand.masking.as_deref() == Some("none");
+            let tuner_chose_none = spec.masking.is_none() && cand.masking == Some(Masking::None);
             if tuner_chose_none && !opts.allow_inexact && r.tiles.is_some_and(|t| t.partial > 0) {
                 return Eval::Inexact;
             }
             Eval::Ok(Box::new(r), job)
         }
         Err(KernelError::Vmem { .. }) => Eval::Vmem,
-        Err(KernelError::Config { .. }) => Eval::Rules,
-        Err(e) => Eval::Other(e.to_string()),
+        Err(e @ KernelError::Config { .. }) => Eval::Rules(tpusim_report::render_fields(&e.to_string(), tpusim_report::FieldStyle::Flag)),
+        Err(e) => Eval::Other(tpusim_report::render_fields(&e.to_string(), tpusim_report::FieldStyle::Flag)),
     }
 }
 
@@ -501,27 +550,6 @@ pub fn block_kv_candidates(kv_len: u64) -> Vec<u64> {
     v.into_iter().collect()
 }
 
-fn word<T: Serialize>(v: &T) -> String {
-    serde_json::to_value(v).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default()
-}
-
-/// The `tpusim run` flags that select a job's kernel configuration.
-fn flags(job: &Job) -> String {
-    match job {
-        Job::Splash { config: c, .. } => format!(
-            "--block-q {} --block-kv {} --block-kv-compute {} --traversal {} --masking {} --mask-source {}{}",
-            c.block_q,
-            c.block_kv,
-            c.block_kv_compute,
-            word(&c.traversal),
-            word(&c.masking),
-            word(&c.mask_source),
-            if c.tile_align { " --tile-align" } else { "" }
-        ),
-        Job::Matmul { config: c, .. } => format!("--block-m {} --block-n {} --block-k {}", c.block_m, c.block_n, c.block_k),
-    }
-}
-
 impl TuneResult {
     /// JSON, one object.
     pub fn to_json(&self) -> String {
@@ -533,11 +561,11 @@ impl TuneResult {
         let mut s = String::new();
         let mib = |b: u64| b as f64 / 1048576.0;
         match &self.given_job {
-            Some(Job::Splash { workload: w, .. }) => {
+            Some(Job::Attention { workload: w, .. }) => {
                 let _ = writeln!(
                     s,
-                    "tpusim tune: Splash attention on {}: batch {}, heads {} (kv heads {}), q_len {}, kv_len {}, head_dim {}/{}, mask {}",
-                    self.chip, w.batch, w.q_heads, w.kv_heads, w.q_len, w.kv_len, w.head_dim, w.head_dim_v, w.mask
+                    "tpusim tune: {} attention on {}: batch {}, heads {} (kv heads {}), q_len {}, kv_len {}, head_dim {}/{}, mask {}",
+                    self.given_job.as_ref().map(|j| j.kernel().to_string()).unwrap_or_default(), self.chip, w.batch, w.q_heads, w.kv_heads, w.q_len, w.kv_len, w.head_dim, w.head_dim_v, w.mask
                 );
             }
             Some(Job::Matmul { workload: m, .. }) => {
@@ -557,7 +585,7 @@ impl TuneResult {
         );
         match (self.given_latency_ms, &self.given_error, &self.given_job) {
             (Some(l), _, Some(job)) => {
-                let _ = writeln!(s, "  given        {l:.3} ms with {}", flags(job));
+                let _ = writeln!(s, "  given        {l:.3} ms with {}", job.config_spec().to_flags());
             }
             (_, Some(e), _) => {
                 let _ = writeln!(s, "  given        does not run: {e}");
@@ -570,7 +598,7 @@ impl TuneResult {
             return s;
         }
         match &self.top[0].job {
-            Job::Splash { .. } => {
+            Job::Attention { .. } => {
                 let _ = writeln!(
                     s,
                     "  {:>4}  {:>10}  {:>7}  {:>7}  {:>8}  {:>7}  {:<9}  {:<7}  {:<8}  {:<5}  {:<12}  {:>5}  {:>8}",
@@ -600,7 +628,7 @@ impl TuneResult {
         for r in &self.top {
             let vs = r.speedup_vs_given.map_or("-".to_string(), |x| format!("{x:.3}x"));
             match &r.job {
-                Job::Splash { config: c, .. } => {
+                Job::Attention { config: c, .. } => {
                     let _ = writeln!(
                         s,
                         "  {:>4}  {:>10.3}  {:>7}  {:>7}  {:>8}  {:>7}  {:<9}  {:<7}  {:<8}  {:<5}  {:<12}  {:>4.1}%  {:>8.1}",
@@ -610,11 +638,11 @@ impl TuneResult {
                         c.block_q,
                         c.block_kv,
                         c.block_kv_compute,
-                        word(&c.traversal),
-                        word(&c.masking),
-                        word(&c.mask_source),
+                        c.traversal.word(),
+                        c.masking.word(),
+                        c.mask_source.word(),
                         if c.tile_align { "yes" } else { "no" },
-                        r.bottleneck,
+                        r.bottleneck.word(),
                         r.mfu * 100.0,
                         mib(r.vmem_bytes)
                     );
@@ -629,7 +657,7 @@ impl TuneResult {
                         c.block_m,
                         c.block_n,
                         c.block_k,
-                        r.bottleneck,
+                        r.bottleneck.word(),
                         r.mfu * 100.0,
                         mib(r.vmem_bytes)
                     );
@@ -666,7 +694,7 @@ mod tests {
         assert!(r.top[0].latency_ms <= r.given_latency_ms.unwrap());
         // No inexact configuration is ranked: causal tiles on the diagonal are partial.
         for t in &r.top {
-            if let Job::Splash { config, .. } = &t.job {
+            if let Job::Attention { config, .. } = &t.job {
                 assert_ne!(config.masking, tpusim_kernel::Masking::None);
             }
         }

@@ -89,35 +89,35 @@ impl AttentionCall {
     /// [`WorkloadError`] naming the flag.
     pub fn validate(&self) -> Result<(), WorkloadError> {
         for (field, v) in [
-            ("--batch", self.batch),
-            ("--heads", self.q_heads),
-            ("--kv-heads", self.kv_heads),
-            ("--q-len", self.q_len),
-            ("--kv-len", self.kv_len),
-            ("--head-dim", self.head_dim),
-            ("--head-dim-v", self.head_dim_v),
+            ("`batch`", self.batch),
+            ("`heads`", self.q_heads),
+            ("`kv_heads`", self.kv_heads),
+            ("`q_len`", self.q_len),
+            ("`kv_len`", self.kv_len),
+            ("`head_dim`", self.head_dim),
+            ("`head_dim_v`", self.head_dim_v),
         ] {
             if v == 0 || v > MAX_DIM {
                 return Err(WorkloadError::new(field, v, &format!("expected a whole number from 1 to {MAX_DIM}")));
             }
         }
         if self.q_heads > MAX_HEADS {
-            return Err(WorkloadError::new("--heads", self.q_heads, &format!("expected at most {MAX_HEADS} heads (use --batch for more independent heads)")));
+            return Err(WorkloadError::new("`heads`", self.q_heads, &format!("expected at most {MAX_HEADS} heads (use `batch` for more independent heads)")));
         }
         if self.head_dim > 4096 || self.head_dim_v > 4096 {
-            return Err(WorkloadError::new("--head-dim", self.head_dim.max(self.head_dim_v), "expected at most 4096"));
+            return Err(WorkloadError::new("`head_dim`", self.head_dim.max(self.head_dim_v), "expected at most 4096"));
         }
         if self.q_heads % self.kv_heads != 0 {
             return Err(WorkloadError::new(
-                "--kv-heads",
+                "`kv_heads`",
                 self.kv_heads,
-                &format!("must divide --heads ({}) (GQA groups q heads evenly over kv heads)", self.q_heads),
+                &format!("must divide `heads` ({}) (GQA groups q heads evenly over kv heads)", self.q_heads),
             ));
         }
         let pairs = (self.q_len as u128) * (self.kv_len as u128) * (self.batch as u128) * (self.q_heads as u128);
         if pairs > (u64::MAX as u128) / 1024 {
             return Err(WorkloadError::new(
-                "--seq-len",
+                "`seq_len`",
                 format!("{} x {}", self.q_len, self.kv_len),
                 "batch x heads x q_len x kv_len must stay below 1.8e16 score pairs",
             ));
@@ -126,16 +126,16 @@ impl AttentionCall {
             let n = list.len() as u64;
             if n != self.q_heads && n != self.kv_heads {
                 return Err(WorkloadError::new(
-                    "--mask",
+                    "`mask`",
                     format!("{n} per-head masks"),
                     &format!("a per-head mask lists one mask per q head ({}) or per kv head ({})", self.q_heads, self.kv_heads),
                 ));
             }
         }
-        self.mask.validate().map_err(|e| WorkloadError::new("--mask", self.mask.to_string(), &e.to_string()))?;
+        self.mask.validate().map_err(|e| WorkloadError::new("`mask`", self.mask.to_string(), &e.to_string()))?;
         self.mask
             .check_lengths(self.q_len, self.kv_len)
-            .map_err(|e| WorkloadError::new("--mask", self.mask.to_string(), &e.to_string()))?;
+            .map_err(|e| WorkloadError::new("`mask`", self.mask.to_string(), &e.to_string()))?;
         Ok(())
     }
 
@@ -183,13 +183,13 @@ impl MatmulCall {
     /// # Errors
     /// [`WorkloadError`] naming the flag.
     pub fn validate(&self) -> Result<(), WorkloadError> {
-        for (field, v) in [("--m", self.m), ("--n", self.n), ("--k", self.k)] {
+        for (field, v) in [("`m`", self.m), ("`n`", self.n), ("`k`", self.k)] {
             if v == 0 || v > MAX_DIM {
                 return Err(WorkloadError::new(field, v, &format!("expected a whole number from 1 to {MAX_DIM}")));
             }
         }
         if (self.m as u128) * (self.n as u128) * (self.k as u128) > (u64::MAX as u128) / 4 {
-            return Err(WorkloadError::new("--m", self.m, "M x N x K must stay below 4.6e18"));
+            return Err(WorkloadError::new("`m`", self.m, "M x N x K must stay below 4.6e18"));
         }
         Ok(())
     }
@@ -216,13 +216,13 @@ mod tests {
     fn zero_and_gqa_errors_name_the_field() {
         let mut w = AttentionCall::video_default();
         w.q_len = 0;
-        assert!(w.validate().unwrap_err().to_string().contains("--q-len"));
+        assert!(w.validate().unwrap_err().to_string().contains("`q_len`"));
         let mut w = AttentionCall::video_default();
         w.kv_heads = 3;
         let e = w.validate().unwrap_err().to_string();
-        assert!(e.contains("--kv-heads") && e.contains("divide"), "{e}");
+        assert!(e.contains("`kv_heads`") && e.contains("divide"), "{e}");
         let m = MatmulCall { m: 1, n: 0, k: 1 };
-        assert!(m.validate().unwrap_err().to_string().contains("--n"));
+        assert!(m.validate().unwrap_err().to_string().contains("`n`"));
     }
 
     #[test]

@@ -172,6 +172,10 @@ pub enum Mask {
     Ranges(Box<RangeSparse>),
     /// A window in a 3-D video volume under a token order.
     Video(VideoMask),
+    /// A mask file named by `file:PATH` whose contents have not been loaded yet: [`Mask::parse`]
+    /// never reads files; the layer that reads the job calls [`Mask::load_files`]. Every other
+    /// method treats an unloaded file as an error ([`Mask::validate`]) or as keeping nothing.
+    File(String),
 }
 
 /// Serialises a value through its `Display` form (used for masks in JSON output).
@@ -209,6 +213,7 @@ impl fmt::Display for Mask {
             Mask::Blocks(b) => write!(f, "file:{}", b.path),
             Mask::Ranges(r) => write!(f, "file:{}", r.path),
             Mask::Video(v) => write!(f, "{v}"),
+            Mask::File(path) => write!(f, "file:{path}"),
         }
     }
 }
@@ -222,7 +227,7 @@ fn join(f: &mut fmt::Formatter<'_>, parts: &[Mask], sep: &str, in_intersection: 
             write!(f, "{sep}")?;
         }
         let paren = match p {
-            Mask::Union(_) | Mask::Blocks(_) | Mask::Ranges(_) => true,
+            Mask::Union(_) | Mask::Blocks(_) | Mask::Ranges(_) | Mask::File(_) => true,
             Mask::Intersect(_) => in_intersection,
             _ => false,
         };
@@ -238,10 +243,11 @@ fn join(f: &mut fmt::Formatter<'_>, parts: &[Mask], sep: &str, in_intersection: 
 impl Mask {
     /// Parses the `--mask` grammar (module docs).
     ///
+    /// Pure: `file:PATH` becomes [`Mask::File`] and is read by [`Mask::load_files`].
+    ///
     /// # Errors
     /// [`MaskError::Syntax`] for unknown words or malformed numbers, [`MaskError::Value`] for
-    /// negative or zero sizes and inconsistent video dimensions, [`MaskError::File`] for
-    /// unreadable or malformed mask files.
+    /// negative or zero sizes and inconsistent video dimensions.
     pub fn parse(text: &str) -> Result<Mask, MaskError> {
         let mut p = Parser { text, pos: 0, depth: 0, atoms: 0 };
         let m = p.union()?;
@@ -249,8 +255,34 @@ impl Mask {
         if p.pos < text.len() {
             return Err(p.err(&format!("unexpected '{}' at position {}", &text[p.pos..], p.pos)));
         }
-        m.validate()?;
+        m.check(true)?;
         Ok(m)
+    }
+
+    /// Replaces every [`Mask::File`] by the mask `load` reads from its path (for the command line
+    /// and traces: [`read_mask_file`]).
+    ///
+    /// # Errors
+    /// The loader's error ([`MaskError::File`] naming the path and the field).
+    pub fn load_files(self, load: &dyn Fn(&str) -> Result<Mask, MaskError>) -> Result<Mask, MaskError> {
+        Ok(match self {
+            Mask::File(path) => load(&path)?,
+            Mask::Union(p) => Mask::Union(p.into_iter().map(|m| m.load_files(load)).collect::<Result<_, _>>()?),
+            Mask::Intersect(p) => Mask::Intersect(p.into_iter().map(|m| m.load_files(load)).collect::<Result<_, _>>()?),
+            Mask::PerHead(p) => Mask::PerHead(p.into_iter().map(|m| m.load_files(load)).collect::<Result<_, _>>()?),
+            other => other,
+        })
+    }
+
+    /// The paths of the mask files this mask names (loaded or not).
+    pub fn file_paths(&self) -> Vec<String> {
+        match self {
+            Mask::File(p) => vec![p.clone()],
+            Mask::Blocks(b) => vec![b.path.clone()],
+            Mask::Ranges(r) => vec![r.path.clone()],
+            Mask::Union(p) | Mask::Intersect(p) | Mask::PerHead(p) => p.iter().flat_map(|m| m.file_paths()).collect(),
+            _ => Vec::new(),
+        }
     }
 
     /// Checks sizes (chunk sizes must be positive; video volumes, tiles and STA kernels as in
@@ -260,11 +292,18 @@ impl Mask {
     /// # Errors
     /// [`MaskError::Value`] naming the mask and the field.
     pub fn validate(&self) -> Result<(), MaskError> {
+        self.check(false)
+    }
+
+    /// [`Mask::validate`], accepting unloaded files when `files_pending` (while parsing).
+    fn check(&self, files_pending: bool) -> Result<(), MaskError> {
         match self {
             Mask::Chunked { size: 0 } => {
                 Err(MaskError::Value { text: self.to_string(), message: "chunk size must be at least 1".into() })
             }
             Mask::Video(v) => v.check().map_err(|message| MaskError::Value { text: self.to_string(), message }),
+            Mask::File(_) if files_pending => Ok(()),
+            Mask::File(path) => Err(MaskError::File { path: path.clone(), message: "not loaded (Mask::load_files reads mask files)".into() }),
             Mask::Union(p) | Mask::Intersect(p) => {
                 for m in p {
                     if matches!(m, Mask::PerHead(_)) {
@@ -273,7 +312,7 @@ impl Mask {
                             message: "a per-head list cannot be combined with + or &".into(),
                         });
                     }
-                    m.validate()?;
+                    m.check(files_pending)?;
                 }
                 Ok(())
             }
@@ -291,7 +330,7 @@ impl Mask {
                     if matches!(m, Mask::PerHead(_)) {
                         return Err(MaskError::Value { text: self.to_string(), message: "per-head lists cannot nest".into() });
                     }
-                    m.validate()?;
+                    m.check(files_pending)?;
                 }
                 Ok(())
             }
@@ -377,6 +416,7 @@ impl Mask {
             Mask::Chunked { size } => push(out, q / size * size, q.saturating_add(1)),
             Mask::Video(v) => v.row_intervals(q, kv_len, out),
             Mask::Ranges(r) => r.row_intervals(q, kv_len, out),
+            Mask::File(_) => {}
             Mask::Blocks(b) => {
                 let qi = q / b.block_q;
                 if let Some(row) = b.rows.get(qi as usize) {
@@ -421,7 +461,7 @@ impl Mask {
     /// masks and their combinations). Causal, local, band and chunked rows are all distinct.
     pub(crate) fn has_row_classes(&self) -> bool {
         match self {
-            Mask::Full | Mask::Sink { .. } | Mask::Video(_) | Mask::Blocks(_) | Mask::Ranges(_) => true,
+            Mask::Full | Mask::Sink { .. } | Mask::Video(_) | Mask::Blocks(_) | Mask::Ranges(_) | Mask::File(_) => true,
             Mask::Causal | Mask::Local { .. } | Mask::Band { .. } | Mask::Chunked { .. } => false,
             Mask::Union(p) | Mask::Intersect(p) | Mask::PerHead(p) => p.iter().all(|m| m.has_row_classes()),
         }
@@ -432,7 +472,7 @@ impl Mask {
     /// other kinds append `q` itself).
     pub(crate) fn row_key(&self, q: u64, key: &mut Vec<u64>) {
         match self {
-            Mask::Full | Mask::Sink { .. } => {}
+            Mask::Full | Mask::Sink { .. } | Mask::File(_) => {}
             Mask::Causal | Mask::Local { .. } | Mask::Band { .. } | Mask::Chunked { .. } => key.push(q),
             Mask::Video(v) => v.row_key(q, key),
             Mask::Blocks(b) => key.push(q / b.block_q),
@@ -454,7 +494,7 @@ impl Mask {
             Mask::Band { .. } => MaskTerms { compares: 1, arith: 2, ..Default::default() },
             Mask::Chunked { .. } => MaskTerms { compares: 2, combines: 1, arith: 2, ..Default::default() },
             Mask::Video(v) => v.expression_terms(),
-            Mask::Blocks(_) | Mask::Ranges(_) => MaskTerms { loaded_only: true, ..Default::default() },
+            Mask::Blocks(_) | Mask::Ranges(_) | Mask::File(_) => MaskTerms { loaded_only: true, ..Default::default() },
             Mask::Union(p) | Mask::Intersect(p) | Mask::PerHead(p) => {
                 let mut t = MaskTerms::default();
                 for m in p {
@@ -700,7 +740,7 @@ impl Parser<'_> {
             if path.is_empty() {
                 return Err(self.err("'file:' needs a path"));
             }
-            return read_mask_file(path);
+            return Ok(Mask::File(path.to_string()));
         }
         let end = rest.find(['+', '&', ')', '(', ';', ']', '[']).unwrap_or(rest.len());
         let tok = rest[..end].trim();

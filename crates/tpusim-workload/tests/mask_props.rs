@@ -354,7 +354,9 @@ fn brute_counts(kept: &[bool], g: &TileGrid) -> Vec<Vec<u64>> {
 
 fn parse_case(c: &Case, files: &mut TempFiles) -> (String, Mask) {
     let text = c.spec.text(c.q_len, c.kv_len, files);
-    let mask = Mask::parse(&text).unwrap_or_else(|e| panic!("{text}: {e}"));
+    let mask = Mask::parse(&text)
+        .and_then(|m| m.load_files(&tpusim_workload::mask::read_mask_file))
+        .unwrap_or_else(|e| panic!("{text}: {e}"));
     mask.check_lengths(c.q_len, c.kv_len).unwrap_or_else(|e| panic!("{text}: {e}"));
     (text, mask)
 }
@@ -447,7 +449,9 @@ proptest! {
         let mut files = TempFiles(Vec::new());
         let (text, mask) = parse_case(&c, &mut files);
         let shown = mask.to_string();
-        let again = Mask::parse(&shown).unwrap_or_else(|e| panic!("{text} -> {shown}: {e}"));
+        let again = Mask::parse(&shown)
+            .and_then(|m| m.load_files(&tpusim_workload::mask::read_mask_file))
+            .unwrap_or_else(|e| panic!("{text} -> {shown}: {e}"));
         prop_assert_eq!(&again, &mask, "{} -> {}", text, shown);
         prop_assert_eq!(again.to_string(), shown);
         let kept = c.spec.matrix(c.q_len, c.kv_len);

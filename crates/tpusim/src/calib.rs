@@ -1,7 +1,7 @@
 //! `tpusim validate` and `tpusim calibrate` (issue 4): flags and output; the work is in
 //! `tpusim-calib`. The measurement CSV format is documented in traces/measured/README.md.
 
-use crate::InputError;
+use crate::error::CliError;
 use clap::{Args, ValueEnum};
 use tpusim_calib::{calibrate, read_file, validate, CalibrateOptions, ChipSet, FITTED_PARAMS};
 use tpusim_chip::ChipModel;
@@ -65,7 +65,7 @@ pub struct CalibrateArgs {
     pub format: CalibrateFormat,
 }
 
-pub fn cmd_validate(a: &ValidateArgs) -> Result<String, InputError> {
+pub fn cmd_validate(a: &ValidateArgs) -> Result<String, CliError> {
     let models = a.chip.iter().map(|c| ChipModel::load(c)).collect::<Result<Vec<_>, _>>()?;
     let file = read_file(&a.file, &models)?;
     let v = validate(&file, &ChipSet { models });
@@ -77,11 +77,11 @@ pub fn cmd_validate(a: &ValidateArgs) -> Result<String, InputError> {
     })
 }
 
-pub fn cmd_calibrate(a: &CalibrateArgs) -> Result<String, InputError> {
+pub fn cmd_calibrate(a: &CalibrateArgs) -> Result<String, CliError> {
     let base = ChipModel::load(&a.chip)?;
     for p in &a.params {
         if !FITTED_PARAMS.contains(&p.as_str()) {
-            return Err(InputError(format!(
+            return Err(CliError::input(format!(
                 "--params {p}: not a fitted parameter; the fitted parameters are {}",
                 FITTED_PARAMS.join(", ")
             )));
@@ -89,25 +89,18 @@ pub fn cmd_calibrate(a: &CalibrateArgs) -> Result<String, InputError> {
     }
     if let Some(path) = &a.out {
         // Refuse an unwritable destination before the fit, not after it.
-        let p = std::path::Path::new(path);
-        let dir = p.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
-        if !dir.is_dir() {
-            return Err(InputError(format!("--out {path}: the directory {} does not exist", dir.display())));
-        }
-        if std::fs::symlink_metadata(p).is_ok_and(|m| !m.file_type().is_file()) {
-            return Err(InputError(format!("--out {path}: exists and is not a regular file (a device, directory or link)")));
-        }
+        tpusim_io::check_output(std::path::Path::new(path)).map_err(|e| CliError::input(format!("--out {e}")))?;
     }
     let file = read_file(&a.file, std::slice::from_ref(&base))?;
     let opts = CalibrateOptions { params: a.params.clone(), cross_validate: !a.no_cv, date: None };
-    let cal = calibrate(&file, &base, &a.chip, &opts).map_err(InputError)?;
+    let cal = calibrate(&file, &base, &a.chip, &opts)?;
     let mut out = match a.format {
         CalibrateFormat::Table => cal.to_table(),
         CalibrateFormat::Json => cal.to_json(),
     };
     if let Some(path) = &a.out {
-        let text = cal.model_toml().map_err(InputError)?;
-        tpusim_calib::fit::write_atomic(path, &text).map_err(InputError)?;
+        let text = cal.model_toml().map_err(CliError::Internal)?;
+        tpusim_io::write_atomic(std::path::Path::new(path), text.as_bytes()).map_err(tpusim_calib::CalibError::from)?;
         if a.format == CalibrateFormat::Table {
             out.push_str(&format!(
                 "\nwrote {path}: chip model {} with the fitted values above (use it with --chip {path})\n",

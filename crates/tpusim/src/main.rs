@@ -1,15 +1,16 @@
-//! `tpusim`: the command-line front end. Parses flags, builds a chip, workload and kernel
-//! configuration ([`tpusim_report::JobSpec`]), runs them through the library crates, and prints
-//! or writes the result. Nothing else lives here.
+//! `tpusim`: the command-line front end. Parses flags, runs them through the library crates
+//! (the facade in `lib.rs`), and prints or writes the result. Nothing else lives here.
 //!
-//! Exit codes: 0 success, 2 usage or input error, 1 internal failure.
+//! Exit codes: 0 success, 2 usage or input error, 1 internal or I/O failure.
 
 mod calib;
+mod error;
 mod plot;
 mod run;
 mod sweep;
 
 use clap::{Parser, Subcommand};
+use error::CliError;
 use std::io::Write;
 use std::process::ExitCode;
 
@@ -24,9 +25,9 @@ struct Cli {
 enum Command {
     /// Simulate one kernel call and report latency, utilisation and the bounding unit.
     ///
-    /// With no workload or block flags it runs the built-in default: Wan 2.1 720p attention
-    /// (1 x 10 heads x 75,600 tokens, head_dim 128, full mask) with MaxDiffusion's v6e blocks
-    /// (3024 / 2048 / 1024) on v6e.
+    /// With no flags it runs the built-in default: Wan 2.1 720p attention (1 x 10 heads x
+    /// 75,600 tokens, head_dim 128, full mask) with tokamax's Splash kernel and its default
+    /// blocks on v6e. Every option not given takes the kernel family's default (--kernel).
     Run(run::RunArgs),
     /// Inspect chip models.
     Chip {
@@ -45,15 +46,6 @@ enum Command {
     Tune(sweep::TuneArgs),
     /// Draw a figure (PNG or SVG).
     Plot(plot::PlotArgs),
-}
-
-/// An error for the user: printed once as `error: ...`, exit code 2.
-pub struct InputError(pub String);
-
-impl<E: std::fmt::Display> From<E> for InputError {
-    fn from(e: E) -> Self {
-        InputError(e.to_string())
-    }
 }
 
 fn main() -> ExitCode {
@@ -82,14 +74,14 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Err(InputError(e)) => {
+        Err(e) => {
             eprintln!("error: {e}");
-            ExitCode::from(2)
+            ExitCode::from(e.exit_code())
         }
     }
 }
 
-fn dispatch(cli: &Cli) -> Result<String, InputError> {
+fn dispatch(cli: &Cli) -> Result<String, CliError> {
     match &cli.command {
         Command::Run(a) => run::cmd_run(a),
         Command::Chip { command } => run::cmd_chip(command),

@@ -2,7 +2,7 @@
 //! in the `tpusim-sweep` crate. Sweep files, output columns, resume and shards are documented in
 //! `studies/README.md`.
 
-use crate::InputError;
+use crate::error::CliError;
 use clap::{Args, ValueEnum};
 use tpusim_sweep::exec::default_out;
 use tpusim_sweep::{Format, Shard, SweepDef, SweepOptions, TuneOptions};
@@ -83,11 +83,11 @@ pub struct TuneArgs {
     #[arg(long)]
     pub no_progress: bool,
     /// Output format.
-    #[arg(long, value_parser = ["table", "json"], default_value = "table")]
-    pub format: String,
+    #[arg(long, value_enum, default_value_t = crate::run::Format::Table)]
+    pub format: crate::run::Format,
 }
 
-pub fn cmd_sweep(a: &SweepArgs) -> Result<String, InputError> {
+pub fn cmd_sweep(a: &SweepArgs) -> Result<String, CliError> {
     let def = SweepDef::from_file(&a.file, &a.set)?;
     let shard = match &a.shard {
         Some(s) => Shard::parse(s)?,
@@ -105,11 +105,11 @@ pub fn cmd_sweep(a: &SweepArgs) -> Result<String, InputError> {
     Ok(tpusim_sweep::run_sweep(&def, &opts)?.to_string())
 }
 
-pub fn cmd_merge(a: &MergeArgs) -> Result<String, InputError> {
+pub fn cmd_merge(a: &MergeArgs) -> Result<String, CliError> {
     Ok(tpusim_sweep::merge(&a.files, &a.out)?.to_string())
 }
 
-pub fn cmd_tune(a: &TuneArgs) -> Result<String, InputError> {
+pub fn cmd_tune(a: &TuneArgs) -> Result<String, CliError> {
     let spec = a.job.spec()?;
     let opts = TuneOptions {
         top: a.top,
@@ -119,6 +119,12 @@ pub fn cmd_tune(a: &TuneArgs) -> Result<String, InputError> {
         jobs: a.jobs,
         progress: !a.no_progress,
     };
-    let r = tpusim_sweep::tune(&spec, &opts)?;
-    Ok(if a.format == "json" { r.to_json() } else { r.to_table() })
+    let r = tpusim_sweep::tune(&spec, &opts).map_err(|e| match e {
+        tpusim_sweep::SweepError::Spec(e) => a.job.error(e),
+        other => other.into(),
+    })?;
+    Ok(match a.format {
+        crate::run::Format::Json => r.to_json(),
+        crate::run::Format::Table => r.to_table(),
+    })
 }

@@ -203,7 +203,7 @@ fn whole_run_timeline_totals_equal_report() {
     for (name, extra) in [
         ("causal", vec!["--seq-len", "4096", "--heads", "2", "--mask", "causal", "--block-q", "512", "--block-kv", "512"]),
         ("band", vec!["--seq-len", "6000", "--heads", "1", "--mask", "band:1500+sink:300", "--block-q", "1024", "--block-kv", "768", "--traversal", "compact", "--masking", "partial"]),
-        ("matmul", vec!["--kernel", "matmul", "--m", "2048", "--n", "2048", "--k", "2048"]),
+        ("matmul", vec!["--kernel", "pallas-matmul", "--m", "2048", "--n", "2048", "--k", "2048"]),
     ] {
         let p = d.join(format!("{name}.json"));
         let mut a = vec!["run", "--format", "json", "--timeline", p.to_str().unwrap()];
@@ -241,7 +241,10 @@ fn bad_input_exits_2_naming_the_problem() {
     let out = d.join("x.png");
     let o = out.to_str().unwrap();
     let e = fails(&["plot", "pie", "--out", o]);
-    assert!(e.contains("pie") && e.contains("roofline"), "{e}");
+    assert!(e.contains("pie") && e.contains("tpusim plot"), "{e}");
+    // A flag that does not apply to a kind is an error, not ignored.
+    let e = fails(&["plot", "sweep", "--out", o, "--input", "plots/data/sweep_example.csv", "--x", "block_kv", "--trace", "/nonexistent.toml", "--chips", "v9", "--mask", "foo"]);
+    assert!(e.contains("--trace"), "{e}");
     let e = fails(&["plot", "sweep", "--out", o, "--input", "plots/data/sweep_example.csv", "--x", "block_kv", "--y", "nope"]);
     assert!(e.contains("--y nope") && e.contains("latency_ms"), "{e}");
     let e = fails(&["plot", "heatmap", "--out", o, "--input", "/nonexistent/s.csv"]);

@@ -8,8 +8,13 @@ fn rows(m: &Mask, q: u64, kv: u64) -> Vec<(u64, u64)> {
     v
 }
 
+/// Parses and reads mask files, as the job layer does.
+fn loaded(text: &str) -> Result<Mask, MaskError> {
+    Mask::parse(text).and_then(|m| m.load_files(&read_mask_file))
+}
+
 fn err(text: &str) -> String {
-    Mask::parse(text).unwrap_err().to_string()
+    loaded(text).unwrap_err().to_string()
 }
 
 /// A temporary JSON file removed on drop.
@@ -235,7 +240,7 @@ fn per_head_lists() {
     assert_eq!(*w.mask_for_head(5), Mask::Sink { tokens: 4 });
     w.mask = Mask::parse("per-head[3*causal]").unwrap();
     let e = w.validate().unwrap_err().to_string();
-    assert!(e.contains("--mask") && e.contains("3 per-head masks"), "{e}");
+    assert!(e.contains("`mask`") && e.contains("3 per-head masks"), "{e}");
     // Errors.
     let e = err("per-head[]");
     assert!(e.contains("at least one mask"), "{e}");
@@ -264,7 +269,7 @@ const RANGES: &str = r#"{"q_len": 40, "kv_len": 30,
 #[test]
 fn block_and_range_files() {
     let b = Tmp::new("blocks", BLOCKS);
-    let m = Mask::parse(&format!("file:{}", b.path())).unwrap();
+    let m = loaded(&format!("file:{}", b.path())).unwrap();
     assert!(matches!(m, Mask::Blocks(_)));
     m.check_lengths(40, 30).unwrap();
     assert_eq!(rows(&m, 3, 30), vec![(0, 8)]);
@@ -273,7 +278,7 @@ fn block_and_range_files() {
     assert_eq!(m.expression_terms(), MaskTerms { loaded_only: true, ..Default::default() });
 
     let r = Tmp::new("ranges", RANGES);
-    let m = Mask::parse(&format!("file:{}", r.path())).unwrap();
+    let m = loaded(&format!("file:{}", r.path())).unwrap();
     assert!(matches!(m, Mask::Ranges(_)));
     m.check_lengths(40, 30).unwrap();
     assert_eq!(rows(&m, 0, 30), vec![(0, 5), (20, 30)]);
@@ -300,7 +305,7 @@ fn block_and_range_files() {
 
 fn file_err(name: &str, json: &str) -> String {
     let t = Tmp::new(name, json);
-    let e = Mask::parse(&format!("file:{}", t.path())).unwrap_err().to_string();
+    let e = loaded(&format!("file:{}", t.path())).unwrap_err().to_string();
     assert!(e.contains(t.path()), "the error names the file: {e}");
     e
 }
@@ -309,15 +314,15 @@ fn file_err(name: &str, json: &str) -> String {
 fn file_errors_name_the_field() {
     // Lengths that differ from the workload's.
     let b = Tmp::new("len", BLOCKS);
-    let m = Mask::parse(&format!("file:{}", b.path())).unwrap();
+    let m = loaded(&format!("file:{}", b.path())).unwrap();
     let e = m.check_lengths(40, 31).unwrap_err().to_string();
     assert!(e.contains(b.path()) && e.contains("'q_len' x 'kv_len' = 40 x 30") && e.contains("40 x 31"), "{e}");
     let r = Tmp::new("len2", RANGES);
-    let e = Mask::parse(&format!("causal+file:{}", r.path())).unwrap().check_lengths(41, 30).unwrap_err().to_string();
+    let e = loaded(&format!("causal+file:{}", r.path())).unwrap().check_lengths(41, 30).unwrap_err().to_string();
     assert!(e.contains("'q_len' x 'kv_len' = 40 x 30") && e.contains("41 x 30"), "{e}");
     let w = AttentionCall { q_len: 41, kv_len: 30, mask: m, ..AttentionCall::video_default() };
     let e = w.validate().unwrap_err().to_string();
-    assert!(e.contains("--mask") && e.contains("40 x 30"), "{e}");
+    assert!(e.contains("`mask`") && e.contains("40 x 30"), "{e}");
 
     // Block format.
     let e = file_err("oob", r#"{"q_len": 40, "kv_len": 30, "block_q": 16, "block_kv": 8, "blocks": [[0, 0], [3, 0]]}"#);

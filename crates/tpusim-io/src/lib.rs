@@ -1,0 +1,178 @@
+//! What is not the domain, written once for every front end: output files that are written
+//! completely or not at all ([`write_atomic`], checked before any work by [`check_output`]) and
+//! CSV records ([`csv_record`], [`csv_fields`]) with the `csv` crate's RFC 4180 quoting.
+//!
+//! Depends on nothing in the workspace.
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+
+/// Why an output file cannot be written.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OutputError {
+    /// The path cannot be an output: its folder is missing, it is empty, or it names something
+    /// that is not a regular file. Checked before any work ([`check_output`]).
+    #[error("{path}: {reason}")]
+    Refused {
+        /// The path as given.
+        path: String,
+        /// Why.
+        reason: String,
+    },
+    /// Creating, writing or renaming the file failed.
+    #[error("cannot write {path}: {reason}")]
+    Io {
+        /// The path as given.
+        path: String,
+        /// The operating system's reason.
+        reason: String,
+    },
+}
+
+impl OutputError {
+    /// True when the path itself was refused (the user's input), false for an I/O failure.
+    pub fn is_refusal(&self) -> bool {
+        matches!(self, OutputError::Refused { .. })
+    }
+}
+
+fn refused(path: &Path, reason: impl Into<String>) -> OutputError {
+    OutputError::Refused { path: path.display().to_string(), reason: reason.into() }
+}
+
+/// The folder a path's file lives in (`.` for a bare file name).
+fn folder_of(path: &Path) -> PathBuf {
+    match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    }
+}
+
+/// Checks, before any work, that `path` can be written by [`write_atomic`]: a non-empty path
+/// with a file name, in an existing folder, that is not an existing directory, device or link.
+///
+/// # Errors
+/// [`OutputError::Refused`] saying why.
+pub fn check_output(path: &Path) -> Result<(), OutputError> {
+    if path.as_os_str().is_empty() {
+        return Err(refused(path, "an empty path; give a file name"));
+    }
+    if path.file_name().is_none() {
+        return Err(refused(path, "not a file name"));
+    }
+    let dir = folder_of(path);
+    if !dir.is_dir() {
+        return Err(refused(path, format!("the folder {} does not exist", dir.display())));
+    }
+    if let Ok(m) = std::fs::symlink_metadata(path) {
+        if !m.file_type().is_file() {
+            return Err(refused(path, "exists and is not a regular file (a device, directory or link); choose another path"));
+        }
+    }
+    Ok(())
+}
+
+/// Writes a file completely or not at all: `fill` writes into a temporary file in the same
+/// folder (so the rename cannot cross file systems), which is flushed to disk and then renamed
+/// over `path`. A reader never sees a half-written file, and a failure leaves no temporary file.
+///
+/// # Errors
+/// [`OutputError::Refused`] as [`check_output`]; [`OutputError::Io`] when writing or renaming
+/// fails.
+pub fn write_with(path: &Path, fill: impl FnOnce(&mut std::fs::File) -> std::io::Result<()>) -> Result<(), OutputError> {
+    check_output(path)?;
+    let io = |e: std::io::Error| OutputError::Io { path: path.display().to_string(), reason: e.to_string() };
+    let mut tmp = tempfile::Builder::new().prefix(".tpusim-").suffix(".tmp").tempfile_in(folder_of(path)).map_err(io)?;
+    fill(tmp.as_file_mut()).map_err(io)?;
+    tmp.as_file_mut().flush().map_err(io)?;
+    tmp.as_file().sync_all().map_err(io)?;
+    tmp.persist(path).map_err(|e| io(e.error))?;
+    Ok(())
+}
+
+/// [`write_with`] for bytes in memory.
+///
+/// # Errors
+/// As [`write_with`].
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), OutputError> {
+    write_with(path, |f| f.write_all(bytes))
+}
+
+/// One CSV record, ending in a newline (fields with a comma, quote or line break are quoted).
+pub fn csv_record<I: IntoIterator<Item = S>, S: AsRef<[u8]>>(fields: I) -> String {
+    let mut w = csv::WriterBuilder::new().terminator(csv::Terminator::Any(b'\n')).from_writer(Vec::new());
+    // Writing into memory cannot fail.
+    let _ = w.write_record(fields);
+    String::from_utf8_lossy(&w.into_inner().unwrap_or_default()).into_owned()
+}
+
+/// The fields of one CSV record (its text, with or without the line break).
+///
+/// # Errors
+/// The `csv` crate's description of what is malformed.
+pub fn csv_fields(record: &str) -> Result<Vec<String>, String> {
+    let mut r = csv::ReaderBuilder::new().has_headers(false).flexible(true).from_reader(record.as_bytes());
+    match r.records().next() {
+        Some(Ok(rec)) => Ok(rec.iter().map(String::from).collect()),
+        Some(Err(e)) => Err(e.to_string()),
+        None => Ok(vec![String::new()]),
+    }
+}
+
+/// The 1-based line of the CSV record that starts at or after byte `byte` of `text`: the `csv`
+/// crate's record position may point at the previous line's terminator or at skipped blank lines
+/// and `#` comment lines.
+pub fn csv_line_at(text: &str, byte: u64) -> u64 {
+    let b = text.as_bytes();
+    let mut i = (byte as usize).min(b.len());
+    loop {
+        while i < b.len() && (b[i] == b'\n' || b[i] == b'\r') {
+            i += 1;
+        }
+        if i < b.len() && b[i] == b'#' {
+            while i < b.len() && b[i] != b'\n' {
+                i += 1;
+            }
+            continue;
+        }
+        break;
+    }
+    1 + b[..i].iter().filter(|&&c| c == b'\n').count() as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn atomic_write_replaces_completely_and_leaves_no_temporary_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("out.txt");
+        write_atomic(&p, b"one").unwrap();
+        write_atomic(&p, b"two").unwrap();
+        assert_eq!(std::fs::read_to_string(&p).unwrap(), "two");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+        let e = write_with(&p, |_| Err(std::io::Error::other("disk full"))).unwrap_err();
+        assert!(!e.is_refusal() && e.to_string().contains("disk full"), "{e}");
+        assert_eq!(std::fs::read_to_string(&p).unwrap(), "two");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn bad_outputs_are_refused_before_work() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(check_output(Path::new("")).unwrap_err().is_refusal());
+        assert!(check_output(&dir.path().join("missing/x.csv")).unwrap_err().to_string().contains("does not exist"));
+        assert!(check_output(dir.path()).unwrap_err().to_string().contains("not a regular file"));
+        assert!(check_output(Path::new("/dev/null")).unwrap_err().is_refusal());
+        check_output(&dir.path().join("new.csv")).unwrap();
+    }
+
+    #[test]
+    fn csv_records_round_trip() {
+        let fields = ["a", "b,c", "say \"hi\"", "", "x\ny"];
+        let line = csv_record(fields);
+        assert!(line.ends_with('\n'));
+        assert_eq!(csv_fields(&line).unwrap(), fields);
+    }
+}

@@ -1,0 +1,269 @@
+//! The kernel options a job can set, each defined once ([`crate::word_enum!`]): which kernel
+//! family runs, how a sparse grid is traversed and masked, the exp base, what a timing covers and
+//! which direction of attention runs. Every family's defaults are those of the library it models
+//! ([`Kernel::defaults`]).
+
+crate::word_enum! {
+    /// A kernel family: the library whose kernel (and whose defaults) is simulated.
+    pub enum Kernel {
+        /// tokamax's Splash attention (openxla/tokamax, `pallas_mosaic_tpu.py`): compacted grid over non-empty blocks, mask on partial blocks only, base-2 exp; default blocks 128 (its heuristic config); fused backward.
+        TokamaxSplash = "tokamax-splash",
+        /// JAX's Splash attention (`jax.experimental.pallas.ops.tpu.splash_attention`): every grid step after grid shrinking, compute skipped on empty blocks, mask on partial blocks only; default blocks 128 (`BlockSizes.get_default`); dq and dkv backward kernels.
+        Splash = "splash",
+        /// MaxDiffusion's dense Splash kernel (mask-free): every block computed without a mask; default blocks 4864 / 1024 / 1024.
+        SplashDense = "splash-dense",
+        /// MaxDiffusion's sparse Splash kernel (Sparse VideoGen): compacted grid over non-empty blocks, mask on partial blocks only; default blocks 128 as the Splash it copies.
+        SparseSplash = "sparse-splash",
+        /// JAX's older Pallas TPU flash attention (`jax.experimental.pallas.ops.tpu.flash_attention`): grid (batch, heads, q blocks, kv blocks), blocks above the causal diagonal skipped, the mask applied on every computed block; default blocks 128.
+        FlashAttention = "flash-attention",
+        /// The blocked matmul of the Pallas TPU matmul tutorial: grid (M / bm, N / bn, K / bk); default blocks 128 x 128 x 128.
+        PallasMatmul = "pallas-matmul",
+        /// XLA's own dot (not a Pallas kernel): a blocked matmul with 1024-wide output tiles and 512-deep contraction chunks, MXU-bound with HBM streams overlapped.
+        XlaMatmul = "xla-matmul",
+        /// An XLA fusion that only moves data (a copy, transpose or element-wise op): HBM bytes read and written at the sustained copy bandwidth.
+        HbmCopy = "hbm-copy",
+    }
+}
+
+impl Default for Kernel {
+    /// The family a job runs when it names none: tokamax's Splash, the maintained Splash.
+    fn default() -> Self {
+        Kernel::TokamaxSplash
+    }
+}
+
+crate::word_enum! {
+    /// Which grid steps an attention kernel runs.
+    pub enum Traversal {
+        /// Every row runs as many steps as the longest row's non-empty blocks (JAX Splash after grid shrinking); surplus steps only pay the step overhead.
+        FullGrid = "full-grid",
+        /// Only non-empty blocks are grid steps (tokamax's dynamic grid, MaxDiffusion's sparse kernel).
+        Compact = "compact",
+    }
+}
+
+crate::word_enum! {
+    /// Which visited blocks apply the element-wise mask.
+    pub enum Masking {
+        /// Every computed block.
+        All = "all",
+        /// Partial blocks only; full blocks take a mask-free path.
+        Partial = "partial",
+        /// Never (a mask-free kernel; results are inexact unless the mask is tile-aligned and unpadded).
+        None = "none",
+    }
+}
+
+crate::word_enum! {
+    /// Where the element-wise mask comes from.
+    pub enum MaskSource {
+        /// Compared from iota-generated positions on the VPU (Splash's mask functions).
+        Computed = "computed",
+        /// int8 mask blocks loaded from HBM by DMA (Splash's partial mask blocks).
+        Loaded = "loaded",
+    }
+}
+
+crate::word_enum! {
+    /// The base of the softmax exponential.
+    pub enum Exp {
+        /// exp(s - m): the VPU scales every score by log2(e) before the EUP's exp2.
+        Natural = "natural",
+        /// exp2 with log2(e) folded into q's scale (tokamax's `use_base2_exp`): one VPU multiply per score fewer, one per q element more.
+        Base2 = "base2",
+    }
+}
+
+crate::word_enum! {
+    /// What a simulated time covers.
+    pub enum Scope {
+        /// The Pallas kernel(s) alone (what a kernel benchmark such as the video case study times).
+        Kernel = "kernel",
+        /// Every XLA op of the library call: the kernel(s) plus the library's transposes, scalings and reductions around them (what tokamax's profiler-based timer sums).
+        Op = "op",
+    }
+}
+
+crate::word_enum! {
+    /// Which pass of attention runs.
+    pub enum Direction {
+        /// The forward pass.
+        Fwd = "fwd",
+        /// The backward pass alone (what `jax.grad` runs after a forward that saved residuals).
+        Bwd = "bwd",
+        /// The forward with residuals, then the backward: one training step of the layer.
+        FwdBwd = "fwd+bwd",
+    }
+}
+
+impl Direction {
+    /// Parses the measurement CSV's `direction` words too: `bwd(dq,dk,dv)` is the backward.
+    ///
+    /// # Errors
+    /// [`crate::words::WordError`] listing the words.
+    pub fn from_measurement(word: &str) -> Result<Direction, crate::words::WordError> {
+        let w = word.trim();
+        if w.starts_with("bwd(") && w.ends_with(')') {
+            return Ok(Direction::Bwd);
+        }
+        w.parse().map_err(|e: crate::words::WordError| crate::words::WordError {
+            allowed: format!("{}, or bwd(dq,dk,dv)", e.allowed),
+            ..e
+        })
+    }
+}
+
+/// What kind of computation a kernel family is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KernelKind {
+    /// Flash attention (Splash and its descendants).
+    Attention,
+    /// A matmul.
+    Matmul,
+    /// A data-movement fusion.
+    Copy,
+}
+
+/// Block sizes a family uses when a job gives none (the library's own defaults).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DefaultBlocks {
+    /// block_q (attention) or block_m (matmul).
+    pub q: u64,
+    /// block_kv (attention) or block_n (matmul).
+    pub kv: u64,
+    /// block_kv_compute (attention; `None`: equal to block_kv) or block_k (matmul).
+    pub compute: Option<u64>,
+}
+
+/// The defaults of a kernel family, and what its library says about them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FamilyDefaults {
+    /// Attention, matmul or copy.
+    pub kind: KernelKind,
+    /// Where the defaults come from (library, file, function).
+    pub source: &'static str,
+    /// Forward blocks.
+    pub blocks: DefaultBlocks,
+    /// Traversal of a sparse grid.
+    pub traversal: Traversal,
+    /// Which blocks are masked.
+    pub masking: Masking,
+    /// Where the mask comes from.
+    pub mask_source: MaskSource,
+    /// Exp base.
+    pub exp: Exp,
+    /// Whether the compiler's experimental (LP) scheduler flag is set.
+    pub experimental_scheduler: bool,
+    /// Backward blocks (dkv kernel, or the fused kernel): q, kv, kv compute.
+    pub bwd_blocks: DefaultBlocks,
+    /// Backward dq-kernel blocks (unfused backward): q, kv.
+    pub dq_blocks: (u64, u64),
+    /// Whether the backward is one fused dq/dk/dv kernel.
+    pub fused_bwd: bool,
+    /// Whether the forward marks its head grid dimension "parallel" (split over a megacore
+    /// device's TensorCores); batch, when vmapped, is always parallel.
+    pub heads_parallel: bool,
+    /// Whether the library wraps the kernel in transposes and scalings (tokamax's
+    /// sequence-major API), counted under `--scope op`.
+    pub transposes_around: bool,
+}
+
+const B128: DefaultBlocks = DefaultBlocks { q: 128, kv: 128, compute: Some(128) };
+
+impl Kernel {
+    /// What kind of computation this family is.
+    pub fn kind(self) -> KernelKind {
+        self.defaults().kind
+    }
+
+    /// The family's defaults (module docs): the library's own rules, never a workload's.
+    pub fn defaults(self) -> FamilyDefaults {
+        let attention = FamilyDefaults {
+            kind: KernelKind::Attention,
+            source: "",
+            blocks: B128,
+            traversal: Traversal::FullGrid,
+            masking: Masking::Partial,
+            mask_source: MaskSource::Computed,
+            exp: Exp::Natural,
+            experimental_scheduler: false,
+            bwd_blocks: B128,
+            dq_blocks: (128, 128),
+            fused_bwd: false,
+            heads_parallel: true,
+            transposes_around: false,
+        };
+        match self {
+            Kernel::TokamaxSplash => FamilyDefaults {
+                source: "openxla/tokamax pallas_mosaic_tpu.py (_get_heuristics_config: blocks 128, base-2 exp, experimental scheduler on) and splash_attention_kernel.py (dynamic grid over active blocks, fused backward)",
+                traversal: Traversal::Compact,
+                exp: Exp::Base2,
+                experimental_scheduler: true,
+                fused_bwd: true,
+                transposes_around: true,
+                ..attention
+            },
+            Kernel::Splash => FamilyDefaults {
+                source: "jax-ml/jax splash_attention_kernel.py (BlockSizes.get_default: every block 128, block_kv_compute = block_kv when unset; use_fused_bwd_kernel False; grid shrinking)",
+                blocks: DefaultBlocks { q: 128, kv: 128, compute: None },
+                ..attention
+            },
+            Kernel::SplashDense => FamilyDefaults {
+                source: "AI-Hypercomputer/maxdiffusion custom mask-free Splash kernel (defaults block_q 4864, block_kv 1024, block_kv_compute 1024)",
+                blocks: DefaultBlocks { q: 4864, kv: 1024, compute: Some(1024) },
+                masking: Masking::None,
+                ..attention
+            },
+            Kernel::SparseSplash => FamilyDefaults {
+                source: "AI-Hypercomputer/maxdiffusion sparse Splash kernel (Sparse VideoGen, pull request 480): a compacted grid of active blocks with a mask-free path on full blocks; blocks default as JAX Splash's",
+                traversal: Traversal::Compact,
+                ..attention
+            },
+            Kernel::FlashAttention => FamilyDefaults {
+                source: "jax-ml/jax pallas/ops/tpu/flash_attention.py (BlockSizes defaults 128; grid (batch, heads, q blocks, kv blocks) with the first three parallel; causal blocks above the diagonal skipped, the causal mask applied on every computed block)",
+                masking: Masking::All,
+                ..attention
+            },
+            Kernel::PallasMatmul => FamilyDefaults {
+                kind: KernelKind::Matmul,
+                source: "jax-ml/jax docs/pallas/tpu/matmul.ipynb (matmul(x, y, bm=128, bk=128, bn=128); grid (M/bm, N/bn, K/bk), first two parallel)",
+                ..attention
+            },
+            Kernel::XlaMatmul => FamilyDefaults {
+                kind: KernelKind::Matmul,
+                source: "XLA's dot emitter (not public in detail): modelled as a blocked matmul with 1024 x 1024 output tiles and 512-deep contraction",
+                blocks: DefaultBlocks { q: 1024, kv: 1024, compute: Some(512) },
+                ..attention
+            },
+            Kernel::HbmCopy => FamilyDefaults {
+                kind: KernelKind::Copy,
+                source: "an XLA data-movement fusion: bytes read plus bytes written at the sustained HBM bandwidth",
+                ..attention
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_family_has_a_source_and_sane_blocks() {
+        for k in Kernel::ALL {
+            let d = k.defaults();
+            assert!(!d.source.is_empty(), "{k}");
+            assert!(d.blocks.q >= 8 && d.blocks.kv >= 128, "{k}");
+            assert!(!k.help().is_empty(), "{k}");
+        }
+    }
+
+    #[test]
+    fn measurement_direction_words() {
+        assert_eq!(Direction::from_measurement("bwd(dq,dk,dv)").unwrap(), Direction::Bwd);
+        assert_eq!(Direction::from_measurement("fwd").unwrap(), Direction::Fwd);
+        assert_eq!(Direction::from_measurement("fwd+bwd").unwrap(), Direction::FwdBwd);
+        let e = Direction::from_measurement("sideways").unwrap_err().to_string();
+        assert!(e.contains("fwd, bwd or fwd+bwd, or bwd(dq,dk,dv)"), "{e}");
+    }
+}

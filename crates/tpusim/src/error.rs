@@ -1,0 +1,77 @@
+//! Errors of the command line: every library error becomes a [`CliError`] whose kind picks the
+//! exit code (2 for bad input, 1 for an internal or I/O failure), with job fields named as the
+//! flags the user typed.
+
+use tpusim_report::{render_fields, FieldStyle};
+
+/// An error for the user, printed once as `error: ...`.
+#[derive(Debug)]
+pub enum CliError {
+    /// Bad input: flags, files, values (exit code 2).
+    Input(String),
+    /// A failure that is not the input's fault: writing an output, drawing (exit code 1).
+    Internal(String),
+}
+
+impl CliError {
+    /// The process exit code for this error.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            CliError::Input(_) => 2,
+            CliError::Internal(_) => 1,
+        }
+    }
+
+    /// An input error with a message.
+    pub fn input(msg: impl Into<String>) -> Self {
+        CliError::Input(msg.into())
+    }
+}
+
+impl std::fmt::Display for CliError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CliError::Input(s) | CliError::Internal(s) => f.write_str(s),
+        }
+    }
+}
+
+/// Whether a library error is the input's fault, and how its job fields read on the command
+/// line (backticked fields become flags).
+pub trait ErrorKind: std::fmt::Display {
+    /// True for failures that are not the input's fault (exit code 1).
+    fn internal(&self) -> bool {
+        false
+    }
+}
+
+impl<E: ErrorKind> From<E> for CliError {
+    fn from(e: E) -> Self {
+        let msg = render_fields(&e.to_string(), FieldStyle::Flag);
+        if e.internal() {
+            CliError::Internal(msg)
+        } else {
+            CliError::Input(msg)
+        }
+    }
+}
+
+impl ErrorKind for tpusim_report::SpecError {}
+impl ErrorKind for tpusim_chip::ChipError {}
+impl ErrorKind for tpusim_kernel::KernelError {}
+impl ErrorKind for tpusim_calib::MeasureError {}
+impl ErrorKind for tpusim_calib::CalibError {
+    fn internal(&self) -> bool {
+        self.is_internal()
+    }
+}
+impl ErrorKind for tpusim_sweep::SweepError {
+    fn internal(&self) -> bool {
+        self.is_internal()
+    }
+}
+impl ErrorKind for tpusim_plot::PlotError {
+    fn internal(&self) -> bool {
+        self.is_internal()
+    }
+}

@@ -38,21 +38,12 @@ use serde::Serialize;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use tpusim_chip::{ChipModel, Param};
-use tpusim_kernel::{matmul, splash};
-use tpusim_report::{Job, JobSpec};
+use tpusim_report::JobSpec;
 
 /// The chip model's fitted parameters, in the order they are considered for fitting (the most
 /// specific first; the clock last, so that it is only fitted when rows pin it independently of
 /// the throughputs).
-pub const FITTED_PARAMS: &[&str] = &[
-    "valu_vreg_ops_per_cycle",
-    "eup_vregs_per_cycle",
-    "mask_extra_cycles_per_vreg",
-    "grid_step_overhead_cycles",
-    "dma_latency_ns",
-    "hbm_efficiency",
-    "clock_ghz",
-];
+pub const FITTED_PARAMS: &[&str] = &["valu_vreg_ops_per_cycle", "eup_vregs_per_cycle", "grid_step_overhead_cycles"];
 
 /// Leave-one-out up to this many rows; k-fold above.
 pub const LOO_MAX_ROWS: usize = 30;
@@ -77,13 +68,9 @@ struct Spec {
 fn spec(name: &str) -> Option<Spec> {
     // Ranges as ChipModel::validate allows them.
     let (lo, hi, offset) = match name {
-        "clock_ghz" => (1e-3, 100.0, 0.0),
         "valu_vreg_ops_per_cycle" => (1e-3, 64.0, 0.0),
         "eup_vregs_per_cycle" => (1e-3, 64.0, 0.0),
         "grid_step_overhead_cycles" => (0.0, 1e7, 100.0),
-        "mask_extra_cycles_per_vreg" => (0.0, 1e4, 1.0),
-        "dma_latency_ns" => (0.0, 1e6, 100.0),
-        "hbm_efficiency" => (1e-3, 1.0, 0.0),
         _ => return None,
     };
     let name = FITTED_PARAMS.iter().find(|n| **n == name)?;
@@ -112,13 +99,9 @@ impl Spec {
 fn param_mut<'a>(chip: &'a mut ChipModel, name: &str) -> &'a mut Param<f64> {
     let f = &mut chip.fitted;
     match name {
-        "clock_ghz" => &mut f.clock_ghz,
         "valu_vreg_ops_per_cycle" => &mut f.valu_vreg_ops_per_cycle,
         "eup_vregs_per_cycle" => &mut f.eup_vregs_per_cycle,
         "grid_step_overhead_cycles" => &mut f.grid_step_overhead_cycles,
-        "mask_extra_cycles_per_vreg" => &mut f.mask_extra_cycles_per_vreg,
-        "dma_latency_ns" => &mut f.dma_latency_ns,
-        "hbm_efficiency" => &mut f.hbm_efficiency,
         other => panic!("not a fitted parameter: {other}"),
     }
 }
@@ -127,13 +110,9 @@ fn param_mut<'a>(chip: &'a mut ChipModel, name: &str) -> &'a mut Param<f64> {
 pub fn fitted_value(chip: &ChipModel, name: &str) -> Option<f64> {
     let f = &chip.fitted;
     let p = match name {
-        "clock_ghz" => &f.clock_ghz,
         "valu_vreg_ops_per_cycle" => &f.valu_vreg_ops_per_cycle,
         "eup_vregs_per_cycle" => &f.eup_vregs_per_cycle,
         "grid_step_overhead_cycles" => &f.grid_step_overhead_cycles,
-        "mask_extra_cycles_per_vreg" => &f.mask_extra_cycles_per_vreg,
-        "dma_latency_ns" => &f.dma_latency_ns,
-        "hbm_efficiency" => &f.hbm_efficiency,
         _ => return None,
     };
     Some(p.value)
@@ -158,12 +137,8 @@ struct Row {
 
 fn simulate_ms(chip: &ChipModel, spec: &JobSpec) -> Result<f64, String> {
     let job = spec.build(chip).map_err(|e| e.to_string())?;
-    let program = match &job {
-        Job::Attention { workload, config } => splash::lower(chip, workload, config),
-        Job::Matmul { workload, config } => matmul::lower(chip, workload, config),
-    }
-    .map_err(|e| e.to_string())?;
-    Ok(tpusim_engine::simulate(chip, &program).seconds * 1e3)
+    let lowered = job.lower(chip).map_err(|e| e.to_string())?;
+    Ok(tpusim_engine::simulate_lowered(chip, &lowered).iter().map(|p| p.result.seconds).sum::<f64>() * 1e3)
 }
 
 /// Predicted times (ms) of rows on a chip, simulated on all cores. A failed row gives NaN.

@@ -106,12 +106,26 @@ pub struct Mxu {
     pub rows: Param<u32>,
     /// Systolic array columns (the output dimension of a weight tile).
     pub columns: Param<u32>,
-    /// Array passes retired per cycle per MXU (1 on the 128x128 generations; 2 makes v6e's
-    /// published peak agree with a 1.75 GHz clock).
+    /// Array passes retired per cycle per MXU (1 on the 128x128 generations; 2 on v6e, whose
+    /// matmul cadence is half v5e's and whose published peak needs it at 1.75 GHz).
     pub passes_per_cycle: Param<u32>,
-    /// Published peak bf16 dense matmul rate, TFLOP/s (reference only: the simulator derives the
-    /// peak from count x rows x columns x passes x clock so that what-if changes move it).
+    /// Cycles from a matmul's start to its result (the systolic pipeline depth), cycles.
+    pub result_latency_cycles: Param<u32>,
+    /// Published peak bf16 dense matmul rate of the whole device (all its TensorCores), TFLOP/s
+    /// (reference only: the simulator derives the peak from count x rows x columns x passes x
+    /// clock x TensorCores so that what-if changes move it).
     pub published_peak_bf16_tflops: Param<f64>,
+}
+
+/// The JAX device: how many TensorCores it holds and their clock.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Device {
+    /// TensorCores per JAX device: 2 on the megacore chips (v4, v5p), whose Pallas kernels split
+    /// the grid dimensions marked "parallel" across both; 1 otherwise.
+    pub tensorcores: Param<u32>,
+    /// Core clock, GHz.
+    pub clock_ghz: Param<f64>,
 }
 
 /// Vector unit.
@@ -164,38 +178,38 @@ pub struct Smem {
     pub size_kib: Param<f64>,
 }
 
-/// High-bandwidth memory.
+/// High-bandwidth memory and the DMA engines that move blocks between it and VMEM.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Hbm {
-    /// Capacity per chip, GiB.
+    /// Capacity of the device, GiB.
     pub capacity_gib: Param<f64>,
-    /// Peak bandwidth, GB/s (10^9 bytes per second).
+    /// Peak bandwidth of the device, GB/s (10^9 bytes per second).
     pub bandwidth_gb_per_s: Param<f64>,
+    /// Sustained HBM <-> VMEM DMA bandwidth of one TensorCore, GB/s. TensorCores that stream at
+    /// once share the device's peak: each gets at most peak / active cores.
+    pub dma_bandwidth_gb_per_s: Param<f64>,
+    /// Latency from a DMA's issue to its data arriving in VMEM (HBM -> VMEM), ns.
+    pub dma_latency_ns: Param<f64>,
+    /// Latency of a write-back DMA (VMEM -> HBM), ns.
+    pub writeback_latency_ns: Param<f64>,
 }
 
-/// Parameters that are not public and were fitted to measurements.
+/// Parameters that are not public and were fitted to measurements (at most three, each a
+/// physical rate or cost).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Fitted {
-    /// Core clock, GHz.
-    pub clock_ghz: Param<f64>,
     /// Vector ALU throughput: (8,128) f32 register operations retired per cycle.
     pub valu_vreg_ops_per_cycle: Param<f64>,
     /// Transcendental throughput: (8,128) registers of exp results per cycle.
     pub eup_vregs_per_cycle: Param<f64>,
     /// Fixed scalar-unit cost of one grid step (pipeline bookkeeping, semaphore waits), cycles.
     pub grid_step_overhead_cycles: Param<f64>,
-    /// Extra vector cycles per (8,128) register of scores on the masked path, on top of the
-    /// mask expression's own ALU ops (the select and the masked code path's spills).
-    pub mask_extra_cycles_per_vreg: Param<f64>,
-    /// Latency from a DMA's issue to its first byte arriving in VMEM, ns.
-    pub dma_latency_ns: Param<f64>,
-    /// Fraction of peak HBM bandwidth a large DMA stream achieves (0, 1].
-    pub hbm_efficiency: Param<f64>,
 }
 
-/// One TensorCore of a TPU chip, as a Pallas kernel sees it.
+/// One JAX device of a TPU chip, as a Pallas kernel sees it: its TensorCores (each with the
+/// units and memories below) and the HBM they share.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ChipModel {
@@ -203,7 +217,9 @@ pub struct ChipModel {
     pub name: String,
     /// One line describing the chip.
     pub description: String,
-    /// Matrix units.
+    /// TensorCores per device and clock.
+    pub device: Device,
+    /// Matrix units (per TensorCore).
     pub mxu: Mxu,
     /// Vector unit.
     pub vpu: Vpu,
@@ -331,10 +347,13 @@ impl ChipModel {
     /// [`ChipError::Field`] for the first offending field.
     pub fn validate(&self, origin: &str) -> Result<(), ChipError> {
         let mut v = Validator { origin, err: None };
+        v.count("device.tensorcores", &self.device.tensorcores, 1, 8);
+        v.pos("device.clock_ghz", &self.device.clock_ghz, 1e-3, 100.0);
         v.count("mxu.count", &self.mxu.count, 1, 64);
         v.count("mxu.rows", &self.mxu.rows, 8, 4096);
         v.count("mxu.columns", &self.mxu.columns, 8, 4096);
         v.count("mxu.passes_per_cycle", &self.mxu.passes_per_cycle, 1, 16);
+        v.count("mxu.result_latency_cycles", &self.mxu.result_latency_cycles, 1, 100_000);
         v.pos("mxu.published_peak_bf16_tflops", &self.mxu.published_peak_bf16_tflops, 1e-3, 1e6);
         v.count("vpu.sublanes", &self.vpu.sublanes, 1, 1024);
         v.count("vpu.lanes", &self.vpu.lanes, 1, 8192);
@@ -355,13 +374,12 @@ impl ChipModel {
         v.pos("smem.size_kib", &self.smem.size_kib, 1e-3, 1e9);
         v.pos("hbm.capacity_gib", &self.hbm.capacity_gib, 1e-3, 1e6);
         v.pos("hbm.bandwidth_gb_per_s", &self.hbm.bandwidth_gb_per_s, 1e-3, 1e7);
-        v.fit("fitted.clock_ghz", &self.fitted.clock_ghz, 1e-3, 100.0);
+        v.pos("hbm.dma_bandwidth_gb_per_s", &self.hbm.dma_bandwidth_gb_per_s, 1e-3, 1e7);
+        v.nonneg("hbm.dma_latency_ns", &self.hbm.dma_latency_ns, 1e6);
+        v.nonneg("hbm.writeback_latency_ns", &self.hbm.writeback_latency_ns, 1e6);
         v.fit("fitted.valu_vreg_ops_per_cycle", &self.fitted.valu_vreg_ops_per_cycle, 1e-3, 64.0);
         v.fit("fitted.eup_vregs_per_cycle", &self.fitted.eup_vregs_per_cycle, 1e-3, 64.0);
         v.fit_nonneg("fitted.grid_step_overhead_cycles", &self.fitted.grid_step_overhead_cycles, 1e7);
-        v.fit_nonneg("fitted.mask_extra_cycles_per_vreg", &self.fitted.mask_extra_cycles_per_vreg, 1e4);
-        v.fit_nonneg("fitted.dma_latency_ns", &self.fitted.dma_latency_ns, 1e6);
-        v.fit("fitted.hbm_efficiency", &self.fitted.hbm_efficiency, 1e-3, 1.0);
         match v.err {
             Some(e) => Err(e),
             None => Ok(()),
@@ -370,7 +388,12 @@ impl ChipModel {
 
     /// Clock frequency, Hz.
     pub fn clock_hz(&self) -> f64 {
-        self.fitted.clock_ghz.value * 1e9
+        self.device.clock_ghz.value * 1e9
+    }
+
+    /// TensorCores per device.
+    pub fn tensorcores(&self) -> u32 {
+        self.device.tensorcores.value
     }
 
     /// Elements in one vector register (sublanes x lanes; 1024 on every TPU so far).
@@ -378,25 +401,58 @@ impl ChipModel {
         (self.vpu.sublanes.value * self.vpu.lanes.value) as f64
     }
 
-    /// Weight arrays that stream concurrently: MXU count x passes per cycle.
+    /// Weight arrays that stream concurrently in one TensorCore: MXU count x passes per cycle.
     pub fn mxu_arrays(&self) -> f64 {
         (self.mxu.count.value * self.mxu.passes_per_cycle.value) as f64
     }
 
-    /// Peak bf16 matmul rate of the model, FLOP/s: 2 x count x rows x columns x passes x clock.
-    pub fn peak_flops(&self) -> f64 {
+    /// Peak bf16 matmul rate of one TensorCore, FLOP/s: 2 x count x rows x columns x passes x clock.
+    pub fn peak_flops_per_core(&self) -> f64 {
         2.0 * self.mxu_arrays() * (self.mxu.rows.value as f64) * (self.mxu.columns.value as f64) * self.clock_hz()
     }
 
-    /// Sustained HBM bandwidth of a long DMA stream, bytes per cycle
-    /// (peak GB/s x efficiency / clock).
-    pub fn hbm_bytes_per_cycle(&self) -> f64 {
-        self.hbm.bandwidth_gb_per_s.value * 1e9 * self.fitted.hbm_efficiency.value / self.clock_hz()
+    /// Peak bf16 matmul rate of the device (all its TensorCores), FLOP/s.
+    pub fn peak_flops(&self) -> f64 {
+        self.peak_flops_per_core() * self.tensorcores() as f64
     }
 
-    /// DMA latency in cycles.
+    /// Sustained DMA bandwidth of one TensorCore when `active` TensorCores stream at once, bytes
+    /// per cycle: the per-core DMA rate, capped by an equal share of the device's peak.
+    pub fn dma_bytes_per_cycle(&self, active: u32) -> f64 {
+        let per_core = self.hbm.dma_bandwidth_gb_per_s.value;
+        let share = self.hbm.bandwidth_gb_per_s.value / active.max(1) as f64;
+        per_core.min(share) * 1e9 / self.clock_hz()
+    }
+
+    /// Sustained HBM bandwidth of one streaming TensorCore, bytes per cycle
+    /// ([`ChipModel::dma_bytes_per_cycle`] with one core active).
+    pub fn hbm_bytes_per_cycle(&self) -> f64 {
+        self.dma_bytes_per_cycle(1)
+    }
+
+    /// Sustained HBM bandwidth of the whole device, GB/s (every TensorCore streaming).
+    pub fn sustained_hbm_gb_per_s(&self) -> f64 {
+        self.dma_bytes_per_cycle(self.tensorcores()) * self.tensorcores() as f64 * self.clock_hz() / 1e9
+    }
+
+    /// HBM -> VMEM DMA latency, cycles.
     pub fn dma_latency_cycles(&self) -> f64 {
-        self.fitted.dma_latency_ns.value * 1e-9 * self.clock_hz()
+        self.hbm.dma_latency_ns.value * 1e-9 * self.clock_hz()
+    }
+
+    /// VMEM -> HBM write-back latency, cycles.
+    pub fn writeback_latency_cycles(&self) -> f64 {
+        self.hbm.writeback_latency_ns.value * 1e-9 * self.clock_hz()
+    }
+
+    /// HBM capacity of the device, bytes.
+    pub fn hbm_capacity_bytes(&self) -> u64 {
+        (self.hbm.capacity_gib.value * 1024.0 * 1024.0 * 1024.0) as u64
+    }
+
+    /// SMEM per TensorCore, bytes.
+    pub fn smem_bytes(&self) -> u64 {
+        (self.smem.size_kib.value * 1024.0) as u64
     }
 
     /// Scoped VMEM limit, bytes.
@@ -542,6 +598,12 @@ impl Validator<'_> {
             self.fail(field, p.value, &format!("expected a number from {lo} to {hi}"));
         }
     }
+    fn nonneg(&mut self, field: &str, p: &Param<f64>, hi: f64) {
+        self.sourced(field, p);
+        if !(p.value.is_finite() && p.value >= 0.0 && p.value <= hi) {
+            self.fail(field, p.value, &format!("expected a number from 0 to {hi}"));
+        }
+    }
     fn fit_nonneg(&mut self, field: &str, p: &Param<f64>, hi: f64) {
         self.fitted_provenance(field, p);
         if !(p.value.is_finite() && p.value >= 0.0 && p.value <= hi) {
@@ -600,8 +662,8 @@ mod tests {
         assert_eq!(faster.hbm.bandwidth_gb_per_s.value, 3276.0);
         let err = chip.with_override("hbm.bandwith_gb_per_s", "1").unwrap_err().to_string();
         assert!(err.contains("bandwith") && err.contains("bandwidth_gb_per_s"), "{err}");
-        let err = chip.with_override("fitted.clock_ghz", "fast").unwrap_err().to_string();
-        assert!(err.contains("fitted.clock_ghz") && err.contains("number"), "{err}");
+        let err = chip.with_override("device.clock_ghz", "fast").unwrap_err().to_string();
+        assert!(err.contains("device.clock_ghz") && err.contains("number"), "{err}");
     }
 
     #[test]

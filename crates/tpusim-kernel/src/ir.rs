@@ -169,13 +169,19 @@ impl Work {
     }
 }
 
-/// One tile operation: a name (for timelines), its work and its issue slot.
+/// One tile operation: a name (for timelines), its work, its issue slot and the state it carries
+/// between grid steps.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct TileOp {
     /// What it computes, e.g. `qk`, `exp`, `pv`.
     pub name: &'static str,
     /// Its work.
     pub work: Work,
+    /// A carried-state slot this operation reads: it waits for the previous grid step's last
+    /// write of that slot (an accumulator such as the running max or o_acc of a row's slab).
+    pub carry_in: Option<u16>,
+    /// A carried-state slot this operation writes (the next step's reader waits for it).
+    pub carry_out: Option<u16>,
     /// Position in the kernel's static instruction schedule: each unit issues its operations in
     /// increasing `issue` order (ties by node index). Lowering assigns software-pipelined slots
     /// (slab s's stage k at slot s + skew(k)), as a compiler's modulo schedule would; a fixed
@@ -183,7 +189,8 @@ pub struct TileOp {
     pub issue: u64,
 }
 
-/// The body of one grid step: tile operations and their data dependencies.
+/// The body of one grid step: tile operations, their data dependencies within the step, and
+/// the carried-state slots that chain consecutive steps (accumulators in VMEM scratch).
 ///
 /// Node indices are a topological order (every edge goes from a lower to a higher index); the
 /// issue order is (issue slot, node index), also topological.
@@ -191,15 +198,34 @@ pub struct TileOp {
 pub struct StepBody {
     /// Operations and dependency edges (from producer to consumer).
     pub graph: DiGraph<TileOp, ()>,
+    /// Number of carried-state slots the body's operations name (slots are `0..carries`).
+    pub carries: u16,
 }
 
 impl StepBody {
     /// Adds an operation issued at slot `issue`, depending on `deps`, and returns its index.
     /// Every dependency must have an issue slot no later than the operation's.
     pub fn add(&mut self, name: &'static str, work: Work, deps: &[NodeIndex], issue: u64) -> NodeIndex {
-        let n = self.graph.add_node(TileOp { name, work, issue });
+        self.add_carried(name, work, deps, issue, None, None)
+    }
+
+    /// [`StepBody::add`] for an operation that reads carried slot `carry_in` (the previous
+    /// step's value) and/or writes slot `carry_out`.
+    pub fn add_carried(
+        &mut self,
+        name: &'static str,
+        work: Work,
+        deps: &[NodeIndex],
+        issue: u64,
+        carry_in: Option<u16>,
+        carry_out: Option<u16>,
+    ) -> NodeIndex {
+        let n = self.graph.add_node(TileOp { name, work, issue, carry_in, carry_out });
         for &d in deps {
             self.graph.add_edge(d, n, ());
+        }
+        for c in carry_in.iter().chain(carry_out.iter()) {
+            self.carries = self.carries.max(c + 1);
         }
         n
     }

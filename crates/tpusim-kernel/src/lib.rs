@@ -13,6 +13,7 @@
 //! tile classification); never on the engine or anything above it.
 
 pub mod ir;
+pub mod library;
 pub mod matmul;
 pub mod options;
 pub mod splash;
@@ -25,8 +26,10 @@ pub mod __private {
 }
 
 pub use ir::{ClassKey, PerUnit, Step, StepBody, StepClass, TileOp, Unit, Work};
+pub use library::{lower_attention, Fusion, Lowered, Part, Phase, PhaseWork};
 pub use options::{Direction, Exp, Kernel, KernelKind, MaskSource, Masking, Scope, Traversal};
 pub use matmul::MatmulConfig;
+pub use splash::bwd::BwdBlocks;
 pub use splash::{RunItem, SplashConfig};
 pub use words::WordError;
 
@@ -73,6 +76,24 @@ pub enum KernelError {
         physical_mib: f64,
         /// Per-buffer breakdown.
         breakdown: String,
+    },
+    /// The mask metadata Splash prefetches into SMEM does not fit.
+    #[error("the mask metadata this kernel prefetches into SMEM needs {needed} bytes but SMEM holds {limit} bytes: use larger blocks (fewer grid steps)")]
+    Smem {
+        /// Bytes needed.
+        needed: u64,
+        /// SMEM bytes.
+        limit: u64,
+    },
+    /// The call's tensors do not fit the device's HBM.
+    #[error("the tensors need {needed} bytes of HBM but the device holds {capacity} bytes ({capacity_gib} GiB): use a smaller `batch` or shorter sequences")]
+    Hbm {
+        /// Bytes needed.
+        needed: u64,
+        /// Device HBM, bytes.
+        capacity: u64,
+        /// Device HBM, GiB.
+        capacity_gib: f64,
     },
     /// The workload itself is invalid.
     #[error(transparent)]
@@ -159,6 +180,8 @@ pub struct ProgramInfo {
     pub exact_kept_pairs: u64,
     /// Total grid steps.
     pub grid_steps: u64,
+    /// Bytes of mask metadata prefetched into SMEM (attention).
+    pub smem_bytes: u64,
 }
 
 /// A lowered kernel: step classes and the grid's step stream.
@@ -166,6 +189,10 @@ pub struct ProgramInfo {
 pub struct Program {
     /// Distinct step bodies; [`Step::class`] indexes this.
     pub classes: Vec<StepClass>,
+    /// Units of the grid's leading "parallel" dimensions (flattened, in grid order): a megacore
+    /// device splits them over its TensorCores ([`Program::core_ranges`]). 1 when no dimension
+    /// is parallel.
+    pub parallel_units: u64,
     /// VMEM budget of the tiling.
     pub vmem: VmemBudget,
     /// Facts for reports.
@@ -176,6 +203,7 @@ pub struct Program {
 #[derive(Debug, Clone)]
 enum StepSource {
     Splash(splash::Steps),
+    Columns(splash::bwd::ColumnSteps),
     Matmul(matmul::Steps),
 }
 
@@ -185,6 +213,11 @@ impl Program {
     pub fn for_each_step(&self, f: &mut dyn FnMut(&Step)) {
         match &self.steps {
             StepSource::Splash(s) => s.for_each(f),
+            StepSource::Columns(_) => self.for_each_run(&mut |s, n| {
+                for i in 0..n {
+                    f(&Step { coords: [s.coords[0], s.coords[1], s.coords[2] + i as u32, s.coords[3]], ..*s });
+                }
+            }),
             StepSource::Matmul(s) => s.for_each(f),
         }
     }
@@ -197,6 +230,7 @@ impl Program {
     pub fn for_each_run(&self, f: &mut dyn FnMut(&Step, u64)) {
         match &self.steps {
             StepSource::Splash(s) => s.for_each_run(f),
+            StepSource::Columns(s) => s.for_each_run_range(0, u64::MAX, f),
             StepSource::Matmul(s) => s.for_each_run(f),
         }
     }
@@ -206,9 +240,43 @@ impl Program {
     /// repeat `n` more times (for heads whose streams are identical but for coordinates). The
     /// cost of walking it grows with the number of distinct heads, not with batch x heads.
     pub fn for_each_run_block(&self, f: &mut dyn FnMut(RunItem<'_>)) {
+        self.for_each_run_block_range(0, self.parallel_units, f)
+    }
+
+    /// [`Program::for_each_run_block`] for the parallel units `lo..hi` only (one TensorCore's
+    /// share of the grid).
+    pub fn for_each_run_block_range(&self, lo: u64, hi: u64, f: &mut dyn FnMut(RunItem<'_>)) {
         match &self.steps {
-            StepSource::Splash(s) => s.for_each_run_block(f),
-            StepSource::Matmul(s) => s.for_each_run(&mut |st, n| f(RunItem::Run(st, n))),
+            StepSource::Splash(s) => s.for_each_run_block(lo, hi, f),
+            StepSource::Columns(s) => s.for_each_run_block(lo, hi, f),
+            StepSource::Matmul(s) => s.for_each_run_range(lo, hi, &mut |st, n| f(RunItem::Run(st, n))),
         }
+    }
+
+    /// [`Program::for_each_run`] for the parallel units `lo..hi` only, with no head folding.
+    pub fn for_each_run_range(&self, lo: u64, hi: u64, f: &mut dyn FnMut(&Step, u64)) {
+        match &self.steps {
+            StepSource::Splash(s) => s.for_each_run_range(lo, hi, f),
+            StepSource::Columns(s) => s.for_each_run_range(lo, hi, f),
+            StepSource::Matmul(s) => s.for_each_run_range(lo, hi, f),
+        }
+    }
+
+    /// How Mosaic splits the parallel units over `cores` TensorCores: contiguous ranges in grid
+    /// order, the first cores taking one more unit when they do not divide evenly (an assumption:
+    /// the split is not documented beyond "parallel dimensions are split across the cores",
+    /// `docs/pallas/tpu/pipelining.md`). Empty ranges are left out.
+    pub fn core_ranges(&self, cores: u32) -> Vec<(u64, u64)> {
+        let n = self.parallel_units.max(1);
+        let c = u64::from(cores.max(1)).min(n);
+        let (q, r) = (n / c, n % c);
+        let mut out = Vec::new();
+        let mut lo = 0;
+        for i in 0..c {
+            let len = q + u64::from(i < r);
+            out.push((lo, lo + len));
+            lo += len;
+        }
+        out
     }
 }

@@ -63,15 +63,27 @@ impl Steps {
     /// Runs of identical steps: within an output block, the k steps between the first and the
     /// last differ only in their coordinates (x and y blocks change every step).
     pub(crate) fn for_each_run(&self, f: &mut dyn FnMut(&Step, u64)) {
+        self.for_each_run_range(0, self.nm * self.nn, f)
+    }
+
+    /// Runs of the output blocks `lo..hi` (flattened (m block, n block), the grid's two parallel
+    /// dimensions).
+    pub(crate) fn for_each_run_range(&self, lo: u64, hi: u64, f: &mut dyn FnMut(&Step, u64)) {
         if self.nk < 3 {
-            return self.for_each(&mut |s| f(s, 1));
+            let mut idx = 0u64;
+            let per = self.nk;
+            return self.for_each(&mut |s| {
+                let unit = idx / per;
+                idx += 1;
+                if unit >= lo && unit < hi {
+                    f(s, 1)
+                }
+            });
         }
-        let mut first_block = true;
-        for i in 0..self.nm {
-            for j in 0..self.nn {
+        for u in lo..hi.min(self.nm * self.nn) {
+            let (i, j) = (u / self.nn, u % self.nn);
+            {
                 // x (i, 0) always differs from the previous step's x; y (0, j) too unless nk == 1.
-                let _ = first_block;
-                first_block = false;
                 let both = self.x_bytes + self.y_bytes;
                 f(&Step { class: self.class_of[1][0], in_bytes: both, out_bytes: 0, coords: [0, i as u32, j as u32, 0] }, 1);
                 f(&Step { class: self.class_of[0][0], in_bytes: both, out_bytes: 0, coords: [0, i as u32, j as u32, 1] }, self.nk - 2);
@@ -197,7 +209,7 @@ pub fn lower(chip: &ChipModel, mm: &MatmulCall, cfg: &MatmulConfig) -> Result<Pr
         ..Default::default()
     };
     let steps = Steps { nm, nn, nk, x_bytes: bm * bk * 2, y_bytes: bk * bn * 2, o_bytes: bm * bn * 2, class_of };
-    Ok(Program { classes, vmem, info, steps: StepSource::Matmul(steps) })
+    Ok(Program { classes, parallel_units: nm * nn, vmem, info, steps: StepSource::Matmul(steps) })
 }
 
 #[cfg(test)]

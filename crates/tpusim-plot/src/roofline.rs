@@ -3,8 +3,8 @@
 //!
 //! Formulas (all from the chip model and the simulation; nothing is fitted here):
 //!
-//! * **HBM roof**: FLOP/s = intensity x sustained bandwidth, sustained bandwidth = peak GB/s x
-//!   `hbm_efficiency` ([`tpusim_chip::ChipModel::hbm_bytes_per_cycle`] x clock);
+//! * **HBM roof**: FLOP/s = intensity x the device's sustained DMA bandwidth
+//!   ([`tpusim_chip::ChipModel::sustained_hbm_gb_per_s`]);
 //! * **MXU peak**: 2 x MXUs x rows x columns x passes per cycle x clock
 //!   ([`tpusim_chip::ChipModel::peak_flops`]);
 //! * **MXU ceiling at head_dim** (attention): QK^T contracts over d, so a weight tile uses
@@ -41,7 +41,7 @@ pub struct ChipRoofs {
     pub bw: f64,
     /// Peak HBM bandwidth, GB/s, and efficiency (for the label).
     pub bw_peak_gbs: f64,
-    /// Fitted HBM efficiency.
+    /// Sustained over peak HBM bandwidth.
     pub efficiency: f64,
     /// MXU array rows and columns.
     pub rows_cols: (u64, u64),
@@ -53,9 +53,9 @@ impl ChipRoofs {
         ChipRoofs {
             chip: chip.name.clone(),
             peak: chip.peak_flops(),
-            bw: chip.hbm_bytes_per_cycle() * chip.clock_hz(),
+            bw: chip.sustained_hbm_gb_per_s() * 1e9,
             bw_peak_gbs: chip.hbm.bandwidth_gb_per_s.value,
-            efficiency: chip.fitted.hbm_efficiency.value,
+            efficiency: chip.sustained_hbm_gb_per_s() / chip.hbm.bandwidth_gb_per_s.value,
             rows_cols: (chip.mxu.rows.value as u64, chip.mxu.columns.value as u64),
         }
     }

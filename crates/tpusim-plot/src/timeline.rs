@@ -30,7 +30,7 @@ use serde::Serialize;
 use std::io::{BufWriter, Write};
 use std::path::Path;
 use tpusim_chip::ChipModel;
-use tpusim_engine::{schedule_body, simulate_observed, BodyTiming, SimResult, StepTiming};
+use tpusim_engine::{schedule_body, simulate_observed, SimResult, StepTiming};
 use tpusim_kernel::{Program, Step, Unit};
 use tpusim_report::Run;
 
@@ -177,7 +177,6 @@ pub struct Event {
 /// simulation result (identical to [`tpusim_engine::simulate`]). Zero-length operations are
 /// skipped.
 pub fn for_each_event(chip: &ChipModel, program: &Program, window: &Window, f: &mut dyn FnMut(&Event)) -> SimResult {
-    let bodies: Vec<BodyTiming> = program.classes.iter().map(|c| schedule_body(chip, &c.body)).collect();
     let overhead = chip.fitted.grid_step_overhead_cycles.value;
     simulate_observed(chip, program, &mut |s: &Step, t: &StepTiming| {
         if !window.contains(t.index, s) {
@@ -201,11 +200,11 @@ pub fn for_each_event(chip: &ChipModel, program: &Program, window: &Window, f: &
         if let Some((a, b)) = t.dma_in {
             f(&Event { track: Track::DmaIn, name: "dma in", start: a, dur: b - a, bytes: s.in_bytes, ..base });
         }
-        for op in &bodies[s.class as usize].ops {
+        for op in &t.ops {
             let dur = op.end - op.start;
             if dur > 0.0 {
                 let name = class.body.graph[NodeIndex::new(op.node)].name;
-                f(&Event { track: Track::of_unit(op.unit), name, start: t.body_start + op.start, dur, ..base });
+                f(&Event { track: Track::of_unit(op.unit), name, start: op.start, dur, ..base });
             }
         }
         if let Some((a, b)) = t.dma_out {
@@ -427,7 +426,7 @@ pub fn write_chrome_trace(run: &Run, window: &Window, path: &Path, flag: &str) -
             "generator": "tpusim run --timeline",
             "chip": chip.name,
             "kernel": program.info.kernel,
-            "clock_ghz": chip.fitted.clock_ghz.value,
+            "clock_ghz": chip.device.clock_ghz.value,
             "time_unit": "us",
             "window_steps": window.steps.map(|(a, b)| vec![a, b.min(program.info.grid_steps)]),
             "window_head": window.head,

@@ -15,8 +15,11 @@ use serde::Serialize;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use tpusim_chip::ChipModel;
-use tpusim_engine::{simulate, SimResult};
-use tpusim_kernel::{matmul, splash, KernelError, MatmulConfig, PerUnit, Program, SplashConfig, TileCounts, Unit};
+use tpusim_engine::{simulate_lowered, CoreResult, PhaseResult, SimResult, UnitCycles};
+use tpusim_kernel::{
+    lower_attention, matmul, Direction, KernelError, Lowered, MatmulConfig, Part, PerUnit, Phase, PhaseWork, Program, Scope, SplashConfig,
+    TileCounts, Unit,
+};
 use tpusim_workload::{AttentionCall, MatmulCall, Mask};
 
 /// What to run: a kernel, its workload and its configuration.
@@ -29,6 +32,10 @@ pub enum Job {
         workload: AttentionCall,
         /// Block sizes and strategy.
         config: SplashConfig,
+        /// Forward, backward or both.
+        direction: Direction,
+        /// The kernels alone, or every op of the library call.
+        scope: Scope,
     },
     /// Blocked matmul.
     Matmul {
@@ -47,6 +54,32 @@ impl Job {
             Job::Matmul { config, .. } => config.kernel,
         }
     }
+
+    /// Lowers the job: its phases (kernels and XLA ops) in order.
+    ///
+    /// # Errors
+    /// Whatever lowering reports ([`KernelError`]).
+    pub fn lower(&self, chip: &ChipModel) -> Result<Lowered, KernelError> {
+        match self {
+            Job::Attention { workload, config, direction, scope } => lower_attention(chip, workload, config, *direction, *scope),
+            Job::Matmul { workload, config } => {
+                Ok(Lowered { phases: vec![Phase { part: Part::Forward, work: PhaseWork::Kernel(Box::new(matmul::lower(chip, workload, config)?)) }] })
+            }
+        }
+    }
+
+    /// The dense baseline of a sparse attention job: the same kernel, blocks and direction with
+    /// the full mask and no alignment; `None` for dense jobs.
+    pub fn dense_baseline(&self) -> Option<Job> {
+        match self {
+            Job::Attention { workload, config, direction, scope } if !workload.mask.is_full() || config.tile_align => {
+                let mut w = workload.clone();
+                w.mask = Mask::Full;
+                Some(Job::Attention { workload: w, config: SplashConfig { tile_align: false, ..config.clone() }, direction: *direction, scope: *scope })
+            }
+            _ => None,
+        }
+    }
 }
 
 /// Everything one run produced.
@@ -56,12 +89,60 @@ pub struct Run {
     pub chip: ChipModel,
     /// What ran.
     pub job: Job,
-    /// The lowered program.
+    /// Its phases (kernels and XLA ops).
+    pub lowered: Lowered,
+    /// Each phase's simulation, in order.
+    pub phases: Vec<PhaseResult>,
+    /// The main kernel (the first): what timelines draw.
     pub program: Program,
-    /// Its simulation.
+    /// The whole call: every phase summed ([`combine`]).
     pub result: SimResult,
     /// For attention with a non-full mask: the same kernel and blocks with the full mask.
     pub dense: Option<SimResult>,
+}
+
+/// The whole call's result from its phases, which run one after another: times, work and bytes
+/// add up; the critical path is the phases' in sequence; per-core busy adds core by core.
+pub fn combine(chip: &ChipModel, phases: &[PhaseResult]) -> SimResult {
+    let cores = chip.tensorcores() as usize;
+    let mut r = SimResult {
+        cycles: 0.0,
+        seconds: 0.0,
+        busy: UnitCycles::default(),
+        flops: 0.0,
+        transcendentals: 0.0,
+        hbm_bytes: 0,
+        grid_steps: 0,
+        class_timing: Vec::new(),
+        class_steps: Vec::new(),
+        dma_stall_cycles: 0.0,
+        critical: UnitCycles::default(),
+        cores: vec![CoreResult { cycles: 0.0, grid_steps: 0, busy: UnitCycles::default() }; cores],
+    };
+    for p in phases {
+        let x = &p.result;
+        r.cycles += x.cycles;
+        r.seconds += x.seconds;
+        r.flops += x.flops;
+        r.transcendentals += x.transcendentals;
+        r.hbm_bytes += x.hbm_bytes;
+        r.grid_steps += x.grid_steps;
+        r.dma_stall_cycles += x.dma_stall_cycles;
+        r.critical.add_scaled(&x.critical, 1.0);
+        r.busy.add_scaled(&x.busy, 1.0);
+        for (i, c) in r.cores.iter_mut().enumerate() {
+            c.cycles += x.cycles;
+            if let Some(pc) = x.cores.get(i) {
+                c.grid_steps += pc.grid_steps;
+                c.busy.add_scaled(&pc.busy, 1.0);
+            }
+        }
+    }
+    if let Some(first) = phases.iter().find(|p| !p.result.class_timing.is_empty()) {
+        r.class_timing = first.result.class_timing.clone();
+        r.class_steps = first.result.class_steps.clone();
+    }
+    r
 }
 
 /// Lowers and simulates a job; for attention with a non-full mask also simulates the dense
@@ -70,23 +151,30 @@ pub struct Run {
 /// # Errors
 /// Whatever lowering reports ([`KernelError`]): invalid shapes, block rules, VMEM overflow.
 pub fn run(chip: &ChipModel, job: &Job) -> Result<Run, KernelError> {
-    let (program, dense) = match job {
-        Job::Attention { workload, config } => {
-            let program = splash::lower(chip, workload, config)?;
-            let dense = if workload.mask.is_full() && !config.tile_align {
-                None
-            } else {
-                let mut w = workload.clone();
-                w.mask = Mask::Full;
-                let c = SplashConfig { tile_align: false, ..config.clone() };
-                Some(simulate(chip, &splash::lower(chip, &w, &c)?))
-            };
-            (program, dense)
-        }
-        Job::Matmul { workload, config } => (matmul::lower(chip, workload, config)?, None),
+    let dense = match job.dense_baseline() {
+        Some(d) => Some(combine(chip, &simulate_lowered(chip, &d.lower(chip)?))),
+        None => None,
     };
-    let result = simulate(chip, &program);
-    Ok(Run { chip: chip.clone(), job: job.clone(), program, result, dense })
+    run_with_dense(chip, job, dense)
+}
+
+/// [`run`] with the dense baseline already simulated (sweeps cache it).
+///
+/// # Errors
+/// As [`run`].
+pub fn run_with_dense(chip: &ChipModel, job: &Job, dense: Option<SimResult>) -> Result<Run, KernelError> {
+    let lowered = job.lower(chip)?;
+    let phases = simulate_lowered(chip, &lowered);
+    let result = combine(chip, &phases);
+    let program = lowered
+        .phases
+        .iter()
+        .find_map(|p| match &p.work {
+            PhaseWork::Kernel(k) => Some((**k).clone()),
+            PhaseWork::Fusion(_) => None,
+        })
+        .expect("every job has a kernel");
+    Ok(Run { chip: chip.clone(), job: job.clone(), lowered, phases, program, result, dense })
 }
 
 /// The metrics of one run. Serialised as the JSON output of `tpusim run --format json`.
@@ -164,10 +252,54 @@ pub struct Report {
     /// Dense latency / latency (sparse attention).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub speedup_vs_dense: Option<f64>,
-    /// Each distinct step body: what it is, how many steps ran it, and its scheduled cycles.
+    /// Time in the Pallas kernels, milliseconds.
+    pub kernel_ms: f64,
+    /// Time in the XLA ops outside the kernels (the library's transposes, scalings and
+    /// reductions, the backward's precompute), milliseconds.
+    pub outside_kernel_ms: f64,
+    /// Each phase of the call in order: kernels and XLA ops.
+    pub phases: Vec<PhaseSummary>,
+    /// Per TensorCore of the device: busy time per unit, milliseconds (megacore devices split the
+    /// kernels' parallel grid dimensions over their cores).
+    pub cores: Vec<CoreSummary>,
+    /// Each distinct step body of the main kernel: what it is, how many steps ran it, and its
+    /// scheduled cycles.
     pub step_classes: Vec<ClassSummary>,
     /// Caveats a kernel engineer should know about this configuration (inexact results, ...).
     pub notes: Vec<String>,
+}
+
+/// One phase of a call.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PhaseSummary {
+    /// Which part of the call (forward, di, dq, dkv, fused backward, outside the kernels).
+    pub part: Part,
+    /// The kernel's or XLA op's name.
+    pub name: String,
+    /// Whether it is a Pallas kernel (else an XLA op).
+    pub kernel: bool,
+    /// Time, milliseconds.
+    pub latency_ms: f64,
+    /// Matmul FLOPs executed.
+    pub flops: f64,
+    /// Bytes moved between HBM and VMEM.
+    pub hbm_bytes: u64,
+    /// Grid steps.
+    pub grid_steps: u64,
+    /// Bounding unit.
+    pub bottleneck: Unit,
+    /// Tile counts of a kernel's grid (attention kernels).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tiles: Option<TileCounts>,
+}
+
+/// One TensorCore's share of a call.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CoreSummary {
+    /// Grid steps it ran.
+    pub grid_steps: u64,
+    /// Busy time per unit, milliseconds.
+    pub busy_ms: PerUnit<f64>,
 }
 
 /// One distinct grid-step body of a run.
@@ -197,12 +329,33 @@ impl Report {
         let ms = |c: f64| c / chip.clock_hz() * 1e3;
         let seconds = r.seconds.max(f64::MIN_POSITIVE);
         let info = &run.program.info;
+        let phases: Vec<PhaseSummary> = run
+            .phases
+            .iter()
+            .zip(&run.lowered.phases)
+            .map(|(p, l)| PhaseSummary {
+                part: p.part,
+                name: p.name.clone(),
+                kernel: matches!(l.work, PhaseWork::Kernel(_)),
+                latency_ms: p.result.seconds * 1e3,
+                flops: p.result.flops,
+                hbm_bytes: p.result.hbm_bytes,
+                grid_steps: p.result.grid_steps,
+                bottleneck: p.result.bottleneck(),
+                tiles: match &l.work {
+                    PhaseWork::Kernel(k) => k.info.tiles,
+                    PhaseWork::Fusion(_) => None,
+                },
+            })
+            .collect();
+        let kernel_ms: f64 = phases.iter().filter(|p| p.kernel).map(|p| p.latency_ms).sum();
+        let outside_kernel_ms: f64 = phases.iter().filter(|p| !p.kernel).map(|p| p.latency_ms).sum();
         let mut rep = Report {
             chip: chip.name.clone(),
             kernel: run.job.kernel(),
             latency_ms: r.seconds * 1e3,
             cycles: r.cycles,
-            clock_ghz: chip.fitted.clock_ghz.value,
+            clock_ghz: chip.device.clock_ghz.value,
             flops: r.flops,
             mfu: r.flops / seconds / chip.peak_flops(),
             achieved_tflops: r.flops / seconds / 1e12,
@@ -229,6 +382,10 @@ impl Report {
             dense_latency_ms: None,
             tile_skip_efficiency: None,
             speedup_vs_dense: None,
+            kernel_ms,
+            outside_kernel_ms,
+            phases,
+            cores: r.cores.iter().map(|c| CoreSummary { grid_steps: c.grid_steps, busy_ms: PerUnit(c.busy.0.map(ms)) }).collect(),
             step_classes: run
                 .program
                 .classes
@@ -248,7 +405,7 @@ impl Report {
                 .collect(),
             notes: Vec::new(),
         };
-        if let (Job::Attention { workload: w, config: c }, Some(t)) = (&run.job, info.tiles) {
+        if let (Job::Attention { workload: w, config: c, .. }, Some(t)) = (&run.job, info.tiles) {
             if c.masking == tpusim_kernel::Masking::None && t.partial > 0 {
                 rep.notes.push(format!(
                     "--masking none with {} partial tiles: a mask-free kernel treats them as full, so the pairs the mask drops in them are wrongly attended (results are inexact)",
@@ -287,8 +444,8 @@ impl Report {
         let mut s = String::new();
         let mib = |b: u64| b as f64 / 1048576.0;
         match &self.job {
-            Job::Attention { workload: w, config: c } => {
-                let _ = writeln!(s, "tpusim: {} attention (forward) on {}", c.kernel, self.chip);
+            Job::Attention { workload: w, config: c, direction, scope } => {
+                let _ = writeln!(s, "tpusim: {} attention ({direction}, scope {scope}) on {}", c.kernel, self.chip);
                 let _ = writeln!(
                     s,
                     "  workload     batch {}, heads {} (kv heads {}), q_len {}, kv_len {}, head_dim {}/{}, mask {}",
@@ -359,6 +516,28 @@ impl Report {
             let (b, u, c) = (self.busy_ms[*n], self.utilization[*n], self.critical_path_ms[*n]);
             let _ = writeln!(s, "    {:<12} {:>9.3}  {:>6.1}  {:>9.3}  {}", n.word(), b, u * 100.0, c, bar(u));
         }
+        if self.phases.len() > 1 {
+            let _ = writeln!(s);
+            let _ = writeln!(s, "  phases       {:.3} ms in the kernels, {:.3} ms in XLA ops outside them", self.kernel_ms, self.outside_kernel_ms);
+            for p in &self.phases {
+                let tiles = p.tiles.map(|t| format!(", tiles {} visited of {} ({} partial)", t.visited, t.total, t.partial)).unwrap_or_default();
+                let _ = writeln!(
+                    s,
+                    "    {:<20} {:>9.3} ms  {:<44} {}{tiles}",
+                    p.part.label(),
+                    p.latency_ms,
+                    p.name,
+                    if p.kernel { format!("{} steps, bound by {}", p.grid_steps, p.bottleneck) } else { format!("{:.3} GB", p.hbm_bytes as f64 / 1e9) }
+                );
+            }
+        }
+        if self.cores.len() > 1 {
+            let _ = writeln!(s);
+            for (i, c) in self.cores.iter().enumerate() {
+                let busy: Vec<String> = Unit::COMPUTE.iter().map(|&u| format!("{} {:.3}", u, c.busy_ms[u])).collect();
+                let _ = writeln!(s, "  core {i}       {} grid steps; busy ms: {}", c.grid_steps, busy.join(", "));
+            }
+        }
         if let Some(t) = self.tiles {
             let _ = writeln!(s);
             let pct = |a: u64, b: u64| if b > 0 { 100.0 * a as f64 / b as f64 } else { 0.0 };
@@ -417,7 +596,7 @@ mod tests {
         let mut config = SplashConfig::with_blocks(&w, &chip, 2048, 2048, None);
         config.traversal = tpusim_kernel::Traversal::Compact;
         config.masking = tpusim_kernel::Masking::Partial;
-        let run = run(&chip, &Job::Attention { workload: w, config }).unwrap();
+        let run = run(&chip, &Job::Attention { workload: w, config, direction: Direction::Fwd, scope: Scope::Kernel }).unwrap();
         let rep = Report::from_run(&run);
         let t = rep.tiles.unwrap();
         assert_eq!(t.visited, 10 * 36);

@@ -340,7 +340,7 @@ impl JobSpec {
             KernelKind::Attention => {
                 let workload = self.attention_call()?;
                 let config = self.splash_config(kernel, &workload, chip, vmem_limit_bytes)?;
-                Ok(Job::Attention { workload, config })
+                Ok(Job::Attention { workload, config, direction: tpusim_kernel::Direction::Fwd, scope: tpusim_kernel::Scope::Kernel })
             }
             KernelKind::Matmul => {
                 let workload = self.matmul_call()?;
@@ -490,7 +490,7 @@ impl Job {
     /// outputs and the flags of tuned configurations.
     pub fn to_spec(&self) -> JobSpec {
         match self {
-            Job::Attention { workload: w, config: c } => JobSpec {
+            Job::Attention { workload: w, config: c, .. } => JobSpec {
                 kernel: Some(c.kernel),
                 batch: Some(w.batch),
                 heads: Some(w.q_heads),
@@ -578,7 +578,7 @@ mod tests {
     fn empty_spec_is_the_video_workload_with_the_default_family() {
         let chip = ChipModel::preset("v6e").unwrap();
         match JobSpec::default().build(&chip).unwrap() {
-            Job::Attention { workload, config } => {
+            Job::Attention { workload, config, .. } => {
                 assert_eq!(workload, AttentionCall::video_default());
                 assert_eq!(config.kernel, DEFAULT_KERNEL);
                 let d = DEFAULT_KERNEL.defaults();

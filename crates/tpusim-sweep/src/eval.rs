@@ -5,13 +5,13 @@
 //! result (tested against `tpusim_report::run`):
 //!
 //! * **Chips** are parsed once per (chip, `set` overrides).
-//! * **Lowering** is shared by points that differ only in the chip's `[hbm]` and `[fitted]`
-//!   parameters. Lowering reads the chip only for the block rules (`[vpu]` register shape) and
-//!   the VMEM budget (`[vmem]`); bandwidth, clock and unit throughputs are the simulator's
-//!   (ARCHITECTURE.md: step bodies carry hardware-neutral work amounts). [`lowering_key`] is the
-//!   resolved job plus every other chip section, so a what-if on any other section lowers anew.
-//!   A test checks that lowering with different `[hbm]` and `[fitted]` values gives identical
-//!   programs, so a change to that contract fails loudly. On the sparse video case lowering
+//! * **Lowering** is shared by points that differ only in the chip's `[device]`, `[fitted]` and
+//!   HBM rates (bandwidth, latency). Lowering reads the chip only for the block rules (`[vpu]`
+//!   register shape), the VMEM budget (`[vmem]`), SMEM and the HBM capacity; clock, bandwidth and
+//!   unit throughputs are the simulator's (ARCHITECTURE.md: step bodies carry hardware-neutral
+//!   work amounts). [`lowering_key`] is the resolved job plus every other chip field, so a
+//!   what-if on any other field lowers anew. A test checks that lowering with different values
+//!   of the excluded fields gives identical programs, so a change to that contract fails loudly. On the sparse video case lowering
 //!   (tile classification of 75,600 rows) is ~95% of a point's cost.
 //! * **Dense baselines** of sparse attention points are cached per (chip, workload with the full
 //!   mask, kernel configuration without tile alignment): a sweep over masks or kernel options
@@ -21,15 +21,15 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use tpusim_chip::ChipModel;
-use tpusim_engine::{simulate, SimResult};
-use tpusim_kernel::{matmul, splash, KernelError, Program, SplashConfig};
-use tpusim_report::{Job, JobSpec, Report, Run};
-use tpusim_workload::Mask;
+use tpusim_engine::{simulate_lowered, SimResult};
+use tpusim_kernel::{KernelError, Lowered};
+use tpusim_report::{combine, run_with_dense, Job, JobSpec, Report, Run};
 
 /// Caches stop growing at this many entries (memory stays bounded on huge sweeps).
 const CACHE_LIMIT: usize = 100_000;
 
 type DenseCell = Arc<OnceLock<Result<Arc<SimResult>, KernelError>>>;
+type LoweredCell = OnceLock<Result<Lowered, KernelError>>;
 type ChipCache = HashMap<(Option<String>, Vec<String>), Result<Arc<ChipEntry>, String>>;
 
 /// A parsed chip with its cache keys.
@@ -72,13 +72,17 @@ impl Prepared {
     }
 }
 
-/// The key of the chip sections lowering reads: everything but `[hbm]` and `[fitted]`.
+/// The key of the chip fields lowering reads: everything but `[device]`, `[fitted]` and the HBM
+/// rates (the capacity stays: lowering checks that the tensors fit).
 pub fn lowering_key(chip: &ChipModel) -> String {
     let mut v = serde_json::to_value(chip).unwrap_or_default();
     if let Some(m) = v.as_object_mut() {
-        m.remove("hbm");
+        m.remove("device");
         m.remove("fitted");
         m.remove("description");
+        if let Some(h) = m.get_mut("hbm").and_then(|h| h.as_object_mut()) {
+            h.retain(|k, _| k == "capacity_gib");
+        }
     }
     v.to_string()
 }
@@ -90,26 +94,6 @@ pub struct Evaluator {
     dense: Mutex<HashMap<String, DenseCell>>,
     /// Skip the dense baseline of sparse points (the tuner only needs latency).
     pub skip_dense: bool,
-}
-
-fn lower(chip: &ChipModel, job: &Job) -> Result<Program, KernelError> {
-    match job {
-        Job::Attention { workload, config } => splash::lower(chip, workload, config),
-        Job::Matmul { workload, config } => matmul::lower(chip, workload, config),
-    }
-}
-
-/// The dense baseline's job of a sparse attention job (as [`tpusim_report::run`] forms it), or
-/// `None` when the job has none.
-fn dense_job(job: &Job) -> Option<Job> {
-    match job {
-        Job::Attention { workload, config } if !workload.mask.is_full() || config.tile_align => {
-            let mut w = workload.clone();
-            w.mask = Mask::Full;
-            Some(Job::Attention { workload: w, config: SplashConfig { tile_align: false, ..config.clone() } })
-        }
-        _ => None,
-    }
 }
 
 impl Evaluator {
@@ -169,9 +153,9 @@ impl Evaluator {
             }
             return;
         };
-        let program = lower(&chip0.chip, job);
-        let dense = if self.skip_dense { None } else { dense_job(job) };
-        let dense_program: OnceLock<Result<Program, KernelError>> = OnceLock::new();
+        let lowered = job.lower(&chip0.chip);
+        let dense = if self.skip_dense { None } else { job.dense_baseline() };
+        let dense_lowered: LoweredCell = OnceLock::new();
         for (i, p) in group.iter().enumerate() {
             let chip = match &p.chip {
                 Ok(c) => c,
@@ -180,19 +164,15 @@ impl Evaluator {
                     continue;
                 }
             };
-            let report = program.as_ref().map_err(|e| e.to_string()).and_then(|prog| {
+            let report = lowered.as_ref().map_err(|e| e.to_string()).and_then(|low| {
                 let dense = match &dense {
                     None => None,
                     Some(dj) => Some(
-                        self.dense_result(&chip.key, &chip.chip, dj, &|| {
-                            dense_program.get_or_init(|| lower(&chip0.chip, dj)).clone()
-                        })
-                        .map_err(|e| e.to_string())?,
+                        self.dense_result(&chip.key, &chip.chip, dj, &|| dense_lowered.get_or_init(|| dj.lower(&chip0.chip)).clone())
+                            .map_err(|e| e.to_string())?,
                     ),
                 };
-                let result = simulate(&chip.chip, prog);
-                let run = Run { chip: chip.chip.clone(), job: job.clone(), program: prog.clone(), result, dense };
-                Ok(Report::from_run(&run))
+                Ok(Report::from_run(&run_lowered(&chip.chip, job, low.clone(), dense)))
             });
             done(i, Outcome { job: Some(job.clone()), report });
         }
@@ -204,7 +184,7 @@ impl Evaluator {
         chip_key: &str,
         chip: &ChipModel,
         dense_job: &Job,
-        lower_dense: &dyn Fn() -> Result<Program, KernelError>,
+        lower_dense: &dyn Fn() -> Result<Lowered, KernelError>,
     ) -> Result<SimResult, KernelError> {
         let key = format!("{chip_key}|{dense_job:?}");
         let cell = {
@@ -221,7 +201,7 @@ impl Evaluator {
             }
         };
         let r = cell.get_or_init(|| {
-            let mut r = simulate(chip, &lower_dense()?);
+            let mut r = combine(chip, &simulate_lowered(chip, &lower_dense()?));
             for t in &mut r.class_timing {
                 t.ops = Vec::new();
             }
@@ -236,14 +216,27 @@ impl Evaluator {
     /// # Errors
     /// Lowering errors, as `run` reports them.
     pub fn run(&self, chip_key: &str, chip: &ChipModel, job: &Job) -> Result<Run, KernelError> {
-        let program = lower(chip, job)?;
-        let dense = match if self.skip_dense { None } else { dense_job(job) } {
+        let dense = match if self.skip_dense { None } else { job.dense_baseline() } {
             None => None,
-            Some(dj) => Some(self.dense_result(chip_key, chip, &dj, &|| lower(chip, &dj))?),
+            Some(dj) => Some(self.dense_result(chip_key, chip, &dj, &|| dj.lower(chip))?),
         };
-        let result = simulate(chip, &program);
-        Ok(Run { chip: chip.clone(), job: job.clone(), program, result, dense })
+        run_with_dense(chip, job, dense)
     }
+}
+
+/// A run from an already lowered job (points sharing a lowering simulate it on their own chips).
+fn run_lowered(chip: &ChipModel, job: &Job, lowered: Lowered, dense: Option<SimResult>) -> Run {
+    let phases = simulate_lowered(chip, &lowered);
+    let result = combine(chip, &phases);
+    let program = lowered
+        .phases
+        .iter()
+        .find_map(|p| match &p.work {
+            tpusim_kernel::PhaseWork::Kernel(k) => Some((**k).clone()),
+            tpusim_kernel::PhaseWork::Fusion(_) => None,
+        })
+        .expect("every job has a kernel");
+    Run { chip: chip.clone(), job: job.clone(), lowered, phases, program, result, dense }
 }
 
 #[cfg(test)]
@@ -292,7 +285,7 @@ mod tests {
         let sets = [
             vec![],
             vec!["hbm.bandwidth_gb_per_s=3276".to_string()],
-            vec!["fitted.valu_vreg_ops_per_cycle=5.4".to_string(), "fitted.clock_ghz=2".to_string()],
+            vec!["fitted.valu_vreg_ops_per_cycle=5.4".to_string(), "device.clock_ghz=2".to_string()],
         ];
         for base in specs() {
             let group_specs: Vec<JobSpec> = sets.iter().map(|set| JobSpec { set: set.clone(), ..base.clone() }).collect();
@@ -316,14 +309,13 @@ mod tests {
         let mut b = a.clone();
         for (k, v) in [
             ("hbm.bandwidth_gb_per_s", "100"),
-            ("hbm.capacity_gib", "1"),
-            ("fitted.clock_ghz", "0.5"),
+            ("hbm.dma_bandwidth_gb_per_s", "50"),
+            ("hbm.dma_latency_ns", "5"),
+            ("device.clock_ghz", "0.5"),
+            ("device.tensorcores", "2"),
             ("fitted.valu_vreg_ops_per_cycle", "9"),
             ("fitted.eup_vregs_per_cycle", "0.3"),
             ("fitted.grid_step_overhead_cycles", "5000"),
-            ("fitted.mask_extra_cycles_per_vreg", "3"),
-            ("fitted.dma_latency_ns", "900"),
-            ("fitted.hbm_efficiency", "0.2"),
         ] {
             b = b.with_override(k, v).unwrap();
         }
@@ -332,10 +324,12 @@ mod tests {
             let ja = s.build(&a).unwrap();
             let jb = s.build(&b).unwrap();
             assert_eq!(ja, jb);
-            let (pa, pb) = (lower(&a, &ja), lower(&b, &jb));
+            let (pa, pb) = (ja.lower(&a), jb.lower(&b));
             assert_eq!(format!("{pa:?}"), format!("{pb:?}"), "{s:?}");
         }
         let c = a.with_override("vmem.scoped_limit_mib", "16").unwrap();
+        assert_ne!(lowering_key(&a), lowering_key(&c));
+        let c = a.with_override("hbm.capacity_gib", "1").unwrap();
         assert_ne!(lowering_key(&a), lowering_key(&c));
     }
 }

@@ -1,0 +1,152 @@
+//! Engine tests: invariants of the pipeline and the equality of the fast (steady-state jump)
+//! and step-by-step paths.
+
+use super::*;
+use tpusim_kernel::{matmul, splash, MatmulConfig, SplashConfig};
+use tpusim_workload::{AttentionCall, MatmulCall};
+
+fn v6e() -> ChipModel {
+    ChipModel::preset("v6e").unwrap()
+}
+
+#[test]
+fn busy_never_exceeds_total() {
+    let chip = v6e();
+    let w = AttentionCall::video_default();
+    let p = splash::lower(&chip, &w, &SplashConfig::with_blocks(&w, &chip, 2048, 2048, None)).unwrap();
+    let r = simulate(&chip, &p);
+    for (n, u) in r.utilization().iter() {
+        assert!((0.0..=1.0 + 1e-9).contains(&u), "{n} {u}");
+    }
+    assert!(r.cycles > 0.0);
+}
+
+#[test]
+fn body_schedule_overlaps_units() {
+    let chip = v6e();
+    let w = AttentionCall::video_default();
+    let p = splash::lower(&chip, &w, &SplashConfig::with_blocks(&w, &chip, 2048, 2048, None)).unwrap();
+    let t = schedule_body(&chip, &p.classes[1].body);
+    let serial = t.busy.total();
+    let longest = Unit::COMPUTE.iter().map(|&u| t.busy[u]).fold(0.0, f64::max);
+    assert!(t.cycles < serial, "no overlap: {} vs {serial}", t.cycles);
+    assert!(t.cycles >= longest);
+}
+
+#[test]
+fn critical_path_sums_to_total() {
+    let chip = v6e();
+    let w = AttentionCall::video_default();
+    let p = splash::lower(&chip, &w, &SplashConfig::with_blocks(&w, &chip, 2048, 2048, None)).unwrap();
+    let r = simulate(&chip, &p);
+    let sum: f64 = r.critical.total();
+    assert!((sum / r.cycles - 1.0).abs() < 1e-6, "{sum} vs {}", r.cycles);
+    for t in &r.class_timing {
+        let s: f64 = t.critical.total();
+        assert!((s - t.cycles).abs() < 1e-6 * t.cycles.max(1.0), "{s} vs {}", t.cycles);
+    }
+}
+
+#[test]
+fn steady_state_fast_path_equals_step_by_step() {
+    let chip = v6e();
+    let cases: Vec<(AttentionCall, SplashConfig)> = ["full", "causal", "band:3000+sink:700", "local:2000,0"]
+        .iter()
+        .flat_map(|m| {
+            [tpusim_kernel::Traversal::Compact, tpusim_kernel::Traversal::FullGrid].into_iter().map(move |t| {
+                let mut w = AttentionCall::video_default();
+                w.q_len = 12_000;
+                w.kv_len = 12_000;
+                w.q_heads = 3;
+                w.kv_heads = 3;
+                w.mask = tpusim_workload::Mask::parse(m).unwrap();
+                let mut c = SplashConfig::with_blocks(&w, &v6e(), 2048, 2048, None);
+                c.block_q = 1024;
+                c.block_kv = 512;
+                c.block_kv_compute = 512;
+                c.traversal = t;
+                c.masking = tpusim_kernel::Masking::Partial;
+                (w, c)
+            })
+        })
+        .collect();
+    for (w, c) in cases {
+        let p = splash::lower(&chip, &w, &c).unwrap();
+        let fast = simulate(&chip, &p);
+        let slow = simulate_observed(&chip, &p, &mut |_, _| {});
+        assert_eq!(fast.grid_steps, slow.grid_steps);
+        assert_eq!(fast.class_steps, slow.class_steps);
+        assert_eq!(fast.hbm_bytes, slow.hbm_bytes);
+        for (a, b) in [(fast.cycles, slow.cycles), (fast.dma_stall_cycles, slow.dma_stall_cycles), (fast.critical[Unit::Hbm], slow.critical[Unit::Hbm]), (fast.critical[Unit::StepControl], slow.critical[Unit::StepControl])] {
+            assert!((a - b).abs() <= 1e-9 * b.abs().max(1.0), "{} {:?}: fast {a} vs step-by-step {b}", w.mask, c.traversal);
+        }
+    }
+    // A DMA-latency-bound matmul (every step waits for its prefetch) also reaches a steady state.
+    let chip5 = ChipModel::preset("v5e").unwrap();
+    let mm = MatmulCall { m: 1024, n: 1024, k: 4096 };
+    let p = matmul::lower(&chip5, &mm, &MatmulConfig::blocks(128, 128, 128)).unwrap();
+    let fast = simulate(&chip5, &p);
+    let slow = simulate_observed(&chip5, &p, &mut |_, _| {});
+    assert!((fast.cycles - slow.cycles).abs() <= 1e-9 * slow.cycles);
+}
+
+#[test]
+fn repeated_heads_fold_exactly() {
+    let chip = v6e();
+    let masks = ["full", "causal", "band:2000+sink:300", "per-head[3*causal;5*band:900]", "per-head[2*full;2*local:700,0;4*sink:64]"];
+    for (mask, batch, heads, kv_heads, len, bkv) in [
+        (0usize, 3u64, 8u64, 8u64, 6000u64, 512u64),
+        (1, 2, 8, 2, 5000, 1024),
+        (2, 4, 4, 1, 4000, 512),
+        (3, 2, 8, 4, 3000, 512),
+        (4, 3, 8, 8, 2048, 2048),
+        (0, 5, 4, 2, 1000, 1024), // one kv tile per row with GQA: the kv copy is elided across heads
+    ] {
+        let mut w = AttentionCall::video_default();
+        w.batch = batch;
+        w.q_heads = heads;
+        w.kv_heads = kv_heads;
+        w.q_len = len;
+        w.kv_len = len;
+        w.mask = tpusim_workload::Mask::parse(masks[mask]).unwrap();
+        for t in [tpusim_kernel::Traversal::Compact, tpusim_kernel::Traversal::FullGrid] {
+            let mut c = SplashConfig::with_blocks(&w, &chip, 2048, 2048, None);
+            c.block_q = 512;
+            c.block_kv = bkv;
+            c.block_kv_compute = bkv.min(512);
+            c.traversal = t;
+            c.masking = tpusim_kernel::Masking::Partial;
+            let p = splash::lower(&chip, &w, &c).unwrap();
+            let fast = simulate(&chip, &p);
+            let slow = simulate_observed(&chip, &p, &mut |_, _| {});
+            assert_eq!(fast.grid_steps, slow.grid_steps, "{} {t:?}", masks[mask]);
+            assert_eq!(fast.class_steps, slow.class_steps, "{} {t:?}", masks[mask]);
+            assert_eq!(fast.hbm_bytes, slow.hbm_bytes, "{} {t:?}", masks[mask]);
+            for (a, b) in [(fast.cycles, slow.cycles), (fast.dma_stall_cycles, slow.dma_stall_cycles), (fast.critical[Unit::StepControl], slow.critical[Unit::StepControl])] {
+                assert!((a - b).abs() <= 1e-9 * b.abs().max(1.0), "{} {t:?}: fast {a} vs step-by-step {b}", masks[mask]);
+            }
+        }
+    }
+}
+
+#[test]
+fn matmul_flops_and_bytes() {
+    let chip = ChipModel::preset("v5e").unwrap();
+    let mm = MatmulCall { m: 2048, n: 2048, k: 2048 };
+    let p = matmul::lower(&chip, &mm, &MatmulConfig::blocks(512, 1024, 1024)).unwrap();
+    let r = simulate(&chip, &p);
+    assert!((r.flops - mm.flops()).abs() < 1.0);
+    // A large-block matmul is MXU-bound.
+    assert_eq!(r.bottleneck(), Unit::Mxu);
+}
+
+#[test]
+fn more_bandwidth_is_never_slower() {
+    let chip = v6e();
+    let fast = chip.with_override("hbm.bandwidth_gb_per_s", "3276").unwrap();
+    let mm = MatmulCall { m: 4096, n: 4096, k: 4096 };
+    let cfg = MatmulConfig::blocks(128, 128, 128);
+    let a = simulate(&chip, &matmul::lower(&chip, &mm, &cfg).unwrap()).cycles;
+    let b = simulate(&fast, &matmul::lower(&fast, &mm, &cfg).unwrap()).cycles;
+    assert!(b <= a, "{b} > {a}");
+}

@@ -1,0 +1,614 @@
+//! The backward pass of Splash attention: what `jax.grad` runs after a forward that saved its
+//! residuals (logsumexp per q row). Sources: tokamax `splash_attention_kernel.py`
+//! (`_splash_attention_bwd`, `_splash_attention_bwd_dkv`, `_flash_attention_dkv_kernel`) and
+//! JAX's `splash_attention_kernel.py` (`_splash_attention_bwd_dq`, `_flash_attention_dq_kernel`,
+//! `_splash_attention_bwd_dkv`, `_flash_attention_dkv_kernel`).
+//!
+//! * **dkv kernel** (fused: it also writes dq): grid (kv blocks, q heads, q blocks), q innermost,
+//!   every dimension "arbitrary" (only a vmapped batch is parallel). Per computed step, for each
+//!   `block_kv_dkv_compute`-wide sub-tile s of the kv block (c rows) against the q block (bq
+//!   columns, q in lanes), with E = c x bq scores:
+//!
+//!   | op | unit | work |
+//!   |---|---|---|
+//!   | `q_scale` | VPU | bq d / 1024 (base-2 exp, once per step) |
+//!   | `qk` | MXU | c x d x bq (k_s q^T, recomputed) |
+//!   | `mask` | VPU | E / 1024 x mask ops (masked blocks only) |
+//!   | `p` | VPU, EUP | 2 E / 1024 (pop, subtract logsumexp; natural exp + E / 1024), E / 1024 exp |
+//!   | `dv` | MXU | c x bq x dv (p^T dO) after a bf16 cast of p (E / 1024) |
+//!   | `dp` | MXU | c x dv x bq (v_s dO^T) |
+//!   | `ds` | VPU | 3 E / 1024 (pop, dp - di, x p) + E / 1024 (cast) |
+//!   | `dk` | MXU | c x bq x d (ds q) |
+//!   | `ds_t` | XLU | E / 1024 (the transpose of ds for dq; fused only) |
+//!   | `dq` | MXU | bq x c x d (ds^T k_s; fused only) |
+//!   | `dv_acc`, `dk_acc`, `dq_acc` | VPU | 2 c dv / 1024, 2 c d / 1024, 2 bq d / 1024 (pop and add into f32 scratch) |
+//!
+//!   The dk / dv scratch of a sub-tile is carried from one q step to the next (carried slots);
+//!   the dq scratch is zeroed and stored every step. tokamax runs its static grid: empty blocks
+//!   skip the compute but still fetch q, dO, logsumexp and di (and write a zero dq partial);
+//!   JAX's dkv kernel points empty steps at the next non-empty block, so their copies are elided,
+//!   and without fusion its grid is shrunk to each kv column's non-empty blocks (padded at the
+//!   front). DMAs per step: q and dO (bf16), logsumexp and di (f32, sublane-broadcast to 8 rows)
+//!   and, for computed masks, the q positions (int32, 8 rows); k and v when the (kv block, kv
+//!   head) changes; the dq partial (q's dtype when there are at most 4 kv blocks, else f32) every
+//!   step (fused); dk and dv when the kv block's last q step of its head group is done.
+//! * **dq kernel** (JAX's unfused path): grid (q heads, q blocks, kv steps), kv innermost, shrunk
+//!   to each q row's non-empty blocks; per computed step: qk (bq x d x bkv), mask, p (exp),
+//!   dp = dO v^T (bq x dv x bkv), ds, dq += ds k (bq x bkv x d) into an f32 scratch carried over
+//!   the row. q, dO, logsumexp and di are fetched once per row, k and v per step, dq written at
+//!   the row's end.
+//!
+//! FLOPs: the fused kernel runs five matmuls of the forward's size per visited tile (qk, dv, dp,
+//! dk, dq) where the forward runs two; the two-kernel path recomputes qk and dp in the dq kernel:
+//! seven.
+
+use super::{check_blocks_named, classify, mask_ops_per_vreg, tile_bytes, vregs, Classified, Seg, Steps};
+use crate::ir::{ClassKey, Step, StepBody, StepClass, Work};
+use crate::options::{Exp, Kernel, MaskSource, Masking, Traversal};
+use crate::{KernelError, Program, ProgramInfo, StepSource, TileCounts, VmemBudget, SLAB_ROWS};
+use petgraph::graph::NodeIndex;
+use serde::Serialize;
+use tpusim_chip::ChipModel;
+use tpusim_workload::tiles::TileKind;
+use tpusim_workload::AttentionCall;
+
+/// Block sizes of the backward kernels, with Splash's names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct BwdBlocks {
+    /// q rows per block of the dkv (or fused) kernel (`block_q_dkv`).
+    pub block_q_dkv: u64,
+    /// kv rows per block of the dkv kernel (`block_kv_dkv`).
+    pub block_kv_dkv: u64,
+    /// kv rows per sub-tile of the dkv kernel (`block_kv_dkv_compute`); divides `block_kv_dkv`.
+    pub block_kv_dkv_compute: u64,
+    /// q rows per block of the dq kernel (`block_q_dq`; unfused only).
+    pub block_q_dq: u64,
+    /// kv rows per block of the dq kernel (`block_kv_dq`; unfused only).
+    pub block_kv_dq: u64,
+    /// One fused kernel writes dq, dk and dv (`use_fused_bwd_kernel`); otherwise a dq kernel and
+    /// a dkv kernel.
+    pub fused: bool,
+}
+
+impl BwdBlocks {
+    /// A family's backward defaults ([`Kernel::defaults`]).
+    pub fn for_family(kernel: Kernel) -> Self {
+        let d = kernel.defaults();
+        BwdBlocks {
+            block_q_dkv: d.bwd_blocks.q,
+            block_kv_dkv: d.bwd_blocks.kv,
+            block_kv_dkv_compute: d.bwd_blocks.compute.unwrap_or(d.bwd_blocks.kv),
+            block_q_dq: d.dq_blocks.0,
+            block_kv_dq: d.dq_blocks.1,
+            fused: d.fused_bwd,
+        }
+    }
+}
+
+/// Bytes of the dq partial's element: q's dtype (bf16) with at most 4 kv blocks, else f32
+/// (tokamax); JAX's fused kernel always writes q's dtype.
+fn dq_partial_bytes(kernel: Kernel, kv_blocks: u64) -> u64 {
+    match kernel {
+        Kernel::TokamaxSplash if kv_blocks > 4 => 4,
+        _ => 2,
+    }
+}
+
+/// Whether the family runs the dkv kernel on its static grid (tokamax: empty blocks still fetch
+/// their q-side blocks) rather than JAX's data_next prefetch (empty blocks fetch nothing).
+fn static_grid(kernel: Kernel) -> bool {
+    kernel == Kernel::TokamaxSplash
+}
+
+/// Shapes and options of one dkv step body.
+#[derive(Debug, Clone, Copy)]
+struct DkvShape {
+    bq: u64,
+    bkv: u64,
+    c: u64,
+    d: u64,
+    dv: u64,
+    mask_ops: Option<f64>,
+    base2: bool,
+    fused: bool,
+    first: bool,
+    last: bool,
+}
+
+/// The body of one dkv (or fused) step (module docs). Carried slots: per sub-tile s, dv at 2 s
+/// and dk at 2 s + 1; the dq scratch at 2 n_sub.
+fn dkv_body(s: &DkvShape) -> StepBody {
+    let mut b = StepBody::default();
+    let n_sub = s.bkv / s.c;
+    let dq_slot = (2 * n_sub) as u16;
+    let e = vregs(s.c, s.bq);
+    let mut slot = 0u64;
+    let mut next = || {
+        slot += 1;
+        slot
+    };
+    // Per step: dq scratch zeroed (after the previous step stored it), q scaled for base-2 exp.
+    let dq_zero = s.fused.then(|| b.add_carried("dq_zero", Work::Vector { ops: vregs(s.bq, s.d), masked_vregs: 0.0 }, &[], next(), Some(dq_slot), None));
+    let q_scale = s.base2.then(|| b.add("q_scale", Work::Vector { ops: vregs(s.bq, s.d), masked_vregs: 0.0 }, &[], next()));
+    let mut dq_prev: Option<NodeIndex> = dq_zero;
+    for sub in 0..n_sub {
+        let (dv_slot, dk_slot) = ((2 * sub) as u16, (2 * sub + 1) as u16);
+        // Slabs of at most SLAB_ROWS kv rows stream through the sub-tile's matmuls.
+        let slabs = s.c.div_ceil(SLAB_ROWS);
+        let mut ds_parts = Vec::new();
+        let mut last_dv = None;
+        let mut last_dk = None;
+        let init = s.first.then(|| {
+            b.add_carried("kv_init", Work::Vector { ops: vregs(s.c, s.d + s.dv), masked_vregs: 0.0 }, &[], next(), Some(dk_slot), None)
+        });
+        for si in 0..slabs {
+            let r = SLAB_ROWS.min(s.c - si * SLAB_ROWS);
+            let er = vregs(r, s.bq);
+            let deps: Vec<NodeIndex> = q_scale.into_iter().collect();
+            let qk = b.add("qk", Work::Matmul { m: r, k: s.d, n: s.bq, m_total: s.bkv }, &deps, next());
+            let scores = match s.mask_ops {
+                Some(ops) => b.add("mask", Work::Vector { ops: er * ops, masked_vregs: er }, &[qk], next()),
+                None => qk,
+            };
+            let sub_ops = if s.base2 { 2.0 } else { 3.0 };
+            let pre = b.add("p_sub", Work::Vector { ops: sub_ops * er, masked_vregs: 0.0 }, &[scores], next());
+            let p = b.add("exp", Work::Transcendental { vregs: er }, &[pre], next());
+            let cast = b.add("p_cast", Work::Vector { ops: er, masked_vregs: 0.0 }, &[p], next());
+            let dv = b.add("dv", Work::Matmul { m: r, k: s.bq, n: s.dv, m_total: s.bkv }, &[cast], next());
+            let mut dv_deps = vec![dv];
+            dv_deps.extend(last_dv.or(init));
+            let dv_in = (last_dv.is_none() && init.is_none()).then_some(dv_slot);
+            let dv_out = (si == slabs - 1).then_some(dv_slot);
+            last_dv = Some(b.add_carried("dv_acc", Work::Vector { ops: 2.0 * vregs(r, s.dv), masked_vregs: 0.0 }, &dv_deps, next(), dv_in, dv_out));
+            let dp = b.add("dp", Work::Matmul { m: r, k: s.dv, n: s.bq, m_total: s.bkv }, &[], next());
+            let ds = b.add("ds", Work::Vector { ops: 4.0 * er, masked_vregs: 0.0 }, &[dp, p], next());
+            let dk = b.add("dk", Work::Matmul { m: r, k: s.bq, n: s.d, m_total: s.bkv }, &[ds], next());
+            let mut dk_deps = vec![dk];
+            dk_deps.extend(last_dk.or(init));
+            let dk_in = (last_dk.is_none() && init.is_none()).then_some(dk_slot);
+            let dk_out = (si == slabs - 1 && !s.last).then_some(dk_slot);
+            last_dk = Some(b.add_carried("dk_acc", Work::Vector { ops: 2.0 * vregs(r, s.d), masked_vregs: 0.0 }, &dk_deps, next(), dk_in, dk_out));
+            ds_parts.push((ds, er));
+        }
+        if s.fused {
+            // dq += ds^T k_s: the (c, bq) ds tile transposed through the XLU, then bq rows stream
+            // through k_s.
+            let deps: Vec<NodeIndex> = ds_parts.iter().map(|(d, _)| *d).collect();
+            let t = b.add("ds_t", Work::CrossLane { vregs: e }, &deps, next());
+            let dq = b.add("dq", Work::Matmul { m: s.bq, k: s.c, n: s.d, m_total: s.bq }, &[t], next());
+            let mut deps = vec![dq];
+            deps.extend(dq_prev);
+            dq_prev = Some(b.add("dq_acc", Work::Vector { ops: 2.0 * vregs(s.bq, s.d), masked_vregs: 0.0 }, &deps, next()));
+        }
+        if s.last {
+            // dk and dv cast and stored once the head group's last q step is done.
+            let deps: Vec<NodeIndex> = last_dk.into_iter().chain(last_dv).collect();
+            b.add_carried("kv_store", Work::Vector { ops: vregs(s.c, s.d + s.dv), masked_vregs: 0.0 }, &deps, next(), None, Some(dk_slot));
+        }
+    }
+    if let Some(prev) = dq_prev.filter(|_| s.fused) {
+        b.add_carried("dq_store", Work::Vector { ops: vregs(s.bq, s.d), masked_vregs: 0.0 }, &[prev], next(), None, Some(dq_slot));
+    }
+    b
+}
+
+/// The body of an empty dkv step: nothing (JAX), or the dq partial zeroed and stored (tokamax's
+/// fused kernel writes one every step).
+fn dkv_empty_body(fused: bool, bq: u64, d: u64, dq_slot: u16) -> StepBody {
+    let mut b = StepBody::default();
+    if fused {
+        let z = b.add_carried("dq_zero", Work::Vector { ops: vregs(bq, d), masked_vregs: 0.0 }, &[], 0, Some(dq_slot), None);
+        b.add_carried("dq_store", Work::Vector { ops: vregs(bq, d), masked_vregs: 0.0 }, &[z], 1, None, Some(dq_slot));
+    }
+    b
+}
+
+/// VMEM the dkv kernel needs: double-buffered q, k, v, dO, logsumexp, di (8 x bq f32 each), q
+/// positions (computed masks), the dq partial, dk and dv outputs; f32 dk, dv scratch; the dq
+/// scratch (when the kv block has several sub-tiles); the live f32 score tiles (qk / p, dp, ds).
+pub fn dkv_vmem(w: &AttentionCall, b: &BwdBlocks, dq_elem: u64, computed: bool, loaded: bool, limit_bytes: u64) -> VmemBudget {
+    let (bq, bkv, c, d, dv) = (b.block_q_dkv, b.block_kv_dkv, b.block_kv_dkv_compute, w.head_dim, w.head_dim_v);
+    let mut buffers = vec![
+        ("q x2".to_string(), 2 * tile_bytes(bq, d, 2)),
+        ("k x2".to_string(), 2 * tile_bytes(bkv, d, 2)),
+        ("v x2".to_string(), 2 * tile_bytes(bkv, dv, 2)),
+        ("dO x2".to_string(), 2 * tile_bytes(bq, dv, 2)),
+        ("logsumexp, di x2".to_string(), 2 * 2 * tile_bytes(8, bq, 4)),
+        ("dk, dv x2".to_string(), 2 * (tile_bytes(bkv, d, 2) + tile_bytes(bkv, dv, 2))),
+        ("dk, dv scratch f32".to_string(), tile_bytes(bkv, d, 4) + tile_bytes(bkv, dv, 4)),
+        ("score tiles f32 x3".to_string(), 3 * tile_bytes(c, bq, 4)),
+    ];
+    if b.fused {
+        buffers.push(("dq partial x2".to_string(), 2 * tile_bytes(bq, d, dq_elem)));
+        if bkv != c {
+            buffers.push(("dq scratch f32".to_string(), tile_bytes(bq, d, 4)));
+        }
+    }
+    if computed {
+        buffers.push(("q positions x2".to_string(), 2 * tile_bytes(8, bq, 4)));
+    }
+    if loaded {
+        buffers.push(("mask int8 x2".to_string(), 2 * tile_bytes(bkv, bq, 1)));
+    }
+    VmemBudget { buffers, limit_bytes }
+}
+
+/// VMEM the dq kernel needs: double-buffered q, dO, k, v, dq, logsumexp and di (1 x bq f32);
+/// the f32 dq scratch; the live f32 score tiles.
+pub fn dq_vmem(w: &AttentionCall, b: &BwdBlocks, loaded: bool, limit_bytes: u64) -> VmemBudget {
+    let (bq, bkv, d, dv) = (b.block_q_dq, b.block_kv_dq, w.head_dim, w.head_dim_v);
+    let mut buffers = vec![
+        ("q x2".to_string(), 2 * tile_bytes(bq, d, 2)),
+        ("dO x2".to_string(), 2 * tile_bytes(bq, dv, 2)),
+        ("k x2".to_string(), 2 * tile_bytes(bkv, d, 2)),
+        ("v x2".to_string(), 2 * tile_bytes(bkv, dv, 2)),
+        ("dq x2".to_string(), 2 * tile_bytes(bq, d, 2)),
+        ("logsumexp, di x2".to_string(), 2 * 2 * tile_bytes(1, bq, 4)),
+        ("dq scratch f32".to_string(), tile_bytes(bq, d, 4)),
+        ("score tiles f32 x3".to_string(), 3 * tile_bytes(bq, bkv, 4)),
+    ];
+    if loaded {
+        buffers.push(("mask int8 x2".to_string(), 2 * tile_bytes(bq, bkv, 1)));
+    }
+    VmemBudget { buffers, limit_bytes }
+}
+
+/// The dkv kernel's step stream: per batch element (the parallel unit), kv block j, head h, the
+/// q blocks of column j (module docs). Every batch element's stream is the same.
+#[derive(Debug, Clone)]
+pub(crate) struct ColumnSteps {
+    batch: u64,
+    q_heads: u64,
+    group: u64,
+    q_blocks: u64,
+    /// Per distinct mask, per kv block: its non-empty q blocks as runs of one kind (`kj0` holds
+    /// the q block).
+    cols: Vec<Vec<Vec<Seg>>>,
+    head_mask: Vec<usize>,
+    /// Grid width in q steps per column: q_blocks (static / fused) or the longest column (shrunk).
+    width: u64,
+    /// Whether empty steps still fetch their q-side blocks (tokamax's static grid).
+    fetch_empty: bool,
+    /// Whether the grid is shrunk per column, padding at the front (JAX unfused).
+    shrunk: bool,
+    /// class id by [kind: 0 partial, 1 full][first][last]; empty steps `empty_class`.
+    class_of: [[[u32; 2]; 2]; 2],
+    empty_class: u32,
+    q_side: u64,
+    kv_bytes: u64,
+    mask_bytes: u64,
+    dq_out: u64,
+    kv_out: u64,
+}
+
+impl ColumnSteps {
+    /// The steps of one (kv block, head) line. Coordinates are (batch x head, kv block, q block):
+    /// the q block varies along a run.
+    fn line(&self, j: u64, h: u64, b: u64, f: &mut dyn FnMut(&Step, u64)) {
+        let col = &self.cols[self.head_mask[h as usize]][j as usize];
+        let len: u64 = col.iter().map(|s| s.n as u64).sum();
+        let first_head = h % self.group == 0;
+        let last_head = h % self.group == self.group - 1;
+        let bh = (b * self.q_heads + h) as u32;
+        // The line's steps as (first q block, kind or None for an empty step, count).
+        let mut items: Vec<(u64, Option<TileKind>, u64)> = Vec::new();
+        if self.shrunk {
+            if self.width > len {
+                items.push((0, None, self.width - len));
+            }
+            items.extend(col.iter().map(|s| (s.kj0 as u64, Some(s.kind), s.n as u64)));
+        } else {
+            let mut i = 0u64;
+            for s in col {
+                if (s.kj0 as u64) > i {
+                    items.push((i, None, s.kj0 as u64 - i));
+                }
+                items.push((s.kj0 as u64, Some(s.kind), s.n as u64));
+                i = (s.kj0 + s.n) as u64;
+            }
+            if self.q_blocks > i {
+                items.push((i, None, self.q_blocks - i));
+            }
+        }
+        let total: u64 = items.iter().map(|t| t.2).sum();
+        let mut idx = 0u64;
+        for (q0, kind, n) in items {
+            let mut k = 0;
+            while k < n {
+                let i = idx + k;
+                // The line's first and last steps stand alone; the rest run in stretches.
+                let run = if i == 0 || i + 1 == total { 1 } else { (n - k).min(total - 1 - i) };
+                // k and v change with the (kv block, kv head): the first head of a group loads them.
+                let load_kv = i == 0 && first_head;
+                let last = i + 1 == total && last_head;
+                let (class, q_in) = match kind {
+                    None => (self.empty_class, if self.fetch_empty { self.q_side } else { 0 }),
+                    Some(kd) => {
+                        let ki = usize::from(kd == TileKind::Full);
+                        let mask = if kd == TileKind::Partial { self.mask_bytes } else { 0 };
+                        (self.class_of[ki][usize::from(load_kv)][usize::from(last)], self.q_side + mask)
+                    }
+                };
+                let in_bytes = q_in + if load_kv { self.kv_bytes } else { 0 };
+                let dq = if kind.is_some() || !self.shrunk { self.dq_out } else { 0 };
+                let out_bytes = dq + if last { self.kv_out } else { 0 };
+                f(&Step { class, in_bytes, out_bytes, coords: [bh, j as u32, (q0 + k) as u32, 0] }, run);
+                k += run;
+            }
+            idx += n;
+        }
+    }
+
+    /// The runs of batch elements `lo..hi`, each element's stream emitted once and repeated.
+    pub(crate) fn for_each_run_block(&self, lo: u64, hi: u64, f: &mut dyn FnMut(crate::RunItem<'_>)) {
+        let hi = hi.min(self.batch);
+        if lo >= hi {
+            return;
+        }
+        f(crate::RunItem::HeadStart);
+        self.element(lo, &mut |s, n| f(crate::RunItem::Run(s, n)));
+        if hi - lo > 1 {
+            f(crate::RunItem::RepeatHead(hi - lo - 1));
+        }
+    }
+
+    /// The runs of batch elements `lo..hi`, unfolded.
+    pub(crate) fn for_each_run_range(&self, lo: u64, hi: u64, f: &mut dyn FnMut(&Step, u64)) {
+        for b in lo..hi.min(self.batch) {
+            self.element(b, f);
+        }
+    }
+
+    fn element(&self, b: u64, f: &mut dyn FnMut(&Step, u64)) {
+        for j in 0..self.cols[0].len() as u64 {
+            for h in 0..self.q_heads {
+                self.line(j, h, b, f);
+            }
+        }
+    }
+}
+
+/// Transposes row classifications into columns: per kv block, its non-empty q blocks as runs.
+fn columns(rows: &[Vec<Seg>], kv_blocks: u64) -> Vec<Vec<Seg>> {
+    let mut cols: Vec<Vec<Seg>> = vec![Vec::new(); kv_blocks as usize];
+    for (qi, row) in rows.iter().enumerate() {
+        for seg in row {
+            for kj in seg.kj0..seg.kj0 + seg.n {
+                let col = &mut cols[kj as usize];
+                match col.last_mut() {
+                    Some(s) if s.kind == seg.kind && s.kj0 + s.n == qi as u32 => s.n += 1,
+                    _ => col.push(Seg { kj0: qi as u32, n: 1, kind: seg.kind }),
+                }
+            }
+        }
+    }
+    cols
+}
+
+/// Tile counts of a classification over batch and heads (for reports).
+fn tile_counts(w: &AttentionCall, cl: &Classified, masked: impl Fn(TileKind) -> bool) -> (TileCounts, u64, u64, u64) {
+    let mut t = TileCounts::default();
+    let (mut kept, mut exact, mut visited) = (0, 0, 0);
+    for h in 0..w.q_heads {
+        let st = cl.stats[cl.head_mask[h as usize]];
+        t.total += w.batch * (st.empty + st.partial + st.full);
+        t.empty += w.batch * st.empty;
+        t.partial += w.batch * st.partial;
+        t.full += w.batch * st.full;
+        t.visited += w.batch * (st.partial + st.full);
+        t.masked += w.batch * (if masked(TileKind::Partial) { st.partial } else { 0 } + if masked(TileKind::Full) { st.full } else { 0 });
+        kept += w.batch * st.kept;
+        exact += w.batch * st.exact_kept;
+        visited += w.batch * st.visited_pairs;
+    }
+    (t, kept, exact, visited)
+}
+
+fn masked_fn(kernel: Kernel, masking: Masking, any_not_full: bool) -> impl Fn(TileKind) -> bool {
+    // JAX's backward kernels apply the mask on every non-empty block when a mask source exists
+    // (no mask-free path); tokamax's only on partial blocks.
+    let all = kernel != Kernel::TokamaxSplash && any_not_full;
+    move |k: TileKind| match masking {
+        Masking::None => false,
+        _ if all => true,
+        Masking::Partial => k == TileKind::Partial,
+        Masking::All => k == TileKind::Partial || any_not_full,
+    }
+}
+
+/// Lowers the dkv kernel (fused when `cfg.bwd.fused`; module docs).
+///
+/// # Errors
+/// [`KernelError::Config`] naming the backward block fields, [`KernelError::Vmem`] and
+/// [`KernelError::Hbm`] as the forward's.
+pub fn lower_dkv(chip: &ChipModel, w: &AttentionCall, cfg: &super::SplashConfig) -> Result<Program, KernelError> {
+    let b = cfg.bwd;
+    w.validate()?;
+    w.mask.check_lengths(w.q_len, w.kv_len)?;
+    check_blocks_named(chip, (w.q_len, w.kv_len), (b.block_q_dkv, b.block_kv_dkv, b.block_kv_dkv_compute), ["`block_q_dkv`", "`block_kv_dkv`", "`block_kv_dkv_compute`"])?;
+    let cl = classify(w, b.block_q_dkv, b.block_kv_dkv, cfg.tile_align, ("`block_q_dkv`", "`block_kv_dkv`"))?;
+    let (qb, kb) = (cl.grid.q_tiles(), cl.grid.kv_tiles());
+    let dq_elem = dq_partial_bytes(cfg.kernel, kb);
+    let source = if cl.distinct.iter().any(|m| m.expression_terms().loaded_only) { MaskSource::Loaded } else { cfg.mask_source };
+    let any_not_full = cl.distinct.iter().any(|m| !m.is_full()) || cfg.tile_align;
+    let computed = any_not_full && source == MaskSource::Computed;
+    let loaded = any_not_full && source == MaskSource::Loaded && cfg.masking != Masking::None;
+    let limit = cfg.vmem_limit_bytes.unwrap_or_else(|| chip.vmem_limit_bytes());
+    let vmem = dkv_vmem(w, &b, dq_elem, computed, loaded, limit);
+    vmem.check(chip)?;
+    let partials = if b.fused { kb * (w.batch * w.q_heads) * cl.grid.padded_q_len() * w.head_dim * dq_elem } else { 0 };
+    super::check_hbm(chip, w, true, partials + (w.batch * w.q_heads * w.q_len + w.batch * w.kv_heads * w.kv_len) * (w.head_dim + w.head_dim_v) * 2)?;
+    let mask_ops = cl.distinct.iter().map(|m| mask_ops_per_vreg(m, source, cl.padded)).fold(0.0, f64::max);
+    let masked = masked_fn(cfg.kernel, cfg.masking, any_not_full);
+    let n_sub = b.block_kv_dkv / b.block_kv_dkv_compute;
+    let mut classes = vec![StepClass {
+        key: ClassKey { tile: "empty", masked: false, first: false, last: false },
+        body: dkv_empty_body(b.fused && static_grid(cfg.kernel), b.block_q_dkv, w.head_dim, (2 * n_sub) as u16),
+    }];
+    let mut class_of = [[[0u32; 2]; 2]; 2];
+    for (k, kind) in [TileKind::Partial, TileKind::Full].into_iter().enumerate() {
+        for first in [false, true] {
+            for last in [false, true] {
+                let m = masked(kind);
+                let shape = DkvShape {
+                    bq: b.block_q_dkv,
+                    bkv: b.block_kv_dkv,
+                    c: b.block_kv_dkv_compute,
+                    d: w.head_dim,
+                    dv: w.head_dim_v,
+                    mask_ops: m.then_some(mask_ops),
+                    base2: cfg.exp == Exp::Base2,
+                    fused: b.fused,
+                    first,
+                    last,
+                };
+                class_of[k][usize::from(first)][usize::from(last)] = classes.len() as u32;
+                classes.push(StepClass { key: ClassKey { tile: if k == 0 { "partial" } else { "full" }, masked: m, first, last }, body: dkv_body(&shape) });
+            }
+        }
+    }
+    let (tiles, kept, exact, visited_pairs) = tile_counts(w, &cl, &masked);
+    let static_g = static_grid(cfg.kernel);
+    let shrunk = !b.fused && !static_g;
+    let cols: Vec<Vec<Vec<Seg>>> = cl.rows.iter().map(|rows| columns(rows, kb)).collect();
+    let col_width = cols.iter().flat_map(|c| c.iter().map(|segs| segs.iter().map(|s| s.n as u64).sum::<u64>())).max().unwrap_or(0);
+    let width = if shrunk { col_width } else { qb };
+    let lse_di = 2 * 8 * b.block_q_dkv * 4 + if computed { 8 * b.block_q_dkv * 4 } else { 0 };
+    let steps = ColumnSteps {
+        batch: w.batch,
+        q_heads: w.q_heads,
+        group: w.q_heads / w.kv_heads,
+        q_blocks: qb,
+        cols,
+        head_mask: cl.head_mask.clone(),
+        width,
+        fetch_empty: static_g,
+        shrunk,
+        class_of,
+        empty_class: 0,
+        q_side: b.block_q_dkv * (w.head_dim + w.head_dim_v) * 2 + lse_di,
+        kv_bytes: b.block_kv_dkv * (w.head_dim + w.head_dim_v) * 2,
+        mask_bytes: if loaded { b.block_q_dkv * b.block_kv_dkv } else { 0 },
+        dq_out: if b.fused { b.block_q_dkv * w.head_dim * dq_elem } else { 0 },
+        kv_out: b.block_kv_dkv * (w.head_dim + w.head_dim_v) * 2,
+    };
+    let grid_steps = w.batch * kb * w.q_heads * width;
+    let info = ProgramInfo {
+        kernel: if b.fused { "attention backward (fused dq/dk/dv)".into() } else { "attention backward dkv".into() },
+        grid: vec![("batch".into(), w.batch), ("kv blocks".into(), kb), ("heads".into(), w.q_heads), (if shrunk { "q steps (shrunk)".into() } else { "q blocks".into() }, width)],
+        blocks: vec![
+            ("block_q_dkv".into(), b.block_q_dkv),
+            ("block_kv_dkv".into(), b.block_kv_dkv),
+            ("block_kv_dkv_compute".into(), b.block_kv_dkv_compute),
+        ],
+        padded: vec![("q_len".into(), w.q_len, cl.grid.padded_q_len()), ("kv_len".into(), w.kv_len, cl.grid.padded_kv_len())],
+        tiles: Some(tiles),
+        kept_pairs: kept,
+        visited_pairs,
+        exact_kept_pairs: exact,
+        grid_steps,
+        smem_bytes: 0,
+    };
+    Ok(Program { classes, parallel_units: w.batch, vmem, info, steps: StepSource::Columns(steps) })
+}
+
+/// The body of one dq-kernel step (module docs): like a forward step with dq in place of o.
+fn dq_body(bq: u64, bkv: u64, d: u64, dv: u64, mask_ops: Option<f64>, first: bool, last: bool) -> StepBody {
+    let mut b = StepBody::default();
+    let slabs = bq.div_ceil(SLAB_ROWS);
+    let mut slot = 0u64;
+    for si in 0..slabs {
+        let r = SLAB_ROWS.min(bq - si * SLAB_ROWS);
+        let e = vregs(r, bkv);
+        let mut next = || {
+            slot += 1;
+            slot
+        };
+        let init = first.then(|| b.add_carried("dq_init", Work::Vector { ops: vregs(r, d), masked_vregs: 0.0 }, &[], next(), Some(si as u16), None));
+        let qk = b.add("qk", Work::Matmul { m: r, k: d, n: bkv, m_total: bq }, &[], next());
+        let scores = match mask_ops {
+            Some(ops) => b.add("mask", Work::Vector { ops: e * ops, masked_vregs: e }, &[qk], next()),
+            None => qk,
+        };
+        let pre = b.add("p_sub", Work::Vector { ops: 2.0 * e, masked_vregs: 0.0 }, &[scores], next());
+        let p = b.add("exp", Work::Transcendental { vregs: e }, &[pre], next());
+        let dp = b.add("dp", Work::Matmul { m: r, k: dv, n: bkv, m_total: bq }, &[], next());
+        let ds = b.add("ds", Work::Vector { ops: 4.0 * e, masked_vregs: 0.0 }, &[dp, p], next());
+        let dq = b.add("dq", Work::Matmul { m: r, k: bkv, n: d, m_total: bq }, &[ds], next());
+        let mut deps = vec![dq];
+        deps.extend(init);
+        let reads = init.is_none().then_some(si as u16);
+        let acc = b.add_carried("dq_acc", Work::Vector { ops: 2.0 * vregs(r, d), masked_vregs: 0.0 }, &deps, next(), reads, (!last).then_some(si as u16));
+        if last {
+            b.add_carried("dq_store", Work::Vector { ops: vregs(r, d), masked_vregs: 0.0 }, &[acc], next(), None, Some(si as u16));
+        }
+    }
+    b
+}
+
+/// Lowers JAX's dq kernel (the unfused backward's first kernel; module docs).
+///
+/// # Errors
+/// As [`lower_dkv`], naming `block_q_dq` and `block_kv_dq`.
+pub fn lower_dq(chip: &ChipModel, w: &AttentionCall, cfg: &super::SplashConfig) -> Result<Program, KernelError> {
+    let b = cfg.bwd;
+    w.validate()?;
+    check_blocks_named(chip, (w.q_len, w.kv_len), (b.block_q_dq, b.block_kv_dq, b.block_kv_dq), ["`block_q_dq`", "`block_kv_dq`", "`block_kv_dq`"])?;
+    let cl = classify(w, b.block_q_dq, b.block_kv_dq, cfg.tile_align, ("`block_q_dq`", "`block_kv_dq`"))?;
+    let source = if cl.distinct.iter().any(|m| m.expression_terms().loaded_only) { MaskSource::Loaded } else { cfg.mask_source };
+    let any_not_full = cl.distinct.iter().any(|m| !m.is_full()) || cfg.tile_align;
+    let loaded = any_not_full && source == MaskSource::Loaded && cfg.masking != Masking::None;
+    let limit = cfg.vmem_limit_bytes.unwrap_or_else(|| chip.vmem_limit_bytes());
+    let vmem = dq_vmem(w, &b, loaded, limit);
+    vmem.check(chip)?;
+    let mask_ops = cl.distinct.iter().map(|m| mask_ops_per_vreg(m, source, cl.padded)).fold(0.0, f64::max);
+    let masked = masked_fn(cfg.kernel, cfg.masking, any_not_full);
+    let mut classes = vec![StepClass { key: ClassKey { tile: "empty", masked: false, first: false, last: false }, body: StepBody::default() }];
+    let mut class_of = [[[0u32; 2]; 2]; 2];
+    for (k, kind) in [TileKind::Partial, TileKind::Full].into_iter().enumerate() {
+        for first in [false, true] {
+            for last in [false, true] {
+                let m = masked(kind);
+                class_of[k][usize::from(first)][usize::from(last)] = classes.len() as u32;
+                classes.push(StepClass {
+                    key: ClassKey { tile: if k == 0 { "partial" } else { "full" }, masked: m, first, last },
+                    body: dq_body(b.block_q_dq, b.block_kv_dq, w.head_dim, w.head_dim_v, m.then_some(mask_ops), first, last),
+                });
+            }
+        }
+    }
+    let (tiles, kept, exact, visited_pairs) = tile_counts(w, &cl, &masked);
+    let width = cl.width;
+    let steps = Steps {
+        batch: w.batch,
+        q_heads: w.q_heads,
+        group: w.q_heads / w.kv_heads,
+        rows: cl.rows.clone(),
+        head_mask: cl.head_mask.clone(),
+        traversal: Traversal::FullGrid,
+        width,
+        class_of,
+        empty_class: 0,
+        q_bytes: b.block_q_dq * (w.head_dim + w.head_dim_v) * 2 + 2 * b.block_q_dq * 4,
+        kv_bytes: b.block_kv_dq * (w.head_dim + w.head_dim_v) * 2,
+        mask_bytes: if loaded { b.block_q_dq * b.block_kv_dq } else { 0 },
+        o_bytes: b.block_q_dq * w.head_dim * 2,
+        masked_partial: cfg.masking != Masking::None,
+        unit_span: w.q_heads,
+    };
+    let info = ProgramInfo {
+        kernel: "attention backward dq".into(),
+        grid: vec![("batch x heads".into(), w.batch * w.q_heads), ("q blocks".into(), cl.grid.q_tiles()), ("kv steps (shrunk)".into(), width)],
+        blocks: vec![("block_q_dq".into(), b.block_q_dq), ("block_kv_dq".into(), b.block_kv_dq)],
+        padded: vec![("q_len".into(), w.q_len, cl.grid.padded_q_len()), ("kv_len".into(), w.kv_len, cl.grid.padded_kv_len())],
+        tiles: Some(tiles),
+        kept_pairs: kept,
+        visited_pairs,
+        exact_kept_pairs: exact,
+        grid_steps: w.batch * w.q_heads * cl.grid.q_tiles() * width,
+        smem_bytes: 0,
+    };
+    // Every dimension of JAX's dq kernel is "arbitrary": only a vmapped batch is parallel, so a
+    // parallel unit is a batch element's heads.
+    Ok(Program { classes, parallel_units: w.batch, vmem, info, steps: StepSource::Splash(steps) })
+}

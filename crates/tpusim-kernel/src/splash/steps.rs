@@ -1,0 +1,246 @@
+//! The forward grid's step stream: runs of identical steps per q row, identical heads folded.
+
+use super::Traversal;
+use crate::ir::Step;
+use tpusim_workload::tiles::TileKind;
+
+/// One item of a run-length step stream with head repetition ([`crate::Program::for_each_run_block`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum RunItem<'a> {
+    /// A new (batch, head) begins; the runs until the next `HeadStart` belong to it.
+    HeadStart,
+    /// `n` consecutive steps identical to the given one but for their kv coordinate.
+    Run(&'a Step, u64),
+    /// The previous head's runs repeat this many more times (for the following heads).
+    RepeatHead(u64),
+}
+
+/// A run of consecutive non-empty tiles of one kind in a q row: kv blocks `kj0 .. kj0 + n`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Seg {
+    pub(crate) kj0: u32,
+    pub(crate) n: u32,
+    pub(crate) kind: TileKind,
+}
+
+/// The step stream of a lowered Splash kernel (regenerated on demand).
+#[derive(Debug, Clone)]
+pub(crate) struct Steps {
+    pub(crate) batch: u64,
+    pub(crate) q_heads: u64,
+    pub(crate) group: u64,
+    /// Distinct masks' rows: for each q block, its non-empty tiles as runs of one kind.
+    pub(crate) rows: Vec<Vec<Vec<Seg>>>,
+    /// Which distinct mask each q head uses.
+    pub(crate) head_mask: Vec<usize>,
+    pub(crate) traversal: Traversal,
+    pub(crate) width: u64,
+    /// class id by [kind (0 partial, 1 full)][first][last]; empty steps use `empty_class`.
+    pub(crate) class_of: [[[u32; 2]; 2]; 2],
+    pub(crate) empty_class: u32,
+    pub(crate) q_bytes: u64,
+    pub(crate) kv_bytes: u64,
+    pub(crate) mask_bytes: u64,
+    pub(crate) o_bytes: u64,
+    pub(crate) masked_partial: bool,
+    /// (batch, head) streams per parallel unit: 1 when heads are parallel (the forward), the
+    /// head count when only the batch is (JAX's dq kernel).
+    pub(crate) unit_span: u64,
+}
+
+impl Steps {
+    /// Emits the grid in order as runs `(first step, count)`: the steps of a run differ only in
+    /// their kv coordinate, which increases by one per step (a run never spans two rows).
+    /// Runs cover the interior of each segment of same-kind tiles at once, so the cost is
+    /// O(rows x segments), not O(steps).
+    pub(crate) fn for_each_run(&self, f: &mut dyn FnMut(&Step, u64)) {
+        self.for_each_run_range(0, (self.batch * self.q_heads).div_ceil(self.unit_span), f)
+    }
+
+    /// [`Steps::for_each_run`] for the (batch, head) units `lo..hi` only, unfolded.
+    pub(crate) fn for_each_run_range(&self, lo: u64, hi: u64, f: &mut dyn FnMut(&Step, u64)) {
+        let mut last_q: Option<(u32, u32)> = None;
+        let mut last_kv: Option<(u64, u64, u32)> = None;
+        let (lo, hi) = (lo.saturating_mul(self.unit_span), hi.saturating_mul(self.unit_span));
+        for i in lo..hi.min(self.batch * self.q_heads) {
+            self.head_runs(i / self.q_heads, i % self.q_heads, &mut last_q, &mut last_kv, f);
+        }
+    }
+
+    /// Like [`Steps::for_each_run`], but a stretch of consecutive (batch, head) pairs whose step
+    /// streams are identical but for coordinates is emitted once, followed by
+    /// [`RunItem::RepeatHead`]. Heads are identical when they use the same mask and their first
+    /// step always reloads its kv block (no copy elision across the head boundary).
+    pub(crate) fn for_each_run_block(&self, lo: u64, hi: u64, f: &mut dyn FnMut(RunItem<'_>)) {
+        let mut last_q: Option<(u32, u32)> = None;
+        let mut last_kv: Option<(u64, u64, u32)> = None;
+        let (lo, hi) = (lo.saturating_mul(self.unit_span), hi.saturating_mul(self.unit_span));
+        let total = hi.min(self.batch * self.q_heads);
+        // Per distinct mask: may consecutive heads elide the kv copy at their boundary?
+        let reloads = self.reloads();
+        let mut i = lo;
+        while i < total {
+            let (b, h) = (i / self.q_heads, i % self.q_heads);
+            let id = self.head_mask[h as usize];
+            f(RunItem::HeadStart);
+            self.head_runs(b, h, &mut last_q, &mut last_kv, &mut |s, n| f(RunItem::Run(s, n)));
+            i += 1;
+            if !reloads[id] {
+                continue;
+            }
+            // Heads after the next one with the same mask repeat the next one exactly.
+            let j = self.same_mask_until(i, id, total);
+            if j - i >= 3 {
+                let (b, h) = (i / self.q_heads, i % self.q_heads);
+                f(RunItem::HeadStart);
+                self.head_runs(b, h, &mut last_q, &mut last_kv, &mut |s, n| f(RunItem::Run(s, n)));
+                f(RunItem::RepeatHead(j - i - 1));
+                // Leave the elision state as the last repeated head would.
+                let (bl, hl) = ((j - 1) / self.q_heads, (j - 1) % self.q_heads);
+                let mut q = None;
+                let mut kv = None;
+                self.head_runs(bl, hl, &mut q, &mut kv, &mut |_, _| {});
+                if q.is_some() {
+                    last_q = q;
+                }
+                if kv.is_some() {
+                    last_kv = kv;
+                }
+                i = j;
+            }
+        }
+    }
+
+    /// Per distinct mask: whether consecutive heads always reload their first kv block (so heads
+    /// with that mask can be folded by [`Steps::for_each_run_block`]).
+    fn reloads(&self) -> Vec<bool> {
+        self.rows
+            .iter()
+            .map(|rows| {
+                let first = rows.iter().find_map(|r| r.first()).map(|s| s.kj0);
+                let last = rows.iter().rev().find_map(|r| r.last()).map(|s| s.kj0 + s.n - 1);
+                self.group == 1 || first.is_none() || first != last
+            })
+            .collect()
+    }
+
+    /// The end of the stretch of heads from `i` that use mask `id` (O(1) when every head does).
+    fn same_mask_until(&self, i: u64, id: usize, total: u64) -> u64 {
+        if self.rows.len() == 1 {
+            return total;
+        }
+        let mut j = i;
+        while j < total && self.head_mask[(j % self.q_heads) as usize] == id {
+            j += 1;
+        }
+        j
+    }
+
+    /// How many (batch, head) step streams [`Steps::for_each_run_block`] generates explicitly.
+    pub(crate) fn emitted_heads(&self) -> u64 {
+        let reloads = self.reloads();
+        let total = self.batch * self.q_heads;
+        let (mut i, mut emitted) = (0u64, 0u64);
+        while i < total {
+            let id = self.head_mask[(i % self.q_heads) as usize];
+            emitted += 1;
+            i += 1;
+            if !reloads[id] {
+                continue;
+            }
+            let j = self.same_mask_until(i, id, total);
+            if j - i >= 3 {
+                emitted += 2; // the first of the stretch, and the last one for the elision state
+                i = j;
+            }
+        }
+        emitted
+    }
+
+    /// The runs of one (batch, head), updating the copy-elision state.
+    fn head_runs(
+        &self,
+        b: u64,
+        h: u64,
+        last_q: &mut Option<(u32, u32)>,
+        last_kv: &mut Option<(u64, u64, u32)>,
+        f: &mut dyn FnMut(&Step, u64),
+    ) {
+        let rows = &self.rows[self.head_mask[h as usize]];
+        let bh = (b * self.q_heads + h) as u32;
+        let kvh = b * (self.q_heads / self.group) + h / self.group;
+        for (qi, row) in rows.iter().enumerate() {
+            let qi = qi as u32;
+            let len: u64 = row.iter().map(|s| s.n as u64).sum();
+            let n_steps = match self.traversal {
+                Traversal::Compact => len,
+                Traversal::FullGrid => self.width,
+            };
+            // One computed step with every rule applied.
+            let single = |kj: u32,
+                          kind: TileKind,
+                          j: u64,
+                          last_q: &mut Option<(u32, u32)>,
+                          last_kv: &mut Option<(u64, u64, u32)>,
+                          f: &mut dyn FnMut(&Step, u64)| {
+                let mut in_bytes = 0;
+                if *last_q != Some((bh, qi)) {
+                    in_bytes += self.q_bytes;
+                    *last_q = Some((bh, qi));
+                }
+                if *last_kv != Some((b, kvh, kj)) {
+                    in_bytes += self.kv_bytes;
+                    *last_kv = Some((b, kvh, kj));
+                }
+                if kind == TileKind::Partial && self.masked_partial {
+                    in_bytes += self.mask_bytes;
+                }
+                let k = usize::from(kind == TileKind::Full);
+                let first = usize::from(j == 0);
+                let last = usize::from(j + 1 == len);
+                let out_bytes = if j + 1 == n_steps { self.o_bytes } else { 0 };
+                f(&Step { class: self.class_of[k][first][last], in_bytes, out_bytes, coords: [bh, qi, kj, 0] }, 1);
+            };
+            let mut j = 0u64;
+            for seg in row {
+                let n = seg.n as u64;
+                single(seg.kj0, seg.kind, j, last_q, last_kv, f);
+                if n >= 3 {
+                    // Interior steps: a new kv block each, neither first nor last of the row.
+                    let k = usize::from(seg.kind == TileKind::Full);
+                    let mask = if seg.kind == TileKind::Partial && self.masked_partial { self.mask_bytes } else { 0 };
+                    let step = Step {
+                        class: self.class_of[k][0][0],
+                        in_bytes: self.kv_bytes + mask,
+                        out_bytes: 0,
+                        coords: [bh, qi, seg.kj0 + 1, 0],
+                    };
+                    f(&step, n - 2);
+                    *last_kv = Some((b, kvh, seg.kj0 + seg.n - 2));
+                }
+                if n >= 2 {
+                    single(seg.kj0 + seg.n - 1, seg.kind, j + n - 1, last_q, last_kv, f);
+                }
+                j += n;
+            }
+            if n_steps > len {
+                // Empty steps: fixed cost only; data_next repeats the last block, so no copy.
+                let empty = |j: u64, out_bytes: u64| Step { class: self.empty_class, in_bytes: 0, out_bytes, coords: [bh, qi, j as u32, 0] };
+                if n_steps - len > 1 {
+                    f(&empty(len, 0), n_steps - len - 1);
+                }
+                f(&empty(n_steps - 1, self.o_bytes), 1);
+            }
+        }
+    }
+
+    /// Emits every grid step in order (runs expanded).
+    pub(crate) fn for_each(&self, f: &mut dyn FnMut(&Step)) {
+        self.for_each_run(&mut |s, n| {
+            for i in 0..n {
+                f(&Step { coords: [s.coords[0], s.coords[1], s.coords[2] + i as u32, s.coords[3]], ..*s });
+            }
+        });
+    }
+}
+

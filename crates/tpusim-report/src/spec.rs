@@ -13,7 +13,7 @@ use clap::Args;
 use serde::{Deserialize, Serialize};
 use std::sync::OnceLock;
 use tpusim_chip::{ChipError, ChipModel};
-use tpusim_kernel::{splash, KernelError, KernelKind, MaskSource, Masking, MatmulConfig, SplashConfig, Traversal};
+use tpusim_kernel::{splash, KernelError, KernelKind, MaskSource, Masking, MatmulConfig, Scope, SplashConfig, Traversal};
 use tpusim_workload::{AttentionCall, Mask, MatmulCall, WorkloadError};
 
 pub use tpusim_kernel::Kernel;
@@ -118,6 +118,11 @@ pub struct JobSpec {
     #[arg(long, value_enum)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kernel: Option<Kernel>,
+    /// What a simulated time covers: the Pallas kernels alone, or every XLA op of the library
+    /// call (tokamax's transposes and scalings around its kernels) [default: kernel].
+    #[arg(long, value_enum)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<Scope>,
     /// Batch size [default: 1].
     #[arg(long)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -218,6 +223,7 @@ pub struct JobSpec {
 
 /// Fields that describe attention (refused for matmul kernels).
 const ATTENTION_ONLY: &[&str] = &[
+    "scope",
     "heads",
     "kv_heads",
     "seq_len",
@@ -340,7 +346,8 @@ impl JobSpec {
             KernelKind::Attention => {
                 let workload = self.attention_call()?;
                 let config = self.splash_config(kernel, &workload, chip, vmem_limit_bytes)?;
-                Ok(Job::Attention { workload, config, direction: tpusim_kernel::Direction::Fwd, scope: tpusim_kernel::Scope::Kernel })
+                let scope = self.scope.unwrap_or(Scope::Kernel);
+                Ok(Job::Attention { workload, config, direction: tpusim_kernel::Direction::Fwd, scope })
             }
             KernelKind::Matmul => {
                 let workload = self.matmul_call()?;
@@ -490,8 +497,9 @@ impl Job {
     /// outputs and the flags of tuned configurations.
     pub fn to_spec(&self) -> JobSpec {
         match self {
-            Job::Attention { workload: w, config: c, .. } => JobSpec {
+            Job::Attention { workload: w, config: c, scope, .. } => JobSpec {
                 kernel: Some(c.kernel),
+                scope: Some(*scope),
                 batch: Some(w.batch),
                 heads: Some(w.q_heads),
                 kv_heads: Some(w.kv_heads),

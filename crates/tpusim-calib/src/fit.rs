@@ -12,22 +12,35 @@
 //!
 //! **Optimiser.** Levenberg-Marquardt on the residuals `ln(predicted/measured)` with a
 //! forward-difference Jacobian (step 0.01 in `u`), Marquardt's diagonal scaling, steps limited to
-//! a factor e per iteration and projected onto the bounds. Small and dependency-free; every
+//! a factor e per iteration and projected onto the bounds. The main fit starts it from the best
+//! few points of a coarse grid around the starting values ([`STARTS`]); refits for
+//! cross-validation start from the main fit. Small and dependency-free; every
 //! evaluation simulates every row (a few ms each), on all cores.
 //!
 //! **Identifiability.** Before fitting, the elasticity of every row's time to every parameter
 //! (`d ln t / d u`, by central differences of +-0.05 in `u`) is measured at the starting point.
-//! Parameters are taken in the order of [`FITTED_PARAMS`]; one is fitted only when the part of its
-//! elasticity column that the parameters taken before it cannot mimic has a norm of at least
-//! [`MIN_RESIDUAL_NORM`] (a 10% change moves the rows' log times, beyond what the others can make
-//! up, by at least 1% root-sum-square) and is at least [`CONFOUND_FRACTION`] of its whole column.
+//! Parameters are taken greedily, the one the rows pin down best first: at each round, the
+//! candidate whose elasticity column has the largest part that the parameters already taken cannot
+//! mimic; it is fitted only when that part has a norm of at least [`MIN_RESIDUAL_NORM`] (a 10%
+//! change moves the rows' log times, beyond what the others can make up, by at least 1%
+//! root-sum-square) and is at least [`CONFOUND_FRACTION`] of its whole column. At most
+//! [`MAX_FITTED`] parameters are fitted per chip.
 //! Otherwise it is *not identifiable from these rows* and keeps its value and provenance: either
 //! no row responds to it (e.g. the exp rate when no row is bound by the EUP), or it is confounded
 //! (e.g. the clock when every row is bound by the VPU, where only
 //! `clock x valu_vreg_ops_per_cycle` matters).
 //!
+//! **Confidence intervals.** At the optimum, the covariance of the fitted coordinates is
+//! `s^2 (J^T J)^-1` with `J` the Jacobian of the residuals and `s^2 = S / (n - p)` (n rows, p fitted
+//! parameters); each interval is `u +- t(0.975; n - p) sqrt(cov_jj)` (Student's t from statrs),
+//! mapped back to the parameter, so it is asymmetric around the value. It assumes the residuals
+//! are independent noise of one scale and the model is locally linear; a model error that is
+//! the same for similar rows makes the interval too narrow, so read it with the held-out errors.
+//!
 //! **Cross-validation.** Each row is predicted by a model refitted without it: leave-one-out up
-//! to [`LOO_MAX_ROWS`] rows, [`KFOLDS`]-fold above (row i in fold i mod k). Each refit repeats the
+//! to [`LOO_MAX_ROWS`] rows, [`KFOLDS`]-fold above (row i in fold i mod k). A second scheme holds
+//! out whole head_dim groups (every row with one head_dim, the rows without one as a group of
+//! their own), which asks whether the fit carries to a shape it never saw. Each refit repeats the
 //! identifiability test on its own rows, starts from the full fit, and puts parameters it cannot
 //! identify back to the starting model's values. A held-out error well above the training error
 //! means the fitted parameters follow noise in the rows rather than the hardware.
@@ -43,16 +56,20 @@ use tpusim_report::JobSpec;
 /// The chip model's fitted parameters, in the order they are considered for fitting (the most
 /// specific first; the clock last, so that it is only fitted when rows pin it independently of
 /// the throughputs).
-pub const FITTED_PARAMS: &[&str] = &["valu_vreg_ops_per_cycle", "eup_vregs_per_cycle", "grid_step_overhead_cycles"];
+pub const FITTED_PARAMS: &[&str] =
+    &["valu_vreg_ops_per_cycle", "eup_vregs_per_cycle", "xlu_cycles_per_vreg", "loaded_mask_ops_per_vreg", "grid_step_overhead_cycles"];
 
 /// Leave-one-out up to this many rows; k-fold above.
 pub const LOO_MAX_ROWS: usize = 30;
 /// Folds of k-fold cross-validation for more than [`LOO_MAX_ROWS`] rows.
 pub const KFOLDS: usize = 10;
 
+/// Most parameters fitted per chip (the rest keep their values and provenance).
+pub const MAX_FITTED: usize = 3;
+
 /// Smallest norm of a parameter's elasticity column, beyond what earlier parameters explain, for
 /// it to be fitted (module docs, "Identifiability").
-pub const MIN_RESIDUAL_NORM: f64 = 0.1;
+pub const MIN_RESIDUAL_NORM: f64 = 0.05;
 /// Smallest share of a parameter's elasticity column not explained by earlier parameters.
 pub const CONFOUND_FRACTION: f64 = 0.05;
 
@@ -70,6 +87,8 @@ fn spec(name: &str) -> Option<Spec> {
     let (lo, hi, offset) = match name {
         "valu_vreg_ops_per_cycle" => (1e-3, 64.0, 0.0),
         "eup_vregs_per_cycle" => (1e-3, 64.0, 0.0),
+        "xlu_cycles_per_vreg" => (1e-3, 1e4, 0.0),
+        "loaded_mask_ops_per_vreg" => (1e-3, 1e3, 0.0),
         "grid_step_overhead_cycles" => (0.0, 1e7, 100.0),
         _ => return None,
     };
@@ -101,6 +120,8 @@ fn param_mut<'a>(chip: &'a mut ChipModel, name: &str) -> &'a mut Param<f64> {
     match name {
         "valu_vreg_ops_per_cycle" => &mut f.valu_vreg_ops_per_cycle,
         "eup_vregs_per_cycle" => &mut f.eup_vregs_per_cycle,
+        "xlu_cycles_per_vreg" => &mut f.xlu_cycles_per_vreg,
+        "loaded_mask_ops_per_vreg" => &mut f.loaded_mask_ops_per_vreg,
         "grid_step_overhead_cycles" => &mut f.grid_step_overhead_cycles,
         other => panic!("not a fitted parameter: {other}"),
     }
@@ -112,6 +133,8 @@ pub fn fitted_value(chip: &ChipModel, name: &str) -> Option<f64> {
     let p = match name {
         "valu_vreg_ops_per_cycle" => &f.valu_vreg_ops_per_cycle,
         "eup_vregs_per_cycle" => &f.eup_vregs_per_cycle,
+        "xlu_cycles_per_vreg" => &f.xlu_cycles_per_vreg,
+        "loaded_mask_ops_per_vreg" => &f.loaded_mask_ops_per_vreg,
         "grid_step_overhead_cycles" => &f.grid_step_overhead_cycles,
         _ => return None,
     };
@@ -308,6 +331,43 @@ fn levenberg_marquardt(p: &mut Problem, u0: &[f64]) -> Vec<f64> {
     u
 }
 
+/// The main fit's search: the simulated times are piecewise linear in the parameters (maxima of
+/// sums), so a local search can stop at a kink. Every combination of each parameter at half, one
+/// and two times its starting value (3^p points) is evaluated, Levenberg-Marquardt runs from the
+/// [`STARTS`] best, and the best end point is kept.
+fn multi_start(p: &mut Problem, u0: &[f64]) -> Vec<f64> {
+    let m = u0.len();
+    if m == 0 {
+        return Vec::new();
+    }
+    let mut points: Vec<(f64, Vec<f64>)> = Vec::new();
+    for code in 0..3usize.pow(m as u32) {
+        let mut u: Vec<f64> = u0.to_vec();
+        let mut c = code;
+        for (j, uj) in u.iter_mut().enumerate() {
+            let step = [0.0, -std::f64::consts::LN_2, std::f64::consts::LN_2][c % 3];
+            c /= 3;
+            *uj += step;
+            *uj = uj.clamp(p.active[j].u_lo(), p.active[j].u_hi());
+        }
+        let s = sum_sq(&p.residuals(&u));
+        points.push((s, u));
+    }
+    points.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let mut best: Option<(f64, Vec<f64>)> = None;
+    for (_, start) in points.into_iter().take(STARTS) {
+        let u = levenberg_marquardt(p, &start);
+        let s = sum_sq(&p.residuals(&u));
+        if best.as_ref().is_none_or(|(b, _)| s < *b) {
+            best = Some((s, u));
+        }
+    }
+    best.map(|(_, u)| u).unwrap_or_else(|| u0.to_vec())
+}
+
+/// Local searches of the main fit (module docs, "Optimiser").
+pub const STARTS: usize = 3;
+
 /// How a parameter came out of a fit.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -331,6 +391,8 @@ pub struct ParamFit {
     pub after: f64,
     /// Largest |d ln t / d ln(x + c)| over the rows at the starting point.
     pub elasticity: f64,
+    /// 95% confidence interval of a fitted value, in its unit (module docs).
+    pub interval: Option<(f64, f64)>,
     /// Fitted or why not.
     pub status: Status,
     /// The value ended at a bound of its allowed range.
@@ -350,6 +412,8 @@ pub struct FitRow {
     pub after_ms: f64,
     /// Predicted by the model fitted without this row (cross-validation), ms.
     pub held_out_ms: Option<f64>,
+    /// Predicted by the model fitted without this row's head_dim group, ms.
+    pub held_out_group_ms: Option<f64>,
 }
 
 /// |error| figures over a set of predictions.
@@ -366,7 +430,8 @@ pub struct ErrorStats {
 }
 
 impl ErrorStats {
-    fn of(pred: &[f64], meas: &[f64]) -> Option<ErrorStats> {
+    /// The figures of predictions `pred` against `meas` (same length); `None` when empty.
+    pub fn of(pred: &[f64], meas: &[f64]) -> Option<ErrorStats> {
         let abs: Vec<f64> = pred.iter().zip(meas).map(|(p, m)| ((p - m) / m).abs()).collect();
         let logs: Vec<f64> = pred.iter().zip(meas).map(|(p, m)| (p / m).ln().powi(2)).collect();
         Some(ErrorStats {
@@ -425,8 +490,10 @@ pub struct Calibration {
     pub before: Option<ErrorStats>,
     /// Training error of the fitted model.
     pub after: Option<ErrorStats>,
-    /// Held-out error (cross-validation), when run.
+    /// Held-out error (leave-one-out or k-fold), when run.
     pub held_out: Option<ErrorStats>,
+    /// Held-out error with whole head_dim groups held out, when run (two groups or more).
+    pub held_out_group: Option<ErrorStats>,
     /// `leave-one-out`, `10-fold` or `none`.
     pub cross_validation: String,
     /// Simulations of the whole row set run by the main fit.
@@ -485,63 +552,106 @@ fn elasticities(p: &mut Problem, u: &[f64]) -> Vec<Vec<f64>> {
 /// Chooses the identifiable parameters among the candidates, whose elasticity columns are
 /// `cols`: returns the indices taken and, per candidate, its status and largest |elasticity|.
 ///
-/// A candidate is taken when the part of its column not explained by the columns taken before it
-/// has a norm of at least [`MIN_RESIDUAL_NORM`] (a 10% change of x + c moves the rows' log times,
-/// beyond what the earlier parameters can make up, by at least 1% root-sum-square) and at least
-/// [`CONFOUND_FRACTION`] of the column's own norm.
+/// Greedy: each round takes the candidate whose column has the largest part not explained by the
+/// columns already taken, if that part has a norm of at least [`MIN_RESIDUAL_NORM`] (a 10% change
+/// of x + c moves the rows' log times, beyond what the others can make up, by at least 1%
+/// root-sum-square) and at least [`CONFOUND_FRACTION`] of the column's own norm; at most
+/// [`MAX_FITTED`] are taken.
 fn identify(cols: &[Vec<f64>], names: &[&str]) -> (Vec<usize>, Vec<(Status, f64)>) {
     let norm = |v: &[f64]| v.iter().map(|x| x * x).sum::<f64>().sqrt();
-    let mut basis: Vec<Vec<f64>> = Vec::new();
-    let mut taken: Vec<usize> = Vec::new();
-    let mut out = Vec::new();
-    for (j, col) in cols.iter().enumerate() {
-        let max = col.iter().map(|x| x.abs()).fold(0.0, f64::max);
-        let mut rest = col.clone();
-        for b in &basis {
+    let project = |col: &[f64], basis: &[Vec<f64>]| {
+        let mut rest = col.to_vec();
+        for b in basis {
             let d: f64 = rest.iter().zip(b).map(|(x, y)| x * y).sum();
             for (x, y) in rest.iter_mut().zip(b) {
                 *x -= d * y;
             }
         }
-        let (nr, nc) = (norm(&rest), norm(col));
-        if nc < MIN_RESIDUAL_NORM {
-            out.push((
-                Status::NotIdentifiable(format!(
-                    "not identifiable from these rows: a 10% change moves their times by {:.2}% (root-sum-square; at most {:.2}% on one row)",
-                    nc * 10.0,
-                    max * 10.0
-                )),
-                max,
-            ));
-            continue;
-        }
-        if nr < MIN_RESIDUAL_NORM || nr < CONFOUND_FRACTION * nc {
-            let with: Vec<&str> = taken.iter().map(|&i| names[i]).collect();
-            out.push((
-                Status::NotIdentifiable(format!(
-                    "not identifiable from these rows: its effect on them is almost all one that {} already have (confounded)",
-                    with.join(", ")
-                )),
-                max,
-            ));
-            continue;
-        }
+        rest
+    };
+    let max: Vec<f64> = cols.iter().map(|c| c.iter().map(|x| x.abs()).fold(0.0, f64::max)).collect();
+    let mut basis: Vec<Vec<f64>> = Vec::new();
+    let mut taken: Vec<usize> = Vec::new();
+    while taken.len() < MAX_FITTED {
+        let best = (0..cols.len())
+            .filter(|j| !taken.contains(j))
+            .map(|j| {
+                let rest = project(&cols[j], &basis);
+                (j, norm(&rest), rest)
+            })
+            .filter(|(j, nr, _)| *nr >= MIN_RESIDUAL_NORM && *nr >= CONFOUND_FRACTION * norm(&cols[*j]))
+            .max_by(|a, b| a.1.total_cmp(&b.1));
+        let Some((j, nr, rest)) = best else { break };
         basis.push(rest.iter().map(|x| x / nr).collect());
         taken.push(j);
-        out.push((Status::Fitted, max));
     }
+    let out = (0..cols.len())
+        .map(|j| {
+            if taken.contains(&j) {
+                return (Status::Fitted, max[j]);
+            }
+            let nc = norm(&cols[j]);
+            let why = if nc < MIN_RESIDUAL_NORM {
+                format!(
+                    "not identifiable from these rows: a 10% change moves their times by {:.2}% (root-sum-square; at most {:.2}% on one row)",
+                    nc * 10.0,
+                    max[j] * 10.0
+                )
+            } else if taken.len() == MAX_FITTED && norm(&project(&cols[j], &basis)) >= MIN_RESIDUAL_NORM {
+                format!("not fitted: at most {MAX_FITTED} parameters are fitted per chip and the rows pin down {} better", taken.iter().map(|&i| names[i]).collect::<Vec<_>>().join(", "))
+            } else {
+                format!(
+                    "not identifiable from these rows: its effect on them is almost all one that {} already have (confounded)",
+                    taken.iter().map(|&i| names[i]).collect::<Vec<_>>().join(", ")
+                )
+            };
+            (Status::NotIdentifiable(why), max[j])
+        })
+        .collect();
     (taken, out)
 }
+
+/// 95% confidence intervals of the active parameters at `u` (module docs): per parameter
+/// `(low, high)` in its own unit; `None` without degrees of freedom or with a singular `J^T J`.
+fn confidence_intervals(p: &mut Problem, u: &[f64]) -> Vec<Option<(f64, f64)>> {
+    let (n, m) = (p.rows.len(), u.len());
+    if m == 0 || n <= m {
+        return vec![None; m];
+    }
+    let r = p.residuals(u);
+    let j = p.jacobian(u, &r, 0.01);
+    let s2 = sum_sq(&r) / (n - m) as f64;
+    let a: Vec<Vec<f64>> = (0..m).map(|i| (0..m).map(|k| j[i].iter().zip(&j[k]).map(|(x, y)| x * y).sum()).collect()).collect();
+    let Ok(t) = statrs::distribution::StudentsT::new(0.0, 1.0, (n - m) as f64) else {
+        return vec![None; m];
+    };
+    let t = statrs::distribution::ContinuousCDF::inverse_cdf(&t, 0.975);
+    (0..m)
+        .map(|i| {
+            // Column i of the inverse of J^T J.
+            let e: Vec<f64> = (0..m).map(|k| if k == i { 1.0 } else { 0.0 }).collect();
+            let col = solve(a.clone(), e)?;
+            let var = s2 * col[i];
+            if !(var.is_finite() && var >= 0.0) {
+                return None;
+            }
+            let s = p.active[i];
+            let half = t * var.sqrt();
+            let lo = s.to_x((u[i] - half).max(s.u_lo() - 50.0)).max(s.lo);
+            let hi = s.to_x((u[i] + half).min(s.u_hi() + 50.0)).min(s.hi);
+            Some((lo, hi))
+        })
+        .collect()
+}
+
+/// A fit's outcome: the fitted chip, per candidate its status and largest elasticity, per
+/// candidate its 95% interval (fitted ones), and the evaluations used.
+type RowFit = (ChipModel, Vec<(Status, f64)>, Vec<Option<(f64, f64)>>, usize);
 
 /// Fits the chosen parameters of `start` to `rows`: returns the fitted chip, per-parameter status
 /// and elasticity, and the number of evaluations. Parameters found not identifiable take their
 /// value from `fallback`.
-fn fit_rows(
-    start: &ChipModel,
-    fallback: &ChipModel,
-    rows: &[&Row],
-    names: &[&str],
-) -> (ChipModel, Vec<(Status, f64)>, usize) {
+fn fit_rows(start: &ChipModel, fallback: &ChipModel, rows: &[&Row], names: &[&str], want_ci: bool) -> RowFit {
     let all: Vec<Spec> = names.iter().filter_map(|n| spec(n)).collect();
     let mut p = Problem { base: start, rows: rows.to_vec(), active: all.clone(), evaluations: 0 };
     let u0: Vec<f64> = all.iter().map(|s| s.to_u(fitted_value(start, s.name).unwrap_or(0.0))).collect();
@@ -553,20 +663,20 @@ fn fit_rows(
             param_mut(&mut base, s.name).value = fitted_value(fallback, s.name).unwrap_or(0.0);
         }
     }
-    let mut p = Problem {
-        base: &base,
-        rows: rows.to_vec(),
-        active: taken.iter().map(|&i| all[i]).collect(),
-        evaluations: p.evaluations,
-    };
+    let mut p = Problem { base: &base, rows: rows.to_vec(), active: taken.iter().map(|&i| all[i]).collect(), evaluations: p.evaluations };
     let u_start: Vec<f64> = taken.iter().map(|&i| u0[i]).collect();
-    let u = levenberg_marquardt(&mut p, &u_start);
+    let u = if want_ci { multi_start(&mut p, &u_start) } else { levenberg_marquardt(&mut p, &u_start) };
+    let ci_active = if want_ci { confidence_intervals(&mut p, &u) } else { vec![None; u.len()] };
     let mut chip = p.chip_at(&u);
     for s in &p.active {
         let v = param_mut(&mut chip, s.name);
         v.value = round_sig(v.value, 5).clamp(s.lo, s.hi);
     }
-    (chip, status, p.evaluations)
+    let mut ci = vec![None; all.len()];
+    for (k, &i) in taken.iter().enumerate() {
+        ci[i] = ci_active[k].map(|(a, b)| (round_sig(a, 3), round_sig(b, 3)));
+    }
+    (chip, status, ci, p.evaluations)
 }
 
 /// Calibrates `base` to the rows of `file` whose chip is `base` (the `chip` column equals the
@@ -588,11 +698,7 @@ pub fn calibrate(
             )));
         }
     }
-    let names: Vec<&str> = FITTED_PARAMS
-        .iter()
-        .copied()
-        .filter(|n| opts.params.is_empty() || opts.params.iter().any(|p| p == n))
-        .collect();
+    let names: Vec<&str> = FITTED_PARAMS.iter().copied().filter(|n| opts.params.is_empty() || opts.params.iter().any(|p| p == n)).collect();
     let mut rows = Vec::new();
     let mut unused = Vec::new();
     for m in &file.rows {
@@ -614,50 +720,52 @@ pub fn calibrate(
     let refs: Vec<&Row> = rows.iter().collect();
     let meas: Vec<f64> = rows.iter().map(|r| r.measured_ms).collect();
     let before_pred = predict_all(base, &refs);
-    let (mut fitted, status, evaluations) = fit_rows(base, base, &refs, &names);
+    let (mut fitted, status, ci, evaluations) = fit_rows(base, base, &refs, &names, true);
     let after_pred = predict_all(&fitted, &refs);
 
-    // cross-validation
+    // cross-validation: leave-one-out (k-fold above LOO_MAX_ROWS), then head_dim groups
     let n = rows.len();
-    let (cv_name, folds) = if !opts.cross_validate || n < 2 {
-        ("none".to_string(), 0)
+    let (cv_name, loo_folds): (String, Vec<Vec<usize>>) = if !opts.cross_validate || n < 2 {
+        ("none".to_string(), Vec::new())
     } else if n <= LOO_MAX_ROWS {
-        ("leave-one-out".to_string(), n)
+        ("leave-one-out".to_string(), (0..n).map(|i| vec![i]).collect())
     } else {
-        (format!("{KFOLDS}-fold"), KFOLDS)
+        (format!("{KFOLDS}-fold"), (0..KFOLDS).map(|f| (0..n).filter(|i| i % KFOLDS == f).collect()).collect())
     };
-    let mut held = vec![None; n];
-    for f in 0..folds {
-        let test: Vec<usize> = (0..n).filter(|i| i % folds == f).collect();
-        let train: Vec<&Row> = (0..n).filter(|i| i % folds != f).map(|i| &rows[i]).collect();
-        let (chip, _, _) = fit_rows(&fitted, base, &train, &names);
-        let pred = predict_all(&chip, &test.iter().map(|&i| &rows[i]).collect::<Vec<_>>());
-        for (k, &i) in test.iter().enumerate() {
-            held[i] = Some(pred[k]);
+    let held = held_out(&fitted, base, &rows, &names, &loo_folds);
+    let mut groups: Vec<(Option<u64>, Vec<usize>)> = Vec::new();
+    for (i, r) in rows.iter().enumerate() {
+        match groups.iter_mut().find(|(d, _)| *d == r.spec.head_dim) {
+            Some((_, g)) => g.push(i),
+            None => groups.push((r.spec.head_dim, vec![i])),
         }
     }
-    let held_out = if folds > 0 {
-        let p: Vec<f64> = held.iter().map(|h| h.unwrap_or(f64::NAN)).collect();
-        ErrorStats::of(&p, &meas)
-    } else {
-        None
+    let group_folds: Vec<Vec<usize>> =
+        if opts.cross_validate && groups.len() >= 2 { groups.into_iter().map(|(_, g)| g).collect() } else { Vec::new() };
+    let held_group = held_out(&fitted, base, &rows, &names, &group_folds);
+    let stats_of = |h: &[Option<f64>]| {
+        let pairs: Vec<(f64, f64)> = h.iter().zip(&meas).filter_map(|(p, m)| p.map(|p| (p, *m))).collect();
+        if pairs.is_empty() {
+            return None;
+        }
+        let (p, m): (Vec<f64>, Vec<f64>) = pairs.into_iter().unzip();
+        ErrorStats::of(&p, &m)
     };
+    let held_out_stats = stats_of(&held);
+    let held_out_group = stats_of(&held_group);
 
     // provenance of the fitted values
     let date = opts.date.clone().unwrap_or_else(today);
     let ids: Vec<String> = rows.iter().map(|r| r.id.clone()).collect();
-    let fitted_names: Vec<&str> =
-        names.iter().zip(&status).filter(|(_, (s, _))| *s == Status::Fitted).map(|(n, _)| *n).collect();
-    let objective =
-        "least squares on ln(predicted/measured), rows weighted equally (Levenberg-Marquardt in log parameters)"
-            .to_string();
+    let fitted_names: Vec<&str> = names.iter().zip(&status).filter(|(_, (s, _))| *s == Status::Fitted).map(|(n, _)| *n).collect();
+    let objective = "least squares on ln(predicted/measured), rows weighted equally (Levenberg-Marquardt in log parameters)".to_string();
     let mut params = Vec::new();
     for name in FITTED_PARAMS {
         let before = fitted_value(base, name).unwrap_or(0.0);
         let after = fitted_value(&fitted, name).unwrap_or(0.0);
-        let (st, el) = match names.iter().position(|n| n == name) {
-            Some(i) => status[i].clone(),
-            None => (Status::NotSelected, 0.0),
+        let (st, el, interval) = match names.iter().position(|n| n == name) {
+            Some(i) => (status[i].0.clone(), status[i].1, ci[i]),
+            None => (Status::NotSelected, 0.0, None),
         };
         let s = spec(name).expect("known name");
         if st == Status::Fitted {
@@ -665,9 +773,13 @@ pub fn calibrate(
             p.fitted_to = Some(ids.clone());
             p.source = None;
             p.note = Some(format!(
-                "fitted by tpusim calibrate on {date} to {} ({} rows): {objective}; jointly with: {}; was {before}",
+                "fitted by tpusim calibrate on {date} to {} ({} rows): {objective}; 95% confidence interval {}; jointly with: {}",
                 file.path,
                 ids.len(),
+                match interval {
+                    Some((lo, hi)) => format!("{lo} to {hi}"),
+                    None => "not available".to_string(),
+                },
                 match fitted_names.iter().filter(|n| *n != name).copied().collect::<Vec<_>>().join(", ") {
                     others if others.is_empty() => "alone".to_string(),
                     others => others,
@@ -679,6 +791,7 @@ pub fn calibrate(
             before,
             after,
             elasticity: el,
+            interval,
             at_bound: st == Status::Fitted && (after <= s.lo || after >= s.hi),
             status: st,
         });
@@ -694,6 +807,7 @@ pub fn calibrate(
             before_ms: before_pred[i],
             after_ms: after_pred[i],
             held_out_ms: held[i],
+            held_out_group_ms: held_group[i],
         })
         .collect();
     Ok(Calibration {
@@ -706,11 +820,29 @@ pub fn calibrate(
         rows: fit_rows_out,
         before: ErrorStats::of(&before_pred, &meas),
         after: ErrorStats::of(&after_pred, &meas),
-        held_out,
+        held_out: held_out_stats,
+        held_out_group,
         cross_validation: cv_name,
         evaluations,
         model: fitted,
     })
+}
+
+/// Per row, its prediction by a model refitted (from `fitted`) without the fold holding it.
+fn held_out(fitted: &ChipModel, base: &ChipModel, rows: &[Row], names: &[&str], folds: &[Vec<usize>]) -> Vec<Option<f64>> {
+    let mut held = vec![None; rows.len()];
+    for test in folds {
+        let train: Vec<&Row> = (0..rows.len()).filter(|i| !test.contains(i)).map(|i| &rows[i]).collect();
+        if train.is_empty() {
+            continue;
+        }
+        let (chip, _, _, _) = fit_rows(fitted, base, &train, names, false);
+        let pred = predict_all(&chip, &test.iter().map(|&i| &rows[i]).collect::<Vec<_>>());
+        for (k, &i) in test.iter().enumerate() {
+            held[i] = Some(pred[k]);
+        }
+    }
+    held
 }
 
 fn prepare(m: &Measurement, base: &ChipModel) -> Result<Row, String> {
@@ -785,8 +917,8 @@ impl Calibration {
         let _ = writeln!(s);
         let _ = writeln!(
             s,
-            "{:<28} {:>12} {:>12} {:>8}  {:>10}  status",
-            "parameter", "before", "after", "change", "elasticity"
+            "{:<28} {:>12} {:>12} {:>8}  {:>21}  {:>10}  status",
+            "parameter", "before", "after", "change", "95% interval", "elasticity"
         );
         for p in &self.params {
             let change = if p.before != 0.0 {
@@ -802,28 +934,30 @@ impl Calibration {
                 Status::NotIdentifiable(r) => r.clone(),
                 Status::NotSelected => "not selected (--params)".to_string(),
             };
+            let interval = p.interval.map_or("-".to_string(), |(a, b)| format!("{a} to {b}"));
             let _ = writeln!(
                 s,
-                "{:<28} {:>12} {:>12} {:>8}  {:>10.3}  {}",
-                p.name, p.before, p.after, change, p.elasticity, status
+                "{:<28} {:>12} {:>12} {:>8}  {:>21}  {:>10.3}  {}",
+                p.name, p.before, p.after, change, interval, p.elasticity, status
             );
         }
         let _ = writeln!(s);
         let idw = self.rows.iter().map(|r| r.id.len()).max().unwrap_or(2).max(2);
         let _ = writeln!(
             s,
-            "{:<idw$}  {:>11}  {:>11} {:>7}  {:>11} {:>7}  {:>11} {:>7}",
-            "id", "measured ms", "before ms", "err", "fitted ms", "err", "held-out ms", "err"
+            "{:<idw$}  {:>11}  {:>11} {:>7}  {:>11} {:>7}  {:>11} {:>7}  {:>11} {:>7}",
+            "id", "measured ms", "before ms", "err", "fitted ms", "err", "held-out ms", "err", "group-out", "err"
         );
         for r in &self.rows {
             let e = |p: f64| format!("{:+.1}%", (p / r.measured_ms - 1.0) * 100.0);
-            let (h, he) = match r.held_out_ms {
+            let held = |v: Option<f64>| match v {
                 Some(h) => (format!("{h:.4}"), e(h)),
                 None => ("-".into(), "-".into()),
             };
+            let ((h, he), (g, ge)) = (held(r.held_out_ms), held(r.held_out_group_ms));
             let _ = writeln!(
                 s,
-                "{:<idw$}  {:>11.4}  {:>11.4} {:>7}  {:>11.4} {:>7}  {:>11} {:>7}",
+                "{:<idw$}  {:>11.4}  {:>11.4} {:>7}  {:>11.4} {:>7}  {:>11} {:>7}  {:>11} {:>7}",
                 r.id,
                 r.measured_ms,
                 r.before_ms,
@@ -831,7 +965,9 @@ impl Calibration {
                 r.after_ms,
                 e(r.after_ms),
                 h,
-                he
+                he,
+                g,
+                ge
             );
         }
         if !self.unused.is_empty() {
@@ -857,6 +993,7 @@ impl Calibration {
         let _ = writeln!(s, "{}", line("fitted model (training)", &self.after));
         if self.cross_validation != "none" {
             let _ = writeln!(s, "{}", line(&format!("held out ({})", self.cross_validation), &self.held_out));
+            let _ = writeln!(s, "{}", line("held out (head_dim groups)", &self.held_out_group));
         } else {
             let _ = writeln!(s, "  held out                   not run (fewer than 2 rows, or --no-cv)");
         }

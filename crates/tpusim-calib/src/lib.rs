@@ -10,16 +10,20 @@
 //! * [`fit`]: fits the `[fitted]` parameters of a chip model by least squares on log time,
 //!   detects parameters the rows cannot identify, cross-validates (leave-one-out or k-fold), and
 //!   writes the fitted model with the rows it was fitted to.
+//! * [`cv`]: `validate --cv`, every chip refitted without each row (and each head_dim group) to
+//!   judge the models out of sample.
 //!
 //! Depends on `tpusim-report` and the crates below it; nothing depends on it but the binary.
 
 #![warn(missing_docs)]
 
+pub mod cv;
 pub mod fit;
 pub mod measure;
 pub mod stats;
 pub mod validate;
 
+pub use cv::{cross_validate, CrossValidation};
 pub use fit::{calibrate, CalibrateOptions, Calibration, FITTED_PARAMS};
 
 /// An error of calibration or validation (not a skipped row: those carry their reason).

@@ -23,7 +23,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use tpusim_chip::ChipModel;
-use tpusim_kernel::{Direction, Kernel, KernelKind, MaskSource, Masking, Traversal};
+use tpusim_kernel::{Direction, Exp, Kernel, KernelKind, MaskSource, Masking, Scope, Traversal};
 use tpusim_report::JobSpec;
 use tpusim_workload::Mask;
 
@@ -154,6 +154,17 @@ fn strip_note(mask: &str) -> String {
     m.to_string()
 }
 
+/// What a `timing` text says a time covers: a profiler's device time of the whole library call
+/// ("device time from profiler trace", as tokamax's benchmark reports it) is scope `op`; kernel
+/// timings and the rest are the kernel alone.
+pub fn measured_scope(timing: &str) -> Scope {
+    if timing.trim_start().starts_with("device time from profiler trace") {
+        Scope::Op
+    } else {
+        Scope::Kernel
+    }
+}
+
 impl Measurement {
     /// The kind of kernel this row is simulated as, or why it cannot be simulated.
     ///
@@ -165,9 +176,6 @@ impl Measurement {
         };
         match kernel.kind() {
             KernelKind::Copy => Err("a bare HBM copy is not a kernel the simulator runs on its own".into()),
-            KernelKind::Attention if self.direction.is_some_and(|d| d != Direction::Fwd) => {
-                Err(format!("direction '{}': only the forward pass of attention is modelled", self.direction.map(|d| d.to_string()).unwrap_or_default()))
-            }
             kind => Ok(kind),
         }
     }
@@ -199,7 +207,9 @@ impl Measurement {
             s.traversal = None;
             s.masking = None;
         }
-        let blocks_given = [s.block_q, s.block_kv, s.block_kv_compute, s.block_m, s.block_n, s.block_k].iter().any(Option::is_some);
+        let blocks_given = [s.block_q, s.block_kv, s.block_kv_compute, s.block_q_dkv, s.block_kv_dkv, s.block_m, s.block_n, s.block_k]
+            .iter()
+            .any(Option::is_some);
         let note = (!blocks_given).then(|| format!("the row gives no block sizes: the {} family's defaults", s.kernel()));
         Ok((s, note))
     }
@@ -212,8 +222,9 @@ impl Measurement {
         let o = |v: Option<u64>| v.map(|x| x.to_string()).unwrap_or_default();
         Some(match kind {
             KernelKind::Attention => format!(
-                "{} attention B={} Hq={} Hkv={} Sq={} Skv={} d={}/{} mask {}",
+                "{} attention {} B={} Hq={} Hkv={} Sq={} Skv={} d={}/{} mask {}",
                 self.chip,
+                self.direction.unwrap_or(Direction::Fwd),
                 o(j.batch),
                 o(j.heads),
                 o(j.kv_heads.or(j.heads)),
@@ -278,11 +289,7 @@ pub fn parse(text: &str, path: &str, known_chips: &[ChipModel]) -> Result<Measur
     }
     for r in REQUIRED_COLUMNS {
         if !col.contains_key(*r) {
-            return Err(err(
-                Some(header_line),
-                Some(r),
-                format!("missing column (required columns: {})", REQUIRED_COLUMNS.join(", ")),
-            ));
+            return Err(err(Some(header_line), Some(r), format!("missing column (required columns: {})", REQUIRED_COLUMNS.join(", "))));
         }
     }
     let mut chips_ok: HashMap<String, Result<(), String>> = HashMap::new();
@@ -333,18 +340,11 @@ pub fn parse(text: &str, path: &str, known_chips: &[ChipModel]) -> Result<Measur
             cell.map(|s| s.parse::<T>().map_err(|e| err(format!("{e}, or empty")))).transpose()
         }
         let col_err = |name: &'static str| move |m: String| err(Some(line), Some(name), m);
-        let id =
-            cell("id").ok_or_else(|| err(Some(line), Some("id"), "empty; every row needs an id".into()))?.to_string();
+        let id = cell("id").ok_or_else(|| err(Some(line), Some("id"), "empty; every row needs an id".into()))?.to_string();
         if let Some(first) = seen.insert(id.clone(), line) {
-            return Err(err(
-                Some(line),
-                Some("id"),
-                format!("\"{id}\" is also the id of line {first}; ids must be unique"),
-            ));
+            return Err(err(Some(line), Some("id"), format!("\"{id}\" is also the id of line {first}; ids must be unique")));
         }
-        let chip = cell("chip")
-            .ok_or_else(|| err(Some(line), Some("chip"), "empty; every row needs a chip".into()))?
-            .to_string();
+        let chip = cell("chip").ok_or_else(|| err(Some(line), Some("chip"), "empty; every row needs a chip".into()))?.to_string();
         let chip_check = chips_ok
             .entry(chip.clone())
             .or_insert_with(|| {
@@ -358,9 +358,8 @@ pub fn parse(text: &str, path: &str, known_chips: &[ChipModel]) -> Result<Measur
         if let Err(e) = chip_check {
             return Err(err(Some(line), Some("chip"), e));
         }
-        let kernel_word = cell("kernel")
-            .ok_or_else(|| err(Some(line), Some("kernel"), "empty; every row needs a kernel".into()))?
-            .to_string();
+        let kernel_word =
+            cell("kernel").ok_or_else(|| err(Some(line), Some("kernel"), "empty; every row needs a kernel".into()))?.to_string();
         let kernel = kernel_word.parse::<Kernel>().ok();
         let kind = kernel.map(Kernel::kind);
         let measured_ms = match cell("measured_ms") {
@@ -373,7 +372,11 @@ pub fn parse(text: &str, path: &str, known_chips: &[ChipModel]) -> Result<Measur
                 if kernel.is_none() || d == "matmul" || d == "copy" {
                     None
                 } else {
-                    return Err(err(Some(line), Some("direction"), format!("\"{d}\": expected matmul, copy or empty for kernel {kernel_word}")));
+                    return Err(err(
+                        Some(line),
+                        Some("direction"),
+                        format!("\"{d}\": expected matmul, copy or empty for kernel {kernel_word}"),
+                    ));
                 }
             }
             Some(d) => Some(Direction::from_measurement(d).map_err(|e| err(Some(line), Some("direction"), e.to_string()))?),
@@ -417,13 +420,25 @@ pub fn parse(text: &str, path: &str, known_chips: &[ChipModel]) -> Result<Measur
             vmem_limit_mib: pos_f64("vmem_limit_mib")?,
             ..Default::default()
         };
+        let timing = text_of("timing").unwrap_or_default();
         if matmul {
             (job.m, job.n, job.k) = (q_len, kv_len, head_dim);
             (job.block_m, job.block_n, job.block_k) = (block_q, block_kv, block_kv_compute);
             job.batch = None;
         } else {
             (job.q_len, job.kv_len, job.head_dim) = (q_len, kv_len, head_dim);
-            (job.block_q, job.block_kv, job.block_kv_compute) = (block_q, block_kv, block_kv_compute);
+            if direction == Some(Direction::Bwd) {
+                // A backward row's blocks are its dkv kernel's (tokamax's backward Config).
+                (job.block_q_dkv, job.block_kv_dkv, job.block_kv_dkv_compute) = (block_q, block_kv, block_kv_compute);
+            } else {
+                (job.block_q, job.block_kv, job.block_kv_compute) = (block_q, block_kv, block_kv_compute);
+            }
+            job.direction = direction;
+            job.scope = Some(measured_scope(&timing));
+            // The options a row names ran on; the ones it does not name ran off.
+            job.exp = Some(if options.contains(&OptionWord::Base2Exp) { Exp::Base2 } else { Exp::Natural });
+            job.experimental_scheduler = Some(options.contains(&OptionWord::ExperimentalScheduler));
+            job.return_residuals = Some(options.contains(&OptionWord::ReturnResiduals));
         }
         let m = Measurement {
             id,
@@ -437,7 +452,7 @@ pub fn parse(text: &str, path: &str, known_chips: &[ChipModel]) -> Result<Measur
             options,
             note: note.join(" "),
             measured_ms,
-            timing: text_of("timing").unwrap_or_default(),
+            timing,
             source: text_of("source").unwrap_or_default(),
         };
         if let Ok(kind) = m.expressible() {
@@ -448,11 +463,7 @@ pub fn parse(text: &str, path: &str, known_chips: &[ChipModel]) -> Result<Measur
             for n in needed {
                 if cell(n).is_none() {
                     let why = if col.contains_key(*n) { "empty" } else { "missing from the header" };
-                    return Err(err(
-                        Some(line),
-                        Some(n),
-                        format!("{why}; kernel {} needs {}", m.kernel_word, needed.join(", ")),
-                    ));
+                    return Err(err(Some(line), Some(n), format!("{why}; kernel {} needs {}", m.kernel_word, needed.join(", "))));
                 }
             }
         }
@@ -473,7 +484,8 @@ mod tests {
 
     #[test]
     fn a_good_row_parses_and_maps() {
-        let f = one("A,v6e,tokamax-splash,fwd,1,8,8,4096,4096,128,128,causal (reconstructed),compact,partial,no,1024,1024,512,x,1.5,t,s").unwrap();
+        let f = one("A,v6e,tokamax-splash,fwd,1,8,8,4096,4096,128,128,causal (reconstructed),compact,partial,no,1024,1024,512,x,1.5,t,s")
+            .unwrap();
         let r = &f.rows[0];
         assert_eq!((r.line, r.mask.as_deref(), r.measured_ms), (2, Some("causal"), 1.5));
         let (s, note) = r.job_spec("v6e").unwrap();
@@ -484,8 +496,7 @@ mod tests {
 
     #[test]
     fn full_mask_rows_take_no_sparse_options() {
-        let f = one("A,v6e,tokamax-splash,fwd,1,8,8,4096,4096,128,128,full,compact,partial,no,1024,1024,512,x,1.5,t,s")
-            .unwrap();
+        let f = one("A,v6e,tokamax-splash,fwd,1,8,8,4096,4096,128,128,full,compact,partial,no,1024,1024,512,x,1.5,t,s").unwrap();
         let (s, _) = f.rows[0].job_spec("v6e").unwrap();
         assert_eq!((s.mask, s.traversal, s.masking), (None, None, None));
     }
@@ -535,8 +546,7 @@ mod tests {
     fn unknown_chip_and_words_name_line_and_column() {
         let e = one("A,v9z,tokamax-splash,fwd,1,8,8,4096,4096,128,128,full,,,,,,,x,1,t,s").unwrap_err().to_string();
         assert!(e.starts_with("m.csv line 2, column chip:") && e.contains("v9z") && e.contains("v6e"), "{e}");
-        let e =
-            one("A,v6e,tokamax-splash,fwd,1,8,8,4096,4096,128,128,causal,zigzag,,,,,,x,1,t,s").unwrap_err().to_string();
+        let e = one("A,v6e,tokamax-splash,fwd,1,8,8,4096,4096,128,128,causal,zigzag,,,,,,x,1,t,s").unwrap_err().to_string();
         assert!(e.contains("line 2, column traversal") && e.contains("compact"), "{e}");
         let e = one("A,v6e,tokamax-splash,fwd,1,8,8,4096,4096,128,128,bnad:12,,,,,,,x,1,t,s").unwrap_err().to_string();
         assert!(e.contains("line 2, column mask"), "{e}");
@@ -548,13 +558,9 @@ mod tests {
         assert!(e.contains("line 1, column measured_ms") && e.contains("missing"), "{e}");
         let e = parse("id,chip,kernel,measured_ms,colour\n", "m.csv", &[]).unwrap_err().to_string();
         assert!(e.contains("line 1, column colour") && e.contains("unknown"), "{e}");
-        let e = parse(
-            "id,chip,kernel,measured_ms,batch,q_heads,kv_len,head_dim\nA,v6e,splash,1,1,8,4096,128\n",
-            "m.csv",
-            &[],
-        )
-        .unwrap_err()
-        .to_string();
+        let e = parse("id,chip,kernel,measured_ms,batch,q_heads,kv_len,head_dim\nA,v6e,splash,1,1,8,4096,128\n", "m.csv", &[])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("line 2, column q_len") && e.contains("missing from the header"), "{e}");
     }
 

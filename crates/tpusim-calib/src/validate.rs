@@ -142,6 +142,10 @@ pub struct Validation {
 
 fn blocks_of(job: &Job) -> String {
     match job {
+        // A backward-only row names its dkv (or fused) kernel's blocks, as its CSV columns do.
+        Job::Attention { config: c, direction: tpusim_kernel::Direction::Bwd, .. } => {
+            format!("{}/{}/{}", c.bwd.block_q_dkv, c.bwd.block_kv_dkv, c.bwd.block_kv_dkv_compute)
+        }
         Job::Attention { config: c, .. } => format!("{}/{}/{}", c.block_q, c.block_kv, c.block_kv_compute),
         Job::Matmul { config: c, .. } => format!("{}/{}/{}", c.block_m, c.block_n, c.block_k),
     }
@@ -178,10 +182,7 @@ pub fn summarize(rows: &[PredictedRow], skipped: usize, groups: &[RankGroup]) ->
     let abs: Vec<f64> = rows.iter().map(|r| r.error.abs()).collect();
     let signed: Vec<f64> = rows.iter().map(|r| r.error).collect();
     let logs: Vec<f64> = rows.iter().map(|r| (r.predicted_ms / r.measured_ms).ln().powi(2)).collect();
-    let worst = rows
-        .iter()
-        .max_by(|a, b| a.error.abs().total_cmp(&b.error.abs()))
-        .map(|r| Worst { id: r.id.clone(), error: r.error });
+    let worst = rows.iter().max_by(|a, b| a.error.abs().total_cmp(&b.error.abs())).map(|r| Worst { id: r.id.clone(), error: r.error });
     let (c, d, n) = groups.iter().fold((0u64, 0u64, 0u64), |(c, d, n), g| {
         let p = &g.pairs;
         (c + p.concordant, d + p.discordant, n + p.concordant + p.discordant + p.ties_x + p.ties_y + p.ties_xy)
@@ -373,8 +374,7 @@ impl Validation {
         let _ = writeln!(s);
         let _ = writeln!(s, "Summary: {} rows, {} predicted, {} skipped.", m.rows, m.predicted, m.skipped);
         let _ = writeln!(s);
-        let _ =
-            writeln!(s, "- median |error| {}, mean |error| (MAPE) {}", pct(m.median_abs_error), pct(m.mean_abs_error));
+        let _ = writeln!(s, "- median |error| {}, mean |error| (MAPE) {}", pct(m.median_abs_error), pct(m.mean_abs_error));
         if let Some(w) = &m.worst {
             let _ = writeln!(s, "- worst row {} ({:+.1}%)", w.id, w.error * 100.0);
         }
@@ -394,21 +394,10 @@ impl Validation {
     /// skipped rows with reasons, the ranking groups and the summary.
     pub fn to_table(&self) -> String {
         let mut s = String::new();
-        let idw = self
-            .rows
-            .iter()
-            .map(|r| r.id.len())
-            .chain(self.skipped.iter().map(|r| r.id.len()))
-            .max()
-            .unwrap_or(2)
-            .max(2);
+        let idw = self.rows.iter().map(|r| r.id.len()).chain(self.skipped.iter().map(|r| r.id.len())).max().unwrap_or(2).max(2);
         let _ = writeln!(s, "tpusim validate: {}", self.file);
         let _ = writeln!(s);
-        let _ = writeln!(
-            s,
-            "{:<idw$}  {:>12}  {:>12}  {:>8}  {:<12}  blocks",
-            "id", "predicted ms", "measured ms", "error", "bound by"
-        );
+        let _ = writeln!(s, "{:<idw$}  {:>12}  {:>12}  {:>8}  {:<12}  blocks", "id", "predicted ms", "measured ms", "error", "bound by");
         for r in &self.rows {
             let _ = writeln!(
                 s,
@@ -431,10 +420,7 @@ impl Validation {
         }
         if !self.groups.is_empty() {
             let _ = writeln!(s);
-            let _ = writeln!(
-                s,
-                "ranking within groups that differ only in tiling or kernel options (fastest measured first):"
-            );
+            let _ = writeln!(s, "ranking within groups that differ only in tiling or kernel options (fastest measured first):");
             for g in &self.groups {
                 let tau = g.kendall_tau.map(|t| format!("{t:+.2}")).unwrap_or_else(|| "n/a".into());
                 let _ = writeln!(
@@ -478,8 +464,7 @@ mod tests {
     use super::*;
     use crate::measure::parse;
 
-    const HEADER: &str =
-        "id,chip,kernel,batch,q_heads,q_len,kv_len,head_dim,block_q,block_kv,block_kv_compute,measured_ms";
+    const HEADER: &str = "id,chip,kernel,batch,q_heads,q_len,kv_len,head_dim,block_q,block_kv,block_kv_compute,measured_ms";
 
     #[test]
     fn rows_the_simulator_rejects_or_cannot_express_are_skipped_with_reasons() {

@@ -154,8 +154,6 @@ pub struct Eup {
 pub struct Xlu {
     /// Number of XLUs per TensorCore.
     pub count: Param<u32>,
-    /// Cycles between issues of cross-lane ops on one XLU (one (8,128) register per issue).
-    pub issue_interval_cycles: Param<u32>,
     /// Latency of one cross-lane op, cycles.
     pub latency_cycles: Param<u32>,
 }
@@ -204,6 +202,11 @@ pub struct Fitted {
     pub valu_vreg_ops_per_cycle: Param<f64>,
     /// Transcendental throughput: (8,128) registers of exp results per cycle.
     pub eup_vregs_per_cycle: Param<f64>,
+    /// Cycles one XLU is busy with a cross-lane reduction of one (8,128) register.
+    pub xlu_cycles_per_vreg: Param<f64>,
+    /// VPU register operations to apply a loaded int8 mask block to one (8,128) register of
+    /// scores (unpack the packed int8 rows, compare, select).
+    pub loaded_mask_ops_per_vreg: Param<f64>,
     /// Fixed scalar-unit cost of one grid step (pipeline bookkeeping, semaphore waits), cycles.
     pub grid_step_overhead_cycles: Param<f64>,
 }
@@ -244,8 +247,8 @@ impl ChipModel {
     /// [`ChipError::Parse`] for malformed TOML, unknown or missing keys; [`ChipError::Field`] for
     /// out-of-range values or parameters without a source.
     pub fn from_toml_str(text: &str, origin: &str) -> Result<Self, ChipError> {
-        let chip: ChipModel = toml::from_str(text)
-            .map_err(|e| ChipError::Parse { origin: origin.to_string(), message: one_line(&e.to_string()) })?;
+        let chip: ChipModel =
+            toml::from_str(text).map_err(|e| ChipError::Parse { origin: origin.to_string(), message: one_line(&e.to_string()) })?;
         chip.validate(origin)?;
         Ok(chip)
     }
@@ -273,8 +276,7 @@ impl ChipModel {
         }
         let path = Path::new(spec);
         if spec.ends_with(".toml") || path.exists() {
-            let text = std::fs::read_to_string(path)
-                .map_err(|e| ChipError::Io { path: spec.to_string(), reason: e.to_string() })?;
+            let text = std::fs::read_to_string(path).map_err(|e| ChipError::Io { path: spec.to_string(), reason: e.to_string() })?;
             return Self::from_toml_str(&text, spec);
         }
         Err(ChipError::UnknownChip { name: spec.to_string(), presets: PRESETS.join(", ") })
@@ -289,12 +291,8 @@ impl ChipModel {
     /// or range.
     pub fn with_override(&self, key: &str, value: &str) -> Result<Self, ChipError> {
         let origin = "--set";
-        let bad = |allowed: String| ChipError::Field {
-            origin: origin.to_string(),
-            field: key.to_string(),
-            value: value.to_string(),
-            allowed,
-        };
+        let bad =
+            |allowed: String| ChipError::Field { origin: origin.to_string(), field: key.to_string(), value: value.to_string(), allowed };
         let mut doc = toml::Value::try_from(self).map_err(|e| bad(e.to_string()))?;
         let mut parts = key.split('.');
         let (section, field) = match (parts.next(), parts.next(), parts.next()) {
@@ -315,11 +313,9 @@ impl ChipModel {
             .ok_or_else(|| bad(format!("unknown field '{field}' in [{section}]; fields are {listing}")))?;
         let old = param.get("value").cloned().expect("every parameter has a value");
         let new = match old {
-            toml::Value::Integer(_) => value
-                .trim()
-                .parse::<i64>()
-                .map(toml::Value::Integer)
-                .map_err(|_| bad("expected a whole number".into()))?,
+            toml::Value::Integer(_) => {
+                value.trim().parse::<i64>().map(toml::Value::Integer).map_err(|_| bad("expected a whole number".into()))?
+            }
             toml::Value::Float(_) => value
                 .trim()
                 .parse::<f64>()
@@ -360,7 +356,6 @@ impl ChipModel {
         v.count("vpu.alu_latency_cycles", &self.vpu.alu_latency_cycles, 1, 10_000);
         v.count("eup.latency_cycles", &self.eup.latency_cycles, 1, 10_000);
         v.count("xlu.count", &self.xlu.count, 1, 64);
-        v.count("xlu.issue_interval_cycles", &self.xlu.issue_interval_cycles, 1, 10_000);
         v.count("xlu.latency_cycles", &self.xlu.latency_cycles, 1, 100_000);
         v.pos("vmem.size_mib", &self.vmem.size_mib, 1e-3, 1e6);
         v.pos("vmem.scoped_limit_mib", &self.vmem.scoped_limit_mib, 1e-3, 1e6);
@@ -379,6 +374,8 @@ impl ChipModel {
         v.nonneg("hbm.writeback_latency_ns", &self.hbm.writeback_latency_ns, 1e6);
         v.fit("fitted.valu_vreg_ops_per_cycle", &self.fitted.valu_vreg_ops_per_cycle, 1e-3, 64.0);
         v.fit("fitted.eup_vregs_per_cycle", &self.fitted.eup_vregs_per_cycle, 1e-3, 64.0);
+        v.fit("fitted.xlu_cycles_per_vreg", &self.fitted.xlu_cycles_per_vreg, 1e-3, 1e4);
+        v.fit("fitted.loaded_mask_ops_per_vreg", &self.fitted.loaded_mask_ops_per_vreg, 1e-3, 1e3);
         v.fit_nonneg("fitted.grid_step_overhead_cycles", &self.fitted.grid_step_overhead_cycles, 1e7);
         match v.err {
             Some(e) => Err(e),

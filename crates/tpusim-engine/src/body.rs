@@ -20,9 +20,10 @@ pub type UnitCycles = PerUnit<f64>;
 ///   cycles on A = count x passes arrays (a fold streams one row per cycle per array; loading a
 ///   fold's weights takes `rows` cycles and overlaps the previous stream); an operation streaming
 ///   m of the m_total rows takes its m / m_total share. Latency: the chip's MXU result latency.
-/// * vector: ops / valu_vreg_ops_per_cycle; latency: the ALU latency.
+/// * vector: (ops + loaded-mask registers x loaded_mask_ops_per_vreg) / valu_vreg_ops_per_cycle;
+///   latency: the ALU latency.
 /// * transcendental: registers / eup_vregs_per_cycle; latency: the EUP latency.
-/// * cross-lane: registers x issue_interval_cycles / count; latency: the XLU latency.
+/// * cross-lane: registers x xlu_cycles_per_vreg / count; latency: the XLU latency.
 ///
 /// Vector, transcendental and cross-lane work is counted by lowering in (8,128)-register units of
 /// 1024 elements; a chip whose registers hold `sublanes x lanes` elements needs
@@ -39,12 +40,14 @@ pub fn op_cycles(chip: &ChipModel, work: &Work) -> (f64, f64) {
             let occ = whole * m as f64 / m_total.max(1) as f64;
             (occ, chip.mxu.result_latency_cycles.value as f64)
         }
-        Work::Vector { ops, .. } => (regs(ops) / chip.fitted.valu_vreg_ops_per_cycle.value, chip.vpu.alu_latency_cycles.value as f64),
-        Work::Transcendental { vregs } => (regs(vregs) / chip.fitted.eup_vregs_per_cycle.value, chip.eup.latency_cycles.value as f64),
-        Work::CrossLane { vregs } => (
-            regs(vregs) * chip.xlu.issue_interval_cycles.value as f64 / chip.xlu.count.value as f64,
-            chip.xlu.latency_cycles.value as f64,
+        Work::Vector { ops, loaded_mask_vregs } => (
+            regs(ops + loaded_mask_vregs * chip.fitted.loaded_mask_ops_per_vreg.value) / chip.fitted.valu_vreg_ops_per_cycle.value,
+            chip.vpu.alu_latency_cycles.value as f64,
         ),
+        Work::Transcendental { vregs } => (regs(vregs) / chip.fitted.eup_vregs_per_cycle.value, chip.eup.latency_cycles.value as f64),
+        Work::CrossLane { vregs } => {
+            (regs(vregs) * chip.fitted.xlu_cycles_per_vreg.value / chip.xlu.count.value as f64, chip.xlu.latency_cycles.value as f64)
+        }
     }
 }
 
@@ -77,19 +80,89 @@ pub struct BodyTiming {
     pub critical: UnitCycles,
 }
 
-/// The operations of a body in issue order (issue slot, then node index) with their costs.
+/// The operations of a body in issue order with their costs: (node, unit, occupancy, latency).
+///
+/// The order is the compiler's list schedule of the body, computed once with every unit free and
+/// no carried state pending: whenever a unit can start an operation, it takes, among the
+/// operations whose inputs are done by then, the one first in program order (the lowering's
+/// issue slot, then node index); if none is ready it waits for the earliest. The order is then
+/// fixed (a static VLIW schedule): [`Transfer`] and [`schedule_body`] replay it per unit, so the
+/// times stay max-plus expressions of the step's inputs.
 fn issue_order(chip: &ChipModel, body: &StepBody) -> Vec<(usize, usize, f64, f64)> {
+    use std::cmp::Reverse;
+    use std::collections::BinaryHeap;
     let g = &body.graph;
-    let mut order: Vec<usize> = (0..g.node_count()).collect();
-    order.sort_by_key(|&i| (g[NodeIndex::new(i)].issue, i));
-    order
-        .into_iter()
+    let n = g.node_count();
+    let cost: Vec<(usize, f64, f64)> = (0..n)
         .map(|i| {
             let op = &g[NodeIndex::new(i)];
             let (occ, lat) = op_cycles(chip, &op.work);
-            (i, op.work.unit().index(), occ, lat)
+            (op.work.unit().index(), occ, lat)
         })
-        .collect()
+        .collect();
+    let key = |i: usize| (g[NodeIndex::new(i)].issue, i);
+    // Times are compared as integers of 1/1024 cycle so heaps can order them.
+    let fx = |t: f64| (t * 1024.0).round() as u64;
+    let mut missing: Vec<usize> = (0..n).map(|i| g.neighbors_directed(NodeIndex::new(i), Direction::Incoming).count()).collect();
+    let mut ready_at = vec![0.0f64; n];
+    let mut free = [0.0f64; 6];
+    // Per unit: operations whose inputs are scheduled, by ready time; and those ready by the
+    // unit's free time, by program order.
+    // Program order key of an operation: (issue slot, node index).
+    type Key = (u64, usize);
+    let mut pending: Vec<BinaryHeap<Reverse<(u64, Key)>>> = (0..6).map(|_| BinaryHeap::new()).collect();
+    let mut ready: Vec<BinaryHeap<Reverse<Key>>> = (0..6).map(|_| BinaryHeap::new()).collect();
+    for i in 0..n {
+        if missing[i] == 0 {
+            pending[cost[i].0].push(Reverse((0, key(i))));
+        }
+    }
+    let mut order = Vec::with_capacity(n);
+    while order.len() < n {
+        // The unit that can start an operation first.
+        let mut best: Option<(f64, usize)> = None;
+        for u in 0..6 {
+            while let Some(Reverse((t, k))) = pending[u].peek().copied() {
+                if t > fx(free[u]) {
+                    break;
+                }
+                pending[u].pop();
+                ready[u].push(Reverse(k));
+            }
+            let start = if !ready[u].is_empty() {
+                free[u]
+            } else if let Some(Reverse((t, _))) = pending[u].peek() {
+                free[u].max(*t as f64 / 1024.0)
+            } else {
+                continue;
+            };
+            if best.is_none_or(|(b, _)| start < b) {
+                best = Some((start, u));
+            }
+        }
+        let (start, u) = best.expect("a body's graph is acyclic: some operation is always schedulable");
+        let i = match ready[u].pop() {
+            Some(Reverse((_, i))) => i,
+            None => {
+                let Reverse((_, (_, i))) = pending[u].pop().expect("a unit with a start time has an operation");
+                i
+            }
+        };
+        let (_, occ, lat) = cost[i];
+        let start = start.max(ready_at[i]);
+        free[u] = start + occ;
+        let done = start + occ + lat;
+        for s in g.neighbors_directed(NodeIndex::new(i), Direction::Outgoing) {
+            let j = s.index();
+            ready_at[j] = ready_at[j].max(done);
+            missing[j] -= 1;
+            if missing[j] == 0 {
+                pending[cost[j].0].push(Reverse((fx(ready_at[j]), key(j))));
+            }
+        }
+        order.push((i, u, occ, lat));
+    }
+    order
 }
 
 /// Schedules one step body alone: operations issue in the body's static order (issue slot, then
@@ -176,16 +249,17 @@ pub const IN_CARRIES: usize = 5;
 ///
 /// Inputs: the step's start `S` (its scalar control done and its input DMAs landed), the times the
 /// four compute units become free, and the times the carried-state slots are written. Outputs:
-/// the new unit free times and carried-slot times, the body's *issue end* (the end of its last
-/// operation's occupancy: when the step's last instruction has issued) and its *done* time (its
-/// last result). Every output is `max_j (a[out][j] + x_j)` over the inputs `x`.
+/// the new unit free times and carried-slot times, the body's *front* (when the next grid step may
+/// begin issuing: the end of the body's last MXU operation's occupancy, or of its last operation
+/// when it has no matmul) and its *done* time (its last result). Every output is
+/// `max_j (a[out][j] + x_j)` over the inputs `x`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Transfer {
     /// Carried slots of the body.
     pub carries: usize,
     units_out: [Form; 4],
     carries_out: Vec<Form>,
-    issue_end: Form,
+    front: Form,
     done: Form,
     /// Per operation in node order: (unit, start form, occupancy).
     ops: Vec<(Unit, Form, f64)>,
@@ -211,6 +285,7 @@ impl Transfer {
         let mut ready: Vec<Form> = vec![unit_in(IN_START); n];
         let mut ops: Vec<Option<(Unit, Form, f64)>> = vec![None; n];
         let mut issue_end = unit_in(IN_START);
+        let mut mxu_end: Option<Form> = None;
         let mut done_all = unit_in(IN_START);
         for (i, u, occ, lat) in issue_order(chip, body) {
             let op = &g[NodeIndex::new(i)];
@@ -223,6 +298,12 @@ impl Transfer {
             let done = form_add(&end, lat);
             unit_free[u] = end.clone();
             form_max(&mut issue_end, &end);
+            if u == Unit::Mxu.index() {
+                match &mut mxu_end {
+                    Some(m) => form_max(m, &end),
+                    None => mxu_end = Some(end.clone()),
+                }
+            }
             form_max(&mut done_all, &done);
             if let Some(c) = op.carry_out {
                 carry_written[c as usize] = done.clone();
@@ -238,7 +319,7 @@ impl Transfer {
             carries: k,
             units_out: unit_free,
             carries_out: carry,
-            issue_end,
+            front: mxu_end.unwrap_or(issue_end),
             done: done_all,
             ops: ops.into_iter().flatten().collect(),
             empty: n == 0,
@@ -254,7 +335,7 @@ impl Transfer {
         for (c, f) in self.carries_out.iter().enumerate() {
             carries_out[c] = form_eval(f, x);
         }
-        (form_eval(&self.issue_end, x), form_eval(&self.done, x))
+        (form_eval(&self.front, x), form_eval(&self.done, x))
     }
 
     /// Absolute operation times for inputs `x` (for timelines), in node order.

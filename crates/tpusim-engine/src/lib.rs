@@ -3,24 +3,29 @@
 //! Two levels:
 //!
 //! 1. **Inside a grid step** ([`body`]): the step's tile operations form a dependency graph
-//!    (petgraph). They issue on the MXU, VPU, EUP and XLU in the body's static
-//!    (software-pipelined) order: each unit runs one operation at a time, in that order; an
-//!    operation starts when its inputs are done and its unit is free. An operation *occupies*
+//!    (petgraph). They issue on the MXU, VPU, EUP and XLU in a static order, the compiler's list
+//!    schedule of the body (whenever a unit can start work it takes the ready operation first in
+//!    program order; computed once per body, then fixed): each unit runs one operation at a time,
+//!    in that order; an operation starts when its inputs are done and its unit is free. An operation *occupies*
 //!    its unit for its throughput time and its result is available a *latency* later (MXU: the
 //!    chip's sourced result latency; VPU/EUP/XLU: their op latencies). Each distinct step body
 //!    is turned once into a max-plus [`Transfer`]: its output times as max-plus forms of its
 //!    input times.
-//! 2. **Across grid steps** ([`simulate`]): the Pallas pipeline. Grid steps overlap: step i+1
-//!    begins issuing once step i has issued its last instruction (its *issue end*, the end of its
-//!    last operation's occupancy; results still in flight, such as the last PV matmul's, drain
-//!    while the next step runs), plus the fixed grid-step overhead on the scalar unit, and once
-//!    its input DMAs have landed. Its operations then wait for their units (still busy with step
+//! 2. **Across grid steps** ([`simulate`]): the Pallas pipeline. Grid steps overlap (Mosaic
+//!    software-pipelines consecutive steps): step i+1 begins issuing once step i has issued its
+//!    last matmul (its *front*: the end of the last MXU operation's occupancy, or of the last
+//!    operation in a body without matmuls), plus the fixed grid-step overhead on the scalar unit,
+//!    and once its input DMAs have landed. Step i's drain (the last matmul's results, the softmax
+//!    and accumulator updates that follow it) runs on while step i+1 starts. Its operations then wait for their units (still busy with step
 //!    i's work) and for the carried state step i writes (the running max and o_acc of each slab,
 //!    the dk/dv accumulators): the next step's QK matmul starts while the current step's softmax
 //!    and PV are draining. The next step's input DMAs are issued as step i starts (double
-//!    buffering); a DMA waits the chip's HBM -> VMEM latency, then moves its bytes at the
-//!    sustained DMA bandwidth, one DMA at a time. Output blocks are written back (after the
-//!    write-back latency) once the step that completes them is done.
+//!    buffering), once the buffer they fill is free (step i-1, which read it, is done), and move their bytes at the sustained DMA bandwidth, one DMA at a time; output
+//!    blocks are written back once the step that completes them is done. The chip's HBM -> VMEM
+//!    latency is paid by the pipeline's first input DMA and the VMEM -> HBM latency by its last
+//!    write-back; in between, a DMA's issue and semaphore costs are part of the fitted grid-step
+//!    overhead (the Pallas TPU matmul tutorial's 128-block v5e timings, 350 ns per step, leave
+//!    no room for a separate per-step latency of the size XLA's table gives).
 //!
 //! **Megacore.** On a device with several TensorCores the grid's parallel units
 //! ([`Program::core_ranges`]) are split over the cores; each core runs its share with its own
@@ -238,7 +243,8 @@ impl Shared {
         let carries = program.classes.iter().map(|c| c.body.carries as usize).max().unwrap_or(0);
         let transfers: Vec<Transfer> = program.classes.iter().map(|c| Transfer::new(chip, &c.body, carries)).collect();
         let timing: Vec<BodyTiming> = program.classes.iter().map(|c| schedule_body(chip, &c.body)).collect();
-        let crit_share = timing.iter().map(|t| if t.cycles > 0.0 { t.critical.scaled(1.0 / t.cycles) } else { UnitCycles::default() }).collect();
+        let crit_share =
+            timing.iter().map(|t| if t.cycles > 0.0 { t.critical.scaled(1.0 / t.cycles) } else { UnitCycles::default() }).collect();
         Shared { transfers, timing, crit_share, carries }
     }
 
@@ -366,8 +372,10 @@ struct Pipeline<'a> {
     steps: u64,
     /// The step whose inputs are in flight.
     next: Option<Step>,
-    /// The last class run (for the drain at the end).
+    /// The last computed class run (for the drain at the end).
     last_class: Option<u32>,
+    /// Whether the first DMA was issued.
+    started: bool,
     x: Vec<f64>,
 }
 
@@ -393,7 +401,15 @@ impl<'a> Pipeline<'a> {
             lat_in: chip.dma_latency_cycles(),
             lat_out: chip.writeback_latency_cycles(),
             overhead: chip.fitted.grid_step_overhead_cycles.value,
-            t: Times { units: [0.0; 4], carries: vec![0.0; shared.carries], front: 0.0, done: 0.0, hbm_free: 0.0, out_done: 0.0, pending: None },
+            t: Times {
+                units: [0.0; 4],
+                carries: vec![0.0; shared.carries],
+                front: 0.0,
+                done: 0.0,
+                hbm_free: 0.0,
+                out_done: 0.0,
+                pending: None,
+            },
             tot: Totals::default(),
             class_steps: vec![0; n],
             busy: UnitCycles::default(),
@@ -402,11 +418,15 @@ impl<'a> Pipeline<'a> {
             steps: 0,
             next: None,
             last_class: None,
+            started: false,
             x: vec![0.0; body::IN_CARRIES + shared.carries],
         }
     }
 
     fn transfer(&mut self, issue: f64, lat: f64, bytes: u64) -> (f64, f64) {
+        // Only the pipeline's first input DMA pays the issue latency (module docs).
+        let lat = if self.started { 0.0 } else { lat };
+        self.started = true;
         let start = (issue + lat).max(self.t.hbm_free);
         let end = start + bytes as f64 / self.bpc;
         self.t.hbm_free = end;
@@ -436,8 +456,10 @@ impl<'a> Pipeline<'a> {
         let start = (front + self.overhead).max(ready);
         let waited = (ready - (front + self.overhead)).max(0.0);
         // The next step's inputs are issued as this step starts (double buffering).
-        self.t.pending = next.and_then(|n| (n.in_bytes > 0).then(|| self.transfer(start, self.lat_in, n.in_bytes)));
-        let (issue_end, done) = if tr.empty {
+        // Its buffer is the one the previous step read, so it also waits for that step to be done.
+        let buffer_free = start.max(self.t.done);
+        self.t.pending = next.and_then(|n| (n.in_bytes > 0).then(|| self.transfer(buffer_free, self.lat_in, n.in_bytes)));
+        let (front_end, done) = if tr.empty {
             (start, start)
         } else {
             self.x[body::IN_START] = start;
@@ -457,13 +479,28 @@ impl<'a> Pipeline<'a> {
         self.tot.stall += waited;
         self.tot.critical[Unit::Hbm] += waited;
         self.tot.critical[Unit::StepControl] += start - front - waited;
-        self.tot.critical.add_scaled(&self.shared.crit_share[class], issue_end - start);
+        self.tot.critical.add_scaled(&self.shared.crit_share[class], front_end - start);
         if observe.1 {
             let ops = if tr.empty { Vec::new() } else { tr.op_times(&self.x) };
-            (observe.0)(cur, &StepTiming { index: self.steps, core: self.core, overhead_start: front, body_start: start, body_end: done, dma_in: cur_in, dma_out, ops });
+            (observe.0)(
+                cur,
+                &StepTiming {
+                    index: self.steps,
+                    core: self.core,
+                    overhead_start: front,
+                    body_start: start,
+                    body_end: done,
+                    dma_in: cur_in,
+                    dma_out,
+                    ops,
+                },
+            );
         }
-        self.t.front = issue_end;
-        self.last_class = Some(cur.class);
+        self.t.front = front_end;
+        if !tr.empty {
+            // The drain at the end is the last computed body's (skipped steps have none).
+            self.last_class = Some(cur.class);
+        }
         self.count(cur, 1);
     }
 
@@ -543,7 +580,9 @@ impl<'a> Pipeline<'a> {
             self.advance(&p, None, observe);
         }
         let body_end = self.t.done.max(self.t.front);
-        let cycles = body_end.max(self.t.out_done);
+        // The last write-back lands a write-back latency after its transfer.
+        let out_end = if self.out_bytes > 0 { self.t.out_done + self.lat_out } else { 0.0 };
+        let cycles = body_end.max(out_end);
         // The tail after the last issue: results draining (the last body's units), then the
         // write-back.
         let drain = body_end - self.t.front;

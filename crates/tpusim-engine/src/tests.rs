@@ -77,7 +77,12 @@ fn steady_state_fast_path_equals_step_by_step() {
         assert_eq!(fast.grid_steps, slow.grid_steps);
         assert_eq!(fast.class_steps, slow.class_steps);
         assert_eq!(fast.hbm_bytes, slow.hbm_bytes);
-        for (a, b) in [(fast.cycles, slow.cycles), (fast.dma_stall_cycles, slow.dma_stall_cycles), (fast.critical[Unit::Hbm], slow.critical[Unit::Hbm]), (fast.critical[Unit::StepControl], slow.critical[Unit::StepControl])] {
+        for (a, b) in [
+            (fast.cycles, slow.cycles),
+            (fast.dma_stall_cycles, slow.dma_stall_cycles),
+            (fast.critical[Unit::Hbm], slow.critical[Unit::Hbm]),
+            (fast.critical[Unit::StepControl], slow.critical[Unit::StepControl]),
+        ] {
             assert!((a - b).abs() <= 1e-9 * b.abs().max(1.0), "{} {:?}: fast {a} vs step-by-step {b}", w.mask, c.traversal);
         }
     }
@@ -122,7 +127,11 @@ fn repeated_heads_fold_exactly() {
             assert_eq!(fast.grid_steps, slow.grid_steps, "{} {t:?}", masks[mask]);
             assert_eq!(fast.class_steps, slow.class_steps, "{} {t:?}", masks[mask]);
             assert_eq!(fast.hbm_bytes, slow.hbm_bytes, "{} {t:?}", masks[mask]);
-            for (a, b) in [(fast.cycles, slow.cycles), (fast.dma_stall_cycles, slow.dma_stall_cycles), (fast.critical[Unit::StepControl], slow.critical[Unit::StepControl])] {
+            for (a, b) in [
+                (fast.cycles, slow.cycles),
+                (fast.dma_stall_cycles, slow.dma_stall_cycles),
+                (fast.critical[Unit::StepControl], slow.critical[Unit::StepControl]),
+            ] {
                 assert!((a - b).abs() <= 1e-9 * b.abs().max(1.0), "{} {t:?}: fast {a} vs step-by-step {b}", masks[mask]);
             }
         }

@@ -8,7 +8,16 @@ use tpusim_workload::{AttentionCall, Mask};
 
 fn case(len: u64, heads: u64, d: u64, bq: u64, bkv: u64, mask: &str, trav: Traversal, masking: Masking) -> (AttentionCall, SplashConfig) {
     let chip = ChipModel::preset("v6e").unwrap();
-    let w = AttentionCall { batch: 1, q_heads: heads, kv_heads: heads, q_len: len, kv_len: len, head_dim: d, head_dim_v: d, mask: Mask::parse(mask).unwrap() };
+    let w = AttentionCall {
+        batch: 1,
+        q_heads: heads,
+        kv_heads: heads,
+        q_len: len,
+        kv_len: len,
+        head_dim: d,
+        head_dim_v: d,
+        mask: Mask::parse(mask).unwrap(),
+    };
     let mut c = SplashConfig::with_blocks(&w, &chip, 2048, 2048, None);
     c.block_q = bq.min(len.next_multiple_of(8));
     c.block_kv = bkv.min(len.next_multiple_of(128));
@@ -60,7 +69,10 @@ proptest! {
             1 => chip.with_override("mxu.count", "4").unwrap(),
             2 => chip.with_override("fitted.eup_vregs_per_cycle", "2").unwrap(),
             3 => chip.with_override("fitted.valu_vreg_ops_per_cycle", "5.2").unwrap(),
-            _ => chip.with_override("fitted.grid_step_overhead_cycles", "100").unwrap(),
+            _ => {
+                let half = chip.fitted.grid_step_overhead_cycles.value / 2.0;
+                chip.with_override("fitted.grid_step_overhead_cycles", &half.to_string()).unwrap()
+            }
         };
         let a = sim(&chip, &w, &c).cycles;
         let b = sim(&better, &w, &c).cycles;

@@ -129,13 +129,14 @@ pub enum Work {
         /// Rows streamed through the same weights over all slabs of the product.
         m_total: u64,
     },
-    /// Vector ALU work: `ops` (8,128)-register operations, of which `masked_vregs` registers are
-    /// on the masked path (they pay the chip's extra mask cycles).
+    /// Vector ALU work: `ops` (8,128)-register operations, plus `loaded_mask_vregs` score
+    /// registers masked with a loaded int8 mask block, each costing the chip's
+    /// `fitted.loaded_mask_ops_per_vreg` operations (unpack, compare, select).
     Vector {
         /// Register operations.
         ops: f64,
-        /// Score registers on the masked path.
-        masked_vregs: f64,
+        /// Score registers masked with a loaded mask.
+        loaded_mask_vregs: f64,
     },
     /// Transcendental work: (8,128) registers of exp or reciprocal.
     Transcendental {

@@ -27,8 +27,8 @@ pub mod __private {
 
 pub use ir::{ClassKey, PerUnit, Step, StepBody, StepClass, TileOp, Unit, Work};
 pub use library::{lower_attention, Fusion, Lowered, Part, Phase, PhaseWork};
-pub use options::{Direction, Exp, Kernel, KernelKind, MaskSource, Masking, Scope, Traversal};
 pub use matmul::MatmulConfig;
+pub use options::{Direction, Exp, Kernel, KernelKind, MaskSource, Masking, Scope, Traversal};
 pub use splash::bwd::BwdBlocks;
 pub use splash::{RunItem, SplashConfig};
 pub use words::WordError;
@@ -38,7 +38,7 @@ use serde::Serialize;
 /// Rows of a block the kernel's code processes as one software-pipelined slab: the MXU streams
 /// slab s+1 while the vector units work on slab s. An assumption about the compiler's schedule
 /// (not public), fixed for every chip and workload.
-pub const SLAB_ROWS: u64 = 256;
+pub const SLAB_ROWS: u64 = 64;
 
 /// Most tiles of one head's grid (q tiles x kv tiles), or output blocks of a matmul, that a
 /// program may have (2^28): classification and run generation are linear in it, and beyond it a
@@ -162,8 +162,11 @@ pub struct TileCounts {
 /// Facts about a lowered program that reports show.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct ProgramInfo {
-    /// Kernel name (`splash` or `matmul`).
+    /// Kernel name for reports (`attention forward`, `matmul`, ...).
     pub kernel: String,
+    /// What the kernel computes (attention grids carry head and q / kv block coordinates,
+    /// matmul grids m / n / k blocks).
+    pub kind: crate::options::KernelKind,
     /// Grid dimensions as (name, extent).
     pub grid: Vec<(String, u64)>,
     /// Block sizes as (name, value).

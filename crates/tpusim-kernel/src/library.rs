@@ -114,7 +114,13 @@ fn fusion(name: impl Into<String>, read_bytes: u64, write_bytes: u64) -> PhaseWo
 ///
 /// # Errors
 /// The kernels' lowering errors ([`KernelError`]).
-pub fn lower_attention(chip: &ChipModel, w: &AttentionCall, cfg: &SplashConfig, direction: Direction, scope: Scope) -> Result<Lowered, KernelError> {
+pub fn lower_attention(
+    chip: &ChipModel,
+    w: &AttentionCall,
+    cfg: &SplashConfig,
+    direction: Direction,
+    scope: Scope,
+) -> Result<Lowered, KernelError> {
     let wrapped = scope == Scope::Op && cfg.kernel.defaults().transposes_around;
     let bh = w.batch * w.q_heads;
     let bkvh = w.batch * w.kv_heads;

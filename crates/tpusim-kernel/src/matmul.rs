@@ -88,7 +88,12 @@ impl Steps {
                 f(&Step { class: self.class_of[1][0], in_bytes: both, out_bytes: 0, coords: [0, i as u32, j as u32, 0] }, 1);
                 f(&Step { class: self.class_of[0][0], in_bytes: both, out_bytes: 0, coords: [0, i as u32, j as u32, 1] }, self.nk - 2);
                 f(
-                    &Step { class: self.class_of[0][1], in_bytes: both, out_bytes: self.o_bytes, coords: [0, i as u32, j as u32, (self.nk - 1) as u32] },
+                    &Step {
+                        class: self.class_of[0][1],
+                        in_bytes: both,
+                        out_bytes: self.o_bytes,
+                        coords: [0, i as u32, j as u32, (self.nk - 1) as u32],
+                    },
                     1,
                 );
             }
@@ -130,13 +135,13 @@ fn body(bm: u64, bn: u64, bk: u64, first: bool, last: bool) -> StepBody {
     for si in 0..bm.div_ceil(SLAB_ROWS) {
         let r = SLAB_ROWS.min(bm - si * SLAB_ROWS);
         let v = (r * bn) as f64 / 1024.0;
-        let init = first.then(|| b.add("init", Work::Vector { ops: v, masked_vregs: 0.0 }, &[], slot(si, 0, 0)));
+        let init = first.then(|| b.add("init", Work::Vector { ops: v, loaded_mask_vregs: 0.0 }, &[], slot(si, 0, 0)));
         let mm = b.add("mm", Work::Matmul { m: r, k: bk, n: bn, m_total: bm }, &[], slot(si, 0, 1));
         let mut deps = vec![mm];
         deps.extend(init);
-        let acc = b.add("acc", Work::Vector { ops: 2.0 * v, masked_vregs: 0.0 }, &deps, slot(si, 2, 2));
+        let acc = b.add("acc", Work::Vector { ops: 2.0 * v, loaded_mask_vregs: 0.0 }, &deps, slot(si, 2, 2));
         if last {
-            b.add("cast", Work::Vector { ops: v, masked_vregs: 0.0 }, &[acc], slot(si, 2, 3));
+            b.add("cast", Work::Vector { ops: v, loaded_mask_vregs: 0.0 }, &[acc], slot(si, 2, 3));
         }
     }
     b
@@ -153,11 +158,9 @@ pub fn lower(chip: &ChipModel, mm: &MatmulCall, cfg: &MatmulConfig) -> Result<Pr
     let sub = chip.vpu.sublanes.value as u64;
     let lanes = chip.vpu.lanes.value as u64;
     let (bm, bn, bk) = (cfg.block_m, cfg.block_n, cfg.block_k);
-    for (f, v, dim, unit, name) in [
-        ("`block_m`", bm, mm.m, sub, "`m`"),
-        ("`block_n`", bn, mm.n, lanes, "`n`"),
-        ("`block_k`", bk, mm.k, lanes, "`k`"),
-    ] {
+    for (f, v, dim, unit, name) in
+        [("`block_m`", bm, mm.m, sub, "`m`"), ("`block_n`", bn, mm.n, lanes, "`n`"), ("`block_k`", bk, mm.k, lanes, "`k`")]
+    {
         if v == 0 || v > tpusim_workload::MAX_DIM {
             return Err(KernelError::config(f, v, format!("expected a whole number from 1 to {}", tpusim_workload::MAX_DIM)));
         }
@@ -168,7 +171,17 @@ pub fn lower(chip: &ChipModel, mm: &MatmulCall, cfg: &MatmulConfig) -> Result<Pr
             return Err(KernelError::config(f, v, format!("must not exceed {name} ({dim}) rounded up to {unit}")));
         }
     }
-    let limit = cfg.vmem_limit_bytes.unwrap_or_else(|| chip.vmem_limit_bytes());
+    // XLA's own kernels are not held to the scoped limit of Pallas kernels: all of VMEM.
+    let limit =
+        cfg.vmem_limit_bytes.unwrap_or_else(
+            || {
+                if cfg.kernel == Kernel::XlaMatmul {
+                    chip.vmem_size_bytes()
+                } else {
+                    chip.vmem_limit_bytes()
+                }
+            },
+        );
     let vmem = VmemBudget {
         buffers: vec![
             ("x x2".into(), 2 * bm * bk * 2),
@@ -197,14 +210,11 @@ pub fn lower(chip: &ChipModel, mm: &MatmulCall, cfg: &MatmulConfig) -> Result<Pr
         }
     }
     let info = ProgramInfo {
+        kind: crate::options::KernelKind::Matmul,
         kernel: "matmul".into(),
         grid: vec![("m blocks".into(), nm), ("n blocks".into(), nn), ("k blocks".into(), nk)],
         blocks: vec![("block_m".into(), bm), ("block_n".into(), bn), ("block_k".into(), bk)],
-        padded: vec![
-            ("m".into(), mm.m, nm * bm),
-            ("n".into(), mm.n, nn * bn),
-            ("k".into(), mm.k, nk * bk),
-        ],
+        padded: vec![("m".into(), mm.m, nm * bm), ("n".into(), mm.n, nn * bn), ("k".into(), mm.k, nk * bk)],
         grid_steps: nm * nn * nk,
         ..Default::default()
     };
@@ -239,13 +249,9 @@ mod tests {
     fn bad_blocks_are_named() {
         let chip = ChipModel::preset("v5e").unwrap();
         let mm = MatmulCall { m: 1024, n: 1024, k: 1024 };
-        let e = lower(&chip, &mm, &MatmulConfig::blocks(100, 512, 512))
-            .unwrap_err()
-            .to_string();
+        let e = lower(&chip, &mm, &MatmulConfig::blocks(100, 512, 512)).unwrap_err().to_string();
         assert!(e.contains("`block_m`") && e.contains("multiple of 8"), "{e}");
-        let e = lower(&chip, &mm, &MatmulConfig::blocks(512, 500, 512))
-            .unwrap_err()
-            .to_string();
+        let e = lower(&chip, &mm, &MatmulConfig::blocks(512, 500, 512)).unwrap_err().to_string();
         assert!(e.contains("`block_n`"), "{e}");
     }
 }

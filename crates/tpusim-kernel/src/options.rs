@@ -17,8 +17,8 @@ crate::word_enum! {
         /// JAX's older Pallas TPU flash attention (`jax.experimental.pallas.ops.tpu.flash_attention`): grid (batch, heads, q blocks, kv blocks), blocks above the causal diagonal skipped, the mask applied on every computed block; default blocks 128.
         FlashAttention = "flash-attention",
         /// The blocked matmul of the Pallas TPU matmul tutorial: grid (M / bm, N / bn, K / bk); default blocks 128 x 128 x 128.
-        PallasMatmul = "pallas-matmul",
-        /// XLA's own dot (not a Pallas kernel): a blocked matmul with 1024-wide output tiles and 512-deep contraction chunks, MXU-bound with HBM streams overlapped.
+        PallasMatmul = "pallas-matmul" | "matmul",
+        /// XLA's own dot (not a Pallas kernel): modelled as a blocked matmul with 2048 x 2048 output tiles and 512-deep contraction chunks in all of VMEM (XLA's tiling is not public).
         XlaMatmul = "xla-matmul",
         /// An XLA fusion that only moves data (a copy, transpose or element-wise op): HBM bytes read and written at the sustained copy bandwidth.
         HbmCopy = "hbm-copy",
@@ -106,17 +106,16 @@ impl Direction {
         if w.starts_with("bwd(") && w.ends_with(')') {
             return Ok(Direction::Bwd);
         }
-        w.parse().map_err(|e: crate::words::WordError| crate::words::WordError {
-            allowed: format!("{}, or bwd(dq,dk,dv)", e.allowed),
-            ..e
-        })
+        w.parse().map_err(|e: crate::words::WordError| crate::words::WordError { allowed: format!("{}, or bwd(dq,dk,dv)", e.allowed), ..e })
     }
 }
 
 /// What kind of computation a kernel family is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum KernelKind {
     /// Flash attention (Splash and its descendants).
+    #[default]
     Attention,
     /// A matmul.
     Matmul,
@@ -231,8 +230,8 @@ impl Kernel {
             },
             Kernel::XlaMatmul => FamilyDefaults {
                 kind: KernelKind::Matmul,
-                source: "XLA's dot emitter (not public in detail): modelled as a blocked matmul with 1024 x 1024 output tiles and 512-deep contraction",
-                blocks: DefaultBlocks { q: 1024, kv: 1024, compute: Some(512) },
+                source: "XLA's dot emitter (not public in detail): modelled as a blocked matmul with 2048 x 2048 output tiles and 512-deep contraction, the smallest square tiles whose arithmetic intensity (1024 FLOP/byte) clears v6e's and v7x's machine balance",
+                blocks: DefaultBlocks { q: 2048, kv: 2048, compute: Some(512) },
                 ..attention
             },
             Kernel::HbmCopy => FamilyDefaults {

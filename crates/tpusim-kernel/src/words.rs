@@ -32,7 +32,7 @@ macro_rules! word_enum {
     (
         $(#[$meta:meta])*
         pub enum $name:ident {
-            $( $(#[doc = $doc:literal])* $var:ident = $word:literal ),+ $(,)?
+            $( $(#[doc = $doc:literal])* $var:ident = $word:literal $(| $alias:literal)* ),+ $(,)?
         }
     ) => {
         $(#[$meta])*
@@ -55,6 +55,11 @@ macro_rules! word_enum {
                 match self { $($name::$var => concat!($($doc, " "),*).trim()),+ }
             }
 
+            /// Other words accepted for this variant (never printed).
+            pub fn aliases(self) -> &'static [&'static str] {
+                match self { $($name::$var => &[$($alias),*]),+ }
+            }
+
             /// The allowed words as "a, b or c".
             pub fn allowed() -> String {
                 $crate::words::or_list(&[$($word),+])
@@ -74,7 +79,7 @@ macro_rules! word_enum {
                 $name::ALL
                     .iter()
                     .copied()
-                    .find(|v| v.word() == t)
+                    .find(|v| v.word() == t || v.aliases().contains(&t))
                     .ok_or_else(|| $crate::words::WordError { value: s.to_string(), allowed: $name::allowed() })
             }
         }
@@ -109,7 +114,7 @@ macro_rules! __word_enum_clap {
             }
             fn to_possible_value(&self) -> Option<$crate::__private::clap::builder::PossibleValue> {
                 let help = self.help();
-                let v = $crate::__private::clap::builder::PossibleValue::new(self.word());
+                let v = $crate::__private::clap::builder::PossibleValue::new(self.word()).aliases(self.aliases().iter().copied());
                 Some(if help.is_empty() { v } else { v.help(help) })
             }
         }
@@ -131,13 +136,14 @@ mod tests {
         pub enum Colour {
             /// The colour of the sky.
             Blue = "blue",
-            Dark = "dark-grey",
+            Dark = "dark-grey" | "dark-gray",
         }
     }
 
     #[test]
     fn words_parse_print_and_list() {
         assert_eq!("dark-grey".parse::<Colour>().unwrap(), Colour::Dark);
+        assert_eq!("dark-gray".parse::<Colour>().unwrap(), Colour::Dark);
         assert_eq!(Colour::Blue.to_string(), "blue");
         assert_eq!(Colour::Blue.help(), "The colour of the sky.");
         let e = "red".parse::<Colour>().unwrap_err().to_string();

@@ -148,7 +148,9 @@ pub fn describe_column(name: &str) -> String {
     if let Some((_, d)) = known.iter().find(|(k, _)| *k == name) {
         return d.to_string();
     }
-    for (suffix, unit) in [("_ms", "ms"), ("_us", "us"), ("_s", "s"), ("_bytes", "bytes"), ("_tflops", "TFLOP/s"), ("_gbs", "GB/s"), ("_mib", "MiB")] {
+    for (suffix, unit) in
+        [("_ms", "ms"), ("_us", "us"), ("_s", "s"), ("_bytes", "bytes"), ("_tflops", "TFLOP/s"), ("_gbs", "GB/s"), ("_mib", "MiB")]
+    {
         if let Some(stem) = name.strip_suffix(suffix) {
             return format!("{} ({unit})", stem.replace('_', " "));
         }

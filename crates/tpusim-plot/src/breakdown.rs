@@ -10,7 +10,6 @@ use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 use tpusim_kernel::{PerUnit, Unit};
 
-
 /// One bar.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Bar {
@@ -47,11 +46,7 @@ impl BreakdownFigure {
                 bottleneck: r.report.bottleneck,
             })
             .collect();
-        BreakdownFigure {
-            title: title.unwrap_or("Busy time per unit").to_string(),
-            bars,
-            notes: runs.iter().map(describe).collect(),
-        }
+        BreakdownFigure { title: title.unwrap_or("Busy time per unit").to_string(), bars, notes: runs.iter().map(describe).collect() }
     }
 }
 
@@ -64,13 +59,7 @@ impl Figure for BreakdownFigure {
         let sub = "Stacked busy time per unit from the simulation; units run concurrently, so a stack can exceed the latency (black line).";
         let area = style::frame(root, &self.title, sub, &self.notes)?;
         let n = self.bars.len().max(1);
-        let top = self
-            .bars
-            .iter()
-            .map(|b| b.busy_ms.total().max(b.latency_ms))
-            .fold(0.0f64, f64::max)
-            .max(1e-9)
-            * 1.12;
+        let top = self.bars.iter().map(|b| b.busy_ms.total().max(b.latency_ms)).fold(0.0f64, f64::max).max(1e-9) * 1.12;
         let (area_w, _) = area.dim_in_pixel();
         let legend_w = (s.tick * 9.5) as u32;
         let (chart_area, legend_area) = area.split_horizontally(area_w - legend_w);
@@ -116,7 +105,13 @@ impl Figure for BreakdownFigure {
                     if (ly - lat_py).abs() <= half_h + 3 {
                         let above = lat_py - half_h - 5;
                         let below = lat_py + half_h + 5;
-                        ly = if above - half_h > p1.1 { above } else if below + half_h < p0.1 { below } else { i32::MIN };
+                        ly = if above - half_h > p1.1 {
+                            above
+                        } else if below + half_h < p0.1 {
+                            below
+                        } else {
+                            i32::MIN
+                        };
                     }
                     if ly != i32::MIN {
                         style::centered(root, &txt, (p0.0, ly), &style::font_c(s.tick * 0.9, fg))?;
@@ -146,9 +141,7 @@ impl Figure for BreakdownFigure {
         let sq = (s.tick * 0.9) as i32;
         let mut yy = (s.tick * 1.5) as i32;
         let x0 = (s.tick * 0.5) as i32;
-        legend_area
-            .draw(&Text::new("unit", (x0, yy), style::font(s.label).pos(Pos::new(HPos::Left, VPos::Center))))
-            .map_err(draw_err)?;
+        legend_area.draw(&Text::new("unit", (x0, yy), style::font(s.label).pos(Pos::new(HPos::Left, VPos::Center)))).map_err(draw_err)?;
         yy += (s.label * 1.5) as i32;
         for u in Unit::ALL.iter().rev() {
             let c = style::unit_color(*u);

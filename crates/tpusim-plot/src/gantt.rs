@@ -162,10 +162,10 @@ impl Figure for GanttFigure {
             .map_err(draw_err)?;
         let plot = chart.plotting_area();
         let row_y = |t: Track| n - 1.0 - t as usize as f64; // first track on top
-        // Track backgrounds and names.
+                                                            // Track backgrounds and names.
         for t in Track::ALL {
             let y = row_y(t);
-            if (t as usize) % 2 == 0 {
+            if (t as usize).is_multiple_of(2) {
                 plot.draw(&Rectangle::new([(0.0, y), (span, y + 1.0)], RGBColor(246, 246, 246).filled())).map_err(draw_err)?;
             }
             let p = plot.map_coordinate(&(0.0, y + 0.5));

@@ -119,7 +119,7 @@ impl HeatmapFigure {
             }
             counts[i][j] += 1;
             let better = |old: f64| if lower { z < old } else { z > old };
-            if cells[i][j].map_or(true, better) {
+            if cells[i][j].is_none_or(better) {
                 cells[i][j] = Some(z);
             }
         }
@@ -151,7 +151,8 @@ impl HeatmapFigure {
             ));
         }
         let zdesc = describe_column(&spec.z);
-        let title = spec.title.clone().unwrap_or_else(|| format!("{} over {} x {}", zdesc.split(" (").next().unwrap_or(&zdesc), spec.y, spec.x));
+        let title =
+            spec.title.clone().unwrap_or_else(|| format!("{} over {} x {}", zdesc.split(" (").next().unwrap_or(&zdesc), spec.y, spec.x));
         let subtitle = match best {
             Some((i, j)) => format!("best: {} = {}, {} = {}: {} {}", spec.y, ys[i], spec.x, xs[j], spec.z, sig3(best_v)),
             None => String::new(),

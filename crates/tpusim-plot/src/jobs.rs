@@ -100,10 +100,15 @@ pub fn run_all(jobs: &[LabelledSpec]) -> Result<Vec<JobRun>, PlotError> {
 ///
 /// # Errors
 /// [`PlotError`] naming `kind` when the job is not attention.
-pub fn splash_of<'a>(r: &'a JobRun, kind: &str) -> Result<(&'a tpusim_workload::AttentionCall, &'a tpusim_kernel::SplashConfig), PlotError> {
+pub fn splash_of<'a>(
+    r: &'a JobRun,
+    kind: &str,
+) -> Result<(&'a tpusim_workload::AttentionCall, &'a tpusim_kernel::SplashConfig), PlotError> {
     match &r.run.job {
         Job::Attention { workload, config, .. } => Ok((workload, config)),
-        Job::Matmul { .. } => Err(PlotError::Input(format!("{kind} needs an attention job (an attention --kernel); job {} is a matmul", r.label))),
+        Job::Matmul { .. } => {
+            Err(PlotError::Input(format!("{kind} needs an attention job (an attention --kernel); job {} is a matmul", r.label)))
+        }
     }
 }
 
@@ -112,8 +117,13 @@ pub fn describe(r: &JobRun) -> String {
     let chip = &r.report.chip;
     match &r.run.job {
         Job::Attention { workload: w, config: c, .. } => {
-            let heads = if w.kv_heads == w.q_heads { format!("{} heads", w.q_heads) } else { format!("{} q / {} kv heads", w.q_heads, w.kv_heads) };
-            let len = if w.q_len == w.kv_len { crate::thousands(w.q_len) } else { format!("{} x {}", crate::thousands(w.q_len), crate::thousands(w.kv_len)) };
+            let heads =
+                if w.kv_heads == w.q_heads { format!("{} heads", w.q_heads) } else { format!("{} q / {} kv heads", w.q_heads, w.kv_heads) };
+            let len = if w.q_len == w.kv_len {
+                crate::thousands(w.q_len)
+            } else {
+                format!("{} x {}", crate::thousands(w.q_len), crate::thousands(w.kv_len))
+            };
             format!(
                 "{}: {chip}, B{} x {heads} x {len} tokens, d {}, mask {}{}; blocks {}/{}/{}, {}, masking {}",
                 r.label,

@@ -107,7 +107,8 @@ impl Point {
         let mxu_head_dim = match &r.run.job {
             Job::Attention { workload: w, .. } => Some((
                 w.head_dim,
-                chip.peak_flops() * mxu_head_dim_fraction(w.head_dim, w.head_dim_v, chip.mxu.rows.value as u64, chip.mxu.columns.value as u64),
+                chip.peak_flops()
+                    * mxu_head_dim_fraction(w.head_dim, w.head_dim_v, chip.mxu.rows.value as u64, chip.mxu.columns.value as u64),
             )),
             Job::Matmul { .. } => None,
         };
@@ -221,7 +222,11 @@ impl Figure for RooflineFigure {
             let xs = xlo.max(ylo * t / r.bw);
             plot.draw(&PathElement::new(vec![(xs, xs * r.bw / t), (ridge, r.peak / t), (xhi, r.peak / t)], roof)).map_err(draw_err)?;
             let chip = if self.roofs.len() > 1 { format!("{} ", r.chip) } else { String::new() };
-            right_labels.push((format!("{chip}MXU peak {} TFLOP/s (ridge at {} FLOP/B)", sig3(r.peak / t), sig3(ridge)), r.peak / t, BLACK));
+            right_labels.push((
+                format!("{chip}MXU peak {} TFLOP/s (ridge at {} FLOP/B)", sig3(r.peak / t), sig3(ridge)),
+                r.peak / t,
+                BLACK,
+            ));
             // HBM label below the slope, near its foot (clear of the workloads' labels).
             let lx = xs * (ridge / xs).powf(0.12);
             let p = plot.map_coordinate(&(lx, lx * r.bw / t));
@@ -236,8 +241,11 @@ impl Figure for RooflineFigure {
         // MXU ceilings at head_dim (one per distinct (chip, d, value)).
         let mut seen: Vec<(String, u64)> = Vec::new();
         for p in &self.points {
-            let Some((d, v)) = p.mxu_head_dim else { continue };
-            if seen.contains(&(p.chip.clone(), d)) || (v - self.roofs.iter().find(|r| r.chip == p.chip).map_or(0.0, |r| r.peak)).abs() < 1.0 {
+            let Some((d, v)) = p.mxu_head_dim else {
+                continue;
+            };
+            if seen.contains(&(p.chip.clone(), d)) || (v - self.roofs.iter().find(|r| r.chip == p.chip).map_or(0.0, |r| r.peak)).abs() < 1.0
+            {
                 continue;
             }
             seen.push((p.chip.clone(), d));

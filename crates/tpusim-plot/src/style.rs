@@ -34,16 +34,7 @@ pub const LIGHT_GREY: RGBColor = RGBColor(232, 232, 232);
 pub const DARK_GREY: RGBColor = RGBColor(80, 80, 80);
 
 /// Colours for series in order (black first, then the Okabe-Ito hues).
-pub const SERIES: [RGBColor; 8] = [
-    BLUE,
-    VERMILLION,
-    GREEN,
-    ORANGE,
-    PURPLE,
-    SKY,
-    RGBColor(0, 0, 0),
-    RGBColor(140, 100, 40),
-];
+pub const SERIES: [RGBColor; 8] = [BLUE, VERMILLION, GREEN, ORANGE, PURPLE, SKY, RGBColor(0, 0, 0), RGBColor(140, 100, 40)];
 
 /// Colour of series `i` (cycling).
 pub fn series(i: usize) -> RGBColor {
@@ -99,7 +90,12 @@ pub fn font_c(size: f64, c: RGBColor) -> TextStyle<'static> {
 ///
 /// # Errors
 /// [`PlotError`] if drawing fails.
-pub fn frame<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, title: &str, subtitle: &str, notes: &[String]) -> Result<DrawingArea<DB, Shift>, PlotError>
+pub fn frame<DB: DrawingBackend>(
+    root: &DrawingArea<DB, Shift>,
+    title: &str,
+    subtitle: &str,
+    notes: &[String],
+) -> Result<DrawingArea<DB, Shift>, PlotError>
 where
     DB::ErrorType: 'static,
 {
@@ -223,7 +219,13 @@ pub fn log_ticks(lo: f64, hi: f64) -> Vec<f64> {
 /// A compact label for a tick value: `1k`, `20k`, `0.5`, `1M`, ...
 pub fn tick_label(v: f64) -> String {
     let a = v.abs();
-    let trim = |s: String| if s.contains('.') { s.trim_end_matches('0').trim_end_matches('.').to_string() } else { s };
+    let trim = |s: String| {
+        if s.contains('.') {
+            s.trim_end_matches('0').trim_end_matches('.').to_string()
+        } else {
+            s
+        }
+    };
     if a >= 1e12 {
         trim(format!("{:.1}", v / 1e12)) + "T"
     } else if a >= 1e9 {

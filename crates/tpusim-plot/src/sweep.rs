@@ -105,7 +105,10 @@ impl SweepFigure {
         )];
         let dup = series.iter().any(|(_, v)| v.windows(2).any(|w| w[0].0 == w[1].0));
         if dup {
-            notes.push("Several rows share an x within a series (another column varies): add --where COL=VALUE or --series COL to separate them.".into());
+            notes.push(
+                "Several rows share an x within a series (another column varies): add --where COL=VALUE or --series COL to separate them."
+                    .into(),
+            );
         }
         let title = spec.title.clone().unwrap_or_else(|| {
             let base = format!("{} vs {}", describe_column(&spec.y).split(" (").next().unwrap_or(&spec.y), spec.x);
@@ -173,9 +176,13 @@ impl Figure for SweepFigure {
         // Legend on the right, sized to the longest label.
         let labels: Vec<String> = self.series.iter().map(|(k, _)| if k.is_empty() { self.y_desc.clone() } else { k.clone() }).collect();
         let lf = style::font(s.tick);
-        let lw = labels.iter().map(|l| style::text_width(&area, l, &lf)).max().unwrap_or(0).max(
-            self.series_name.as_deref().map_or(0, |n| style::text_width(&area, n, &style::font(s.label))),
-        ) + (s.tick * 4.0) as i32;
+        let lw = labels
+            .iter()
+            .map(|l| style::text_width(&area, l, &lf))
+            .max()
+            .unwrap_or(0)
+            .max(self.series_name.as_deref().map_or(0, |n| style::text_width(&area, n, &style::font(s.label))))
+            + (s.tick * 4.0) as i32;
         let (aw, _) = area.dim_in_pixel();
         let (chart_area, legend_area) = area.split_horizontally(aw.saturating_sub(lw as u32).max(aw / 2));
         let mut chart = ChartBuilder::on(&chart_area)
@@ -208,14 +215,18 @@ impl Figure for SweepFigure {
         let x0 = (s.tick * 0.8) as i32;
         let mut y = (s.tick * 1.5) as i32;
         if let Some(n) = &self.series_name {
-            legend_area.draw(&Text::new(n.clone(), (x0, y), style::font(s.label).pos(Pos::new(HPos::Left, VPos::Center)))).map_err(draw_err)?;
+            legend_area
+                .draw(&Text::new(n.clone(), (x0, y), style::font(s.label).pos(Pos::new(HPos::Left, VPos::Center))))
+                .map_err(draw_err)?;
             y += (s.label * 1.5) as i32;
         }
         for (i, l) in labels.iter().enumerate() {
             let c = style::series(i);
             legend_area.draw(&PathElement::new(vec![(x0, y), (x0 + (s.tick * 2.0) as i32, y)], c.stroke_width(3))).map_err(draw_err)?;
             marker(&legend_area, i, (x0 + s.tick as i32, y), c)?;
-            legend_area.draw(&Text::new(l.clone(), (x0 + (s.tick * 2.6) as i32, y), lf.pos(Pos::new(HPos::Left, VPos::Center)))).map_err(draw_err)?;
+            legend_area
+                .draw(&Text::new(l.clone(), (x0 + (s.tick * 2.6) as i32, y), lf.pos(Pos::new(HPos::Left, VPos::Center))))
+                .map_err(draw_err)?;
             y += (s.tick * 1.6) as i32;
         }
         Ok(())

@@ -98,9 +98,9 @@ impl Table {
         if s.is_empty() {
             return Ok(None);
         }
-        s.parse::<f64>().map(Some).map_err(|_| {
-            PlotError::Input(format!("{} line {line}: column {} = {s:?} is not a number", self.path, self.header[col]))
-        })
+        s.parse::<f64>()
+            .map(Some)
+            .map_err(|_| PlotError::Input(format!("{} line {line}: column {} = {s:?} is not a number", self.path, self.header[col])))
     }
 
     /// Rows passing every `COL=VALUE` filter (string equality, or numeric equality when both
@@ -111,9 +111,8 @@ impl Table {
     pub fn filtered(&self, filters: &[String]) -> Result<Vec<(usize, &[String])>, PlotError> {
         let mut fs = Vec::new();
         for f in filters {
-            let (k, v) = f
-                .split_once('=')
-                .ok_or_else(|| PlotError::Input(format!("--where {f}: expected COLUMN=VALUE, e.g. traversal=compact")))?;
+            let (k, v) =
+                f.split_once('=').ok_or_else(|| PlotError::Input(format!("--where {f}: expected COLUMN=VALUE, e.g. traversal=compact")))?;
             fs.push((self.col(k.trim(), "--where")?, v.trim().to_string()));
         }
         Ok(self

@@ -247,7 +247,8 @@ impl Figure for TilesFigure {
         y += (s.label * 1.6) as i32;
         for (label, what, col) in &items {
             legend_area.draw(&Rectangle::new([(x0, y - sq / 2), (x0 + sq, y + sq / 2)], col.filled())).map_err(draw_err)?;
-            legend_area.draw(&Text::new(label.clone(), (x0 + sq + 10, y), style::font(s.tick).pos(Pos::new(HPos::Left, VPos::Center))))
+            legend_area
+                .draw(&Text::new(label.clone(), (x0 + sq + 10, y), style::font(s.tick).pos(Pos::new(HPos::Left, VPos::Center))))
                 .map_err(draw_err)?;
             legend_area.draw(&Text::new(what.to_string(), (x0 + sq + 10, y + (s.tick * 1.1) as i32), note.clone())).map_err(draw_err)?;
             y += (s.tick * 2.9) as i32;
@@ -255,23 +256,23 @@ impl Figure for TilesFigure {
         // Padding swatch: grey with hatch.
         let padded = g.padded_q_len() != g.q_len || g.padded_kv_len() != g.kv_len;
         if padded {
-        legend_area.draw(&Rectangle::new([(x0, y - sq / 2), (x0 + sq, y + sq / 2)], BLACK.mix(0.25).filled())).map_err(draw_err)?;
-        for k in (0..2 * sq).step_by(6) {
-            let (ax, ay) = (x0 + (k - sq).max(0), y - sq / 2 + (k.min(sq)));
-            let (bx, by) = (x0 + k.min(sq), y - sq / 2 + (k - sq).max(0));
-            legend_area.draw(&PathElement::new(vec![(ax, ay), (bx, by)], pad_color.stroke_width(1))).map_err(draw_err)?;
-        }
-        legend_area
-            .draw(&Text::new("padding", (x0 + sq + 10, y), style::font(s.tick).pos(Pos::new(HPos::Left, VPos::Center))))
-            .map_err(draw_err)?;
-        legend_area
-            .draw(&Text::new(
-                format!("q to {}, kv to {}", thousands(g.padded_q_len()), thousands(g.padded_kv_len())),
-                (x0 + sq + 10, y + (s.tick * 1.1) as i32),
-                note.clone(),
-            ))
-            .map_err(draw_err)?;
-        y += (s.tick * 2.9) as i32;
+            legend_area.draw(&Rectangle::new([(x0, y - sq / 2), (x0 + sq, y + sq / 2)], BLACK.mix(0.25).filled())).map_err(draw_err)?;
+            for k in (0..2 * sq).step_by(6) {
+                let (ax, ay) = (x0 + (k - sq).max(0), y - sq / 2 + (k.min(sq)));
+                let (bx, by) = (x0 + k.min(sq), y - sq / 2 + (k - sq).max(0));
+                legend_area.draw(&PathElement::new(vec![(ax, ay), (bx, by)], pad_color.stroke_width(1))).map_err(draw_err)?;
+            }
+            legend_area
+                .draw(&Text::new("padding", (x0 + sq + 10, y), style::font(s.tick).pos(Pos::new(HPos::Left, VPos::Center))))
+                .map_err(draw_err)?;
+            legend_area
+                .draw(&Text::new(
+                    format!("q to {}, kv to {}", thousands(g.padded_q_len()), thousands(g.padded_kv_len())),
+                    (x0 + sq + 10, y + (s.tick * 1.1) as i32),
+                    note.clone(),
+                ))
+                .map_err(draw_err)?;
+            y += (s.tick * 2.9) as i32;
         }
         if !self.boundary.is_empty() {
             legend_area.draw(&PathElement::new(vec![(x0, y), (x0 + sq, y)], BLACK.stroke_width(2))).map_err(draw_err)?;

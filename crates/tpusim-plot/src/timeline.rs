@@ -129,7 +129,8 @@ impl Window {
     /// # Errors
     /// [`PlotError`] naming `flag` when the text is not two whole numbers with START < END.
     pub fn parse_steps(s: &str, flag: &str) -> Result<(u64, u64), PlotError> {
-        let bad = || PlotError::Input(format!("{flag} {s}: expected START:END, grid step indices with START < END (END exclusive), e.g. 0:8"));
+        let bad =
+            || PlotError::Input(format!("{flag} {s}: expected START:END, grid step indices with START < END (END exclusive), e.g. 0:8"));
         let (a, b) = s.split_once(':').ok_or_else(bad)?;
         let a = if a.trim().is_empty() { 0 } else { a.trim().parse::<u64>().map_err(|_| bad())? };
         let b = if b.trim().is_empty() { u64::MAX } else { b.trim().parse::<u64>().map_err(|_| bad())? };
@@ -141,7 +142,7 @@ impl Window {
 
     /// Whether a step is inside the window.
     pub fn contains(&self, index: u64, step: &Step) -> bool {
-        self.steps.map_or(true, |(a, b)| index >= a && index < b) && self.head.map_or(true, |h| step.coords[0] == h)
+        self.steps.is_none_or(|(a, b)| index >= a && index < b) && self.head.is_none_or(|h| step.coords[0] == h)
     }
 
     /// Whether the window bounds anything.
@@ -215,11 +216,8 @@ pub fn for_each_event(chip: &ChipModel, program: &Program, window: &Window, f: &
 
 /// Counts the events a window would produce without simulating (for size checks).
 pub fn count_events(chip: &ChipModel, program: &Program, window: &Window) -> u64 {
-    let per_class: Vec<u64> = program
-        .classes
-        .iter()
-        .map(|c| schedule_body(chip, &c.body).ops.iter().filter(|o| o.end > o.start).count() as u64)
-        .collect();
+    let per_class: Vec<u64> =
+        program.classes.iter().map(|c| schedule_body(chip, &c.body).ops.iter().filter(|o| o.end > o.start).count() as u64).collect();
     let step_ev = u64::from(chip.fitted.grid_step_overhead_cycles.value > 0.0);
     let mut n = 0u64;
     let mut i = 0u64;
@@ -343,7 +341,7 @@ pub fn write_chrome_trace(run: &Run, window: &Window, path: &Path, flag: &str) -
         )));
     }
     let us = 1e6 / chip.clock_hz();
-    let splash = program.info.kernel == "splash";
+    let splash = program.info.kind == tpusim_kernel::KernelKind::Attention;
     let mut summary = TraceSummary {
         events: 0,
         steps: 0,
@@ -373,12 +371,27 @@ pub fn write_chrome_trace(run: &Run, window: &Window, path: &Path, flag: &str) -
                 }
             }
         );
-        serde_json::to_writer(&mut w, &Meta { name: "process_name", ph: "M", pid: 1, tid: 0, args: MetaArgs { name: Some(&process), sort_index: None } })?;
+        serde_json::to_writer(
+            &mut w,
+            &Meta { name: "process_name", ph: "M", pid: 1, tid: 0, args: MetaArgs { name: Some(&process), sort_index: None } },
+        )?;
         for t in Track::ALL {
             w.write_all(b",\n")?;
-            serde_json::to_writer(&mut w, &Meta { name: "thread_name", ph: "M", pid: 1, tid: t.tid(), args: MetaArgs { name: Some(t.name()), sort_index: None } })?;
+            serde_json::to_writer(
+                &mut w,
+                &Meta { name: "thread_name", ph: "M", pid: 1, tid: t.tid(), args: MetaArgs { name: Some(t.name()), sort_index: None } },
+            )?;
             w.write_all(b",\n")?;
-            serde_json::to_writer(&mut w, &Meta { name: "thread_sort_index", ph: "M", pid: 1, tid: t.tid(), args: MetaArgs { name: None, sort_index: Some(t.tid()) } })?;
+            serde_json::to_writer(
+                &mut w,
+                &Meta {
+                    name: "thread_sort_index",
+                    ph: "M",
+                    pid: 1,
+                    tid: t.tid(),
+                    args: MetaArgs { name: None, sort_index: Some(t.tid()) },
+                },
+            )?;
         }
         let mut err: Option<std::io::Error> = None;
         let mut last_step = None;
@@ -474,7 +487,7 @@ fn describe(e: &Event, splash: bool) -> String {
 /// The events of `run` over `window`, in microseconds.
 pub fn collect_us(run: &Run, window: &Window) -> Vec<UsEvent> {
     let us = 1e6 / run.chip.clock_hz();
-    let splash = run.program.info.kernel == "splash";
+    let splash = run.program.info.kind == tpusim_kernel::KernelKind::Attention;
     let mut out = Vec::new();
     for_each_event(&run.chip, &run.program, window, &mut |e| {
         out.push(UsEvent {
@@ -499,15 +512,15 @@ pub fn collect_us(run: &Run, window: &Window) -> Vec<UsEvent> {
 pub fn read_chrome_trace(path: &str, flag: &str) -> Result<Vec<UsEvent>, PlotError> {
     let text = std::fs::read_to_string(path).map_err(|e| PlotError::Input(format!("{flag} {path}: cannot read: {e}")))?;
     let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| PlotError::Input(format!("{flag} {path}: not JSON: {e}")))?;
-    let evs = v
-        .get("traceEvents")
-        .and_then(|e| e.as_array())
-        .or_else(|| v.as_array())
-        .ok_or_else(|| PlotError::Input(format!("{flag} {path}: no traceEvents array (expected a Chrome trace from tpusim run --timeline)")))?;
+    let evs = v.get("traceEvents").and_then(|e| e.as_array()).or_else(|| v.as_array()).ok_or_else(|| {
+        PlotError::Input(format!("{flag} {path}: no traceEvents array (expected a Chrome trace from tpusim run --timeline)"))
+    })?;
     let mut tracks = std::collections::HashMap::new();
     for e in evs {
         if e.get("ph").and_then(|p| p.as_str()) == Some("M") && e.get("name").and_then(|n| n.as_str()) == Some("thread_name") {
-            if let (Some(tid), Some(t)) = (e.get("tid").and_then(|t| t.as_u64()), e.pointer("/args/name").and_then(|n| n.as_str()).and_then(Track::from_name)) {
+            if let (Some(tid), Some(t)) =
+                (e.get("tid").and_then(|t| t.as_u64()), e.pointer("/args/name").and_then(|n| n.as_str()).and_then(Track::from_name))
+            {
                 tracks.insert(tid, t);
             }
         }
@@ -517,9 +530,13 @@ pub fn read_chrome_trace(path: &str, flag: &str) -> Result<Vec<UsEvent>, PlotErr
         if e.get("ph").and_then(|p| p.as_str()) != Some("X") {
             continue;
         }
-        let Some(track) = e.get("tid").and_then(|t| t.as_u64()).and_then(|t| tracks.get(&t)).copied() else { continue };
+        let Some(track) = e.get("tid").and_then(|t| t.as_u64()).and_then(|t| tracks.get(&t)).copied() else {
+            continue;
+        };
         let num = |k: &str| e.get(k).and_then(|x| x.as_f64());
-        let (Some(ts), Some(dur)) = (num("ts"), num("dur")) else { continue };
+        let (Some(ts), Some(dur)) = (num("ts"), num("dur")) else {
+            continue;
+        };
         let a = |k: &str| e.pointer(&format!("/args/{k}")).and_then(|x| x.as_u64());
         let desc = match (a("head"), a("q_block"), a("kv_block")) {
             (Some(h), Some(q), Some(k)) => format!(
@@ -557,7 +574,14 @@ mod tests {
     use tpusim_report::JobSpec;
 
     fn small_run() -> Run {
-        let spec = JobSpec { seq_len: Some(2048), heads: Some(2), mask: Some("causal".into()), block_q: Some(512), block_kv: Some(512), ..Default::default() };
+        let spec = JobSpec {
+            seq_len: Some(2048),
+            heads: Some(2),
+            mask: Some("causal".into()),
+            block_q: Some(512),
+            block_kv: Some(512),
+            ..Default::default()
+        };
         let chip = spec.chip().unwrap();
         let job = spec.build(&chip).unwrap();
         tpusim_report::run(&chip, &job).unwrap()
@@ -572,7 +596,10 @@ mod tests {
         let b = &r.result.busy;
         let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * b.abs().max(1.0);
         use tpusim_kernel::Unit;
-        assert!(close(busy[0], b[Unit::Mxu]) && close(busy[1], b[Unit::Vpu]) && close(busy[2], b[Unit::Eup]) && close(busy[3], b[Unit::Xlu]), "{busy:?} {b:?}");
+        assert!(
+            close(busy[0], b[Unit::Mxu]) && close(busy[1], b[Unit::Vpu]) && close(busy[2], b[Unit::Eup]) && close(busy[3], b[Unit::Xlu]),
+            "{busy:?} {b:?}"
+        );
         assert!(close(busy[4] + busy[5], b[Unit::Hbm]), "{busy:?} {b:?}");
         assert!(close(busy[6], b[Unit::StepControl]));
     }

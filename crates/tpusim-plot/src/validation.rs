@@ -139,9 +139,11 @@ impl ValidationFigure {
             if within.is_empty() { String::new() } else { format!("; {}", within.join(", ")) },
             if skipped > 0 { format!(" ({skipped} rows without both values skipped)") } else { String::new() }
         );
-        let notes = vec![
-            format!("Source: {}. Error = (predicted - measured) / measured; shaded bands: ±{} around y = x.", t.path, spec.bands.iter().map(|b| format!("{:.0}%", b * 100.0)).collect::<Vec<_>>().join(", ±")),
-        ]
+        let notes = vec![format!(
+            "Source: {}. Error = (predicted - measured) / measured; shaded bands: ±{} around y = x.",
+            t.path,
+            spec.bands.iter().map(|b| format!("{:.0}%", b * 100.0)).collect::<Vec<_>>().join(", ±")
+        )]
         .into_iter()
         .filter(|n| !n.is_empty())
         .collect();
@@ -230,7 +232,8 @@ impl Figure for ValidationFigure {
         let mut rows: Vec<&Row> = self.rows.iter().collect();
         rows.sort_by_key(|r| self.groups.iter().position(|g| *g == r.group).unwrap_or(0));
         let n = rows.len();
-        let emax = rows.iter().map(|r| r.error().abs()).fold(0.0f64, f64::max).max(self.bands.last().copied().unwrap_or(0.1)) * 1.15 * 100.0;
+        let emax =
+            rows.iter().map(|r| r.error().abs()).fold(0.0f64, f64::max).max(self.bands.last().copied().unwrap_or(0.1)) * 1.15 * 100.0;
         let (rw, rh) = right.dim_in_pixel();
         let id_font = (s.tick * 0.85).min((rh as f64 - xlab as f64) / n as f64 * 0.75);
         let id_w = rows.iter().map(|r| style::text_width(&right, &r.id, &style::font(id_font))).max().unwrap_or(0) as u32 + 14;
@@ -250,7 +253,13 @@ impl Figure for ValidationFigure {
             .x_desc("error (%)")
             .axis_desc_style(style::font(s.label))
             .label_style(style::font(s.tick))
-            .x_label_formatter(&|v| if v.abs() < 1e-9 { "0".to_string() } else { format!("{v:+.0}") })
+            .x_label_formatter(&|v| {
+                if v.abs() < 1e-9 {
+                    "0".to_string()
+                } else {
+                    format!("{v:+.0}")
+                }
+            })
             .bold_line_style(style::LIGHT_GREY)
             .light_line_style(WHITE)
             .draw()
@@ -271,8 +280,12 @@ impl Figure for ValidationFigure {
                     .map_err(draw_err)?;
                 let q = ep.map_coordinate(&(e, y + 0.5));
                 let (hp, dx) = if e >= 0.0 { (HPos::Left, 4) } else { (HPos::Right, -4) };
-                root.draw(&Text::new(format!("{e:+.1}"), (q.0 + dx, q.1), style::font_c(id_font * 0.95, DARK_GREY).pos(Pos::new(hp, VPos::Center))))
-                    .map_err(draw_err)?;
+                root.draw(&Text::new(
+                    format!("{e:+.1}"),
+                    (q.0 + dx, q.1),
+                    style::font_c(id_font * 0.95, DARK_GREY).pos(Pos::new(hp, VPos::Center)),
+                ))
+                .map_err(draw_err)?;
             }
         }
         Ok(())
@@ -288,7 +301,13 @@ mod tests {
         assert_eq!(parse_bands("25,10").unwrap(), vec![0.1, 0.25]);
         assert!(parse_bands("x").unwrap_err().to_string().contains("--bands"));
         let t = Table::parse("id,predicted_ms,measured_ms\nVD-B0,80,78.7\nTK-a,3.0,3.754\n", "v.csv", "--input").unwrap();
-        let spec = ValidationSpec { measured: "measured_ms".into(), predicted: "predicted_ms".into(), id: "id".into(), bands: vec![0.1], ..Default::default() };
+        let spec = ValidationSpec {
+            measured: "measured_ms".into(),
+            predicted: "predicted_ms".into(),
+            id: "id".into(),
+            bands: vec![0.1],
+            ..Default::default()
+        };
         let f = ValidationFigure::from_table(&t, &spec).unwrap();
         assert_eq!(f.groups, vec!["VD", "TK"]);
         assert!(f.subtitle.contains("1 of 2 within ±10%"), "{}", f.subtitle);

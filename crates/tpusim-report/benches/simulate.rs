@@ -27,15 +27,37 @@ fn main() {
         ("default: 75,600 tokens x 10 heads, dense, 3024/2048/1024", JobSpec::default()),
         (
             "75,600 x 10 heads, band+sink, compact, 3328 x 1536",
-            spec(&[("mask", "\"band:15000+sink:3600\""), ("traversal", "\"compact\""), ("masking", "\"partial\""), ("block_q", "3328"), ("block_kv", "1536"), ("heads", "10")]),
+            spec(&[
+                ("mask", "\"band:15000+sink:3600\""),
+                ("traversal", "\"compact\""),
+                ("masking", "\"partial\""),
+                ("block_q", "3328"),
+                ("block_kv", "1536"),
+                ("heads", "10"),
+            ]),
         ),
         (
             "302,400 tokens (1440p) x 10 heads, band+sink, compact",
-            spec(&[("seq_len", "302400"), ("mask", "\"band:60000+sink:14400\""), ("traversal", "\"compact\""), ("masking", "\"partial\""), ("block_q", "3328"), ("block_kv", "1536")]),
+            spec(&[
+                ("seq_len", "302400"),
+                ("mask", "\"band:60000+sink:14400\""),
+                ("traversal", "\"compact\""),
+                ("masking", "\"partial\""),
+                ("block_q", "3328"),
+                ("block_kv", "1536"),
+            ]),
         ),
         (
             "1,048,576 tokens x 16 heads, causal, compact, 2048 x 2048",
-            spec(&[("seq_len", "1048576"), ("heads", "16"), ("mask", "\"causal\""), ("traversal", "\"compact\""), ("masking", "\"partial\""), ("block_q", "2048"), ("block_kv", "2048")]),
+            spec(&[
+                ("seq_len", "1048576"),
+                ("heads", "16"),
+                ("mask", "\"causal\""),
+                ("traversal", "\"compact\""),
+                ("masking", "\"partial\""),
+                ("block_q", "2048"),
+                ("block_kv", "2048"),
+            ]),
         ),
         (
             "1,048,576 tokens x 16 heads, causal, full-grid, 512 x 512",

@@ -20,7 +20,7 @@ use tpusim_kernel::{
     lower_attention, matmul, Direction, KernelError, Lowered, MatmulConfig, Part, PerUnit, Phase, PhaseWork, Program, Scope, SplashConfig,
     TileCounts, Unit,
 };
-use tpusim_workload::{AttentionCall, MatmulCall, Mask};
+use tpusim_workload::{AttentionCall, Mask, MatmulCall};
 
 /// What to run: a kernel, its workload and its configuration.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -62,9 +62,9 @@ impl Job {
     pub fn lower(&self, chip: &ChipModel) -> Result<Lowered, KernelError> {
         match self {
             Job::Attention { workload, config, direction, scope } => lower_attention(chip, workload, config, *direction, *scope),
-            Job::Matmul { workload, config } => {
-                Ok(Lowered { phases: vec![Phase { part: Part::Forward, work: PhaseWork::Kernel(Box::new(matmul::lower(chip, workload, config)?)) }] })
-            }
+            Job::Matmul { workload, config } => Ok(Lowered {
+                phases: vec![Phase { part: Part::Forward, work: PhaseWork::Kernel(Box::new(matmul::lower(chip, workload, config)?)) }],
+            }),
         }
     }
 
@@ -75,7 +75,12 @@ impl Job {
             Job::Attention { workload, config, direction, scope } if !workload.mask.is_full() || config.tile_align => {
                 let mut w = workload.clone();
                 w.mask = Mask::Full;
-                Some(Job::Attention { workload: w, config: SplashConfig { tile_align: false, ..config.clone() }, direction: *direction, scope: *scope })
+                Some(Job::Attention {
+                    workload: w,
+                    config: SplashConfig { tile_align: false, ..config.clone() },
+                    direction: *direction,
+                    scope: *scope,
+                })
             }
             _ => None,
         }
@@ -151,11 +156,13 @@ pub fn combine(chip: &ChipModel, phases: &[PhaseResult]) -> SimResult {
 /// # Errors
 /// Whatever lowering reports ([`KernelError`]): invalid shapes, block rules, VMEM overflow.
 pub fn run(chip: &ChipModel, job: &Job) -> Result<Run, KernelError> {
+    // The job's own errors come first; its dense baseline is lowered only when it lowers.
+    let lowered = job.lower(chip)?;
     let dense = match job.dense_baseline() {
         Some(d) => Some(combine(chip, &simulate_lowered(chip, &d.lower(chip)?))),
         None => None,
     };
-    run_with_dense(chip, job, dense)
+    Ok(finish(chip, job, lowered, dense))
 }
 
 /// [`run`] with the dense baseline already simulated (sweeps cache it).
@@ -164,6 +171,10 @@ pub fn run(chip: &ChipModel, job: &Job) -> Result<Run, KernelError> {
 /// As [`run`].
 pub fn run_with_dense(chip: &ChipModel, job: &Job, dense: Option<SimResult>) -> Result<Run, KernelError> {
     let lowered = job.lower(chip)?;
+    Ok(finish(chip, job, lowered, dense))
+}
+
+fn finish(chip: &ChipModel, job: &Job, lowered: Lowered, dense: Option<SimResult>) -> Run {
     let phases = simulate_lowered(chip, &lowered);
     let result = combine(chip, &phases);
     let program = lowered
@@ -174,7 +185,7 @@ pub fn run_with_dense(chip: &ChipModel, job: &Job, dense: Option<SimResult>) -> 
             PhaseWork::Fusion(_) => None,
         })
         .expect("every job has a kernel");
-    Ok(Run { chip: chip.clone(), job: job.clone(), lowered, phases, program, result, dense })
+    Run { chip: chip.clone(), job: job.clone(), lowered, phases, program, result, dense }
 }
 
 /// The metrics of one run. Serialised as the JSON output of `tpusim run --format json`.
@@ -469,20 +480,12 @@ impl Report {
                 let _ = writeln!(s, "  kernel       block_m {}, block_n {}, block_k {}", c.block_m, c.block_n, c.block_k);
             }
         }
-        let pads: Vec<String> = self
-            .padded
-            .iter()
-            .map(|(n, a, b)| if a == b { format!("{n} {a}") } else { format!("{n} {a} padded to {b}") })
-            .collect();
+        let pads: Vec<String> =
+            self.padded.iter().map(|(n, a, b)| if a == b { format!("{n} {a}") } else { format!("{n} {a} padded to {b}") }).collect();
         let _ = writeln!(s, "  lengths      {}", pads.join(", "));
         let grid: Vec<String> = self.grid.iter().map(|(n, v)| format!("{v} {n}")).collect();
         let _ = writeln!(s, "  grid         {} -> {} grid steps", grid.join(" x "), self.grid_steps);
-        let _ = writeln!(
-            s,
-            "  VMEM         {:.1} MiB of the {:.1} MiB scoped limit",
-            mib(self.vmem_bytes),
-            mib(self.vmem_limit_bytes)
-        );
+        let _ = writeln!(s, "  VMEM         {:.1} MiB of the {:.1} MiB scoped limit", mib(self.vmem_bytes), mib(self.vmem_limit_bytes));
         let _ = writeln!(s);
         let _ = writeln!(s, "  latency      {:.3} ms  ({:.4e} cycles at {} GHz)", self.latency_ms, self.cycles, self.clock_ghz);
         let _ = writeln!(
@@ -518,16 +521,25 @@ impl Report {
         }
         if self.phases.len() > 1 {
             let _ = writeln!(s);
-            let _ = writeln!(s, "  phases       {:.3} ms in the kernels, {:.3} ms in XLA ops outside them", self.kernel_ms, self.outside_kernel_ms);
+            let _ = writeln!(
+                s,
+                "  phases       {:.3} ms in the kernels, {:.3} ms in XLA ops outside them",
+                self.kernel_ms, self.outside_kernel_ms
+            );
             for p in &self.phases {
-                let tiles = p.tiles.map(|t| format!(", tiles {} visited of {} ({} partial)", t.visited, t.total, t.partial)).unwrap_or_default();
+                let tiles =
+                    p.tiles.map(|t| format!(", tiles {} visited of {} ({} partial)", t.visited, t.total, t.partial)).unwrap_or_default();
                 let _ = writeln!(
                     s,
                     "    {:<20} {:>9.3} ms  {:<44} {}{tiles}",
                     p.part.label(),
                     p.latency_ms,
                     p.name,
-                    if p.kernel { format!("{} steps, bound by {}", p.grid_steps, p.bottleneck) } else { format!("{:.3} GB", p.hbm_bytes as f64 / 1e9) }
+                    if p.kernel {
+                        format!("{} steps, bound by {}", p.grid_steps, p.bottleneck)
+                    } else {
+                        format!("{:.3} GB", p.hbm_bytes as f64 / 1e9)
+                    }
                 );
             }
         }
@@ -540,7 +552,13 @@ impl Report {
         }
         if let Some(t) = self.tiles {
             let _ = writeln!(s);
-            let pct = |a: u64, b: u64| if b > 0 { 100.0 * a as f64 / b as f64 } else { 0.0 };
+            let pct = |a: u64, b: u64| {
+                if b > 0 {
+                    100.0 * a as f64 / b as f64
+                } else {
+                    0.0
+                }
+            };
             let _ = writeln!(
                 s,
                 "  tiles        {} total: {} empty, {} partial, {} full; {} visited ({:.1}%), {} masked",

@@ -13,7 +13,9 @@ use clap::Args;
 use serde::{Deserialize, Serialize};
 use std::sync::OnceLock;
 use tpusim_chip::{ChipError, ChipModel};
-use tpusim_kernel::{splash, KernelError, KernelKind, MaskSource, Masking, MatmulConfig, Scope, SplashConfig, Traversal};
+use tpusim_kernel::{
+    splash, BwdBlocks, Direction, Exp, KernelError, KernelKind, MaskSource, Masking, MatmulConfig, Scope, SplashConfig, Traversal,
+};
 use tpusim_workload::{AttentionCall, Mask, MatmulCall, WorkloadError};
 
 pub use tpusim_kernel::Kernel;
@@ -85,7 +87,9 @@ pub fn render_fields_with(text: &str, name: &mut dyn FnMut(&str) -> String) -> S
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
     while let Some(open) = rest.find('`') {
-        let Some(close) = rest[open + 1..].find('`') else { break };
+        let Some(close) = rest[open + 1..].find('`') else {
+            break;
+        };
         let word = &rest[open + 1..open + 1 + close];
         out.push_str(&rest[..open]);
         if fields.iter().any(|f| f == word) {
@@ -118,6 +122,11 @@ pub struct JobSpec {
     #[arg(long, value_enum)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kernel: Option<Kernel>,
+    /// Which pass runs: the forward, the backward alone (after a forward that saved its
+    /// residuals) or both (one training step of the layer) [default: fwd].
+    #[arg(long, value_enum)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub direction: Option<Direction>,
     /// What a simulated time covers: the Pallas kernels alone, or every XLA op of the library
     /// call (tokamax's transposes and scalings around its kernels) [default: kernel].
     #[arg(long, value_enum)]
@@ -155,8 +164,9 @@ pub struct JobSpec {
     #[arg(long)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub head_dim_v: Option<u64>,
-    /// Mask: full, causal, local:L,R, band:W, sink:S, chunked:C, video:F,H,W:wf,wh,ww[@order],
-    /// sta:F,H,W:kf,kh,kw:tf,th,tw[@order] (order @frame, @position or @tiles:tf,th,tw),
+    /// Mask: full, causal, local:L,R, band:W, sink:S, chunked:C, video:F,H,W:wf,wh,ww and
+    /// sta:F,H,W:kf,kh,kw:tf,th,tw, each optionally followed by a token order @frame, @position or
+    /// @tiles:tf,th,tw,
     /// per-head[N*M;...], file:PATH; + is union, & is intersection, ( ) groups.
     /// Example: band:15000+sink:3600 [default: full].
     #[arg(long)]
@@ -183,7 +193,9 @@ pub struct JobSpec {
     #[arg(long, value_enum)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub masking: Option<Masking>,
-    /// How the mask is evaluated [default: computed; a file mask is always loaded].
+    /// How the mask is evaluated [default: what Splash does: computed in the kernel for causal,
+    /// local, band and chunked masks, loaded as int8 blocks for every other mask; a file mask is
+    /// always loaded].
     #[arg(long, value_enum)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mask_source: Option<MaskSource>,
@@ -191,6 +203,51 @@ pub struct JobSpec {
     #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", value_name = "BOOL")]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tile_align: Option<bool>,
+    /// The softmax exponential's base (base2 folds log2(e) into q's scale) [default: the kernel
+    /// family's: base2 for tokamax-splash, natural otherwise].
+    #[arg(long, value_enum)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exp: Option<Exp>,
+    /// The compiler's experimental scheduler flag (tokamax's use_experimental_scheduler; it
+    /// changes nothing in the model: no released measurement shows an effect) [default: the
+    /// kernel family's].
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", value_name = "BOOL")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub experimental_scheduler: Option<bool>,
+    /// The forward also writes its residuals (logsumexp and max logits) [default: false; always
+    /// with --direction fwd+bwd].
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", value_name = "BOOL")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub return_residuals: Option<bool>,
+    /// q rows per block of the backward's dkv (or fused) kernel [default: the kernel family's: 128].
+    #[arg(long)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub block_q_dkv: Option<u64>,
+    /// kv rows per block of the dkv kernel [default: the kernel family's: 128].
+    #[arg(long)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub block_kv_dkv: Option<u64>,
+    /// kv rows per sub-tile of the dkv kernel (divides --block-kv-dkv) [default: --block-kv-dkv].
+    #[arg(long)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub block_kv_dkv_compute: Option<u64>,
+    /// q rows per block of the dq kernel (unfused backward) [default: 128].
+    #[arg(long)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub block_q_dq: Option<u64>,
+    /// kv rows per block of the dq kernel (unfused backward) [default: 128].
+    #[arg(long)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub block_kv_dq: Option<u64>,
+    /// One fused backward kernel for dq, dk and dv (tokamax's only path) rather than JAX's dq
+    /// and dkv kernels [default: the kernel family's: fused for tokamax-splash, unfused for splash].
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", value_name = "BOOL", overrides_with = "no_fused_bwd")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fused_bwd: Option<bool>,
+    /// JAX's two backward kernels (dq, then dkv): --fused-bwd=false.
+    #[arg(long, overrides_with = "fused_bwd")]
+    #[serde(skip)]
+    pub no_fused_bwd: bool,
     /// Scoped VMEM limit, MiB [default: the chip's].
     #[arg(long)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -223,7 +280,17 @@ pub struct JobSpec {
 
 /// Fields that describe attention (refused for matmul kernels).
 const ATTENTION_ONLY: &[&str] = &[
+    "direction",
     "scope",
+    "exp",
+    "experimental_scheduler",
+    "return_residuals",
+    "block_q_dkv",
+    "block_kv_dkv",
+    "block_kv_dkv_compute",
+    "block_q_dq",
+    "block_kv_dq",
+    "fused_bwd",
     "heads",
     "kv_heads",
     "seq_len",
@@ -249,10 +316,7 @@ impl JobSpec {
     pub fn fields() -> &'static [String] {
         static FIELDS: OnceLock<Vec<String>> = OnceLock::new();
         FIELDS.get_or_init(|| {
-            <JobSpec as Args>::augment_args(clap::Command::new("job"))
-                .get_arguments()
-                .map(|a| a.get_id().as_str().to_string())
-                .collect()
+            <JobSpec as Args>::augment_args(clap::Command::new("job")).get_arguments().map(|a| a.get_id().as_str().to_string()).collect()
         })
     }
 
@@ -270,7 +334,8 @@ impl JobSpec {
     /// [`SpecError::Trace`] naming the file and the key for unreadable files, malformed TOML,
     /// unknown keys and values of the wrong type.
     pub fn from_toml_file(path: &str) -> Result<Self, SpecError> {
-        let text = std::fs::read_to_string(path).map_err(|e| SpecError::Trace { path: path.into(), message: format!("cannot read: {e}") })?;
+        let text =
+            std::fs::read_to_string(path).map_err(|e| SpecError::Trace { path: path.into(), message: format!("cannot read: {e}") })?;
         Self::from_toml_str(&text, path)
     }
 
@@ -298,6 +363,9 @@ impl JobSpec {
             }
         }
         let mut merged = base.set_fields();
+        if over.no_fused_bwd {
+            merged.insert("fused_bwd".into(), serde_json::Value::Bool(false));
+        }
         for (k, v) in over.set_fields() {
             if k == "set" {
                 let mut all = merged.remove("set").and_then(|s| s.as_array().cloned()).unwrap_or_default();
@@ -307,7 +375,10 @@ impl JobSpec {
                 merged.insert(k, v);
             }
         }
-        serde_json::from_value(serde_json::Value::Object(merged)).expect("a merge of two valid specs is a valid spec")
+        let mut out: JobSpec =
+            serde_json::from_value(serde_json::Value::Object(merged)).expect("a merge of two valid specs is a valid spec");
+        out.no_fused_bwd = over.no_fused_bwd || (base.no_fused_bwd && over.fused_bwd.is_none());
+        out
     }
 
     /// The chip this spec names, with its overrides applied (default `v6e`).
@@ -317,9 +388,9 @@ impl JobSpec {
     pub fn chip(&self) -> Result<ChipModel, SpecError> {
         let mut chip = ChipModel::load(self.chip.as_deref().unwrap_or("v6e"))?;
         for s in &self.set {
-            let (k, v) = s.split_once('=').ok_or_else(|| {
-                SpecError::field("set", s, "expected SECTION.FIELD=VALUE, e.g. hbm.bandwidth_gb_per_s=3276")
-            })?;
+            let (k, v) = s
+                .split_once('=')
+                .ok_or_else(|| SpecError::field("set", s, "expected SECTION.FIELD=VALUE, e.g. hbm.bandwidth_gb_per_s=3276"))?;
             chip = chip.with_override(k.trim(), v.trim())?;
         }
         Ok(chip)
@@ -347,7 +418,9 @@ impl JobSpec {
                 let workload = self.attention_call()?;
                 let config = self.splash_config(kernel, &workload, chip, vmem_limit_bytes)?;
                 let scope = self.scope.unwrap_or(Scope::Kernel);
-                Ok(Job::Attention { workload, config, direction: tpusim_kernel::Direction::Fwd, scope })
+                let direction = self.direction.unwrap_or(Direction::Fwd);
+                self.check_backward(&config, direction)?;
+                Ok(Job::Attention { workload, config, direction, scope })
             }
             KernelKind::Matmul => {
                 let workload = self.matmul_call()?;
@@ -381,7 +454,11 @@ impl JobSpec {
         }
         if self.q_len.is_some() != self.kv_len.is_some() {
             let (given, missing) = if self.q_len.is_some() { ("q_len", "kv_len") } else { ("kv_len", "q_len") };
-            return Err(SpecError::field(given, self.q_len.or(self.kv_len).unwrap_or(0), format!("give `{missing}` too, or `seq_len` for both")));
+            return Err(SpecError::field(
+                given,
+                self.q_len.or(self.kv_len).unwrap_or(0),
+                format!("give `{missing}` too, or `seq_len` for both"),
+            ));
         }
         Ok(())
     }
@@ -434,14 +511,22 @@ impl JobSpec {
     }
 
     /// Stage 4 (attention): the family's defaults, overridden by the fields given.
-    fn splash_config(&self, kernel: Kernel, w: &AttentionCall, chip: &ChipModel, vmem_limit_bytes: Option<u64>) -> Result<SplashConfig, SpecError> {
+    fn splash_config(
+        &self,
+        kernel: Kernel,
+        w: &AttentionCall,
+        chip: &ChipModel,
+        vmem_limit_bytes: Option<u64>,
+    ) -> Result<SplashConfig, SpecError> {
         let d = kernel.defaults();
         let mut config = SplashConfig::for_family(kernel);
         config.block_q = self.block_q.unwrap_or(d.blocks.q);
         config.block_kv = self.block_kv.unwrap_or(d.blocks.kv);
         config.traversal = self.traversal.unwrap_or(d.traversal);
         config.masking = self.masking.unwrap_or(d.masking);
-        config.mask_source = self.mask_source.unwrap_or(d.mask_source);
+        // Splash computes only its computable mask classes in the kernel; it loads the others.
+        let default_source = if splash::computable(&w.mask) { d.mask_source } else { MaskSource::Loaded };
+        config.mask_source = self.mask_source.unwrap_or(default_source);
         if w.mask.expression_terms().loaded_only {
             // A file mask has no closed form: its blocks can only be loaded.
             if self.mask_source == Some(MaskSource::Computed) {
@@ -454,6 +539,10 @@ impl JobSpec {
             config.mask_source = MaskSource::Loaded;
         }
         config.tile_align = self.tile_align.unwrap_or(false);
+        config.exp = self.exp.unwrap_or(d.exp);
+        config.experimental_scheduler = self.experimental_scheduler.unwrap_or(d.experimental_scheduler);
+        config.return_residuals = self.return_residuals.unwrap_or(false);
+        config.bwd = self.backward_blocks(kernel)?;
         config.vmem_limit_bytes = vmem_limit_bytes;
         config.block_kv_compute = match (self.block_kv_compute, d.blocks.compute, self.block_kv) {
             (Some(v), _, _) => v,
@@ -465,12 +554,72 @@ impl JobSpec {
         Ok(config)
     }
 
+    /// The backward blocks: the family's, overridden by the fields given; the dkv compute width
+    /// follows `block_kv_dkv` when only that is given.
+    fn backward_blocks(&self, kernel: Kernel) -> Result<BwdBlocks, SpecError> {
+        let mut b = BwdBlocks::for_family(kernel);
+        let fused = if self.no_fused_bwd { Some(false) } else { self.fused_bwd };
+        if fused == Some(false) && kernel == Kernel::TokamaxSplash {
+            return Err(SpecError::field(
+                "fused_bwd",
+                false,
+                "tokamax's Splash has only the fused backward kernel (use `kernel` splash for JAX's dq and dkv kernels)",
+            ));
+        }
+        b.fused = fused.unwrap_or(b.fused);
+        if let Some(v) = self.block_q_dkv {
+            b.block_q_dkv = v;
+        }
+        if let Some(v) = self.block_kv_dkv {
+            b.block_kv_dkv = v;
+            b.block_kv_dkv_compute = v;
+        }
+        if let Some(v) = self.block_kv_dkv_compute {
+            b.block_kv_dkv_compute = v;
+        }
+        if let Some(v) = self.block_q_dq {
+            b.block_q_dq = v;
+        }
+        if let Some(v) = self.block_kv_dq {
+            b.block_kv_dq = v;
+        }
+        Ok(b)
+    }
+
+    /// Backward fields need a backward, and the dq kernel's blocks an unfused one.
+    fn check_backward(&self, config: &SplashConfig, direction: Direction) -> Result<(), SpecError> {
+        let set = self.set_fields();
+        if direction == Direction::Fwd {
+            if let Some(f) = ["block_q_dkv", "block_kv_dkv", "block_kv_dkv_compute", "block_q_dq", "block_kv_dq", "fused_bwd"]
+                .iter()
+                .find(|f| set.contains_key(**f))
+            {
+                return Err(SpecError::field(
+                    f,
+                    set[*f].to_string().trim_matches('"'),
+                    "applies to the backward: give `direction` bwd or fwd+bwd",
+                ));
+            }
+        }
+        if config.bwd.fused {
+            if let Some(f) = ["block_q_dq", "block_kv_dq"].iter().find(|f| set.contains_key(**f)) {
+                return Err(SpecError::field(
+                    f,
+                    set[*f].to_string().trim_matches('"'),
+                    "applies to the unfused backward's dq kernel (`fused_bwd`=false)",
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Stage 3 (matmul): the matmul's sizes.
     fn matmul_call(&self) -> Result<MatmulCall, SpecError> {
         let (m, n, k) = match (self.m, self.n, self.k) {
             (Some(m), Some(n), Some(k)) => (m, n, k),
             _ => {
-                let missing: Vec<&str> = [("m", self.m), ("n", self.n), ("k", self.k)].iter().filter(|(_, v)| v.is_none()).map(|(f, _)| *f).collect();
+                let missing: Vec<&str> =
+                    [("m", self.m), ("n", self.n), ("k", self.k)].iter().filter(|(_, v)| v.is_none()).map(|(f, _)| *f).collect();
                 return Err(SpecError::field(missing[0], "unset", "a matmul kernel needs `m`, `n` and `k`"));
             }
         };
@@ -497,9 +646,19 @@ impl Job {
     /// outputs and the flags of tuned configurations.
     pub fn to_spec(&self) -> JobSpec {
         match self {
-            Job::Attention { workload: w, config: c, scope, .. } => JobSpec {
+            Job::Attention { workload: w, config: c, scope, direction } => JobSpec {
                 kernel: Some(c.kernel),
                 scope: Some(*scope),
+                direction: Some(*direction),
+                exp: Some(c.exp),
+                experimental_scheduler: Some(c.experimental_scheduler),
+                return_residuals: Some(c.return_residuals),
+                block_q_dkv: (*direction != Direction::Fwd).then_some(c.bwd.block_q_dkv),
+                block_kv_dkv: (*direction != Direction::Fwd).then_some(c.bwd.block_kv_dkv),
+                block_kv_dkv_compute: (*direction != Direction::Fwd).then_some(c.bwd.block_kv_dkv_compute),
+                block_q_dq: (*direction != Direction::Fwd && !c.bwd.fused).then_some(c.bwd.block_q_dq),
+                block_kv_dq: (*direction != Direction::Fwd && !c.bwd.fused).then_some(c.bwd.block_kv_dq),
+                fused_bwd: (*direction != Direction::Fwd).then_some(c.bwd.fused),
                 batch: Some(w.batch),
                 heads: Some(w.q_heads),
                 kv_heads: Some(w.kv_heads),
@@ -540,6 +699,7 @@ impl Job {
         let s = self.to_spec();
         JobSpec {
             kernel: s.kernel,
+            exp: s.exp,
             block_q: s.block_q,
             block_kv: s.block_kv,
             block_kv_compute: s.block_kv_compute,
@@ -547,6 +707,12 @@ impl Job {
             masking: s.masking,
             mask_source: s.mask_source,
             tile_align: s.tile_align,
+            block_q_dkv: s.block_q_dkv,
+            block_kv_dkv: s.block_kv_dkv,
+            block_kv_dkv_compute: s.block_kv_dkv_compute,
+            block_q_dq: s.block_q_dq,
+            block_kv_dq: s.block_kv_dq,
+            fused_bwd: s.fused_bwd,
             block_m: s.block_m,
             block_n: s.block_n,
             block_k: s.block_k,

@@ -51,7 +51,7 @@ proptest! {
     fn chip_overrides_never_panic(key in "[a-z_]{1,12}\\.[a-z_]{1,30}", value in "[-0-9.eE+a-z]{0,12}") {
         let chip = ChipModel::preset("v6e").unwrap();
         let _ = chip.with_override(&key, &value);
-        for field in ["mxu.count", "fitted.clock_ghz", "hbm.bandwidth_gb_per_s", "xlu.issue_interval_cycles"] {
+        for field in ["mxu.count", "fitted.clock_ghz", "hbm.bandwidth_gb_per_s", "xlu.latency_cycles"] {
             let _ = chip.with_override(field, &value);
         }
     }

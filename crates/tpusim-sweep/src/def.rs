@@ -171,11 +171,8 @@ fn value_spec(key: &str, raw: &toml::Value, chip: &ChipModel) -> Result<JobSpec,
         let msg = one_line(&e.to_string());
         if msg.contains("unknown field") {
             let section = key.split('.').next().unwrap_or("");
-            let hint = if chip.sections().iter().any(|s| s == section) {
-                format!(" (a chip field is written chip.{key})")
-            } else {
-                String::new()
-            };
+            let hint =
+                if chip.sections().iter().any(|s| s == section) { format!(" (a chip field is written chip.{key})") } else { String::new() };
             format!("unknown key '{key}': expected a job field or chip.SECTION.FIELD{hint}; {msg}")
         } else {
             format!("{key}: {msg}")
@@ -223,9 +220,8 @@ impl SweepDef {
                 if raw.points.is_some() {
                     return Err(fail("[[points]] belongs to mode = \"points\"; in product mode list values under [axes]".into()));
                 }
-                let table = raw
-                    .axes
-                    .ok_or_else(|| fail("no [axes]: list the values to sweep, e.g. [axes] block_q = [2048, 3024]".into()))?;
+                let table =
+                    raw.axes.ok_or_else(|| fail("no [axes]: list the values to sweep, e.g. [axes] block_q = [2048, 3024]".into()))?;
                 let mut flat = Vec::new();
                 flatten("", &table, &mut flat);
                 if flat.is_empty() {
@@ -236,10 +232,7 @@ impl SweepDef {
                         return Err(fail(format!("axes.{key} is given twice")));
                     }
                     let toml::Value::Array(list) = v else {
-                        return Err(fail(format!(
-                            "axes.{key}: expected a list of values, e.g. {key} = [..], found {}",
-                            type_name(&v)
-                        )));
+                        return Err(fail(format!("axes.{key}: expected a list of values, e.g. {key} = [..], found {}", type_name(&v))));
                     };
                     if list.is_empty() {
                         return Err(fail(format!("axes.{key} is empty: give at least one value")));
@@ -255,9 +248,7 @@ impl SweepDef {
             }
             Mode::Points => {
                 if raw.axes.is_some() {
-                    return Err(fail(
-                        "[axes] belongs to mode = \"product\"; in points mode give each point as a [[points]] table".into(),
-                    ));
+                    return Err(fail("[axes] belongs to mode = \"product\"; in points mode give each point as a [[points]] table".into()));
                 }
                 let list = raw.points.unwrap_or_default();
                 if list.is_empty() {
@@ -313,9 +304,7 @@ impl SweepDef {
         let mut files = Vec::new();
         collect_referenced_files(&canon, &mut files);
         let mut canon = canon;
-        canon["files"] = serde_json::Value::Array(
-            files.into_iter().map(|(p, h)| serde_json::json!([p, format!("{h:016x}")])).collect(),
-        );
+        canon["files"] = serde_json::Value::Array(files.into_iter().map(|(p, h)| serde_json::json!([p, format!("{h:016x}")])).collect());
         let hash = crate::stable_hash(canon.to_string().as_bytes());
         Ok(SweepDef { origin: origin.to_string(), base, mode, inputs, axes, points, total, hash })
     }
@@ -362,6 +351,36 @@ impl SweepDef {
             }
         }
         Point { index, inputs, spec }
+    }
+}
+
+/// Paths named by strings in a sweep definition that are readable files (chip models ending in
+/// `.toml`, mask files after `file:`), with an FNV-1a hash of their contents.
+fn collect_referenced_files(v: &serde_json::Value, out: &mut Vec<(String, u64)>) {
+    match v {
+        serde_json::Value::String(s) => {
+            let mut candidates = Vec::new();
+            if s.ends_with(".toml") {
+                candidates.push(s.clone());
+            }
+            let mut rest = s.as_str();
+            while let Some(i) = rest.find("file:") {
+                let after = &rest[i + 5..];
+                let end = after.find([')', ']', ';', '+', '&']).unwrap_or(after.len());
+                candidates.push(after[..end].trim().to_string());
+                rest = &after[end..];
+            }
+            for c in candidates {
+                if let Ok(bytes) = std::fs::read(&c) {
+                    if !out.iter().any(|(p, _)| *p == c) {
+                        out.push((c, crate::stable_hash(&bytes)));
+                    }
+                }
+            }
+        }
+        serde_json::Value::Array(a) => a.iter().for_each(|x| collect_referenced_files(x, out)),
+        serde_json::Value::Object(m) => m.values().for_each(|x| collect_referenced_files(x, out)),
+        _ => {}
     }
 }
 
@@ -429,35 +448,5 @@ mod tests {
         assert_eq!(a.hash_hex(), b.hash_hex());
         assert_ne!(a.hash_hex(), c.hash_hex());
         assert_ne!(a.hash_hex(), d.hash_hex());
-    }
-}
-
-/// Paths named by strings in a sweep definition that are readable files (chip models ending in
-/// `.toml`, mask files after `file:`), with an FNV-1a hash of their contents.
-fn collect_referenced_files(v: &serde_json::Value, out: &mut Vec<(String, u64)>) {
-    match v {
-        serde_json::Value::String(s) => {
-            let mut candidates = Vec::new();
-            if s.ends_with(".toml") {
-                candidates.push(s.clone());
-            }
-            let mut rest = s.as_str();
-            while let Some(i) = rest.find("file:") {
-                let after = &rest[i + 5..];
-                let end = after.find([')', ']', ';', '+', '&']).unwrap_or(after.len());
-                candidates.push(after[..end].trim().to_string());
-                rest = &after[end..];
-            }
-            for c in candidates {
-                if let Ok(bytes) = std::fs::read(&c) {
-                    if !out.iter().any(|(p, _)| *p == c) {
-                        out.push((c, crate::stable_hash(&bytes)));
-                    }
-                }
-            }
-        }
-        serde_json::Value::Array(a) => a.iter().for_each(|x| collect_referenced_files(x, out)),
-        serde_json::Value::Object(m) => m.values().for_each(|x| collect_referenced_files(x, out)),
-        _ => {}
     }
 }

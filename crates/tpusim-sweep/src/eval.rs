@@ -111,9 +111,10 @@ impl Evaluator {
         if let Some(c) = self.chips.lock().expect("chip cache").get(&key) {
             return c.clone();
         }
-        let entry = spec.chip().map_err(|e| e.to_string()).map(|chip| {
-            Arc::new(ChipEntry { lowering_key: lowering_key(&chip), key: format!("{:?}|{:?}", spec.chip, spec.set), chip })
-        });
+        let entry = spec
+            .chip()
+            .map_err(|e| e.to_string())
+            .map(|chip| Arc::new(ChipEntry { lowering_key: lowering_key(&chip), key: format!("{:?}|{:?}", spec.chip, spec.set), chip }));
         let mut cache = self.chips.lock().expect("chip cache");
         if cache.len() < CACHE_LIMIT {
             cache.insert(key, entry.clone());

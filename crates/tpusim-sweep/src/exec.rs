@@ -55,7 +55,9 @@ impl Shard {
     /// [`SweepError`] naming the value.
     pub fn parse(s: &str) -> Result<Shard, SweepError> {
         let bad = || {
-            SweepError::new(format!("--shard {s}: expected I/N with 0 <= I < N, e.g. --shard 0/4 (Slurm: --shard $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT)"))
+            SweepError::new(format!(
+                "--shard {s}: expected I/N with 0 <= I < N, e.g. --shard 0/4 (Slurm: --shard $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT)"
+            ))
         };
         let (i, n) = s.split_once('/').ok_or_else(bad)?;
         let (index, count): (u64, u64) = (i.trim().parse().map_err(|_| bad())?, n.trim().parse().map_err(|_| bad())?);
@@ -166,8 +168,7 @@ impl fmt::Display for SweepSummary {
         for n in &self.notes {
             writeln!(f, "note: {n}")?;
         }
-        let shard =
-            if self.shard.count > 1 { format!(" (shard {} of a sweep of {})", self.shard, self.total) } else { String::new() };
+        let shard = if self.shard.count > 1 { format!(" (shard {} of a sweep of {})", self.shard, self.total) } else { String::new() };
         write!(
             f,
             "sweep {}: {} point{}{shard} -> {}: {} computed, {} resumed, {} with errors; {:.1} s",
@@ -188,20 +189,16 @@ impl fmt::Display for SweepSummary {
 }
 
 fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
-    p.downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| p.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "panic".into())
+    p.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| p.downcast_ref::<String>().cloned()).unwrap_or_else(|| "panic".into())
 }
 
 fn row_has_error(format: Format, line: &str) -> bool {
     let body = line.trim_end_matches('\n');
     match format {
         Format::Csv => csv_fields(body).ok().and_then(|f| f.last().cloned()).is_some_and(|e| !e.is_empty()),
-        Format::Jsonl => serde_json::from_str::<serde_json::Value>(body)
-            .ok()
-            .and_then(|v| v.get("error").cloned())
-            .is_some_and(|e| !e.is_null()),
+        Format::Jsonl => {
+            serde_json::from_str::<serde_json::Value>(body).ok().and_then(|v| v.get("error").cloned()).is_some_and(|e| !e.is_null())
+        }
     }
 }
 
@@ -246,9 +243,7 @@ pub fn run_sweep(def: &SweepDef, opts: &SweepOptions) -> Result<SweepSummary, Sw
                     notes.push(format!("discarded {path}: not a tpusim sweep output"));
                     continue;
                 }
-                return Err(SweepError::new(format!(
-                    "{out} exists and is not a tpusim sweep output; remove it or choose another --out"
-                )));
+                return Err(SweepError::new(format!("{out} exists and is not a tpusim sweep output; remove it or choose another --out")));
             };
             if !text.starts_with(header_text.as_bytes()) {
                 notes.push(format!(
@@ -274,9 +269,7 @@ pub fn run_sweep(def: &SweepDef, opts: &SweepOptions) -> Result<SweepSummary, Sw
                 }
                 match done.get(&i) {
                     Some(prev) if *prev != line => {
-                        return Err(SweepError::new(format!(
-                            "{path}: point {i} appears twice with different rows; rerun with --restart"
-                        )))
+                        return Err(SweepError::new(format!("{path}: point {i} appears twice with different rows; rerun with --restart")))
                     }
                     _ => {
                         done.insert(i, line);
@@ -447,9 +440,7 @@ fn evaluate_into(
                 }
             });
         });
-        writer
-            .join()
-            .unwrap_or_else(|p| Err(SweepError::Internal(format!("in the writer: {}", panic_text(p.as_ref())))))
+        writer.join().unwrap_or_else(|p| Err(SweepError::Internal(format!("in the writer: {}", panic_text(p.as_ref())))))
     });
     if let Some(pb) = pb {
         pb.finish_and_clear();

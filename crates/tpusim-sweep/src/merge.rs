@@ -78,11 +78,8 @@ pub fn merge(files: &[String], out: &str) -> Result<MergeSummary, SweepError> {
                 return Err(SweepError::new(format!("{}: point {i} is out of range (the sweep has {total} points)", files[fi])));
             }
             if let Some((_, other)) = rows.insert(*i, (line.as_str(), fi)) {
-                let where_ = if other == fi {
-                    format!("twice in {}", files[fi])
-                } else {
-                    format!("in both {} and {}", files[other], files[fi])
-                };
+                let where_ =
+                    if other == fi { format!("twice in {}", files[fi]) } else { format!("in both {} and {}", files[other], files[fi]) };
                 return Err(SweepError::new(format!("point {i} is {where_}: a shard was given twice or shards overlap")));
             }
         }

@@ -67,7 +67,7 @@ impl Format {
 /// Resolved-job columns (module docs): the job fields a resolved job sets, in
 /// [`JobSpec::fields`] order.
 pub fn job_columns() -> Vec<String> {
-    JobSpec::fields().iter().filter(|f| *f != "set" && *f != "seq_len").cloned().collect()
+    JobSpec::fields().iter().filter(|f| !matches!(f.as_str(), "set" | "seq_len" | "no_fused_bwd")).cloned().collect()
 }
 
 /// One cell of a row.
@@ -148,11 +148,15 @@ fn toml_text(v: &toml::Value) -> String {
 
 pub use tpusim_io::{csv_fields, csv_record};
 
-/// CSV records of `text` with the byte range each occupies (ends include the line break);
-/// `complete` is false for a last record cut short (no line break, or inside an open quote).
-fn csv_records(text: &str) -> Vec<(Result<Vec<String>, String>, std::ops::Range<usize>, bool)> {
+/// One CSV record: its fields (or why it does not parse), the byte range it occupies (the end
+/// includes the line break) and whether it is complete.
+type CsvRecord = (Result<Vec<String>, String>, std::ops::Range<usize>, bool);
+
+/// CSV records of `text` with the byte range each occupies; `complete` is false for a last
+/// record cut short (no line break, or inside an open quote).
+fn csv_records(text: &str) -> Vec<CsvRecord> {
     let mut r = csv::ReaderBuilder::new().has_headers(false).flexible(true).from_reader(text.as_bytes());
-    let mut out: Vec<(Result<Vec<String>, String>, std::ops::Range<usize>, bool)> = Vec::new();
+    let mut out: Vec<CsvRecord> = Vec::new();
     let mut rec = csv::StringRecord::new();
     loop {
         let start = r.position().byte() as usize;
@@ -281,7 +285,7 @@ impl Layout {
                 cells.push(Cell::Empty);
             }
             Err(e) => {
-                cells.extend(std::iter::repeat(Cell::Empty).take(metric_columns().len()));
+                cells.extend(std::iter::repeat_n(Cell::Empty, metric_columns().len()));
                 cells.push(Cell::Str(e.clone()));
             }
         }
@@ -453,8 +457,7 @@ pub fn read_back(path: &str, layout: Option<&Layout>) -> Result<ReadBack, SweepE
         }
     })?;
     let first = &text[..first_len];
-    let (header, format) =
-        Header::parse(first.trim_end()).ok_or_else(|| bad(1, "not a tpusim sweep output (no sweep header line)"))?;
+    let (header, format) = Header::parse(first.trim_end()).ok_or_else(|| bad(1, "not a tpusim sweep output (no sweep header line)"))?;
     let line_of = |byte: usize| 1 + text[..byte.min(text.len())].matches('\n').count();
     let mut header_text = first.to_string();
     let mut rows = Vec::new();

@@ -126,7 +126,7 @@ pub struct TuneResult {
 /// What evaluating one candidate gave.
 #[derive(Debug, Clone)]
 enum Eval {
-    Ok(Box<Report>, Job),
+    Ok(Box<(Report, Job)>),
     Rules(String),
     Vmem,
     Inexact,
@@ -136,7 +136,7 @@ enum Eval {
 impl Eval {
     fn latency(&self) -> Option<f64> {
         match self {
-            Eval::Ok(r, _) => Some(r.latency_ms),
+            Eval::Ok(rj) => Some(rj.0.latency_ms),
             _ => None,
         }
     }
@@ -352,7 +352,9 @@ impl<'a> Search<'a> {
         let judged: HashSet<String> =
             results.iter().filter(|(_, e)| matches!(e, Eval::Ok(..) | Eval::Inexact)).map(|(c, _)| cand_key(c)).collect();
         scored.sort_by(|a, b| a.0.total_cmp(&b.0).then_with(|| cand_key(a.1).cmp(&cand_key(b.1))));
-        let Some(&(best, _)) = scored.first() else { return combos.to_vec() };
+        let Some(&(best, _)) = scored.first() else {
+            return combos.to_vec();
+        };
         let mut k: Vec<Cand> = scored.iter().filter(|(l, _)| *l <= best * OPTION_WINDOW).map(|(_, c)| (*c).clone()).collect();
         k.extend(combos.iter().filter(|c| !judged.contains(&cand_key(c))).cloned());
         k
@@ -364,7 +366,10 @@ impl<'a> Search<'a> {
             .results
             .iter()
             .filter_map(|(_, e)| match e {
-                Eval::Ok(r, Job::Attention { config, .. }) => Some((r.latency_ms, format!("{config:?}"), (config.block_q, config.block_kv))),
+                Eval::Ok(rj) => match &rj.1 {
+                    Job::Attention { config, .. } => Some((rj.0.latency_ms, format!("{config:?}"), (config.block_q, config.block_kv))),
+                    _ => None,
+                },
                 _ => None,
             })
             .collect();
@@ -411,7 +416,8 @@ pub fn tune(spec: &JobSpec, opts: &TuneOptions) -> Result<TuneResult, SweepError
             sp
         }
     };
-    let given_eval = evaluate(&search.ev, &search.chip_key, &chip, spec, &JobSpec::default(), &TuneOptions { allow_inexact: true, ..opts.clone() });
+    let given_eval =
+        evaluate(&search.ev, &search.chip_key, &chip, spec, &JobSpec::default(), &TuneOptions { allow_inexact: true, ..opts.clone() });
     rank(&chip, given, given_eval, &search.results, space, opts, spec, start)
 }
 
@@ -429,7 +435,7 @@ fn rank(
     start: Instant,
 ) -> Result<TuneResult, SweepError> {
     let (given_latency_ms, given_error) = match &given_eval {
-        Eval::Ok(r, _) => (Some(r.latency_ms), None),
+        Eval::Ok(rj) => (Some(rj.0.latency_ms), None),
         Eval::Other(e) | Eval::Rules(e) => (None, Some(e.clone())),
         Eval::Vmem => (None, Some("the given blocks overflow the VMEM limit".into())),
         Eval::Inexact => (None, None),
@@ -441,7 +447,8 @@ fn rank(
     let mut valid: Vec<(f64, String, &Report, &Job)> = Vec::new();
     let mut jobs_seen = HashSet::new();
     for (_, e) in results {
-        if let Eval::Ok(r, job) = e {
+        if let Eval::Ok(rj) = e {
+            let (r, job) = (&rj.0, &rj.1);
             let key = serde_json::to_string(job).unwrap_or_default();
             if jobs_seen.insert(key.clone()) {
                 valid.push((r.latency_ms, key, r, job));
@@ -488,7 +495,7 @@ fn rank(
         given_latency_ms,
         given_error,
         given_job: match given_eval {
-            Eval::Ok(_, j) => Some(j),
+            Eval::Ok(rj) => Some(rj.1),
             _ => Some(given),
         },
         searched: space.searched,
@@ -517,7 +524,7 @@ fn evaluate(ev: &Evaluator, chip_key: &str, chip: &ChipModel, spec: &JobSpec, ca
             if tuner_chose_none && !opts.allow_inexact && r.tiles.is_some_and(|t| t.partial > 0) {
                 return Eval::Inexact;
             }
-            Eval::Ok(Box::new(r), job)
+            Eval::Ok(Box::new((r, job)))
         }
         Err(KernelError::Vmem { .. }) => Eval::Vmem,
         Err(e @ KernelError::Config { .. }) => Eval::Rules(tpusim_report::render_fields(&e.to_string(), tpusim_report::FieldStyle::Flag)),
@@ -565,7 +572,16 @@ impl TuneResult {
                 let _ = writeln!(
                     s,
                     "tpusim tune: {} attention on {}: batch {}, heads {} (kv heads {}), q_len {}, kv_len {}, head_dim {}/{}, mask {}",
-                    self.given_job.as_ref().map(|j| j.kernel().to_string()).unwrap_or_default(), self.chip, w.batch, w.q_heads, w.kv_heads, w.q_len, w.kv_len, w.head_dim, w.head_dim_v, w.mask
+                    self.given_job.as_ref().map(|j| j.kernel().to_string()).unwrap_or_default(),
+                    self.chip,
+                    w.batch,
+                    w.q_heads,
+                    w.kv_heads,
+                    w.q_len,
+                    w.kv_len,
+                    w.head_dim,
+                    w.head_dim_v,
+                    w.mask
                 );
             }
             Some(Job::Matmul { workload: m, .. }) => {
@@ -573,8 +589,7 @@ impl TuneResult {
             }
             None => {}
         }
-        let _ =
-            writeln!(s, "  searched     {}", if self.searched.is_empty() { "nothing".into() } else { self.searched.join("; ") });
+        let _ = writeln!(s, "  searched     {}", if self.searched.is_empty() { "nothing".into() } else { self.searched.join("; ") });
         if !self.fixed.is_empty() {
             let _ = writeln!(s, "  fixed        {}", self.fixed.join("; "));
         }

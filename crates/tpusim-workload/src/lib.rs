@@ -102,12 +102,16 @@ impl AttentionCall {
             }
         }
         if self.q_heads > MAX_HEADS {
-            return Err(WorkloadError::new("`heads`", self.q_heads, &format!("expected at most {MAX_HEADS} heads (use `batch` for more independent heads)")));
+            return Err(WorkloadError::new(
+                "`heads`",
+                self.q_heads,
+                &format!("expected at most {MAX_HEADS} heads (use `batch` for more independent heads)"),
+            ));
         }
         if self.head_dim > 4096 || self.head_dim_v > 4096 {
             return Err(WorkloadError::new("`head_dim`", self.head_dim.max(self.head_dim_v), "expected at most 4096"));
         }
-        if self.q_heads % self.kv_heads != 0 {
+        if !self.q_heads.is_multiple_of(self.kv_heads) {
             return Err(WorkloadError::new(
                 "`kv_heads`",
                 self.kv_heads,

@@ -298,12 +298,12 @@ impl Mask {
     /// [`Mask::validate`], accepting unloaded files when `files_pending` (while parsing).
     fn check(&self, files_pending: bool) -> Result<(), MaskError> {
         match self {
-            Mask::Chunked { size: 0 } => {
-                Err(MaskError::Value { text: self.to_string(), message: "chunk size must be at least 1".into() })
-            }
+            Mask::Chunked { size: 0 } => Err(MaskError::Value { text: self.to_string(), message: "chunk size must be at least 1".into() }),
             Mask::Video(v) => v.check().map_err(|message| MaskError::Value { text: self.to_string(), message }),
             Mask::File(_) if files_pending => Ok(()),
-            Mask::File(path) => Err(MaskError::File { path: path.clone(), message: "not loaded (Mask::load_files reads mask files)".into() }),
+            Mask::File(path) => {
+                Err(MaskError::File { path: path.clone(), message: "not loaded (Mask::load_files reads mask files)".into() })
+            }
             Mask::Union(p) | Mask::Intersect(p) => {
                 for m in p {
                     if matches!(m, Mask::PerHead(_)) {
@@ -350,9 +350,7 @@ impl Mask {
             if fq != q_len || fk != kv_len {
                 return Err(MaskError::File {
                     path: path.to_string(),
-                    message: format!(
-                        "field 'q_len' x 'kv_len' = {fq} x {fk}: the workload is {q_len} x {kv_len}; the file must match it"
-                    ),
+                    message: format!("field 'q_len' x 'kv_len' = {fq} x {fk}: the workload is {q_len} x {kv_len}; the file must match it"),
                 });
             }
             Ok(())
@@ -373,9 +371,7 @@ impl Mask {
                 }
                 Ok(())
             }
-            Mask::Union(p) | Mask::Intersect(p) | Mask::PerHead(p) => {
-                p.iter().try_for_each(|m| m.check_lengths(q_len, kv_len))
-            }
+            Mask::Union(p) | Mask::Intersect(p) | Mask::PerHead(p) => p.iter().try_for_each(|m| m.check_lengths(q_len, kv_len)),
             _ => Ok(()),
         }
     }
@@ -685,9 +681,10 @@ impl Parser<'_> {
                 let after = &rest[digits..];
                 let spaces = after.len() - after.trim_start_matches(' ').len();
                 if after[spaces..].starts_with('*') {
-                    count = rest[..digits].parse::<usize>().ok().filter(|n| *n <= MAX_PER_HEAD).ok_or_else(|| {
-                        self.value_err(format!("per-head repeat count '{}' is above {MAX_PER_HEAD}", &rest[..digits]))
-                    })?;
+                    count =
+                        rest[..digits].parse::<usize>().ok().filter(|n| *n <= MAX_PER_HEAD).ok_or_else(|| {
+                            self.value_err(format!("per-head repeat count '{}' is above {MAX_PER_HEAD}", &rest[..digits]))
+                        })?;
                     if count == 0 {
                         return Err(self.value_err("per-head repeat count 0: expected at least 1 (N*M repeats M N times)".into()));
                     }
@@ -698,7 +695,7 @@ impl Parser<'_> {
             if list.len() + count > MAX_PER_HEAD {
                 return Err(self.value_err(format!("a per-head list holds at most {MAX_PER_HEAD} masks")));
             }
-            list.extend(std::iter::repeat(m).take(count));
+            list.extend(std::iter::repeat_n(m, count));
             if self.eat(';') {
                 continue;
             }
@@ -780,9 +777,8 @@ impl Parser<'_> {
                 Ok(Mask::Chunked { size })
             }
             "video" | "sta" => {
-                let a = arg.ok_or_else(|| {
-                    self.err(&format!("'{word}' needs its volume and window after ':' (e.g. video:21,45,80:4,45,80)"))
-                })?;
+                let a =
+                    arg.ok_or_else(|| self.err(&format!("'{word}' needs its volume and window after ':' (e.g. video:21,45,80:4,45,80)")))?;
                 self.video(word, a)
             }
             "per-head" => Err(self.err("'per-head' needs a bracketed list: per-head[M1;M2;...]")),

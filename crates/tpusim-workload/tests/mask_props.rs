@@ -108,11 +108,11 @@ impl Spec {
             Spec::Band(w) => (qi - ki).abs() <= *w as i64,
             Spec::Sink(s) => k < *s,
             Spec::Chunked(c) => k <= q && k / c == q / c,
-            Spec::Video { .. } | Spec::Union(_) | Spec::Inter(_) => unreachable!("evaluated by matrix"),
-            Spec::Blocks { bq, bkv, blocks } => blocks.contains(&(q / bq, k / bkv)),
-            Spec::Ranges { rows } => {
-                rows.iter().any(|((q0, q1), kv)| *q0 <= q && q < *q1 && kv.iter().any(|(k0, k1)| *k0 <= k && k < *k1))
+            Spec::Video { .. } | Spec::Union(_) | Spec::Inter(_) => {
+                unreachable!("evaluated by matrix")
             }
+            Spec::Blocks { bq, bkv, blocks } => blocks.contains(&(q / bq, k / bkv)),
+            Spec::Ranges { rows } => rows.iter().any(|((q0, q1), kv)| *q0 <= q && q < *q1 && kv.iter().any(|(k0, k1)| *k0 <= k && k < *k1)),
         }
     }
 
@@ -176,8 +176,8 @@ impl Spec {
         let t3 = |v: &[u64; 3]| format!("{},{},{}", v[0], v[1], v[2]);
         let part = |s: &Spec, files: &mut TempFiles, in_inter: bool| {
             let t = s.text(q_len, kv_len, files);
-            let paren = matches!(s, Spec::Union(_) | Spec::Blocks { .. } | Spec::Ranges { .. })
-                || (in_inter && matches!(s, Spec::Inter(_)));
+            let paren =
+                matches!(s, Spec::Union(_) | Spec::Blocks { .. } | Spec::Ranges { .. }) || (in_inter && matches!(s, Spec::Inter(_)));
             if paren {
                 format!("({t})")
             } else {
@@ -194,7 +194,9 @@ impl Spec {
             Spec::Video { dims, win, order } => {
                 let mut s = match win {
                     Win::Tokens(w) => format!("video:{}:{}", t3(dims), t3(w)),
-                    Win::Sta { kernel, tile } => format!("sta:{}:{}:{}", t3(dims), t3(kernel), t3(tile)),
+                    Win::Sta { kernel, tile } => {
+                        format!("sta:{}:{}:{}", t3(dims), t3(kernel), t3(tile))
+                    }
                 };
                 match order {
                     None => {}
@@ -253,23 +255,15 @@ impl Drop for TempFiles {
 }
 
 fn divisors(n: u64) -> Vec<u64> {
-    (1..=n).filter(|d| n % d == 0).collect()
+    (1..=n).filter(|d| n.is_multiple_of(*d)).collect()
 }
 
 fn video_leaf(dims: [u64; 3]) -> BoxedStrategy<Spec> {
     let [nf, nh, nw] = dims;
-    let tile = (
-        proptest::sample::select(divisors(nf)),
-        proptest::sample::select(divisors(nh)),
-        proptest::sample::select(divisors(nw)),
-    )
+    let tile = (proptest::sample::select(divisors(nf)), proptest::sample::select(divisors(nh)), proptest::sample::select(divisors(nw)))
         .prop_map(|(a, b, c)| [a, b, c]);
-    let order = prop_oneof![
-        Just(None),
-        Just(Some(Order::Frame)),
-        Just(Some(Order::Position)),
-        tile.clone().prop_map(|t| Some(Order::Tiles(t))),
-    ];
+    let order =
+        prop_oneof![Just(None), Just(Some(Order::Frame)), Just(Some(Order::Position)), tile.clone().prop_map(|t| Some(Order::Tiles(t))),];
     let win = prop_oneof![
         (0..=nf, 0..=nh, 0..=nw).prop_map(|(a, b, c)| Win::Tokens([a, b, c])),
         ((0..3u64), (0..3u64), (0..3u64), tile).prop_map(|(a, b, c, tile)| Win::Sta { kernel: [2 * a + 1, 2 * b + 1, 2 * c + 1], tile }),
@@ -354,9 +348,8 @@ fn brute_counts(kept: &[bool], g: &TileGrid) -> Vec<Vec<u64>> {
 
 fn parse_case(c: &Case, files: &mut TempFiles) -> (String, Mask) {
     let text = c.spec.text(c.q_len, c.kv_len, files);
-    let mask = Mask::parse(&text)
-        .and_then(|m| m.load_files(&tpusim_workload::mask::read_mask_file))
-        .unwrap_or_else(|e| panic!("{text}: {e}"));
+    let mask =
+        Mask::parse(&text).and_then(|m| m.load_files(&tpusim_workload::mask::read_mask_file)).unwrap_or_else(|e| panic!("{text}: {e}"));
     mask.check_lengths(c.q_len, c.kv_len).unwrap_or_else(|e| panic!("{text}: {e}"));
     (text, mask)
 }
@@ -505,7 +498,7 @@ proptest! {
         );
         let m = Mask::parse(&text).unwrap_or_else(|e| panic!("{text}: {e}"));
         let Mask::PerHead(list) = &m else { panic!("{text} is not per-head") };
-        let want: Vec<Mask> = items.iter().flat_map(|(n, w)| std::iter::repeat(Mask::parse(words[*w]).unwrap()).take(*n)).collect();
+        let want: Vec<Mask> = items.iter().flat_map(|(n, w)| std::iter::repeat_n(Mask::parse(words[*w]).unwrap(), *n)).collect();
         prop_assert_eq!(list, &want);
         prop_assert_eq!(Mask::parse(&m.to_string()).unwrap(), m.clone());
     }

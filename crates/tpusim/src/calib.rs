@@ -35,6 +35,11 @@ pub struct ValidateArgs {
     /// chip TOML, e.g. one written by `tpusim calibrate` (repeatable).
     #[arg(long, value_name = "CHIP")]
     pub chip: Vec<String>,
+    /// Cross-validate instead: refit each chip's [fitted] parameters on all of its rows but one
+    /// (and all of its head_dim groups but one) and report each held-out row's error, per chip
+    /// and over the tokamax rows (slow: one fit per row; formats table, json, markdown).
+    #[arg(long)]
+    pub cv: bool,
     /// Output format.
     #[arg(long, value_enum, default_value_t = ValidateFormat::Table)]
     pub format: ValidateFormat,
@@ -68,6 +73,15 @@ pub struct CalibrateArgs {
 pub fn cmd_validate(a: &ValidateArgs) -> Result<String, CliError> {
     let models = a.chip.iter().map(|c| ChipModel::load(c)).collect::<Result<Vec<_>, _>>()?;
     let file = read_file(&a.file, &models)?;
+    if a.cv {
+        let cv = tpusim_calib::cross_validate(&file, &ChipSet { models })?;
+        return match a.format {
+            ValidateFormat::Table => Ok(cv.to_table(false)),
+            ValidateFormat::Markdown => Ok(cv.to_table(true)),
+            ValidateFormat::Json => Ok(cv.to_json()),
+            ValidateFormat::Csv => Err(CliError::input("--cv --format csv: the cross-validation report comes as table, json or markdown")),
+        };
+    }
     let v = validate(&file, &ChipSet { models });
     Ok(match a.format {
         ValidateFormat::Table => v.to_table(),
@@ -102,10 +116,7 @@ pub fn cmd_calibrate(a: &CalibrateArgs) -> Result<String, CliError> {
         let text = cal.model_toml().map_err(CliError::Internal)?;
         tpusim_io::write_atomic(std::path::Path::new(path), text.as_bytes()).map_err(tpusim_calib::CalibError::from)?;
         if a.format == CalibrateFormat::Table {
-            out.push_str(&format!(
-                "\nwrote {path}: chip model {} with the fitted values above (use it with --chip {path})\n",
-                cal.chip
-            ));
+            out.push_str(&format!("\nwrote {path}: chip model {} with the fitted values above (use it with --chip {path})\n", cal.chip));
         }
     }
     Ok(out)

@@ -15,7 +15,7 @@ use std::io::Write;
 use std::process::ExitCode;
 
 #[derive(Parser, Debug)]
-#[command(name = "tpusim", version, about = "Cycle-approximate TPU simulator for attention kernels", long_about = None)]
+#[command(name = "tpusim", version, about = "Cycle-approximate TPU simulator for attention kernels", long_about = None, args_override_self = true)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

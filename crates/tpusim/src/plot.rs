@@ -21,7 +21,9 @@ use tpusim_workload::tiles::TileGrid;
 
 /// Flags of `tpusim plot`.
 #[derive(Args, Debug)]
-#[command(after_help = "Examples (plots/make.sh regenerates the case-study figures):\n  tpusim plot roofline --trace plots/jobs/dense.toml --trace plots/jobs/sparse.toml --out roof.png\n  tpusim plot tiles --trace plots/jobs/sparse.toml --tile-align --out tiles.svg\n  tpusim plot timeline --trace plots/jobs/dense.toml --steps 10:13 --out timeline.png\n  tpusim plot sweep --input sweep.csv --x block_kv --y latency_ms --series block_q --out sweep.png")]
+#[command(
+    after_help = "Examples (plots/make.sh regenerates the case-study figures):\n  tpusim plot roofline --trace plots/jobs/dense.toml --trace plots/jobs/sparse.toml --out roof.png\n  tpusim plot tiles --trace plots/jobs/sparse.toml --tile-align --out tiles.svg\n  tpusim plot timeline --trace plots/jobs/dense.toml --steps 10:13 --out timeline.png\n  tpusim plot sweep --input sweep.csv --x block_kv --y latency_ms --series block_q --out sweep.png"
+)]
 pub struct PlotArgs {
     #[command(subcommand)]
     pub kind: PlotKind,
@@ -218,12 +220,8 @@ pub struct TimelineArgs {
 
 fn one_run(job: &JobArgs, kind: &str) -> Result<JobRun, CliError> {
     let spec = job.spec()?;
-    let label = job
-        .trace
-        .as_deref()
-        .and_then(|t| std::path::Path::new(t).file_stem().and_then(|s| s.to_str()))
-        .unwrap_or("default")
-        .to_string();
+    let label =
+        job.trace.as_deref().and_then(|t| std::path::Path::new(t).file_stem().and_then(|s| s.to_str())).unwrap_or("default").to_string();
     jobs::run_one(&jobs::LabelledSpec { label, spec }).map_err(|e| match e {
         tpusim_plot::PlotError::Spec { source, .. } => job.error(format!("plot {kind}: {source}")),
         other => other.into(),

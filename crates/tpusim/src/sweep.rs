@@ -100,8 +100,7 @@ pub fn cmd_sweep(a: &SweepArgs) -> Result<String, CliError> {
         (None, None) => Format::Csv,
     };
     let out = a.out.clone().unwrap_or_else(|| default_out(&a.file, shard, format));
-    let opts =
-        SweepOptions { format, shard, jobs: a.jobs, progress: !a.no_progress, restart: a.restart, ..SweepOptions::new(&out) };
+    let opts = SweepOptions { format, shard, jobs: a.jobs, progress: !a.no_progress, restart: a.restart, ..SweepOptions::new(&out) };
     Ok(tpusim_sweep::run_sweep(&def, &opts)?.to_string())
 }
 

@@ -58,7 +58,21 @@ const JOBS: [&str; 6] = ["--trace", "plots/jobs/dense.toml", "--trace", "plots/j
 /// Every plot kind, with the shipped inputs.
 fn kinds() -> Vec<(&'static str, Vec<&'static str>)> {
     vec![
-        ("sweep", vec!["--input", "plots/data/sweep_example.csv", "--where", "case=sparse", "--x", "block_kv", "--y", "latency_ms", "--series", "block_q"]),
+        (
+            "sweep",
+            vec![
+                "--input",
+                "plots/data/sweep_example.csv",
+                "--where",
+                "case=sparse",
+                "--x",
+                "block_kv",
+                "--y",
+                "latency_ms",
+                "--series",
+                "block_q",
+            ],
+        ),
         ("heatmap", vec!["--input", "plots/data/sweep_example.csv", "--where", "case=aligned"]),
         ("roofline", JOBS.to_vec()),
         ("tiles", vec!["--trace", "plots/jobs/sparse.toml"]),
@@ -100,7 +114,20 @@ fn timeline_plot_reads_a_chrome_trace_and_sizes_apply() {
     let trace = d.join("t.json");
     ok(&["run", "--trace", "plots/jobs/sparse.toml", "--timeline", trace.to_str().unwrap(), "--timeline-steps", "20:26"]);
     let png = d.join("g.png");
-    ok(&["plot", "timeline", "--input", trace.to_str().unwrap(), "--steps", "20:25", "--width", "900", "--height", "600", "--out", png.to_str().unwrap()]);
+    ok(&[
+        "plot",
+        "timeline",
+        "--input",
+        trace.to_str().unwrap(),
+        "--steps",
+        "20:25",
+        "--width",
+        "900",
+        "--height",
+        "600",
+        "--out",
+        png.to_str().unwrap(),
+    ]);
     check_png(&png, 900, 600);
     let _ = std::fs::remove_dir_all(d);
 }
@@ -202,7 +229,25 @@ fn whole_run_timeline_totals_equal_report() {
     let d = tmpdir("totals");
     for (name, extra) in [
         ("causal", vec!["--seq-len", "4096", "--heads", "2", "--mask", "causal", "--block-q", "512", "--block-kv", "512"]),
-        ("band", vec!["--seq-len", "6000", "--heads", "1", "--mask", "band:1500+sink:300", "--block-q", "1024", "--block-kv", "768", "--traversal", "compact", "--masking", "partial"]),
+        (
+            "band",
+            vec![
+                "--seq-len",
+                "6000",
+                "--heads",
+                "1",
+                "--mask",
+                "band:1500+sink:300",
+                "--block-q",
+                "1024",
+                "--block-kv",
+                "768",
+                "--traversal",
+                "compact",
+                "--masking",
+                "partial",
+            ],
+        ),
         ("matmul", vec!["--kernel", "pallas-matmul", "--m", "2048", "--n", "2048", "--k", "2048"]),
     ] {
         let p = d.join(format!("{name}.json"));
@@ -243,7 +288,22 @@ fn bad_input_exits_2_naming_the_problem() {
     let e = fails(&["plot", "pie", "--out", o]);
     assert!(e.contains("pie") && e.contains("tpusim plot"), "{e}");
     // A flag that does not apply to a kind is an error, not ignored.
-    let e = fails(&["plot", "sweep", "--out", o, "--input", "plots/data/sweep_example.csv", "--x", "block_kv", "--trace", "/nonexistent.toml", "--chips", "v9", "--mask", "foo"]);
+    let e = fails(&[
+        "plot",
+        "sweep",
+        "--out",
+        o,
+        "--input",
+        "plots/data/sweep_example.csv",
+        "--x",
+        "block_kv",
+        "--trace",
+        "/nonexistent.toml",
+        "--chips",
+        "v9",
+        "--mask",
+        "foo",
+    ]);
     assert!(e.contains("--trace"), "{e}");
     let e = fails(&["plot", "sweep", "--out", o, "--input", "plots/data/sweep_example.csv", "--x", "block_kv", "--y", "nope"]);
     assert!(e.contains("--y nope") && e.contains("latency_ms"), "{e}");

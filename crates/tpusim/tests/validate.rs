@@ -41,20 +41,18 @@ impl Drop for TempDir {
 }
 
 #[test]
-fn validate_shipped_measurements_meets_the_bands() {
+fn validate_json_has_every_row_with_consistent_errors() {
+    // Accuracy bands live in tpusim-calib/tests/accuracy.rs; this checks the command's output.
     let out = tpusim(&["validate", SHIPPED, "--format", "json"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let s = &v["summary"];
-    let median = s["median_abs_error"].as_f64().unwrap();
-    let worst = s["worst"]["error"].as_f64().unwrap().abs();
-    assert!(median <= 0.10, "median |error| {median}");
-    assert!(worst <= 0.25, "worst |error| {worst} ({})", s["worst"]["id"]);
-    assert_eq!(v["rows"].as_array().unwrap().len(), 13);
+    let shipped = std::fs::read_to_string(root().join(SHIPPED)).unwrap();
+    let rows = v["rows"].as_array().unwrap();
     let skipped = v["skipped"].as_array().unwrap();
-    assert_eq!(skipped.len(), 4);
+    assert_eq!(rows.len() + skipped.len(), shipped.lines().count() - 1);
     assert!(skipped.iter().all(|r| !r["reason"].as_str().unwrap().is_empty()));
-    for r in v["rows"].as_array().unwrap() {
+    assert!(v["summary"]["median_abs_error"].as_f64().unwrap() >= 0.0);
+    for r in rows {
         let p = r["predicted_ms"].as_f64().unwrap();
         let m = r["measured_ms"].as_f64().unwrap();
         assert!(((p - m) / m - r["error"].as_f64().unwrap()).abs() < 1e-12);
@@ -76,10 +74,7 @@ fn validate_table_and_csv_list_every_row() {
     assert!(out.status.success());
     let csv = text(&out.stdout);
     assert_eq!(csv.lines().count(), shipped.lines().count());
-    assert!(
-        csv.lines().any(|l| l.starts_with("HBM-COPY-v6e-32MiB,18,v6e,hbm-copy,skipped,") && l.contains(",skipped,")),
-        "{csv}"
-    );
+    assert!(csv.lines().any(|l| l.starts_with("HBM-COPY-v6e-32MiB,18,v6e,hbm-copy,skipped,") && l.contains(",skipped,")), "{csv}");
 }
 
 #[test]
@@ -97,21 +92,9 @@ fn malformed_files_name_line_and_column_and_exit_2() {
             format!("{header}\nA,v6e,splash,1,8,8,4096,4096,128,2.5\nB,v6e,splash,1,8,8,4096,4096,128,abc\n"),
             "line 3, column measured_ms: \"abc\" is not a number",
         ),
-        (
-            "bad-chip.csv",
-            format!("{header}\nA,v9z,splash,1,8,8,4096,4096,128,2.5\n"),
-            "line 2, column chip: unknown chip 'v9z'",
-        ),
-        (
-            "bad-int.csv",
-            format!("{header}\nA,v6e,splash,1,8,8,4096,4k,128,2.5\n"),
-            "line 2, column kv_len: \"4k\" is not a whole number",
-        ),
-        (
-            "unknown-column.csv",
-            "id,chip,kernel,measured_ms,colour\n".to_string(),
-            "line 1, column colour: unknown column",
-        ),
+        ("bad-chip.csv", format!("{header}\nA,v9z,splash,1,8,8,4096,4096,128,2.5\n"), "line 2, column chip: unknown chip 'v9z'"),
+        ("bad-int.csv", format!("{header}\nA,v6e,splash,1,8,8,4096,4k,128,2.5\n"), "line 2, column kv_len: \"4k\" is not a whole number"),
+        ("unknown-column.csv", "id,chip,kernel,measured_ms,colour\n".to_string(), "line 1, column colour: unknown column"),
     ];
     for (name, contents, want) in cases {
         let path = d.file(name, &contents);
@@ -134,10 +117,7 @@ fn calibrate_writes_a_model_that_validate_uses() {
     let out = tpusim(&["calibrate", SHIPPED, "--chip", "v6e", "--out", &model, "--no-cv"]);
     let t = text(&out.stdout);
     assert!(out.status.success(), "{}", text(&out.stderr));
-    assert!(
-        t.contains("before") && t.contains("after") && t.contains("fitted model (training)") && t.contains(&model),
-        "{t}"
-    );
+    assert!(t.contains("before") && t.contains("after") && t.contains("fitted model (training)") && t.contains(&model), "{t}");
     let toml = std::fs::read_to_string(&model).unwrap();
     assert!(toml.contains("tpusim calibrate") && toml.contains("fitted_to = [\"VD-B0\""), "{toml}");
     let out = tpusim(&["chip", "show", &model]);

@@ -42,7 +42,7 @@
 //! dk, dq) where the forward runs two; the two-kernel path recomputes qk and dp in the dq kernel:
 //! seven.
 
-use super::{check_blocks_named, classify, mask_ops_per_vreg, tile_bytes, vregs, Classified, Seg, Steps};
+use super::{check_blocks_named, classify, mask_work, tile_bytes, vregs, worst_mask_cost, Classified, MaskCost, Seg, Steps};
 use crate::ir::{ClassKey, Step, StepBody, StepClass, Work};
 use crate::options::{Exp, Kernel, MaskSource, Masking, Traversal};
 use crate::{KernelError, Program, ProgramInfo, StepSource, TileCounts, VmemBudget, SLAB_ROWS};
@@ -108,7 +108,7 @@ struct DkvShape {
     c: u64,
     d: u64,
     dv: u64,
-    mask_ops: Option<f64>,
+    mask: Option<MaskCost>,
     base2: bool,
     fused: bool,
     first: bool,
@@ -117,77 +117,113 @@ struct DkvShape {
 
 /// The body of one dkv (or fused) step (module docs). Carried slots: per sub-tile s, dv at 2 s
 /// and dk at 2 s + 1; the dq scratch at 2 n_sub.
+///
+/// Issue order is software-pipelined as the forward's: stage k of slab g (g counts slabs over
+/// all sub-tiles) issues at slot g + SKEW[k], so the MXU streams later slabs' qk and dp while the
+/// VPU and EUP finish earlier slabs' p and ds.
 fn dkv_body(s: &DkvShape) -> StepBody {
+    // Stages: 0 per-step setup, 1 qk, 2 mask, 3 p_sub, 4 exp, 5 p_cast, 6 dv, 7 dp, 8 ds, 9 dk,
+    // 10 dv_acc, 11 dk_acc, 12 ds_t, 13 dq, 14 dq_acc, 15 stores.
+    const SKEW: [u64; 16] = [0, 0, 2, 2, 3, 3, 4, 1, 4, 5, 6, 7, 5, 6, 7, 8];
+    let slot = |g: u64, stage: usize| (g + SKEW[stage]) * 16 + stage as u64;
     let mut b = StepBody::default();
     let n_sub = s.bkv / s.c;
     let dq_slot = (2 * n_sub) as u16;
-    let e = vregs(s.c, s.bq);
-    let mut slot = 0u64;
-    let mut next = || {
-        slot += 1;
-        slot
-    };
+    let slabs = s.c.div_ceil(SLAB_ROWS);
     // Per step: dq scratch zeroed (after the previous step stored it), q scaled for base-2 exp.
-    let dq_zero = s.fused.then(|| b.add_carried("dq_zero", Work::Vector { ops: vregs(s.bq, s.d), masked_vregs: 0.0 }, &[], next(), Some(dq_slot), None));
-    let q_scale = s.base2.then(|| b.add("q_scale", Work::Vector { ops: vregs(s.bq, s.d), masked_vregs: 0.0 }, &[], next()));
+    let dq_zero = s
+        .fused
+        .then(|| b.add_carried("dq_zero", Work::Vector { ops: vregs(s.bq, s.d), loaded_mask_vregs: 0.0 }, &[], slot(0, 0), Some(dq_slot), None));
+    // q x log2(e) takes VPU time but is not a dependency of the QK recompute: the compiler
+    // scales the block while the previous step drains (as in the forward).
+    if s.base2 {
+        b.add("q_scale", Work::Vector { ops: vregs(s.bq, s.d), loaded_mask_vregs: 0.0 }, &[], slot(0, 0));
+    }
     let mut dq_prev: Option<NodeIndex> = dq_zero;
     for sub in 0..n_sub {
         let (dv_slot, dk_slot) = ((2 * sub) as u16, (2 * sub + 1) as u16);
-        // Slabs of at most SLAB_ROWS kv rows stream through the sub-tile's matmuls.
-        let slabs = s.c.div_ceil(SLAB_ROWS);
         let mut ds_parts = Vec::new();
         let mut last_dv = None;
         let mut last_dk = None;
+        let g0 = sub * slabs;
         let init = s.first.then(|| {
-            b.add_carried("kv_init", Work::Vector { ops: vregs(s.c, s.d + s.dv), masked_vregs: 0.0 }, &[], next(), Some(dk_slot), None)
+            b.add_carried("kv_init", Work::Vector { ops: vregs(s.c, s.d + s.dv), loaded_mask_vregs: 0.0 }, &[], slot(g0, 0), Some(dk_slot), None)
         });
         for si in 0..slabs {
+            let g = g0 + si;
             let r = SLAB_ROWS.min(s.c - si * SLAB_ROWS);
             let er = vregs(r, s.bq);
-            let deps: Vec<NodeIndex> = q_scale.into_iter().collect();
-            let qk = b.add("qk", Work::Matmul { m: r, k: s.d, n: s.bq, m_total: s.bkv }, &deps, next());
-            let scores = match s.mask_ops {
-                Some(ops) => b.add("mask", Work::Vector { ops: er * ops, masked_vregs: er }, &[qk], next()),
+            let qk = b.add("qk", Work::Matmul { m: r, k: s.d, n: s.bq, m_total: s.bkv }, &[], slot(g, 1));
+            let scores = match s.mask {
+                Some(c) => b.add("mask", mask_work(er, c), &[qk], slot(g, 2)),
                 None => qk,
             };
             let sub_ops = if s.base2 { 2.0 } else { 3.0 };
-            let pre = b.add("p_sub", Work::Vector { ops: sub_ops * er, masked_vregs: 0.0 }, &[scores], next());
-            let p = b.add("exp", Work::Transcendental { vregs: er }, &[pre], next());
-            let cast = b.add("p_cast", Work::Vector { ops: er, masked_vregs: 0.0 }, &[p], next());
-            let dv = b.add("dv", Work::Matmul { m: r, k: s.bq, n: s.dv, m_total: s.bkv }, &[cast], next());
+            let pre = b.add("p_sub", Work::Vector { ops: sub_ops * er, loaded_mask_vregs: 0.0 }, &[scores], slot(g, 3));
+            let p = b.add("exp", Work::Transcendental { vregs: er }, &[pre], slot(g, 4));
+            let cast = b.add("p_cast", Work::Vector { ops: er, loaded_mask_vregs: 0.0 }, &[p], slot(g, 5));
+            let dv = b.add("dv", Work::Matmul { m: r, k: s.bq, n: s.dv, m_total: s.bkv }, &[cast], slot(g, 6));
+            let dp = b.add("dp", Work::Matmul { m: r, k: s.dv, n: s.bq, m_total: s.bkv }, &[], slot(g, 7));
+            let ds = b.add("ds", Work::Vector { ops: 4.0 * er, loaded_mask_vregs: 0.0 }, &[dp, p], slot(g, 8));
+            let dk = b.add("dk", Work::Matmul { m: r, k: s.bq, n: s.d, m_total: s.bkv }, &[ds], slot(g, 9));
             let mut dv_deps = vec![dv];
             dv_deps.extend(last_dv.or(init));
             let dv_in = (last_dv.is_none() && init.is_none()).then_some(dv_slot);
             let dv_out = (si == slabs - 1).then_some(dv_slot);
-            last_dv = Some(b.add_carried("dv_acc", Work::Vector { ops: 2.0 * vregs(r, s.dv), masked_vregs: 0.0 }, &dv_deps, next(), dv_in, dv_out));
-            let dp = b.add("dp", Work::Matmul { m: r, k: s.dv, n: s.bq, m_total: s.bkv }, &[], next());
-            let ds = b.add("ds", Work::Vector { ops: 4.0 * er, masked_vregs: 0.0 }, &[dp, p], next());
-            let dk = b.add("dk", Work::Matmul { m: r, k: s.bq, n: s.d, m_total: s.bkv }, &[ds], next());
+            last_dv = Some(b.add_carried(
+                "dv_acc",
+                Work::Vector { ops: 2.0 * vregs(r, s.dv), loaded_mask_vregs: 0.0 },
+                &dv_deps,
+                slot(g, 10),
+                dv_in,
+                dv_out,
+            ));
             let mut dk_deps = vec![dk];
             dk_deps.extend(last_dk.or(init));
             let dk_in = (last_dk.is_none() && init.is_none()).then_some(dk_slot);
             let dk_out = (si == slabs - 1 && !s.last).then_some(dk_slot);
-            last_dk = Some(b.add_carried("dk_acc", Work::Vector { ops: 2.0 * vregs(r, s.d), masked_vregs: 0.0 }, &dk_deps, next(), dk_in, dk_out));
-            ds_parts.push((ds, er));
+            last_dk = Some(b.add_carried(
+                "dk_acc",
+                Work::Vector { ops: 2.0 * vregs(r, s.d), loaded_mask_vregs: 0.0 },
+                &dk_deps,
+                slot(g, 11),
+                dk_in,
+                dk_out,
+            ));
+            ds_parts.push(ds);
         }
+        let g_last = g0 + slabs - 1;
         if s.fused {
             // dq += ds^T k_s: the (c, bq) ds tile transposed through the XLU, then bq rows stream
             // through k_s.
-            let deps: Vec<NodeIndex> = ds_parts.iter().map(|(d, _)| *d).collect();
-            let t = b.add("ds_t", Work::CrossLane { vregs: e }, &deps, next());
-            let dq = b.add("dq", Work::Matmul { m: s.bq, k: s.c, n: s.d, m_total: s.bq }, &[t], next());
+            let t = b.add("ds_t", Work::CrossLane { vregs: vregs(s.c, s.bq) }, &ds_parts, slot(g_last, 12));
+            let dq = b.add("dq", Work::Matmul { m: s.bq, k: s.c, n: s.d, m_total: s.bq }, &[t], slot(g_last, 13));
             let mut deps = vec![dq];
             deps.extend(dq_prev);
-            dq_prev = Some(b.add("dq_acc", Work::Vector { ops: 2.0 * vregs(s.bq, s.d), masked_vregs: 0.0 }, &deps, next()));
+            dq_prev = Some(b.add("dq_acc", Work::Vector { ops: 2.0 * vregs(s.bq, s.d), loaded_mask_vregs: 0.0 }, &deps, slot(g_last, 14)));
         }
         if s.last {
             // dk and dv cast and stored once the head group's last q step is done.
             let deps: Vec<NodeIndex> = last_dk.into_iter().chain(last_dv).collect();
-            b.add_carried("kv_store", Work::Vector { ops: vregs(s.c, s.d + s.dv), masked_vregs: 0.0 }, &deps, next(), None, Some(dk_slot));
+            b.add_carried(
+                "kv_store",
+                Work::Vector { ops: vregs(s.c, s.d + s.dv), loaded_mask_vregs: 0.0 },
+                &deps,
+                slot(g_last, 15),
+                None,
+                Some(dk_slot),
+            );
         }
     }
     if let Some(prev) = dq_prev.filter(|_| s.fused) {
-        b.add_carried("dq_store", Work::Vector { ops: vregs(s.bq, s.d), masked_vregs: 0.0 }, &[prev], next(), None, Some(dq_slot));
+        b.add_carried(
+            "dq_store",
+            Work::Vector { ops: vregs(s.bq, s.d), loaded_mask_vregs: 0.0 },
+            &[prev],
+            slot(n_sub * slabs, 15),
+            None,
+            Some(dq_slot),
+        );
     }
     b
 }
@@ -197,8 +233,8 @@ fn dkv_body(s: &DkvShape) -> StepBody {
 fn dkv_empty_body(fused: bool, bq: u64, d: u64, dq_slot: u16) -> StepBody {
     let mut b = StepBody::default();
     if fused {
-        let z = b.add_carried("dq_zero", Work::Vector { ops: vregs(bq, d), masked_vregs: 0.0 }, &[], 0, Some(dq_slot), None);
-        b.add_carried("dq_store", Work::Vector { ops: vregs(bq, d), masked_vregs: 0.0 }, &[z], 1, None, Some(dq_slot));
+        let z = b.add_carried("dq_zero", Work::Vector { ops: vregs(bq, d), loaded_mask_vregs: 0.0 }, &[], 0, Some(dq_slot), None);
+        b.add_carried("dq_store", Work::Vector { ops: vregs(bq, d), loaded_mask_vregs: 0.0 }, &[z], 1, None, Some(dq_slot));
     }
     b
 }
@@ -287,7 +323,7 @@ impl ColumnSteps {
     fn line(&self, j: u64, h: u64, b: u64, f: &mut dyn FnMut(&Step, u64)) {
         let col = &self.cols[self.head_mask[h as usize]][j as usize];
         let len: u64 = col.iter().map(|s| s.n as u64).sum();
-        let first_head = h % self.group == 0;
+        let first_head = h.is_multiple_of(self.group);
         let last_head = h % self.group == self.group - 1;
         let bh = (b * self.q_heads + h) as u32;
         // The line's steps as (first q block, kind or None for an empty step, count).
@@ -425,7 +461,12 @@ pub fn lower_dkv(chip: &ChipModel, w: &AttentionCall, cfg: &super::SplashConfig)
     let b = cfg.bwd;
     w.validate()?;
     w.mask.check_lengths(w.q_len, w.kv_len)?;
-    check_blocks_named(chip, (w.q_len, w.kv_len), (b.block_q_dkv, b.block_kv_dkv, b.block_kv_dkv_compute), ["`block_q_dkv`", "`block_kv_dkv`", "`block_kv_dkv_compute`"])?;
+    check_blocks_named(
+        chip,
+        (w.q_len, w.kv_len),
+        (b.block_q_dkv, b.block_kv_dkv, b.block_kv_dkv_compute),
+        ["`block_q_dkv`", "`block_kv_dkv`", "`block_kv_dkv_compute`"],
+    )?;
     let cl = classify(w, b.block_q_dkv, b.block_kv_dkv, cfg.tile_align, ("`block_q_dkv`", "`block_kv_dkv`"))?;
     let (qb, kb) = (cl.grid.q_tiles(), cl.grid.kv_tiles());
     let dq_elem = dq_partial_bytes(cfg.kernel, kb);
@@ -437,8 +478,13 @@ pub fn lower_dkv(chip: &ChipModel, w: &AttentionCall, cfg: &super::SplashConfig)
     let vmem = dkv_vmem(w, &b, dq_elem, computed, loaded, limit);
     vmem.check(chip)?;
     let partials = if b.fused { kb * (w.batch * w.q_heads) * cl.grid.padded_q_len() * w.head_dim * dq_elem } else { 0 };
-    super::check_hbm(chip, w, true, partials + (w.batch * w.q_heads * w.q_len + w.batch * w.kv_heads * w.kv_len) * (w.head_dim + w.head_dim_v) * 2)?;
-    let mask_ops = cl.distinct.iter().map(|m| mask_ops_per_vreg(m, source, cl.padded)).fold(0.0, f64::max);
+    super::check_hbm(
+        chip,
+        w,
+        true,
+        partials + (w.batch * w.q_heads * w.q_len + w.batch * w.kv_heads * w.kv_len) * (w.head_dim + w.head_dim_v) * 2,
+    )?;
+    let mask_cost = worst_mask_cost(&cl.distinct, source, cl.padded);
     let masked = masked_fn(cfg.kernel, cfg.masking, any_not_full);
     let n_sub = b.block_kv_dkv / b.block_kv_dkv_compute;
     let mut classes = vec![StepClass {
@@ -456,14 +502,17 @@ pub fn lower_dkv(chip: &ChipModel, w: &AttentionCall, cfg: &super::SplashConfig)
                     c: b.block_kv_dkv_compute,
                     d: w.head_dim,
                     dv: w.head_dim_v,
-                    mask_ops: m.then_some(mask_ops),
+                    mask: m.then_some(mask_cost),
                     base2: cfg.exp == Exp::Base2,
                     fused: b.fused,
                     first,
                     last,
                 };
                 class_of[k][usize::from(first)][usize::from(last)] = classes.len() as u32;
-                classes.push(StepClass { key: ClassKey { tile: if k == 0 { "partial" } else { "full" }, masked: m, first, last }, body: dkv_body(&shape) });
+                classes.push(StepClass {
+                    key: ClassKey { tile: if k == 0 { "partial" } else { "full" }, masked: m, first, last },
+                    body: dkv_body(&shape),
+                });
             }
         }
     }
@@ -494,8 +543,14 @@ pub fn lower_dkv(chip: &ChipModel, w: &AttentionCall, cfg: &super::SplashConfig)
     };
     let grid_steps = w.batch * kb * w.q_heads * width;
     let info = ProgramInfo {
+        kind: crate::options::KernelKind::Attention,
         kernel: if b.fused { "attention backward (fused dq/dk/dv)".into() } else { "attention backward dkv".into() },
-        grid: vec![("batch".into(), w.batch), ("kv blocks".into(), kb), ("heads".into(), w.q_heads), (if shrunk { "q steps (shrunk)".into() } else { "q blocks".into() }, width)],
+        grid: vec![
+            ("batch".into(), w.batch),
+            ("kv blocks".into(), kb),
+            ("heads".into(), w.q_heads),
+            (if shrunk { "q steps (shrunk)".into() } else { "q blocks".into() }, width),
+        ],
         blocks: vec![
             ("block_q_dkv".into(), b.block_q_dkv),
             ("block_kv_dkv".into(), b.block_kv_dkv),
@@ -512,35 +567,43 @@ pub fn lower_dkv(chip: &ChipModel, w: &AttentionCall, cfg: &super::SplashConfig)
     Ok(Program { classes, parallel_units: w.batch, vmem, info, steps: StepSource::Columns(steps) })
 }
 
-/// The body of one dq-kernel step (module docs): like a forward step with dq in place of o.
-fn dq_body(bq: u64, bkv: u64, d: u64, dv: u64, mask_ops: Option<f64>, first: bool, last: bool) -> StepBody {
+/// The body of one dq-kernel step (module docs): like a forward step with dq in place of o,
+/// software-pipelined over its slabs as the forward's.
+fn dq_body(bq: u64, bkv: u64, d: u64, dv: u64, mask: Option<MaskCost>, first: bool, last: bool) -> StepBody {
+    // Stages: 0 init, 1 qk, 2 mask, 3 p_sub, 4 exp, 5 dp, 6 ds, 7 dq, 8 dq_acc, 9 store.
+    const SKEW: [u64; 10] = [0, 0, 2, 2, 3, 1, 4, 5, 6, 7];
+    let slot = |g: u64, stage: usize| (g + SKEW[stage]) * 16 + stage as u64;
     let mut b = StepBody::default();
     let slabs = bq.div_ceil(SLAB_ROWS);
-    let mut slot = 0u64;
     for si in 0..slabs {
         let r = SLAB_ROWS.min(bq - si * SLAB_ROWS);
         let e = vregs(r, bkv);
-        let mut next = || {
-            slot += 1;
-            slot
-        };
-        let init = first.then(|| b.add_carried("dq_init", Work::Vector { ops: vregs(r, d), masked_vregs: 0.0 }, &[], next(), Some(si as u16), None));
-        let qk = b.add("qk", Work::Matmul { m: r, k: d, n: bkv, m_total: bq }, &[], next());
-        let scores = match mask_ops {
-            Some(ops) => b.add("mask", Work::Vector { ops: e * ops, masked_vregs: e }, &[qk], next()),
+        let init = first.then(|| {
+            b.add_carried("dq_init", Work::Vector { ops: vregs(r, d), loaded_mask_vregs: 0.0 }, &[], slot(si, 0), Some(si as u16), None)
+        });
+        let qk = b.add("qk", Work::Matmul { m: r, k: d, n: bkv, m_total: bq }, &[], slot(si, 1));
+        let scores = match mask {
+            Some(c) => b.add("mask", mask_work(e, c), &[qk], slot(si, 2)),
             None => qk,
         };
-        let pre = b.add("p_sub", Work::Vector { ops: 2.0 * e, masked_vregs: 0.0 }, &[scores], next());
-        let p = b.add("exp", Work::Transcendental { vregs: e }, &[pre], next());
-        let dp = b.add("dp", Work::Matmul { m: r, k: dv, n: bkv, m_total: bq }, &[], next());
-        let ds = b.add("ds", Work::Vector { ops: 4.0 * e, masked_vregs: 0.0 }, &[dp, p], next());
-        let dq = b.add("dq", Work::Matmul { m: r, k: bkv, n: d, m_total: bq }, &[ds], next());
+        let pre = b.add("p_sub", Work::Vector { ops: 2.0 * e, loaded_mask_vregs: 0.0 }, &[scores], slot(si, 3));
+        let p = b.add("exp", Work::Transcendental { vregs: e }, &[pre], slot(si, 4));
+        let dp = b.add("dp", Work::Matmul { m: r, k: dv, n: bkv, m_total: bq }, &[], slot(si, 5));
+        let ds = b.add("ds", Work::Vector { ops: 4.0 * e, loaded_mask_vregs: 0.0 }, &[dp, p], slot(si, 6));
+        let dq = b.add("dq", Work::Matmul { m: r, k: bkv, n: d, m_total: bq }, &[ds], slot(si, 7));
         let mut deps = vec![dq];
         deps.extend(init);
         let reads = init.is_none().then_some(si as u16);
-        let acc = b.add_carried("dq_acc", Work::Vector { ops: 2.0 * vregs(r, d), masked_vregs: 0.0 }, &deps, next(), reads, (!last).then_some(si as u16));
+        let acc = b.add_carried(
+            "dq_acc",
+            Work::Vector { ops: 2.0 * vregs(r, d), loaded_mask_vregs: 0.0 },
+            &deps,
+            slot(si, 8),
+            reads,
+            (!last).then_some(si as u16),
+        );
         if last {
-            b.add_carried("dq_store", Work::Vector { ops: vregs(r, d), masked_vregs: 0.0 }, &[acc], next(), None, Some(si as u16));
+            b.add_carried("dq_store", Work::Vector { ops: vregs(r, d), loaded_mask_vregs: 0.0 }, &[acc], slot(si, 9), None, Some(si as u16));
         }
     }
     b
@@ -553,7 +616,12 @@ fn dq_body(bq: u64, bkv: u64, d: u64, dv: u64, mask_ops: Option<f64>, first: boo
 pub fn lower_dq(chip: &ChipModel, w: &AttentionCall, cfg: &super::SplashConfig) -> Result<Program, KernelError> {
     let b = cfg.bwd;
     w.validate()?;
-    check_blocks_named(chip, (w.q_len, w.kv_len), (b.block_q_dq, b.block_kv_dq, b.block_kv_dq), ["`block_q_dq`", "`block_kv_dq`", "`block_kv_dq`"])?;
+    check_blocks_named(
+        chip,
+        (w.q_len, w.kv_len),
+        (b.block_q_dq, b.block_kv_dq, b.block_kv_dq),
+        ["`block_q_dq`", "`block_kv_dq`", "`block_kv_dq`"],
+    )?;
     let cl = classify(w, b.block_q_dq, b.block_kv_dq, cfg.tile_align, ("`block_q_dq`", "`block_kv_dq`"))?;
     let source = if cl.distinct.iter().any(|m| m.expression_terms().loaded_only) { MaskSource::Loaded } else { cfg.mask_source };
     let any_not_full = cl.distinct.iter().any(|m| !m.is_full()) || cfg.tile_align;
@@ -561,9 +629,10 @@ pub fn lower_dq(chip: &ChipModel, w: &AttentionCall, cfg: &super::SplashConfig) 
     let limit = cfg.vmem_limit_bytes.unwrap_or_else(|| chip.vmem_limit_bytes());
     let vmem = dq_vmem(w, &b, loaded, limit);
     vmem.check(chip)?;
-    let mask_ops = cl.distinct.iter().map(|m| mask_ops_per_vreg(m, source, cl.padded)).fold(0.0, f64::max);
+    let mask_cost = worst_mask_cost(&cl.distinct, source, cl.padded);
     let masked = masked_fn(cfg.kernel, cfg.masking, any_not_full);
-    let mut classes = vec![StepClass { key: ClassKey { tile: "empty", masked: false, first: false, last: false }, body: StepBody::default() }];
+    let mut classes =
+        vec![StepClass { key: ClassKey { tile: "empty", masked: false, first: false, last: false }, body: StepBody::default() }];
     let mut class_of = [[[0u32; 2]; 2]; 2];
     for (k, kind) in [TileKind::Partial, TileKind::Full].into_iter().enumerate() {
         for first in [false, true] {
@@ -572,7 +641,7 @@ pub fn lower_dq(chip: &ChipModel, w: &AttentionCall, cfg: &super::SplashConfig) 
                 class_of[k][usize::from(first)][usize::from(last)] = classes.len() as u32;
                 classes.push(StepClass {
                     key: ClassKey { tile: if k == 0 { "partial" } else { "full" }, masked: m, first, last },
-                    body: dq_body(b.block_q_dq, b.block_kv_dq, w.head_dim, w.head_dim_v, m.then_some(mask_ops), first, last),
+                    body: dq_body(b.block_q_dq, b.block_kv_dq, w.head_dim, w.head_dim_v, m.then_some(mask_cost), first, last),
                 });
             }
         }
@@ -597,8 +666,13 @@ pub fn lower_dq(chip: &ChipModel, w: &AttentionCall, cfg: &super::SplashConfig) 
         unit_span: w.q_heads,
     };
     let info = ProgramInfo {
+        kind: crate::options::KernelKind::Attention,
         kernel: "attention backward dq".into(),
-        grid: vec![("batch x heads".into(), w.batch * w.q_heads), ("q blocks".into(), cl.grid.q_tiles()), ("kv steps (shrunk)".into(), width)],
+        grid: vec![
+            ("batch x heads".into(), w.batch * w.q_heads),
+            ("q blocks".into(), cl.grid.q_tiles()),
+            ("kv steps (shrunk)".into(), width),
+        ],
         blocks: vec![("block_q_dq".into(), b.block_q_dq), ("block_kv_dq".into(), b.block_kv_dq)],
         padded: vec![("q_len".into(), w.q_len, cl.grid.padded_q_len()), ("kv_len".into(), w.kv_len, cl.grid.padded_kv_len())],
         tiles: Some(tiles),

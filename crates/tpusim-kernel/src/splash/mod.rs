@@ -132,11 +132,11 @@ impl SplashConfig {
 /// candidate, whose VMEM error lowering then reports.
 pub fn default_compute(w: &AttentionCall, cfg: &SplashConfig, chip: &ChipModel) -> u64 {
     let bkv = cfg.block_kv;
-    if bkv == 0 || bkv % 128 != 0 {
+    if bkv == 0 || !bkv.is_multiple_of(128) {
         return bkv;
     }
     let limit = cfg.vmem_limit_bytes.unwrap_or_else(|| chip.vmem_limit_bytes());
-    let candidates: Vec<u64> = (1..=bkv / 128).rev().map(|m| m * 128).filter(|c| bkv % c == 0).collect();
+    let candidates: Vec<u64> = (1..=bkv / 128).rev().map(|m| m * 128).filter(|c| bkv.is_multiple_of(*c)).collect();
     candidates
         .iter()
         .copied()
@@ -144,22 +144,61 @@ pub fn default_compute(w: &AttentionCall, cfg: &SplashConfig, chip: &ChipModel) 
         .unwrap_or(128)
 }
 
-/// VPU register operations per (8,128) register of scores to apply a mask.
-///
-/// Computed masks: 2 (q and kv positions from iota plus block offsets) + one per comparison,
-/// position arithmetic and boolean combination in the mask expression + 1 (the select), + 2 when
-/// the sequence is padded (segment-id compare and combine). Loaded masks: 3 (unpack the int8
-/// block, compare, select). A mask that can only be loaded (a block file) always costs 3.
-pub fn mask_ops_per_vreg(mask: &Mask, source: MaskSource, padded: bool) -> f64 {
-    let t = mask.expression_terms();
-    match source {
-        MaskSource::Loaded => 3.0,
-        MaskSource::Computed if t.loaded_only => 3.0,
-        MaskSource::Computed => {
-            let pad = if padded { 2.0 } else { 0.0 };
-            2.0 + (t.compares + t.arith + t.combines) as f64 + 1.0 + pad
-        }
+/// Whether Splash can compute `mask` in the kernel from iota: JAX's computable mask classes
+/// (`CausalMask`, `LocalMask` (a band is a symmetric local window), `ChunkedCausalMask`, in
+/// `splash_attention_mask.py`; tokamax copies them), or one of them for every head. Any other mask
+/// (a sink, a video mask, a union or intersection of several, different masks per head, a file)
+/// is a `NumpyMask` or logical combination to Splash: `process_mask` stores its partial blocks as
+/// int8 arrays that the kernel loads (`MaskInfo.partial_mask_blocks`).
+pub fn computable(mask: &Mask) -> bool {
+    match mask {
+        Mask::Full | Mask::Causal | Mask::Local { .. } | Mask::Band { .. } | Mask::Chunked { .. } => true,
+        Mask::PerHead(p) => p.windows(2).all(|w| w[0] == w[1]) && p.first().is_none_or(computable),
+        _ => false,
     }
+}
+
+/// What applying a mask costs per (8,128) register of scores: VPU operations counted by lowering,
+/// and whether the register also reads a loaded int8 mask block, whose unpack, compare and select
+/// cost the chip's `fitted.loaded_mask_ops_per_vreg` (charged by the engine).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MaskCost {
+    /// VPU register operations per score register.
+    pub ops: f64,
+    /// The mask is read from int8 blocks.
+    pub loaded: bool,
+}
+
+/// The cost of applying `mask` per (8,128) register of scores ([`MaskCost`]).
+///
+/// Computed masks: one operation per comparison, position arithmetic and boolean combination in
+/// the mask expression + 1 (the select), + 2 when the sequence is padded (segment-id compare and
+/// combine). The positions themselves cost nothing per register: the kv positions (an iota along
+/// lanes plus the sub-tile's offset) are the same for every 8-row group and the q positions (a
+/// lane-replicated (block_q, 128) array) the same for every lane chunk, so the compiler forms them
+/// once per sub-tile column or row group (tokamax `_apply_mask_and_soft_cap`). Loaded masks (and
+/// masks that can only be loaded, block files): the loaded-mask cost, + 2 when padded.
+pub fn mask_cost(mask: &Mask, source: MaskSource, padded: bool) -> MaskCost {
+    let t = mask.expression_terms();
+    let pad = if padded { 2.0 } else { 0.0 };
+    match source {
+        MaskSource::Loaded => MaskCost { ops: pad, loaded: true },
+        MaskSource::Computed if t.loaded_only => MaskCost { ops: pad, loaded: true },
+        MaskSource::Computed => MaskCost { ops: (t.compares + t.arith + t.combines) as f64 + 1.0 + pad, loaded: false },
+    }
+}
+
+/// The costliest of the distinct masks' costs (every head's steps share one body).
+pub(crate) fn worst_mask_cost(masks: &[Mask], source: MaskSource, padded: bool) -> MaskCost {
+    masks.iter().map(|m| mask_cost(m, source, padded)).fold(MaskCost { ops: 0.0, loaded: false }, |a, b| MaskCost {
+        ops: a.ops.max(b.ops),
+        loaded: a.loaded || b.loaded,
+    })
+}
+
+/// The mask operation of a slab: `sv` score registers at cost `c`.
+pub(crate) fn mask_work(sv: f64, c: MaskCost) -> Work {
+    Work::Vector { ops: sv * c.ops, loaded_mask_vregs: if c.loaded { sv } else { 0.0 } }
 }
 
 /// Bytes a `rows x cols` block of `elem_bytes`-byte elements occupies in VMEM: the last
@@ -178,7 +217,7 @@ struct BodyShape {
     compute: u64,
     d: u64,
     dv: u64,
-    mask_ops: Option<f64>,
+    mask: Option<MaskCost>,
     base2: bool,
     residuals: bool,
     first: bool,
@@ -197,7 +236,6 @@ fn attention_body(s: &BodyShape) -> StepBody {
     let c = s.compute;
     let mut prev_max: Vec<Option<NodeIndex>> = vec![None; slabs as usize];
     let mut prev_acc: Vec<Option<NodeIndex>> = vec![None; slabs as usize];
-    let mut q_scaled: Vec<Option<NodeIndex>> = vec![None; slabs as usize];
     // Software-pipelined issue slots: stage k of slab g (g counts slabs over all sub-tiles) issues
     // at slot g + SKEW[k], so each unit interleaves stages of successive slabs and an operation's
     // input was produced a few slabs' worth of work earlier (covering MXU, XLU and EUP latency).
@@ -215,22 +253,30 @@ fn attention_body(s: &BodyShape) -> StepBody {
             let i = si as usize;
             if s.first && j == 0 {
                 // Zeroing the scratch waits for the previous row's last write of it.
-                let init = b.add_carried("init", Work::Vector { ops: vregs(r, 256 + s.dv), masked_vregs: 0.0 }, &[], slot(g, 0), Some(acc_slot(si)), None);
+                let init = b.add_carried(
+                    "init",
+                    Work::Vector { ops: vregs(r, 256 + s.dv), loaded_mask_vregs: 0.0 },
+                    &[],
+                    slot(g, 0),
+                    Some(acc_slot(si)),
+                    None,
+                );
                 prev_max[i] = Some(init);
                 prev_acc[i] = Some(init);
             }
             if s.base2 && j == 0 {
-                // log2(e) folded into q once per step (hoisted out of the sub-tile loop).
-                q_scaled[i] = Some(b.add("q_scale", Work::Vector { ops: vregs(r, s.d), masked_vregs: 0.0 }, &[], slot(g, 0)));
+                // log2(e) folded into q once per step (hoisted out of the sub-tile loop). Not a
+                // dependency of the QK matmul: the compiler scales the block while the previous
+                // step's softmax drains, so it only takes VPU time.
+                b.add("q_scale", Work::Vector { ops: vregs(r, s.d), loaded_mask_vregs: 0.0 }, &[], slot(g, 0));
             }
-            let qk_deps: Vec<NodeIndex> = q_scaled[i].into_iter().collect();
-            let qk = b.add("qk", Work::Matmul { m: r, k: s.d, n: c, m_total: s.block_q }, &qk_deps, slot(g, 1));
-            let scores = match s.mask_ops {
-                Some(ops) => b.add("mask", Work::Vector { ops: sv * ops, masked_vregs: sv }, &[qk], slot(g, 2)),
+            let qk = b.add("qk", Work::Matmul { m: r, k: s.d, n: c, m_total: s.block_q }, &[], slot(g, 1));
+            let scores = match s.mask {
+                Some(c) => b.add("mask", mask_work(sv, c), &[qk], slot(g, 2)),
                 None => qk,
             };
             // Pop the f32 scores from the MXU result buffer, then the element-wise max.
-            let rowmax = b.add("rowmax", Work::Vector { ops: 2.0 * sv, masked_vregs: 0.0 }, &[scores], slot(g, 3));
+            let rowmax = b.add("rowmax", Work::Vector { ops: 2.0 * sv, loaded_mask_vregs: 0.0 }, &[scores], slot(g, 3));
             let mut deps = vec![rowmax];
             deps.extend(prev_max[i]);
             let reads_m = (prev_max[i].is_none()).then(|| m_slot(si));
@@ -238,9 +284,9 @@ fn attention_body(s: &BodyShape) -> StepBody {
             let rowmax_x = b.add_carried("rowmax_xlu", Work::CrossLane { vregs: rv }, &deps, slot(g, 4), reads_m, writes_m);
             prev_max[i] = Some(rowmax_x);
             let scale = if s.base2 { 1.0 } else { 2.0 };
-            let sub = b.add("sub", Work::Vector { ops: scale * sv + 2.0 * rv, masked_vregs: 0.0 }, &[rowmax_x], slot(g, 5));
+            let sub = b.add("sub", Work::Vector { ops: scale * sv + 2.0 * rv, loaded_mask_vregs: 0.0 }, &[rowmax_x], slot(g, 5));
             let exp = b.add("exp", Work::Transcendental { vregs: sv + rv }, &[sub], slot(g, 6));
-            let post = b.add("sum_cast", Work::Vector { ops: 2.0 * sv, masked_vregs: 0.0 }, &[exp], slot(g, 7));
+            let post = b.add("sum_cast", Work::Vector { ops: 2.0 * sv, loaded_mask_vregs: 0.0 }, &[exp], slot(g, 7));
             let rowsum = b.add("rowsum_xlu", Work::CrossLane { vregs: rv }, &[post], slot(g, 8));
             let pv = b.add("pv", Work::Matmul { m: r, k: c, n: s.dv, m_total: s.block_q }, &[post], slot(g, 9));
             let mut deps = vec![pv, rowsum];
@@ -250,7 +296,7 @@ fn attention_body(s: &BodyShape) -> StepBody {
             let writes_acc = (j == chunks - 1 && !finalizes).then(|| acc_slot(si));
             let acc = b.add_carried(
                 "acc",
-                Work::Vector { ops: 3.0 * vregs(r, s.dv) + 2.0 * rv, masked_vregs: 0.0 },
+                Work::Vector { ops: 3.0 * vregs(r, s.dv) + 2.0 * rv, loaded_mask_vregs: 0.0 },
                 &deps,
                 slot(g, 10),
                 reads_acc,
@@ -261,7 +307,7 @@ fn attention_body(s: &BodyShape) -> StepBody {
                 let eup = if s.residuals { 2.0 * rv } else { rv };
                 let recip = b.add("recip", Work::Transcendental { vregs: eup }, &[acc], slot(g, 11));
                 let vpu = 1.5 * vregs(r, s.dv) + if s.residuals { rv } else { 0.0 };
-                b.add_carried("finalize", Work::Vector { ops: vpu, masked_vregs: 0.0 }, &[recip], slot(g, 12), None, Some(acc_slot(si)));
+                b.add_carried("finalize", Work::Vector { ops: vpu, loaded_mask_vregs: 0.0 }, &[recip], slot(g, 12), None, Some(acc_slot(si)));
             }
         }
     }
@@ -341,7 +387,12 @@ pub(crate) fn check_blocks_named(
 }
 
 fn check_blocks(w: &AttentionCall, cfg: &SplashConfig, chip: &ChipModel) -> Result<(), KernelError> {
-    check_blocks_named(chip, (w.q_len, w.kv_len), (cfg.block_q, cfg.block_kv, cfg.block_kv_compute), ["`block_q`", "`block_kv`", "`block_kv_compute`"])
+    check_blocks_named(
+        chip,
+        (w.q_len, w.kv_len),
+        (cfg.block_q, cfg.block_kv, cfg.block_kv_compute),
+        ["`block_q`", "`block_kv`", "`block_kv_compute`"],
+    )
 }
 
 /// Checks that the call's tensors fit the device's HBM: q, k, v, o (bf16), the residuals when
@@ -349,14 +400,19 @@ fn check_blocks(w: &AttentionCall, cfg: &SplashConfig, chip: &ChipModel) -> Resu
 pub(crate) fn check_hbm(chip: &ChipModel, w: &AttentionCall, residuals: bool, extra: u64) -> Result<(), KernelError> {
     let bh = (w.batch * w.q_heads) as u128;
     let bkvh = (w.batch * w.kv_heads) as u128;
-    let mut need: u128 = bh * w.q_len as u128 * (w.head_dim + w.head_dim_v) as u128 * 2 + bkvh * w.kv_len as u128 * (w.head_dim + w.head_dim_v) as u128 * 2;
+    let mut need: u128 =
+        bh * w.q_len as u128 * (w.head_dim + w.head_dim_v) as u128 * 2 + bkvh * w.kv_len as u128 * (w.head_dim + w.head_dim_v) as u128 * 2;
     if residuals {
         need += 2 * bh * w.q_len as u128 * 4;
     }
     need += extra as u128;
     let cap = chip.hbm_capacity_bytes() as u128;
     if need > cap {
-        return Err(KernelError::Hbm { needed: need.min(u64::MAX as u128) as u64, capacity: cap as u64, capacity_gib: chip.hbm.capacity_gib.value });
+        return Err(KernelError::Hbm {
+            needed: need.min(u64::MAX as u128) as u64,
+            capacity: cap as u64,
+            capacity_gib: chip.hbm.capacity_gib.value,
+        });
     }
     Ok(())
 }
@@ -399,7 +455,13 @@ pub(crate) struct Classified {
 ///
 /// # Errors
 /// [`KernelError::Config`] when the grid has too many tiles or no mask keeps a pair.
-pub(crate) fn classify(w: &AttentionCall, block_q: u64, block_kv: u64, tile_align: bool, names: (&str, &str)) -> Result<Classified, KernelError> {
+pub(crate) fn classify(
+    w: &AttentionCall,
+    block_q: u64,
+    block_kv: u64,
+    tile_align: bool,
+    names: (&str, &str),
+) -> Result<Classified, KernelError> {
     let grid = TileGrid { q_len: w.q_len, kv_len: w.kv_len, block_q, block_kv };
     let tiles_per_head = grid.q_tiles().saturating_mul(grid.kv_tiles());
     if tiles_per_head > crate::MAX_TILES {
@@ -466,18 +528,45 @@ pub(crate) fn classify(w: &AttentionCall, block_q: u64, block_kv: u64, tile_alig
     Ok(Classified { grid, distinct, head_mask, rows, stats, width, padded })
 }
 
+/// What the mask metadata of one distinct mask describes (the grid and its active blocks).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MetadataShape {
+    /// q blocks of the grid.
+    pub q_blocks: u64,
+    /// kv blocks of the grid.
+    pub kv_blocks: u64,
+    /// kv steps per row of the full grid after shrinking (the longest row's non-empty blocks).
+    pub width: u64,
+    /// Non-empty blocks (partial and full).
+    pub active: u64,
+    /// The mask keeps every pair (padding aside).
+    pub all_full: bool,
+    /// Partial blocks are loaded from mask arrays (`mask_next` is kept).
+    pub loaded: bool,
+}
+
 /// Bytes of the mask metadata a Splash kernel prefetches into SMEM for one distinct mask
 /// (arrays downcast to the smallest integer type that holds their values, as
 /// `splash_attention_mask_info.py` does): tokamax's compacted grid keeps per active block its q
 /// and kv block indices, mask-block index, row start and end flags and block kind; JAX's full grid
 /// keeps per (q block, kv step) the block kind and the next kv block (plus the next mask block
 /// when masks are loaded). A mask whose every block is full needs none in tokamax.
-pub fn smem_bytes(family: Kernel, traversal: Traversal, q_blocks: u64, kv_blocks: u64, width: u64, active: u64, all_full: bool, loaded: bool) -> u64 {
-    let int = |max: u64| if max <= 127 { 1 } else if max <= 32767 { 2 } else { 4 };
+pub fn smem_bytes(family: Kernel, traversal: Traversal, m: MetadataShape) -> u64 {
+    let int = |max: u64| {
+        if max <= 127 {
+            1
+        } else if max <= 32767 {
+            2
+        } else {
+            4
+        }
+    };
     match (family, traversal) {
-        (Kernel::TokamaxSplash, _) if all_full => 0,
-        (_, Traversal::Compact) => active * (int(q_blocks) + int(kv_blocks) + 1 + 1 + 1 + if loaded { int(active) } else { 1 }),
-        (_, Traversal::FullGrid) => q_blocks * width * (1 + int(kv_blocks) + if loaded { int(q_blocks * kv_blocks) } else { 0 }),
+        (Kernel::TokamaxSplash, _) if m.all_full => 0,
+        (_, Traversal::Compact) => m.active * (int(m.q_blocks) + int(m.kv_blocks) + 1 + 1 + 1 + if m.loaded { int(m.active) } else { 1 }),
+        (_, Traversal::FullGrid) => {
+            m.q_blocks * m.width * (1 + int(m.kv_blocks) + if m.loaded { int(m.q_blocks * m.kv_blocks) } else { 0 })
+        }
     }
 }
 
@@ -505,12 +594,25 @@ pub fn lower(chip: &ChipModel, w: &AttentionCall, cfg: &SplashConfig) -> Result<
     let source = if cl.distinct.iter().any(|m| m.expression_terms().loaded_only) { MaskSource::Loaded } else { cfg.mask_source };
     let any_not_full = cl.distinct.iter().any(|m| !m.is_full()) || cfg.tile_align;
     // Stage 3: SMEM.
+    // A full mask needs no metadata in tokamax even when the lengths are padded to the blocks:
+    // the padding is masked with segment ids, not with mask blocks.
     let smem = cl
         .stats
         .iter()
-        .map(|st| {
-            let active = st.partial + st.full;
-            smem_bytes(cfg.kernel, cfg.traversal, cl.grid.q_tiles(), cl.grid.kv_tiles(), cl.width, active, st.partial == 0 && st.empty == 0, source == MaskSource::Loaded)
+        .zip(&cl.distinct)
+        .map(|(st, m)| {
+            smem_bytes(
+                cfg.kernel,
+                cfg.traversal,
+                MetadataShape {
+                    q_blocks: cl.grid.q_tiles(),
+                    kv_blocks: cl.grid.kv_tiles(),
+                    width: cl.width,
+                    active: st.partial + st.full,
+                    all_full: m.is_full(),
+                    loaded: source == MaskSource::Loaded,
+                },
+            )
         })
         .max()
         .unwrap_or(0);
@@ -518,13 +620,14 @@ pub fn lower(chip: &ChipModel, w: &AttentionCall, cfg: &SplashConfig) -> Result<
         return Err(KernelError::Smem { needed: smem, limit: chip.smem_bytes() });
     }
     // Stage 4: one body per (tile kind, first, last), the mask cost the costliest distinct mask's.
-    let mask_ops = cl.distinct.iter().map(|m| mask_ops_per_vreg(m, source, cl.padded)).fold(0.0, f64::max);
+    let mask_cost = worst_mask_cost(&cl.distinct, source, cl.padded);
     let masked_kind = |partial: bool| match cfg.masking {
         Masking::None => false,
         Masking::Partial => partial,
         Masking::All => partial || any_not_full,
     };
-    let mut classes = vec![StepClass { key: ClassKey { tile: "empty", masked: false, first: false, last: false }, body: StepBody::default() }];
+    let mut classes =
+        vec![StepClass { key: ClassKey { tile: "empty", masked: false, first: false, last: false }, body: StepBody::default() }];
     let mut class_of = [[[0u32; 2]; 2]; 2];
     for (k, kind) in [TileKind::Partial, TileKind::Full].into_iter().enumerate() {
         for first in [false, true] {
@@ -536,7 +639,7 @@ pub fn lower(chip: &ChipModel, w: &AttentionCall, cfg: &SplashConfig) -> Result<
                     compute: cfg.block_kv_compute,
                     d: w.head_dim,
                     dv: w.head_dim_v,
-                    mask_ops: is_masked.then_some(mask_ops),
+                    mask: is_masked.then_some(mask_cost),
                     base2: cfg.exp == Exp::Base2,
                     residuals: cfg.return_residuals,
                     first,
@@ -601,6 +704,7 @@ pub fn lower(chip: &ChipModel, w: &AttentionCall, cfg: &SplashConfig) -> Result<
         ));
     }
     let info = ProgramInfo {
+        kind: crate::options::KernelKind::Attention,
         kernel: "attention forward".into(),
         grid: vec![
             ("batch x heads".into(), w.batch * w.q_heads),
@@ -614,11 +718,7 @@ pub fn lower(chip: &ChipModel, w: &AttentionCall, cfg: &SplashConfig) -> Result<
                 cl.width,
             ),
         ],
-        blocks: vec![
-            ("block_q".into(), cfg.block_q),
-            ("block_kv".into(), cfg.block_kv),
-            ("block_kv_compute".into(), cfg.block_kv_compute),
-        ],
+        blocks: vec![("block_q".into(), cfg.block_q), ("block_kv".into(), cfg.block_kv), ("block_kv_compute".into(), cfg.block_kv_compute)],
         padded: vec![("q_len".into(), w.q_len, cl.grid.padded_q_len()), ("kv_len".into(), w.kv_len, cl.grid.padded_kv_len())],
         tiles: Some(tiles),
         kept_pairs: kept,
@@ -633,6 +733,7 @@ pub fn lower(chip: &ChipModel, w: &AttentionCall, cfg: &SplashConfig) -> Result<
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Step;
 
     fn v6e() -> ChipModel {
         ChipModel::preset("v6e").unwrap()
@@ -690,7 +791,9 @@ mod tests {
     fn runs_expand_to_the_same_steps() {
         // Per-step generation written out directly, compared with the run generator.
         let chip = v6e();
-        for (mask, trav) in [("band:700+sink:300", Traversal::Compact), ("causal", Traversal::FullGrid), ("local:900,100", Traversal::FullGrid)] {
+        for (mask, trav) in
+            [("band:700+sink:300", Traversal::Compact), ("causal", Traversal::FullGrid), ("local:900,100", Traversal::FullGrid)]
+        {
             let mut w = AttentionCall::video_default();
             w.q_len = 5000;
             w.kv_len = 5000;

@@ -225,7 +225,8 @@ impl Steps {
             }
             if n_steps > len {
                 // Empty steps: fixed cost only; data_next repeats the last block, so no copy.
-                let empty = |j: u64, out_bytes: u64| Step { class: self.empty_class, in_bytes: 0, out_bytes, coords: [bh, qi, j as u32, 0] };
+                let empty =
+                    |j: u64, out_bytes: u64| Step { class: self.empty_class, in_bytes: 0, out_bytes, coords: [bh, qi, j as u32, 0] };
                 if n_steps - len > 1 {
                     f(&empty(len, 0), n_steps - len - 1);
                 }
@@ -243,4 +244,3 @@ impl Steps {
         });
     }
 }
-

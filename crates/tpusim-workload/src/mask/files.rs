@@ -75,8 +75,8 @@ impl BlockSparse {
     }
 
     fn from_value(v: Value, path: &str) -> Result<Self, MaskError> {
-        let b: BlockSparse =
-            serde_json::from_value(v).map_err(|e| file_err(path, format!("block format (q_len, kv_len, block_q, block_kv, blocks): {e}")))?;
+        let b: BlockSparse = serde_json::from_value(v)
+            .map_err(|e| file_err(path, format!("block format (q_len, kv_len, block_q, block_kv, blocks): {e}")))?;
         b.finish(path)
     }
 
@@ -206,10 +206,14 @@ impl RangeSparse {
         let q_len = len("q_len")?;
         let kv_len = len("kv_len")?;
         let rows_v = obj.get("rows").ok_or_else(|| err("missing field 'rows'".into()))?;
-        let rows_a = rows_v.as_array().ok_or_else(|| err(format!("field 'rows' = {}: expected an array of {{\"q\": [q0, q1], \"kv\": [[k0, k1], ...]}}", kind_of(rows_v))))?;
+        let rows_a = rows_v.as_array().ok_or_else(|| {
+            err(format!("field 'rows' = {}: expected an array of {{\"q\": [q0, q1], \"kv\": [[k0, k1], ...]}}", kind_of(rows_v)))
+        })?;
         let mut rows = Vec::with_capacity(rows_a.len());
         for (i, r) in rows_a.iter().enumerate() {
-            let ro = r.as_object().ok_or_else(|| err(format!("rows[{i}] = {r}: expected an object {{\"q\": [q0, q1], \"kv\": [[k0, k1], ...]}}")))?;
+            let ro = r
+                .as_object()
+                .ok_or_else(|| err(format!("rows[{i}] = {r}: expected an object {{\"q\": [q0, q1], \"kv\": [[k0, k1], ...]}}")))?;
             for key in ro.keys() {
                 if key != "q" && key != "kv" {
                     return Err(err(format!("rows[{i}]: unknown field '{key}': a row has q and kv")));
@@ -259,8 +263,7 @@ impl RangeSparse {
         }
         cuts.sort_unstable();
         cuts.dedup();
-        let mut segments: Vec<Segment> =
-            cuts.windows(2).map(|w| Segment { start: w[0], end: w[1], kv: Vec::new() }).collect();
+        let mut segments: Vec<Segment> = cuts.windows(2).map(|w| Segment { start: w[0], end: w[1], kv: Vec::new() }).collect();
         let mut covered = vec![false; segments.len()];
         for r in &rows {
             let a = cuts.partition_point(|&c| c < r.q[0]);

@@ -126,7 +126,7 @@ fn video_frame_major_rows() {
 fn video_position_major_rows() {
     // token = (h * W + w) * F + f with F 3, H 2, W 4: each (h, w) holds 3 consecutive frames.
     let m = Mask::parse("video:3,2,4:1,2,4@position").unwrap(); // +-1 frame, whole frames
-    // q = 4: (h, w) = (0, 1), f = 1: frames 0..=2 at every position -> everything.
+                                                                // q = 4: (h, w) = (0, 1), f = 1: frames 0..=2 at every position -> everything.
     assert_eq!(rows(&m, 4, 24), vec![(0, 24)]);
     // q = 3: f = 0 -> frames 0, 1 at every one of the 8 positions.
     let want: Vec<(u64, u64)> = (0..8).map(|p| (3 * p, 3 * p + 2)).collect();
@@ -172,8 +172,8 @@ fn video_expression_terms_count_index_arithmetic() {
     assert_eq!(t, MaskTerms { compares: 1, combines: 0, arith: 4, loaded_only: false });
     let t = Mask::parse("video:21,45,80:4,45,80@position").unwrap().expression_terms();
     assert_eq!((t.compares, t.arith), (1, 4)); // f = t % F
-    // All three dimensions: coordinates (1 + 2 + 1 ops per position), 3 abs-diff-compares,
-    // 2 combines.
+                                               // All three dimensions: coordinates (1 + 2 + 1 ops per position), 3 abs-diff-compares,
+                                               // 2 combines.
     let t = Mask::parse("video:21,45,80:4,9,10").unwrap().expression_terms();
     assert_eq!(t, MaskTerms { compares: 3, combines: 2, arith: 2 * (1 + 2 + 1) + 3 * 2, loaded_only: false });
     let t = Mask::parse("video:30,48,80:18,24,24@tiles:6,8,8").unwrap().expression_terms();
@@ -216,7 +216,10 @@ fn video_errors_name_the_field() {
     let m = Mask::parse("video:21,45,80:4,45,80").unwrap();
     m.check_lengths(75_600, 75_600).unwrap();
     let e = m.check_lengths(75_601, 75_600).unwrap_err().to_string();
-    assert!(e.contains("video:21,45,80:4,45,80") && e.contains("75600") && e.contains("q_len = 75601") && e.contains("kv_len = 75600"), "{e}");
+    assert!(
+        e.contains("video:21,45,80:4,45,80") && e.contains("75600") && e.contains("q_len = 75601") && e.contains("kv_len = 75600"),
+        "{e}"
+    );
     let e = Mask::parse("causal+video:2,2,2:1,1,1").unwrap().check_lengths(8, 9).unwrap_err().to_string();
     assert!(e.contains("= 8 tokens") && e.contains("kv_len = 9"), "{e}");
 }
@@ -335,7 +338,10 @@ fn file_errors_name_the_field() {
     assert!(e.contains("bloks"), "{e}");
 
     // Range format.
-    let e = file_err("kv", r#"{"q_len": 40, "kv_len": 30, "rows": [{"q": [0, 1], "kv": []}, {"q": [0, 1], "kv": []}, {"q": [0, 1], "kv": []}, {"q": [0, 4], "kv": [[0, 1], [10, 5]]}]}"#);
+    let e = file_err(
+        "kv",
+        r#"{"q_len": 40, "kv_len": 30, "rows": [{"q": [0, 1], "kv": []}, {"q": [0, 1], "kv": []}, {"q": [0, 1], "kv": []}, {"q": [0, 4], "kv": [[0, 1], [10, 5]]}]}"#,
+    );
     assert!(e.contains("rows[3].kv[1] = [10, 5]: expected k0 < k1 <= kv_len (30)"), "{e}");
     let e = file_err("kvlen", r#"{"q_len": 40, "kv_len": 30, "rows": [{"q": [0, 4], "kv": [[0, 31]]}]}"#);
     assert!(e.contains("rows[0].kv[0] = [0, 31]"), "{e}");

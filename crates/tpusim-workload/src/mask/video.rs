@@ -96,7 +96,7 @@ impl VideoMask {
                 if tile[i] == 0 {
                     return Err(format!("'{word}' {what} {} = 0: tile sizes must be at least 1", TILE_NAMES[i]));
                 }
-                if self.dims[i] % tile[i] != 0 {
+                if !self.dims[i].is_multiple_of(tile[i]) {
                     return Err(format!(
                         "'{word}' {what} {},{},{}: {} = {} is not a multiple of {} = {} (tiles must divide the volume {},{},{})",
                         tile[0],

@@ -1,0 +1,104 @@
+//! Accuracy on the shipped measurements (traces/measured/calibration.csv), measured values read
+//! from the file itself.
+//!
+//! Two kinds of figure, kept apart:
+//! * **in sample**: each chip's `[fitted]` parameters were fitted to these very rows, so these
+//!   bands say the model can describe them, not that it predicts;
+//! * **out of sample**: every chip refitted without each row (leave-one-out), the held-out row
+//!   predicted by a model that never saw it (`tpusim validate --cv`).
+//!
+//! Bands are the issue's targets (fidelity issue: tokamax rows median <= 5% in sample,
+//! leave-one-out median <= 7% over the tokamax rows and <= 10% per chip). Where a row misses its
+//! band the test says so by name; it is never widened to pass.
+
+use tpusim_calib::measure::MeasurementFile;
+use tpusim_calib::stats::median;
+use tpusim_calib::{cross_validate, read_file, validate, ChipSet, Validation};
+
+fn shipped() -> (MeasurementFile, Validation) {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../traces/measured/calibration.csv");
+    let file = read_file(path, &[]).unwrap();
+    let v = validate(&file, &ChipSet::default());
+    (file, v)
+}
+
+/// |error| of the rows of `v` that `pick` selects from the file.
+fn abs_errors(file: &MeasurementFile, v: &Validation, pick: impl Fn(&tpusim_calib::Measurement) -> bool) -> Vec<(String, f64)> {
+    file.rows
+        .iter()
+        .filter(|m| pick(m))
+        .map(|m| {
+            let r = v.rows.iter().find(|r| r.id == m.id).unwrap_or_else(|| panic!("{} not predicted\n{}", m.id, v.to_table()));
+            assert!(((r.predicted_ms - m.measured_ms) / m.measured_ms - r.error).abs() < 1e-12);
+            (m.id.clone(), r.error.abs())
+        })
+        .collect()
+}
+
+#[test]
+fn in_sample_every_row_is_predicted_and_the_tokamax_rows_meet_their_band() {
+    let (file, v) = shipped();
+    let t = v.to_table();
+    assert_eq!(v.rows.len() + v.skipped.len(), file.rows.len(), "no row silently dropped");
+    let skipped: Vec<&str> = v.skipped.iter().map(|s| s.id.as_str()).collect();
+    assert_eq!(skipped, ["HBM-COPY-v6e-32MiB"], "only the bare copy is not a kernel\n{t}");
+    let tokamax_fwd = abs_errors(&file, &v, |m| m.kernel_word == "tokamax-splash" && m.direction == Some(tpusim_kernel::Direction::Fwd));
+    assert_eq!(tokamax_fwd.len(), 28);
+    let errs: Vec<f64> = tokamax_fwd.iter().map(|e| e.1).collect();
+    let med = median(&errs).unwrap();
+    assert!(med <= 0.05, "tokamax forward rows, in sample: median |error| {med:.3}\n{t}");
+    // Every tokamax forward row within 15% in sample, or named with its error as a known miss
+    // in VALIDATION.md's "Known misses" section (a miss is reported, never hidden by a wider band).
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../traces/measured/VALIDATION.md")).unwrap();
+    let misses = doc.split("## Known misses").nth(1).unwrap_or("");
+    for (id, e) in &tokamax_fwd {
+        assert!(*e <= 0.15 || misses.contains(id.as_str()), "{id}: |error| {e:.3} in sample, not listed as a known miss\n{t}");
+    }
+    // The backward rows (v7x, fused dq/dk/dv kernel) within 15%.
+    let bwd = abs_errors(&file, &v, |m| m.direction == Some(tpusim_kernel::Direction::Bwd));
+    assert_eq!(bwd.len(), 6);
+    for (id, e) in &bwd {
+        assert!(*e <= 0.15, "{id}: |error| {e:.3}\n{t}");
+    }
+    // The dense video-diffusion baseline within 10%.
+    let b0 = abs_errors(&file, &v, |m| m.id == "VD-B0");
+    assert!(b0[0].1 <= 0.10, "VD-B0 {:.3}\n{t}", b0[0].1);
+}
+
+#[test]
+fn tiling_and_option_variants_rank_as_measured() {
+    let (_, v) = shipped();
+    let t = v.to_table();
+    assert!(v.groups.len() >= 7, "{t}");
+    for g in &v.groups {
+        assert!(g.ranking_matches, "{}: {:?}\n{t}", g.key, g.kendall_tau);
+    }
+}
+
+#[test]
+fn machine_formats_carry_every_row() {
+    let (file, v) = shipped();
+    let json: serde_json::Value = serde_json::from_str(&v.to_json()).unwrap();
+    assert_eq!(json["rows"].as_array().unwrap().len() + json["skipped"].as_array().unwrap().len(), file.rows.len());
+    assert!(json["summary"]["median_abs_error"].is_number());
+    let csv = v.to_csv();
+    assert_eq!(csv.lines().count(), file.rows.len() + 1);
+    assert!(csv.lines().next().unwrap().starts_with("id,line,chip,kernel,status,predicted_ms,measured_ms,error"));
+    let md = v.to_markdown();
+    assert!(md.contains("| VD-B0 |") && md.contains("median |error|"));
+}
+
+#[test]
+fn out_of_sample_leave_one_out_errors_meet_their_bands() {
+    let (file, _) = shipped();
+    let cv = cross_validate(&file, &ChipSet::default()).unwrap();
+    let t = cv.to_table(false);
+    let tk = cv.loo_median("tokamax rows").unwrap();
+    assert!(tk <= 0.07, "tokamax rows: leave-one-out median |error| {tk:.3}\n{t}");
+    for chip in ["v6e", "v5p", "v5e", "v7x"] {
+        let m = cv.loo_median(chip).unwrap();
+        assert!(m <= 0.10, "{chip}: leave-one-out median |error| {m:.3}\n{t}");
+    }
+    // Every predicted row has a held-out prediction.
+    assert!(cv.rows.iter().all(|r| r.loo_ms.is_some()), "{t}");
+}

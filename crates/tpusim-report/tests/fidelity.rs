@@ -1,0 +1,128 @@
+//! The mechanisms of the fidelity work, each checked in the direction its source says: megacore
+//! splitting, the op scope's bytes, kernel options, and the compiler's limits (VMEM, SMEM, HBM).
+
+use tpusim_report::{run, JobSpec, Report};
+
+/// Runs a job given as trace TOML keys.
+fn report(toml: &str) -> Report {
+    let spec = JobSpec::from_toml_str(toml, "test").unwrap_or_else(|e| panic!("{toml}: {e}"));
+    let chip = spec.chip().expect("chip");
+    let job = spec.build(&chip).unwrap_or_else(|e| panic!("{toml}: {e}"));
+    Report::from_run(&run(&chip, &job).unwrap_or_else(|e| panic!("{toml}: {e}")))
+}
+
+/// The error a job is refused with (at building or lowering).
+fn refusal(toml: &str) -> String {
+    let spec = JobSpec::from_toml_str(toml, "test").expect("parses");
+    let chip = spec.chip().expect("chip");
+    match spec.build(&chip) {
+        Err(e) => e.to_string(),
+        Ok(job) => match run(&chip, &job) {
+            Err(e) => e.to_string(),
+            Ok(_) => panic!("{toml}: expected a refusal, but it ran"),
+        },
+    }
+}
+
+const SMALL: &str = "seq_len = 2048\nhead_dim = 128\nblock_q = 512\nblock_kv = 512\nblock_kv_compute = 512\n";
+
+#[test]
+fn a_megacore_device_splits_heads_over_its_two_cores_and_one_head_leaves_one_idle() {
+    let one = report(&format!("chip = 'v5p'\nheads = 1\n{SMALL}"));
+    assert_eq!(one.cores.len(), 2, "v5p is one device of two TensorCores");
+    let steps: Vec<u64> = one.cores.iter().map(|c| c.grid_steps).collect();
+    assert!(steps.contains(&0) && steps.iter().sum::<u64>() == one.grid_steps, "one head runs on one core: {steps:?}");
+    let two = report(&format!("chip = 'v5p'\nheads = 2\n{SMALL}"));
+    assert!(two.cores.iter().all(|c| c.grid_steps == one.grid_steps), "two heads: one per core");
+    // Two heads on two cores take about as long as one head on one (they share HBM bandwidth).
+    assert!(two.latency_ms < 1.2 * one.latency_ms, "{} vs {}", two.latency_ms, one.latency_ms);
+    // An odd head count: the core with the extra head finishes last.
+    let three = report(&format!("chip = 'v5p'\nheads = 3\n{SMALL}"));
+    let mut s: Vec<u64> = three.cores.iter().map(|c| c.grid_steps).collect();
+    s.sort();
+    assert_eq!(s, vec![one.grid_steps, 2 * one.grid_steps]);
+    // One TensorCore of the same chip (the override) runs both heads in turn.
+    let single = report(&format!("chip = 'v5p'\nheads = 2\nset = ['device.tensorcores=1']\n{SMALL}"));
+    assert_eq!(single.cores.len(), 1);
+    assert!(single.latency_ms > 1.7 * two.latency_ms, "{} vs {}", single.latency_ms, two.latency_ms);
+}
+
+#[test]
+fn v7x_is_one_tensorcore_per_device() {
+    let r = report(&format!("chip = 'v7x'\nheads = 2\n{SMALL}"));
+    assert_eq!(r.cores.len(), 1);
+}
+
+#[test]
+fn the_op_scope_adds_exactly_the_wrapper_transposes_bytes() {
+    let (b, s, h, d) = (2u64, 2048u64, 4u64, 128u64);
+    let base = format!("batch = {b}\nheads = {h}\n{SMALL}");
+    let kernel = report(&format!("{base}scope = 'kernel'\n"));
+    let op = report(&format!("{base}scope = 'op'\n"));
+    // q, k and v are transposed before the kernel and o after it: each read and written once.
+    let tensor = b * s * h * d * 2;
+    assert_eq!(op.hbm_bytes - kernel.hbm_bytes, 4 * 2 * tensor);
+    assert_eq!(kernel.outside_kernel_ms, 0.0);
+    assert!(op.outside_kernel_ms > 0.0);
+    assert!((op.latency_ms - kernel.latency_ms - op.outside_kernel_ms).abs() < 1e-9);
+    // Returned residuals add their slice and reshape (f32, 128 lanes per q row read, one written).
+    let res = report(&format!("{base}scope = 'op'\nreturn_residuals = true\n"));
+    let res_k = report(&format!("{base}scope = 'kernel'\nreturn_residuals = true\n"));
+    assert_eq!(res.hbm_bytes - res_k.hbm_bytes, 4 * 2 * tensor + 2 * b * h * s * (128 + 1) * 4);
+}
+
+#[test]
+fn each_kernel_option_moves_time_the_way_its_source_says() {
+    let base = format!("heads = 8\n{SMALL}");
+    let natural = report(&format!("{base}exp = 'natural'\n"));
+    let base2 = report(&format!("{base}exp = 'base2'\n"));
+    // base2: log2(e) folded into q, one VALU multiply fewer per score.
+    assert!(base2.latency_ms < natural.latency_ms, "{} vs {}", base2.latency_ms, natural.latency_ms);
+    // Residuals: the forward also writes max_logits and logsumexp.
+    let res = report(&format!("{base}return_residuals = true\n"));
+    assert!(res.hbm_bytes > base2.hbm_bytes && res.latency_ms >= base2.latency_ms);
+    // The experimental scheduler: no released pair of rows shows an effect, so none is modelled.
+    let sched = report(&format!("{base}experimental_scheduler = true\n"));
+    assert_eq!(sched.latency_ms, base2.latency_ms);
+}
+
+#[test]
+fn causal_costs_about_half_of_full_with_each_kernels_defaults() {
+    for kernel in ["tokamax-splash", "splash"] {
+        let job = |mask: &str| {
+            format!("kernel = '{kernel}'\nheads = 8\nseq_len = 131072\nhead_dim = 128\nblock_q = 512\nblock_kv = 512\nmask = '{mask}'\n")
+        };
+        let full = report(&job("full"));
+        let causal = report(&job("causal"));
+        assert!(causal.latency_ms <= 0.6 * full.latency_ms, "{kernel}: causal {} vs full {}", causal.latency_ms, full.latency_ms);
+        // A local window that keeps every pair costs what full costs: no block is partial.
+        let all = report(&job("local:1000000,1000000"));
+        assert!(all.latency_ms <= 1.02 * full.latency_ms, "{kernel}: {} vs {}", all.latency_ms, full.latency_ms);
+    }
+}
+
+#[test]
+fn a_vit_tiling_with_head_dim_80_overflows_vmem_and_says_by_how_much() {
+    // [1, 16, 25344, 80] on v6e, block_q 128, one 25,344-row kv block: the compiler refused it
+    // (about 37.2M of scoped VMEM needed against 32M); head_dim 80 occupies 128 lanes.
+    let e = refusal("chip = 'v6e'\nkernel = 'splash'\nheads = 16\nseq_len = 25344\nhead_dim = 80\nblock_q = 128\nblock_kv = 25344\nblock_kv_compute = 25344\n");
+    assert!(e.contains("VMEM") && e.contains("33554432"), "{e}");
+    let needed: u64 = e.split_whitespace().find_map(|w| w.parse().ok()).expect("the bytes needed");
+    assert!(needed > 33_554_432, "{e}");
+    // k and v blocks padded to 128 lanes: 2 buffers x 25344 x 128 x 2 bytes each.
+    assert!(e.contains(&format!("k x2 {}", 2 * 25344 * 128 * 2)), "{e}");
+}
+
+#[test]
+fn mask_metadata_larger_than_smem_is_refused() {
+    let e = refusal(
+        "chip = 'v5p'\nkernel = 'splash'\nheads = 8\nseq_len = 1048576\nhead_dim = 128\nmask = 'causal'\nblock_q = 512\nblock_kv = 512\n",
+    );
+    assert!(e.contains("SMEM") && e.contains("1048576"), "{e}");
+}
+
+#[test]
+fn tensors_larger_than_hbm_are_refused() {
+    let e = refusal("batch = 1000000000\nseq_len = 128\n");
+    assert!(e.contains("HBM") && e.contains("34359738368"), "{e}");
+}

@@ -24,6 +24,12 @@
 //!    the widest that fits VMEM;
 //! 3. the best `refine` pairs with every `block_kv_compute` and every option combination.
 //!
+//! A backward job (`direction` bwd) searches the backward kernel's blocks instead, with the same
+//! candidates: `block_q_dkv`, `block_kv_dkv` and `block_kv_dkv_compute` (and, for the unfused
+//! two-kernel backward, the dq kernel's `block_q_dq` / `block_kv_dq` set to the same pair); a
+//! `fwd+bwd` job searches the forward's blocks with the backward's held at the given or default
+//! values.
+//!
 //! Configurations are ranked by predicted latency (ties broken by the configuration's text, so
 //! the ranking is deterministic). Matmul jobs search `block_m` (multiples of 8), `block_n` and
 //! `block_k` (multiples of 128) over {128, 256, 512, 1024, 2048} and the full dimension,
@@ -37,7 +43,7 @@ use std::collections::{BTreeSet, HashSet};
 use std::fmt::Write as _;
 use std::time::Instant;
 use tpusim_chip::ChipModel;
-use tpusim_kernel::{KernelError, MaskSource, Masking, Traversal, Unit};
+use tpusim_kernel::{Direction, KernelError, MaskSource, Masking, SplashConfig, Traversal, Unit};
 use tpusim_report::{Job, JobSpec, Report};
 
 /// How to tune.
@@ -152,6 +158,63 @@ fn cand_key(c: &Cand) -> String {
 /// Stage 1 keeps option combinations within this factor of the best latency.
 const OPTION_WINDOW: f64 = 1.05;
 
+/// Which kernel's blocks an attention search moves (module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Target {
+    /// The forward kernel's `block_q`, `block_kv`, `block_kv_compute`.
+    Forward,
+    /// The backward's dkv (or fused) kernel blocks; `dq` also moves the dq kernel's pair.
+    Backward { dq: bool },
+}
+
+impl Target {
+    fn of(given: &Job) -> Target {
+        match given {
+            Job::Attention { direction: Direction::Bwd, config, .. } => Target::Backward { dq: !config.bwd.fused },
+            _ => Target::Forward,
+        }
+    }
+
+    /// Field names of (q, kv, kv compute) blocks.
+    fn names(self) -> [&'static str; 3] {
+        match self {
+            Target::Forward => ["block_q", "block_kv", "block_kv_compute"],
+            Target::Backward { .. } => ["block_q_dkv", "block_kv_dkv", "block_kv_dkv_compute"],
+        }
+    }
+
+    /// The blocks a job gives.
+    fn given(self, spec: &JobSpec) -> [Option<u64>; 3] {
+        match self {
+            Target::Forward => [spec.block_q, spec.block_kv, spec.block_kv_compute],
+            Target::Backward { .. } => [spec.block_q_dkv, spec.block_kv_dkv, spec.block_kv_dkv_compute],
+        }
+    }
+
+    /// `c` with the blocks set.
+    fn set(self, c: &JobSpec, bq: u64, bkv: u64, compute: Option<u64>) -> JobSpec {
+        match self {
+            Target::Forward => JobSpec { block_q: Some(bq), block_kv: Some(bkv), block_kv_compute: compute, ..c.clone() },
+            Target::Backward { dq } => JobSpec {
+                block_q_dkv: Some(bq),
+                block_kv_dkv: Some(bkv),
+                block_kv_dkv_compute: compute,
+                block_q_dq: dq.then_some(bq),
+                block_kv_dq: dq.then_some(bkv),
+                ..c.clone()
+            },
+        }
+    }
+
+    /// The (q, kv, kv compute) blocks of a configuration.
+    fn of_config(self, c: &SplashConfig) -> (u64, u64, u64) {
+        match self {
+            Target::Forward => (c.block_q, c.block_kv, c.block_kv_compute),
+            Target::Backward { .. } => (c.bwd.block_q_dkv, c.bwd.block_kv_dkv, c.bwd.block_kv_dkv_compute),
+        }
+    }
+}
+
 /// Stage 0: what is searched and what is held fixed (module docs).
 #[derive(Debug, Clone, Default)]
 struct Space {
@@ -161,8 +224,10 @@ struct Space {
     block_q: Vec<u64>,
     /// block_kv values (one when given).
     block_kv: Vec<u64>,
-    /// Whether block_kv_compute is searched.
+    /// Whether block_kv_compute (or its backward counterpart) is searched.
     search_compute: bool,
+    /// Which kernel's blocks are searched.
+    target: Option<Target>,
     searched: Vec<String>,
     fixed: Vec<String>,
 }
@@ -183,8 +248,8 @@ fn axis<T: Copy + std::fmt::Display>(name: &str, given: Option<T>, all: &[T], sp
 
 impl Space {
     /// The attention search space of `spec` over workload `w`.
-    fn attention(spec: &JobSpec, w: &tpusim_workload::AttentionCall, opts: &TuneOptions) -> Space {
-        let mut sp = Space::default();
+    fn attention(spec: &JobSpec, w: &tpusim_workload::AttentionCall, target: Target, opts: &TuneOptions) -> Space {
+        let mut sp = Space { target: Some(target), ..Space::default() };
         let traversals = axis("traversal", spec.traversal, Traversal::ALL, &mut sp);
         let maskings = axis("masking", spec.masking, Masking::ALL, &mut sp);
         let sources = axis("mask_source", spec.mask_source, MaskSource::ALL, &mut sp);
@@ -208,12 +273,15 @@ impl Space {
                 }
             }
         }
-        sp.block_q = sp.blocks("block_q", spec.block_q, || block_q_candidates(w.q_len));
-        sp.block_kv = sp.blocks("block_kv", spec.block_kv, || block_kv_candidates(w.kv_len));
-        sp.search_compute = spec.block_kv_compute.is_none();
-        match spec.block_kv_compute {
-            Some(v) => sp.fixed.push(format!("block_kv_compute {v}")),
-            None => sp.searched.push("block_kv_compute (multiples of 128 dividing block_kv)".into()),
+        let [nq, nkv, nc] = target.names();
+        let [gq, gkv, gc] = target.given(spec);
+        // The dkv kernel's q blocks stream along the kv sequence and its kv blocks along q.
+        sp.block_q = sp.blocks(nq, gq, || block_q_candidates(w.q_len));
+        sp.block_kv = sp.blocks(nkv, gkv, || block_kv_candidates(w.kv_len));
+        sp.search_compute = gc.is_none();
+        match gc {
+            Some(v) => sp.fixed.push(format!("{nc} {v}")),
+            None => sp.searched.push(format!("{nc} (multiples of 128 dividing {nkv})")),
         }
         sp
     }
@@ -317,19 +385,20 @@ impl<'a> Search<'a> {
     /// The attention search (module docs): options at the given blocks; every block pair with
     /// the options within [`OPTION_WINDOW`] of the best; the best pairs over every compute width.
     fn attention(&mut self, sp: &Space) {
+        let target = sp.target.unwrap_or(Target::Forward);
         let s1 = self.stage(sp.combos.clone(), "tune: options");
         let kept = self.kept_options(s1, &sp.combos);
         let mut s2 = Vec::new();
         for c in &kept {
             for &bq in &sp.block_q {
                 for &bkv in &sp.block_kv {
-                    s2.push(JobSpec { block_q: Some(bq), block_kv: Some(bkv), ..c.clone() });
+                    s2.push(target.set(c, bq, bkv, None));
                 }
             }
         }
         self.stage(s2, "tune: blocks");
         let mut s3 = Vec::new();
-        for (bq, bkv) in self.best_pairs(self.opts.refine) {
+        for (bq, bkv) in self.best_pairs(target, self.opts.refine) {
             let computes: Vec<Option<u64>> = if sp.search_compute {
                 (1..=bkv / 128).map(|m| m * 128).filter(|c| bkv % c == 0).chain(std::iter::once(bkv)).map(Some).collect()
             } else {
@@ -337,7 +406,7 @@ impl<'a> Search<'a> {
             };
             for c in &sp.combos {
                 for &bc in &computes {
-                    s3.push(JobSpec { block_q: Some(bq), block_kv: Some(bkv), block_kv_compute: bc, ..c.clone() });
+                    s3.push(target.set(c, bq, bkv, bc));
                 }
             }
         }
@@ -360,14 +429,17 @@ impl<'a> Search<'a> {
         k
     }
 
-    /// The `n` fastest distinct (block_q, block_kv) pairs so far.
-    fn best_pairs(&self, n: usize) -> Vec<(u64, u64)> {
+    /// The `n` fastest distinct (q, kv) block pairs of the searched kernel so far.
+    fn best_pairs(&self, target: Target, n: usize) -> Vec<(u64, u64)> {
         let mut ranked: Vec<(f64, String, (u64, u64))> = self
             .results
             .iter()
             .filter_map(|(_, e)| match e {
                 Eval::Ok(rj) => match &rj.1 {
-                    Job::Attention { config, .. } => Some((rj.0.latency_ms, format!("{config:?}"), (config.block_q, config.block_kv))),
+                    Job::Attention { config, .. } => {
+                        let (q, kv, _) = target.of_config(config);
+                        Some((rj.0.latency_ms, format!("{config:?}"), (q, kv)))
+                    }
                     _ => None,
                 },
                 _ => None,
@@ -406,7 +478,7 @@ pub fn tune(spec: &JobSpec, opts: &TuneOptions) -> Result<TuneResult, SweepError
     let mut search = Search::new(spec, chip.clone(), opts)?;
     let space = match &given {
         Job::Attention { workload: w, .. } => {
-            let sp = Space::attention(spec, w, opts);
+            let sp = Space::attention(spec, w, Target::of(&given), opts);
             search.attention(&sp);
             sp
         }
@@ -613,16 +685,20 @@ impl TuneResult {
             return s;
         }
         match &self.top[0].job {
-            Job::Attention { .. } => {
+            job @ Job::Attention { .. } => {
+                let (nq, nkv, nc) = match Target::of(job) {
+                    Target::Forward => ("block_q", "block_kv", "compute"),
+                    Target::Backward { .. } => ("q_dkv", "kv_dkv", "compute"),
+                };
                 let _ = writeln!(
                     s,
                     "  {:>4}  {:>10}  {:>7}  {:>7}  {:>8}  {:>7}  {:<9}  {:<7}  {:<8}  {:<5}  {:<12}  {:>5}  {:>8}",
                     "rank",
                     "latency_ms",
                     "vs given",
-                    "block_q",
-                    "block_kv",
-                    "compute",
+                    nq,
+                    nkv,
+                    nc,
                     "traversal",
                     "masking",
                     "mask src",
@@ -644,15 +720,16 @@ impl TuneResult {
             let vs = r.speedup_vs_given.map_or("-".to_string(), |x| format!("{x:.3}x"));
             match &r.job {
                 Job::Attention { config: c, .. } => {
+                    let (bq, bkv, bc) = Target::of(&r.job).of_config(c);
                     let _ = writeln!(
                         s,
                         "  {:>4}  {:>10.3}  {:>7}  {:>7}  {:>8}  {:>7}  {:<9}  {:<7}  {:<8}  {:<5}  {:<12}  {:>4.1}%  {:>8.1}",
                         r.rank,
                         r.latency_ms,
                         vs,
-                        c.block_q,
-                        c.block_kv,
-                        c.block_kv_compute,
+                        bq,
+                        bkv,
+                        bc,
                         c.traversal.word(),
                         c.masking.word(),
                         c.mask_source.word(),

@@ -1,6 +1,9 @@
 //! Stacked bars of busy time per unit (MXU, VPU, EUP, XLU, HBM DMA, step control) for several
 //! jobs side by side, each with its latency marked. Busy times come from the report
-//! (`busy_ms`); units run concurrently, so a stack is total work, not elapsed time.
+//! (`busy_ms`); units run concurrently, so a stack is total work, not elapsed time. A job of
+//! several phases (a backward's dq and dkv kernels, a training step, the library's XLA ops in
+//! `--scope op`) is drawn as one bar per phase, in order, so the split of time between kernels
+//! shows; each phase's bar has its own latency.
 
 use crate::jobs::{describe, JobRun};
 use crate::style::{self, Sizes};
@@ -35,17 +38,46 @@ pub struct BreakdownFigure {
 }
 
 impl BreakdownFigure {
-    /// Bars from runs.
+    /// Bars from runs: one per job, or one per phase of a job that has several (the XLA ops
+    /// outside the kernels summed into one bar).
     pub fn from_runs(runs: &[JobRun], title: Option<&str>) -> Self {
-        let bars = runs
-            .iter()
-            .map(|r| Bar {
-                label: r.label.clone(),
-                busy_ms: r.report.busy_ms,
-                latency_ms: r.report.latency_ms,
-                bottleneck: r.report.bottleneck,
-            })
-            .collect();
+        let mut bars = Vec::new();
+        for r in runs {
+            if r.run.phases.len() <= 1 {
+                bars.push(Bar {
+                    label: r.label.clone(),
+                    busy_ms: r.report.busy_ms,
+                    latency_ms: r.report.latency_ms,
+                    bottleneck: r.report.bottleneck,
+                });
+                continue;
+            }
+            let ms = 1e3 / r.run.chip.clock_hz();
+            let mut outside: Option<Bar> = None;
+            for (p, lowered) in r.run.phases.iter().zip(&r.run.lowered.phases) {
+                let busy = PerUnit(std::array::from_fn(|u| p.result.busy.0[u] * ms));
+                let latency_ms = p.result.seconds * 1e3;
+                if matches!(lowered.work, tpusim_kernel::PhaseWork::Fusion(_)) {
+                    // XLA fusions: summed into one bar per job.
+                    let b = outside.get_or_insert(Bar {
+                        label: format!("{}: XLA ops", r.label),
+                        busy_ms: PerUnit::default(),
+                        latency_ms: 0.0,
+                        bottleneck: Unit::Hbm,
+                    });
+                    b.busy_ms.add_scaled(&busy, 1.0);
+                    b.latency_ms += latency_ms;
+                } else {
+                    bars.push(Bar {
+                        label: format!("{}: {}", r.label, p.part.label()),
+                        busy_ms: busy,
+                        latency_ms,
+                        bottleneck: p.result.bottleneck(),
+                    });
+                }
+            }
+            bars.extend(outside);
+        }
         BreakdownFigure { title: title.unwrap_or("Busy time per unit").to_string(), bars, notes: runs.iter().map(describe).collect() }
     }
 }

@@ -16,8 +16,14 @@
 //! Per track, the durations of a whole run's events add up to the report's busy time per unit
 //! (`busy_ms`; DMA in + DMA out = `hbm`), so utilisation read off a timeline matches the report.
 //!
+//! A call of several phases (the backward's kernels, a training step, the library's XLA ops in
+//! `--scope op`) is drawn phase after phase: each kernel is its own process (pid 1, 2, ... in
+//! order, named after the kernel and its part) with the same unit tracks, shifted by the time
+//! of the phases before it; the XLA ops outside the kernels are one event each on the single
+//! track of process 100. The window applies to every kernel's grid steps.
+//!
 //! JSON: `{"traceEvents": [...], "displayTimeUnit": "ns", "otherData": {...}}`. Process 1 is the
-//! run; threads 1..=7 are the tracks (named by `thread_name` metadata events, ordered by
+//! first kernel; threads 1..=7 are the tracks (named by `thread_name` metadata events, ordered by
 //! `thread_sort_index`). Each event is a complete event (`"ph": "X"`) with `ts` and `dur` in
 //! microseconds (cycles / clock), full f64 precision (no rounding, so sums match the report),
 //! `cat` the track key and `args` = `step`, `head` (batch x head index, grid coordinate 0),
@@ -31,7 +37,7 @@ use std::io::{BufWriter, Write};
 use std::path::Path;
 use tpusim_chip::ChipModel;
 use tpusim_engine::{schedule_body, simulate_observed, SimResult, StepTiming};
-use tpusim_kernel::{Program, Step, Unit};
+use tpusim_kernel::{Part, Phase, PhaseWork, Program, Step, Unit};
 use tpusim_report::Run;
 
 /// A track of the timeline: a unit of the TensorCore, a DMA direction, or step control.
@@ -294,10 +300,16 @@ fn is_zero(v: &u64) -> bool {
 }
 
 #[derive(Serialize)]
+struct FusionArgs {
+    bytes: u64,
+}
+
+#[derive(Serialize)]
 #[serde(untagged)]
 enum Args {
     Splash(SplashArgs),
     Matmul(MatmulArgs),
+    Fusion(FusionArgs),
 }
 
 #[derive(Serialize)]
@@ -321,13 +333,27 @@ struct XEvent<'a> {
 /// `--timeline-steps` / `--timeline-head`), or when the window holds no step.
 pub fn write_chrome_trace(run: &Run, window: &Window, path: &Path, flag: &str) -> Result<TraceSummary, PlotError> {
     let chip = &run.chip;
-    let program = &run.program;
-    let n = count_events(chip, program, window);
+    // The phases in order with their start (cycles): kernels and the XLA ops around them.
+    let mut phases: Vec<(&Phase, &tpusim_engine::PhaseResult, f64)> = Vec::new();
+    let mut offset = 0.0;
+    for (p, r) in run.lowered.phases.iter().zip(&run.phases) {
+        phases.push((p, r, offset));
+        offset += r.result.cycles;
+    }
+    let kernels: Vec<(&Program, Part, f64)> = phases
+        .iter()
+        .filter_map(|(p, _, off)| match &p.work {
+            PhaseWork::Kernel(k) => Some((&**k, p.part, *off)),
+            PhaseWork::Fusion(_) => None,
+        })
+        .collect();
+    let run_steps: u64 = kernels.iter().map(|(k, _, _)| k.info.grid_steps).sum();
+    let n: u64 = kernels.iter().map(|(k, _, _)| count_events(chip, k, window)).sum();
     if !window.is_bounded() && n > MAX_UNBOUNDED_EVENTS {
         return Err(PlotError::Input(format!(
             "{flag} {}: the whole run is {} grid steps and {} events (about {} MB); bound it with --timeline-steps START:END (e.g. 0:16) or --timeline-head H",
             path.display(),
-            program.info.grid_steps,
+            run_steps,
             n,
             n * 180 / 1_000_000
         )));
@@ -336,112 +362,171 @@ pub fn write_chrome_trace(run: &Run, window: &Window, path: &Path, flag: &str) -
         return Err(PlotError::Input(format!(
             "{flag} {}: the window holds no grid step (the run has {} steps and {} batch x head indices)",
             path.display(),
-            program.info.grid_steps,
-            program.info.grid.first().map_or(1, |g| g.1)
+            run_steps,
+            run.program.info.grid.first().map_or(1, |g| g.1)
         )));
     }
     let us = 1e6 / chip.clock_hz();
-    let splash = program.info.kind == tpusim_kernel::KernelKind::Attention;
     let mut summary = TraceSummary {
         events: 0,
         steps: 0,
-        run_steps: program.info.grid_steps,
+        run_steps,
         step_range: None,
         busy_us: Track::ALL.iter().map(|t| (t.key().to_string(), 0.0)).collect(),
         run_us: 0.0,
     };
+    let window_text = match (window.steps, window.head) {
+        (None, None) => "whole run".to_string(),
+        (s, h) => {
+            let mut v = Vec::new();
+            if let Some((a, b)) = s {
+                v.push(if b == u64::MAX { format!("steps {a}..") } else { format!("steps {a}..{b}") });
+            }
+            if let Some(h) = h {
+                v.push(format!("head {h}"));
+            }
+            v.join(", ")
+        }
+    };
     crate::atomic_with(path, flag, |file| {
         let mut w = BufWriter::with_capacity(1 << 20, file);
         w.write_all(b"{\"traceEvents\":[\n")?;
-        let process = format!(
-            "tpusim: {} on {} ({})",
-            program.info.kernel,
-            chip.name,
-            match (window.steps, window.head) {
-                (None, None) => "whole run".to_string(),
-                (s, h) => {
-                    let mut v = Vec::new();
-                    if let Some((a, b)) = s {
-                        v.push(if b == u64::MAX { format!("steps {a}..") } else { format!("steps {a}..{b}") });
-                    }
-                    if let Some(h) = h {
-                        v.push(format!("head {h}"));
-                    }
-                    v.join(", ")
-                }
+        let mut first = true;
+        let mut meta = |w: &mut BufWriter<&mut std::fs::File>, m: &Meta| -> std::io::Result<()> {
+            if !first {
+                w.write_all(b",\n")?;
             }
-        );
-        serde_json::to_writer(
-            &mut w,
-            &Meta { name: "process_name", ph: "M", pid: 1, tid: 0, args: MetaArgs { name: Some(&process), sort_index: None } },
-        )?;
-        for t in Track::ALL {
-            w.write_all(b",\n")?;
-            serde_json::to_writer(
+            first = false;
+            serde_json::to_writer(&mut *w, m).map_err(std::io::Error::from)
+        };
+        for (i, (k, part, _)) in kernels.iter().enumerate() {
+            let pid = i as u32 + 1;
+            let process = format!("tpusim: {} ({}) on {} ({window_text})", k.info.kernel, part.label(), chip.name)
+                .replace(" (fused dq/dk/dv) (fused dq/dk/dv)", " (fused dq/dk/dv)");
+            meta(&mut w, &Meta { name: "process_name", ph: "M", pid, tid: 0, args: MetaArgs { name: Some(&process), sort_index: None } })?;
+            meta(&mut w, &Meta { name: "process_sort_index", ph: "M", pid, tid: 0, args: MetaArgs { name: None, sort_index: Some(pid) } })?;
+            for t in Track::ALL {
+                meta(
+                    &mut w,
+                    &Meta { name: "thread_name", ph: "M", pid, tid: t.tid(), args: MetaArgs { name: Some(t.name()), sort_index: None } },
+                )?;
+                meta(
+                    &mut w,
+                    &Meta {
+                        name: "thread_sort_index",
+                        ph: "M",
+                        pid,
+                        tid: t.tid(),
+                        args: MetaArgs { name: None, sort_index: Some(t.tid()) },
+                    },
+                )?;
+            }
+        }
+        let fusions = phases.iter().any(|(p, _, _)| matches!(p.work, PhaseWork::Fusion(_)));
+        if fusions {
+            let name = "XLA ops outside the kernels";
+            meta(
                 &mut w,
-                &Meta { name: "thread_name", ph: "M", pid: 1, tid: t.tid(), args: MetaArgs { name: Some(t.name()), sort_index: None } },
+                &Meta { name: "process_name", ph: "M", pid: FUSION_PID, tid: 0, args: MetaArgs { name: Some(name), sort_index: None } },
             )?;
-            w.write_all(b",\n")?;
-            serde_json::to_writer(
+            meta(
                 &mut w,
                 &Meta {
-                    name: "thread_sort_index",
+                    name: "thread_name",
                     ph: "M",
-                    pid: 1,
-                    tid: t.tid(),
-                    args: MetaArgs { name: None, sort_index: Some(t.tid()) },
+                    pid: FUSION_PID,
+                    tid: 1,
+                    args: MetaArgs { name: Some("HBM fusions"), sort_index: None },
                 },
             )?;
         }
         let mut err: Option<std::io::Error> = None;
-        let mut last_step = None;
-        let res = for_each_event(chip, program, window, &mut |e| {
-            if err.is_some() {
-                return;
+        fn write(w: &mut BufWriter<&mut std::fs::File>, ev: &XEvent) -> std::io::Result<()> {
+            w.write_all(b",\n").and_then(|_| serde_json::to_writer(&mut *w, ev).map_err(std::io::Error::from))
+        }
+        let mut kernel_index = 0u32;
+        for (p, r, off) in &phases {
+            match &p.work {
+                PhaseWork::Fusion(f) => {
+                    let (ts, dur) = (off * us, r.result.cycles * us);
+                    let ev = XEvent {
+                        name: &f.name,
+                        cat: "xla",
+                        ph: "X",
+                        pid: FUSION_PID,
+                        tid: 1,
+                        ts,
+                        dur,
+                        args: Args::Fusion(FusionArgs { bytes: f.read_bytes + f.write_bytes }),
+                    };
+                    summary.events += 1;
+                    write(&mut w, &ev)?;
+                }
+                PhaseWork::Kernel(program) => {
+                    kernel_index += 1;
+                    let pid = kernel_index;
+                    let splash = program.info.kind == tpusim_kernel::KernelKind::Attention;
+                    let mut last_step = None;
+                    for_each_event(chip, program, window, &mut |e| {
+                        if err.is_some() {
+                            return;
+                        }
+                        if last_step != Some(e.step) {
+                            last_step = Some(e.step);
+                            summary.steps += 1;
+                            if pid == 1 {
+                                summary.step_range = Some((summary.step_range.map_or(e.step, |r| r.0), e.step));
+                            }
+                        }
+                        let args = if splash {
+                            Args::Splash(SplashArgs {
+                                step: e.step,
+                                head: e.coords[0],
+                                q_block: e.coords[1],
+                                kv_block: e.coords[2],
+                                tile: e.tile,
+                                masked: e.masked,
+                                bytes: e.bytes,
+                            })
+                        } else {
+                            Args::Matmul(MatmulArgs {
+                                step: e.step,
+                                m_block: e.coords[1],
+                                n_block: e.coords[2],
+                                k_block: e.coords[3],
+                                bytes: e.bytes,
+                            })
+                        };
+                        // Both ends converted, and the duration their difference: an event that
+                        // starts where the previous one on its track ended then starts exactly at
+                        // that event's ts + dur (no rounding overlap for viewers that require
+                        // disjoint slices).
+                        let ts = (off + e.start) * us;
+                        let dur = (off + e.start + e.dur) * us - ts;
+                        summary.busy_us[e.track as usize].1 += dur;
+                        summary.events += 1;
+                        if let Err(x) =
+                            write(&mut w, &XEvent { name: e.name, cat: e.track.key(), ph: "X", pid, tid: e.track.tid(), ts, dur, args })
+                        {
+                            err = Some(x);
+                        }
+                    });
+                }
             }
-            if last_step != Some(e.step) {
-                last_step = Some(e.step);
-                summary.steps += 1;
-                summary.step_range = Some((summary.step_range.map_or(e.step, |r| r.0), e.step));
-            }
-            let args = if splash {
-                Args::Splash(SplashArgs {
-                    step: e.step,
-                    head: e.coords[0],
-                    q_block: e.coords[1],
-                    kv_block: e.coords[2],
-                    tile: e.tile,
-                    masked: e.masked,
-                    bytes: e.bytes,
-                })
-            } else {
-                Args::Matmul(MatmulArgs { step: e.step, m_block: e.coords[1], n_block: e.coords[2], k_block: e.coords[3], bytes: e.bytes })
-            };
-            // Both ends converted, and the duration their difference: an event that starts where
-            // the previous one on its track ended then starts exactly at that event's ts + dur
-            // (no rounding overlap for trace viewers that require disjoint slices).
-            let ts = e.start * us;
-            let dur = (e.start + e.dur) * us - ts;
-            summary.busy_us[e.track as usize].1 += dur;
-            summary.events += 1;
-            let ev = XEvent { name: e.name, cat: e.track.key(), ph: "X", pid: 1, tid: e.track.tid(), ts, dur, args };
-            let r = w.write_all(b",\n").and_then(|_| serde_json::to_writer(&mut w, &ev).map_err(std::io::Error::from));
-            if let Err(x) = r {
-                err = Some(x);
-            }
-        });
+        }
         if let Some(e) = err {
             return Err(e);
         }
-        summary.run_us = res.seconds * 1e6;
+        summary.run_us = run.result.seconds * 1e6;
         w.write_all(b"\n],\n\"displayTimeUnit\":\"ns\",\n\"otherData\":")?;
         let other = serde_json::json!({
             "generator": "tpusim run --timeline",
             "chip": chip.name,
-            "kernel": program.info.kernel,
+            "kernel": run.program.info.kernel,
+            "phases": phases.iter().map(|(_, r, off)| serde_json::json!({"name": r.name, "part": r.part.label(), "start_us": off * us, "latency_us": r.result.seconds * 1e6})).collect::<Vec<_>>(),
             "clock_ghz": chip.device.clock_ghz.value,
             "time_unit": "us",
-            "window_steps": window.steps.map(|(a, b)| vec![a, b.min(program.info.grid_steps)]),
+            "window_steps": window.steps.map(|(a, b)| vec![a, b.min(run_steps)]),
             "window_head": window.head,
             "whole_run": !window.is_bounded(),
             "steps_included": summary.steps,
@@ -455,6 +540,9 @@ pub fn write_chrome_trace(run: &Run, window: &Window, path: &Path, flag: &str) -
     })?;
     Ok(summary)
 }
+
+/// Process id of the XLA ops outside the kernels in a written timeline.
+pub const FUSION_PID: u32 = 100;
 
 /// A timeline event in microseconds, as read back from a Chrome trace or converted from
 /// [`Event`] (for the Gantt figure).

@@ -527,19 +527,29 @@ impl<'a> Pipeline<'a> {
             self.advance(&cur, Some(s), observe);
             self.next = Some(*s);
             remaining -= 1;
-            let c = self.t.front - before.0.front;
-            if remaining > 0 && c > 0.0 && uniform_shift(&before.0, &self.t, c) {
-                // Steady state: every further step repeats this one's advance.
-                let m = remaining as f64;
-                let floor = self.t.front;
-                self.t.shift(m * c, floor - c);
-                self.tot.stall += m * (self.tot.stall - before.1.stall);
-                let dc = PerUnit(std::array::from_fn(|u| self.tot.critical.0[u] - before.1.critical.0[u]));
-                self.tot.critical.add_scaled(&dc, m);
+            if remaining > 0 && self.jump(&before, remaining) {
+                // Steady state: every further step repeated this one's advance.
                 self.count(s, remaining);
                 remaining = 0;
             }
         }
+    }
+
+    /// If the pipeline's state moved uniformly since `before` (one step or one head replay),
+    /// advances it, the stall and the critical path by `m` more such moves and returns true
+    /// (module docs: the steady-state jump); otherwise changes nothing.
+    fn jump(&mut self, before: &(Times, Totals), m: u64) -> bool {
+        let c = self.t.front - before.0.front;
+        if !(c > 0.0 && uniform_shift(&before.0, &self.t, c)) {
+            return false;
+        }
+        let m = m as f64;
+        let floor = self.t.front;
+        self.t.shift(m * c, floor - c);
+        self.tot.stall += m * (self.tot.stall - before.1.stall);
+        let dc = PerUnit(std::array::from_fn(|u| self.tot.critical.0[u] - before.1.critical.0[u]));
+        self.tot.critical.add_scaled(&dc, m);
+        true
     }
 
     /// Replays a head's runs `k` more times, jumping once a replay shifts the state uniformly.
@@ -552,17 +562,10 @@ impl<'a> Pipeline<'a> {
                 self.run(s, *n, observe);
             }
             remaining -= 1;
-            let c = self.t.front - before.0.front;
-            if remaining > 0 && c > 0.0 && uniform_shift(&before.0, &self.t, c) {
+            if remaining > 0 && self.jump(&before, remaining) {
                 let m = remaining as f64;
-                let floor = self.t.front;
-                self.t.shift(m * c, floor - c);
-                self.tot.stall += m * (self.tot.stall - before.1.stall);
-                let dc = PerUnit(std::array::from_fn(|u| self.tot.critical.0[u] - before.1.critical.0[u]));
-                self.tot.critical.add_scaled(&dc, m);
                 let r = remaining;
-                for (i, (a, b)) in self.class_steps.iter_mut().zip(&counts_before.0).enumerate() {
-                    let _ = i;
+                for (a, b) in self.class_steps.iter_mut().zip(&counts_before.0) {
                     *a += (*a - b) * r;
                 }
                 let db = PerUnit(std::array::from_fn(|u| self.busy.0[u] - counts_before.1 .0[u]));

@@ -162,7 +162,7 @@ pub fn run(chip: &ChipModel, job: &Job) -> Result<Run, KernelError> {
         Some(d) => Some(combine(chip, &simulate_lowered(chip, &d.lower(chip)?))),
         None => None,
     };
-    Ok(finish(chip, job, lowered, dense))
+    Ok(run_lowered(chip, job, lowered, dense))
 }
 
 /// [`run`] with the dense baseline already simulated (sweeps cache it).
@@ -171,10 +171,15 @@ pub fn run(chip: &ChipModel, job: &Job) -> Result<Run, KernelError> {
 /// As [`run`].
 pub fn run_with_dense(chip: &ChipModel, job: &Job, dense: Option<SimResult>) -> Result<Run, KernelError> {
     let lowered = job.lower(chip)?;
-    Ok(finish(chip, job, lowered, dense))
+    Ok(run_lowered(chip, job, lowered, dense))
 }
 
-fn finish(chip: &ChipModel, job: &Job, lowered: Lowered, dense: Option<SimResult>) -> Run {
+/// A run of a job already lowered (sweep points that share a lowering simulate it on their own
+/// chips): simulates every phase and combines them.
+///
+/// # Panics
+/// Never for a lowering of `job` ([`Job::lower`] always yields a kernel).
+pub fn run_lowered(chip: &ChipModel, job: &Job, lowered: Lowered, dense: Option<SimResult>) -> Run {
     let phases = simulate_lowered(chip, &lowered);
     let result = combine(chip, &phases);
     let program = lowered

@@ -173,7 +173,7 @@ impl Evaluator {
                             .map_err(|e| e.to_string())?,
                     ),
                 };
-                Ok(Report::from_run(&run_lowered(&chip.chip, job, low.clone(), dense)))
+                Ok(Report::from_run(&tpusim_report::run_lowered(&chip.chip, job, low.clone(), dense)))
             });
             done(i, Outcome { job: Some(job.clone()), report });
         }
@@ -223,21 +223,6 @@ impl Evaluator {
         };
         run_with_dense(chip, job, dense)
     }
-}
-
-/// A run from an already lowered job (points sharing a lowering simulate it on their own chips).
-fn run_lowered(chip: &ChipModel, job: &Job, lowered: Lowered, dense: Option<SimResult>) -> Run {
-    let phases = simulate_lowered(chip, &lowered);
-    let result = combine(chip, &phases);
-    let program = lowered
-        .phases
-        .iter()
-        .find_map(|p| match &p.work {
-            tpusim_kernel::PhaseWork::Kernel(k) => Some((**k).clone()),
-            tpusim_kernel::PhaseWork::Fusion(_) => None,
-        })
-        .expect("every job has a kernel");
-    Run { chip: chip.clone(), job: job.clone(), lowered, phases, program, result, dense }
 }
 
 #[cfg(test)]

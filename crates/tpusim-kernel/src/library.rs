@@ -5,8 +5,9 @@
 //!   128 lanes per q row) and XLA slices one lane of each (a fusion reading the whole arrays;
 //!   counted in scope `op`).
 //! * **Backward** (Splash's `_splash_attention_bwd`): `di = rowsum(dO * O)` in f32 and the
-//!   sublane broadcast of logsumexp and di to 8 rows (XLA), then the fused dq/dk/dv kernel and the
-//!   sum of its per-kv-block dq partials (XLA), or JAX's dq and dkv kernels.
+//!   sublane broadcast of logsumexp and di to 8 rows (XLA), then the fused dq/dk/dv kernel, or
+//!   JAX's dq and dkv kernels. The sum of the fused kernel's per-kv-block dq partials (XLA) counts
+//!   in scope `op`, with the library's other ops.
 //! * **Scope `op`** adds the ops the library's public API runs around the kernels. tokamax
 //!   (`pallas_mosaic_tpu.py` `_fwd`, `pallas_mosaic_tpu_vjp.py`) takes sequence-major tensors
 //!   (batch, seq, heads, dim): it multiplies q by the logits scale and swaps the sequence and head
@@ -167,7 +168,9 @@ pub fn lower_attention(
             let padded_q = w.q_len.next_multiple_of(b.block_q_dkv);
             let partials = kv_blocks * bh * padded_q * w.head_dim * elem;
             push(Part::FusedBackward, PhaseWork::Kernel(Box::new(dkv)));
-            push(Part::FusedBackward, fusion("sum dq partials", partials, q));
+            if scope == Scope::Op {
+                push(Part::Wrapper, fusion("sum dq partials", partials, q));
+            }
         } else {
             push(Part::Dq, PhaseWork::Kernel(Box::new(bwd::lower_dq(chip, w, cfg)?)));
             push(Part::Dkv, PhaseWork::Kernel(Box::new(bwd::lower_dkv(chip, w, cfg)?)));

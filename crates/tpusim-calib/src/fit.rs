@@ -5,10 +5,9 @@
 //! Log time makes a 10% miss on a 0.1 ms kernel count as much as a 10% miss on a 100 ms one.
 //!
 //! **Coordinates and bounds.** Each parameter `x` is moved in offset-log coordinates
-//! `u = ln(x + c)`: `c = 0` for the strictly positive parameters (clock, throughputs, HBM
-//! efficiency), and a typical scale `c` for those that may be zero (100 cycles of grid-step
-//! overhead, 1 cycle per masked register, 100 ns of DMA latency), so that a zero value can still
-//! move. `x` is kept within the ranges [`tpusim_chip::ChipModel::validate`] allows.
+//! `u = ln(x + c)`: `c = 0` for the strictly positive parameters (throughputs, cycles per
+//! register, operations per register), and a typical scale `c` for the one that may be zero (100
+//! cycles of grid-step overhead), so that a zero value can still move. `x` is kept within the ranges [`tpusim_chip::ChipModel::validate`] allows.
 //!
 //! **Optimiser.** Levenberg-Marquardt on the residuals `ln(predicted/measured)` with a
 //! forward-difference Jacobian (step 0.01 in `u`), Marquardt's diagonal scaling, steps limited to
@@ -22,13 +21,12 @@
 //! Parameters are taken greedily, the one the rows pin down best first: at each round, the
 //! candidate whose elasticity column has the largest part that the parameters already taken cannot
 //! mimic; it is fitted only when that part has a norm of at least [`MIN_RESIDUAL_NORM`] (a 10%
-//! change moves the rows' log times, beyond what the others can make up, by at least 1%
+//! change moves the rows' log times, beyond what the others can make up, by at least 0.5%
 //! root-sum-square) and is at least [`CONFOUND_FRACTION`] of its whole column. At most
 //! [`MAX_FITTED`] parameters are fitted per chip.
 //! Otherwise it is *not identifiable from these rows* and keeps its value and provenance: either
 //! no row responds to it (e.g. the exp rate when no row is bound by the EUP), or it is confounded
-//! (e.g. the clock when every row is bound by the VPU, where only
-//! `clock x valu_vreg_ops_per_cycle` matters).
+//! with those taken (its effect on the rows is one they already have).
 //!
 //! **Confidence intervals.** At the optimum, the covariance of the fitted coordinates is
 //! `s^2 (J^T J)^-1` with `J` the Jacobian of the residuals and `s^2 = S / (n - p)` (n rows, p fitted
@@ -53,9 +51,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use tpusim_chip::{ChipModel, Param};
 use tpusim_report::JobSpec;
 
-/// The chip model's fitted parameters, in the order they are considered for fitting (the most
-/// specific first; the clock last, so that it is only fitted when rows pin it independently of
-/// the throughputs).
+/// The chip model's fitted parameters (candidates: at most [`MAX_FITTED`] are fitted per chip,
+/// chosen by identifiability; module docs).
 pub const FITTED_PARAMS: &[&str] =
     &["valu_vreg_ops_per_cycle", "eup_vregs_per_cycle", "xlu_cycles_per_vreg", "loaded_mask_ops_per_vreg", "grid_step_overhead_cycles"];
 
@@ -554,7 +551,7 @@ fn elasticities(p: &mut Problem, u: &[f64]) -> Vec<Vec<f64>> {
 ///
 /// Greedy: each round takes the candidate whose column has the largest part not explained by the
 /// columns already taken, if that part has a norm of at least [`MIN_RESIDUAL_NORM`] (a 10% change
-/// of x + c moves the rows' log times, beyond what the others can make up, by at least 1%
+/// of x + c moves the rows' log times, beyond what the others can make up, by at least 0.5%
 /// root-sum-square) and at least [`CONFOUND_FRACTION`] of the column's own norm; at most
 /// [`MAX_FITTED`] are taken.
 fn identify(cols: &[Vec<f64>], names: &[&str]) -> (Vec<usize>, Vec<(Status, f64)>) {

@@ -1,8 +1,10 @@
 //! TPU chip models for tpusim.
 //!
-//! A [`ChipModel`] is one TensorCore as a Pallas kernel sees it: its matrix units (MXU), vector
-//! unit (VPU), transcendental unit (EUP), cross-lane unit (XLU), on-chip memories (VMEM, SMEM),
-//! HBM, and the parameters that had to be fitted to measurements because they are not public.
+//! A [`ChipModel`] is one JAX device of a TPU chip as a Pallas kernel sees it: its TensorCores
+//! (`[device]`: how many, their clock), each with matrix units (MXU), a vector unit (VPU), a
+//! transcendental unit (EUP), cross-lane units (XLU) and on-chip memories (VMEM, SMEM), the HBM
+//! they share, and the parameters that had to be fitted to measurements because they are not
+//! public.
 //!
 //! Chip models are TOML files (see `models/README.md`). Every number is a [`Param`]: a value with
 //! its unit in the field name and either a `source` (architectural parameters) or a `fitted_to`
@@ -283,7 +285,7 @@ impl ChipModel {
     }
 
     /// Returns a copy with one field's value replaced: `key` is a dotted path such as
-    /// `hbm.bandwidth_gb_per_s` or `fitted.clock_ghz`, `value` is parsed as that field's type.
+    /// `hbm.bandwidth_gb_per_s` or `device.clock_ghz`, `value` is parsed as that field's type.
     /// The result is validated like a TOML file.
     ///
     /// # Errors
@@ -533,8 +535,8 @@ pub fn unit_of(field: &str) -> &'static str {
         ("_ns", "ns"),
         ("_cycles", "cycles"),
         ("_per_cycle", "per cycle"),
+        ("_ops_per_vreg", "operations per (8,128) register"),
         ("_per_vreg", "cycles per (8,128) register"),
-        ("_efficiency", "fraction"),
     ];
     SUFFIXES.iter().find(|(s, _)| field.ends_with(s)).map(|(_, u)| *u).unwrap_or("count")
 }

@@ -10,7 +10,7 @@
 //! |---|---|---|
 //! | `q_scale` | VPU | r d / 1024 (base-2 exp only, once per step: q x log2(e)) |
 //! | `qk` | MXU | r x d x c matmul (k^T chunk stationary) |
-//! | `mask` | VPU | (r c / 1024) x mask ops (masked steps only; see [`mask_ops_per_vreg`]) |
+//! | `mask` | VPU | (r c / 1024) x mask ops (masked steps only; see [`mask_cost`]) |
 //! | `rowmax` | VPU | 2 r c / 1024 (pop scores from the MXU result buffer; element-wise max across lane chunks) |
 //! | `rowmax_xlu` | XLU | r / 8 cross-lane reductions |
 //! | `sub` | VPU | r c / 1024 (s - m; natural exp adds r c / 1024: the scale by log2(e) before the EUP's exp2) + 2 r / 8 (m update, alpha argument) |

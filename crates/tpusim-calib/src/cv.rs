@@ -6,7 +6,7 @@
 use crate::fit::{calibrate, CalibrateOptions, ErrorStats};
 use crate::measure::MeasurementFile;
 use crate::stats::median;
-use crate::validate::ChipSet;
+use crate::validate::{ChipSet, Usage};
 use crate::CalibError;
 use serde::Serialize;
 use std::fmt::Write as _;
@@ -58,6 +58,9 @@ pub struct CrossValidation {
     pub unused: Vec<(String, String)>,
     /// Per chip, then the tokamax rows, then all rows.
     pub summaries: Vec<CvSummary>,
+    /// Which chip model each chip's rows were refitted from, and `--chip` models that matched no
+    /// row.
+    pub chip_models: Usage,
 }
 
 fn stats(pairs: impl Iterator<Item = (Option<f64>, f64)>) -> Option<ErrorStats> {
@@ -148,7 +151,7 @@ pub fn cross_validate(file: &MeasurementFile, chips: &ChipSet) -> Result<CrossVa
         summaries.push(summary("tokamax rows", &tk));
     }
     summaries.push(summary("all rows", &rows.iter().collect::<Vec<_>>()));
-    Ok(CrossValidation { file: file.path.clone(), rows, unused, summaries })
+    Ok(CrossValidation { file: file.path.clone(), rows, unused, summaries, chip_models: chips.usage(file) })
 }
 
 fn pct(e: f64) -> String {
@@ -227,6 +230,11 @@ impl CrossValidation {
                 let _ = writeln!(s);
             }
         }
+        let _ = writeln!(s, "chip models (each refitted from):");
+        for l in self.chip_models.lines() {
+            let _ = writeln!(s, "{}{l}", if markdown { "- " } else { "  " });
+        }
+        let _ = writeln!(s);
         if !self.unused.is_empty() {
             let _ = writeln!(s, "not used ({} rows):", self.unused.len());
             for (id, why) in &self.unused {

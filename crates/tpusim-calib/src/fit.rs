@@ -473,6 +473,11 @@ pub struct Calibration {
     pub file: String,
     /// Chip model name.
     pub chip: String,
+    /// The model the fit started from (source, `--set` overrides, parameter hash).
+    pub start_model: tpusim_chip::ChipIdentity,
+    /// The fitted model: the starting model with the fitted `[fitted]` values (its hash is the
+    /// one a run with the written file reports).
+    pub fitted_model: tpusim_chip::ChipIdentity,
     /// Objective, in words.
     pub objective: String,
     /// Ids of the rows fitted to.
@@ -795,6 +800,8 @@ pub fn calibrate(
     }
     fitted.description = format!("{} [calibrated by tpusim calibrate on {date} to {}]", base.description, file.path);
     fitted.validate("calibrated model")?;
+    fitted.provenance.source =
+        format!("tpusim calibrate from {} to {}", if chip_arg.is_empty() { &base.name } else { chip_arg }, file.path);
     let fit_rows_out = rows
         .iter()
         .enumerate()
@@ -810,6 +817,8 @@ pub fn calibrate(
     Ok(Calibration {
         file: file.path.clone(),
         chip: base.name.clone(),
+        start_model: base.identity(),
+        fitted_model: fitted.identity(),
         objective,
         fitted_to: ids,
         unused,
@@ -890,13 +899,16 @@ impl Calibration {
     pub fn model_toml(&self) -> Result<String, String> {
         let header = format!(
             "Chip model {} calibrated by `tpusim calibrate` to {} ({} rows: {}).\n\
-             Objective: {}.\nOnly [fitted] values changed; architectural parameters are the starting model's.\n\
+             Objective: {}.\nOnly [fitted] values changed; architectural parameters are the starting model's,\n\
+             {}.\nParameter hash (as reports name this model): {}.\n\
              Field meanings: models/README.md.",
             self.chip,
             self.file,
             self.fitted_to.len(),
             self.fitted_to.join(", "),
-            self.objective
+            self.objective,
+            self.start_model,
+            self.fitted_model.hash
         );
         chip_to_toml(&self.model, &header)
     }
@@ -910,6 +922,8 @@ impl Calibration {
     pub fn to_table(&self) -> String {
         let mut s = String::new();
         let _ = writeln!(s, "tpusim calibrate: chip {} to {} ({} rows)", self.chip, self.file, self.fitted_to.len());
+        let _ = writeln!(s, "  starting model: {}", self.start_model);
+        let _ = writeln!(s, "  fitted model:   parameters {} (the starting model with the fitted values below)", self.fitted_model.hash);
         let _ = writeln!(s, "  objective: {}", self.objective);
         let _ = writeln!(s);
         let _ = writeln!(

@@ -57,4 +57,4 @@ impl CalibError {
     }
 }
 pub use measure::{parse, read_file, MeasureError, Measurement, MeasurementFile};
-pub use validate::{validate, ChipSet, Validation};
+pub use validate::{validate, ChipSet, ModelUse, UnmatchedModel, Usage, Validation};

@@ -249,7 +249,8 @@ use tpusim_io::csv_line_at as line_at;
 /// # Errors
 /// [`MeasureError`] naming the file, line and column: unreadable file, malformed CSV, unknown or
 /// missing columns, non-numeric or non-positive numbers, unknown option words, malformed masks,
-/// unknown chips, duplicate ids, and workload columns an expressible row needs but lacks.
+/// unknown chips, duplicate ids, workload columns an expressible row needs but lacks, and a file
+/// with no row after its header.
 pub fn read_file(path: &str, known_chips: &[ChipModel]) -> Result<MeasurementFile, MeasureError> {
     let text = std::fs::read_to_string(path).map_err(|e| MeasureError {
         file: path.to_string(),
@@ -468,6 +469,14 @@ pub fn parse(text: &str, path: &str, known_chips: &[ChipModel]) -> Result<Measur
             }
         }
         rows.push(m);
+    }
+    if rows.is_empty() {
+        // Nothing to validate or fit: an input error, not a report of zero rows.
+        return Err(err(
+            None,
+            None,
+            "no measurement rows after the header line (comments and blank lines are not rows); add at least one row".into(),
+        ));
     }
     Ok(MeasurementFile { path: path.to_string(), rows })
 }

@@ -10,14 +10,64 @@ use tpusim_report::{run, Job, Report};
 
 /// Chip models to use instead of a row's `chip`: a row whose `chip` equals a model's `name` is
 /// predicted on that model (e.g. a calibrated `my-v6e.toml` named `v6e`); other rows load their
-/// chip by preset name or path.
+/// chip by preset name or path. Build it with [`ChipSet::new`], which refuses two models with
+/// one name.
 #[derive(Debug, Clone, Default)]
 pub struct ChipSet {
     /// Replacement models, matched by name.
     pub models: Vec<ChipModel>,
 }
 
+/// One chip model and the rows of a measurement file it serves.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ModelUse {
+    /// Which model (name, source, overrides, parameter hash).
+    pub model: tpusim_chip::ChipIdentity,
+    /// Whether it was given with `--chip` (else the row's `chip` column named it: a preset or a
+    /// chip TOML path).
+    pub given: bool,
+    /// The value of the `chip` column that selects it.
+    pub chip: String,
+    /// Ids of the rows whose `chip` column selects it, predicted or not, in file order.
+    pub rows: Vec<String>,
+}
+
+/// A `--chip` model that no row of the file selects.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct UnmatchedModel {
+    /// Which model.
+    pub model: tpusim_chip::ChipIdentity,
+    /// The chip names the file's rows use, for comparison with the model's `name`.
+    pub file_chips: Vec<String>,
+}
+
+/// Which model serves which rows ([`ChipSet::usage`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Default)]
+pub struct Usage {
+    /// Every model that serves a row, given ones first, then the presets and files the rows name.
+    pub used: Vec<ModelUse>,
+    /// `--chip` models that serve no row.
+    pub unmatched: Vec<UnmatchedModel>,
+}
+
 impl ChipSet {
+    /// The replacement models, checked: two models with the same `name` would make the rows of
+    /// that chip ambiguous.
+    ///
+    /// # Errors
+    /// [`crate::CalibError::Input`] naming both models' sources and the shared name.
+    pub fn new(models: Vec<ChipModel>) -> Result<ChipSet, crate::CalibError> {
+        for (i, a) in models.iter().enumerate() {
+            if let Some(b) = models[..i].iter().find(|b| b.name == a.name) {
+                return Err(crate::CalibError::Input(format!(
+                    "--chip {} and --chip {} are both named '{}': a row of chip {} could use either; give one model per chip name (rename one with its `name` key)",
+                    b.provenance.source, a.provenance.source, a.name, a.name
+                )));
+            }
+        }
+        Ok(ChipSet { models })
+    }
+
     /// The chip for a row.
     ///
     /// # Errors
@@ -27,6 +77,72 @@ impl ChipSet {
             Some(c) => Ok(c.clone()),
             None => ChipModel::load(name).map_err(|e| e.to_string()),
         }
+    }
+
+    /// Which model serves which rows of `file`: each given model with the rows whose `chip`
+    /// equals its name; each chip name no given model has, with its preset or file (the
+    /// fallback); and the given models no row selects.
+    pub fn usage(&self, file: &MeasurementFile) -> Usage {
+        let mut names: Vec<&str> = Vec::new();
+        for m in &file.rows {
+            if !names.contains(&m.chip.as_str()) {
+                names.push(&m.chip);
+            }
+        }
+        let ids = |name: &str| file.rows.iter().filter(|m| m.chip == name).map(|m| m.id.clone()).collect::<Vec<_>>();
+        let mut u = Usage::default();
+        for c in &self.models {
+            if names.contains(&c.name.as_str()) {
+                u.used.push(ModelUse { model: c.identity(), given: true, chip: c.name.clone(), rows: ids(&c.name) });
+            } else {
+                u.unmatched.push(UnmatchedModel { model: c.identity(), file_chips: names.iter().map(|n| n.to_string()).collect() });
+            }
+        }
+        for name in names {
+            if self.models.iter().any(|c| c.name == name) {
+                continue;
+            }
+            // Unloadable chips are rejected when the file is read; a row that still fails keeps
+            // its reason among the skipped rows.
+            if let Ok(c) = ChipModel::load(name) {
+                u.used.push(ModelUse { model: c.identity(), given: false, chip: name.to_string(), rows: ids(name) });
+            }
+        }
+        u
+    }
+}
+
+impl Usage {
+    /// One line per model: which rows it served, and which `--chip` models served none.
+    pub fn lines(&self) -> Vec<String> {
+        let any_given = self.used.iter().any(|m| m.given) || !self.unmatched.is_empty();
+        let mut out = Vec::new();
+        for m in &self.used {
+            let n = m.rows.len();
+            let why = match (m.given, any_given) {
+                (true, _) => " (--chip)".to_string(),
+                (false, true) => format!(" (no --chip model is named {}: {})", m.chip, fallback(&m.model)),
+                (false, false) => String::new(),
+            };
+            out.push(format!("{}: the {n} row{} of chip {}{why}", m.model, if n == 1 { "" } else { "s" }, m.chip));
+        }
+        for m in &self.unmatched {
+            out.push(format!(
+                "{} (--chip) matched no row: no row's chip is {}; the file's chips are {}",
+                m.model,
+                m.model.name,
+                m.file_chips.join(", ")
+            ));
+        }
+        out
+    }
+}
+
+fn fallback(id: &tpusim_chip::ChipIdentity) -> &'static str {
+    if id.source == "preset" {
+        "its preset"
+    } else {
+        "the chip TOML the rows name"
     }
 }
 
@@ -54,6 +170,8 @@ pub struct PredictedRow {
     /// Why the row's blocks were assumed, when they were.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
+    /// The parameter hash of the chip model that predicted it (see [`Validation::chip_models`]).
+    pub chip_hash: String,
 }
 
 /// A row that was not predicted, and why.
@@ -138,6 +256,8 @@ pub struct Validation {
     pub groups: Vec<RankGroup>,
     /// Error summary.
     pub summary: Summary,
+    /// Which chip model predicted which rows, and `--chip` models that matched no row.
+    pub chip_models: Usage,
 }
 
 fn blocks_of(job: &Job) -> String {
@@ -174,6 +294,7 @@ pub fn predict(m: &Measurement, chips: &ChipSet) -> Result<PredictedRow, String>
         bottleneck: rep.bottleneck.to_string(),
         blocks: blocks_of(&r.job),
         note,
+        chip_hash: chip.parameter_hash(),
     })
 }
 
@@ -248,7 +369,7 @@ pub fn validate(file: &MeasurementFile, chips: &ChipSet) -> Validation {
     }
     let groups = rank_groups(file, &rows);
     let summary = summarize(&rows, skipped.len(), &groups);
-    Validation { file: file.path.clone(), rows, skipped, groups, summary }
+    Validation { file: file.path.clone(), rows, skipped, groups, summary, chip_models: chips.usage(file) }
 }
 
 fn pct(x: Option<f64>) -> String {
@@ -262,8 +383,9 @@ impl Validation {
     }
 
     /// CSV: one line per row of the file (predicted and skipped), in file order, with columns
-    /// `id,line,chip,kernel,status,predicted_ms,measured_ms,error,bottleneck,blocks,note`
-    /// (`status` is `predicted` or `skipped`; a skipped row's `note` is the reason).
+    /// `id,line,chip,kernel,status,predicted_ms,measured_ms,error,bottleneck,blocks,note,chip_hash`
+    /// (`status` is `predicted` or `skipped`; a skipped row's `note` is the reason; `chip_hash`
+    /// is the parameter hash of the model that predicted the row).
     pub fn to_csv(&self) -> String {
         let mut w = csv::Writer::from_writer(Vec::new());
         let _ = w.write_record([
@@ -278,6 +400,7 @@ impl Validation {
             "bottleneck",
             "blocks",
             "note",
+            "chip_hash",
         ]);
         let mut lines: Vec<(u64, Vec<String>)> = Vec::new();
         for r in &self.rows {
@@ -295,6 +418,7 @@ impl Validation {
                     r.bottleneck.clone(),
                     r.blocks.clone(),
                     r.note.clone().unwrap_or_default(),
+                    r.chip_hash.clone(),
                 ],
             ));
         }
@@ -313,6 +437,7 @@ impl Validation {
                     String::new(),
                     String::new(),
                     s.reason.clone(),
+                    String::new(),
                 ],
             ));
         }
@@ -369,6 +494,12 @@ impl Validation {
                     g.ids.join(" < ")
                 );
             }
+        }
+        let _ = writeln!(s);
+        let _ = writeln!(s, "Chip models:");
+        let _ = writeln!(s);
+        for l in self.chip_models.lines() {
+            let _ = writeln!(s, "- {l}");
         }
         let m = &self.summary;
         let _ = writeln!(s);
@@ -431,6 +562,11 @@ impl Validation {
                     g.ids.join(" < ")
                 );
             }
+        }
+        let _ = writeln!(s);
+        let _ = writeln!(s, "chip models:");
+        for l in self.chip_models.lines() {
+            let _ = writeln!(s, "  {l}");
         }
         let m = &self.summary;
         let _ = writeln!(s);

@@ -240,6 +240,59 @@ pub struct ChipModel {
     pub hbm: Hbm,
     /// Parameters fitted to measurements.
     pub fitted: Fitted,
+    /// Where the model was read from and the overrides applied since (not part of the file; two
+    /// models with equal parameters compare equal whatever their provenance).
+    #[serde(skip)]
+    pub provenance: Provenance,
+}
+
+/// Where a chip model came from: the preset or file it was read from and the `--set` overrides
+/// applied to it since, in order. Set by [`ChipModel::preset`], [`ChipModel::load`],
+/// [`ChipModel::from_toml_str`] and [`ChipModel::with_override`]; reported by
+/// [`ChipModel::identity`].
+///
+/// Provenance takes no part in equality (`==` is always true between two provenances), so a
+/// model compares equal to its own copy read back from a file.
+#[derive(Debug, Clone, Default)]
+pub struct Provenance {
+    /// `preset` for a built-in model, else the path of the chip TOML as given (or the label a
+    /// caller of [`ChipModel::from_toml_str`] gave).
+    pub source: String,
+    /// `--set` overrides applied, in order, as `SECTION.FIELD=VALUE` with the value as typed.
+    pub overrides: Vec<String>,
+}
+
+impl PartialEq for Provenance {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+/// Which chip model produced a result: what every report (`run`, sweep rows, `tune`,
+/// `validate`, `calibrate`) names, so that runs on different models can be told apart.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChipIdentity {
+    /// The model's `name`, e.g. `v6e` (a calibrated file keeps its starting model's name).
+    pub name: String,
+    /// `preset` for a built-in model, else the path of the chip TOML as given.
+    pub source: String,
+    /// The `--set` overrides applied, in order (`SECTION.FIELD=VALUE`).
+    pub overrides: Vec<String>,
+    /// [`ChipModel::parameter_hash`]: 12 hex digits that change with any parameter's value and
+    /// with nothing else (names, descriptions and sources do not enter it).
+    pub hash: String,
+}
+
+impl fmt::Display for ChipIdentity {
+    /// `v6e (preset; parameters 1a2b3c4d5e6f)`, or with a file and overrides
+    /// `v6e (my-fit.toml, --set hbm.bandwidth_gb_per_s=3276; parameters 9f8e7d6c5b4a)`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} ({}", self.name, if self.source.is_empty() { "unknown source" } else { &self.source })?;
+        for o in &self.overrides {
+            write!(f, ", --set {o}")?;
+        }
+        write!(f, "; parameters {})", self.hash)
+    }
 }
 
 impl ChipModel {
@@ -249,9 +302,10 @@ impl ChipModel {
     /// [`ChipError::Parse`] for malformed TOML, unknown or missing keys; [`ChipError::Field`] for
     /// out-of-range values or parameters without a source.
     pub fn from_toml_str(text: &str, origin: &str) -> Result<Self, ChipError> {
-        let chip: ChipModel =
+        let mut chip: ChipModel =
             toml::from_str(text).map_err(|e| ChipError::Parse { origin: origin.to_string(), message: one_line(&e.to_string()) })?;
         chip.validate(origin)?;
+        chip.provenance = Provenance { source: origin.to_string(), overrides: Vec::new() };
         Ok(chip)
     }
 
@@ -265,7 +319,9 @@ impl ChipModel {
             .find(|(n, _)| *n == name)
             .map(|(_, t)| *t)
             .ok_or_else(|| ChipError::UnknownChip { name: name.to_string(), presets: PRESETS.join(", ") })?;
-        Self::from_toml_str(text, &format!("preset {name}"))
+        let mut chip = Self::from_toml_str(text, &format!("preset {name}"))?;
+        chip.provenance.source = "preset".to_string();
+        Ok(chip)
     }
 
     /// Loads a chip by preset name or, if `spec` ends in `.toml` or names an existing file, by path.
@@ -315,9 +371,13 @@ impl ChipModel {
             .ok_or_else(|| bad(format!("unknown field '{field}' in [{section}]; fields are {listing}")))?;
         let old = param.get("value").cloned().expect("every parameter has a value");
         let new = match old {
-            toml::Value::Integer(_) => {
-                value.trim().parse::<i64>().map(toml::Value::Integer).map_err(|_| bad("expected a whole number".into()))?
-            }
+            // A whole number outside u32 is clamped into it, so that the range check below
+            // states the field's own range (with the value as typed).
+            toml::Value::Integer(_) => value
+                .trim()
+                .parse::<i128>()
+                .map(|i| toml::Value::Integer(i.clamp(0, u32::MAX as i128) as i64))
+                .map_err(|_| bad("expected a whole number".into()))?,
             toml::Value::Float(_) => value
                 .trim()
                 .parse::<f64>()
@@ -327,16 +387,52 @@ impl ChipModel {
                 .ok_or_else(|| bad("expected a finite number".into()))?,
             _ => return Err(bad("this field cannot be overridden".into())),
         };
-        if let toml::Value::Integer(i) = new {
-            if i < 0 || i > u32::MAX as i64 {
-                return Err(bad(format!("expected a whole number from 1 to {}", u32::MAX)));
-            }
-        }
         param.insert("value".into(), new);
         param.insert("note".into(), toml::Value::String(format!("overridden with --set {key}={value}")));
-        let chip: ChipModel = doc.try_into().map_err(|e: toml::de::Error| bad(one_line(&e.to_string())))?;
-        chip.validate(origin)?;
+        let mut chip: ChipModel = doc.try_into().map_err(|e: toml::de::Error| bad(one_line(&e.to_string())))?;
+        chip.validate(origin).map_err(|e| match e {
+            // Name the value as the user typed it, not as it was parsed.
+            ChipError::Field { origin, field, allowed, .. } if field == key => {
+                ChipError::Field { origin, field, value: value.trim().to_string(), allowed }
+            }
+            other => other,
+        })?;
+        chip.provenance = self.provenance.clone();
+        chip.provenance.overrides.push(format!("{key}={}", value.trim()));
         Ok(chip)
+    }
+
+    /// Which model this is: name, source, overrides and [`ChipModel::parameter_hash`].
+    pub fn identity(&self) -> ChipIdentity {
+        ChipIdentity {
+            name: self.name.clone(),
+            source: self.provenance.source.clone(),
+            overrides: self.provenance.overrides.clone(),
+            hash: self.parameter_hash(),
+        }
+    }
+
+    /// A short stable hash of the effective parameters: 12 hex digits of the 64-bit FNV-1a hash
+    /// (crate `fnv`) of one line `SECTION.FIELD=VALUE` per parameter, in file order, values in
+    /// Rust's shortest round-trip form. Equal for models that simulate alike whatever their
+    /// names, descriptions, sources and provenance; different when any value differs.
+    pub fn parameter_hash(&self) -> String {
+        use std::hash::Hasher;
+        let doc = toml::Value::try_from(self).expect("a chip model serialises");
+        let mut h = fnv::FnvHasher::default();
+        for (sec, v) in doc.as_table().expect("a chip model serialises to a table") {
+            let Some(t) = v.as_table() else { continue };
+            for (field, p) in t {
+                let value = match p.get("value") {
+                    Some(toml::Value::Float(f)) => format!("{f}"),
+                    Some(toml::Value::Integer(i)) => format!("{i}"),
+                    Some(other) => other.to_string(),
+                    None => continue,
+                };
+                h.write(format!("{sec}.{field}={value}\n").as_bytes());
+            }
+        }
+        format!("{:016x}", h.finish())[..12].to_string()
     }
 
     /// Checks ranges and provenance of every field.
@@ -364,8 +460,8 @@ impl ChipModel {
         if self.vmem.scoped_limit_mib.value > self.vmem.size_mib.value {
             v.fail(
                 "vmem.scoped_limit_mib",
-                self.vmem.scoped_limit_mib.value,
-                &format!("must not exceed vmem.size_mib ({})", self.vmem.size_mib.value),
+                format_number(self.vmem.scoped_limit_mib.value),
+                &format!("must not exceed vmem.size_mib ({})", format_number(self.vmem.size_mib.value)),
             );
         }
         v.pos("smem.size_kib", &self.smem.size_kib, 1e-3, 1e9);
@@ -541,6 +637,17 @@ pub fn unit_of(field: &str) -> &'static str {
     SUFFIXES.iter().find(|(s, _)| field.ends_with(s)).map(|(_, u)| *u).unwrap_or("count")
 }
 
+/// A number for messages: as written (shortest round-trip form) from 0.001 up to 10^7, in
+/// scientific notation outside that (`1e300`, `2.5e-9`), so an absurd value prints in a few
+/// characters.
+pub fn format_number(x: f64) -> String {
+    if x == 0.0 || !x.is_finite() || (1e-3..1e7).contains(&x.abs()) {
+        format!("{x}")
+    } else {
+        format!("{x:e}")
+    }
+}
+
 fn one_line(s: &str) -> String {
     s.split_whitespace().collect::<Vec<_>>().join(" ")
 }
@@ -579,7 +686,7 @@ impl Validator<'_> {
     fn pos(&mut self, field: &str, p: &Param<f64>, lo: f64, hi: f64) {
         self.sourced(field, p);
         if !(p.value.is_finite() && p.value >= lo && p.value <= hi) {
-            self.fail(field, p.value, &format!("expected a number from {lo} to {hi}"));
+            self.fail(field, format_number(p.value), &format!("expected a number from {} to {}", format_number(lo), format_number(hi)));
         }
     }
     fn fitted_provenance(&mut self, field: &str, p: &Param<f64>) {
@@ -594,19 +701,19 @@ impl Validator<'_> {
     fn fit(&mut self, field: &str, p: &Param<f64>, lo: f64, hi: f64) {
         self.fitted_provenance(field, p);
         if !(p.value.is_finite() && p.value >= lo && p.value <= hi) {
-            self.fail(field, p.value, &format!("expected a number from {lo} to {hi}"));
+            self.fail(field, format_number(p.value), &format!("expected a number from {} to {}", format_number(lo), format_number(hi)));
         }
     }
     fn nonneg(&mut self, field: &str, p: &Param<f64>, hi: f64) {
         self.sourced(field, p);
         if !(p.value.is_finite() && p.value >= 0.0 && p.value <= hi) {
-            self.fail(field, p.value, &format!("expected a number from 0 to {hi}"));
+            self.fail(field, format_number(p.value), &format!("expected a number from 0 to {}", format_number(hi)));
         }
     }
     fn fit_nonneg(&mut self, field: &str, p: &Param<f64>, hi: f64) {
         self.fitted_provenance(field, p);
         if !(p.value.is_finite() && p.value >= 0.0 && p.value <= hi) {
-            self.fail(field, p.value, &format!("expected a number from 0 to {hi}"));
+            self.fail(field, format_number(p.value), &format!("expected a number from 0 to {}", format_number(hi)));
         }
     }
 }
@@ -675,6 +782,46 @@ mod tests {
     fn malformed_toml_is_an_error_not_a_panic() {
         assert!(ChipModel::from_toml_str("name = ", "x").is_err());
         assert!(ChipModel::from_toml_str("", "x").is_err());
+    }
+
+    #[test]
+    fn identity_names_source_overrides_and_a_hash_of_the_values() {
+        let v6e = ChipModel::preset("v6e").unwrap();
+        let id = v6e.identity();
+        assert_eq!((id.name.as_str(), id.source.as_str(), id.overrides.len()), ("v6e", "preset", 0));
+        assert_eq!(id.hash.len(), 12);
+        let faster = v6e.with_override("hbm.bandwidth_gb_per_s", "3276").unwrap();
+        let fid = faster.identity();
+        assert_eq!(fid.overrides, vec!["hbm.bandwidth_gb_per_s=3276".to_string()]);
+        assert_ne!(fid.hash, id.hash);
+        assert!(fid.to_string().contains("--set hbm.bandwidth_gb_per_s=3276"), "{fid}");
+        // The same values from a file hash alike; only the source differs.
+        let text = PRESET_TEXT[0].1;
+        let file = ChipModel::from_toml_str(text, "my-v6e.toml").unwrap();
+        assert_eq!((file.identity().hash, file.identity().source), (id.hash.clone(), "my-v6e.toml".to_string()));
+        // A changed value under the same name (a calibrated file) hashes differently.
+        let fitted = ChipModel::from_toml_str(&text.replace("value = 1.75", "value = 1.76"), "fit.toml").unwrap();
+        assert_eq!(fitted.name, "v6e");
+        assert_ne!(fitted.identity().hash, id.hash);
+        // Setting a value back to what it was gives the original hash (the note does not enter it).
+        let back = faster.with_override("hbm.bandwidth_gb_per_s", &v6e.hbm.bandwidth_gb_per_s.value.to_string()).unwrap();
+        assert_eq!(back.identity().hash, id.hash);
+    }
+
+    #[test]
+    fn absurd_override_values_print_short_and_state_the_range() {
+        let chip = ChipModel::preset("v6e").unwrap();
+        let err = chip.with_override("hbm.bandwidth_gb_per_s", "1e300").unwrap_err().to_string();
+        assert!(err.contains("= 1e300:") && err.contains("from 0.001 to 1e7") && err.len() < 200, "{err}");
+        // Whole numbers past u32 state the field's own range, with the value as typed.
+        let err = chip.with_override("mxu.count", "99999999999").unwrap_err().to_string();
+        assert!(err.contains("= 99999999999:") && err.contains("from 1 to 64"), "{err}");
+        let err = chip.with_override("mxu.count", "-2").unwrap_err().to_string();
+        assert!(err.contains("= -2:") && err.contains("from 1 to 64"), "{err}");
+        assert_eq!(format_number(1e300), "1e300");
+        assert_eq!(format_number(2.5e-9), "2.5e-9");
+        assert_eq!(format_number(1638.0), "1638");
+        assert_eq!(format_number(0.001), "0.001");
     }
 
     #[test]

@@ -49,7 +49,8 @@ fn folder_of(path: &Path) -> PathBuf {
 }
 
 /// Checks, before any work, that `path` can be written by [`write_atomic`]: a non-empty path
-/// with a file name, in an existing folder, that is not an existing directory, device or link.
+/// with a file name, in an existing folder that takes new files (probed by creating and removing
+/// a temporary file there), that is not an existing directory, device or link.
 ///
 /// # Errors
 /// [`OutputError::Refused`] saying why.
@@ -69,6 +70,13 @@ pub fn check_output(path: &Path) -> Result<(), OutputError> {
             return Err(refused(path, "exists and is not a regular file (a device, directory or link); choose another path"));
         }
     }
+    // The file is written as a temporary file in its folder, then renamed: probe that the folder
+    // takes new files (permissions, read-only or pseudo file systems such as /proc).
+    tempfile::Builder::new().prefix(".tpusim-check-").tempfile_in(&dir).map_err(|e| {
+        // The operating system's reason, without the probe's own file name.
+        let reason = e.raw_os_error().map_or_else(|| e.kind().to_string(), |c| std::io::Error::from_raw_os_error(c).to_string());
+        refused(path, format!("cannot create files in the folder {}: {reason}", dir.display()))
+    })?;
     Ok(())
 }
 
@@ -165,7 +173,11 @@ mod tests {
         assert!(check_output(&dir.path().join("missing/x.csv")).unwrap_err().to_string().contains("does not exist"));
         assert!(check_output(dir.path()).unwrap_err().to_string().contains("not a regular file"));
         assert!(check_output(Path::new("/dev/null")).unwrap_err().is_refusal());
+        // A folder that takes no new files (as root, permissions do not stop writes; /proc does).
+        let e = check_output(Path::new("/proc/tpusim-out.toml")).unwrap_err();
+        assert!(e.is_refusal() && e.to_string().contains("cannot create files in the folder /proc"), "{e}");
         check_output(&dir.path().join("new.csv")).unwrap();
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "the probe leaves nothing behind");
     }
 
     #[test]

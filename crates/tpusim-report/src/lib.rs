@@ -198,6 +198,9 @@ pub fn run_lowered(chip: &ChipModel, job: &Job, lowered: Lowered, dense: Option<
 pub struct Report {
     /// Chip model name.
     pub chip: String,
+    /// Which chip model ran: its source (preset or file), the `--set` overrides and a hash of its
+    /// parameter values ([`tpusim_chip::ChipIdentity`]).
+    pub chip_model: tpusim_chip::ChipIdentity,
     /// The kernel family simulated.
     pub kernel: tpusim_kernel::Kernel,
     /// Predicted latency, milliseconds.
@@ -368,6 +371,7 @@ impl Report {
         let outside_kernel_ms: f64 = phases.iter().filter(|p| !p.kernel).map(|p| p.latency_ms).sum();
         let mut rep = Report {
             chip: chip.name.clone(),
+            chip_model: chip.identity(),
             kernel: run.job.kernel(),
             latency_ms: r.seconds * 1e3,
             cycles: r.cycles,
@@ -485,6 +489,7 @@ impl Report {
                 let _ = writeln!(s, "  kernel       block_m {}, block_n {}, block_k {}", c.block_m, c.block_n, c.block_k);
             }
         }
+        let _ = writeln!(s, "  chip model   {}", self.chip_model);
         let pads: Vec<String> =
             self.padded.iter().map(|(n, a, b)| if a == b { format!("{n} {a}") } else { format!("{n} {a} padded to {b}") }).collect();
         let _ = writeln!(s, "  lengths      {}", pads.join(", "));

@@ -133,35 +133,35 @@ pub struct JobSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scope: Option<Scope>,
     /// Batch size [default: 1].
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = whole::<1, { tpusim_workload::MAX_DIM }>)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub batch: Option<u64>,
     /// Query heads [default: 10].
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = whole::<1, { tpusim_workload::MAX_HEADS }>)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub heads: Option<u64>,
     /// Key/value heads (fewer than --heads is GQA/MQA) [default: --heads].
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = whole::<1, { tpusim_workload::MAX_HEADS }>)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kv_heads: Option<u64>,
     /// Sequence length of both q and kv [default: 75600, Wan 2.1 at 720p].
-    #[arg(long, conflicts_with_all = ["q_len", "kv_len"])]
+    #[arg(long, conflicts_with_all = ["q_len", "kv_len"], allow_negative_numbers = true, value_parser = whole::<1, { tpusim_workload::MAX_DIM }>)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seq_len: Option<u64>,
     /// Query length (with --kv-len).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = whole::<1, { tpusim_workload::MAX_DIM }>)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub q_len: Option<u64>,
     /// Key/value length (with --q-len).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = whole::<1, { tpusim_workload::MAX_DIM }>)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kv_len: Option<u64>,
     /// Head dimension of q and k [default: 128].
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = whole::<1, { tpusim_workload::MAX_HEAD_DIM }>)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub head_dim: Option<u64>,
     /// Head dimension of v and o [default: --head-dim].
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = whole::<1, { tpusim_workload::MAX_HEAD_DIM }>)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub head_dim_v: Option<u64>,
     /// Mask: full, causal, local:L,R, band:W, sink:S, chunked:C, video:F,H,W:wf,wh,ww and
@@ -173,16 +173,16 @@ pub struct JobSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mask: Option<String>,
     /// Rows of q per block (multiple of 8) [default: the kernel family's].
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = whole::<1, { tpusim_workload::MAX_DIM }>)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub block_q: Option<u64>,
     /// Rows of k/v per block (multiple of 128) [default: the kernel family's].
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = whole::<1, { tpusim_workload::MAX_DIM }>)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub block_kv: Option<u64>,
     /// Width of the inner matmul/softmax sub-tile (multiple of 128 dividing --block-kv)
     /// [default: the kernel family's, or the largest width that fits the VMEM limit].
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = whole::<1, { tpusim_workload::MAX_DIM }>)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub block_kv_compute: Option<u64>,
     /// Which grid steps run [default: the kernel family's].
@@ -220,23 +220,23 @@ pub struct JobSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub return_residuals: Option<bool>,
     /// q rows per block of the backward's dkv (or fused) kernel [default: the kernel family's: 128].
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = whole::<1, { tpusim_workload::MAX_DIM }>)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub block_q_dkv: Option<u64>,
     /// kv rows per block of the dkv kernel [default: the kernel family's: 128].
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = whole::<1, { tpusim_workload::MAX_DIM }>)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub block_kv_dkv: Option<u64>,
     /// kv rows per sub-tile of the dkv kernel (divides --block-kv-dkv) [default: --block-kv-dkv].
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = whole::<1, { tpusim_workload::MAX_DIM }>)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub block_kv_dkv_compute: Option<u64>,
     /// q rows per block of the dq kernel (unfused backward) [default: 128].
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = whole::<1, { tpusim_workload::MAX_DIM }>)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub block_q_dq: Option<u64>,
     /// kv rows per block of the dq kernel (unfused backward) [default: 128].
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = whole::<1, { tpusim_workload::MAX_DIM }>)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub block_kv_dq: Option<u64>,
     /// One fused backward kernel for dq, dk and dv (tokamax's only path) rather than JAX's dq
@@ -249,33 +249,44 @@ pub struct JobSpec {
     #[serde(skip)]
     pub no_fused_bwd: bool,
     /// Scoped VMEM limit, MiB [default: the chip's].
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vmem_limit_mib: Option<f64>,
     /// Matmul M (matmul kernels).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = whole::<1, { tpusim_workload::MAX_DIM }>)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub m: Option<u64>,
     /// Matmul N (matmul kernels).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = whole::<1, { tpusim_workload::MAX_DIM }>)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub n: Option<u64>,
     /// Matmul K (matmul kernels).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = whole::<1, { tpusim_workload::MAX_DIM }>)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub k: Option<u64>,
     /// Matmul block M [default: the kernel family's, clamped to M].
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = whole::<1, { tpusim_workload::MAX_DIM }>)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub block_m: Option<u64>,
     /// Matmul block N [default: the kernel family's, clamped to N].
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = whole::<1, { tpusim_workload::MAX_DIM }>)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub block_n: Option<u64>,
     /// Matmul block K [default: the kernel family's, clamped to K].
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = whole::<1, { tpusim_workload::MAX_DIM }>)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub block_k: Option<u64>,
+}
+
+/// The value parser of a whole-number job flag: the number, or an error stating the range the
+/// job enforces (`LO` to `HI`, the limits of [`tpusim_workload`]), so that `--heads -1` and
+/// `--heads 0` both say what is allowed. (The same limits are checked again when a trace or
+/// sweep file gives the value.)
+fn whole<const LO: u64, const HI: u64>(s: &str) -> Result<u64, String> {
+    match s.trim().parse::<u64>() {
+        Ok(v) if (LO..=HI).contains(&v) => Ok(v),
+        _ => Err(format!("expected a whole number from {LO} to {HI}")),
+    }
 }
 
 /// Fields that describe attention (refused for matmul kernels).
@@ -379,6 +390,29 @@ impl JobSpec {
             serde_json::from_value(serde_json::Value::Object(merged)).expect("a merge of two valid specs is a valid spec");
         out.no_fused_bwd = over.no_fused_bwd || (base.no_fused_bwd && over.fused_bwd.is_none());
         out
+    }
+
+    /// The field a message about `field` should name for this spec: lengths given as `seq_len`
+    /// are named `seq_len`, not `q_len` or `kv_len` (which the spec resolves them to).
+    pub fn field_as_given<'a>(&self, field: &'a str) -> &'a str {
+        let by_seq_len = self.seq_len.is_some() && self.q_len.is_none() && self.kv_len.is_none();
+        if by_seq_len && (field == "q_len" || field == "kv_len") {
+            "seq_len"
+        } else {
+            field
+        }
+    }
+
+    /// Rewrites the backticked job fields of an error message as `style` names them, each as
+    /// this spec gave it ([`JobSpec::field_as_given`]).
+    pub fn render_error(&self, text: &str, style: FieldStyle) -> String {
+        render_fields_with(text, &mut |field| {
+            let f = self.field_as_given(field);
+            match style {
+                FieldStyle::Flag => format!("--{}", f.replace('_', "-")),
+                FieldStyle::Key => f.to_string(),
+            }
+        })
     }
 
     /// The chip this spec names, with its overrides applied (default `v6e`).

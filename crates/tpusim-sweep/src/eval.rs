@@ -41,6 +41,8 @@ pub struct ChipEntry {
     pub key: String,
     /// Identifies the parts of the chip that lowering reads (module docs).
     pub lowering_key: String,
+    /// Which model this is (source, overrides, parameter hash), for the rows it produces.
+    pub identity: tpusim_chip::ChipIdentity,
 }
 
 /// What evaluating one job gave.
@@ -48,6 +50,8 @@ pub struct ChipEntry {
 pub struct Outcome {
     /// The built job, if building succeeded (even when lowering then failed).
     pub job: Option<Job>,
+    /// The chip model the point ran on, if it could be read (even when the job then failed).
+    pub chip: Option<tpusim_chip::ChipIdentity>,
     /// The report, or the error that stopped the point.
     pub report: Result<Report, String>,
 }
@@ -111,10 +115,14 @@ impl Evaluator {
         if let Some(c) = self.chips.lock().expect("chip cache").get(&key) {
             return c.clone();
         }
-        let entry = spec
-            .chip()
-            .map_err(|e| e.to_string())
-            .map(|chip| Arc::new(ChipEntry { lowering_key: lowering_key(&chip), key: format!("{:?}|{:?}", spec.chip, spec.set), chip }));
+        let entry = spec.chip().map_err(|e| e.to_string()).map(|chip| {
+            Arc::new(ChipEntry {
+                lowering_key: lowering_key(&chip),
+                key: format!("{:?}|{:?}", spec.chip, spec.set),
+                identity: chip.identity(),
+                chip,
+            })
+        });
         let mut cache = self.chips.lock().expect("chip cache");
         if cache.len() < CACHE_LIMIT {
             cache.insert(key, entry.clone());
@@ -150,7 +158,8 @@ impl Evaluator {
                     (Err(e), _) | (_, Err(e)) => e.clone(),
                     _ => "internal error: a point that builds was grouped with one that does not".into(),
                 };
-                done(i, Outcome { job: p.job.as_ref().ok().cloned(), report: Err(err) });
+                let chip = p.chip.as_ref().ok().map(|c| c.identity.clone());
+                done(i, Outcome { job: p.job.as_ref().ok().cloned(), chip, report: Err(err) });
             }
             return;
         };
@@ -161,7 +170,7 @@ impl Evaluator {
             let chip = match &p.chip {
                 Ok(c) => c,
                 Err(e) => {
-                    done(i, Outcome { job: None, report: Err(e.clone()) });
+                    done(i, Outcome { job: None, chip: None, report: Err(e.clone()) });
                     continue;
                 }
             };
@@ -175,7 +184,7 @@ impl Evaluator {
                 };
                 Ok(Report::from_run(&tpusim_report::run_lowered(&chip.chip, job, low.clone(), dense)))
             });
-            done(i, Outcome { job: Some(job.clone()), report });
+            done(i, Outcome { job: Some(job.clone()), chip: Some(chip.identity.clone()), report });
         }
     }
 

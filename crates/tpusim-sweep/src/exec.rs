@@ -18,7 +18,11 @@
 //! sweep (same definition hash, shard and format): their rows are kept and their points are not
 //! evaluated again. A last line without its newline (cut off by the kill) is dropped and
 //! recomputed. Files of a different sweep (another definition, shard or format) are replaced,
-//! with a note; `--restart` ignores existing files altogether.
+//! with a note; `--restart` ignores the rows of existing sweep outputs. A file at `OUT` or
+//! `OUT.partial` that is not a sweep output is never replaced, with or without `--restart`.
+//!
+//! Everything that can refuse a run (the thread count, the output paths, a foreign file at
+//! either of them) is checked before any file is written, so a refused run leaves nothing behind.
 //!
 //! **Shards.** `--shard I/N` evaluates the points with `index % N == I` (interleaved, so that
 //! shards get similar mixes of cheap and costly points) and writes them with their indices;
@@ -26,7 +30,7 @@
 
 use crate::def::SweepDef;
 use crate::eval::{Evaluator, Outcome, Prepared};
-use crate::output::{csv_fields, read_back, write_atomic, Format, Header, Layout};
+use crate::output::{check_replaceable, csv_fields, read_back, write_atomic, Format, Header, Layout};
 use crate::SweepError;
 use rayon::prelude::*;
 use std::collections::{BTreeMap, HashMap};
@@ -205,8 +209,9 @@ fn row_has_error(format: Format, line: &str) -> bool {
 /// Runs (or resumes) a sweep or one shard of it and writes `opts.out` (module docs).
 ///
 /// # Errors
-/// [`SweepError`] for unwritable files, an existing `OUT` that is not a sweep output, or rows of
-/// an existing file that are malformed (the message names the file and line).
+/// [`SweepError`] for unwritable files, an existing `OUT` or `OUT.partial` that is not a sweep
+/// output, `jobs` of 0, or rows of an existing file that are malformed (the message names the
+/// file and line).
 pub fn run_sweep(def: &SweepDef, opts: &SweepOptions) -> Result<SweepSummary, SweepError> {
     let start = Instant::now();
     let layout = Layout::for_sweep(def);
@@ -224,13 +229,16 @@ pub fn run_sweep(def: &SweepDef, opts: &SweepOptions) -> Result<SweepSummary, Sw
     let mut notes = Vec::new();
     let mut done: BTreeMap<u64, String> = BTreeMap::new();
 
+    // Everything that can refuse the run does so before any file is written: the worker
+    // threads, and both files this run would write (a file tpusim did not write is never
+    // replaced, with or without --restart).
+    let pool = crate::pool(opts.jobs)?;
+    check_replaceable(out, &crate::output::out_label(out))?;
+    check_replaceable(&partial, &format!("{partial} (where the sweep to --out {out} keeps its unfinished rows)"))?;
     if !opts.restart {
-        for (path, is_partial) in [(out, false), (partial.as_str(), true)] {
+        for path in [out, partial.as_str()] {
             if !Path::new(path).exists() {
                 continue;
-            }
-            if !Path::new(path).is_file() {
-                return Err(SweepError::new(format!("{path} exists and is not a regular file; choose another --out")));
             }
             // Only the head of the file decides whether it is this sweep's output.
             let mut text = Vec::new();
@@ -239,11 +247,7 @@ pub fn run_sweep(def: &SweepDef, opts: &SweepOptions) -> Result<SweepSummary, Sw
                 .map_err(|e| SweepError::new(format!("cannot read {path}: {e}")))?;
             let first = text.split(|&b| b == b'\n').next().unwrap_or_default();
             let Some((theirs, their_format)) = Header::parse(&String::from_utf8_lossy(first)) else {
-                if is_partial {
-                    notes.push(format!("discarded {path}: not a tpusim sweep output"));
-                    continue;
-                }
-                return Err(SweepError::new(format!("{out} exists and is not a tpusim sweep output; remove it or choose another --out")));
+                return Err(SweepError::new(format!("{path} exists and is not a tpusim sweep output; remove it or choose another --out")));
             };
             if !text.starts_with(header_text.as_bytes()) {
                 notes.push(format!(
@@ -287,7 +291,7 @@ pub fn run_sweep(def: &SweepDef, opts: &SweepOptions) -> Result<SweepSummary, Sw
         let mut text = header_text.clone();
         done.values().for_each(|l| text.push_str(l));
         write_atomic(&partial, text.as_bytes())?;
-        computed = evaluate_into(def, &layout, format, &todo, &partial, opts)?;
+        computed = evaluate_into(def, &layout, format, &todo, &partial, opts, &pool)?;
     }
     let computed_n = computed.len() as u64;
     done.extend(computed);
@@ -326,10 +330,10 @@ fn evaluate_into(
     todo: &[u64],
     partial: &str,
     opts: &SweepOptions,
+    pool: &rayon::ThreadPool,
 ) -> Result<Vec<(u64, String)>, SweepError> {
     let io = |e: std::io::Error| SweepError::Io(format!("cannot write {partial}: {e}"));
     let file = std::fs::OpenOptions::new().append(true).open(partial).map_err(io)?;
-    let pool = crate::pool(opts.jobs)?;
     let pb = crate::progress_bar(opts.progress, todo.len() as u64, "sweep");
     let ev = Evaluator::new();
     let stop = AtomicBool::new(false);
@@ -435,7 +439,7 @@ fn evaluate_into(
                 };
                 for (j, &k) in members.iter().enumerate() {
                     if !sent[j] {
-                        send(tx, k, &Outcome { job: None, report: Err(why.clone()) });
+                        send(tx, k, &Outcome { job: None, chip: None, report: Err(why.clone()) });
                     }
                 }
             });

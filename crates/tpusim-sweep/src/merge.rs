@@ -5,9 +5,11 @@
 //! refused). Together their rows must hold every point `0..points` exactly once: a point in two
 //! files, or a point in none, is an error that names the files, the points and, when the inputs
 //! are shards `I/N`, the shards that are missing or incomplete. The merged file is written
-//! atomically and is byte-for-byte the output of the same sweep run unsharded.
+//! atomically and is byte-for-byte the output of the same sweep run unsharded. The output may not
+//! be one of the inputs, nor an existing file that is not a sweep output (checked before any
+//! input is read).
 
-use crate::output::{read_back, write_atomic, Format, Header, ReadBack};
+use crate::output::{check_replaceable, read_back, same_file, write_atomic, Format, Header, ReadBack};
 use crate::SweepError;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -47,6 +49,12 @@ pub fn merge(files: &[String], out: &str) -> Result<MergeSummary, SweepError> {
     if files.is_empty() {
         return Err(SweepError::new("tpusim merge: give the shard outputs to join, e.g. tpusim merge s.shard-*.csv --out s.csv"));
     }
+    // The output is checked before any input is read: never one of the inputs (it would be
+    // lost if the merge failed halfway), never a file that is not a sweep output.
+    if let Some(f) = files.iter().find(|f| f.as_str() == out || same_file(f, out)) {
+        return Err(SweepError::new(format!("--out {out} is one of the files to merge ({f}); write the merged sweep to a new file")));
+    }
+    check_replaceable(out, &crate::output::out_label(out))?;
     let reads: Vec<ReadBack> = files.iter().map(|f| read_back(f, None)).collect::<Result<_, _>>()?;
     let first = &reads[0];
     let cols = |r: &ReadBack| r.header_text.split_once('\n').map(|(_, rest)| rest.to_string()).unwrap_or_default();

@@ -15,14 +15,19 @@
 //! 3. the resolved job (defaults applied): every field of [`tpusim_report::JobSpec`] but `set`
 //!    and `seq_len` ([`job_columns`], in the struct's order), except keys that are already input
 //!    columns (empty where they do not apply, or when the job could not be built);
-//! 4. the metrics of [`tpusim_report::Report`]: `latency_ms`, `cycles`, `flops`, `mfu`,
+//! 4. the chip model the point ran on ([`tpusim_chip::ChipIdentity`]): `chip_source` (`preset`
+//!    or the chip TOML's path), `chip_set` (the `--set` overrides applied, `;`-separated) and
+//!    `chip_hash` (a hash of the model's parameter values: rows with equal hashes ran on
+//!    identical models);
+//! 5. the metrics of [`tpusim_report::Report`]: `latency_ms`, `cycles`, `flops`, `mfu`,
 //!    `achieved_tflops`, `bottleneck`, `util_mxu` .. `util_step_control` (busy fraction),
 //!    `busy_ms_mxu` .. `busy_ms_step_control`, `hbm_bytes`, `arithmetic_intensity`,
 //!    `grid_steps`, `vmem_bytes`, `vmem_limit_bytes`, `tiles_total`, `tiles_visited`,
 //!    `tiles_empty`, `tiles_partial`, `tiles_full`, `tiles_masked`, `pair_density`,
 //!    `exact_pair_density`, `tile_density`, `useful_fraction`, `dense_latency_ms`,
 //!    `tile_skip_efficiency`, `speedup_vs_dense`;
-//! 5. `error`: why the point could not be evaluated (empty when it was).
+//! 6. `error`: why the point could not be evaluated (empty when it was), naming job fields as
+//!    sweep-file keys.
 //!
 //! Numbers are written in Rust's shortest round-trip form, so equal inputs give equal bytes. CSV
 //! is written and read with the `csv` crate (RFC 4180: a field with a comma, quote or line break
@@ -264,6 +269,7 @@ impl Layout {
         let all = job_columns();
         let job: Vec<usize> = (0..all.len()).filter(|&i| !def.inputs.iter().any(|k| *k == all[i])).collect();
         columns.extend(job.iter().map(|&i| all[i].clone()));
+        columns.extend(CHIP_COLUMNS.iter().map(|c| c.to_string()));
         columns.extend(metric_columns());
         columns.push("error".into());
         Layout { columns, inputs: def.inputs.len(), job }
@@ -279,6 +285,10 @@ impl Layout {
         let chip = outcome.report.as_ref().map(|r| r.chip.clone()).ok().or_else(|| point.spec.chip.clone());
         let job = job_cells(outcome.job.as_ref(), chip);
         cells.extend(self.job.iter().map(|&i| job[i].clone()));
+        match &outcome.chip {
+            Some(id) => cells.extend([Cell::Str(id.source.clone()), Cell::Str(id.overrides.join(";")), Cell::Str(id.hash.clone())]),
+            None => cells.extend(std::iter::repeat_n(Cell::Empty, CHIP_COLUMNS.len())),
+        }
         match &outcome.report {
             Ok(r) => {
                 cells.extend(metric_cells(r));
@@ -286,7 +296,9 @@ impl Layout {
             }
             Err(e) => {
                 cells.extend(std::iter::repeat_n(Cell::Empty, metric_columns().len()));
-                cells.push(Cell::Str(e.clone()));
+                // Job fields named as the sweep file names them (a length given as seq_len is
+                // seq_len).
+                cells.push(Cell::Str(point.spec.render_error(e, tpusim_report::FieldStyle::Key)));
             }
         }
         cells
@@ -337,6 +349,9 @@ impl Layout {
         }
     }
 }
+
+/// The chip-model columns (module docs).
+const CHIP_COLUMNS: &[&str] = &["chip_source", "chip_set", "chip_hash"];
 
 fn metric_columns() -> Vec<String> {
     let mut c: Vec<String> =
@@ -526,6 +541,53 @@ pub fn read_back(path: &str, layout: Option<&Layout>) -> Result<ReadBack, SweepE
 /// fails.
 pub fn write_atomic(path: &str, text: &[u8]) -> Result<(), SweepError> {
     tpusim_io::write_atomic(std::path::Path::new(path), text).map_err(output_error)
+}
+
+/// Checks, before any work, that a sweep or merge may write `path` (`label` names it in
+/// messages, e.g. `--out s.csv`): a path that can be an output ([`tpusim_io::check_output`])
+/// and, when a file is already there, a tpusim sweep output (of any sweep). A file tpusim did not
+/// write is never replaced, whatever the flags.
+///
+/// # Errors
+/// [`SweepError::Input`] naming the path.
+pub fn check_replaceable(path: &str, label: &str) -> Result<(), SweepError> {
+    tpusim_io::check_output(std::path::Path::new(path)).map_err(|e| match e {
+        tpusim_io::OutputError::Refused { reason, .. } => SweepError::Input(format!("{label}: {reason}")),
+        other => output_error(other),
+    })?;
+    if !std::path::Path::new(path).exists() {
+        return Ok(());
+    }
+    // Only the head of the file decides whether it is a sweep output.
+    let mut head = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|f| std::io::Read::read_to_end(&mut std::io::Read::take(f, 1 << 16), &mut head))
+        .map_err(|e| SweepError::new(format!("cannot read {path}: {e}")))?;
+    let first = head.split(|&b| b == b'\n').next().unwrap_or_default();
+    if Header::parse(String::from_utf8_lossy(first).trim_end()).is_none() {
+        return Err(SweepError::new(format!(
+            "{label} exists and is not a tpusim sweep output, so it is never replaced; remove it or choose another --out"
+        )));
+    }
+    Ok(())
+}
+
+/// `--out PATH` for messages (`--out ""` for an empty path).
+pub fn out_label(out: &str) -> String {
+    if out.is_empty() {
+        "--out \"\"".to_string()
+    } else {
+        format!("--out {out}")
+    }
+}
+
+/// Whether two paths name the same existing file (the same file through different spellings,
+/// links or `..` included).
+pub fn same_file(a: &str, b: &str) -> bool {
+    match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
+        (Ok(x), Ok(y)) => x == y,
+        _ => false,
+    }
 }
 
 /// A [`tpusim_io::OutputError`] as a [`SweepError`].

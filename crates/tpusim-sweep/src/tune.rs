@@ -98,6 +98,8 @@ pub struct Ranked {
 pub struct TuneResult {
     /// Chip model name.
     pub chip: String,
+    /// Which chip model every configuration ran on (source, overrides, parameter hash).
+    pub chip_model: tpusim_chip::ChipIdentity,
     /// Latency of the given job (its own or default blocks and options), ms, if it runs.
     pub given_latency_ms: Option<f64>,
     /// Why the given job does not run, if it does not.
@@ -493,6 +495,29 @@ pub fn tune(spec: &JobSpec, opts: &TuneOptions) -> Result<TuneResult, SweepError
     rank(&chip, given, given_eval, &search.results, space, opts, spec, start)
 }
 
+/// When no configuration is valid and the given job breaks a rule of a field it gives (a field
+/// tune holds fixed), that rule is the reason: the error `tpusim run` gives (the field, its value
+/// and the rule), saying that tune holds the field fixed.
+///
+/// # Errors
+/// [`SweepError::Spec`] naming the field when the given job breaks a rule of a field it gives.
+fn held_fixed_rules(spec: &JobSpec, given: &Job, chip: &ChipModel) -> Result<(), SweepError> {
+    let Err(KernelError::Config { field, value, allowed }) = given.lower(chip) else {
+        return Ok(());
+    };
+    let name = field.trim_matches('`');
+    if !spec.set_fields().contains_key(spec.field_as_given(name)) {
+        return Ok(());
+    }
+    Err(SweepError::Spec(tpusim_report::SpecError::Field {
+        field: name.to_string(),
+        value,
+        allowed: format!(
+            "{allowed} (tune holds `{name}` fixed because it was given, and no configuration around it runs: change it, or leave it out to search it)"
+        ),
+    }))
+}
+
 /// Stage 3: distinct valid jobs ranked by latency (ties by the job's text), with the counts of
 /// what was rejected and why.
 #[allow(clippy::too_many_arguments)]
@@ -529,6 +554,9 @@ fn rank(
     }
     let ok_evals = results.iter().filter(|(_, e)| matches!(e, Eval::Ok(..))).count();
     if valid.is_empty() {
+        if matches!(given_eval, Eval::Rules(_)) {
+            held_fixed_rules(spec, &given, chip)?;
+        }
         // Name the rule the held-fixed blocks break, as `tpusim run` would.
         let rule = results.iter().find_map(|(_, e)| match e {
             Eval::Rules(r) | Eval::Other(r) => Some(r.clone()),
@@ -564,6 +592,7 @@ fn rank(
         .collect();
     Ok(TuneResult {
         chip: chip.name.clone(),
+        chip_model: chip.identity(),
         given_latency_ms,
         given_error,
         given_job: match given_eval {
@@ -585,9 +614,10 @@ fn rank(
 
 fn evaluate(ev: &Evaluator, chip_key: &str, chip: &ChipModel, spec: &JobSpec, cand: &Cand, opts: &TuneOptions) -> Eval {
     let s = spec.overlay(cand);
+    let render = |e: &dyn std::fmt::Display| s.render_error(&e.to_string(), tpusim_report::FieldStyle::Flag);
     let job = match s.build(chip) {
         Ok(j) => j,
-        Err(e) => return Eval::Other(tpusim_report::render_fields(&e.to_string(), tpusim_report::FieldStyle::Flag)),
+        Err(e) => return Eval::Other(render(&e)),
     };
     match ev.run(chip_key, chip, &job) {
         Ok(run) => {
@@ -599,8 +629,8 @@ fn evaluate(ev: &Evaluator, chip_key: &str, chip: &ChipModel, spec: &JobSpec, ca
             Eval::Ok(Box::new((r, job)))
         }
         Err(KernelError::Vmem { .. }) => Eval::Vmem,
-        Err(e @ KernelError::Config { .. }) => Eval::Rules(tpusim_report::render_fields(&e.to_string(), tpusim_report::FieldStyle::Flag)),
-        Err(e) => Eval::Other(tpusim_report::render_fields(&e.to_string(), tpusim_report::FieldStyle::Flag)),
+        Err(e @ KernelError::Config { .. }) => Eval::Rules(render(&e)),
+        Err(e) => Eval::Other(render(&e)),
     }
 }
 
@@ -661,6 +691,7 @@ impl TuneResult {
             }
             None => {}
         }
+        let _ = writeln!(s, "  chip model   {}", self.chip_model);
         let _ = writeln!(s, "  searched     {}", if self.searched.is_empty() { "nothing".into() } else { self.searched.join("; ") });
         if !self.fixed.is_empty() {
             let _ = writeln!(s, "  fixed        {}", self.fixed.join("; "));

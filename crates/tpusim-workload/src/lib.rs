@@ -41,6 +41,13 @@ pub const MAX_DIM: u64 = 1 << 32;
 /// Most query heads one call may have (2^20); per-head state is kept per head.
 pub const MAX_HEADS: u64 = 1 << 20;
 
+/// Largest head dimension (of q and k, or of v and o) accepted.
+pub const MAX_HEAD_DIM: u64 = 4096;
+
+/// Most score pairs (batch x heads x q_len x kv_len) one call may have: 2^64 / 1024, so that
+/// FLOP and byte counts stay within 64-bit arithmetic.
+pub const MAX_PAIRS: u128 = (u64::MAX as u128) / 1024;
+
 /// One forward multi-head attention call: q[B, Hq, Sq, d] x k[B, Hkv, Skv, d] -> o[B, Hq, Sq, dv],
 /// bf16 inputs and outputs, with a mask over (q position, kv position).
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -80,7 +87,9 @@ impl AttentionCall {
         }
     }
 
-    /// Checks sizes: all positive, at most [`MAX_DIM`], q_heads a multiple of kv_heads, a
+    /// Checks sizes: all positive, heads at most [`MAX_HEADS`], head dims at most
+    /// [`MAX_HEAD_DIM`], the others at most [`MAX_DIM`], at most [`MAX_PAIRS`] score pairs,
+    /// q_heads a multiple of kv_heads, a
     /// per-head mask listing one mask per q head or per kv head, and the mask itself
     /// ([`Mask::validate`], and [`Mask::check_lengths`]: file masks made for these lengths,
     /// video volumes of exactly q_len = kv_len tokens).
@@ -88,28 +97,21 @@ impl AttentionCall {
     /// # Errors
     /// [`WorkloadError`] naming the flag.
     pub fn validate(&self) -> Result<(), WorkloadError> {
-        for (field, v) in [
-            ("`batch`", self.batch),
-            ("`heads`", self.q_heads),
-            ("`kv_heads`", self.kv_heads),
-            ("`q_len`", self.q_len),
-            ("`kv_len`", self.kv_len),
-            ("`head_dim`", self.head_dim),
-            ("`head_dim_v`", self.head_dim_v),
+        // Each size with the largest value the simulator accepts, so that the stated range is
+        // the enforced one.
+        for (field, v, max) in [
+            ("`batch`", self.batch, MAX_DIM),
+            ("`heads`", self.q_heads, MAX_HEADS),
+            ("`kv_heads`", self.kv_heads, MAX_HEADS),
+            ("`q_len`", self.q_len, MAX_DIM),
+            ("`kv_len`", self.kv_len, MAX_DIM),
+            ("`head_dim`", self.head_dim, MAX_HEAD_DIM),
+            ("`head_dim_v`", self.head_dim_v, MAX_HEAD_DIM),
         ] {
-            if v == 0 || v > MAX_DIM {
-                return Err(WorkloadError::new(field, v, &format!("expected a whole number from 1 to {MAX_DIM}")));
+            if v == 0 || v > max {
+                let hint = if field == "`heads`" && v > max { " (use `batch` for more independent heads)" } else { "" };
+                return Err(WorkloadError::new(field, v, &format!("expected a whole number from 1 to {max}{hint}")));
             }
-        }
-        if self.q_heads > MAX_HEADS {
-            return Err(WorkloadError::new(
-                "`heads`",
-                self.q_heads,
-                &format!("expected at most {MAX_HEADS} heads (use `batch` for more independent heads)"),
-            ));
-        }
-        if self.head_dim > 4096 || self.head_dim_v > 4096 {
-            return Err(WorkloadError::new("`head_dim`", self.head_dim.max(self.head_dim_v), "expected at most 4096"));
         }
         if !self.q_heads.is_multiple_of(self.kv_heads) {
             return Err(WorkloadError::new(
@@ -119,11 +121,14 @@ impl AttentionCall {
             ));
         }
         let pairs = (self.q_len as u128) * (self.kv_len as u128) * (self.batch as u128) * (self.q_heads as u128);
-        if pairs > (u64::MAX as u128) / 1024 {
+        if pairs > MAX_PAIRS {
             return Err(WorkloadError::new(
-                "`seq_len`",
-                format!("{} x {}", self.q_len, self.kv_len),
-                "batch x heads x q_len x kv_len must stay below 1.8e16 score pairs",
+                "`q_len`",
+                if self.q_len == self.kv_len { self.q_len.to_string() } else { format!("{} (and `kv_len` {})", self.q_len, self.kv_len) },
+                &format!(
+                    "batch x heads x q_len x kv_len = {} x {} x {} x {} = {:.2e} score pairs; at most {:.2e} ({MAX_PAIRS}) are allowed",
+                    self.batch, self.q_heads, self.q_len, self.kv_len, pairs as f64, MAX_PAIRS as f64
+                ),
             ));
         }
         if let Mask::PerHead(list) = &self.mask {

@@ -72,9 +72,10 @@ pub struct CalibrateArgs {
 
 pub fn cmd_validate(a: &ValidateArgs) -> Result<String, CliError> {
     let models = a.chip.iter().map(|c| ChipModel::load(c)).collect::<Result<Vec<_>, _>>()?;
-    let file = read_file(&a.file, &models)?;
+    let chips = ChipSet::new(models)?;
+    let file = read_file(&a.file, &chips.models)?;
     if a.cv {
-        let cv = tpusim_calib::cross_validate(&file, &ChipSet { models })?;
+        let cv = tpusim_calib::cross_validate(&file, &chips)?;
         return match a.format {
             ValidateFormat::Table => Ok(cv.to_table(false)),
             ValidateFormat::Markdown => Ok(cv.to_table(true)),
@@ -82,7 +83,7 @@ pub fn cmd_validate(a: &ValidateArgs) -> Result<String, CliError> {
             ValidateFormat::Csv => Err(CliError::input("--cv --format csv: the cross-validation report comes as table, json or markdown")),
         };
     }
-    let v = validate(&file, &ChipSet { models });
+    let v = validate(&file, &chips);
     Ok(match a.format {
         ValidateFormat::Table => v.to_table(),
         ValidateFormat::Json => v.to_json(),
@@ -113,10 +114,24 @@ pub fn cmd_calibrate(a: &CalibrateArgs) -> Result<String, CliError> {
         CalibrateFormat::Json => cal.to_json(),
     };
     if let Some(path) = &a.out {
-        let text = cal.model_toml().map_err(CliError::Internal)?;
-        tpusim_io::write_atomic(std::path::Path::new(path), text.as_bytes()).map_err(tpusim_calib::CalibError::from)?;
+        // The fit is done: whatever happens to the file, its results are printed.
+        let written = cal.model_toml().map_err(CliError::Internal).and_then(|text| {
+            tpusim_io::write_atomic(std::path::Path::new(path), text.as_bytes())
+                .map_err(|e| CliError::from(tpusim_calib::CalibError::from(e)))
+        });
+        if let Err(e) = written {
+            let note = format!("{e} (the fit above is complete; nothing was written to --out {path})");
+            let error = Box::new(match e {
+                CliError::Input(_) => CliError::Input(note),
+                _ => CliError::Internal(note),
+            });
+            return Err(CliError::AfterOutput { output: out, error });
+        }
         if a.format == CalibrateFormat::Table {
-            out.push_str(&format!("\nwrote {path}: chip model {} with the fitted values above (use it with --chip {path})\n", cal.chip));
+            out.push_str(&format!(
+                "\nwrote {path}: chip model {} with the fitted values above, parameters {} (use it with --chip {path})\n",
+                cal.chip, cal.fitted_model.hash
+            ));
         }
     }
     Ok(out)

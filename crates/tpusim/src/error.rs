@@ -11,6 +11,15 @@ pub enum CliError {
     Input(String),
     /// A failure that is not the input's fault: writing an output, drawing (exit code 1).
     Internal(String),
+    /// The command's results, to print on stdout as if it had succeeded, followed by the error
+    /// that stopped it afterwards (e.g. the output file could not be written): results that cost
+    /// minutes are never lost to a failed write. The exit code is the error's.
+    AfterOutput {
+        /// What the command printed.
+        output: String,
+        /// What went wrong after.
+        error: Box<CliError>,
+    },
 }
 
 impl CliError {
@@ -19,6 +28,7 @@ impl CliError {
         match self {
             CliError::Input(_) => 2,
             CliError::Internal(_) => 1,
+            CliError::AfterOutput { error, .. } => error.exit_code(),
         }
     }
 
@@ -32,6 +42,7 @@ impl std::fmt::Display for CliError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             CliError::Input(s) | CliError::Internal(s) => f.write_str(s),
+            CliError::AfterOutput { error, .. } => error.fmt(f),
         }
     }
 }

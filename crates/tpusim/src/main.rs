@@ -75,6 +75,10 @@ fn main() -> ExitCode {
             }
         }
         Err(e) => {
+            if let CliError::AfterOutput { output, .. } = &e {
+                let mut stdout = std::io::stdout().lock();
+                let _ = stdout.write_all(output.as_bytes()).and_then(|_| stdout.flush());
+            }
             eprintln!("error: {e}");
             ExitCode::from(e.exit_code())
         }

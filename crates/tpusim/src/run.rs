@@ -76,8 +76,11 @@ impl JobArgs {
     pub fn error(&self, e: impl std::fmt::Display) -> CliError {
         let text = e.to_string();
         let flags = self.job.set_fields();
+        let spec = self.spec().unwrap_or_else(|_| self.job.clone());
         let mut from_trace = false;
         let msg = render_fields_with(&text, &mut |field| {
+            // A length the user gave as seq_len is named so, not as the q_len it resolves to.
+            let field = spec.field_as_given(field);
             if flags.contains_key(field) || self.trace.is_none() {
                 format!("--{}", field.replace('_', "-"))
             } else {
@@ -93,6 +96,10 @@ impl JobArgs {
 }
 
 pub fn cmd_run(a: &RunArgs) -> Result<String, CliError> {
+    if let Some(path) = &a.timeline {
+        // Refuse an unwritable timeline before the simulation, not after it.
+        tpusim_io::check_output(std::path::Path::new(path)).map_err(|e| CliError::input(format!("--timeline {e}")))?;
+    }
     let spec = a.job.spec()?;
     let chip = spec.chip().map_err(|e| a.job.error(e))?;
     let job = spec.build(&chip).map_err(|e| a.job.error(e))?;
@@ -143,6 +150,7 @@ pub fn cmd_chip(c: &ChipCommand) -> Result<String, CliError> {
                 Format::Json => serde_json::to_string_pretty(&chip).map_err(|e| CliError::Internal(e.to_string()))?,
                 Format::Table => {
                     let mut s = format!("{}: {}\n", chip.name, chip.description);
+                    s.push_str(&format!("model: {}\n", chip.identity()));
                     s.push_str(&format!(
                         "derived: peak {:.1} TFLOP/s bf16, sustained HBM {:.0} GB/s, {} elements per vector register\n\n",
                         chip.peak_flops() / 1e12,

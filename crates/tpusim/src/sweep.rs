@@ -37,7 +37,7 @@ pub struct SweepArgs {
     #[arg(long = "set", value_name = "SECTION.FIELD=VALUE")]
     pub set: Vec<String>,
     /// Worker threads [default: one per core].
-    #[arg(long, short)]
+    #[arg(long, short, allow_negative_numbers = true, value_parser = at_least_one)]
     pub jobs: Option<usize>,
     /// Do not draw a progress bar (it is drawn only when stderr is a terminal anyway).
     #[arg(long)]
@@ -65,7 +65,7 @@ pub struct TuneArgs {
     #[command(flatten)]
     pub job: crate::run::JobArgs,
     /// Configurations to list.
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = 10, allow_negative_numbers = true, value_parser = at_least_one)]
     pub top: usize,
     /// Also rank configurations that skip masking on partial tiles (their results are wrong).
     #[arg(long)]
@@ -74,10 +74,10 @@ pub struct TuneArgs {
     #[arg(long)]
     pub allow_approximate: bool,
     /// Best (block_q, block_kv) pairs refined over every block_kv_compute and option.
-    #[arg(long, default_value_t = 12)]
+    #[arg(long, default_value_t = 12, allow_negative_numbers = true, value_parser = at_least_one)]
     pub refine: usize,
     /// Worker threads [default: one per core].
-    #[arg(long, short)]
+    #[arg(long, short, allow_negative_numbers = true, value_parser = at_least_one)]
     pub jobs: Option<usize>,
     /// Do not draw progress bars (they are drawn only when stderr is a terminal anyway).
     #[arg(long)]
@@ -85,6 +85,16 @@ pub struct TuneArgs {
     /// Output format.
     #[arg(long, value_enum, default_value_t = crate::run::Format::Table)]
     pub format: crate::run::Format,
+}
+
+/// The value parser of a count flag (`--jobs`, `--top`, `--refine`): a whole number of at least 1,
+/// or an error saying so (`-1` included: the flag takes negative numbers as values so that they
+/// are named, not mistaken for flags).
+pub fn at_least_one(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(v) if v >= 1 => Ok(v),
+        _ => Err(format!("expected a whole number from 1 to {}", usize::MAX)),
+    }
 }
 
 pub fn cmd_sweep(a: &SweepArgs) -> Result<String, CliError> {

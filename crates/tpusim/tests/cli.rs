@@ -132,7 +132,7 @@ fn bad_input_exits_2_naming_the_field() {
     let deep = format!("{}causal{}", "(".repeat(5000), ")".repeat(5000));
     expect_input_error(&["run", "--seq-len", "4096", "--mask", &deep], &["nests at most"]);
     expect_input_error(&["run", "--seq-len", "1000000000"], &["score pairs"]);
-    expect_input_error(&["run", "--heads", "4294967295", "--seq-len", "128"], &["--heads", "at most"]);
+    expect_input_error(&["run", "--heads", "4294967295", "--seq-len", "128"], &["--heads", "from 1 to 1048576"]);
     // Outputs are never written through devices, directories or links.
     let csv = root().join("traces/measured/calibration.csv");
     expect_input_error(&["calibrate", csv.to_str().unwrap(), "--chip", "v6e", "--out", "/dev/null"], &["/dev/null", "not a regular file"]);
@@ -228,4 +228,113 @@ fn table_output_explains_the_run() {
     for needle in ["latency", "MFU", "bound by", "vpu", "tokamax-splash", "grid steps", "q_len 75600"] {
         assert!(s.contains(needle), "table lacks {needle:?}:\n{s}");
     }
+}
+
+/// Runs `tpusim ARGS` expecting exit code 2; returns stderr.
+fn input_error(args: &[&str]) -> String {
+    let out = bin().args(args).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(2), "tpusim {args:?} should exit 2; stderr: {err}");
+    assert!(out.stdout.is_empty(), "tpusim {args:?}: nothing on stdout on error");
+    err
+}
+
+#[test]
+fn reports_name_the_chip_model_that_produced_them() {
+    // Issue 13, item 1: two runs on different models (an override, or a calibrated file that
+    // keeps the name v6e) are told apart by their reports: source, overrides and parameter hash.
+    let job = ["--heads", "2", "--seq-len", "2048"];
+    let preset = run_json(&job);
+    let mut a = job.to_vec();
+    a.extend(["--set", "hbm.bandwidth_gb_per_s=3276"]);
+    let set = run_json(&a);
+    let dir = std::env::temp_dir().join(format!("tpusim-cli-identity-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let text = std::fs::read_to_string(root().join("models/v6e.toml")).unwrap();
+    let fitted = dir.join("my-fit.toml");
+    // A model as `calibrate` writes it: the name stays v6e, one fitted value differs.
+    let changed = text.replacen("grid_step_overhead_cycles = { value = ", "grid_step_overhead_cycles = { value = 1", 1);
+    assert_ne!(changed, text, "models/v6e.toml has a grid_step_overhead_cycles value");
+    std::fs::write(&fitted, changed).unwrap();
+    let mut a = job.to_vec();
+    a.extend(["--chip", fitted.to_str().unwrap()]);
+    let file = run_json(&a);
+
+    for j in [&preset, &set, &file] {
+        assert_eq!(j["chip"], "v6e", "the name alone cannot tell them apart");
+    }
+    let id = |j: &Value| j["chip_model"].clone();
+    assert_eq!(id(&preset)["source"], "preset");
+    assert_eq!(id(&preset)["overrides"], serde_json::json!([]));
+    assert_eq!(id(&set)["overrides"], serde_json::json!(["hbm.bandwidth_gb_per_s=3276"]));
+    assert_eq!(id(&file)["source"], fitted.to_str().unwrap());
+    let hashes: Vec<&str> = [&preset, &set, &file].iter().map(|j| j["chip_model"]["hash"].as_str().unwrap()).collect();
+    assert!(hashes[0] != hashes[1] && hashes[0] != hashes[2] && hashes[1] != hashes[2], "{hashes:?}");
+    // The preset's own file has the preset's hash: the hash follows the values, not the name.
+    let own_file = root().join("models/v6e.toml");
+    let mut a = job.to_vec();
+    a.extend(["--chip", own_file.to_str().unwrap()]);
+    assert_eq!(run_json(&a)["chip_model"]["hash"], id(&preset)["hash"]);
+
+    // The table says it too, as do tune's table and JSON.
+    let mut a = vec!["run"];
+    a.extend(job);
+    a.extend(["--set", "hbm.bandwidth_gb_per_s=3276"]);
+    let out = bin().args(&a).output().unwrap();
+    let t = String::from_utf8_lossy(&out.stdout);
+    assert!(t.contains("chip model") && t.contains("--set hbm.bandwidth_gb_per_s=3276") && t.contains(hashes[1]), "{t}");
+    let tune = |extra: &[&str]| {
+        let mut a = vec!["tune", "--heads", "2", "--seq-len", "2048", "--top", "1", "--refine", "1", "--block-q", "512"];
+        a.extend(extra);
+        let out = bin().args(&a).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let tj: Value = serde_json::from_str(&tune(&["--chip", fitted.to_str().unwrap(), "--format", "json"])).unwrap();
+    assert_eq!(tj["chip_model"]["hash"].as_str(), Some(hashes[2]));
+    let tt = tune(&["--set", "hbm.bandwidth_gb_per_s=3276"]);
+    assert!(tt.contains("chip model") && tt.contains(hashes[1]), "{tt}");
+    // `chip show` names the model the same way.
+    let out = bin().args(["chip", "show", "v6e", "--set", "hbm.bandwidth_gb_per_s=3276"]).output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).contains(hashes[1]));
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn errors_name_what_was_typed_the_rule_and_the_enforced_range() {
+    // Issue 13, item 5. A length given as --seq-len is named so, in workload and kernel errors.
+    let e = input_error(&["run", "--seq-len", "100000000000"]);
+    assert!(e.contains("--seq-len") && e.contains("100000000000") && e.contains("from 1 to 4294967296") && !e.contains("--q-len"), "{e}");
+    let e = input_error(&["run", "--seq-len", "100000000"]);
+    assert!(e.contains("--seq-len") && e.contains("score pairs") && !e.contains("--q-len"), "{e}");
+    let e = input_error(&["run", "--seq-len", "4096", "--block-q", "100"]);
+    assert!(
+        e.contains("--block-q = 100") && e.contains("multiple of 8") && e.contains("--seq-len (4096)") && !e.contains("--q-len"),
+        "{e}"
+    );
+    // Tile alignment that drops every tile blames --tile-align, not the mask.
+    let e = input_error(&["run", "--seq-len", "4096", "--mask", "band:10", "--tile-align"]);
+    assert!(e.contains("--tile-align") && e.contains("dropped every tile") && !e.contains("--mask"), "{e}");
+    // The stated range is the enforced one, for 0, negative numbers and values past the cap.
+    for v in ["0", "-1", "1048577"] {
+        let e = input_error(&["run", "--heads", v]);
+        assert!(e.contains("--heads") && e.contains(&format!("'{v}'")) && e.contains("from 1 to 1048576"), "--heads {v}: {e}");
+    }
+    let e = input_error(&["run", "--head-dim", "5000"]);
+    assert!(e.contains("--head-dim") && e.contains("from 1 to 4096"), "{e}");
+    let e = input_error(&["run", "--batch", "-3"]);
+    assert!(e.contains("--batch") && e.contains("'-3'"), "{e}");
+    let e = input_error(&["run", "--vmem-limit-mib", "-1"]);
+    assert!(e.contains("--vmem-limit-mib = -1") && e.contains("above 0"), "{e}");
+    let e = input_error(&["tune", "--top", "-1"]);
+    assert!(e.contains("--top") && e.contains("'-1'"), "{e}");
+    // Chip overrides: an absurd value prints short, with the field's own range.
+    let e = input_error(&["run", "--set", "hbm.bandwidth_gb_per_s=1e300"]);
+    assert!(e.contains("= 1e300:") && e.contains("from 0.001 to 1e7") && e.len() < 200, "{e}");
+    let e = input_error(&["run", "--set", "mxu.count=99999999999"]);
+    assert!(e.contains("mxu.count") && e.contains("from 1 to 64"), "{e}");
+    // tune names the rule a held-fixed block breaks, as run does, without searching.
+    let e = input_error(&["tune", "--heads", "2", "--seq-len", "4096", "--block-q", "100"]);
+    assert!(e.contains("--block-q = 100") && e.contains("multiple of 8") && e.contains("fixed"), "{e}");
+    assert!(!e.contains("breaking block rules") && !e.contains("evaluated"), "{e}");
 }

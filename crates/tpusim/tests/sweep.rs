@@ -338,3 +338,116 @@ fn tune_on_the_sparse_video_case_beats_the_study_blocks() {
     assert!(table.contains("bottleneck") && table.contains("best: tpusim run") && table.contains("block_kv 1536"), "{table}");
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// Files in a folder, sorted.
+fn listing(d: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(d).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn outputs_are_checked_before_work_and_files_tpusim_did_not_write_are_never_replaced() {
+    // Issue 13, item 3.
+    let d = scratch("outputs");
+    std::fs::write(d.join("good.toml"), "[base]\nheads = 2\nseq_len = 2048\n[axes]\nblock_q = [512, 1024]\n").unwrap();
+    std::fs::write(d.join("notes.csv"), "my notes\n").unwrap();
+    // --restart ignores earlier rows, not the rule: a file that is not a sweep output stays.
+    let e = fails(&["sweep", "good.toml", "--restart", "--out", "notes.csv"], &d);
+    assert!(e.contains("notes.csv") && e.contains("not a tpusim sweep output"), "{e}");
+    assert_eq!(read(&d.join("notes.csv")), b"my notes\n");
+    // Nor is a foreign file where the unfinished rows would go.
+    std::fs::write(d.join("out.csv.partial"), "draft\n").unwrap();
+    for restart in [false, true] {
+        let mut a = vec!["sweep", "good.toml", "--out", "out.csv"];
+        if restart {
+            a.push("--restart");
+        }
+        let e = fails(&a, &d);
+        assert!(e.contains("out.csv.partial") && e.contains("not a tpusim sweep output"), "{e}");
+        assert_eq!(read(&d.join("out.csv.partial")), b"draft\n");
+        assert!(!d.join("out.csv").exists());
+    }
+    std::fs::remove_file(d.join("out.csv.partial")).unwrap();
+    // A sweep refused on its arguments leaves nothing behind.
+    let before = listing(&d);
+    for bad in [vec!["--jobs", "0"], vec!["--jobs", "-1"], vec!["--out", ""], vec!["--out", "no/such/folder/x.csv"]] {
+        let mut a = vec!["sweep", "good.toml"];
+        a.extend(&bad);
+        let e = fails(&a, &d);
+        assert!(e.contains(bad[0]), "{bad:?}: {e}");
+        assert_eq!(listing(&d), before, "{bad:?} left files behind");
+    }
+    // merge: never into one of its inputs (under any spelling), never over a foreign file.
+    ok(&["sweep", "good.toml", "--shard", "0/2", "--out", "s0.csv"], &d);
+    ok(&["sweep", "good.toml", "--shard", "1/2", "--out", "s1.csv"], &d);
+    let s0 = read(&d.join("s0.csv"));
+    for out in ["s0.csv", "./s0.csv"] {
+        let e = fails(&["merge", "s0.csv", "s1.csv", "--out", out], &d);
+        assert!(e.contains("one of the files to merge"), "{e}");
+        assert_eq!(read(&d.join("s0.csv")), s0);
+    }
+    let e = fails(&["merge", "s0.csv", "s1.csv", "--out", "notes.csv"], &d);
+    assert!(e.contains("not a tpusim sweep output"), "{e}");
+    assert_eq!(read(&d.join("notes.csv")), b"my notes\n");
+    // A sweep output (of any sweep) is replaced as before.
+    ok(&["merge", "s0.csv", "s1.csv", "--out", "merged.csv"], &d);
+    ok(&["merge", "s0.csv", "s1.csv", "--out", "merged.csv"], &d);
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
+fn sweep_rows_name_the_chip_model_of_each_point() {
+    // Issue 13, item 1: points on different models (an axis over a chip field, a --set on the
+    // base) are told apart by their rows.
+    let d = scratch("chip-model");
+    std::fs::write(
+        d.join("s.toml"),
+        "[base]\nheads = 2\nseq_len = 2048\nchip = \"v6e\"\n[axes]\n\"chip.hbm.bandwidth_gb_per_s\" = [819, 3276]\n",
+    )
+    .unwrap();
+    ok(&["sweep", "s.toml", "--out", "a.jsonl", "--set", "fitted.valu_vreg_ops_per_cycle=5.4"], &d);
+    let rows: Vec<serde_json::Value> =
+        std::fs::read_to_string(d.join("a.jsonl")).unwrap().lines().skip(1).map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(rows.len(), 2);
+    for (r, bw) in rows.iter().zip(["819", "3276"]) {
+        assert_eq!(r["chip_source"], "preset");
+        assert_eq!(r["chip_set"], format!("fitted.valu_vreg_ops_per_cycle=5.4;hbm.bandwidth_gb_per_s={bw}"));
+    }
+    let h: Vec<&str> = rows.iter().map(|r| r["chip_hash"].as_str().unwrap()).collect();
+    assert!(h[0].len() == 12 && h[0] != h[1], "{h:?}");
+    // The hash is the one `tpusim run` reports for the same model.
+    let run = ok(
+        &[
+            "run",
+            "--heads",
+            "2",
+            "--seq-len",
+            "2048",
+            "--set",
+            "fitted.valu_vreg_ops_per_cycle=5.4",
+            "--set",
+            "hbm.bandwidth_gb_per_s=3276",
+            "--format",
+            "json",
+        ],
+        &d,
+    );
+    let run: serde_json::Value = serde_json::from_str(&run).unwrap();
+    assert_eq!(run["chip_model"]["hash"].as_str(), Some(h[1]));
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
+fn sweep_row_errors_name_fields_as_the_sweep_file_gives_them() {
+    // Issue 13, item 5: a row's error names the keys of the sweep file (a length given as
+    // seq_len is seq_len), not the flags or internal names.
+    let d = scratch("row-errors");
+    std::fs::write(d.join("e.toml"), "[base]\nheads = 2\nseq_len = 2048\n[axes]\nblock_q = [100, 512]\n").unwrap();
+    ok(&["sweep", "e.toml", "--out", "e.jsonl"], &d);
+    let text = std::fs::read_to_string(d.join("e.jsonl")).unwrap();
+    let row: serde_json::Value = serde_json::from_str(text.lines().nth(1).unwrap()).unwrap();
+    let e = row["error"].as_str().unwrap();
+    assert!(e.starts_with("block_q = 100:") && e.contains("seq_len (2048)") && !e.contains('`') && !e.contains(" q_len"), "{e}");
+    let _ = std::fs::remove_dir_all(&d);
+}

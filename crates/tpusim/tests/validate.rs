@@ -144,3 +144,119 @@ fn calibrate_reports_held_out_error_next_to_training_error() {
     assert_eq!(c["fitted_to"].as_array().unwrap().len(), 4);
     assert!(c["rows"].as_array().unwrap().iter().all(|r| r["held_out_ms"].is_number()));
 }
+
+/// The shipped rows of one chip, with the header: a small, fast measurement file.
+fn rows_of(d: &TempDir, chip: &str) -> String {
+    let shipped = std::fs::read_to_string(root().join(SHIPPED)).unwrap();
+    let mut lines = shipped.lines();
+    let mut text = format!("{}\n", lines.next().unwrap());
+    for l in lines.filter(|l| l.split(',').nth(1) == Some(chip)) {
+        text.push_str(l);
+        text.push('\n');
+    }
+    d.file(&format!("{chip}.csv"), &text)
+}
+
+/// A copy of a preset's model file with its grid-step overhead changed (as a calibrated file
+/// keeps the preset's name).
+fn changed_model(d: &TempDir, preset: &str, file: &str) -> String {
+    let text = std::fs::read_to_string(root().join(format!("models/{preset}.toml"))).unwrap();
+    let changed = text.replacen("grid_step_overhead_cycles = { value = ", "grid_step_overhead_cycles = { value = 1", 1);
+    assert_ne!(changed, text);
+    d.file(file, &changed)
+}
+
+#[test]
+fn validate_says_which_model_served_which_rows_and_refuses_two_models_of_one_name() {
+    // Issue 13, items 1 and 2.
+    let d = TempDir::new("models");
+    let v5e = rows_of(&d, "v5e");
+    let a = changed_model(&d, "v5e", "a.toml");
+    let b = changed_model(&d, "v5e", "b.toml");
+    // Two models named v5e: refused (in either order, with --cv too), naming both files.
+    for args in [vec!["validate", &v5e, "--chip", &a, "--chip", &b], vec!["validate", &v5e, "--chip", &b, "--chip", &a, "--cv"]] {
+        let out = tpusim(&args);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(&a) && err.contains(&b) && err.contains("'v5e'"), "{err}");
+    }
+    // A model no row selects is reported; rows no --chip model covers name the preset used.
+    let v7x = root().join("models/v7x.toml").to_string_lossy().into_owned();
+    let out = tpusim(&["validate", &v5e, "--chip", &v7x]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let t = text(&out.stdout);
+    assert!(t.contains(&v7x) && t.contains("matched no row") && t.contains("the file's chips are v5e"), "{t}");
+    assert!(t.contains("v5e (preset;") && t.contains("no --chip model is named v5e: its preset"), "{t}");
+    let out = tpusim(&["validate", &v5e, "--chip", &v7x, "--cv"]);
+    assert!(out.status.success() && text(&out.stdout).contains("matched no row"), "{}", text(&out.stderr));
+    // Which model predicted which rows, in JSON: the given file for v5e's rows.
+    let json = |args: &[&str]| -> serde_json::Value {
+        let out = tpusim(args);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let preset = json(&["validate", &v5e, "--format", "json"]);
+    let given = json(&["validate", &v5e, "--chip", &a, "--chip", &v7x, "--format", "json"]);
+    let used = &given["chip_models"]["used"];
+    assert_eq!(used.as_array().unwrap().len(), 1, "{used}");
+    assert_eq!((used[0]["model"]["source"].as_str(), used[0]["given"].as_bool()), (Some(a.as_str()), Some(true)));
+    assert_eq!(used[0]["rows"].as_array().unwrap().len(), 4);
+    assert_eq!(given["chip_models"]["unmatched"][0]["model"]["source"].as_str(), Some(v7x.as_str()));
+    let hash = used[0]["model"]["hash"].as_str().unwrap();
+    assert!(given["rows"].as_array().unwrap().iter().all(|r| r["chip_hash"] == hash));
+    assert!(preset["rows"].as_array().unwrap().iter().all(|r| r["chip_hash"] != hash), "the preset's rows carry another hash");
+}
+
+#[test]
+fn a_file_with_no_rows_is_an_input_error() {
+    // Issue 13, item 4: a header alone is not "0 rows, n/a".
+    let d = TempDir::new("empty");
+    let header = std::fs::read_to_string(root().join(SHIPPED)).unwrap().lines().next().unwrap().to_string();
+    let only_header = d.file("header.csv", &format!("{header}\n# a comment\n\n"));
+    for args in [vec!["validate", &only_header], vec!["validate", &only_header, "--cv"], vec!["calibrate", &only_header, "--chip", "v6e"]] {
+        let out = tpusim(&args);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(&only_header) && err.contains("no measurement rows"), "{args:?}: {err}");
+        assert!(out.stdout.is_empty());
+    }
+}
+
+#[test]
+fn calibrate_checks_its_output_first_and_prints_its_results_when_writing_fails() {
+    // Issue 13, items 1 and 3.
+    let d = TempDir::new("calib-out");
+    let v5e = rows_of(&d, "v5e");
+    let args =
+        |out: &str| vec!["calibrate".to_string(), v5e.clone(), "--chip".into(), "v5e".into(), "--no-cv".into(), "--out".into(), out.into()];
+    let run = |a: Vec<String>| Command::new(env!("CARGO_BIN_EXE_tpusim")).args(&a).current_dir(root()).output().unwrap();
+    // A folder that takes no file is refused before the fit (root ignores permissions; /proc does not).
+    let out = run(args("/proc/tpusim-fit.toml"));
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("--out /proc/tpusim-fit.toml") && err.contains("cannot create files"), "{err}");
+    assert!(out.stdout.is_empty(), "refused before the fit: no results");
+    // A write that fails after the fit (a file name longer than the file system allows, which
+    // the check before the fit does not foresee) still prints the results, then the error.
+    let long = d.0.join(format!("{}.toml", "a".repeat(300))).to_string_lossy().into_owned();
+    let out = run(args(&long));
+    let (o, err) = (text(&out.stdout), text(&out.stderr));
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(o.contains("tpusim calibrate: chip v5e") && o.contains("fitted model"), "results are printed: {o}");
+    assert!(err.contains("nothing was written") && !o.contains("wrote "), "{err}");
+    assert_eq!(std::fs::read_dir(&d.0).unwrap().count(), 1, "no temporary file is left: only v5e.csv");
+    // Written, the model's hash is the one its runs report.
+    let model = d.0.join("fit.toml").to_string_lossy().into_owned();
+    let mut a = args(&model);
+    a.extend(["--params".into(), "valu_vreg_ops_per_cycle".into(), "--format".into(), "json".into()]);
+    let out = run(a);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let c: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(c["start_model"]["source"], "preset");
+    let hash = c["fitted_model"]["hash"].as_str().unwrap().to_string();
+    let out = tpusim(&["run", "--chip", &model, "--kernel", "pallas-matmul", "--m", "512", "--n", "512", "--k", "512", "--format", "json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["chip_model"]["hash"].as_str(), Some(hash.as_str()));
+    assert_eq!(r["chip_model"]["source"].as_str(), Some(model.as_str()));
+}

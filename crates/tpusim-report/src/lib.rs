@@ -629,7 +629,7 @@ mod tests {
         let mut w = AttentionCall::video_default();
         w.q_len = 16384;
         w.kv_len = 16384;
-        w.mask = Mask::Causal;
+        w.mask = Mask::Causal { offset: 0 };
         let mut config = SplashConfig::with_blocks(&w, &chip, 2048, 2048, None);
         config.traversal = tpusim_kernel::Traversal::Compact;
         config.masking = tpusim_kernel::Masking::Partial;

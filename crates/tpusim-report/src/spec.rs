@@ -168,6 +168,9 @@ pub struct JobSpec {
     /// sta:F,H,W:kf,kh,kw:tf,th,tw, each optionally followed by a token order @frame, @position or
     /// @tiles:tf,th,tw,
     /// per-head[N*M;...], file:PATH; + is union, & is intersection, ( ) groups.
+    /// causal is k <= q counted from the first token of both; causal@offset:N (k <= q + N) and
+    /// local:L,R@offset:N are Splash's CausalMask / LocalMask with offset N: for q_len != kv_len,
+    /// e.g. decode after a cache, N = kv_len - q_len (N may be negative).
     /// Example: band:15000+sink:3600 [default: full].
     #[arg(long)]
     #[serde(default, skip_serializing_if = "Option::is_none")]

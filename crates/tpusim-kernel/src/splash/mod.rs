@@ -152,7 +152,7 @@ pub fn default_compute(w: &AttentionCall, cfg: &SplashConfig, chip: &ChipModel) 
 /// int8 arrays that the kernel loads (`MaskInfo.partial_mask_blocks`).
 pub fn computable(mask: &Mask) -> bool {
     match mask {
-        Mask::Full | Mask::Causal | Mask::Local { .. } | Mask::Band { .. } | Mask::Chunked { .. } => true,
+        Mask::Full | Mask::Causal { .. } | Mask::Local { .. } | Mask::Band { .. } | Mask::Chunked { .. } => true,
         Mask::PerHead(p) => p.windows(2).all(|w| w[0] == w[1]) && p.first().is_none_or(computable),
         _ => false,
     }
@@ -190,10 +190,10 @@ pub fn mask_cost(mask: &Mask, source: MaskSource, padded: bool) -> MaskCost {
 
 /// The costliest of the distinct masks' costs (every head's steps share one body).
 pub(crate) fn worst_mask_cost(masks: &[Mask], source: MaskSource, padded: bool) -> MaskCost {
-    masks.iter().map(|m| mask_cost(m, source, padded)).fold(MaskCost { ops: 0.0, loaded: false }, |a, b| MaskCost {
-        ops: a.ops.max(b.ops),
-        loaded: a.loaded || b.loaded,
-    })
+    masks
+        .iter()
+        .map(|m| mask_cost(m, source, padded))
+        .fold(MaskCost { ops: 0.0, loaded: false }, |a, b| MaskCost { ops: a.ops.max(b.ops), loaded: a.loaded || b.loaded })
 }
 
 /// The mask operation of a slab: `sv` score registers at cost `c`.
@@ -307,7 +307,14 @@ fn attention_body(s: &BodyShape) -> StepBody {
                 let eup = if s.residuals { 2.0 * rv } else { rv };
                 let recip = b.add("recip", Work::Transcendental { vregs: eup }, &[acc], slot(g, 11));
                 let vpu = 1.5 * vregs(r, s.dv) + if s.residuals { rv } else { 0.0 };
-                b.add_carried("finalize", Work::Vector { ops: vpu, loaded_mask_vregs: 0.0 }, &[recip], slot(g, 12), None, Some(acc_slot(si)));
+                b.add_carried(
+                    "finalize",
+                    Work::Vector { ops: vpu, loaded_mask_vregs: 0.0 },
+                    &[recip],
+                    slot(g, 12),
+                    None,
+                    Some(acc_slot(si)),
+                );
             }
         }
     }

@@ -8,6 +8,7 @@
 //! crates above it.
 
 pub mod notes;
+mod paths;
 pub mod spec;
 
 pub use spec::{render_fields, render_fields_with, FieldStyle, JobSpec, SpecError, DEFAULT_KERNEL};

@@ -331,15 +331,19 @@ impl JobSpec {
         }
     }
 
-    /// Reads a trace file (TOML with the keys of [`JobSpec`]).
+    /// Reads a trace file (TOML with the keys of [`JobSpec`]). Relative paths in it (`chip`,
+    /// `mask = "file:..."`) resolve from the trace's folder ([`JobSpec::resolve_paths_from`]).
     ///
     /// # Errors
     /// [`SpecError::Trace`] naming the file and the key for unreadable files, malformed TOML,
-    /// unknown keys and values of the wrong type.
+    /// unknown keys, values of the wrong type and named files that do not exist.
     pub fn from_toml_file(path: &str) -> Result<Self, SpecError> {
         let text =
             std::fs::read_to_string(path).map_err(|e| SpecError::Trace { path: path.into(), message: format!("cannot read: {e}") })?;
-        Self::from_toml_str(&text, path)
+        let mut spec = Self::from_toml_str(&text, path)?;
+        let dir = std::path::Path::new(path).parent().unwrap_or(std::path::Path::new(""));
+        spec.resolve_paths_from(dir).map_err(|message| SpecError::Trace { path: path.into(), message })?;
+        Ok(spec)
     }
 
     /// Parses trace text; `path` names it in errors.

@@ -306,6 +306,26 @@ impl Mask {
         })
     }
 
+    /// The same mask with every mask-file path replaced by `f(path)` (loaded or not); used to
+    /// resolve paths written in a job file from that file's folder.
+    pub fn map_files(self, f: &mut dyn FnMut(&str) -> String) -> Mask {
+        match self {
+            Mask::File(path) => Mask::File(f(&path)),
+            Mask::Blocks(mut b) => {
+                b.path = f(&b.path);
+                Mask::Blocks(b)
+            }
+            Mask::Ranges(mut r) => {
+                r.path = f(&r.path);
+                Mask::Ranges(r)
+            }
+            Mask::Union(p) => Mask::Union(p.into_iter().map(|m| m.map_files(f)).collect()),
+            Mask::Intersect(p) => Mask::Intersect(p.into_iter().map(|m| m.map_files(f)).collect()),
+            Mask::PerHead(p) => Mask::PerHead(p.into_iter().map(|m| m.map_files(f)).collect()),
+            other => other,
+        }
+    }
+
     /// The paths of the mask files this mask names (loaded or not).
     pub fn file_paths(&self) -> Vec<String> {
         match self {

@@ -87,3 +87,65 @@ fn root() -> PathBuf {
 fn write(p: &Path, text: &str) {
     std::fs::write(p, text).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
 }
+
+// ---- item 10: paths inside trace and sweep files resolve from the file's folder ----
+
+#[test]
+fn paths_in_traces_and_sweep_files_resolve_from_their_folder() {
+    let dir = scratch("paths");
+    let sub = dir.join("jobs");
+    std::fs::create_dir_all(&sub).unwrap();
+    write(&sub.join("blocks.json"), r#"{"q_len": 1024, "kv_len": 1024, "block_q": 256, "block_kv": 256, "blocks": [[0, 3]]}"#);
+    std::fs::copy(root().join("models/v6e.toml"), sub.join("my-v6e.toml")).unwrap();
+    let job = "seq_len = 1024\nheads = 2\nblock_q = 256\nblock_kv = 256\n";
+    write(&sub.join("trace.toml"), &format!("chip = \"my-v6e.toml\"\nmask = \"causal+file:blocks.json\"\n{job}"));
+    // Run from the scratch folder (not the trace's): the mask file and chip model are found
+    // beside the trace.
+    let out = ok(bin().args(["run", "--trace", "jobs/trace.toml", "--format", "json"]).current_dir(&dir).output().unwrap(), "run --trace");
+    let r = json(&out);
+    assert_eq!(r["tiles"]["visited"], 2 * (10 + 1), "4 x 4 causal tiles (10) plus the file's block (0, 3), per head: {}", r["tiles"]);
+    // A flag on the command line still resolves from the current folder.
+    write(&dir.join("other.json"), r#"{"q_len": 1024, "kv_len": 1024, "block_q": 256, "block_kv": 256, "blocks": [[0, 0]]}"#);
+    let out = ok(
+        bin()
+            .args(["run", "--trace", "jobs/trace.toml", "--mask", "file:other.json", "--format", "json"])
+            .current_dir(&dir)
+            .output()
+            .unwrap(),
+        "flag",
+    );
+    assert_eq!(json(&out)["tiles"]["visited"], 2);
+    // A missing file: the error names the key, the path as written and the resolved path.
+    write(&sub.join("missing.toml"), &format!("mask = \"file:nowhere.json\"\n{job}"));
+    let e = input_error(bin().args(["run", "--trace", "jobs/missing.toml"]).current_dir(&dir).output().unwrap(), "missing mask file");
+    assert!(
+        e.contains("jobs/missing.toml") && e.contains("file:nowhere.json") && e.contains("jobs/nowhere.json") && e.contains("folder"),
+        "{e}"
+    );
+
+    // Sweep files: base, axes and points alike.
+    write(&sub.join("sweep.toml"), &format!("[base]\nchip = \"my-v6e.toml\"\n{job}[axes]\nmask = [\"file:blocks.json\", \"causal\"]\n"));
+    let out = dir.join("out.csv");
+    ok(
+        bin().args(["sweep", "jobs/sweep.toml", "--out", out.to_str().unwrap(), "--no-progress"]).current_dir(&dir).output().unwrap(),
+        "sweep",
+    );
+    let text = std::fs::read_to_string(&out).unwrap();
+    let mut rows = csv_rows(&text);
+    let header = rows.remove(0);
+    let col = |name: &str| header.iter().position(|h| h == name).unwrap_or_else(|| panic!("{name} in {header:?}"));
+    assert_eq!(rows.len(), 2);
+    for r in &rows {
+        assert_eq!(r[col("error")], "", "{r:?}");
+    }
+    assert_eq!(rows[0][col("tiles_visited")], "2", "the file's one block per head");
+    assert_eq!(rows[0][col("mask")], "file:blocks.json", "the input column keeps the value as written");
+    write(&sub.join("bad-sweep.toml"), &format!("[base]\n{job}[[points]]\nmask = \"file:gone.json\"\n"));
+    let e = input_error(bin().args(["sweep", "jobs/bad-sweep.toml", "--no-progress"]).current_dir(&dir).output().unwrap(), "bad sweep");
+    assert!(e.contains("points[0]") && e.contains("jobs/gone.json"), "{e}");
+}
+
+/// CSV rows after the `#` header line (fields without quotes or commas inside).
+fn csv_rows(text: &str) -> Vec<Vec<String>> {
+    text.lines().filter(|l| !l.starts_with('#')).map(|l| l.split(',').map(String::from).collect()).collect()
+}

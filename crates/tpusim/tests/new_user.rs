@@ -149,3 +149,34 @@ fn paths_in_traces_and_sweep_files_resolve_from_their_folder() {
 fn csv_rows(text: &str) -> Vec<Vec<String>> {
     text.lines().filter(|l| !l.starts_with('#')).map(|l| l.split(',').map(String::from).collect()).collect()
 }
+
+// ---- item 12: timelines of large runs ----
+
+#[test]
+fn a_timeline_too_large_to_write_still_prints_the_report_and_says_how_to_window_it() {
+    let dir = scratch("timeline");
+    let file = dir.join("whole.json");
+    let out = bin().args(["run", "--timeline", file.to_str().unwrap()]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "the timeline was asked for and not written");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stdout.contains("latency") && stdout.contains("bound by"), "the report is printed: {stdout}");
+    assert!(stderr.contains("not written") && stderr.contains("--timeline-steps") && stderr.contains("--timeline-head"), "{stderr}");
+    assert!(!file.exists(), "no partial timeline is left");
+    // JSON output is still one parseable object on stdout.
+    let out = bin().args(["run", "--format", "json", "--timeline", file.to_str().unwrap()]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(json(&String::from_utf8_lossy(&out.stdout))["latency_ms"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
+fn a_timeline_written_for_one_head_plots_with_the_default_steps() {
+    let dir = scratch("timeline-head");
+    let file = dir.join("head.json");
+    let png = dir.join("head.png");
+    let job = ["--heads", "4", "--seq-len", "2048", "--block-q", "512", "--block-kv", "512"];
+    ok(bin().arg("run").args(job).args(["--timeline", file.to_str().unwrap(), "--timeline-head", "3"]).output().unwrap(), "run");
+    let said =
+        ok(bin().args(["plot", "timeline", "--input", file.to_str().unwrap(), "--out", png.to_str().unwrap()]).output().unwrap(), "plot");
+    assert!(png.exists() && said.contains("grid steps 48 to 51"), "head 3's first four steps: {said}");
+}

@@ -104,7 +104,7 @@ pub struct SweepOptions {
     pub shard: Shard,
     /// Worker threads (`None`: one per core).
     pub jobs: Option<usize>,
-    /// Draw a progress bar (only when stderr is a terminal).
+    /// Print progress on stderr ([`crate::progress`]: a bar on a terminal, else plain lines).
     pub progress: bool,
     /// Ignore existing output and partial files.
     pub restart: bool,
@@ -209,6 +209,9 @@ fn row_has_error(format: Format, line: &str) -> bool {
 /// an existing file that are malformed (the message names the file and line).
 pub fn run_sweep(def: &SweepDef, opts: &SweepOptions) -> Result<SweepSummary, SweepError> {
     let start = Instant::now();
+    if opts.progress {
+        crate::progress::interval()?;
+    }
     let layout = Layout::for_sweep(def);
     let shard = opts.shard;
     let format = opts.format;

@@ -26,6 +26,7 @@ pub mod eval;
 pub mod exec;
 pub mod merge;
 pub mod output;
+pub mod progress;
 pub mod tune;
 
 pub use def::SweepDef;
@@ -74,19 +75,9 @@ pub(crate) fn pool(jobs: Option<usize>) -> Result<rayon::ThreadPool, SweepError>
     b.build().map_err(|e| SweepError::Io(format!("cannot start worker threads: {e}")))
 }
 
-/// A progress bar on stderr, drawn only when `show` is set and stderr is a terminal.
+/// Progress on stderr ([`progress::bar`]): a bar on a terminal, plain periodic lines otherwise.
 pub(crate) fn progress_bar(show: bool, len: u64, what: &str) -> Option<indicatif::ProgressBar> {
-    use std::io::IsTerminal;
-    if !show || !std::io::stderr().is_terminal() {
-        return None;
-    }
-    let pb = indicatif::ProgressBar::with_draw_target(Some(len), indicatif::ProgressDrawTarget::stderr());
-    let style = indicatif::ProgressStyle::with_template(&format!(
-        "{{spinner}} {what} [{{elapsed_precise}}] {{wide_bar}} {{pos}}/{{len}} ({{per_sec}}, eta {{eta}})"
-    ))
-    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
-    pb.set_style(style);
-    Some(pb)
+    progress::bar(show, len, what)
 }
 
 /// A 64-bit hash of bytes with no random seed (rustc-hash's FxHasher), for sweep definitions and

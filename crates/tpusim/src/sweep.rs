@@ -39,7 +39,8 @@ pub struct SweepArgs {
     /// Worker threads [default: one per core].
     #[arg(long, short)]
     pub jobs: Option<usize>,
-    /// Do not draw a progress bar (it is drawn only when stderr is a terminal anyway).
+    /// Print no progress on stderr (a bar on a terminal; otherwise a plain line every 10 s, or
+    /// every TPUSIM_PROGRESS_SECS seconds).
     #[arg(long)]
     pub no_progress: bool,
     /// Ignore an existing output or OUT.partial and evaluate every point again.
@@ -79,7 +80,8 @@ pub struct TuneArgs {
     /// Worker threads [default: one per core].
     #[arg(long, short)]
     pub jobs: Option<usize>,
-    /// Do not draw progress bars (they are drawn only when stderr is a terminal anyway).
+    /// Print no progress on stderr (bars on a terminal; otherwise a plain line every 10 s, or
+    /// every TPUSIM_PROGRESS_SECS seconds).
     #[arg(long)]
     pub no_progress: bool,
     /// Output format.

@@ -180,3 +180,43 @@ fn a_timeline_written_for_one_head_plots_with_the_default_steps() {
         ok(bin().args(["plot", "timeline", "--input", file.to_str().unwrap(), "--out", png.to_str().unwrap()]).output().unwrap(), "plot");
     assert!(png.exists() && said.contains("grid steps 48 to 51"), "head 3's first four steps: {said}");
 }
+
+// ---- item 13: progress when stderr is not a terminal ----
+
+#[test]
+fn long_work_without_a_terminal_prints_plain_progress_lines() {
+    let dir = scratch("progress");
+    write(
+        &dir.join("s.toml"),
+        "[base]\nheads = 16\nseq_len = 16384\nmask = \"causal\"\n[axes]\nblock_q = [256, 512, 1024, 2048]\nblock_kv = [256, 512, 1024, 2048]\nmask_source = [\"computed\", \"loaded\"]\n",
+    );
+    // stderr is a pipe here (not a terminal): plain lines, at most one per interval.
+    let out = bin().args(["sweep", "s.toml", "--out", "a.csv"]).env("TPUSIM_PROGRESS_SECS", "0.01").current_dir(&dir).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    ok(out, "sweep with progress");
+    let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("tpusim sweep: ")).collect();
+    assert!(!lines.is_empty() && lines.iter().all(|l| l.contains("/32 (") && l.contains("elapsed")), "{err}");
+    assert!(!err.contains('\r') && !err.contains('\u{1b}'), "no terminal control characters in a log: {err:?}");
+    // The default interval (10 s) prints nothing for quick work; --no-progress never prints.
+    let out = bin().args(["sweep", "s.toml", "--out", "b.csv"]).current_dir(&dir).output().unwrap();
+    assert!(out.stderr.is_empty(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = bin()
+        .args(["sweep", "s.toml", "--out", "c.csv", "--no-progress"])
+        .env("TPUSIM_PROGRESS_SECS", "0.01")
+        .current_dir(&dir)
+        .output()
+        .unwrap();
+    assert!(ok(out, "no progress").contains("32 points"));
+    // tune too.
+    let out = bin()
+        .args(["tune", "--heads", "16", "--seq-len", "16384", "--mask", "causal", "--block-q", "1024", "--top", "1", "--refine", "1"])
+        .env("TPUSIM_PROGRESS_SECS", "0.01")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    ok(out, "tune with progress");
+    assert!(err.lines().any(|l| l.starts_with("tpusim tune: ")), "{err}");
+    // A bad interval is an input error naming the variable.
+    let out = bin().args(["sweep", "s.toml", "--out", "d.csv"]).env("TPUSIM_PROGRESS_SECS", "soon").current_dir(&dir).output().unwrap();
+    assert!(input_error(out, "bad interval").contains("TPUSIM_PROGRESS_SECS=soon"));
+}

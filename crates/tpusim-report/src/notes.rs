@@ -26,6 +26,9 @@ pub const UNIT_MATTERS_BUSY: f64 = 0.5;
 /// Critical-path share from which a unit's carried parameter is named.
 pub const UNIT_MATTERS_CRITICAL: f64 = 0.1;
 
+/// A matmul operation of a step body: (name, rows streamed m_total, contraction k, output n).
+pub type MatmulShape = (&'static str, u64, u64, u64);
+
 /// How the MXU's busy time of a run divides, from its matmul operations.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct MxuFill {
@@ -40,8 +43,8 @@ pub struct MxuFill {
     pub row_fill: f64,
     /// Busy-weighted fraction of the array columns a fold's output uses (n / padded n).
     pub column_fill: f64,
-    /// The matmul operation with the most busy time: (name, m_total, k, n).
-    pub largest: Option<(&'static str, u64, u64, u64)>,
+    /// The matmul operation with the most busy time.
+    pub largest: Option<MatmulShape>,
 }
 
 impl MxuFill {
@@ -63,7 +66,7 @@ pub fn measure_mxu(run: &Run) -> MxuFill {
     let cols = chip.mxu.columns.value as u64;
     let arrays = chip.mxu_arrays();
     let mut f = MxuFill::default();
-    let mut by_op: Vec<((&'static str, u64, u64, u64), f64)> = Vec::new();
+    let mut by_op: Vec<(MatmulShape, f64)> = Vec::new();
     for (class, &steps) in run.program.classes.iter().zip(&run.result.class_steps) {
         if steps == 0 {
             continue;

@@ -56,7 +56,7 @@ impl Shard {
     pub fn parse(s: &str) -> Result<Shard, SweepError> {
         let bad = || {
             SweepError::new(format!(
-                "--shard {s}: expected I/N with 0 <= I < N, e.g. --shard 0/4 (Slurm: --shard $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT)"
+                "--shard {s}: expected I/N with 0 <= I < N, e.g. --shard 0/4, or auto (a Slurm array task or Kubernetes Indexed Job: studies/README.md)"
             ))
         };
         let (i, n) = s.split_once('/').ok_or_else(bad)?;

@@ -14,6 +14,8 @@
 //! * [`exec`]: runs a sweep (or one shard `I/N`: points with `index % N == I`) in parallel on a
 //!   rayon pool, appending finished rows to `OUT.partial` and finishing by an atomic rename to
 //!   `OUT` with the rows in index order; an interrupted run resumes from `OUT.partial`.
+//! * [`shard_env`]: `--shard auto`, the shard of a Slurm array task or Kubernetes Indexed Job
+//!   from its environment.
 //! * [`mod@merge`]: joins shard outputs, checking that every point is present exactly once; the
 //!   result is byte-for-byte the unsharded output.
 //! * [`mod@tune`]: searches block sizes and kernel options for one workload within the block rules
@@ -27,12 +29,14 @@ pub mod exec;
 pub mod merge;
 pub mod output;
 pub mod progress;
+pub mod shard_env;
 pub mod tune;
 
 pub use def::SweepDef;
 pub use exec::{run_sweep, Shard, SweepOptions, SweepSummary};
 pub use merge::{merge, MergeSummary};
 pub use output::Format;
+pub use shard_env::ShardChoice;
 pub use tune::{tune, TuneOptions, TuneResult};
 
 /// An error of a sweep, merge or search. Messages name the file and the key or line.

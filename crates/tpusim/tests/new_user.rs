@@ -220,3 +220,124 @@ fn long_work_without_a_terminal_prints_plain_progress_lines() {
     let out = bin().args(["sweep", "s.toml", "--out", "d.csv"]).env("TPUSIM_PROGRESS_SECS", "soon").current_dir(&dir).output().unwrap();
     assert!(input_error(out, "bad interval").contains("TPUSIM_PROGRESS_SECS=soon"));
 }
+
+// ---- item 15: --shard auto from a batch system's environment ----
+
+/// A 12-point sweep, quick to run in shards.
+const SHARDED: &str =
+    "[base]\nheads = 2\nseq_len = 4096\n[axes]\nblock_q = [512, 1024, 2048]\nblock_kv = [512, 1024]\nmask = [\"full\", \"causal\"]\n";
+
+#[test]
+fn a_one_based_slurm_array_and_a_kubernetes_indexed_job_shard_with_auto() {
+    let dir = scratch("shard-auto");
+    write(&dir.join("s.toml"), SHARDED);
+    ok(bin().args(["sweep", "s.toml", "--out", "whole.csv", "--no-progress"]).current_dir(&dir).output().unwrap(), "unsharded");
+    let whole = std::fs::read(dir.join("whole.csv")).unwrap();
+    // sbatch --array=1-4: tasks 1..4 are shards 0..3 of 4 (named by the default output).
+    for id in 1..=4 {
+        let said = ok(
+            bin()
+                .args(["sweep", "s.toml", "--shard", "auto/4", "--no-progress"])
+                .envs([
+                    ("SLURM_ARRAY_TASK_ID", id.to_string()),
+                    ("SLURM_ARRAY_TASK_MIN", "1".into()),
+                    ("SLURM_ARRAY_TASK_MAX", "4".into()),
+                    ("SLURM_ARRAY_TASK_STEP", "1".into()),
+                    ("SLURM_ARRAY_TASK_COUNT", "4".into()),
+                ])
+                .current_dir(&dir)
+                .output()
+                .unwrap(),
+            "slurm task",
+        );
+        assert!(said.contains(&format!("shard {}/4 from SLURM_ARRAY_TASK_ID={id}", id - 1)), "{said}");
+    }
+    let shards: Vec<String> = (0..4).map(|i| format!("s.shard-{i}-of-4.csv")).collect();
+    let mut merge = vec!["merge".to_string()];
+    merge.extend(shards.iter().cloned());
+    merge.extend(["--out".into(), "slurm.csv".into()]);
+    ok(bin().args(&merge).current_dir(&dir).output().unwrap(), "merge slurm shards");
+    assert!(std::fs::read(dir.join("slurm.csv")).unwrap() == whole, "the merged Slurm shards are the unsharded sweep");
+    // A rerun submitted as its own one-task array (--array=3) is not mistaken for shard 0 of 1.
+    let e = input_error(
+        bin()
+            .args(["sweep", "s.toml", "--shard", "auto/4", "--no-progress"])
+            .envs([
+                ("SLURM_ARRAY_TASK_ID", "3"),
+                ("SLURM_ARRAY_TASK_MIN", "3"),
+                ("SLURM_ARRAY_TASK_MAX", "3"),
+                ("SLURM_ARRAY_TASK_COUNT", "1"),
+            ])
+            .current_dir(&dir)
+            .output()
+            .unwrap(),
+        "one-task array",
+    );
+    assert!(e.contains("has 1 tasks") && e.contains("not 4"), "{e}");
+    // Kubernetes Indexed Job: JOB_COMPLETION_INDEX 0..3, the count from TPUSIM_SHARD_COUNT.
+    for i in 0..4 {
+        ok(
+            bin()
+                .args(["sweep", "s.toml", "--shard", "auto", "--out", &format!("k8s-{i}.csv"), "--no-progress"])
+                .envs([("JOB_COMPLETION_INDEX", i.to_string()), ("TPUSIM_SHARD_COUNT", "4".into())])
+                .current_dir(&dir)
+                .output()
+                .unwrap(),
+            "k8s index",
+        );
+    }
+    let mut merge = vec!["merge".to_string()];
+    merge.extend((0..4).map(|i| format!("k8s-{i}.csv")));
+    merge.extend(["--out".into(), "k8s.csv".into()]);
+    ok(bin().args(&merge).current_dir(&dir).output().unwrap(), "merge k8s shards");
+    assert!(std::fs::read(dir.join("k8s.csv")).unwrap() == whole);
+    // No batch system: the error names what it looked for.
+    let e = input_error(bin().args(["sweep", "s.toml", "--shard", "auto"]).current_dir(&dir).output().unwrap(), "no batch system");
+    assert!(e.contains("SLURM_ARRAY_TASK_ID") && e.contains("JOB_COMPLETION_INDEX"), "{e}");
+}
+
+/// The GNU parallel recipe of studies/README.md, run as written on a small sweep (its sweep
+/// file swapped for a 12-point one), with GNU parallel when installed (CI installs it) and else
+/// with the shell running the commands parallel would.
+#[test]
+fn the_gnu_parallel_recipe_in_the_studies_readme_merges_to_the_unsharded_sweep() {
+    let readme = std::fs::read_to_string(root().join("studies/README.md")).unwrap();
+    let start = readme.find("<!-- gnu-parallel-recipe -->").expect("studies/README.md marks its GNU parallel recipe");
+    let block = &readme[start..];
+    let body_start = block.find("```bash\n").expect("a bash block") + "```bash\n".len();
+    let body = &block[body_start..body_start + block[body_start..].find("```").unwrap()];
+    assert!(body.contains("parallel") && body.contains("--shard {}/$N") && body.contains("tpusim merge"), "{body}");
+    let dir = scratch("gnu-parallel");
+    std::fs::create_dir_all(dir.join("studies")).unwrap();
+    write(&dir.join("studies/video-10k.toml"), SHARDED);
+    ok(bin().args(["sweep", "studies/video-10k.toml", "--out", "whole.csv", "--no-progress"]).current_dir(&dir).output().unwrap(), "whole");
+    let exe = PathBuf::from(env!("CARGO_BIN_EXE_tpusim"));
+    let path = format!("{}:{}", exe.parent().unwrap().display(), std::env::var("PATH").unwrap_or_default());
+    let have_parallel = Command::new("parallel").arg("--version").output().is_ok_and(|o| o.status.success());
+    let script = if have_parallel {
+        body.to_string()
+    } else {
+        eprintln!("GNU parallel is not installed (apt-get install parallel): running the recipe's commands with the shell");
+        // What `parallel CMD {}... ::: $(seq ...)` runs: CMD once per argument.
+        let mut s = String::new();
+        for line in body.lines() {
+            match line.split_once(" ::: ") {
+                Some((cmd, args)) if line.trim_start().starts_with("parallel") => {
+                    let cmd =
+                        cmd.trim_start().split_whitespace().skip_while(|w| *w == "parallel" || w.starts_with('-')).collect::<Vec<_>>();
+                    // Drop parallel's own options and their values (-j 4, --halt now,fail=1).
+                    let cmd = cmd.into_iter().skip_while(|w| !w.starts_with("tpusim")).collect::<Vec<_>>().join(" ");
+                    s.push_str(&format!("for x in {args}; do {}; done\n", cmd.replace("{}", "$x")));
+                }
+                _ => {
+                    s.push_str(line);
+                    s.push('\n');
+                }
+            }
+        }
+        s
+    };
+    let out = Command::new("bash").args(["-euo", "pipefail", "-c", &script]).env("PATH", path).current_dir(&dir).output().unwrap();
+    ok(out, &format!("the recipe:\n{script}"));
+    assert!(std::fs::read(dir.join("video-10k.csv")).unwrap() == std::fs::read(dir.join("whole.csv")).unwrap(), "merged = unsharded");
+}

@@ -341,3 +341,27 @@ fn the_gnu_parallel_recipe_in_the_studies_readme_merges_to_the_unsharded_sweep()
     ok(out, &format!("the recipe:\n{script}"));
     assert!(std::fs::read(dir.join("video-10k.csv")).unwrap() == std::fs::read(dir.join("whole.csv")).unwrap(), "merged = unsharded");
 }
+
+// ---- item 14: tile maps of long sequences ----
+
+#[test]
+fn a_tile_map_of_four_million_tokens_is_drawn_from_aggregated_tiles_quickly() {
+    let dir = scratch("tiles-4m");
+    let png = dir.join("t.png");
+    let start = std::time::Instant::now();
+    // 8192 x 8192 = 67 million tiles; the kernel itself would refuse this tiling (its mask
+    // metadata overflows SMEM), but the map needs only the mask and the tiling.
+    let said = ok(
+        bin()
+            .args(["plot", "tiles", "--seq-len", "4194304", "--heads", "1", "--mask", "causal", "--block-q", "512", "--block-kv", "512"])
+            .args(["--out", png.to_str().unwrap()])
+            .output()
+            .unwrap(),
+        "plot tiles at 4M tokens",
+    );
+    let secs = start.elapsed().as_secs_f64();
+    assert!(png.exists() && said.contains("causal at 512 x 512 tiles"), "{said}");
+    assert!(secs < 30.0, "took {secs:.1} s");
+    // The picture is small: cells, not 67 million rectangles.
+    assert!(std::fs::metadata(&png).unwrap().len() < 2_000_000);
+}

@@ -323,8 +323,7 @@ fn the_gnu_parallel_recipe_in_the_studies_readme_merges_to_the_unsharded_sweep()
         for line in body.lines() {
             match line.split_once(" ::: ") {
                 Some((cmd, args)) if line.trim_start().starts_with("parallel") => {
-                    let cmd =
-                        cmd.trim_start().split_whitespace().skip_while(|w| *w == "parallel" || w.starts_with('-')).collect::<Vec<_>>();
+                    let cmd = cmd.split_whitespace().skip_while(|w| *w == "parallel" || w.starts_with('-')).collect::<Vec<_>>();
                     // Drop parallel's own options and their values (-j 4, --halt now,fail=1).
                     let cmd = cmd.into_iter().skip_while(|w| !w.starts_with("tpusim")).collect::<Vec<_>>().join(" ");
                     s.push_str(&format!("for x in {args}; do {}; done\n", cmd.replace("{}", "$x")));

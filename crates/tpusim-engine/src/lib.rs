@@ -96,16 +96,18 @@ impl SimResult {
         PerUnit(self.busy.0.map(|c| if denom > 0.0 { c / denom } else { 0.0 }))
     }
 
-    /// The unit that bounds the run: the one with the largest of its busy time per core (a
-    /// throughput bound) and its share of the critical path ([`SimResult::critical`]: a latency
-    /// bound). Ties go to the unit with the larger critical-path share.
+    /// The unit that bounds the run: the one with the largest share of the critical path
+    /// ([`SimResult::critical`]), i.e. the unit the run waited on longest, whether for its
+    /// throughput or its latency. Ties go to the unit busier per core. A unit can be busier than
+    /// the bottleneck without bounding the run when its work overlaps other units' (front ends
+    /// say so next to the label).
     pub fn bottleneck(&self) -> Unit {
         let cores = self.cores.len().max(1) as f64;
         let mut best = (Unit::Mxu, f64::NEG_INFINITY, f64::NEG_INFINITY);
         for ((u, b), (_, c)) in self.busy.iter().zip(self.critical.iter()) {
-            let v = (b / cores).max(c);
-            if v > best.1 || (v == best.1 && c > best.2) {
-                best = (u, v, c);
+            let b = b / cores;
+            if c > best.1 || (c == best.1 && b > best.2) {
+                best = (u, c, b);
             }
         }
         best.0

@@ -95,9 +95,19 @@ impl Figure for BreakdownFigure {
         let (area_w, _) = area.dim_in_pixel();
         let legend_w = (s.tick * 9.5) as u32;
         let (chart_area, legend_area) = area.split_horizontally(area_w - legend_w);
+        // Bar names (each with its bound below) that do not fit their slot go to rows taken in
+        // turn, so that neighbours' names never overlap; the font shrinks first, to 75%.
+        let slot = (area_w as f64 - legend_w as f64 - s.label * 4.0 - s.tick) / n as f64;
+        let widest = |size: f64| self.bars.iter().map(|b| style::text_width(root, &b.label, &style::font(size))).max().unwrap_or(0) as f64;
+        let mut name_size = s.label;
+        while name_size > s.label * 0.75 && widest(name_size) > slot - 8.0 {
+            name_size -= 1.0;
+        }
+        let name_rows = ((widest(name_size) + 8.0) / slot).ceil().clamp(1.0, 4.0) as i32;
+        let name_font = style::font(name_size);
         let mut chart = ChartBuilder::on(&chart_area)
             .margin_right((s.tick) as u32)
-            .x_label_area_size((s.label * 3.2) as u32)
+            .x_label_area_size((s.label * (0.6 + 2.6 * name_rows as f64)) as u32)
             .y_label_area_size((s.label * 4.0) as u32)
             .build_cartesian_2d(-0.5f64..(n as f64 - 0.5), 0f64..top)
             .map_err(draw_err)?;
@@ -115,6 +125,10 @@ impl Figure for BreakdownFigure {
             .map_err(draw_err)?;
         let plot = chart.plotting_area();
         let half = 0.3;
+        // Every label goes through one layout, clear of the others, of the segment labels and
+        // of the latency markers; bars are drawn first so that none covers a label.
+        let mut labels = style::Labels::new();
+        let mut tops = Vec::with_capacity(self.bars.len());
         for (i, b) in self.bars.iter().enumerate() {
             let x = i as f64;
             let mut y = 0.0;
@@ -125,10 +139,11 @@ impl Figure for BreakdownFigure {
                 let c = style::unit_color(u);
                 plot.draw(&Rectangle::new([(x - half, y), (x + half, y + v)], c.filled())).map_err(draw_err)?;
                 plot.draw(&Rectangle::new([(x - half, y), (x + half, y + v)], WHITE.stroke_width(1))).map_err(draw_err)?;
-                // Label the segment when it is tall enough to hold text.
+                // Label the segment when it is tall and wide enough to hold text.
                 let (p0, p1) = (plot.map_coordinate(&(x, y)), plot.map_coordinate(&(x, y + v)));
-                if (p0.1 - p1.1) as f64 > s.tick * 1.3 {
-                    let txt = format!("{} {}", u.label(), sig3(v));
+                let txt = format!("{} {}", u.label(), sig3(v));
+                let bar_px = plot.map_coordinate(&(x + half, y)).0 - plot.map_coordinate(&(x - half, y)).0;
+                if (p0.1 - p1.1) as f64 > s.tick * 1.3 && style::text_width(root, &txt, &style::font(s.tick * 0.9)) + 4 < bar_px {
                     let fg = if matches!(u, Unit::Vpu | Unit::Hbm | Unit::StepControl | Unit::Xlu) { BLACK } else { WHITE };
                     // Keep the label off the latency line: move it above or below, or drop it.
                     let lat_py = plot.map_coordinate(&(x, b.latency_ms)).1;
@@ -147,6 +162,8 @@ impl Figure for BreakdownFigure {
                     }
                     if ly != i32::MIN {
                         style::centered(root, &txt, (p0.0, ly), &style::font_c(s.tick * 0.9, fg))?;
+                        let (w, h) = (style::text_width(root, &txt, &style::font(s.tick * 0.9)), (s.tick * 0.9) as i32);
+                        labels.reserve([p0.0 - w / 2 - 2, ly - h / 2 - 2, p0.0 + w / 2 + 2, ly + h / 2 + 2]);
                     }
                 }
                 y += v;
@@ -154,19 +171,31 @@ impl Figure for BreakdownFigure {
             // Latency marker.
             let l = b.latency_ms;
             plot.draw(&PathElement::new(vec![(x - half - 0.06, l), (x + half + 0.06, l)], BLACK.stroke_width(4))).map_err(draw_err)?;
-            let p = plot.map_coordinate(&(x + half + 0.07, l));
-            let st = style::font(s.tick * 0.95).pos(Pos::new(HPos::Left, VPos::Center));
-            root.draw(&Text::new(format!("{} ms", sig3(l)), p, st)).map_err(draw_err)?;
-            let tot = plot.map_coordinate(&(x, y));
-            let st = style::font_c(s.tick * 0.9, style::DARK_GREY).pos(Pos::new(HPos::Center, VPos::Bottom));
-            root.draw(&Text::new(format!("sum {} ms", sig3(y)), (tot.0, tot.1 - 4), st)).map_err(draw_err)?;
-            // Label under the bar: name, then the bound.
+            let (a, c) = (plot.map_coordinate(&(x - half - 0.06, l)), plot.map_coordinate(&(x + half + 0.06, l)));
+            labels.reserve([a.0, a.1 - 3, c.0, c.1 + 3]);
+            tops.push(y);
+        }
+        // Names first (they keep their rows), then the values, which move around them.
+        for (i, b) in self.bars.iter().enumerate() {
+            let x = i as f64;
+            // Under the bar, in its row: the name, then the bound.
             let base = plot.map_coordinate(&(x, 0.0));
-            let st = style::font(s.label).pos(Pos::new(HPos::Center, VPos::Top));
-            root.draw(&Text::new(b.label.clone(), (base.0, base.1 + (s.tick * 0.6) as i32), st)).map_err(draw_err)?;
+            let row = (s.label * 1.3) as i32;
+            let y0 = base.1 + (s.tick * 0.6) as i32 + (i as i32 % name_rows) * 2 * row;
+            labels.place_fixed(root, &b.label, &name_font.pos(Pos::new(HPos::Center, VPos::Top)), &[(base.0, y0)])?;
             let st = style::font_c(s.tick, style::DARK_GREY).pos(Pos::new(HPos::Center, VPos::Top));
-            root.draw(&Text::new(format!("bound by {}", b.bottleneck), (base.0, base.1 + (s.tick * 0.6 + s.label * 1.3) as i32), st))
-                .map_err(draw_err)?;
+            labels.place_fixed(root, &format!("bound by {}", b.bottleneck), &st, &[(base.0, y0 + row)])?;
+        }
+        for (i, b) in self.bars.iter().enumerate() {
+            let (x, l) = (i as f64, b.latency_ms);
+            // The latency's value right of its marker, else left of it, else moved up or down.
+            let txt = format!("{} ms", sig3(l));
+            let st = style::font(s.tick * 0.95).pos(Pos::new(HPos::Left, VPos::Center));
+            let (p, q) = (plot.map_coordinate(&(x + half + 0.07, l)), plot.map_coordinate(&(x - half - 0.07, l)));
+            labels.place(root, &txt, &st, &[p, (q.0 - style::text_width(root, &txt, &st) - 6, q.1)])?;
+            let tot = plot.map_coordinate(&(x, tops[i]));
+            let st = style::font_c(s.tick * 0.9, style::DARK_GREY).pos(Pos::new(HPos::Center, VPos::Bottom));
+            labels.place(root, &format!("sum {} ms", sig3(tops[i])), &st, &[(tot.0, tot.1 - 4)])?;
         }
         // Legend: top of the right column, top unit first (stack order).
         let st = style::font(s.tick).pos(Pos::new(HPos::Left, VPos::Center));

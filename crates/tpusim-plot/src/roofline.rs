@@ -214,6 +214,10 @@ impl Figure for RooflineFigure {
             .draw()
             .map_err(draw_err)?;
         let plot = chart.plotting_area();
+        // Every annotation goes through one layout, so that no label covers another or a point
+        // (two chips' HBM roofs, a roof label and a workload's point, ...).
+        let mut labels = style::Labels::new();
+        let mut hbm_labels: Vec<(String, Vec<(i32, i32)>)> = Vec::new();
         // Right-aligned labels on horizontal lines, spread so they do not overlap.
         let mut right_labels: Vec<(String, f64, RGBColor)> = Vec::new();
         for (i, r) in self.roofs.iter().enumerate() {
@@ -227,16 +231,28 @@ impl Figure for RooflineFigure {
                 r.peak / t,
                 BLACK,
             ));
-            // HBM label below the slope, near its foot (clear of the workloads' labels).
-            let lx = xs * (ridge / xs).powf(0.12);
-            let p = plot.map_coordinate(&(lx, lx * r.bw / t));
-            let st = style::font(s.tick).pos(Pos::new(HPos::Left, VPos::Top));
-            style::boxed(
-                root,
-                &format!("{chip}HBM roof: {} GB/s sustained ({} GB/s x {})", sig3(r.bw / 1e9), sig3(r.bw_peak_gbs), r.efficiency),
-                (p.0 + 12, p.1 + 4),
-                &st,
-            )?;
+            // HBM label below the slope, near its foot (clear of the workloads' labels); further
+            // along the slope, or above it, when that place is taken.
+            let along = [0.12, 0.25, 0.38, 0.5, 0.62];
+            let below = along.iter().map(|f| {
+                let lx = xs * (ridge / xs).powf(*f);
+                let p = plot.map_coordinate(&(lx, lx * r.bw / t));
+                (p.0 + 12, p.1 + 4)
+            });
+            let above = along.iter().map(|f| {
+                let lx = xs * (ridge / xs).powf(*f);
+                let p = plot.map_coordinate(&(lx, lx * r.bw / t));
+                (p.0 - 12, p.1 - (s.tick * 1.6) as i32)
+            });
+            hbm_labels.push((
+                format!(
+                    "{chip}HBM roof: {} GB/s sustained ({} GB/s x {} efficiency)",
+                    sig3(r.bw / 1e9),
+                    sig3(r.bw_peak_gbs),
+                    sig3(r.efficiency)
+                ),
+                below.chain(above).collect(),
+            ));
         }
         // MXU ceilings at head_dim (one per distinct (chip, d, value)).
         let mut seen: Vec<(String, u64)> = Vec::new();
@@ -275,21 +291,30 @@ impl Figure for RooflineFigure {
                 ));
             }
         }
+        // The points are marks no label may cover.
+        for (_, xy, _) in &left_labels {
+            let p = plot.map_coordinate(xy);
+            labels.reserve([p.0 - 10, p.1 - 10, p.0 + 10, p.1 + 10]);
+        }
         let gap = (s.tick * 1.25) as i32;
         let x_right = plot.map_coordinate(&(xhi, 1.0)).0 - 6;
         let wanted: Vec<i32> = right_labels.iter().map(|(_, y, _)| plot.map_coordinate(&(xhi, *y)).1 - (s.tick * 0.7) as i32).collect();
         for ((txt, _, c), y) in right_labels.iter().zip(style::spread(&wanted, gap)) {
             let st = style::font_c(s.tick, *c).pos(Pos::new(HPos::Right, VPos::Center));
-            style::boxed(root, txt, (x_right, y), &st)?;
+            labels.place(root, txt, &st, &[(x_right, y)])?;
         }
         let wanted: Vec<i32> = left_labels.iter().map(|(_, xy, _)| plot.map_coordinate(xy).1).collect();
         for ((txt, xy, c), y) in left_labels.iter().zip(style::spread(&wanted, gap)) {
             let px = plot.map_coordinate(xy);
-            let st = style::font_c(s.tick, *c).pos(Pos::new(HPos::Right, VPos::Center));
-            style::boxed(root, txt, (px.0 - 14, y), &st)?;
-            if (y - px.1).abs() > 3 {
-                root.draw(&PathElement::new(vec![(px.0 - 12, y), (px.0 - 8, px.1)], c.stroke_width(1))).map_err(draw_err)?;
+            let left = style::font_c(s.tick, *c).pos(Pos::new(HPos::Right, VPos::Center));
+            let at = labels.place(root, txt, &left, &[(px.0 - 14, y), (px.0 - 14, px.1)])?;
+            if (at.1 - px.1).abs() > 3 {
+                root.draw(&PathElement::new(vec![(at.0 + 2, at.1), (px.0 - 8, px.1)], c.stroke_width(1))).map_err(draw_err)?;
             }
+        }
+        for (txt, candidates) in &hbm_labels {
+            let st = style::font(s.tick).pos(Pos::new(HPos::Left, VPos::Top));
+            labels.place(root, txt, &st, candidates)?;
         }
         Ok(())
     }

@@ -284,6 +284,154 @@ where
     area.draw(&Text::new(text.to_string(), pos, style.clone())).map_err(draw_err)
 }
 
+/// A label's box in pixels of the root area: (left, top, right, bottom).
+pub type LabelBox = [i32; 4];
+
+thread_local! {
+    /// The labels the last [`Labels`] of this thread placed (text and box), for tests.
+    static LAST_LABELS: std::cell::RefCell<Vec<(String, LabelBox)>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// The areas the last [`Labels`] of this thread kept free (markers, segment labels).
+    static LAST_RESERVED: std::cell::RefCell<Vec<LabelBox>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// The areas (markers, other text) the last [`Labels`] created on this thread kept labels off.
+pub fn last_reserved() -> Vec<LabelBox> {
+    LAST_RESERVED.with(|l| l.borrow().clone())
+}
+
+/// The labels placed by the last [`Labels`] created on this thread, in placement order (text
+/// and box): what a test checks for collisions.
+pub fn last_labels() -> Vec<(String, LabelBox)> {
+    LAST_LABELS.with(|l| l.borrow().clone())
+}
+
+/// Places annotation labels of a figure so that no two overlap and none covers a reserved area
+/// (a marker, a legend). Each label tries its candidate positions in order, then positions
+/// moved up and down from the first in steps of its height, and is drawn at the first free one
+/// (with a white box behind it, as [`boxed`]). A label that finds no free place within the
+/// drawing area is drawn at its first candidate (better overlapped than missing).
+#[derive(Debug)]
+pub struct Labels {
+    taken: Vec<LabelBox>,
+}
+
+impl Default for Labels {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Labels {
+    /// An empty layout (also starts a new [`last_labels`] record).
+    pub fn new() -> Self {
+        LAST_LABELS.with(|l| l.borrow_mut().clear());
+        LAST_RESERVED.with(|l| l.borrow_mut().clear());
+        Labels { taken: Vec::new() }
+    }
+
+    /// Marks an area (root pixels) that labels must not cover.
+    pub fn reserve(&mut self, b: LabelBox) {
+        LAST_RESERVED.with(|l| l.borrow_mut().push(b));
+        self.taken.push(b);
+    }
+
+    fn free(&self, b: &LabelBox) -> bool {
+        const PAD: i32 = 2;
+        self.taken.iter().all(|t| b[2] + PAD <= t[0] || t[2] + PAD <= b[0] || b[3] + PAD <= t[1] || t[3] + PAD <= b[1])
+    }
+
+    /// Draws `text` in `style` (its anchor: `style.pos`) at the first free position among
+    /// `candidates` (root pixels), else moved vertically from the first; returns the position
+    /// used.
+    ///
+    /// # Errors
+    /// [`PlotError`] if drawing fails.
+    pub fn place<DB: DrawingBackend>(
+        &mut self,
+        area: &DrawingArea<DB, Shift>,
+        text: &str,
+        style: &TextStyle,
+        candidates: &[(i32, i32)],
+    ) -> Result<(i32, i32), PlotError>
+    where
+        DB::ErrorType: 'static,
+    {
+        self.put(area, text, style, candidates, true)
+    }
+
+    /// [`Labels::place`] at one of `candidates` only (axis labels that must stay in their
+    /// row): the first free one, else the first.
+    ///
+    /// # Errors
+    /// [`PlotError`] if drawing fails.
+    pub fn place_fixed<DB: DrawingBackend>(
+        &mut self,
+        area: &DrawingArea<DB, Shift>,
+        text: &str,
+        style: &TextStyle,
+        candidates: &[(i32, i32)],
+    ) -> Result<(i32, i32), PlotError>
+    where
+        DB::ErrorType: 'static,
+    {
+        self.put(area, text, style, candidates, false)
+    }
+
+    fn put<DB: DrawingBackend>(
+        &mut self,
+        area: &DrawingArea<DB, Shift>,
+        text: &str,
+        style: &TextStyle,
+        candidates: &[(i32, i32)],
+        slide: bool,
+    ) -> Result<(i32, i32), PlotError>
+    where
+        DB::ErrorType: 'static,
+    {
+        let (w, h) = area.estimate_text_size(text, style).map_err(draw_err)?;
+        let (w, h) = (w as i32, h as i32);
+        let (aw, ah) = area.dim_in_pixel();
+        let box_at = |pos: (i32, i32)| {
+            let x0 = match style.pos.h_pos {
+                HPos::Left => pos.0,
+                HPos::Center => pos.0 - w / 2,
+                HPos::Right => pos.0 - w,
+            };
+            let y0 = match style.pos.v_pos {
+                VPos::Top => pos.1,
+                VPos::Center => pos.1 - h / 2,
+                VPos::Bottom => pos.1 - h,
+            };
+            [x0 - 3, y0 - 2, x0 + w + 3, y0 + h + 3]
+        };
+        let inside = |b: &LabelBox| b[0] >= 0 && b[1] >= 0 && b[2] <= aw as i32 && b[3] <= ah as i32;
+        let first = candidates.first().copied().unwrap_or((0, 0));
+        let step = h + 4;
+        let reach = if slide { 200 } else { 1 };
+        let shifted = (1..reach).flat_map(|k| [(first.0, first.1 + k * step / 2), (first.0, first.1 - k * step / 2)]);
+        let pos = candidates
+            .iter()
+            .copied()
+            .chain(shifted)
+            .find(|&p| {
+                let b = box_at(p);
+                inside(&b) && self.free(&b)
+            })
+            .unwrap_or(first);
+        let b = box_at(pos);
+        self.taken.push(b);
+        LAST_LABELS.with(|l| l.borrow_mut().push((text.to_string(), b)));
+        area.draw(&Rectangle::new([(b[0], b[1]), (b[2], b[3])], WHITE.mix(0.85).filled())).map_err(draw_err)?;
+        area.draw(&Text::new(text.to_string(), pos, style.clone())).map_err(draw_err)?;
+        Ok(pos)
+    }
+}
+
+/// Whether two label boxes overlap (share more than an edge).
+pub fn overlaps(a: &LabelBox, b: &LabelBox) -> bool {
+    a[0] < b[2] && b[0] < a[2] && a[1] < b[3] && b[1] < a[3]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

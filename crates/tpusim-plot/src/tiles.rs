@@ -2,6 +2,12 @@
 //! empty / partial / full (classification by [`tpusim_workload::tiles::for_each_tile_row`],
 //! exact or tile-aligned), the padding beyond the sequence ends hatched, and the exact mask's
 //! boundary dotted over it (sampled rows' kept intervals).
+//!
+//! The picture holds at most [`MAX_CELLS`] cells per side (or the caller's resolution): when
+//! the grid has more tiles than that, each cell aggregates a block of tiles and is coloured by
+//! their mix (the kinds' colours in proportion to their counts). Only the per-cell counts are
+//! kept, so memory and drawing time follow the picture, not the number of tiles (a 4M-token mask
+//! at 512-token tiles has 67 million). The counts in the legend are exact.
 
 use crate::style::{self, Sizes, BLUE, DARK_GREY, LIGHT_GREY, ORANGE};
 use crate::{draw_err, thousands, Figure, PlotError};
@@ -22,12 +28,66 @@ pub struct TilesFigure {
     pub notes: Vec<String>,
     /// The tiling.
     pub grid: TileGrid,
-    /// Tile kinds, row-major (q tile, kv tile).
-    pub kinds: Vec<Vec<TileKind>>,
+    /// Tile kinds aggregated to the picture's cells.
+    pub cells: Cells,
     /// Exact mask boundary points (kv, q) sampled along rows.
     pub boundary: Vec<(u64, u64)>,
     /// Tile counts.
     pub counts: Counts,
+}
+
+/// Most cells per side of a tile map (a cell aggregates tiles beyond that).
+pub const MAX_CELLS: u64 = 1024;
+
+/// Tile counts aggregated to a grid of cells: cell (r, c) holds q tiles
+/// `r * q_per_cell .. (r + 1) * q_per_cell` and kv tiles likewise.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cells {
+    /// Cell rows.
+    pub rows: u64,
+    /// Cell columns.
+    pub cols: u64,
+    /// q tiles per cell row.
+    pub q_per_cell: u64,
+    /// kv tiles per cell column.
+    pub kv_per_cell: u64,
+    /// Per cell, row-major: (empty, partial, full) tile counts.
+    pub counts: Vec<[u32; 3]>,
+}
+
+impl Cells {
+    /// Cells for `grid` with at most `max_cells` per side.
+    fn new(grid: &TileGrid, max_cells: u64) -> Self {
+        let max = max_cells.max(1);
+        let (qt, kt) = (grid.q_tiles().max(1), grid.kv_tiles().max(1));
+        let (q_per_cell, kv_per_cell) = (qt.div_ceil(max), kt.div_ceil(max));
+        let (rows, cols) = (qt.div_ceil(q_per_cell), kt.div_ceil(kv_per_cell));
+        Cells { rows, cols, q_per_cell, kv_per_cell, counts: vec![[0; 3]; (rows * cols) as usize] }
+    }
+
+    /// Whether each cell is one tile.
+    pub fn one_tile_each(&self) -> bool {
+        self.q_per_cell == 1 && self.kv_per_cell == 1
+    }
+
+    /// The colour of cell (r, c): its kind's colour when all its tiles are of one kind, else the
+    /// kinds' colours mixed in proportion to their counts.
+    pub fn color(&self, r: u64, c: u64) -> RGBColor {
+        let n = self.counts[(r * self.cols + c) as usize];
+        let total: u32 = n.iter().sum();
+        if total == 0 {
+            return kind_color(TileKind::Empty);
+        }
+        let mut rgb = [0.0f64; 3];
+        for (k, kind) in [TileKind::Empty, TileKind::Partial, TileKind::Full].into_iter().enumerate() {
+            let RGBColor(a, b, c) = kind_color(kind);
+            let w = n[k] as f64 / total as f64;
+            rgb[0] += w * a as f64;
+            rgb[1] += w * b as f64;
+            rgb[2] += w * c as f64;
+        }
+        RGBColor(rgb[0].round() as u8, rgb[1].round() as u8, rgb[2].round() as u8)
+    }
 }
 
 /// Counts of a tiling.
@@ -45,19 +105,35 @@ pub struct Counts {
 
 impl TilesFigure {
     /// Classifies `mask` (one head's) at `grid`; `align` rounds it to whole tiles first.
-    /// `what` describes the mask for the title (e.g. `band:15000+sink:3600`).
+    /// `what` describes the mask for the title (e.g. `band:15000+sink:3600`). The map keeps at
+    /// most [`MAX_CELLS`] cells per side ([`TilesFigure::with_resolution`] to choose).
     pub fn new(mask: &Mask, grid: TileGrid, align: bool, what: &str, head: u64) -> (Self, Counts) {
-        let mut kinds = Vec::with_capacity(grid.q_tiles() as usize);
+        Self::with_resolution(mask, grid, align, what, head, MAX_CELLS)
+    }
+
+    /// [`TilesFigure::new`] with at most `max_cells` cells per side (module docs).
+    pub fn with_resolution(mask: &Mask, grid: TileGrid, align: bool, what: &str, head: u64, max_cells: u64) -> (Self, Counts) {
+        let mut cells = Cells::new(&grid, max_cells);
         let mut c = Counts::default();
-        for_each_tile_row(mask, &grid, align, |_, row| {
-            kinds.push(row.iter().map(|t| t.kind).collect());
-            for t in row {
+        for_each_tile_row(mask, &grid, align, |qi, row| {
+            let base = (qi / cells.q_per_cell * cells.cols) as usize;
+            for (kj, t) in row.iter().enumerate() {
                 c.kept += t.kept;
-                match t.kind {
-                    TileKind::Empty => c.empty += 1,
-                    TileKind::Partial => c.partial += 1,
-                    TileKind::Full => c.full += 1,
-                }
+                let k = match t.kind {
+                    TileKind::Empty => {
+                        c.empty += 1;
+                        0
+                    }
+                    TileKind::Partial => {
+                        c.partial += 1;
+                        1
+                    }
+                    TileKind::Full => {
+                        c.full += 1;
+                        2
+                    }
+                };
+                cells.counts[base + kj / cells.kv_per_cell as usize][k] += 1;
             }
         });
         let mut boundary = Vec::new();
@@ -107,12 +183,18 @@ impl TilesFigure {
                 thousands(grid.padded_kv_len())
             ));
         }
+        if !cells.one_tile_each() {
+            notes.push(format!(
+                "Each cell of the map aggregates up to {} x {} tiles (the picture's resolution); a cell's colour mixes the kinds' colours in proportion to its tiles.",
+                cells.q_per_cell, cells.kv_per_cell
+            ));
+        }
         if align {
             notes.push("Tile-aligned: a tile is kept whole when at least half of its real pairs are kept, else dropped; the black line is the exact mask's boundary.".into());
         } else if !mask.is_full() {
             notes.push("Partial tiles run the element-wise mask; full tiles can skip it; empty tiles are skipped. Black line: the exact mask's boundary.".into());
         }
-        (TilesFigure { title, subtitle, notes, grid, kinds, boundary, counts: c }, c)
+        (TilesFigure { title, subtitle, notes, grid, cells, boundary, counts: c }, c)
     }
 }
 
@@ -165,18 +247,29 @@ impl Figure for TilesFigure {
             .draw()
             .map_err(draw_err)?;
         let plot = chart.plotting_area();
-        let (bq, bk) = (g.block_q as f64, g.block_kv as f64);
+        let cells = &self.cells;
+        let (bq, bk) = ((g.block_q * cells.q_per_cell) as f64, (g.block_kv * cells.kv_per_cell) as f64);
         let tile_px = {
             let (a, b) = (plot.map_coordinate(&(0.0, 0.0)), plot.map_coordinate(&(bk, bq)));
             (b.0 - a.0).abs().min((b.1 - a.1).abs())
         };
-        for (qi, row) in self.kinds.iter().enumerate() {
-            for (kj, &k) in row.iter().enumerate() {
-                let (x0, y0) = (kj as f64 * bk, qi as f64 * bq);
-                plot.draw(&Rectangle::new([(x0, y0), (x0 + bk, y0 + bq)], kind_color(k).filled())).map_err(draw_err)?;
-                if tile_px >= 6 {
-                    plot.draw(&Rectangle::new([(x0, y0), (x0 + bk, y0 + bq)], WHITE.stroke_width(1))).map_err(draw_err)?;
+        // Runs of equal colour along a row are one rectangle.
+        let (pq_end, pk_end) = (pq, pk);
+        for r in 0..cells.rows {
+            let (y0, y1) = (r as f64 * bq, ((r + 1) as f64 * bq).min(pq_end));
+            let mut c = 0;
+            while c < cells.cols {
+                let col = cells.color(r, c);
+                let mut e = c + 1;
+                while e < cells.cols && !cells.one_tile_each() && cells.color(r, e) == col {
+                    e += 1;
                 }
+                let (x0, x1) = (c as f64 * bk, (e as f64 * bk).min(pk_end));
+                plot.draw(&Rectangle::new([(x0, y0), (x1, y1)], col.filled())).map_err(draw_err)?;
+                if cells.one_tile_each() && tile_px >= 6 {
+                    plot.draw(&Rectangle::new([(x0, y0), (x1, y1)], WHITE.stroke_width(1))).map_err(draw_err)?;
+                }
+                c = e;
             }
         }
         // Padding: hatch the region beyond the sequence ends.
@@ -296,7 +389,25 @@ mod tests {
         let (f, c) = TilesFigure::new(&m, g, false, "band", 0);
         let st = tpusim_workload::tiles::TileStats::collect(&m, &g, false);
         assert_eq!((c.empty, c.partial, c.full, c.kept), (st.empty, st.partial, st.full, st.kept_pairs));
-        assert_eq!(f.kinds.len(), 23);
-        assert_eq!(f.kinds[0].len(), 50);
+        assert_eq!((f.cells.rows, f.cells.cols), (23, 50));
+        assert!(f.cells.one_tile_each());
+    }
+
+    #[test]
+    fn a_grid_finer_than_the_picture_is_aggregated_with_exact_counts() {
+        let m = Mask::parse("causal").unwrap();
+        let g = TileGrid { q_len: 1 << 16, kv_len: 1 << 16, block_q: 128, block_kv: 128 };
+        let (f, c) = TilesFigure::with_resolution(&m, g, false, "causal", 0, 100);
+        // 512 x 512 tiles into cells of 6 x 6 tiles: 86 x 86 cells.
+        assert_eq!((f.cells.q_per_cell, f.cells.rows, f.cells.cols), (6, 86, 86));
+        let sum = f.cells.counts.iter().fold([0u64; 3], |a, n| [a[0] + n[0] as u64, a[1] + n[1] as u64, a[2] + n[2] as u64]);
+        assert_eq!(sum, [c.empty, c.partial, c.full]);
+        assert_eq!((c.partial, c.full, c.empty), (512, 512 * 511 / 2, 512 * 511 / 2));
+        // A cell on the diagonal mixes kinds; cells away from it are pure.
+        assert_eq!(f.cells.color(0, 85), kind_color(TileKind::Empty));
+        assert_eq!(f.cells.color(85, 0), kind_color(TileKind::Full));
+        let d = f.cells.color(10, 10);
+        assert!(d != kind_color(TileKind::Full) && d != kind_color(TileKind::Partial), "{d:?}");
+        assert!(f.notes.iter().any(|n| n.contains("aggregates up to 6 x 6 tiles")));
     }
 }

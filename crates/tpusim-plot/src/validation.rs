@@ -203,15 +203,25 @@ impl Figure for ValidationFigure {
             plot.draw(&Polygon::new(poly, band_fill(k).filled())).map_err(draw_err)?;
         }
         plot.draw(&PathElement::new(vec![(lo, lo), (hi, hi)], BLACK.stroke_width(2))).map_err(draw_err)?;
-        let yx = hi / 3.0;
-        let p = plot.map_coordinate(&(yx, yx));
-        root.draw(&Text::new("y = x", (p.0 + 14, p.1 + 8), style::font(s.tick).pos(Pos::new(HPos::Left, VPos::Top)))).map_err(draw_err)?;
+        let mut labels = style::Labels::new();
         for r in &self.rows {
             let gi = self.groups.iter().position(|g| *g == r.group).unwrap_or(0);
             let xy = (r.measured, r.predicted);
             plot.draw(&Circle::new(xy, 7, style::series(gi).filled())).map_err(draw_err)?;
             plot.draw(&Circle::new(xy, 7, BLACK.stroke_width(1))).map_err(draw_err)?;
+            let p = plot.map_coordinate(&xy);
+            labels.reserve([p.0 - 8, p.1 - 8, p.0 + 8, p.1 + 8]);
         }
+        // "y = x" beside the diagonal, below it, where no point sits (tried from the top right).
+        let candidates: Vec<(i32, i32)> = [3.0, 6.0, 12.0, 30.0, 100.0]
+            .iter()
+            .map(|k| {
+                let v = hi / k;
+                let p = plot.map_coordinate(&(v, v));
+                (p.0 + 14, p.1 + 8)
+            })
+            .collect();
+        labels.place(root, "y = x", &style::font(s.tick).pos(Pos::new(HPos::Left, VPos::Top)), &candidates)?;
         // Legend inside the scatter, top left (above the diagonal, where no point can be far).
         let origin = plot.map_coordinate(&(lo, hi));
         let (x0, mut y) = (origin.0 + 14, origin.1 + (s.tick * 1.2) as i32);

@@ -7,6 +7,8 @@
 //! (`tpusim-plot`). Depends on every lower crate (chip, workload, kernel, engine); never on the
 //! crates above it.
 
+pub mod notes;
+mod paths;
 pub mod spec;
 
 pub use spec::{render_fields, render_fields_with, FieldStyle, JobSpec, SpecError, DEFAULT_KERNEL};
@@ -451,6 +453,9 @@ impl Report {
                 rep.speedup_vs_dense = Some(d.seconds / seconds);
             }
         }
+        // Results a user would question, with the mechanism behind them (crate::notes).
+        let explained: Vec<String> = [notes::mxu_fill(run), notes::unfitted_parameters(run, &rep)].into_iter().flatten().collect();
+        rep.notes.extend(explained);
         rep
     }
 
@@ -517,9 +522,24 @@ impl Report {
         // Throughput-bound when the unit is busy for (nearly) all of its critical-path share: it
         // could not finish sooner without more throughput; latency-bound otherwise.
         let how = if busy * self.latency_ms >= 0.98 * crit { "throughput" } else { "latency" };
+        // A busier unit whose work overlaps the bottleneck's does not bound the run; say so, so
+        // that the label and the busy column do not read as a contradiction.
+        let busiest = Unit::ALL
+            .iter()
+            .copied()
+            .filter(|&u| u != self.bottleneck)
+            .max_by(|&a, &b| self.utilization[a].total_cmp(&self.utilization[b]));
+        let busier = match busiest {
+            Some(u) if self.utilization[u] > busy + 0.005 => format!(
+                "; {u} is busier ({:.0}% of the run) but overlaps it, {:.0}% of the critical path",
+                100.0 * self.utilization[u],
+                if self.latency_ms > 0.0 { 100.0 * self.critical_path_ms[u] / self.latency_ms } else { 0.0 }
+            ),
+            _ => String::new(),
+        };
         let _ = writeln!(
             s,
-            "  bound by     {} ({how}: {:.0}% of the critical path, busy {:.0}% of the run)",
+            "  bound by     {} ({how}: {:.0}% of the critical path, busy {:.0}% of the run{busier})",
             self.bottleneck,
             if self.latency_ms > 0.0 { 100.0 * crit / self.latency_ms } else { 0.0 },
             busy * 100.0
@@ -620,7 +640,7 @@ mod tests {
         let mut w = AttentionCall::video_default();
         w.q_len = 16384;
         w.kv_len = 16384;
-        w.mask = Mask::Causal;
+        w.mask = Mask::Causal { offset: 0 };
         let mut config = SplashConfig::with_blocks(&w, &chip, 2048, 2048, None);
         config.traversal = tpusim_kernel::Traversal::Compact;
         config.masking = tpusim_kernel::Masking::Partial;

@@ -168,6 +168,9 @@ pub struct JobSpec {
     /// sta:F,H,W:kf,kh,kw:tf,th,tw, each optionally followed by a token order @frame, @position or
     /// @tiles:tf,th,tw,
     /// per-head[N*M;...], file:PATH; + is union, & is intersection, ( ) groups.
+    /// causal is k <= q counted from the first token of both; causal@offset:N (k <= q + N) and
+    /// local:L,R@offset:N are Splash's CausalMask / LocalMask with offset N: for q_len != kv_len,
+    /// e.g. decode after a cache, N = kv_len - q_len (N may be negative).
     /// Example: band:15000+sink:3600 [default: full].
     #[arg(long)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -339,15 +342,19 @@ impl JobSpec {
         }
     }
 
-    /// Reads a trace file (TOML with the keys of [`JobSpec`]).
+    /// Reads a trace file (TOML with the keys of [`JobSpec`]). Relative paths in it (`chip`,
+    /// `mask = "file:..."`) resolve from the trace's folder ([`JobSpec::resolve_paths_from`]).
     ///
     /// # Errors
     /// [`SpecError::Trace`] naming the file and the key for unreadable files, malformed TOML,
-    /// unknown keys and values of the wrong type.
+    /// unknown keys, values of the wrong type and named files that do not exist.
     pub fn from_toml_file(path: &str) -> Result<Self, SpecError> {
         let text =
             std::fs::read_to_string(path).map_err(|e| SpecError::Trace { path: path.into(), message: format!("cannot read: {e}") })?;
-        Self::from_toml_str(&text, path)
+        let mut spec = Self::from_toml_str(&text, path)?;
+        let dir = std::path::Path::new(path).parent().unwrap_or(std::path::Path::new(""));
+        spec.resolve_paths_from(dir).map_err(|message| SpecError::Trace { path: path.into(), message })?;
+        Ok(spec)
     }
 
     /// Parses trace text; `path` names it in errors.

@@ -24,6 +24,10 @@
 //! value becomes a `SECTION.FIELD=VALUE` override appended after the base's `set` (so an axis
 //! wins over the base and over `--set` on the command line).
 //!
+//! Relative file paths in a sweep file (`chip = "my-v6e.toml"`, `mask = "file:blocks.json"`, in
+//! the base, axes or points) resolve from the sweep file's folder; a named file that does not
+//! exist is an error naming the key and the resolved path.
+//!
 //! Points are numbered from 0. In product mode the first axis varies slowest and the last
 //! fastest; in points mode they are numbered in file order.
 //!
@@ -35,6 +39,7 @@
 
 use crate::SweepError;
 use serde::Deserialize;
+use std::path::Path;
 use tpusim_chip::ChipModel;
 use tpusim_report::JobSpec;
 use tpusim_workload::Mask;
@@ -144,8 +149,9 @@ fn check_spec(spec: &JobSpec) -> Result<(), String> {
 }
 
 /// Turns one input value into a partial job spec, validating it. `chip` is the base chip that
-/// chip-field overrides are checked against.
-fn value_spec(key: &str, raw: &toml::Value, chip: &ChipModel) -> Result<JobSpec, String> {
+/// chip-field overrides are checked against; relative file paths (`chip`, `mask` files) resolve
+/// from `dir`, the sweep file's folder.
+fn value_spec(key: &str, raw: &toml::Value, chip: &ChipModel, dir: &Path) -> Result<JobSpec, String> {
     if key == "label" {
         return match raw {
             toml::Value::String(_) => Ok(JobSpec::default()),
@@ -178,30 +184,40 @@ fn value_spec(key: &str, raw: &toml::Value, chip: &ChipModel) -> Result<JobSpec,
             format!("{key}: {msg}")
         }
     })?;
+    let mut spec = spec;
+    spec.resolve_paths_from(dir)?;
     check_spec(&spec)?;
     Ok(spec)
 }
 
 impl SweepDef {
     /// Reads and validates a sweep file. `set` holds `--set` overrides from the command line,
-    /// appended to the base's.
+    /// appended to the base's. Relative paths in it (`chip`, `mask = "file:..."`, in the base,
+    /// axes or points) resolve from the sweep file's folder.
     ///
     /// # Errors
     /// [`SweepError`] naming the file and the key (module docs).
     pub fn from_file(path: &str, set: &[String]) -> Result<Self, SweepError> {
         let text = std::fs::read_to_string(path).map_err(|e| SweepError::new(format!("cannot read sweep file {path}: {e}")))?;
-        Self::parse(&text, path, set)
+        Self::parse_in(&text, path, set, Path::new(path).parent().unwrap_or(Path::new("")))
     }
 
-    /// Parses and validates a sweep definition; `origin` names it in errors.
+    /// Parses and validates a sweep definition; `origin` names it in errors, and its relative
+    /// paths resolve from the current folder.
     ///
     /// # Errors
     /// [`SweepError`] naming `origin` and the key (module docs).
     pub fn parse(text: &str, origin: &str, set: &[String]) -> Result<Self, SweepError> {
+        Self::parse_in(text, origin, set, Path::new(""))
+    }
+
+    /// [`SweepDef::parse`] with relative paths resolved from `dir`.
+    fn parse_in(text: &str, origin: &str, set: &[String], dir: &Path) -> Result<Self, SweepError> {
         let fail = |what: String| SweepError::new(format!("sweep file {origin}: {what}"));
         let raw: RawSweep = toml::from_str(text).map_err(|e| fail(one_line(&e.to_string())))?;
         let mut base = raw.base;
         base.set.extend(set.iter().cloned());
+        base.resolve_paths_from(dir).map_err(|e| fail(format!("base.{e}")))?;
         check_spec(&base).map_err(|e| fail(format!("base.{e}")))?;
         let chip = base.chip().map_err(|e| fail(format!("base: {e}")))?;
 
@@ -239,7 +255,7 @@ impl SweepDef {
                     }
                     let mut values = Vec::with_capacity(list.len());
                     for (i, raw) in list.into_iter().enumerate() {
-                        let spec = value_spec(&key, &raw, &chip).map_err(|e| fail(format!("axes.{key}[{i}]: {e}")))?;
+                        let spec = value_spec(&key, &raw, &chip, dir).map_err(|e| fail(format!("axes.{key}[{i}]: {e}")))?;
                         values.push(Value { raw, spec });
                     }
                     inputs.push(key);
@@ -269,7 +285,7 @@ impl SweepDef {
                         if point.iter().any(|(c, _)| *c == col) {
                             return Err(fail(format!("points[{pi}].{key} is given twice")));
                         }
-                        let spec = value_spec(&key, &raw, &chip).map_err(|e| fail(format!("points[{pi}].{e}")))?;
+                        let spec = value_spec(&key, &raw, &chip, dir).map_err(|e| fail(format!("points[{pi}].{e}")))?;
                         point.push((col, Value { raw, spec }));
                     }
                     points.push(point);
@@ -299,10 +315,16 @@ impl SweepDef {
                 .map(|p| p.iter().map(|(c, v)| serde_json::json!([c, serde_json::to_value(&v.raw).unwrap_or_default()])).collect::<Vec<_>>())
                 .collect::<Vec<_>>(),
         });
-        // Files the definition refers to (chip models, mask files) are part of it: editing one
-        // must not let a resumed sweep keep results computed from the old contents.
+        // Files the definition refers to (chip models, mask files, as resolved from the sweep
+        // file's folder) are part of it: editing one must not let a resumed sweep keep results
+        // computed from the old contents.
         let mut files = Vec::new();
-        collect_referenced_files(&canon, &mut files);
+        let resolved: Vec<serde_json::Value> = std::iter::once(&base)
+            .chain(axes.iter().flatten().map(|v| &v.spec))
+            .chain(points.iter().flatten().map(|(_, v)| &v.spec))
+            .map(|s| serde_json::to_value(s).unwrap_or_default())
+            .collect();
+        collect_referenced_files(&serde_json::Value::Array(resolved), &mut files);
         let mut canon = canon;
         canon["files"] = serde_json::Value::Array(files.into_iter().map(|(p, h)| serde_json::json!([p, format!("{h:016x}")])).collect());
         let hash = crate::stable_hash(canon.to_string().as_bytes());

@@ -60,7 +60,7 @@ impl Shard {
     pub fn parse(s: &str) -> Result<Shard, SweepError> {
         let bad = || {
             SweepError::new(format!(
-                "--shard {s}: expected I/N with 0 <= I < N, e.g. --shard 0/4 (Slurm: --shard $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT)"
+                "--shard {s}: expected I/N with 0 <= I < N, e.g. --shard 0/4, or auto (a Slurm array task or Kubernetes Indexed Job: studies/README.md)"
             ))
         };
         let (i, n) = s.split_once('/').ok_or_else(bad)?;
@@ -108,7 +108,7 @@ pub struct SweepOptions {
     pub shard: Shard,
     /// Worker threads (`None`: one per core).
     pub jobs: Option<usize>,
-    /// Draw a progress bar (only when stderr is a terminal).
+    /// Print progress on stderr ([`crate::progress`]: a bar on a terminal, else plain lines).
     pub progress: bool,
     /// Ignore existing output and partial files.
     pub restart: bool,
@@ -214,6 +214,9 @@ fn row_has_error(format: Format, line: &str) -> bool {
 /// file and line).
 pub fn run_sweep(def: &SweepDef, opts: &SweepOptions) -> Result<SweepSummary, SweepError> {
     let start = Instant::now();
+    if opts.progress {
+        crate::progress::interval()?;
+    }
     let layout = Layout::for_sweep(def);
     let shard = opts.shard;
     let format = opts.format;

@@ -14,6 +14,8 @@
 //! * [`exec`]: runs a sweep (or one shard `I/N`: points with `index % N == I`) in parallel on a
 //!   rayon pool, appending finished rows to `OUT.partial` and finishing by an atomic rename to
 //!   `OUT` with the rows in index order; an interrupted run resumes from `OUT.partial`.
+//! * [`shard_env`]: `--shard auto`, the shard of a Slurm array task or Kubernetes Indexed Job
+//!   from its environment.
 //! * [`mod@merge`]: joins shard outputs, checking that every point is present exactly once; the
 //!   result is byte-for-byte the unsharded output.
 //! * [`mod@tune`]: searches block sizes and kernel options for one workload within the block rules
@@ -26,12 +28,15 @@ pub mod eval;
 pub mod exec;
 pub mod merge;
 pub mod output;
+pub mod progress;
+pub mod shard_env;
 pub mod tune;
 
 pub use def::SweepDef;
 pub use exec::{run_sweep, Shard, SweepOptions, SweepSummary};
 pub use merge::{merge, MergeSummary};
 pub use output::Format;
+pub use shard_env::ShardChoice;
 pub use tune::{tune, TuneOptions, TuneResult};
 
 /// An error of a sweep, merge or search. Messages name the file and the key or line.
@@ -74,19 +79,9 @@ pub(crate) fn pool(jobs: Option<usize>) -> Result<rayon::ThreadPool, SweepError>
     b.build().map_err(|e| SweepError::Io(format!("cannot start worker threads: {e}")))
 }
 
-/// A progress bar on stderr, drawn only when `show` is set and stderr is a terminal.
+/// Progress on stderr ([`progress::bar`]): a bar on a terminal, plain periodic lines otherwise.
 pub(crate) fn progress_bar(show: bool, len: u64, what: &str) -> Option<indicatif::ProgressBar> {
-    use std::io::IsTerminal;
-    if !show || !std::io::stderr().is_terminal() {
-        return None;
-    }
-    let pb = indicatif::ProgressBar::with_draw_target(Some(len), indicatif::ProgressDrawTarget::stderr());
-    let style = indicatif::ProgressStyle::with_template(&format!(
-        "{{spinner}} {what} [{{elapsed_precise}}] {{wide_bar}} {{pos}}/{{len}} ({{per_sec}}, eta {{eta}})"
-    ))
-    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
-    pb.set_style(style);
-    Some(pb)
+    progress::bar(show, len, what)
 }
 
 /// A 64-bit hash of bytes with no random seed (rustc-hash's FxHasher), for sweep definitions and

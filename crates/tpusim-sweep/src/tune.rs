@@ -59,7 +59,7 @@ pub struct TuneOptions {
     pub refine: usize,
     /// Worker threads (`None`: one per core).
     pub jobs: Option<usize>,
-    /// Draw progress bars (only when stderr is a terminal).
+    /// Print progress on stderr ([`crate::progress`]: bars on a terminal, else plain lines).
     pub progress: bool,
 }
 
@@ -474,6 +474,9 @@ pub fn tune(spec: &JobSpec, opts: &TuneOptions) -> Result<TuneResult, SweepError
     }
     if opts.refine == 0 {
         return Err(SweepError::new("--refine 0: expected at least 1 (block_q, block_kv) pair to refine".to_string()));
+    }
+    if opts.progress {
+        crate::progress::interval()?;
     }
     let chip = spec.chip()?;
     let given = spec.build(&chip)?;

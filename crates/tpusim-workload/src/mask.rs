@@ -10,28 +10,43 @@
 //! mask  := union
 //! union := inter ('+' inter)*          union of kept pairs
 //! inter := atom ('&' atom)*            intersection of kept pairs
-//! atom  := 'full' | 'causal' | 'local:' L ',' R | 'band:' W | 'sink:' S | 'chunked:' C
+//! atom  := 'full' | 'causal' [offset] | 'local:' L ',' R [offset] | 'band:' W | 'sink:' S
+//!        | 'chunked:' C
 //!        | 'video:' F ',' H ',' W ':' wf ',' wh ',' ww [order]
 //!        | 'sta:' F ',' H ',' W ':' kf ',' kh ',' kw ':' tf ',' th ',' tw [order]
 //!        | 'per-head[' item (';' item)* ']'
 //!        | '(' union ')' | 'file:' PATH
 //! order := '@frame' | '@position' | '@tiles:' tf ',' th ',' tw
+//! offset := '@offset:' N               N may be negative: -2^32 to 2^32
 //! item  := [N '*'] union               N copies of the mask (one per head)
 //! ```
 //!
-//! All numbers are whole token counts from 0 to 2^32 (negative numbers are errors). Spaces
-//! around words and operators are ignored.
+//! All numbers are whole token counts from 0 to 2^32 (negative numbers are errors, except an
+//! offset). Spaces around words and operators are ignored.
 //!
 //! ## 1-D masks
 //!
 //! * `full`: every pair.
-//! * `causal`: k <= q.
+//! * `causal`: k <= q, positions counted from the first token of both q and kv.
 //! * `local:L,R`: q - L <= k <= q + R (sliding window; `local:L,0` is causal local attention).
+//!   A side of 2^32 tokens (4294967296) is unbounded in practice.
 //! * `band:W`: |q - k| <= W.
 //! * `sink:S`: k < S (attention-sink columns).
 //! * `chunked:C`: chunked causal: k <= q and k / C == q / C (C >= 1).
 //!
 //! Example: `band:15000+sink:3600` is the video-diffusion case's reconstructed mask.
+//!
+//! ### Offsets: q_len != kv_len
+//!
+//! `causal@offset:N` keeps k <= q + N and `local:L,R@offset:N` keeps
+//! q + N - L <= k <= q + N + R: query row q sits at kv position q + N. These are Splash's
+//! `CausalMask(shape, offset=N)` and `LocalMask(shape, (L, R), offset=N)` (jax-ml/jax
+//! `jax/experimental/pallas/ops/tpu/splash_attention/splash_attention_mask.py`: `q_ids + offset
+//! >= kv_ids`, `q_ids + offset - left <= kv_ids <= q_ids + offset + right`). For a query block
+//! that continues a cache of P tokens (decode: q_len new tokens after kv_len - q_len cached
+//! ones), N = P = kv_len - q_len: `--q-len 1 --kv-len 4096 --mask causal@offset:4095` keeps
+//! all 4096 keys, where plain `causal` keeps one. A negative N drops the first |N| query rows'
+//! keys entirely (rows with q + N < 0 keep nothing). Offset 0 is plain `causal` / `local`.
 //!
 //! ## 3-D video masks ([`VideoMask`])
 //!
@@ -106,7 +121,7 @@ pub const MAX_PER_HEAD: usize = 65_536;
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum MaskError {
     /// The text does not follow the grammar.
-    #[error("mask '{text}': {message}; allowed: full, causal, local:L,R, band:W, sink:S, chunked:C, video:F,H,W:wf,wh,ww[@frame|@position|@tiles:tf,th,tw], sta:F,H,W:kf,kh,kw:tf,th,tw[@order], per-head[[N*]M;...], file:PATH, joined with + (union) and & (intersection), grouped with ( )")]
+    #[error("mask '{text}': {message}; allowed: full, causal[@offset:N], local:L,R[@offset:N], band:W, sink:S, chunked:C, video:F,H,W:wf,wh,ww[@frame|@position|@tiles:tf,th,tw], sta:F,H,W:kf,kh,kw:tf,th,tw[@order], per-head[[N*]M;...], file:PATH, joined with + (union) and & (intersection), grouped with ( )")]
     Syntax {
         /// The whole mask text.
         text: String,
@@ -136,14 +151,19 @@ pub enum MaskError {
 pub enum Mask {
     /// Every pair.
     Full,
-    /// k <= q.
-    Causal,
-    /// q - left <= k <= q + right.
+    /// k <= q + offset (Splash's `CausalMask(offset=...)`; module docs).
+    Causal {
+        /// Kv position of query row 0 (kv_len - q_len for a block after a cache); may be negative.
+        offset: i64,
+    },
+    /// q + offset - left <= k <= q + offset + right (Splash's `LocalMask`).
     Local {
         /// Tokens to the left (past).
         left: u64,
         /// Tokens to the right (future).
         right: u64,
+        /// Kv position of query row 0; may be negative.
+        offset: i64,
     },
     /// |q - k| <= width.
     Band {
@@ -187,8 +207,8 @@ impl fmt::Display for Mask {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Mask::Full => write!(f, "full"),
-            Mask::Causal => write!(f, "causal"),
-            Mask::Local { left, right } => write!(f, "local:{left},{right}"),
+            Mask::Causal { offset } => write!(f, "causal{}", Offset(*offset)),
+            Mask::Local { left, right, offset } => write!(f, "local:{left},{right}{}", Offset(*offset)),
             Mask::Band { width } => write!(f, "band:{width}"),
             Mask::Sink { tokens } => write!(f, "sink:{tokens}"),
             Mask::Chunked { size } => write!(f, "chunked:{size}"),
@@ -215,6 +235,18 @@ impl fmt::Display for Mask {
             Mask::Video(v) => write!(f, "{v}"),
             Mask::File(path) => write!(f, "file:{path}"),
         }
+    }
+}
+
+/// An offset as the grammar writes it: nothing for 0, else `@offset:N`.
+struct Offset(i64);
+
+impl fmt::Display for Offset {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.0 != 0 {
+            write!(f, "@offset:{}", self.0)?;
+        }
+        Ok(())
     }
 }
 
@@ -272,6 +304,26 @@ impl Mask {
             Mask::PerHead(p) => Mask::PerHead(p.into_iter().map(|m| m.load_files(load)).collect::<Result<_, _>>()?),
             other => other,
         })
+    }
+
+    /// The same mask with every mask-file path replaced by `f(path)` (loaded or not); used to
+    /// resolve paths written in a job file from that file's folder.
+    pub fn map_files(self, f: &mut dyn FnMut(&str) -> String) -> Mask {
+        match self {
+            Mask::File(path) => Mask::File(f(&path)),
+            Mask::Blocks(mut b) => {
+                b.path = f(&b.path);
+                Mask::Blocks(b)
+            }
+            Mask::Ranges(mut r) => {
+                r.path = f(&r.path);
+                Mask::Ranges(r)
+            }
+            Mask::Union(p) => Mask::Union(p.into_iter().map(|m| m.map_files(f)).collect()),
+            Mask::Intersect(p) => Mask::Intersect(p.into_iter().map(|m| m.map_files(f)).collect()),
+            Mask::PerHead(p) => Mask::PerHead(p.into_iter().map(|m| m.map_files(f)).collect()),
+            other => other,
+        }
     }
 
     /// The paths of the mask files this mask names (loaded or not).
@@ -405,8 +457,12 @@ impl Mask {
         };
         match self {
             Mask::Full => push(out, 0, kv_len),
-            Mask::Causal => push(out, 0, q.saturating_add(1)),
-            Mask::Local { left, right } => push(out, q.saturating_sub(*left), q.saturating_add(*right).saturating_add(1)),
+            Mask::Causal { offset } => push(out, 0, shifted(q, *offset, 1)),
+            Mask::Local { left, right, offset } => {
+                let at = q as i128 + *offset as i128;
+                let lo = (at - *left as i128).clamp(0, kv_len as i128) as u64;
+                push(out, lo, shifted(q, *offset, *right as i128 + 1))
+            }
             Mask::Band { width } => push(out, q.saturating_sub(*width), q.saturating_add(*width).saturating_add(1)),
             Mask::Sink { tokens } => push(out, 0, *tokens),
             Mask::Chunked { size } => push(out, q / size * size, q.saturating_add(1)),
@@ -458,7 +514,7 @@ impl Mask {
     pub(crate) fn has_row_classes(&self) -> bool {
         match self {
             Mask::Full | Mask::Sink { .. } | Mask::Video(_) | Mask::Blocks(_) | Mask::Ranges(_) | Mask::File(_) => true,
-            Mask::Causal | Mask::Local { .. } | Mask::Band { .. } | Mask::Chunked { .. } => false,
+            Mask::Causal { .. } | Mask::Local { .. } | Mask::Band { .. } | Mask::Chunked { .. } => false,
             Mask::Union(p) | Mask::Intersect(p) | Mask::PerHead(p) => p.iter().all(|m| m.has_row_classes()),
         }
     }
@@ -469,7 +525,7 @@ impl Mask {
     pub(crate) fn row_key(&self, q: u64, key: &mut Vec<u64>) {
         match self {
             Mask::Full | Mask::Sink { .. } | Mask::File(_) => {}
-            Mask::Causal | Mask::Local { .. } | Mask::Band { .. } | Mask::Chunked { .. } => key.push(q),
+            Mask::Causal { .. } | Mask::Local { .. } | Mask::Band { .. } | Mask::Chunked { .. } => key.push(q),
             Mask::Video(v) => v.row_key(q, key),
             Mask::Blocks(b) => key.push(q / b.block_q),
             Mask::Ranges(r) => key.push(r.row_key(q)),
@@ -485,8 +541,10 @@ impl Mask {
     pub fn expression_terms(&self) -> MaskTerms {
         match self {
             Mask::Full => MaskTerms::default(),
-            Mask::Causal | Mask::Sink { .. } => MaskTerms { compares: 1, ..Default::default() },
-            Mask::Local { .. } => MaskTerms { compares: 2, combines: 1, ..Default::default() },
+            // An offset adds one addition to the row position (Splash skips it for offset 0).
+            Mask::Causal { offset } => MaskTerms { compares: 1, arith: (*offset != 0) as u32, ..Default::default() },
+            Mask::Sink { .. } => MaskTerms { compares: 1, ..Default::default() },
+            Mask::Local { offset, .. } => MaskTerms { compares: 2, combines: 1, arith: (*offset != 0) as u32, ..Default::default() },
             Mask::Band { .. } => MaskTerms { compares: 1, arith: 2, ..Default::default() },
             Mask::Chunked { .. } => MaskTerms { compares: 2, combines: 1, arith: 2, ..Default::default() },
             Mask::Video(v) => v.expression_terms(),
@@ -519,6 +577,12 @@ pub struct MaskTerms {
     pub arith: u32,
     /// The mask has no closed form and can only be loaded (a file of kept blocks or ranges).
     pub loaded_only: bool,
+}
+
+/// q + offset + plus as an interval end: clamped below at 0 (a row before the kv sequence keeps
+/// nothing) and above at u64::MAX (callers clamp to kv_len).
+fn shifted(q: u64, offset: i64, plus: i128) -> u64 {
+    (q as i128 + offset as i128 + plus).clamp(0, u64::MAX as i128) as u64
 }
 
 fn intersect(a: &[(u64, u64)], b: &[(u64, u64)]) -> Vec<(u64, u64)> {
@@ -607,6 +671,21 @@ impl Parser<'_> {
             .ok()
             .filter(|v| *v <= crate::MAX_DIM)
             .ok_or_else(|| self.err(&format!("'{word}' expects a whole number of tokens (0 to {}), got '{s}'", crate::MAX_DIM)))
+    }
+    /// The `offset:N` modifier of `word` (after its `@`): a signed whole number of tokens with
+    /// |N| <= 2^32.
+    fn offset(&self, word: &str, m: &str) -> Result<i64, MaskError> {
+        let Some(v) = m.strip_prefix("offset:") else {
+            return Err(self.err(&format!(
+                "unknown modifier '@{m}' of '{word}'; allowed: {word}@offset:N (N a whole number of tokens, may be negative)"
+            )));
+        };
+        let v = v.trim();
+        let max = crate::MAX_DIM as i64;
+        v.parse::<i64>()
+            .ok()
+            .filter(|n| n.unsigned_abs() <= crate::MAX_DIM)
+            .ok_or_else(|| self.err(&format!("'{word}@offset:{v}': the offset must be a whole number of tokens from -{max} to {max}")))
     }
     /// Three comma-separated numbers named `names` (e.g. frames F, height H, width W).
     fn triple(&self, word: &str, what: &str, names: [&str; 3], s: &str) -> Result<[u64; 3], MaskError> {
@@ -742,6 +821,24 @@ impl Parser<'_> {
         let end = rest.find(['+', '&', ')', '(', ';', ']', '[']).unwrap_or(rest.len());
         let tok = rest[..end].trim();
         self.pos += end;
+        // `@` starts a modifier: a token order for video / sta (parsed with their arguments), an
+        // offset for causal / local.
+        let head = tok.split([':', '@']).next().unwrap_or("").trim();
+        let (tok, modifier) = match tok.split_once('@') {
+            Some((t, m)) if head != "video" && head != "sta" => (t.trim(), Some(m.trim())),
+            _ => (tok, None),
+        };
+        let offset = match modifier {
+            None => 0,
+            Some(m) => {
+                if head != "causal" && head != "local" {
+                    return Err(self.err(&format!(
+                        "'{head}' takes no '@{m}': '@offset:N' applies to causal and local, '@frame', '@position' and '@tiles:...' to video and sta"
+                    )));
+                }
+                self.offset(head, m)?
+            }
+        };
         let (word, arg) = match tok.split_once(':') {
             Some((w, a)) => (w.trim(), Some(a)),
             None => (tok, None),
@@ -762,10 +859,10 @@ impl Parser<'_> {
         };
         match word {
             "full" => none(Mask::Full),
-            "causal" => none(Mask::Causal),
+            "causal" => none(Mask::Causal { offset }),
             "local" => {
                 let a = need(2)?;
-                Ok(Mask::Local { left: self.number(word, a[0])?, right: self.number(word, a[1])? })
+                Ok(Mask::Local { left: self.number(word, a[0])?, right: self.number(word, a[1])?, offset })
             }
             "band" => Ok(Mask::Band { width: self.number(word, need(1)?[0])? }),
             "sink" => Ok(Mask::Sink { tokens: self.number(word, need(1)?[0])? }),

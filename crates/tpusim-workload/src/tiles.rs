@@ -365,7 +365,7 @@ mod tests {
     #[test]
     fn alignment_keeps_whole_tiles() {
         let g = TileGrid { q_len: 64, kv_len: 64, block_q: 16, block_kv: 16 };
-        let s = TileStats::collect(&Mask::Causal, &g, true);
+        let s = TileStats::collect(&Mask::Causal { offset: 0 }, &g, true);
         assert_eq!(s.partial, 0);
         assert_eq!(s.full, 10); // 6 below the diagonal + 4 diagonal tiles (each > half kept)
         assert_eq!(s.kept_pairs, 10 * 256);

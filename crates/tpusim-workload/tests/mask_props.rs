@@ -31,14 +31,26 @@ type RangeEntry = ((u64, u64), Vec<(u64, u64)>);
 #[derive(Debug, Clone)]
 enum Spec {
     Full,
-    Causal,
-    Local(u64, u64),
+    /// Causal with an offset (Splash's `CausalMask(offset=...)`).
+    Causal(i64),
+    /// Local with left, right and an offset (Splash's `LocalMask`).
+    Local(u64, u64, i64),
     Band(u64),
     Sink(u64),
     Chunked(u64),
-    Video { dims: [u64; 3], win: Win, order: Option<Order> },
-    Blocks { bq: u64, bkv: u64, blocks: Vec<(u64, u64)> },
-    Ranges { rows: Vec<RangeEntry> },
+    Video {
+        dims: [u64; 3],
+        win: Win,
+        order: Option<Order>,
+    },
+    Blocks {
+        bq: u64,
+        bkv: u64,
+        blocks: Vec<(u64, u64)>,
+    },
+    Ranges {
+        rows: Vec<RangeEntry>,
+    },
     Union(Vec<Spec>),
     Inter(Vec<Spec>),
 }
@@ -103,8 +115,8 @@ impl Spec {
         let (qi, ki) = (q as i64, k as i64);
         match self {
             Spec::Full => true,
-            Spec::Causal => k <= q,
-            Spec::Local(l, r) => qi - *l as i64 <= ki && ki <= qi + *r as i64,
+            Spec::Causal(o) => ki <= qi + o,
+            Spec::Local(l, r, o) => qi + o - *l as i64 <= ki && ki <= qi + o + *r as i64,
             Spec::Band(w) => (qi - ki).abs() <= *w as i64,
             Spec::Sink(s) => k < *s,
             Spec::Chunked(c) => k <= q && k / c == q / c,
@@ -186,8 +198,10 @@ impl Spec {
         };
         match self {
             Spec::Full => "full".into(),
-            Spec::Causal => "causal".into(),
-            Spec::Local(l, r) => format!("local:{l},{r}"),
+            Spec::Causal(0) => "causal".into(),
+            Spec::Causal(o) => format!("causal@offset:{o}"),
+            Spec::Local(l, r, 0) => format!("local:{l},{r}"),
+            Spec::Local(l, r, o) => format!("local:{l},{r} @offset:{o}"),
             Spec::Band(w) => format!("band:{w}"),
             Spec::Sink(s) => format!("sink:{s}"),
             Spec::Chunked(c) => format!("chunked:{c}"),
@@ -293,8 +307,8 @@ fn ranges_leaf(q_len: u64, kv_len: u64) -> BoxedStrategy<Spec> {
 fn spec(q_len: u64, kv_len: u64, dims: Option<[u64; 3]>) -> BoxedStrategy<Spec> {
     let basic = prop_oneof![
         Just(Spec::Full),
-        Just(Spec::Causal),
-        (0..250u64, 0..250u64).prop_map(|(l, r)| Spec::Local(l, r)),
+        prop_oneof![Just(0i64), -300..300i64].prop_map(Spec::Causal),
+        (0..250u64, 0..250u64, prop_oneof![Just(0i64), -300..300i64]).prop_map(|(l, r, o)| Spec::Local(l, r, o)),
         (0..250u64).prop_map(Spec::Band),
         (0..250u64).prop_map(Spec::Sink),
         (1..100u64).prop_map(Spec::Chunked),

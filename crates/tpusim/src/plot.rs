@@ -294,15 +294,23 @@ pub fn cmd_plot(a: &PlotArgs) -> Result<String, CliError> {
         }
         PlotKind::Tiles(p) => {
             let out = p.figure.output((1150, 900))?;
-            let r = one_run(&p.job, "tiles")?;
-            let (w, c) = jobs::splash_of(&r, "plot tiles")?;
+            // The tile map needs the workload and the tiling only: the job is built (its
+            // fields checked), not lowered or simulated.
+            let spec = p.job.spec()?;
+            let chip = spec.chip().map_err(|e| p.job.error(format!("plot tiles: {e}")))?;
+            let job = spec.build(&chip).map_err(|e| p.job.error(format!("plot tiles: {e}")))?;
+            let tpusim_report::Job::Attention { workload: w, config: c, .. } = &job else {
+                return Err(CliError::input("plot tiles needs an attention job (an attention --kernel); this job is a matmul"));
+            };
             let head = u64::from(p.head);
             if head >= w.q_heads {
                 return Err(CliError::input(format!("--head {head}: the job has {} q heads (0 to {})", w.q_heads, w.q_heads - 1)));
             }
             let grid = TileGrid { q_len: w.q_len, kv_len: w.kv_len, block_q: c.block_q, block_kv: c.block_kv };
             let mask = w.mask_for_head(head);
-            let (mut f, _) = TilesFigure::new(mask, grid, c.tile_align, &mask.to_string(), head);
+            // At most one cell per pixel of the picture's shorter side (module docs of tiles).
+            let cells = u64::from(out.width.min(out.height));
+            let (mut f, _) = TilesFigure::with_resolution(mask, grid, c.tile_align, &mask.to_string(), head, cells);
             if let Some(t) = &p.figure.title {
                 f.title = t.clone();
             }

@@ -38,7 +38,9 @@ pub struct RunArgs {
     pub format: Format,
     /// Also write the simulated execution as a Chrome trace (open in Perfetto or
     /// chrome://tracing): one track per unit, one event per tile operation, DMA and step
-    /// overhead, with head, q block, kv block and tile kind as arguments.
+    /// overhead, with head, q block, kv block and tile kind as arguments. A run of more than a
+    /// million events is written only for a window (--timeline-steps, --timeline-head); without
+    /// one, the report is printed and the timeline refused with the sizes to choose from.
     #[arg(long, value_name = "FILE.json")]
     pub timeline: Option<String>,
     /// Only grid steps START..END (END exclusive) in the timeline, e.g. 0:16.
@@ -115,8 +117,20 @@ pub fn cmd_run(a: &RunArgs) -> Result<String, CliError> {
         steps: a.timeline_steps.as_deref().map(|s| tpusim_plot::timeline::Window::parse_steps(s, "--timeline-steps")).transpose()?,
         head: a.timeline_head,
     };
-    let sum = tpusim_plot::timeline::write_chrome_trace(&r, &window, std::path::Path::new(path), "--timeline")?;
     let rep = Report::from_run(&r);
+    let sum = match tpusim_plot::timeline::write_chrome_trace(&r, &window, std::path::Path::new(path), "--timeline") {
+        Ok(sum) => sum,
+        Err(e) => {
+            // The run itself succeeded: print its report, then say why the timeline was not
+            // written (for a run too large to trace whole, how to window it).
+            let text = match a.format {
+                Format::Json => rep.to_json(),
+                Format::Table => rep.to_table(),
+            };
+            print_now(&text);
+            return Err(CliError::from(e));
+        }
+    };
     Ok(match a.format {
         Format::Json => rep.to_json(),
         Format::Table => {
@@ -133,6 +147,17 @@ pub fn cmd_run(a: &RunArgs) -> Result<String, CliError> {
             )
         }
     })
+}
+
+/// Writes `text` (with a final newline) to stdout at once, before an error follows on stderr.
+fn print_now(text: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(text.as_bytes());
+    if !text.ends_with('\n') {
+        let _ = out.write_all(b"\n");
+    }
+    let _ = out.flush();
 }
 
 pub fn cmd_chip(c: &ChipCommand) -> Result<String, CliError> {

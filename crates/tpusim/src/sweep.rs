@@ -28,9 +28,11 @@ pub struct SweepArgs {
     /// Output format [default: from --out's extension (.jsonl/.json: jsonl), else csv].
     #[arg(long, value_enum)]
     pub format: Option<SweepFormat>,
-    /// Evaluate only slice I of N (points with index % N == I), e.g. --shard $SLURM_ARRAY_TASK_ID/8;
-    /// join the slices with `tpusim merge`.
-    #[arg(long, value_name = "I/N")]
+    /// Evaluate only slice I of N (points with index % N == I), e.g. --shard 3/8; join the slices
+    /// with `tpusim merge`. `auto` reads I and N from a Slurm job array (SLURM_ARRAY_TASK_ID,
+    /// _MIN, _STEP, _COUNT / _MAX: any range such as --array=1-16) or a Kubernetes Indexed Job
+    /// (JOB_COMPLETION_INDEX, with N from auto/N or TPUSIM_SHARD_COUNT).
+    #[arg(long, value_name = "I/N|auto[/N]")]
     pub shard: Option<String>,
     /// Change a chip parameter of the base job, e.g. --set hbm.bandwidth_gb_per_s=3276
     /// (repeatable; axes on the same field override it).
@@ -39,7 +41,8 @@ pub struct SweepArgs {
     /// Worker threads [default: one per core].
     #[arg(long, short, allow_negative_numbers = true, value_parser = at_least_one)]
     pub jobs: Option<usize>,
-    /// Do not draw a progress bar (it is drawn only when stderr is a terminal anyway).
+    /// Print no progress on stderr (a bar on a terminal; otherwise a plain line every 10 s, or
+    /// every TPUSIM_PROGRESS_SECS seconds).
     #[arg(long)]
     pub no_progress: bool,
     /// Ignore an existing output or OUT.partial and evaluate every point again.
@@ -79,7 +82,8 @@ pub struct TuneArgs {
     /// Worker threads [default: one per core].
     #[arg(long, short, allow_negative_numbers = true, value_parser = at_least_one)]
     pub jobs: Option<usize>,
-    /// Do not draw progress bars (they are drawn only when stderr is a terminal anyway).
+    /// Print no progress on stderr (bars on a terminal; otherwise a plain line every 10 s, or
+    /// every TPUSIM_PROGRESS_SECS seconds).
     #[arg(long)]
     pub no_progress: bool,
     /// Output format.
@@ -99,10 +103,11 @@ pub fn at_least_one(s: &str) -> Result<usize, String> {
 
 pub fn cmd_sweep(a: &SweepArgs) -> Result<String, CliError> {
     let def = SweepDef::from_file(&a.file, &a.set)?;
-    let shard = match &a.shard {
-        Some(s) => Shard::parse(s)?,
-        None => Shard::WHOLE,
+    let choice = match &a.shard {
+        Some(s) => Shard::choose(s, &|k| std::env::var(k).ok())?,
+        None => tpusim_sweep::ShardChoice { shard: Shard::WHOLE, from: None },
     };
+    let shard = choice.shard;
     let format = match (a.format, &a.out) {
         (Some(SweepFormat::Csv), _) => Format::Csv,
         (Some(SweepFormat::Jsonl), _) => Format::Jsonl,
@@ -111,7 +116,11 @@ pub fn cmd_sweep(a: &SweepArgs) -> Result<String, CliError> {
     };
     let out = a.out.clone().unwrap_or_else(|| default_out(&a.file, shard, format));
     let opts = SweepOptions { format, shard, jobs: a.jobs, progress: !a.no_progress, restart: a.restart, ..SweepOptions::new(&out) };
-    Ok(tpusim_sweep::run_sweep(&def, &opts)?.to_string())
+    let summary = tpusim_sweep::run_sweep(&def, &opts)?;
+    Ok(match choice.from {
+        Some(from) => format!("note: --shard auto: shard {shard} from {from}\n{summary}"),
+        None => summary.to_string(),
+    })
 }
 
 pub fn cmd_merge(a: &MergeArgs) -> Result<String, CliError> {

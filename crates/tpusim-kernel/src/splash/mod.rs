@@ -152,7 +152,7 @@ pub fn default_compute(w: &AttentionCall, cfg: &SplashConfig, chip: &ChipModel) 
 /// int8 arrays that the kernel loads (`MaskInfo.partial_mask_blocks`).
 pub fn computable(mask: &Mask) -> bool {
     match mask {
-        Mask::Full | Mask::Causal | Mask::Local { .. } | Mask::Band { .. } | Mask::Chunked { .. } => true,
+        Mask::Full | Mask::Causal { .. } | Mask::Local { .. } | Mask::Band { .. } | Mask::Chunked { .. } => true,
         Mask::PerHead(p) => p.windows(2).all(|w| w[0] == w[1]) && p.first().is_none_or(computable),
         _ => false,
     }

@@ -63,7 +63,7 @@ fn parse_round_trips() {
     assert_eq!(Mask::parse("sta:6,8,8:1,1,1:2,2,2@tiles:2,2,2").unwrap().to_string(), "sta:6,8,8:1,1,1:2,2,2");
     assert_eq!(Mask::parse("per-head[causal;causal; 2 * full;causal]").unwrap().to_string(), "per-head[2*causal;2*full;causal]");
     // Nested unions keep their structure through Display.
-    let m = Mask::Union(vec![Mask::Union(vec![Mask::Causal, Mask::Sink { tokens: 1 }]), Mask::Band { width: 2 }]);
+    let m = Mask::Union(vec![Mask::Union(vec![Mask::Causal { offset: 0 }, Mask::Sink { tokens: 1 }]), Mask::Band { width: 2 }]);
     assert_eq!(m.to_string(), "(causal+sink:1)+band:2");
     assert_eq!(Mask::parse(&m.to_string()).unwrap(), m);
 }
@@ -230,16 +230,16 @@ fn per_head_lists() {
     let Mask::PerHead(list) = &m else { panic!() };
     assert_eq!(list.len(), 10);
     assert!(list[..4].iter().all(|x| *x == Mask::Band { width: 100 }));
-    assert!(list[4..].iter().all(|x| *x == Mask::Causal));
+    assert!(list[4..].iter().all(|x| *x == Mask::Causal { offset: 0 }));
     assert_eq!(m.to_string(), "per-head[4*band:100;6*causal]");
     // Resolved per q head (10 masks for 10 heads) or per kv head group (2 masks, 5 q heads each).
     let mut w = AttentionCall { q_heads: 10, kv_heads: 2, mask: m, ..AttentionCall::video_default() };
     w.validate().unwrap();
     assert_eq!(*w.mask_for_head(3), Mask::Band { width: 100 });
-    assert_eq!(*w.mask_for_head(4), Mask::Causal);
+    assert_eq!(*w.mask_for_head(4), Mask::Causal { offset: 0 });
     w.mask = Mask::parse("per-head[causal;sink:4]").unwrap();
     w.validate().unwrap();
-    assert_eq!(*w.mask_for_head(4), Mask::Causal);
+    assert_eq!(*w.mask_for_head(4), Mask::Causal { offset: 0 });
     assert_eq!(*w.mask_for_head(5), Mask::Sink { tokens: 4 });
     w.mask = Mask::parse("per-head[3*causal]").unwrap();
     let e = w.validate().unwrap_err().to_string();
@@ -390,4 +390,55 @@ fn row_classes_are_shared_only_where_rows_repeat() {
     // Position-major with whole-frame windows: rows with the same frame share a key.
     assert_eq!(key(3), key(3 + 21 * 17));
     assert_ne!(key(3), key(4));
+}
+
+#[test]
+fn causal_and_local_take_splash_offsets() {
+    // Decode: one new query after 4095 cached tokens sits at kv position 4095 and sees them all;
+    // plain causal counts from the first token of both and keeps one pair.
+    assert_eq!(rows(&Mask::parse("causal").unwrap(), 0, 4096), vec![(0, 1)]);
+    let decode = Mask::parse("causal@offset:4095").unwrap();
+    assert_eq!(decode, Mask::Causal { offset: 4095 });
+    assert_eq!(rows(&decode, 0, 4096), vec![(0, 4096)]);
+    // Splash's LocalMask: q + offset - left <= k <= q + offset + right.
+    let local = Mask::parse("local:2,1@offset:10").unwrap();
+    assert_eq!(local, Mask::Local { left: 2, right: 1, offset: 10 });
+    assert_eq!(rows(&local, 0, 100), vec![(8, 12)]);
+    assert_eq!(rows(&local, 95, 100), vec![]);
+    // A negative offset empties the first rows (Splash: rows with q + offset < 0 keep nothing).
+    let neg = Mask::parse("causal@offset:-3").unwrap();
+    assert_eq!(rows(&neg, 2, 10), vec![]);
+    assert_eq!(rows(&neg, 3, 10), vec![(0, 1)]);
+    assert_eq!(rows(&Mask::parse("local:1,1@offset:-5").unwrap(), 2, 10), vec![]);
+    // Offset 0 is the plain mask; Display writes offsets back in the grammar.
+    assert_eq!(Mask::parse("causal@offset:0").unwrap(), Mask::parse("causal").unwrap());
+    for s in ["causal@offset:7", "local:3,0@offset:-2", "(causal@offset:5+sink:2)&band:9", "per-head[2*causal@offset:1;local:1,1@offset:4]"]
+    {
+        let m = Mask::parse(s).unwrap();
+        assert_eq!(m.to_string(), s);
+        assert_eq!(Mask::parse(&m.to_string()).unwrap(), m, "{s}");
+    }
+    assert_eq!(Mask::parse("causal @offset: 4").unwrap(), Mask::Causal { offset: 4 }, "spaces are ignored");
+    // Tiles of a decode step: q_len 8 after 1016 cached tokens, 8 x 128 tiles: all 8 kv tiles
+    // are visited; the last one is partial (its rows end at different columns).
+    let g = TileGrid { q_len: 8, kv_len: 1024, block_q: 8, block_kv: 128 };
+    let s = TileStats::collect(&Mask::Causal { offset: 1016 }, &g, false);
+    assert_eq!((s.full, s.partial, s.empty), (7, 1, 0));
+    assert_eq!(s.kept_pairs, (1017..=1024).sum::<u64>());
+}
+
+#[test]
+fn offsets_are_refused_where_splash_has_none_and_out_of_range() {
+    for (text, want) in [
+        ("band:4@offset:2", "'band' takes no '@offset:2'"),
+        ("sink:4@frame", "'sink' takes no '@frame'"),
+        ("causal@shift:2", "unknown modifier '@shift:2' of 'causal'"),
+        ("causal@offset:", "the offset must be a whole number"),
+        ("causal@offset:1.5", "the offset must be a whole number"),
+        ("local:1,1@offset:99999999999", "from -4294967296 to 4294967296"),
+    ] {
+        let e = err(text);
+        assert!(e.contains(want), "{text}: {e}");
+    }
+    assert!(err("nonsense").contains("causal[@offset:N]"), "the allowed list names the offset");
 }

@@ -1,0 +1,198 @@
+//! Notes that explain results a user would question, each naming the mechanism behind it:
+//!
+//! * [`mxu_fill`]: the MXU works well below its peak while busy, because the matmuls are
+//!   smaller than its arrays (a contraction over head_dim 128 fills half of a 256-row array) or
+//!   because loading a fold's weights (one cycle per array row) takes longer than streaming the
+//!   rows through it. A larger array at the same count and clock then runs no faster, or slower,
+//!   while the peak (and so the MFU's denominator) grows.
+//! * [`unfitted_parameters`]: the run depends on `[fitted]` parameters that were not fitted to
+//!   any measurement of this chip (carried over from another chip's fit), so its latency and MFU
+//!   are unvalidated on this chip for this kind of kernel.
+//!
+//! Both read the run's main kernel: its step bodies, weighted by the steps that ran them.
+
+use crate::{Report, Run};
+use tpusim_chip::{ChipModel, Param};
+use tpusim_engine::op_cycles;
+use tpusim_kernel::{Unit, Work};
+
+/// MXU efficiency while busy below which [`mxu_fill`] explains it.
+pub const MXU_FILL_NOTE_BELOW: f64 = 0.5;
+/// Share of MXU busy time spent weight-load bound above which [`mxu_fill`] explains it.
+pub const WEIGHT_LOAD_NOTE_ABOVE: f64 = 0.1;
+/// Busy fraction of the run (or share of its critical path) from which a unit's carried
+/// parameter is named by [`unfitted_parameters`].
+pub const UNIT_MATTERS_BUSY: f64 = 0.5;
+/// Critical-path share from which a unit's carried parameter is named.
+pub const UNIT_MATTERS_CRITICAL: f64 = 0.1;
+
+/// A matmul operation of a step body: (name, rows streamed m_total, contraction k, output n).
+pub type MatmulShape = (&'static str, u64, u64, u64);
+
+/// How the MXU's busy time of a run divides, from its matmul operations.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct MxuFill {
+    /// MXU busy cycles of the main kernel (all arrays together, as the engine charges them).
+    pub busy_cycles: f64,
+    /// Cycles the same FLOPs take at the arrays' peak (every cell of every array each cycle).
+    pub ideal_cycles: f64,
+    /// Busy cycles of operations whose time is set by weight loads (a fold's `rows` cycles)
+    /// rather than by the rows streamed through it.
+    pub load_bound_cycles: f64,
+    /// Busy-weighted fraction of the array rows a fold's contraction uses (k / padded k).
+    pub row_fill: f64,
+    /// Busy-weighted fraction of the array columns a fold's output uses (n / padded n).
+    pub column_fill: f64,
+    /// The matmul operation with the most busy time.
+    pub largest: Option<MatmulShape>,
+}
+
+impl MxuFill {
+    /// Efficiency while busy: ideal / busy cycles (1.0 = every cell of every array busy).
+    pub fn efficiency(&self) -> f64 {
+        if self.busy_cycles > 0.0 {
+            self.ideal_cycles / self.busy_cycles
+        } else {
+            1.0
+        }
+    }
+}
+
+/// Measures [`MxuFill`] of a run's main kernel from its step bodies (each weighted by the steps
+/// that ran it) with the engine's matmul cost ([`op_cycles`]).
+pub fn measure_mxu(run: &Run) -> MxuFill {
+    let chip = &run.chip;
+    let rows = chip.mxu.rows.value as u64;
+    let cols = chip.mxu.columns.value as u64;
+    let arrays = chip.mxu_arrays();
+    let mut f = MxuFill::default();
+    let mut by_op: Vec<(MatmulShape, f64)> = Vec::new();
+    for (class, &steps) in run.program.classes.iter().zip(&run.result.class_steps) {
+        if steps == 0 {
+            continue;
+        }
+        for op in class.body.graph.node_weights() {
+            let Work::Matmul { m, k, n, m_total } = op.work else { continue };
+            let (occ, _) = op_cycles(chip, &op.work);
+            let busy = occ * steps as f64;
+            if busy <= 0.0 {
+                continue;
+            }
+            f.busy_cycles += busy;
+            f.ideal_cycles += steps as f64 * (m * k * n) as f64 / (arrays * (rows * cols) as f64);
+            let folds = (k.div_ceil(rows) * n.div_ceil(cols)) as f64;
+            if (folds / arrays).ceil() * rows as f64 > folds * m_total as f64 / arrays {
+                f.load_bound_cycles += busy;
+            }
+            f.row_fill += busy * k as f64 / (k.div_ceil(rows) * rows) as f64;
+            f.column_fill += busy * n as f64 / (n.div_ceil(cols) * cols) as f64;
+            let key = (op.name, m_total, k, n);
+            match by_op.iter_mut().find(|(k2, _)| *k2 == key) {
+                Some((_, b)) => *b += busy,
+                None => by_op.push((key, busy)),
+            }
+        }
+    }
+    if f.busy_cycles > 0.0 {
+        f.row_fill /= f.busy_cycles;
+        f.column_fill /= f.busy_cycles;
+    }
+    f.largest = by_op.into_iter().max_by(|a, b| a.1.total_cmp(&b.1)).map(|(k, _)| k);
+    f
+}
+
+/// A note when the MXU works well below its peak while busy or is weight-load bound (module
+/// docs); `None` otherwise.
+pub fn mxu_fill(run: &Run) -> Option<String> {
+    let f = measure_mxu(run);
+    let load_share = if f.busy_cycles > 0.0 { f.load_bound_cycles / f.busy_cycles } else { 0.0 };
+    let eff = f.efficiency();
+    if f.busy_cycles <= 0.0 || (eff >= MXU_FILL_NOTE_BELOW && load_share <= WEIGHT_LOAD_NOTE_ABOVE) {
+        return None;
+    }
+    let chip = &run.chip;
+    let (rows, cols) = (chip.mxu.rows.value, chip.mxu.columns.value);
+    let mut why = Vec::new();
+    if f.row_fill < 0.99 || f.column_fill < 0.99 {
+        why.push(format!(
+            "the matmuls are smaller than the {rows} x {cols} arrays: weight folds fill on average {:.0}% of the array rows (contraction) and {:.0}% of its columns (output)",
+            100.0 * f.row_fill,
+            100.0 * f.column_fill
+        ));
+    }
+    if load_share > WEIGHT_LOAD_NOTE_ABOVE {
+        why.push(format!(
+            "{:.0}% of MXU time is weight loading: loading a fold takes {rows} cycles (one per array row), longer than streaming the rows that use it",
+            100.0 * load_share
+        ));
+    }
+    let largest =
+        f.largest.map(|(name, m, k, n)| format!(" (largest share: `{name}`, {m} rows through k {k} x n {n} weights)")).unwrap_or_default();
+    Some(format!(
+        "the MXU runs at {:.0}% of its peak while busy{largest}: {}; the peak and MFU count every cell of every array, so a larger array at the same count and clock does not run faster here and can run slower",
+        100.0 * eff,
+        why.join("; ")
+    ))
+}
+
+/// The `[fitted]` parameters of a chip, each with the unit whose time it sets.
+fn fitted_units(chip: &ChipModel) -> [(&'static str, &Param<f64>, Unit); 5] {
+    let f = &chip.fitted;
+    [
+        ("fitted.valu_vreg_ops_per_cycle", &f.valu_vreg_ops_per_cycle, Unit::Vpu),
+        ("fitted.eup_vregs_per_cycle", &f.eup_vregs_per_cycle, Unit::Eup),
+        ("fitted.xlu_cycles_per_vreg", &f.xlu_cycles_per_vreg, Unit::Xlu),
+        ("fitted.loaded_mask_ops_per_vreg", &f.loaded_mask_ops_per_vreg, Unit::Vpu),
+        ("fitted.grid_step_overhead_cycles", &f.grid_step_overhead_cycles, Unit::StepControl),
+    ]
+}
+
+/// A note when the run depends on `[fitted]` parameters fitted to no measurement of this chip
+/// (an empty `fitted_to`: carried over from another chip's fit or taken from a micro-benchmark);
+/// `None` otherwise. A parameter counts when its unit is busy at least [`UNIT_MATTERS_BUSY`] of
+/// the run (an error of 2x in it could then make that unit bound the run) or holds at least
+/// [`UNIT_MATTERS_CRITICAL`] of its critical path; the loaded-mask cost only when a loaded mask is
+/// applied. The note quotes the first sentence of each parameter's own note.
+pub fn unfitted_parameters(run: &Run, rep: &Report) -> Option<String> {
+    let loaded_mask = run.program.classes.iter().zip(&run.result.class_steps).any(|(c, &n)| {
+        n > 0 && c.body.graph.node_weights().any(|op| matches!(op.work, Work::Vector { loaded_mask_vregs, .. } if loaded_mask_vregs > 0.0))
+    });
+    let mut params = Vec::new();
+    let mut units: Vec<Unit> = Vec::new();
+    for (name, p, unit) in fitted_units(&run.chip) {
+        if !p.fitted_to.as_ref().is_some_and(|r| r.is_empty()) {
+            continue;
+        }
+        if name == "fitted.loaded_mask_ops_per_vreg" && !loaded_mask {
+            continue;
+        }
+        let critical = if rep.latency_ms > 0.0 { rep.critical_path_ms[unit] / rep.latency_ms } else { 0.0 };
+        if rep.utilization[unit] < UNIT_MATTERS_BUSY && critical < UNIT_MATTERS_CRITICAL {
+            continue;
+        }
+        let why = p.note.as_deref().map(first_sentence).unwrap_or_default();
+        params.push(if why.is_empty() { name.to_string() } else { format!("{name} ({why})") });
+        if !units.contains(&unit) {
+            units.push(unit);
+        }
+    }
+    if params.is_empty() {
+        return None;
+    }
+    let chip = &run.chip.name;
+    let names: Vec<String> = units.iter().map(|u| u.to_string()).collect();
+    let busy: Vec<String> = units.iter().map(|&u| format!("{:.0}%", 100.0 * rep.utilization[u])).collect();
+    Some(format!(
+        "this run's {} work (busy {} of the run) depends on [fitted] parameters not fitted to any {chip} measurement, so no {chip} measurement of this kind of kernel validates its latency and MFU: {}; `tpusim chip show {chip}` gives their full notes",
+        names.join(" and "),
+        busy.join(" and "),
+        params.join("; ")
+    ))
+}
+
+/// The text up to the first sentence end (". ") or the whole text, without a final period.
+fn first_sentence(text: &str) -> String {
+    let t = text.trim();
+    let end = t.find(". ").unwrap_or(t.len());
+    t[..end].trim_end_matches('.').to_string()
+}

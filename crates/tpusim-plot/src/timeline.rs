@@ -350,7 +350,7 @@ pub fn write_chrome_trace(run: &Run, window: &Window, path: &Path, flag: &str) -
     let run_steps: u64 = kernels.iter().map(|(k, _, _)| k.info.grid_steps).sum();
     let n: u64 = kernels.iter().map(|(k, _, _)| count_events(chip, k, window)).sum();
     if !window.is_bounded() && n > MAX_UNBOUNDED_EVENTS {
-        let heads = program.info.grid.first().map_or(1, |g| g.1).max(1);
+        let heads = run.program.info.grid.first().map_or(1, |g| g.1).max(1);
         return Err(PlotError::Input(format!(
             "{flag} {}: not written: the whole run is {} grid steps and {} events (about {} MB, more than {} events); window it with --timeline-steps START:END (grid steps, e.g. --timeline-steps 0:16) and/or --timeline-head H (one of {heads} batch x head indices, about {} steps each)",
             path.display(),
@@ -358,7 +358,7 @@ pub fn write_chrome_trace(run: &Run, window: &Window, path: &Path, flag: &str) -
             n,
             n * 180 / 1_000_000,
             MAX_UNBOUNDED_EVENTS,
-            program.info.grid_steps.div_ceil(heads)
+            run.program.info.grid_steps.div_ceil(heads)
         )));
     }
     if n == 0 {

@@ -190,10 +190,10 @@ pub fn mask_cost(mask: &Mask, source: MaskSource, padded: bool) -> MaskCost {
 
 /// The costliest of the distinct masks' costs (every head's steps share one body).
 pub(crate) fn worst_mask_cost(masks: &[Mask], source: MaskSource, padded: bool) -> MaskCost {
-    masks.iter().map(|m| mask_cost(m, source, padded)).fold(MaskCost { ops: 0.0, loaded: false }, |a, b| MaskCost {
-        ops: a.ops.max(b.ops),
-        loaded: a.loaded || b.loaded,
-    })
+    masks
+        .iter()
+        .map(|m| mask_cost(m, source, padded))
+        .fold(MaskCost { ops: 0.0, loaded: false }, |a, b| MaskCost { ops: a.ops.max(b.ops), loaded: a.loaded || b.loaded })
 }
 
 /// The mask operation of a slab: `sv` score registers at cost `c`.
@@ -307,7 +307,14 @@ fn attention_body(s: &BodyShape) -> StepBody {
                 let eup = if s.residuals { 2.0 * rv } else { rv };
                 let recip = b.add("recip", Work::Transcendental { vregs: eup }, &[acc], slot(g, 11));
                 let vpu = 1.5 * vregs(r, s.dv) + if s.residuals { rv } else { 0.0 };
-                b.add_carried("finalize", Work::Vector { ops: vpu, loaded_mask_vregs: 0.0 }, &[recip], slot(g, 12), None, Some(acc_slot(si)));
+                b.add_carried(
+                    "finalize",
+                    Work::Vector { ops: vpu, loaded_mask_vregs: 0.0 },
+                    &[recip],
+                    slot(g, 12),
+                    None,
+                    Some(acc_slot(si)),
+                );
             }
         }
     }
@@ -463,6 +470,7 @@ pub(crate) fn classify(
     names: (&str, &str),
 ) -> Result<Classified, KernelError> {
     let grid = TileGrid { q_len: w.q_len, kv_len: w.kv_len, block_q, block_kv };
+    w.mask.check_tiling(block_q, block_kv)?;
     let tiles_per_head = grid.q_tiles().saturating_mul(grid.kv_tiles());
     if tiles_per_head > crate::MAX_TILES {
         return Err(KernelError::config(

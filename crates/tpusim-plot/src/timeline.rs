@@ -320,6 +320,31 @@ struct XEvent<'a> {
 /// and the run would produce more than [`MAX_UNBOUNDED_EVENTS`] events (the message suggests
 /// `--timeline-steps` / `--timeline-head`), or when the window holds no step.
 pub fn write_chrome_trace(run: &Run, window: &Window, path: &Path, flag: &str) -> Result<TraceSummary, PlotError> {
+    write_chrome_trace_with(run, window, path, flag, None)
+}
+
+/// Measured device ops shown beside a simulated timeline (process 2 of the same trace file).
+#[derive(Debug, Clone, PartialEq)]
+pub struct MeasuredTrack {
+    /// The process's name, e.g. `measured: trace.json.gz`.
+    pub process: String,
+    /// (thread name, op name, start µs, duration µs); starts are shifted so the first op starts
+    /// at 0, like the simulated run.
+    pub ops: Vec<(String, String, f64, f64)>,
+}
+
+/// [`write_chrome_trace`] with measured ops beside the simulation: one trace file, two
+/// processes (1 simulated, 2 measured, one thread per device line), both starting at 0.
+///
+/// # Errors
+/// As [`write_chrome_trace`].
+pub fn write_chrome_trace_with(
+    run: &Run,
+    window: &Window,
+    path: &Path,
+    flag: &str,
+    measured: Option<&MeasuredTrack>,
+) -> Result<TraceSummary, PlotError> {
     let chip = &run.chip;
     let program = &run.program;
     let n = count_events(chip, program, window);
@@ -432,6 +457,38 @@ pub fn write_chrome_trace(run: &Run, window: &Window, path: &Path, flag: &str) -
         });
         if let Some(e) = err {
             return Err(e);
+        }
+        if let Some(m) = measured {
+            w.write_all(b",\n")?;
+            serde_json::to_writer(
+                &mut w,
+                &Meta { name: "process_name", ph: "M", pid: 2, tid: 0, args: MetaArgs { name: Some(&m.process), sort_index: None } },
+            )?;
+            let t0 = m.ops.iter().map(|o| o.2).fold(f64::INFINITY, f64::min);
+            let mut tids: Vec<&str> = Vec::new();
+            for (thread, name, ts, dur) in &m.ops {
+                let tid = match tids.iter().position(|t| t == thread) {
+                    Some(i) => i as u32 + 1,
+                    None => {
+                        tids.push(thread);
+                        w.write_all(b",\n")?;
+                        serde_json::to_writer(
+                            &mut w,
+                            &Meta {
+                                name: "thread_name",
+                                ph: "M",
+                                pid: 2,
+                                tid: tids.len() as u32,
+                                args: MetaArgs { name: Some(thread), sort_index: None },
+                            },
+                        )?;
+                        tids.len() as u32
+                    }
+                };
+                w.write_all(b",\n")?;
+                let ev = serde_json::json!({"name": name, "cat": "measured", "ph": "X", "pid": 2, "tid": tid, "ts": ts - t0, "dur": dur});
+                serde_json::to_writer(&mut w, &ev)?;
+            }
         }
         summary.run_us = res.seconds * 1e6;
         w.write_all(b"\n],\n\"displayTimeUnit\":\"ns\",\n\"otherData\":")?;

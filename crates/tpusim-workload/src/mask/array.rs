@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex};
 /// Where the bytes of a dense mask live. Implemented for memory maps and owned buffers; a
 /// front end may implement it for a buffer it keeps alive (the Python package does for NumPy
 /// arrays).
-pub trait ByteSource: Send + Sync {
+pub trait ByteSource: Send + Sync + std::panic::RefUnwindSafe {
     /// The bytes (element (h, q, kv) of the array is at `offset + h*sh + q*sq + kv*sk`).
     fn bytes(&self) -> &[u8];
 }

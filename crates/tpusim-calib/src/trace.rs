@@ -395,3 +395,100 @@ pub fn rows_to_csv(rows: &[Row]) -> String {
     }
     String::from_utf8(w.into_inner().unwrap_or_default()).unwrap_or_default()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn trace(events: Vec<Value>) -> Value {
+        let mut ev = vec![
+            json!({"ph": "M", "pid": 3, "name": "process_name", "args": {"name": "/device:TPU:0"}}),
+            json!({"ph": "M", "pid": 3, "tid": 7, "name": "thread_name", "args": {"name": "XLA Ops"}}),
+            json!({"ph": "M", "pid": 3, "tid": 8, "name": "thread_name", "args": {"name": "Steps"}}),
+        ];
+        ev.extend(events);
+        ev.push(json!({}));
+        json!({"traceEvents": ev})
+    }
+
+    #[test]
+    fn medians_over_repeats_by_name_without_the_suffix() {
+        let t = trace(vec![
+            json!({"ph": "X", "pid": 3, "tid": 7, "ts": 0.0, "dur": 10.0, "name": "k.1"}),
+            json!({"ph": "X", "pid": 3, "tid": 7, "ts": 20.0, "dur": 30.0, "name": "k.2"}),
+            json!({"ph": "B", "pid": 3, "tid": 7, "ts": 60.0, "name": "k"}),
+            json!({"ph": "E", "pid": 3, "tid": 7, "ts": 80.0}),
+            json!({"ph": "X", "pid": 3, "tid": 7, "ts": 90.0, "dur": 40.0, "name": "k.v2"}),
+            // Another line and a host process do not count.
+            json!({"ph": "X", "pid": 3, "tid": 8, "ts": 0.0, "dur": 999.0, "name": "k"}),
+            json!({"ph": "X", "pid": 9, "tid": 7, "ts": 0.0, "dur": 999.0, "name": "k"}),
+        ]);
+        let ops = select_ops(&t, &Selection::xprof("^k"), "t.json").unwrap();
+        assert_eq!(ops.len(), 4);
+        let k = kernel_timings(&ops);
+        assert_eq!(k.iter().map(|x| x.name.as_str()).collect::<Vec<_>>(), vec!["k", "k.v2"]);
+        assert_eq!((k[0].count, k[0].median_ms), (3, 0.020));
+        assert_eq!((k[0].min_ms, k[0].max_ms), (0.010, 0.030));
+        let even = kernel_timings(&ops[..2]);
+        assert_eq!(even[0].median_ms, 0.020);
+    }
+
+    #[test]
+    fn nothing_matching_lists_what_the_trace_has() {
+        let t = trace(vec![json!({"ph": "X", "pid": 3, "tid": 7, "ts": 0.0, "dur": 1.0, "name": "fusion.3"})]);
+        let e = select_ops(&t, &Selection::xprof("splash"), "t.json").unwrap_err().to_string();
+        assert!(e.contains("/device:TPU:0") && e.contains("fusion (1)") && e.contains("XLA Ops"), "{e}");
+        let e = select_ops(&json!({"x": 1}), &Selection::xprof("k"), "t.json").unwrap_err().to_string();
+        assert!(e.contains("traceEvents"), "{e}");
+        assert!(select_ops(&t, &Selection::xprof("("), "t.json").unwrap_err().to_string().contains("not a regular expression"));
+    }
+
+    #[test]
+    fn gzip_and_plain_files_read_alike() {
+        use std::io::Write;
+        let dir = tempfile::tempdir().unwrap();
+        let t = trace(vec![json!({"ph": "X", "pid": 3, "tid": 7, "ts": 0.0, "dur": 5.0, "name": "k"})]);
+        let plain = dir.path().join("a.json");
+        std::fs::write(&plain, t.to_string()).unwrap();
+        let gz = dir.path().join("a.json.gz");
+        let mut enc = flate2::write::GzEncoder::new(std::fs::File::create(&gz).unwrap(), flate2::Compression::fast());
+        enc.write_all(t.to_string().as_bytes()).unwrap();
+        enc.finish().unwrap();
+        assert_eq!(read_trace(plain.to_str().unwrap()).unwrap(), read_trace(gz.to_str().unwrap()).unwrap());
+        assert!(read_trace(dir.path().join("missing").to_str().unwrap()).is_err());
+    }
+
+    #[test]
+    fn rows_carry_the_resolved_job_and_refuse_what_a_row_cannot_hold() {
+        let k = vec![KernelTiming {
+            name: "splash_mha_dkv_no_residuals".into(),
+            count: 3,
+            median_ms: 2.5,
+            min_ms: 2.0,
+            max_ms: 3.0,
+            devices: vec!["d".into()],
+        }];
+        let sel = Selection::xprof("dkv");
+        let spec = JobSpec {
+            chip: Some("v6e".into()),
+            direction: Some(Direction::Bwd),
+            heads: Some(4),
+            seq_len: Some(4096),
+            block_q_dkv: Some(256),
+            block_kv_dkv: Some(512),
+            ..Default::default()
+        };
+        let rows = measurement_rows(&k, &spec, "r", &sel, "t.json").unwrap();
+        let r = &rows[0];
+        assert_eq!((r["direction"].as_str(), r["block_q"].as_str(), r["block_kv"].as_str()), ("bwd", "256", "512"));
+        // The CSV reads back as a backward row with those dkv blocks.
+        let file = crate::measure::parse(&rows_to_csv(&rows), "rows", &[]).unwrap();
+        assert_eq!(file.rows[0].job.block_q_dkv, Some(256));
+        assert_eq!(file.rows[0].measured_ms, 2.5);
+        let e = measurement_rows(&k, &JobSpec { chip: None, ..spec.clone() }, "r", &sel, "t").unwrap_err().to_string();
+        assert!(e.contains("--chip"), "{e}");
+        let e = measurement_rows(&k, &JobSpec { direction: Some(Direction::FwdBwd), ..spec }, "r", &sel, "t").unwrap_err().to_string();
+        assert!(e.contains("fwd+bwd"), "{e}");
+    }
+}

@@ -5,7 +5,7 @@
 //! Every function goes through the same job layer as the command line
 //! ([`tpusim_report::JobSpec`]): keyword arguments are the job fields (`heads`, `seq_len`,
 //! `block_q`, ...; the CLI's flags with underscores), masks may also be Splash mask objects or
-//! NumPy arrays ([`masks`]), block sizes may be a Splash `BlockSizes` / tokamax config object, and
+//! NumPy arrays (module `masks`), block sizes may be a Splash `BlockSizes` / tokamax config object, and
 //! errors are Python exceptions (`tpusim.InputError`, a `ValueError`, for bad input) carrying the
 //! CLI's messages with fields named as keyword arguments.
 

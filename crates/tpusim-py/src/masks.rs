@@ -94,7 +94,7 @@ fn array_mask(py: Python<'_>, obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Py
     let bytes_view = arr.call_method1("view", ("u1",))?;
     let buf = PyUntypedBuffer::get(&bytes_view)?;
     let (bshape, bstrides) = (buf.shape().to_vec(), buf.strides().to_vec());
-    if bstrides.iter().any(|&s| s < 0) || bshape.iter().any(|&n| n == 0) {
+    if bstrides.iter().any(|&s| s < 0) || bshape.contains(&0) {
         return Err(input_err(format!("{what}: shape {shape:?}: every dimension must be at least 1")));
     }
     let span = bshape.iter().zip(&bstrides).map(|(&n, &s)| (n - 1) * s as usize).sum::<usize>() + 1;

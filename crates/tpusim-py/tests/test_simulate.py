@@ -79,6 +79,23 @@ def test_npz_block_map_with_element_masks_equals_the_dense_mask_and_the_grammar(
     assert from_map.to_dict() == run_json(*flags({**common, "mask": f"file:{path}"}))
 
 
+def test_block_map_from_splash_maskinfo_equals_the_grammar(tmp_path):
+    # The recipe of MASK_FILES.md: Splash's own MaskInfo saved as a block map.
+    M = pytest.importorskip("jax.experimental.pallas.ops.tpu.splash_attention.splash_attention_mask")
+    mi = pytest.importorskip("jax.experimental.pallas.ops.tpu.splash_attention.splash_attention_mask_info")
+    q = 2048
+    i, k = np.arange(q)[:, None], np.arange(q)[None, :]
+    mh = M.MultiHeadMask([M.NumpyMask((np.abs(i - k) <= 300) | (k < 100)), M.NumpyMask(i >= k)])
+    info, _ = mi.process_mask(mh, (256, 256), shrink_grid=False, downcast_smem_data=False)
+    path = tmp_path / "maskinfo.npz"
+    np.savez(path, block_mask=info.block_mask, q_len=q, kv_len=q, block_q=256, block_kv=256,
+             partial_mask_blocks=info.partial_mask_blocks, mask_next=info.mask_next)
+    job = dict(heads=2, seq_len=q, block_q=512, block_kv=1024, mask_source="loaded")
+    a = tpusim.simulate(mask=f"file:{path}", **job)
+    b = tpusim.simulate(mask="per-head[band:300+sink:100;causal]", **job)
+    assert (a.tiles, a.latency_ms, a.pair_density) == (b.tiles, b.latency_ms, b.pair_density)
+
+
 def test_splash_mask_object_gives_the_tiles_of_the_equivalent_text():
     M = pytest.importorskip("jax.experimental.pallas.ops.tpu.splash_attention.splash_attention_mask")
     shape = (4096, 4096)

@@ -176,7 +176,7 @@ pub enum Mask {
     /// A window in a 3-D video volume under a token order.
     Video(VideoMask),
     /// A dense boolean array or a block map (`file:PATH.npy` / `.npz`, or an array handed over by
-    /// a front end such as the Python package); see [`array`].
+    /// a front end such as the Python package); see [`mod@array`].
     Array(ArrayMask),
     /// A mask file named by `file:PATH` whose contents have not been loaded yet: [`Mask::parse`]
     /// never reads files; the layer that reads the job calls [`Mask::load_files`]. Every other

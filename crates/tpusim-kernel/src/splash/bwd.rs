@@ -131,9 +131,9 @@ fn dkv_body(s: &DkvShape) -> StepBody {
     let dq_slot = (2 * n_sub) as u16;
     let slabs = s.c.div_ceil(SLAB_ROWS);
     // Per step: dq scratch zeroed (after the previous step stored it), q scaled for base-2 exp.
-    let dq_zero = s.fused.then(|| {
-        b.add_carried("dq_zero", Work::Vector { ops: vregs(s.bq, s.d), loaded_mask_vregs: 0.0 }, &[], slot(0, 0), Some(dq_slot), None)
-    });
+    let dq_zero = s
+        .fused
+        .then(|| b.add_carried("dq_zero", Work::Vector { ops: vregs(s.bq, s.d), loaded_mask_vregs: 0.0 }, &[], slot(0, 0), Some(dq_slot), None));
     // q x log2(e) takes VPU time but is not a dependency of the QK recompute: the compiler
     // scales the block while the previous step drains (as in the forward).
     if s.base2 {
@@ -147,14 +147,7 @@ fn dkv_body(s: &DkvShape) -> StepBody {
         let mut last_dk = None;
         let g0 = sub * slabs;
         let init = s.first.then(|| {
-            b.add_carried(
-                "kv_init",
-                Work::Vector { ops: vregs(s.c, s.d + s.dv), loaded_mask_vregs: 0.0 },
-                &[],
-                slot(g0, 0),
-                Some(dk_slot),
-                None,
-            )
+            b.add_carried("kv_init", Work::Vector { ops: vregs(s.c, s.d + s.dv), loaded_mask_vregs: 0.0 }, &[], slot(g0, 0), Some(dk_slot), None)
         });
         for si in 0..slabs {
             let g = g0 + si;
@@ -610,14 +603,7 @@ fn dq_body(bq: u64, bkv: u64, d: u64, dv: u64, mask: Option<MaskCost>, first: bo
             (!last).then_some(si as u16),
         );
         if last {
-            b.add_carried(
-                "dq_store",
-                Work::Vector { ops: vregs(r, d), loaded_mask_vregs: 0.0 },
-                &[acc],
-                slot(si, 9),
-                None,
-                Some(si as u16),
-            );
+            b.add_carried("dq_store", Work::Vector { ops: vregs(r, d), loaded_mask_vregs: 0.0 }, &[acc], slot(si, 9), None, Some(si as u16));
         }
     }
     b

@@ -10,7 +10,7 @@
 //! |---|---|---|
 //! | `q_scale` | VPU | r d / 1024 (base-2 exp only, once per step: q x log2(e)) |
 //! | `qk` | MXU | r x d x c matmul (k^T chunk stationary) |
-//! | `mask` | VPU | (r c / 1024) x mask ops (masked steps only; see [`mask_ops_per_vreg`]) |
+//! | `mask` | VPU | (r c / 1024) x mask ops (masked steps only; see [`mask_cost`]) |
 //! | `rowmax` | VPU | 2 r c / 1024 (pop scores from the MXU result buffer; element-wise max across lane chunks) |
 //! | `rowmax_xlu` | XLU | r / 8 cross-lane reductions |
 //! | `sub` | VPU | r c / 1024 (s - m; natural exp adds r c / 1024: the scale by log2(e) before the EUP's exp2) + 2 r / 8 (m update, alpha argument) |
@@ -190,10 +190,10 @@ pub fn mask_cost(mask: &Mask, source: MaskSource, padded: bool) -> MaskCost {
 
 /// The costliest of the distinct masks' costs (every head's steps share one body).
 pub(crate) fn worst_mask_cost(masks: &[Mask], source: MaskSource, padded: bool) -> MaskCost {
-    masks
-        .iter()
-        .map(|m| mask_cost(m, source, padded))
-        .fold(MaskCost { ops: 0.0, loaded: false }, |a, b| MaskCost { ops: a.ops.max(b.ops), loaded: a.loaded || b.loaded })
+    masks.iter().map(|m| mask_cost(m, source, padded)).fold(MaskCost { ops: 0.0, loaded: false }, |a, b| MaskCost {
+        ops: a.ops.max(b.ops),
+        loaded: a.loaded || b.loaded,
+    })
 }
 
 /// The mask operation of a slab: `sv` score registers at cost `c`.
@@ -307,14 +307,7 @@ fn attention_body(s: &BodyShape) -> StepBody {
                 let eup = if s.residuals { 2.0 * rv } else { rv };
                 let recip = b.add("recip", Work::Transcendental { vregs: eup }, &[acc], slot(g, 11));
                 let vpu = 1.5 * vregs(r, s.dv) + if s.residuals { rv } else { 0.0 };
-                b.add_carried(
-                    "finalize",
-                    Work::Vector { ops: vpu, loaded_mask_vregs: 0.0 },
-                    &[recip],
-                    slot(g, 12),
-                    None,
-                    Some(acc_slot(si)),
-                );
+                b.add_carried("finalize", Work::Vector { ops: vpu, loaded_mask_vregs: 0.0 }, &[recip], slot(g, 12), None, Some(acc_slot(si)));
             }
         }
     }

@@ -535,3 +535,138 @@ impl ArrayMask {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tiles::{for_each_tile_row, TileGrid, TileStats};
+
+    /// A dense mask of `m` (one head) as bytes, in C order.
+    fn dense_of(m: &Mask, q: u64, kv: u64) -> Mask {
+        let mut bytes = vec![0u8; (q * kv) as usize];
+        let mut iv = Vec::new();
+        for r in 0..q {
+            m.row_intervals(r, kv, &mut iv);
+            for &(lo, hi) in &iv {
+                bytes[(r * kv + lo) as usize..(r * kv + hi) as usize].fill(1);
+            }
+        }
+        let d = DenseArray::new("test", Box::new(bytes), 0, [1, q, kv], [0, kv as usize, 1]).unwrap();
+        Mask::Array(ArrayMask::new(ArraySource::Dense(Arc::new(d))))
+    }
+
+    #[test]
+    fn dense_arrays_classify_like_the_formula_they_hold() {
+        for text in ["causal", "band:37+sink:5", "local:50,3", "chunked:40", "full"] {
+            let m = Mask::parse(text).unwrap();
+            let d = dense_of(&m, 200, 230);
+            for (bq, bkv) in [(8, 128), (64, 64), (32, 100)] {
+                let g = TileGrid { q_len: 200, kv_len: 230, block_q: bq, block_kv: bkv };
+                assert_eq!(TileStats::collect(&d, &g, false), TileStats::collect(&m, &g, false), "{text} at {bq}x{bkv}");
+                assert_eq!(TileStats::collect(&d, &g, true), TileStats::collect(&m, &g, true), "{text} aligned at {bq}x{bkv}");
+            }
+            // Row view: the same intervals.
+            let (mut a, mut b) = (Vec::new(), Vec::new());
+            for q in [0, 17, 199] {
+                d.row_intervals(q, 230, &mut a);
+                m.row_intervals(q, 230, &mut b);
+                assert_eq!(a, b, "{text} row {q}");
+            }
+        }
+    }
+
+    #[test]
+    fn strided_and_multi_head_arrays() {
+        // Fortran order (strides (1, q)) and two heads.
+        let (q, kv) = (40u64, 60u64);
+        let heads = [Mask::Causal, Mask::parse("band:5").unwrap()];
+        let mut bytes = vec![0u8; (2 * q * kv) as usize];
+        let mut iv = Vec::new();
+        for (h, m) in heads.iter().enumerate() {
+            for r in 0..q {
+                m.row_intervals(r, kv, &mut iv);
+                for &(lo, hi) in &iv {
+                    for k in lo..hi {
+                        bytes[(h as u64 + 2 * r + 2 * q * k) as usize] = 1;
+                    }
+                }
+            }
+        }
+        let d = DenseArray::new("f", Box::new(bytes), 0, [2, q, kv], [1, 2, 2 * q as usize]).unwrap();
+        let a = ArrayMask::new(ArraySource::Dense(Arc::new(d)));
+        let g = TileGrid { q_len: q, kv_len: kv, block_q: 8, block_kv: 16 };
+        for (h, m) in heads.iter().enumerate() {
+            let view = a.view(h as u64).unwrap();
+            assert_eq!(TileStats::collect(view, &g, false), TileStats::collect(m, &g, false));
+        }
+        // Too few bytes for the shape: an error, not a panic.
+        assert!(DenseArray::new("short", Box::new(vec![0u8; 10]), 0, [1, 4, 4], [0, 4, 1]).is_err());
+    }
+
+    #[test]
+    fn block_maps_classify_tiles_of_whole_blocks_exactly() {
+        // 4 x 4 map of 16 x 16 blocks: classes per row.
+        let classes: Vec<u8> = vec![2, 0, 0, 0, 1, 2, 0, 0, 0, 1, 1, 0, 0, 0, 2, 2];
+        let map = BlockMap::new("m", 1, [64, 64], [16, 16], classes.clone(), None).unwrap();
+        let m = Mask::Array(ArrayMask::new(ArraySource::Blocks(Arc::new(map))));
+        let g = TileGrid { q_len: 64, kv_len: 64, block_q: 32, block_kv: 32 };
+        let mut kinds = Vec::new();
+        for_each_tile_row(&m, &g, false, |_, row| kinds.extend(row.iter().map(|t| t.kind)));
+        use crate::tiles::TileKind::*;
+        // Tile (0,0) holds classes 2,0,1,2 -> partial; (0,1) all empty; (1,0) 0,1,0,0 -> partial;
+        // (1,1) 1,0,2,2 -> partial.
+        assert_eq!(kinds, vec![Partial, Empty, Partial, Partial]);
+        assert!(m.check_tiling(32, 32).is_ok());
+        assert!(m.check_tiling(24, 32).is_err());
+        assert_eq!(m.notes().len(), 1);
+        // Unknown partials cannot join an expression.
+        assert!(Mask::Union(vec![Mask::Causal, m.clone()]).validate().is_err());
+        // Wrong class values and lengths are errors naming the field.
+        let e = BlockMap::new("m", 1, [64, 64], [16, 16], vec![3; 16], None).unwrap_err().to_string();
+        assert!(e.contains("block_mask") && e.contains("expected 0 (empty)"), "{e}");
+        assert!(BlockMap::new("m", 1, [64, 64], [16, 16], vec![0; 15], None).is_err());
+    }
+
+    #[test]
+    fn block_maps_with_element_masks_are_exact_at_any_tiling() {
+        let truth = Mask::parse("band:9+sink:3").unwrap();
+        let (n, b) = (48u64, 16u64);
+        let nb = n / b;
+        let mut classes = Vec::new();
+        let (mut masks, mut index) = (Vec::new(), Vec::new());
+        let mut iv = Vec::new();
+        for qi in 0..nb {
+            for kj in 0..nb {
+                let mut block = vec![0u8; (b * b) as usize];
+                for r in 0..b {
+                    truth.row_intervals(qi * b + r, n, &mut iv);
+                    for &(lo, hi) in &iv {
+                        for k in lo.max(kj * b)..hi.min((kj + 1) * b) {
+                            block[(r * b + k - kj * b) as usize] = 1;
+                        }
+                    }
+                }
+                let kept = block.iter().filter(|&&x| x != 0).count() as u64;
+                let c = if kept == 0 {
+                    0
+                } else if kept == b * b {
+                    2
+                } else {
+                    1
+                };
+                classes.push(c);
+                index.push((masks.len() as u64 / (b * b)) as u32);
+                if c == 1 {
+                    masks.extend(block);
+                }
+            }
+        }
+        let map = BlockMap::new("m", 1, [n, n], [b, b], classes, Some((masks, index))).unwrap();
+        let m = Mask::Array(ArrayMask::new(ArraySource::Blocks(Arc::new(map))));
+        for (bq, bkv) in [(16, 16), (8, 24), (48, 32)] {
+            let g = TileGrid { q_len: n, kv_len: n, block_q: bq, block_kv: bkv };
+            assert_eq!(TileStats::collect(&m, &g, false), TileStats::collect(&truth, &g, false), "{bq}x{bkv}");
+        }
+        assert!(m.notes().is_empty());
+    }
+}

@@ -10,6 +10,9 @@
 //! * [`fit`]: fits the `[fitted]` parameters of a chip model by least squares on log time,
 //!   detects parameters the rows cannot identify, cross-validates (leave-one-out or k-fold), and
 //!   writes the fitted model with the rows it was fitted to.
+//! * [`trace`]: measured timings from profiler traces (XProf / Perfetto Chrome trace JSON, gzip
+//!   or not): device ops selected by a kernel-name pattern, median over repeats, written as
+//!   measurement rows.
 //! * [`cv`]: `validate --cv`, every chip refitted without each row (and each head_dim group) to
 //!   judge the models out of sample.
 //!
@@ -21,6 +24,7 @@ pub mod cv;
 pub mod fit;
 pub mod measure;
 pub mod stats;
+pub mod trace;
 pub mod validate;
 
 pub use cv::{cross_validate, CrossValidation};
@@ -57,4 +61,5 @@ impl CalibError {
     }
 }
 pub use measure::{parse, read_file, MeasureError, Measurement, MeasurementFile};
+pub use trace::{kernel_timings, measurement_rows, read_trace, rows_to_csv, select_ops, DeviceOp, KernelTiming, Selection, TraceError};
 pub use validate::{validate, ChipSet, ModelUse, UnmatchedModel, Usage, Validation};

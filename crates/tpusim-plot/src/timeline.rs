@@ -332,6 +332,33 @@ struct XEvent<'a> {
 /// and the run would produce more than [`MAX_UNBOUNDED_EVENTS`] events (the message suggests
 /// `--timeline-steps` / `--timeline-head`), or when the window holds no step.
 pub fn write_chrome_trace(run: &Run, window: &Window, path: &Path, flag: &str) -> Result<TraceSummary, PlotError> {
+    write_chrome_trace_with(run, window, path, flag, None)
+}
+
+/// Measured device ops shown beside a simulated timeline (process [`MEASURED_PID`] of the same trace
+/// file).
+#[derive(Debug, Clone, PartialEq)]
+pub struct MeasuredTrack {
+    /// The process's name, e.g. `measured: trace.json.gz`.
+    pub process: String,
+    /// (thread name, op name, start µs, duration µs); starts are shifted so the first op starts
+    /// at 0, like the simulated run.
+    pub ops: Vec<(String, String, f64, f64)>,
+}
+
+/// [`write_chrome_trace`] with measured ops beside the simulation: one trace file, two
+/// processes (the simulated kernels from 1, the XLA ops [`FUSION_PID`], the measured ops
+/// [`MEASURED_PID`], one thread per device line), both starting at 0.
+///
+/// # Errors
+/// As [`write_chrome_trace`].
+pub fn write_chrome_trace_with(
+    run: &Run,
+    window: &Window,
+    path: &Path,
+    flag: &str,
+    measured: Option<&MeasuredTrack>,
+) -> Result<TraceSummary, PlotError> {
     let chip = &run.chip;
     // The phases in order with their start (cycles): kernels and the XLA ops around them.
     let mut phases: Vec<(&Phase, &tpusim_engine::PhaseResult, f64)> = Vec::new();
@@ -520,7 +547,39 @@ pub fn write_chrome_trace(run: &Run, window: &Window, path: &Path, flag: &str) -
         if let Some(e) = err {
             return Err(e);
         }
-        summary.run_us = run.result.seconds * 1e6;
+        if let Some(m) = measured {
+            w.write_all(b",\n")?;
+            serde_json::to_writer(
+                &mut w,
+                &Meta { name: "process_name", ph: "M", pid: MEASURED_PID, tid: 0, args: MetaArgs { name: Some(&m.process), sort_index: None } },
+            )?;
+            let t0 = m.ops.iter().map(|o| o.2).fold(f64::INFINITY, f64::min);
+            let mut tids: Vec<&str> = Vec::new();
+            for (thread, name, ts, dur) in &m.ops {
+                let tid = match tids.iter().position(|t| t == thread) {
+                    Some(i) => i as u32 + 1,
+                    None => {
+                        tids.push(thread);
+                        w.write_all(b",\n")?;
+                        serde_json::to_writer(
+                            &mut w,
+                            &Meta {
+                                name: "thread_name",
+                                ph: "M",
+                                pid: MEASURED_PID,
+                                tid: tids.len() as u32,
+                                args: MetaArgs { name: Some(thread), sort_index: None },
+                            },
+                        )?;
+                        tids.len() as u32
+                    }
+                };
+                w.write_all(b",\n")?;
+                let ev = serde_json::json!({"name": name, "cat": "measured", "ph": "X", "pid": MEASURED_PID, "tid": tid, "ts": ts - t0, "dur": dur});
+                serde_json::to_writer(&mut w, &ev)?;
+            }
+        }
+                summary.run_us = run.result.seconds * 1e6;
         w.write_all(b"\n],\n\"displayTimeUnit\":\"ns\",\n\"otherData\":")?;
         let other = serde_json::json!({
             "generator": "tpusim run --timeline",
@@ -546,6 +605,9 @@ pub fn write_chrome_trace(run: &Run, window: &Window, path: &Path, flag: &str) -
 
 /// Process id of the XLA ops outside the kernels in a written timeline.
 pub const FUSION_PID: u32 = 100;
+
+/// The process id of the measured ops (`run --compare-trace`) in a timeline.
+pub const MEASURED_PID: u32 = 200;
 
 /// A timeline event in microseconds, as read back from a Chrome trace or converted from
 /// [`Event`] (for the Gantt figure).

@@ -223,6 +223,9 @@ pub struct Report {
     pub transcendentals: f64,
     /// Bytes moved between HBM and VMEM.
     pub hbm_bytes: u64,
+    /// The run's totals under the field names of Pallas' `pl.CostEstimate` (flops,
+    /// transcendentals, bytes_accessed), to compare with the estimate a kernel declares.
+    pub cost_estimate: CostEstimate,
     /// FLOPs per HBM byte.
     pub arithmetic_intensity: f64,
     /// Grid steps run.
@@ -288,6 +291,22 @@ pub struct Report {
     pub step_classes: Vec<ClassSummary>,
     /// Caveats a kernel engineer should know about this configuration (inexact results, ...).
     pub notes: Vec<String>,
+}
+
+/// A run's totals named as the fields of Pallas' `pl.CostEstimate` (`jax.experimental.pallas`),
+/// which a kernel passes to `pallas_call(cost_estimate=...)` for XLA's scheduler. Splash in
+/// tokamax (`splash_attention_kernel.py`, `_fwd_cost_estimate`) declares
+/// `flops = heads x q_len x kv_len x 2 (d + dv) x mask density`, `transcendentals = heads x q_len
+/// x kv_len x mask density` and `bytes_accessed` = the bytes of its inputs and outputs; these are
+/// what the simulated run executed and moved.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct CostEstimate {
+    /// Executed matmul FLOPs (visited tiles, padding included): [`Report::flops`].
+    pub flops: u64,
+    /// Executed exp / reciprocal elements: [`Report::transcendentals`].
+    pub transcendentals: u64,
+    /// Bytes moved between HBM and VMEM (with Pallas' copy elision): [`Report::hbm_bytes`].
+    pub bytes_accessed: u64,
 }
 
 /// One phase of a call.
@@ -384,6 +403,11 @@ impl Report {
             peak_tflops: chip.peak_flops() / 1e12,
             transcendentals: r.transcendentals,
             hbm_bytes: r.hbm_bytes,
+            cost_estimate: CostEstimate {
+                flops: r.flops.round() as u64,
+                transcendentals: r.transcendentals.round() as u64,
+                bytes_accessed: r.hbm_bytes,
+            },
             arithmetic_intensity: if r.hbm_bytes > 0 { r.flops / r.hbm_bytes as f64 } else { 0.0 },
             grid_steps: r.grid_steps,
             bottleneck: r.bottleneck(),
@@ -428,6 +452,7 @@ impl Report {
             notes: Vec::new(),
         };
         if let (Job::Attention { workload: w, config: c, .. }, Some(t)) = (&run.job, info.tiles) {
+            rep.notes.extend(w.mask.notes());
             if c.masking == tpusim_kernel::Masking::None && t.partial > 0 {
                 rep.notes.push(format!(
                     "--masking none with {} partial tiles: a mask-free kernel treats them as full, so the pairs the mask drops in them are wrongly attended (results are inexact)",
@@ -516,6 +541,11 @@ impl Report {
             "  memory       {:.3} GB HBM traffic, arithmetic intensity {:.0} FLOP/byte",
             self.hbm_bytes as f64 / 1e9,
             self.arithmetic_intensity
+        );
+        let _ = writeln!(
+            s,
+            "  cost         pl.CostEstimate(flops={}, transcendentals={}, bytes_accessed={})",
+            self.cost_estimate.flops, self.cost_estimate.transcendentals, self.cost_estimate.bytes_accessed
         );
         let crit = self.critical_path_ms[self.bottleneck];
         let busy = self.utilization[self.bottleneck];

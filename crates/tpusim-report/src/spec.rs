@@ -279,6 +279,12 @@ pub struct JobSpec {
     #[arg(long, allow_negative_numbers = true, value_parser = whole::<1, { tpusim_workload::MAX_DIM }>)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub block_k: Option<u64>,
+    /// A mask given as a value rather than as `mask` text, by a library front end (the Python
+    /// package hands over NumPy arrays and Splash mask objects this way); used instead of
+    /// `mask`, never both. Not a flag or a trace key.
+    #[arg(skip)]
+    #[serde(skip)]
+    pub mask_value: Option<Mask>,
 }
 
 /// The value parser of a whole-number job flag: the number, or an error stating the range the
@@ -395,6 +401,15 @@ impl JobSpec {
         }
         let mut out: JobSpec =
             serde_json::from_value(serde_json::Value::Object(merged)).expect("a merge of two valid specs is a valid spec");
+        // A mask on top (text or value) replaces the base's.
+        out.mask_value = match (&over.mask_value, &over.mask) {
+            (Some(m), _) => {
+                out.mask = None;
+                Some(m.clone())
+            }
+            (None, Some(_)) => None,
+            (None, None) => base.mask_value.clone(),
+        };
         out.no_fused_bwd = over.no_fused_bwd || (base.no_fused_bwd && over.fused_bwd.is_none());
         out
     }
@@ -523,11 +538,13 @@ impl JobSpec {
         let base = AttentionCall::video_default();
         let heads = self.heads.unwrap_or(base.q_heads);
         let head_dim = self.head_dim.unwrap_or(base.head_dim);
-        let mask = match &self.mask {
-            Some(s) => Mask::parse(s)
+        let mask = match (&self.mask_value, &self.mask) {
+            (Some(_), Some(s)) => return Err(SpecError::field("mask", s, "give the mask as text or as a value, not both")),
+            (Some(m), None) => m.clone(),
+            (None, Some(s)) => Mask::parse(s)
                 .and_then(|m| m.load_files(&tpusim_workload::mask::read_mask_file))
                 .map_err(|e| SpecError::field("mask", s, e.to_string()))?,
-            None => Mask::Full,
+            (None, None) => Mask::Full,
         };
         let workload = AttentionCall {
             batch: self.batch.unwrap_or(base.batch),
@@ -759,6 +776,30 @@ impl Job {
             block_k: s.block_k,
             ..Default::default()
         }
+    }
+}
+
+impl Job {
+    /// The block sizes of an attention job as keyword arguments of JAX Splash's `BlockSizes`
+    /// (`splash_attention_kernel.py`; tokamax's `SplashConfig` and op `Config` take the same
+    /// names), ready to paste: `block_q=512, block_kv=1024, block_kv_compute=512`, plus the
+    /// backward kernels' blocks and `use_fused_bwd_kernel` when the job runs the backward.
+    /// `None` for matmul jobs.
+    pub fn block_sizes_kwargs(&self) -> Option<String> {
+        let Job::Attention { config: c, direction, .. } = self else { return None };
+        let mut v =
+            vec![format!("block_q={}", c.block_q), format!("block_kv={}", c.block_kv), format!("block_kv_compute={}", c.block_kv_compute)];
+        if *direction != Direction::Fwd {
+            v.push(format!("block_q_dkv={}", c.bwd.block_q_dkv));
+            v.push(format!("block_kv_dkv={}", c.bwd.block_kv_dkv));
+            v.push(format!("block_kv_dkv_compute={}", c.bwd.block_kv_dkv_compute));
+            if !c.bwd.fused {
+                v.push(format!("block_q_dq={}", c.bwd.block_q_dq));
+                v.push(format!("block_kv_dq={}", c.bwd.block_kv_dq));
+            }
+            v.push(format!("use_fused_bwd_kernel={}", if c.bwd.fused { "True" } else { "False" }));
+        }
+        Some(v.join(", "))
     }
 }
 

@@ -91,6 +91,10 @@ pub struct Ranked {
     pub job: Job,
     /// The fields to pass to `tpusim run` for this configuration.
     pub flags: String,
+    /// The blocks as Splash's `BlockSizes(...)` keyword arguments (attention;
+    /// [`Job::block_sizes_kwargs`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub block_sizes: Option<String>,
 }
 
 /// The outcome of a search.
@@ -591,6 +595,7 @@ fn rank(
             vmem_limit_bytes: r.vmem_limit_bytes,
             job: (*job).clone(),
             flags: job.config_spec().to_flags(),
+            block_sizes: job.block_sizes_kwargs().map(|k| format!("BlockSizes({k})")),
         })
         .collect();
     Ok(TuneResult {
@@ -666,6 +671,23 @@ impl TuneResult {
     /// JSON, one object.
     pub fn to_json(&self) -> String {
         serde_json::to_string_pretty(self).unwrap_or_default()
+    }
+
+    /// The ranked configurations as lines ready to paste into Python: `BlockSizes(...)` with a
+    /// comment giving the rank, the latency and the options that are not block sizes.
+    pub fn to_block_sizes(&self) -> String {
+        let mut s = String::new();
+        for r in &self.top {
+            match &r.block_sizes {
+                Some(b) => {
+                    let _ = writeln!(s, "{b}  # rank {}: {:.3} ms; {}", r.rank, r.latency_ms, r.job.config_spec().to_flags());
+                }
+                None => {
+                    let _ = writeln!(s, "# rank {}: {:.3} ms; {} (not attention: no BlockSizes)", r.rank, r.latency_ms, r.flags);
+                }
+            }
+        }
+        s
     }
 
     /// A table for people.

@@ -141,6 +141,16 @@ impl AttentionCall {
                 ));
             }
         }
+        if let Mask::Array(a) = &self.mask {
+            let n = a.heads();
+            if n != 1 && n != self.q_heads && n != self.kv_heads {
+                return Err(WorkloadError::new(
+                    "`mask`",
+                    format!("{} ({n} heads)", self.mask),
+                    &format!("an array mask has 1 head (shared) or one per q head ({}) or per kv head ({})", self.q_heads, self.kv_heads),
+                ));
+            }
+        }
         self.mask.validate().map_err(|e| WorkloadError::new("`mask`", self.mask.to_string(), &e.to_string()))?;
         self.mask
             .check_lengths(self.q_len, self.kv_len)
@@ -154,7 +164,7 @@ impl AttentionCall {
     ///
     /// # Panics
     /// If `h >= q_heads` or the call has not passed [`AttentionCall::validate`] (a per-head
-    /// list of the wrong length).
+    /// list or an array mask with the wrong number of heads).
     pub fn mask_for_head(&self, h: u64) -> &Mask {
         match &self.mask {
             Mask::PerHead(list) => {
@@ -163,6 +173,10 @@ impl AttentionCall {
                 } else {
                     &list[(h / (self.q_heads / self.kv_heads)) as usize]
                 }
+            }
+            Mask::Array(a) if a.heads() > 1 => {
+                let i = if a.heads() == self.q_heads { h } else { h / (self.q_heads / self.kv_heads) };
+                a.view(i).expect("validate checks the array's head count")
             }
             m => m,
         }

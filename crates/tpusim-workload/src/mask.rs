@@ -106,9 +106,12 @@
 //! the first `)`, `;` or `]`, e.g. `(file:a.json)&causal` or `per-head[file:a.json;causal]`.
 //! Display parenthesises file masks inside `+` / `&` so that its output parses back.
 
+pub mod array;
 pub mod files;
+pub mod npy;
 pub mod video;
 
+pub use array::{ArrayMask, ArraySource, BlockMap, ByteSource, DenseArray};
 pub use files::{mask_from_json, read_mask_file, BlockSparse, RangeRow, RangeSparse};
 pub use video::{VideoDigits, VideoMask, VideoOrder, VideoWindow};
 
@@ -192,6 +195,9 @@ pub enum Mask {
     Ranges(Box<RangeSparse>),
     /// A window in a 3-D video volume under a token order.
     Video(VideoMask),
+    /// A dense boolean array or a block map (`file:PATH.npy` / `.npz`, or an array handed over by
+    /// a front end such as the Python package); see [`mod@array`].
+    Array(ArrayMask),
     /// A mask file named by `file:PATH` whose contents have not been loaded yet: [`Mask::parse`]
     /// never reads files; the layer that reads the job calls [`Mask::load_files`]. Every other
     /// method treats an unloaded file as an error ([`Mask::validate`]) or as keeping nothing.
@@ -234,6 +240,7 @@ impl fmt::Display for Mask {
             Mask::Ranges(r) => write!(f, "file:{}", r.path),
             Mask::Video(v) => write!(f, "{v}"),
             Mask::File(path) => write!(f, "file:{path}"),
+            Mask::Array(a) => write!(f, "{a}"),
         }
     }
 }
@@ -259,7 +266,7 @@ fn join(f: &mut fmt::Formatter<'_>, parts: &[Mask], sep: &str, in_intersection: 
             write!(f, "{sep}")?;
         }
         let paren = match p {
-            Mask::Union(_) | Mask::Blocks(_) | Mask::Ranges(_) | Mask::File(_) => true,
+            Mask::Union(_) | Mask::Blocks(_) | Mask::Ranges(_) | Mask::File(_) | Mask::Array(_) => true,
             Mask::Intersect(_) => in_intersection,
             _ => false,
         };
@@ -332,6 +339,7 @@ impl Mask {
             Mask::File(p) => vec![p.clone()],
             Mask::Blocks(b) => vec![b.path.clone()],
             Mask::Ranges(r) => vec![r.path.clone()],
+            Mask::Array(a) => a.source.name().strip_prefix("file:").map(|p| vec![p.to_string()]).unwrap_or_default(),
             Mask::Union(p) | Mask::Intersect(p) | Mask::PerHead(p) => p.iter().flat_map(|m| m.file_paths()).collect(),
             _ => Vec::new(),
         }
@@ -358,6 +366,14 @@ impl Mask {
             }
             Mask::Union(p) | Mask::Intersect(p) => {
                 for m in p {
+                    if let Mask::Array(a) = m {
+                        if a.estimate_note().is_some() {
+                            return Err(MaskError::Value {
+                                text: self.to_string(),
+                                message: "a block map without element masks ('partial_mask_blocks', 'mask_next') cannot be combined with + or &: its partial blocks' pairs are unknown".into(),
+                            });
+                        }
+                    }
                     if matches!(m, Mask::PerHead(_)) {
                         return Err(MaskError::Value {
                             text: self.to_string(),
@@ -410,6 +426,10 @@ impl Mask {
         match self {
             Mask::Blocks(b) => file_mismatch(&b.path, b.q_len, b.kv_len),
             Mask::Ranges(r) => file_mismatch(&r.path, r.q_len, r.kv_len),
+            Mask::Array(a) => {
+                let (fq, fk) = a.source.lengths();
+                file_mismatch(a.source.name().trim_start_matches("file:"), fq, fk)
+            }
             Mask::Video(v) => {
                 let n = v.tokens();
                 if n != q_len || n != kv_len {
@@ -425,6 +445,33 @@ impl Mask {
             }
             Mask::Union(p) | Mask::Intersect(p) | Mask::PerHead(p) => p.iter().try_for_each(|m| m.check_lengths(q_len, kv_len)),
             _ => Ok(()),
+        }
+    }
+
+    /// Checks that every array mask in the expression can be classified exactly at a
+    /// `block_q x block_kv` tiling ([`ArrayMask::check_tiling`]: a block map without element
+    /// masks needs tiles made of its blocks).
+    ///
+    /// # Errors
+    /// [`MaskError::File`] naming the map, its blocks and the tiling.
+    pub fn check_tiling(&self, block_q: u64, block_kv: u64) -> Result<(), MaskError> {
+        match self {
+            Mask::Array(a) => a.check_tiling(block_q, block_kv),
+            Mask::Union(p) | Mask::Intersect(p) | Mask::PerHead(p) => p.iter().try_for_each(|m| m.check_tiling(block_q, block_kv)),
+            _ => Ok(()),
+        }
+    }
+
+    /// Caveats about this mask's numbers (kept-pair counts that are estimates), for reports.
+    pub fn notes(&self) -> Vec<String> {
+        match self {
+            Mask::Array(a) => a.estimate_note().into_iter().collect(),
+            Mask::Union(p) | Mask::Intersect(p) | Mask::PerHead(p) => {
+                let mut v: Vec<String> = p.iter().flat_map(|m| m.notes()).collect();
+                v.dedup();
+                v
+            }
+            _ => Vec::new(),
         }
     }
 
@@ -468,6 +515,7 @@ impl Mask {
             Mask::Chunked { size } => push(out, q / size * size, q.saturating_add(1)),
             Mask::Video(v) => v.row_intervals(q, kv_len, out),
             Mask::Ranges(r) => r.row_intervals(q, kv_len, out),
+            Mask::Array(a) => a.row_intervals(q, kv_len, out),
             Mask::File(_) => {}
             Mask::Blocks(b) => {
                 let qi = q / b.block_q;
@@ -514,7 +562,7 @@ impl Mask {
     pub(crate) fn has_row_classes(&self) -> bool {
         match self {
             Mask::Full | Mask::Sink { .. } | Mask::Video(_) | Mask::Blocks(_) | Mask::Ranges(_) | Mask::File(_) => true,
-            Mask::Causal { .. } | Mask::Local { .. } | Mask::Band { .. } | Mask::Chunked { .. } => false,
+            Mask::Causal { .. } | Mask::Local { .. } | Mask::Band { .. } | Mask::Chunked { .. } | Mask::Array(_) => false,
             Mask::Union(p) | Mask::Intersect(p) | Mask::PerHead(p) => p.iter().all(|m| m.has_row_classes()),
         }
     }
@@ -525,7 +573,7 @@ impl Mask {
     pub(crate) fn row_key(&self, q: u64, key: &mut Vec<u64>) {
         match self {
             Mask::Full | Mask::Sink { .. } | Mask::File(_) => {}
-            Mask::Causal { .. } | Mask::Local { .. } | Mask::Band { .. } | Mask::Chunked { .. } => key.push(q),
+            Mask::Causal { .. } | Mask::Local { .. } | Mask::Band { .. } | Mask::Chunked { .. } | Mask::Array(_) => key.push(q),
             Mask::Video(v) => v.row_key(q, key),
             Mask::Blocks(b) => key.push(q / b.block_q),
             Mask::Ranges(r) => key.push(r.row_key(q)),
@@ -548,7 +596,7 @@ impl Mask {
             Mask::Band { .. } => MaskTerms { compares: 1, arith: 2, ..Default::default() },
             Mask::Chunked { .. } => MaskTerms { compares: 2, combines: 1, arith: 2, ..Default::default() },
             Mask::Video(v) => v.expression_terms(),
-            Mask::Blocks(_) | Mask::Ranges(_) | Mask::File(_) => MaskTerms { loaded_only: true, ..Default::default() },
+            Mask::Blocks(_) | Mask::Ranges(_) | Mask::File(_) | Mask::Array(_) => MaskTerms { loaded_only: true, ..Default::default() },
             Mask::Union(p) | Mask::Intersect(p) | Mask::PerHead(p) => {
                 let mut t = MaskTerms::default();
                 for m in p {

@@ -19,6 +19,9 @@
 //! below each tile boundary, [`crate::mask::VideoMask::rank_digits`]), so a video mask costs
 //! O(q_len + distinct rows per tile x min(runs, kv tiles crossed)).
 //!
+//! Array masks ([`crate::mask::ArrayMask`]: dense NumPy masks and block maps) skip the rows:
+//! they hand over per-tile counts read block by block from the array (cached per tiling).
+//!
 //! **Tile alignment** (`align = true`) rounds the mask to whole tiles: a tile is kept whole when
 //! at least half of its real pairs are kept, and dropped otherwise. Rounding in and out at the
 //! same threshold keeps the kept-pair budget close to the exact mask's (video-diffusion-case.md:
@@ -102,6 +105,11 @@ pub fn for_each_tile_row(mask: &Mask, grid: &TileGrid, align: bool, mut f: impl 
     let mut iv = Vec::new();
     let mut tiles = vec![Tile { kept: 0, kind: TileKind::Empty }; nk];
     let full_mask = mask.is_full();
+    // An array mask answers tile counts block by block (cached per tiling).
+    let array_counts = match mask {
+        Mask::Array(a) if a.source.lengths() == (grid.q_len, grid.kv_len) => a.tile_counts(grid.block_q, grid.block_kv),
+        _ => None,
+    };
     let grouped = !full_mask && mask.has_row_classes();
     let mut classes = RowClasses::default();
     let bounds = match mask {
@@ -115,6 +123,8 @@ pub fn for_each_tile_row(mask: &Mask, grid: &TileGrid, align: bool, mut f: impl 
             for (kj, c) in counts.iter_mut().enumerate() {
                 *c = rows * grid.real_cols(kj as u64);
             }
+        } else if let Some(ac) = &array_counts {
+            counts.copy_from_slice(&ac[qi as usize * nk..(qi as usize + 1) * nk]);
         } else {
             diff.iter_mut().for_each(|d| *d = 0);
             let q0 = qi * grid.block_q;

@@ -136,3 +136,72 @@ pub fn cmd_calibrate(a: &CalibrateArgs) -> Result<String, CliError> {
     }
     Ok(out)
 }
+
+/// Flags of `tpusim from-trace`.
+#[derive(Args, Debug)]
+pub struct FromTraceArgs {
+    /// Profiler trace: Chrome trace JSON, gzip-compressed or not (XProf's
+    /// `plugins/profile/RUN/HOST.trace.json.gz`, a Perfetto JSON export).
+    pub trace_file: String,
+    /// Regular expression naming the kernel's device ops, e.g. 'splash_mha_fwd' (XLA's `.N`
+    /// suffix is ignored when grouping; each distinct name becomes one row).
+    #[arg(long)]
+    pub kernel_pattern: String,
+    /// Row id (with several matching kernels, the prefix of `ID-NAME`).
+    #[arg(long)]
+    pub id: String,
+    /// Regular expression for the device processes' names [default: XProf's '^/device:'].
+    #[arg(long, default_value = "^/device:")]
+    pub device: String,
+    /// Regular expression for the lines (threads) holding device ops [default: XProf's
+    /// '^XLA Ops$'].
+    #[arg(long, default_value = "^XLA Ops$")]
+    pub line: String,
+    /// Write the rows to this CSV file (atomically) instead of standard output.
+    #[arg(long, value_name = "FILE.csv")]
+    pub out: Option<String>,
+    /// The job that was measured: its fields fill the row (--chip is required; block sizes and
+    /// options not given are written as the kernel family's defaults).
+    #[command(flatten)]
+    pub job: crate::run::JobArgs,
+}
+
+/// `tpusim from-trace`: measurement rows from a profiler trace.
+pub fn cmd_from_trace(a: &FromTraceArgs) -> Result<String, CliError> {
+    let spec = a.job.spec()?;
+    let sel = tpusim_calib::Selection { pattern: a.kernel_pattern.clone(), device: a.device.clone(), line: a.line.clone() };
+    if let Some(out) = &a.out {
+        tpusim_io::check_output(std::path::Path::new(out)).map_err(|e| CliError::input(format!("--out {e}")))?;
+    }
+    let trace = tpusim_calib::read_trace(&a.trace_file).map_err(|e| CliError::input(e.to_string()))?;
+    let ops = tpusim_calib::select_ops(&trace, &sel, &a.trace_file).map_err(|e| CliError::input(e.to_string()))?;
+    let kernels = tpusim_calib::kernel_timings(&ops);
+    let rows = tpusim_calib::measurement_rows(&kernels, &spec, &a.id, &sel, &a.trace_file).map_err(|e| match e {
+        tpusim_calib::TraceError::Spec(e) => a.job.error(e),
+        other => CliError::input(other.to_string()),
+    })?;
+    let csv = tpusim_calib::rows_to_csv(&rows);
+    match &a.out {
+        None => Ok(csv),
+        Some(out) => {
+            tpusim_io::write_atomic(std::path::Path::new(out), csv.as_bytes()).map_err(|e| {
+                if e.is_refusal() {
+                    CliError::input(format!("--out {e}"))
+                } else {
+                    CliError::Internal(format!("--out {e}"))
+                }
+            })?;
+            let mut s = format!("wrote {} row(s) to {out}:\n", rows.len());
+            for k in &kernels {
+                s.push_str(&format!(
+                    "  {}: median {:.6} ms over {} repeats on {} device(s)\n",
+                    k.name,
+                    k.median_ms,
+                    k.count,
+                    k.devices.len()
+                ));
+            }
+            Ok(s)
+        }
+    }
+}

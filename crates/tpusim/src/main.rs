@@ -38,6 +38,10 @@ enum Command {
     Validate(calib::ValidateArgs),
     /// Fit a chip model's fitted parameters to a measurement CSV and write a new chip model.
     Calibrate(calib::CalibrateArgs),
+    /// Turn a profiler trace (XProf / Perfetto Chrome trace JSON, gzip or not) into measurement
+    /// rows for validate and calibrate: the device ops matching --kernel-pattern, median over
+    /// their repeats, with the job fields given.
+    FromTrace(calib::FromTraceArgs),
     /// Evaluate a sweep file's points in parallel and write one row per point.
     Sweep(sweep::SweepArgs),
     /// Join sweep shard outputs, checking that none is missing or duplicated.
@@ -91,6 +95,7 @@ fn dispatch(cli: &Cli) -> Result<String, CliError> {
         Command::Chip { command } => run::cmd_chip(command),
         Command::Validate(a) => calib::cmd_validate(a),
         Command::Calibrate(a) => calib::cmd_calibrate(a),
+        Command::FromTrace(a) => calib::cmd_from_trace(a),
         Command::Sweep(a) => sweep::cmd_sweep(a),
         Command::Merge(a) => sweep::cmd_merge(a),
         Command::Tune(a) => sweep::cmd_tune(a),

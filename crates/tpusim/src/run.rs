@@ -49,6 +49,15 @@ pub struct RunArgs {
     /// Only the steps of one batch x head index (grid coordinate 0) in the timeline.
     #[arg(long, value_name = "H", requires = "timeline")]
     pub timeline_head: Option<u32>,
+    /// Show a measured profiler trace (XProf / Perfetto Chrome trace JSON, gzip or not) beside
+    /// the simulated one in the --timeline file: its device ops matching --kernel-pattern become
+    /// a second process, shifted to start at 0 like the simulation.
+    #[arg(long, value_name = "TRACE.json[.gz]", requires_all = ["timeline", "kernel_pattern"])]
+    pub compare_trace: Option<String>,
+    /// Regular expression naming the measured kernel's device ops (with --compare-trace), e.g.
+    /// 'splash_mha_fwd'.
+    #[arg(long, requires = "compare_trace")]
+    pub kernel_pattern: Option<String>,
 }
 
 /// The job flags shared by `tpusim run`, `tpusim tune` and the job-based plots: a trace file
@@ -117,8 +126,21 @@ pub fn cmd_run(a: &RunArgs) -> Result<String, CliError> {
         steps: a.timeline_steps.as_deref().map(|s| tpusim_plot::timeline::Window::parse_steps(s, "--timeline-steps")).transpose()?,
         head: a.timeline_head,
     };
+    let measured = match (&a.compare_trace, &a.kernel_pattern) {
+        (Some(t), Some(p)) => {
+            let trace = tpusim_calib::read_trace(t).map_err(|e| CliError::input(format!("--compare-trace {e}")))?;
+            let ops =
+                tpusim_calib::select_ops(&trace, &tpusim_calib::Selection::xprof(p), t).map_err(|e| CliError::input(e.to_string()))?;
+            let name = std::path::Path::new(t).file_name().map(|f| f.to_string_lossy().to_string()).unwrap_or_else(|| t.clone());
+            Some(tpusim_plot::timeline::MeasuredTrack {
+                process: format!("measured: {name}"),
+                ops: ops.into_iter().map(|o| (format!("{} {}", o.device, o.line), o.name, o.ts_us, o.dur_us)).collect(),
+            })
+        }
+        _ => None,
+    };
     let rep = Report::from_run(&r);
-    let sum = match tpusim_plot::timeline::write_chrome_trace(&r, &window, std::path::Path::new(path), "--timeline") {
+    let sum = match tpusim_plot::timeline::write_chrome_trace_with(&r, &window, std::path::Path::new(path), "--timeline", measured.as_ref()) {
         Ok(sum) => sum,
         Err(e) => {
             // The run itself succeeded: print its report, then say why the timeline was not

@@ -89,6 +89,11 @@ pub struct TuneArgs {
     /// Output format.
     #[arg(long, value_enum, default_value_t = crate::run::Format::Table)]
     pub format: crate::run::Format,
+    /// Print the ranked configurations as keyword arguments ready to paste into Splash's
+    /// `BlockSizes(...)` (one line each, the rank, latency and other options in a comment),
+    /// instead of --format.
+    #[arg(long)]
+    pub block_sizes: bool,
 }
 
 /// The value parser of a count flag (`--jobs`, `--top`, `--refine`): a whole number of at least 1,
@@ -141,6 +146,9 @@ pub fn cmd_tune(a: &TuneArgs) -> Result<String, CliError> {
         tpusim_sweep::SweepError::Spec(e) => a.job.error(e),
         other => other.into(),
     })?;
+    if a.block_sizes {
+        return Ok(r.to_block_sizes());
+    }
     Ok(match a.format {
         crate::run::Format::Json => r.to_json(),
         crate::run::Format::Table => r.to_table(),

@@ -470,6 +470,7 @@ pub(crate) fn classify(
     names: (&str, &str),
 ) -> Result<Classified, KernelError> {
     let grid = TileGrid { q_len: w.q_len, kv_len: w.kv_len, block_q, block_kv };
+    w.mask.check_tiling(block_q, block_kv)?;
     let tiles_per_head = grid.q_tiles().saturating_mul(grid.kv_tiles());
     if tiles_per_head > crate::MAX_TILES {
         return Err(KernelError::config(

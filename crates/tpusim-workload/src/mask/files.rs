@@ -362,10 +362,15 @@ pub fn mask_from_json(text: &str, path: &str) -> Result<Mask, MaskError> {
     }
 }
 
-/// Reads a mask file (`file:PATH`), picking the format by its keys (see [`mask_from_json`]).
+/// Reads a mask file (`file:PATH`): a `.npy` / `.npz` file by its extension
+/// ([`super::npy::read_numpy_mask`]: a dense boolean mask or a block map), any other file as JSON,
+/// picking the format by its keys (see [`mask_from_json`]).
 ///
 /// # Errors
 /// [`MaskError::File`] naming the path and the field.
 pub fn read_mask_file(path: &str) -> Result<Mask, MaskError> {
+    if super::npy::is_numpy_path(path) {
+        return super::npy::read_numpy_mask(path);
+    }
     mask_from_json(&read_text(path)?, path)
 }

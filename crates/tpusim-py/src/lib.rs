@@ -1,0 +1,727 @@
+//! The Python package `tpusim`: the simulator as a library for the notebook a TPU kernel author
+//! already has open. Built with PyO3 (abi3: one wheel for CPython 3.11 and later) and maturin;
+//! the command line stays the pure-Rust `tpusim` binary.
+//!
+//! Every function goes through the same job layer as the command line
+//! ([`tpusim_report::JobSpec`]): keyword arguments are the job fields (`heads`, `seq_len`,
+//! `block_q`, ...; the CLI's flags with underscores), masks may also be Splash mask objects or
+//! NumPy arrays (module `masks`), block sizes may be a Splash `BlockSizes` / tokamax config object, and
+//! errors are Python exceptions (`tpusim.InputError`, a `ValueError`, for bad input) carrying the
+//! CLI's messages with fields named as keyword arguments.
+
+mod masks;
+
+use pyo3::create_exception;
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString};
+use serde_json::Value;
+use tpusim_report::{render_fields, FieldStyle, Job, JobSpec, Report};
+use tpusim_workload::tiles::{TileGrid, TileStats};
+
+create_exception!(tpusim, InputError, PyValueError, "Bad input: an argument, file or value the simulator refuses (the command line's exit code 2). The message names the field, the value and what is allowed.");
+create_exception!(
+    tpusim,
+    SimulationError,
+    PyRuntimeError,
+    "A failure that is not the input's fault (the command line's exit code 1): an output file that cannot be written."
+);
+
+/// An [`InputError`] with a message.
+pub(crate) fn input_err(msg: impl Into<String>) -> PyErr {
+    InputError::new_err(msg.into())
+}
+
+/// An input error from a library error, job fields rendered as keyword arguments.
+fn spec_err(e: impl std::fmt::Display) -> PyErr {
+    input_err(render_fields(&e.to_string(), FieldStyle::Key))
+}
+
+/// Python value -> JSON (bool, int, float, str, lists of those; `None` is null).
+fn to_json(v: &Bound<'_, PyAny>, what: &str) -> PyResult<Value> {
+    if v.is_none() {
+        Ok(Value::Null)
+    } else if v.cast::<PyBool>().is_ok() {
+        Ok(Value::Bool(v.extract()?))
+    } else if v.cast::<PyInt>().is_ok() {
+        match v.extract::<i64>() {
+            Ok(i) => Ok(Value::from(i)),
+            Err(_) => Err(input_err(format!("{what} = {v}: out of range"))),
+        }
+    } else if v.cast::<PyFloat>().is_ok() {
+        Ok(serde_json::Number::from_f64(v.extract()?).map(Value::Number).unwrap_or(Value::Null))
+    } else if let Ok(s) = v.cast::<PyString>() {
+        Ok(Value::String(s.to_str()?.to_string()))
+    } else if let Ok(l) = v.cast::<PyList>() {
+        l.iter().map(|x| to_json(&x, what)).collect::<PyResult<Vec<_>>>().map(Value::Array)
+    } else if v.hasattr("__index__")? {
+        Ok(Value::from(v.call_method0("__index__")?.extract::<i64>()?))
+    } else if v.hasattr("__float__")? {
+        Ok(serde_json::Number::from_f64(v.call_method0("__float__")?.extract()?).map(Value::Number).unwrap_or(Value::Null))
+    } else {
+        Err(input_err(format!("{what} = {v}: expected a number, a bool or text")))
+    }
+}
+
+/// JSON text -> Python object.
+fn from_json<'py>(py: Python<'py>, text: &str) -> PyResult<Bound<'py, PyAny>> {
+    py.import("json")?.call_method1("loads", (text,))
+}
+
+/// Splash / tokamax block-size field names, in their spelling, and what they map onto.
+const BLOCK_FIELDS: &[&str] =
+    &["block_q", "block_kv", "block_kv_compute", "block_q_dkv", "block_kv_dkv", "block_kv_dkv_compute", "block_q_dq", "block_kv_dq"];
+const BWD_FIELDS: &[&str] = &["block_q_dkv", "block_kv_dkv", "block_kv_dkv_compute", "block_q_dq", "block_kv_dq", "fused_bwd"];
+
+/// A job being assembled from keyword arguments.
+struct JobIn {
+    fields: serde_json::Map<String, Value>,
+    mask: Option<masks::PyMask>,
+}
+
+impl JobIn {
+    fn set(&mut self, key: &str, v: Value, origin: &str) -> PyResult<()> {
+        if v.is_null() {
+            return Ok(());
+        }
+        if let Some(old) = self.fields.get(key) {
+            if *old != v {
+                return Err(input_err(format!("{key} = {v} (from {origin}) contradicts {key} = {old} given before")));
+            }
+        }
+        self.fields.insert(key.to_string(), v);
+        Ok(())
+    }
+
+    /// A Splash / tokamax spelling onto the job's field.
+    fn alias(&mut self, key: &str, v: &Bound<'_, PyAny>, origin: &str) -> PyResult<bool> {
+        match key {
+            "use_fused_bwd_kernel" => self.set("fused_bwd", to_json(v, key)?, origin)?,
+            "use_experimental_scheduler" => self.set("experimental_scheduler", to_json(v, key)?, origin)?,
+            "use_base2_exp" => {
+                if !v.is_none() {
+                    let b: bool = v.extract().map_err(|_| input_err(format!("{key} = {v}: expected True or False")))?;
+                    self.set("exp", Value::String(if b { "base2" } else { "natural" }.into()), origin)?;
+                }
+            }
+            "q_layout" | "k_layout" | "v_layout" => {
+                if !v.is_none() {
+                    let name: String = match v.getattr("name") {
+                        Ok(n) => n.extract()?,
+                        Err(_) => v.str()?.to_string(),
+                    };
+                    let name = name.rsplit('.').next().unwrap_or(&name).to_string();
+                    if name != "HEAD_DIM_MINOR" && name != "1" {
+                        return Err(input_err(format!(
+                            "{key} = {name}: the model lays q, k and v out as HEAD_DIM_MINOR (head_dim on the lanes, Splash's default); what {name} changes in the kernel is not modelled, so it is refused rather than ignored"
+                        )));
+                    }
+                }
+            }
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+
+    /// Block sizes from a `BlockSizes` / `SplashConfig` / tokamax `Config` object or a dict.
+    fn block_sizes(&mut self, obj: &Bound<'_, PyAny>, backward: bool) -> PyResult<()> {
+        let origin = "block_sizes";
+        if let Ok(d) = obj.cast::<PyDict>() {
+            for (k, v) in d.iter() {
+                let key: String = k.extract()?;
+                if BLOCK_FIELDS.contains(&key.as_str()) {
+                    self.set(&key, to_json(&v, &key)?, origin)?;
+                } else if !self.alias(&key, &v, origin)? {
+                    return Err(input_err(format!(
+                        "block_sizes: unknown key '{key}'; block sizes are {}, use_fused_bwd_kernel, use_base2_exp, use_experimental_scheduler, q_layout, k_layout, v_layout",
+                        BLOCK_FIELDS.join(", ")
+                    )));
+                }
+            }
+            return Ok(());
+        }
+        // An object: read the fields it has, by name. Backward fields only for a backward job
+        // (a forward-only BlockSizes still carries their defaults).
+        for key in BLOCK_FIELDS {
+            if !backward && BWD_FIELDS.contains(key) {
+                continue;
+            }
+            if let Ok(v) = obj.getattr(*key) {
+                self.set(key, to_json(&v, key)?, origin)?;
+            }
+        }
+        for key in ["use_fused_bwd_kernel", "use_base2_exp", "use_experimental_scheduler", "q_layout", "k_layout", "v_layout"] {
+            if key == "use_fused_bwd_kernel" && !backward {
+                continue;
+            }
+            if let Ok(v) = obj.getattr(key) {
+                self.alias(key, &v, origin)?;
+            }
+        }
+        // Options that change the kernel and are not modelled: refused unless at their defaults.
+        for (key, default_ok) in [("attn_logits_soft_cap", "None"), ("max_logit_const", "None"), ("dq_reduction_steps", "None")] {
+            if let Ok(v) = obj.getattr(key) {
+                if !v.is_none() {
+                    return Err(input_err(format!(
+                        "block_sizes.{key} = {v}: not modelled (only {default_ok} is); it changes the kernel's work, so it is refused rather than ignored"
+                    )));
+                }
+            }
+        }
+        if let Ok(v) = obj.getattr("num_stacked_q_heads") {
+            if v.extract::<i64>().unwrap_or(1) != 1 {
+                return Err(input_err(format!("block_sizes.num_stacked_q_heads = {v}: only 1 is modelled")));
+            }
+        }
+        if !self.fields.contains_key("kernel") {
+            // A JAX BlockSizes means JAX's Splash; tokamax's configs mean tokamax's.
+            let module: String = obj.get_type().getattr("__module__").and_then(|m| m.extract()).unwrap_or_default();
+            if module.starts_with("jax.") {
+                self.fields.insert("kernel".into(), Value::String("splash".into()));
+            } else if module.starts_with("tokamax") {
+                self.fields.insert("kernel".into(), Value::String("tokamax-splash".into()));
+            }
+        }
+        Ok(())
+    }
+
+    /// The job spec, with the mask's lengths and heads filled in when the job leaves them out
+    /// and checked when it gives them.
+    fn spec(mut self) -> PyResult<JobSpec> {
+        let mut mask_value = None;
+        if let Some(pm) = self.mask.take() {
+            if let Some((q, kv)) = pm.lengths {
+                let given = (
+                    self.fields.get("seq_len").or(self.fields.get("q_len")).and_then(Value::as_u64),
+                    self.fields.get("seq_len").or(self.fields.get("kv_len")).and_then(Value::as_u64),
+                );
+                match given {
+                    (None, None) => {
+                        if q == kv {
+                            self.fields.insert("seq_len".into(), Value::from(q));
+                        } else {
+                            self.fields.insert("q_len".into(), Value::from(q));
+                            self.fields.insert("kv_len".into(), Value::from(kv));
+                        }
+                    }
+                    (gq, gk) if gq.unwrap_or(q) != q || gk.unwrap_or(kv) != kv => {
+                        return Err(input_err(format!(
+                            "mask: shape ({q}, {kv}) does not match q_len x kv_len = {} x {}",
+                            gq.map_or("unset".into(), |v| v.to_string()),
+                            gk.map_or("unset".into(), |v| v.to_string())
+                        )));
+                    }
+                    _ => {}
+                }
+            }
+            if let Some(h) = pm.heads {
+                if !self.fields.contains_key("heads") {
+                    self.fields.insert("heads".into(), Value::from(h));
+                }
+            }
+            match masks::as_text(&pm.mask) {
+                Some(t) => {
+                    self.fields.insert("mask".into(), Value::String(t));
+                }
+                None => mask_value = Some(pm.mask),
+            }
+        }
+        let mut spec: JobSpec = serde_json::from_value(Value::Object(self.fields)).map_err(|e| input_err(e.to_string()))?;
+        spec.mask_value = mask_value;
+        Ok(spec)
+    }
+}
+
+/// Reads job keyword arguments (the job fields, Splash / tokamax spellings, `mask`,
+/// `block_sizes`, `set` as a dict or a list).
+fn job_in(py: Python<'_>, kwargs: Option<&Bound<'_, PyDict>>, skip: &[&str]) -> PyResult<JobIn> {
+    let mut j = JobIn { fields: serde_json::Map::new(), mask: None };
+    let Some(kw) = kwargs else { return Ok(j) };
+    let direction: Option<String> = kw.get_item("direction")?.and_then(|d| d.extract().ok());
+    let backward = direction.as_deref().is_some_and(|d| d != "fwd");
+    let mut block_sizes = None;
+    for (k, v) in kw.iter() {
+        let key: String = k.extract()?;
+        if skip.contains(&key.as_str()) {
+            continue;
+        }
+        match key.as_str() {
+            "mask" => {
+                if !v.is_none() {
+                    j.mask = Some(masks::read_mask(py, &v, "mask")?);
+                }
+            }
+            "block_sizes" => block_sizes = Some(v),
+            "set" => {
+                let items: Vec<String> = if let Ok(d) = v.cast::<PyDict>() {
+                    d.iter().map(|(a, b)| Ok(format!("{}={}", a.str()?, b.str()?))).collect::<PyResult<_>>()?
+                } else if let Ok(s) = v.extract::<String>() {
+                    vec![s]
+                } else {
+                    v.extract::<Vec<String>>()
+                        .map_err(|_| input_err("set: expected a dict {'SECTION.FIELD': value} or a list of 'SECTION.FIELD=VALUE'"))?
+                };
+                j.fields.insert("set".into(), Value::Array(items.into_iter().map(Value::String).collect()));
+            }
+            "chip" => {
+                if !v.is_none() {
+                    let path = v.str()?.to_string();
+                    j.fields.insert("chip".into(), Value::String(path));
+                }
+            }
+            _ => {
+                if !j.alias(&key, &v, "keyword arguments")? {
+                    let val = to_json(&v, &key)?;
+                    j.set(&key, val, "keyword arguments")?;
+                }
+            }
+        }
+    }
+    if let Some(b) = block_sizes {
+        if !b.is_none() {
+            j.block_sizes(&b, backward)?;
+        }
+    }
+    Ok(j)
+}
+
+fn job_spec(py: Python<'_>, kwargs: Option<&Bound<'_, PyDict>>, skip: &[&str]) -> PyResult<JobSpec> {
+    job_in(py, kwargs, skip)?.spec()
+}
+
+/// Builds and runs a job (without the GIL).
+fn run_spec(py: Python<'_>, spec: JobSpec) -> PyResult<Report> {
+    py.detach(move || {
+        let chip = spec.chip().map_err(|e| render_fields(&e.to_string(), FieldStyle::Key))?;
+        let job = spec.build(&chip).map_err(|e| render_fields(&e.to_string(), FieldStyle::Key))?;
+        let run = tpusim_report::run(&chip, &job).map_err(|e| render_fields(&e.to_string(), FieldStyle::Key))?;
+        Ok::<_, String>(Report::from_run(&run))
+    })
+    .map_err(input_err)
+}
+
+/// The result of one simulation. The main metrics are attributes (`latency_ms`, `cycles`,
+/// `flops`, `transcendentals`, `hbm_bytes`, `bottleneck`, `tiles`, `cost_estimate`, ...;
+/// every key of `to_dict()` reads as an attribute); `str(report)` is the command line's table.
+#[pyclass(name = "Report", module = "tpusim", frozen)]
+struct PyReport {
+    json: String,
+    table: String,
+    report: Report,
+}
+
+#[pymethods]
+impl PyReport {
+    /// Predicted latency, milliseconds.
+    #[getter]
+    fn latency_ms(&self) -> f64 {
+        self.report.latency_ms
+    }
+    /// Predicted latency, cycles of the chip model's clock.
+    #[getter]
+    fn cycles(&self) -> f64 {
+        self.report.cycles
+    }
+    /// Executed matmul FLOPs (visited tiles, padding included).
+    #[getter]
+    fn flops(&self) -> f64 {
+        self.report.flops
+    }
+    /// Executed exp / reciprocal elements.
+    #[getter]
+    fn transcendentals(&self) -> f64 {
+        self.report.transcendentals
+    }
+    /// Bytes moved between HBM and VMEM.
+    #[getter]
+    fn hbm_bytes(&self) -> u64 {
+        self.report.hbm_bytes
+    }
+    /// Achieved FLOP/s over the chip model's peak (0..1).
+    #[getter]
+    fn mfu(&self) -> f64 {
+        self.report.mfu
+    }
+    /// The unit that bounds the run (mxu, vpu, eup, xlu, hbm, step_control).
+    #[getter]
+    fn bottleneck(&self) -> String {
+        self.report.bottleneck.to_string()
+    }
+    /// `{flops, transcendentals, bytes_accessed}`: the run's totals named as Pallas'
+    /// `pl.CostEstimate` fields, to compare with the estimate a kernel declares.
+    #[getter]
+    fn cost_estimate<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        self.get(py, "cost_estimate")
+    }
+    /// Tile counts over batch x heads: `{total, visited, empty, partial, full, masked}` (attention).
+    #[getter]
+    fn tiles<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        self.get(py, "tiles")
+    }
+    /// The whole report as a dict (the JSON of `tpusim run --format json`).
+    fn to_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        from_json(py, &self.json)
+    }
+    /// The whole report as JSON text.
+    fn to_json(&self) -> String {
+        self.json.clone()
+    }
+    fn __getattr__<'py>(&self, py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyAny>> {
+        let d = from_json(py, &self.json)?;
+        match d.get_item(name) {
+            Ok(v) => Ok(v),
+            Err(_) => Err(pyo3::exceptions::PyAttributeError::new_err(format!("Report has no field '{name}'"))),
+        }
+    }
+    fn __str__(&self) -> String {
+        self.table.clone()
+    }
+    fn __repr__(&self) -> String {
+        format!("<tpusim.Report {:.3} ms on {}, bound by {}>", self.report.latency_ms, self.report.chip, self.report.bottleneck)
+    }
+}
+
+impl PyReport {
+    fn new(report: Report) -> Self {
+        PyReport { json: report.to_json(), table: report.to_table(), report }
+    }
+    fn get<'py>(&self, py: Python<'py>, key: &str) -> PyResult<Bound<'py, PyAny>> {
+        Ok(from_json(py, &self.json)?.get_item(key).unwrap_or_else(|_| py.None().into_bound(py)))
+    }
+}
+
+/// Simulates one kernel call and returns its `Report`.
+///
+/// Keyword arguments are the job fields of `tpusim run` with underscores (`chip`, `kernel`,
+/// `direction`, `batch`, `heads`, `kv_heads`, `seq_len` or `q_len` and `kv_len` in tokens,
+/// `head_dim`, `block_q`, `block_kv`, `block_kv_compute`, `traversal`, `masking`,
+/// `mask_source`, `vmem_limit_mib` in MiB, ...), with these additions:
+///
+/// * `mask`: text in the `--mask` grammar, a JAX Splash / tokamax mask object (FullMask,
+///   CausalMask, LocalMask, ChunkedCausalMask, NumpyMask, LogicalOr, LogicalAnd, MultiHeadMask),
+///   or a boolean NumPy array `[q, kv]` / `[heads, q, kv]` (read in place, never copied). The
+///   lengths (and heads of a multi-head mask) are taken from the mask when not given.
+/// * `block_sizes`: a Splash `BlockSizes`, tokamax `SplashConfig` / op `Config`, or a dict with
+///   their field names (`block_q`, `block_kv`, `block_kv_compute`, `block_q_dkv`, ...,
+///   `use_fused_bwd_kernel`, `use_base2_exp`, `use_experimental_scheduler`; layouts only
+///   HEAD_DIM_MINOR).
+/// * `set`: chip overrides, `{"hbm.bandwidth_gb_per_s": 3276}`.
+///
+/// Raises `tpusim.InputError` (a `ValueError`) with the command line's message for bad input.
+#[pyfunction]
+#[pyo3(signature = (**kwargs))]
+fn simulate(py: Python<'_>, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<PyReport> {
+    let spec = job_spec(py, kwargs, &[])?;
+    Ok(PyReport::new(run_spec(py, spec)?))
+}
+
+/// Searches block sizes and kernel options for one job (the job fields as for `simulate`) and
+/// returns the ranking as a dict: `top` is a list of configurations, best first, each with
+/// `latency_ms`, `bottleneck`, `flags` (for `tpusim run`), `block_sizes` (text ready to paste,
+/// `BlockSizes(block_q=..., ...)`) and `block_sizes_kwargs` (a dict for `BlockSizes(**kw)`).
+#[pyfunction]
+#[pyo3(signature = (top = 10, allow_inexact = false, allow_approximate = false, refine = 12, **kwargs))]
+fn tune<'py>(
+    py: Python<'py>,
+    top: usize,
+    allow_inexact: bool,
+    allow_approximate: bool,
+    refine: usize,
+    kwargs: Option<&Bound<'py, PyDict>>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let spec = job_spec(py, kwargs, &[])?;
+    let opts = tpusim_sweep::TuneOptions { top, allow_inexact, allow_approximate, refine, jobs: None, progress: false };
+    let r = py.detach(|| tpusim_sweep::tune(&spec, &opts)).map_err(spec_err)?;
+    let out = from_json(py, &r.to_json())?;
+    let list = out.get_item("top")?;
+    for (i, ranked) in r.top.iter().enumerate() {
+        let kw = PyDict::new(py);
+        if let Some(text) = ranked.job.block_sizes_kwargs() {
+            for pair in text.split(", ") {
+                if let Some((k, v)) = pair.split_once('=') {
+                    match v {
+                        "True" => kw.set_item(k, true)?,
+                        "False" => kw.set_item(k, false)?,
+                        n => kw.set_item(k, n.parse::<u64>().unwrap_or_default())?,
+                    }
+                }
+            }
+        }
+        list.get_item(i)?.set_item("block_sizes_kwargs", kw)?;
+    }
+    Ok(out)
+}
+
+/// A chip model as a dict (every parameter with its unit in its name and its source): a preset
+/// (`v6e`, `v5e`, `v5p`, `v4`, `v7x`) or a chip TOML path, with `overrides`
+/// (`{"hbm.bandwidth_gb_per_s": 3276}`) applied.
+#[pyfunction]
+#[pyo3(signature = (name_or_path = "v6e", overrides = None))]
+fn chip<'py>(py: Python<'py>, name_or_path: &str, overrides: Option<&Bound<'py, PyDict>>) -> PyResult<Bound<'py, PyAny>> {
+    let mut set = Vec::new();
+    if let Some(o) = overrides {
+        for (k, v) in o.iter() {
+            set.push(format!("{}={}", k.str()?, v.str()?));
+        }
+    }
+    let model = JobSpec { chip: Some(name_or_path.to_string()), set, ..Default::default() }.chip().map_err(spec_err)?;
+    from_json(py, &serde_json::to_string(&model).map_err(|e| SimulationError::new_err(e.to_string()))?)
+}
+
+/// Measurement rows (dicts with the columns of traces/measured/README.md) as CSV text.
+fn rows_csv(rows: &Bound<'_, PyAny>) -> PyResult<String> {
+    let mut recs: Vec<serde_json::Map<String, Value>> = Vec::new();
+    for (i, r) in rows.try_iter()?.enumerate() {
+        let r = r?;
+        let d = r.cast::<PyDict>().map_err(|_| input_err(format!("rows[{i}]: expected a dict of measurement columns")))?;
+        let mut m = serde_json::Map::new();
+        for (k, v) in d.iter() {
+            let key: String = k.extract()?;
+            m.insert(key.clone(), to_json(&v, &format!("rows[{i}].{key}"))?);
+        }
+        recs.push(m);
+    }
+    let cols: Vec<&str> =
+        tpusim_calib::measure::KNOWN_COLUMNS.iter().copied().filter(|c| recs.iter().any(|r| r.contains_key(*c))).collect();
+    if let Some((i, k)) = recs.iter().enumerate().find_map(|(i, r)| r.keys().find(|k| !cols.contains(&k.as_str())).map(|k| (i, k.clone())))
+    {
+        return Err(input_err(format!(
+            "rows[{i}]: unknown column '{k}'; the columns are {} (traces/measured/README.md)",
+            tpusim_calib::measure::KNOWN_COLUMNS.join(", ")
+        )));
+    }
+    let mut text = tpusim_io::csv_record(cols.iter());
+    for r in &recs {
+        let cells: Vec<String> = cols
+            .iter()
+            .map(|c| match r.get(*c) {
+                None | Some(Value::Null) => String::new(),
+                Some(Value::String(s)) => s.clone(),
+                Some(Value::Bool(b)) => if *b { "yes" } else { "no" }.into(),
+                Some(v) => v.to_string(),
+            })
+            .collect();
+        text.push_str(&tpusim_io::csv_record(cells.iter()));
+    }
+    Ok(text)
+}
+
+/// Predicts every measurement row and compares with the measured time. `rows` is a CSV path
+/// (the format of `traces/measured/README.md`) or a list of dicts with its columns (e.g. from
+/// `measurements_from_trace`); `chips` are chip TOML paths used for rows whose `chip` names
+/// them. Returns the JSON of `tpusim validate --format json` as a dict: `rows` (predicted, with
+/// signed `error` as a fraction), `skipped` (with reasons), `groups` and `summary`.
+#[pyfunction]
+#[pyo3(signature = (rows, chips = None))]
+fn validate<'py>(py: Python<'py>, rows: &Bound<'py, PyAny>, chips: Option<Vec<String>>) -> PyResult<Bound<'py, PyAny>> {
+    let models =
+        chips.unwrap_or_default().iter().map(|c| tpusim_chip::ChipModel::load(c)).collect::<Result<Vec<_>, _>>().map_err(spec_err)?;
+    let file = if let Ok(p) = rows.extract::<String>() {
+        tpusim_calib::read_file(&p, &models).map_err(spec_err)?
+    } else {
+        let text = rows_csv(rows)?;
+        tpusim_calib::parse(&text, "rows", &models).map_err(spec_err)?
+    };
+    let v = py.detach(|| tpusim_calib::validate(&file, &tpusim_calib::ChipSet { models }));
+    from_json(py, &v.to_json())
+}
+
+/// Runs one simulation per point and returns a list of dicts (ready for `pandas.DataFrame`):
+/// each point's fields, then `latency_ms`, `cycles`, `flops`, `mfu`, `hbm_bytes`,
+/// `transcendentals`, `bottleneck`, the tile counts (`tiles_empty`, `tiles_partial`,
+/// `tiles_full`, `tiles_visited`), `pair_density`, `tile_density`, `dense_latency_ms` and
+/// `speedup_vs_dense` (sparse attention). `points` is any iterable of dicts of job fields (as
+/// for `simulate`); `**base` are fields every point shares (a point's own fields win).
+#[pyfunction]
+#[pyo3(signature = (points, **base))]
+fn sweep<'py>(py: Python<'py>, points: &Bound<'py, PyAny>, base: Option<&Bound<'py, PyDict>>) -> PyResult<Bound<'py, PyList>> {
+    let base_spec = job_spec(py, base, &[])?;
+    let out = PyList::empty(py);
+    for (i, p) in points.try_iter()?.enumerate() {
+        let p = p?;
+        let d = p.cast::<PyDict>().map_err(|_| input_err(format!("points[{i}]: expected a dict of job fields")))?;
+        let point = job_spec(py, Some(d), &[]).map_err(|e| input_err(format!("points[{i}]: {}", e.value(py))))?;
+        let spec = base_spec.overlay(&point);
+        let r = run_spec(py, spec).map_err(|e| input_err(format!("points[{i}]: {}", e.value(py))))?;
+        let row = PyDict::new(py);
+        for (k, v) in d.iter() {
+            let key: String = k.extract()?;
+            if key == "mask" && !v.is_instance_of::<PyString>() {
+                row.set_item(k, r.job_mask())?;
+            } else if key == "block_sizes" {
+                continue;
+            } else {
+                row.set_item(k, v)?;
+            }
+        }
+        row.set_item("latency_ms", r.latency_ms)?;
+        row.set_item("cycles", r.cycles)?;
+        row.set_item("flops", r.flops)?;
+        row.set_item("mfu", r.mfu)?;
+        row.set_item("hbm_bytes", r.hbm_bytes)?;
+        row.set_item("transcendentals", r.transcendentals)?;
+        row.set_item("bottleneck", r.bottleneck.to_string())?;
+        if let Some(t) = r.tiles {
+            row.set_item("tiles_empty", t.empty)?;
+            row.set_item("tiles_partial", t.partial)?;
+            row.set_item("tiles_full", t.full)?;
+            row.set_item("tiles_visited", t.visited)?;
+        }
+        row.set_item("pair_density", r.pair_density)?;
+        row.set_item("tile_density", r.tile_density)?;
+        row.set_item("dense_latency_ms", r.dense_latency_ms)?;
+        row.set_item("speedup_vs_dense", r.speedup_vs_dense)?;
+        out.append(row)?;
+    }
+    Ok(out)
+}
+
+trait JobMask {
+    fn job_mask(&self) -> String;
+}
+impl JobMask for Report {
+    fn job_mask(&self) -> String {
+        match &self.job {
+            Job::Attention { workload, .. } => workload.mask.to_string(),
+            Job::Matmul { .. } => String::new(),
+        }
+    }
+}
+
+/// Turns a profiler trace into measurement rows for `validate` / `tpusim calibrate`.
+///
+/// `trace` is Chrome trace JSON, gzip-compressed or not (XProf's
+/// `plugins/profile/RUN/HOST.trace.json.gz`, a Perfetto JSON export). Device ops on processes
+/// matching `device` and threads matching `line` whose names match `kernel_pattern` (a regular
+/// expression) are grouped by name (XLA's `.N` suffix dropped); each group becomes one row with
+/// the median duration in milliseconds (`measured_ms`) and its repeat count (in `timing`). The
+/// other columns come from the job keyword arguments (as for `simulate`; `chip` is required),
+/// resolved as the simulator resolves them. `id` is the row id (a prefix `ID-NAME` when several
+/// kernels match). With `out`, the rows are also written there as CSV (atomically). Returns
+/// the rows as a list of dicts.
+#[pyfunction]
+#[pyo3(signature = (trace, kernel_pattern, id, out = None, device = "^/device:", line = "^XLA Ops$", **kwargs))]
+#[allow(clippy::too_many_arguments)]
+fn measurements_from_trace<'py>(
+    py: Python<'py>,
+    trace: &str,
+    kernel_pattern: &str,
+    id: &str,
+    out: Option<&str>,
+    device: &str,
+    line: &str,
+    kwargs: Option<&Bound<'py, PyDict>>,
+) -> PyResult<Bound<'py, PyList>> {
+    let spec = job_spec(py, kwargs, &[])?;
+    let sel = tpusim_calib::Selection { pattern: kernel_pattern.to_string(), device: device.to_string(), line: line.to_string() };
+    let flag_to_arg = |s: String| {
+        s.replace("--kernel-pattern", "kernel_pattern").replace("--device", "device").replace("--line", "line").replace("--", "")
+    };
+    let rows = py
+        .detach(|| {
+            let t = tpusim_calib::read_trace(trace)?;
+            let ops = tpusim_calib::select_ops(&t, &sel, trace)?;
+            tpusim_calib::measurement_rows(&tpusim_calib::kernel_timings(&ops), &spec, id, &sel, trace)
+        })
+        .map_err(|e| input_err(flag_to_arg(render_fields(&e.to_string(), FieldStyle::Key))))?;
+    if let Some(path) = out {
+        tpusim_io::write_atomic(std::path::Path::new(path), tpusim_calib::rows_to_csv(&rows).as_bytes()).map_err(|e| {
+            if e.is_refusal() {
+                input_err(format!("out: {e}"))
+            } else {
+                SimulationError::new_err(format!("out: {e}"))
+            }
+        })?;
+    }
+    let list = PyList::empty(py);
+    for r in rows {
+        let d = PyDict::new(py);
+        for (k, v) in r {
+            d.set_item(k, v)?;
+        }
+        list.append(d)?;
+    }
+    Ok(list)
+}
+
+/// The `--mask` text of a mask given from Python (a Splash mask object, or text); raises
+/// `InputError` for masks with no text form (arrays, refused offsets).
+#[pyfunction]
+fn mask_text(py: Python<'_>, mask: &Bound<'_, PyAny>) -> PyResult<String> {
+    let pm = masks::read_mask(py, mask, "mask")?;
+    masks::as_text(&pm.mask)
+        .ok_or_else(|| input_err("mask: an array mask has no --mask text; save it with numpy.save and pass file:PATH.npy"))
+}
+
+/// Per-head tile classification of a mask at a `block_q x block_kv` tiling: a list with one
+/// dict `{empty, partial, full, kept_pairs}` per head (`heads`, default the mask's own head
+/// count or 1), classified as Splash's `MaskInfo` does (empty: no pair kept; full: every pair
+/// kept and no padding; partial: the rest). Lengths default to the mask's shape.
+#[pyfunction]
+#[pyo3(signature = (mask, block_q, block_kv, heads = None, q_len = None, kv_len = None))]
+fn tile_counts<'py>(
+    py: Python<'py>,
+    mask: &Bound<'py, PyAny>,
+    block_q: u64,
+    block_kv: u64,
+    heads: Option<u64>,
+    q_len: Option<u64>,
+    kv_len: Option<u64>,
+) -> PyResult<Bound<'py, PyList>> {
+    let kw = PyDict::new(py);
+    kw.set_item("mask", mask)?;
+    if let Some(h) = heads {
+        kw.set_item("heads", h)?;
+    }
+    if let (Some(q), Some(k)) = (q_len, kv_len) {
+        kw.set_item("q_len", q)?;
+        kw.set_item("kv_len", k)?;
+    }
+    let spec = job_spec(py, Some(&kw), &[])?;
+    let heads = spec.heads.unwrap_or(1);
+    let spec = JobSpec { heads: Some(heads), ..spec };
+    let chip = spec.chip().map_err(spec_err)?;
+    let job = spec.build(&chip).map_err(spec_err)?;
+    let Job::Attention { workload: w, .. } = job else { return Err(input_err("tile_counts: an attention mask is needed")) };
+    w.mask.check_tiling(block_q, block_kv).map_err(spec_err)?;
+    if block_q == 0 || block_kv == 0 {
+        return Err(input_err(format!("block_q x block_kv = {block_q} x {block_kv}: expected whole numbers from 1")));
+    }
+    let grid = TileGrid { q_len: w.q_len, kv_len: w.kv_len, block_q, block_kv };
+    let stats: Vec<TileStats> = py.detach(|| (0..w.q_heads).map(|h| TileStats::collect(w.mask_for_head(h), &grid, false)).collect());
+    let out = PyList::empty(py);
+    for s in stats {
+        let d = PyDict::new(py);
+        d.set_item("empty", s.empty)?;
+        d.set_item("partial", s.partial)?;
+        d.set_item("full", s.full)?;
+        d.set_item("kept_pairs", s.kept_pairs)?;
+        out.append(d)?;
+    }
+    Ok(out)
+}
+
+/// tpusim: a cycle-approximate simulator of Google TPU chips for attention kernels.
+///
+/// `simulate(...)` runs one kernel call, `tune(...)` ranks block sizes and options, `sweep(points,
+/// ...)` runs many, `chip(name)` shows a chip model, `validate(rows)` compares with measurements
+/// and `measurements_from_trace(...)` reads them from an XProf / Perfetto trace. Masks may be JAX
+/// Splash mask objects or NumPy arrays; block sizes a Splash `BlockSizes`.
+#[pymodule]
+#[pyo3(name = "tpusim")]
+fn tpusim_py(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add("InputError", py.get_type::<InputError>())?;
+    m.add("SimulationError", py.get_type::<SimulationError>())?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add_class::<PyReport>()?;
+    m.add_function(wrap_pyfunction!(simulate, m)?)?;
+    m.add_function(wrap_pyfunction!(tune, m)?)?;
+    m.add_function(wrap_pyfunction!(chip, m)?)?;
+    m.add_function(wrap_pyfunction!(validate, m)?)?;
+    m.add_function(wrap_pyfunction!(sweep, m)?)?;
+    m.add_function(wrap_pyfunction!(measurements_from_trace, m)?)?;
+    m.add_function(wrap_pyfunction!(mask_text, m)?)?;
+    m.add_function(wrap_pyfunction!(tile_counts, m)?)?;
+    Ok(())
+}

@@ -1,0 +1,236 @@
+"""tpusim.simulate and the command line give the same numbers; masks, block sizes and errors from
+Python mean what the command line's flags mean."""
+
+import json
+import re
+
+import numpy as np
+import pytest
+
+import tpusim
+from conftest import run_cli, run_json
+
+SPARSE = dict(heads=10, seq_len=75600, mask="band:15000+sink:3600", traversal="compact", masking="partial", block_q=3328, block_kv=1536)
+
+
+def flags(d):
+    out = []
+    for k, v in d.items():
+        out += [f"--{k.replace('_', '-')}", str(v)]
+    return out
+
+
+def test_video_case_dense_matches_the_cli():
+    # The built-in default case: Wan 2.1 720p, dense Splash on v6e.
+    py = tpusim.simulate().to_dict()
+    assert py == run_json()
+    assert py["latency_ms"] > 0 and py["job"]["workload"]["q_len"] == 75600
+
+
+def test_video_case_sparse_matches_the_cli():
+    r = tpusim.simulate(**SPARSE)
+    cli = run_json(*flags(SPARSE))
+    assert r.to_dict() == cli
+    assert r.latency_ms == cli["latency_ms"] and r.tiles == cli["tiles"]
+    assert r.speedup_vs_dense > 1.5  # every report field reads as an attribute
+
+
+def blocky_map(nq, nk, heads=1, seed=0):
+    rng = np.random.default_rng(seed)
+    classes = rng.choice([0, 1, 2], size=(heads, nq, nk), p=[0.5, 0.2, 0.3]).astype(np.int8)
+    classes[:, np.arange(nq), np.arange(nq) % nk] = 1  # every row has a block
+    return classes
+
+
+def test_npz_block_map_written_from_numpy_matches_the_cli(tmp_path):
+    path = tmp_path / "map.npz"
+    np.savez(path, block_mask=blocky_map(8, 8, heads=2), q_len=4096, kv_len=4096, block_q=512, block_kv=512)
+    job = dict(heads=2, seq_len=4096, block_q=1024, block_kv=512, mask=f"file:{path}")
+    py = tpusim.simulate(**job)
+    assert py.to_dict() == run_json(*flags(job))
+    # The map's classes give the tiles at a tiling of whole map blocks: heads summed.
+    assert py.tiles["total"] == 2 * 4 * 8
+    assert any("half kept" in n for n in py.notes)  # partial elements unknown: said so
+
+
+def test_npz_block_map_with_element_masks_equals_the_dense_mask_and_the_grammar(tmp_path):
+    q = 2048
+    i, k = np.arange(q)[:, None], np.arange(q)[None, :]
+    dense = (np.abs(i - k) <= 300) | (k < 100)
+    bq = 256
+    blocks = dense.reshape(q // bq, bq, q // bq, bq).transpose(0, 2, 1, 3)
+    kept = blocks.sum(axis=(2, 3))
+    classes = np.where(kept == 0, 0, np.where(kept == bq * bq, 2, 1)).astype(np.int8)[None]
+    partial = [(a, b) for a in range(q // bq) for b in range(q // bq) if classes[0, a, b] == 1]
+    mask_next = np.zeros_like(classes, dtype=np.int32)
+    for n, (a, b) in enumerate(partial):
+        mask_next[0, a, b] = n
+    pmb = np.stack([blocks[a, b] for a, b in partial])
+    path = tmp_path / "exact.npz"
+    np.savez_compressed(path, block_mask=classes, partial_mask_blocks=pmb, mask_next=mask_next, q_len=q, kv_len=q, block_q=bq, block_kv=bq)
+    common = dict(heads=4, seq_len=q, block_q=512, block_kv=512, traversal="compact", masking="partial", mask_source="loaded")
+    from_map = tpusim.simulate(mask=f"file:{path}", **common)
+    from_array = tpusim.simulate(mask=dense, **{k: v for k, v in common.items() if k != "seq_len"})
+    from_text = tpusim.simulate(mask="band:300+sink:100", **common)
+    for r in (from_map, from_array):
+        assert r.tiles == from_text.tiles
+        assert r.latency_ms == from_text.latency_ms
+        assert r.pair_density == from_text.pair_density
+    assert from_map.to_dict() == run_json(*flags({**common, "mask": f"file:{path}"}))
+
+
+def test_block_map_from_splash_maskinfo_equals_the_grammar(tmp_path):
+    # The recipe of MASK_FILES.md: Splash's own MaskInfo saved as a block map.
+    M = pytest.importorskip("jax.experimental.pallas.ops.tpu.splash_attention.splash_attention_mask")
+    mi = pytest.importorskip("jax.experimental.pallas.ops.tpu.splash_attention.splash_attention_mask_info")
+    q = 2048
+    i, k = np.arange(q)[:, None], np.arange(q)[None, :]
+    mh = M.MultiHeadMask([M.NumpyMask((np.abs(i - k) <= 300) | (k < 100)), M.NumpyMask(i >= k)])
+    info, _ = mi.process_mask(mh, (256, 256), shrink_grid=False, downcast_smem_data=False)
+    path = tmp_path / "maskinfo.npz"
+    np.savez(path, block_mask=info.block_mask, q_len=q, kv_len=q, block_q=256, block_kv=256,
+             partial_mask_blocks=info.partial_mask_blocks, mask_next=info.mask_next)
+    job = dict(heads=2, seq_len=q, block_q=512, block_kv=1024, mask_source="loaded")
+    a = tpusim.simulate(mask=f"file:{path}", **job)
+    b = tpusim.simulate(mask="per-head[band:300+sink:100;causal]", **job)
+    assert (a.tiles, a.latency_ms, a.pair_density) == (b.tiles, b.latency_ms, b.pair_density)
+
+
+def test_splash_mask_object_gives_the_tiles_of_the_equivalent_text():
+    M = pytest.importorskip("jax.experimental.pallas.ops.tpu.splash_attention.splash_attention_mask")
+    shape = (4096, 4096)
+    cases = [
+        (M.CausalMask(shape), "causal"),
+        (M.LocalMask(shape, (512, 0), 0), "local:512,0"),
+        (M.ChunkedCausalMask(shape, 1000), "chunked:1000"),
+        (M.LogicalOr(M.LocalMask(shape, (256, 0), 0), M.CausalMask(shape)), "local:256,0+causal"),
+        (M.MultiHeadMask([M.CausalMask(shape), M.LocalMask(shape, (128, 128), 0)]), "per-head[causal;local:128,128]"),
+    ]
+    for obj, text in cases:
+        assert tpusim.mask_text(obj) == text
+        heads = 2 if text.startswith("per-head") else 8
+        a = tpusim.simulate(mask=obj, heads=heads, block_q=512, block_kv=1024)
+        b = tpusim.simulate(mask=text, heads=heads, seq_len=4096, block_q=512, block_kv=1024)
+        assert a.to_dict() == b.to_dict(), text
+        c = run_json("--mask", text, "--heads", heads, "--seq-len", 4096, "--block-q", 512, "--block-kv", 1024)
+        assert a.tiles == c["tiles"] and a.latency_ms == c["latency_ms"]
+
+
+def test_offsets_translate_to_the_grammar():
+    M = pytest.importorskip("jax.experimental.pallas.ops.tpu.splash_attention.splash_attention_mask")
+    assert tpusim.mask_text(M.LocalMask((1024, 1024), (256, 16), 64)) == "local:256,16@offset:64"
+    assert tpusim.mask_text(M.CausalMask((1024, 2048), offset=1024)) == "causal@offset:1024"
+    assert tpusim.mask_text(M.LocalMask((1024, 1024), (0, 8), -32)) == "local:0,8@offset:-32"
+    # The same tiles as the CLI's spelling of the mask.
+    a = tpusim.simulate(mask=M.CausalMask((1024, 2048), offset=1024), heads=2, block_q=256, block_kv=512)
+    c = run_json("--mask", "causal@offset:1024", "--heads", 2, "--q-len", 1024, "--kv-len", 2048, "--block-q", 256, "--block-kv", 512)
+    assert a.tiles == c["tiles"]
+    with pytest.raises(tpusim.InputError, match="at least 0"):
+        tpusim.mask_text(M.LocalMask((1024, 1024), (-1, 8), 0))
+
+
+def test_numpy_arrays_are_masks_read_in_place():
+    q = 2048
+    i, k = np.arange(q)[:, None], np.arange(q)[None, :]
+    band = (np.abs(i - k) <= 200) | (k < 64)
+    text = tpusim.simulate(mask="band:200+sink:64", mask_source="loaded", heads=4, seq_len=q, block_q=256, block_kv=512)
+    arr = tpusim.simulate(mask=band, heads=4, block_q=256, block_kv=512)
+    assert (arr.tiles, arr.latency_ms, arr.pair_density) == (text.tiles, text.latency_ms, text.pair_density)
+    # A strided view (every other column of a wider array) and Fortran order read the same.
+    wide = np.zeros((q, 2 * q), dtype=bool)
+    wide[:, ::2] = band
+    assert tpusim.simulate(mask=wide[:, ::2], heads=4, block_q=256, block_kv=512).tiles == text.tiles
+    assert tpusim.simulate(mask=np.asfortranarray(band), heads=4, block_q=256, block_kv=512).tiles == text.tiles
+    # [heads, q, kv]: one mask per head.
+    per = tpusim.simulate(mask=np.stack([band, i >= k]), block_q=256, block_kv=512, mask_source="loaded")
+    want = tpusim.simulate(mask="per-head[band:200+sink:64;causal]", heads=2, seq_len=q, block_q=256, block_kv=512, mask_source="loaded")
+    assert (per.tiles, per.latency_ms) == (want.tiles, want.latency_ms)
+    with pytest.raises(tpusim.InputError, match="dtype float64"):
+        tpusim.simulate(mask=band.astype(np.float64))
+    with pytest.raises(tpusim.InputError, match=r"shape \(2048, 2048\) does not match"):
+        tpusim.simulate(mask=band, seq_len=4096)
+
+
+def test_block_sizes_objects_and_their_spellings():
+    K = pytest.importorskip("jax.experimental.pallas.ops.tpu.splash_attention.splash_attention_kernel")
+    job = dict(heads=8, seq_len=4096, mask="causal")
+    bs = K.BlockSizes(block_q=512, block_kv=1024, block_kv_compute=512)
+    a = tpusim.simulate(block_sizes=bs, **job)
+    b = tpusim.simulate(kernel="splash", block_q=512, block_kv=1024, block_kv_compute=512, **job)
+    assert a.to_dict() == b.to_dict()  # a JAX BlockSizes means JAX's Splash
+    # Backward blocks and the fused flag as BlockSizes spells them.
+    bwd = K.BlockSizes(block_q=512, block_kv=512, block_kv_compute=512, block_q_dkv=256, block_kv_dkv=512, block_kv_dkv_compute=256, use_fused_bwd_kernel=True)
+    r = tpusim.simulate(block_sizes=bwd, direction="bwd", **job)
+    c = r.to_dict()["job"]["config"]
+    assert (c["bwd"]["block_q_dkv"], c["bwd"]["block_kv_dkv_compute"], c["bwd"]["fused"]) == (256, 256, True)
+    # tokamax's names: use_base2_exp and use_experimental_scheduler map to kernel options.
+    t = tpusim.simulate(block_sizes={"block_q": 512, "block_kv": 512, "use_base2_exp": False, "use_experimental_scheduler": True}, **job)
+    assert t.to_dict()["job"]["config"]["exp"] == "natural"
+    with pytest.raises(tpusim.InputError, match="q_layout = SEQ_MINOR.*not modelled"):
+        tpusim.simulate(block_sizes=K.BlockSizes(block_q=512, block_kv=512, q_layout=K.QKVLayout.SEQ_MINOR), **job)
+    with pytest.raises(tpusim.InputError, match="unknown key 'blockq'"):
+        tpusim.simulate(block_sizes={"blockq": 512}, **job)
+
+
+def as_kwargs(cli_error):
+    """The CLI's message with its flags (--kv-heads) named as keyword arguments (kv_heads)."""
+    msg = cli_error.strip().removeprefix("error: ")
+    return re.sub(r"--([a-z][a-z-]*)", lambda m: m.group(1).replace("-", "_"), msg)
+
+
+def test_errors_carry_the_cli_messages():
+    for flags_, kwargs in [
+        (["--heads", 3, "--kv-heads", 2], dict(heads=3, kv_heads=2)),
+        (["--seq-len", 4096, "--block-kv", 1000], dict(seq_len=4096, block_kv=1000)),
+        (["--seq-len", 4096, "--mask", "band:"], dict(seq_len=4096, mask="band:")),
+    ]:
+        _, err = run_cli("run", *flags_, expect=2)
+        with pytest.raises(tpusim.InputError) as e:
+            tpusim.simulate(**kwargs)
+        assert str(e.value) == as_kwargs(err), kwargs
+    with pytest.raises(tpusim.InputError, match="unknown field `hedas`"):
+        tpusim.simulate(hedas=4)
+    assert issubclass(tpusim.InputError, ValueError)
+
+
+def test_cost_estimate_fields():
+    r = tpusim.simulate(heads=8, seq_len=4096, mask="causal", block_q=512, block_kv=512)
+    assert r.cost_estimate == {"flops": round(r.flops), "transcendentals": round(r.transcendentals), "bytes_accessed": r.hbm_bytes}
+    assert "pl.CostEstimate(flops=" in str(r)
+
+
+def test_tune_prints_block_sizes_ready_to_paste():
+    K = pytest.importorskip("jax.experimental.pallas.ops.tpu.splash_attention.splash_attention_kernel")
+    # A small search (options held fixed, few refined pairs) keeps the test fast.
+    job = dict(heads=2, seq_len=2048, mask="causal", traversal="compact", masking="partial", mask_source="computed")
+    t = tpusim.tune(top=3, refine=3, **job)
+    best = t["top"][0]
+    assert best["block_sizes"].startswith("BlockSizes(block_q=")
+    bs = K.BlockSizes(**best["block_sizes_kwargs"])  # the kwargs construct JAX's BlockSizes
+    cfg = best["job"]["config"]
+    again = tpusim.simulate(kernel=cfg["kernel"], block_sizes=bs, exp=cfg["exp"], **job)
+    assert again.latency_ms == best["latency_ms"]
+    out, _ = run_cli("tune", *flags(job), "--top", 3, "--refine", 3, "--block-sizes", "--no-progress")
+    assert [line.split("  #")[0] for line in out.splitlines()] == [r["block_sizes"] for r in t["top"]]
+
+
+def test_sweep_returns_rows_ready_for_a_dataframe():
+    points = [{"block_q": b, "block_kv": 512} for b in (256, 512, 1024)]
+    rows = tpusim.sweep(points, heads=4, seq_len=4096, mask="causal")
+    assert [r["block_q"] for r in rows] == [256, 512, 1024]
+    for p, r in zip(points, rows):
+        assert r["latency_ms"] == tpusim.simulate(heads=4, seq_len=4096, mask="causal", **p).latency_ms
+        assert r["tiles_partial"] > 0 and r["bottleneck"]
+    with pytest.raises(tpusim.InputError, match=r"points\[1\]: block_kv = 100"):
+        tpusim.sweep([{"block_kv": 512}, {"block_kv": 100}], seq_len=4096)
+
+
+def test_chip_models_and_overrides():
+    base = tpusim.chip("v6e")
+    fast = tpusim.chip("v6e", {"hbm.bandwidth_gb_per_s": 3276})
+    assert fast["hbm"]["bandwidth_gb_per_s"]["value"] == 3276
+    assert base["hbm"]["bandwidth_gb_per_s"]["value"] != 3276
+    out, _ = run_cli("chip", "show", "v6e", "--format", "json")
+    assert json.loads(out) == base
+    with pytest.raises(tpusim.InputError, match="v9z"):
+        tpusim.chip("v9z")

@@ -283,7 +283,7 @@ impl LayerReport {
                 p.chip.name
             ));
         }
-        if p.overlap {
+        if p.overlap && p.ulysses > 1 {
             notes.push("collectives overlap independent compute (XLA's asynchronous collectives); --overlap=false serialises them".into());
         }
         notes.push("bias adds and GELU are assumed fused into their matmuls' output; norms, modulation, RoPE, gates and residuals run as separate HBM-bound fusions".into());

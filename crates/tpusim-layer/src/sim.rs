@@ -5,7 +5,8 @@
 //!   on the MXUs; the `XLA-MM-v6e-*` calibration rows pin its efficiency), lowered and simulated
 //!   by the engine. Its tiles are the family's default size at most, balanced over the
 //!   dimension (the fewest tiles that pad it by at most 1%: a 18,900-row operand as 10 tiles of
-//!   1,896 rows, not 10 of 2,048 with 8% padding); the (8, 128) rules round them up.
+//!   1,896 rows, not 10 of 2,048 with 8% padding); the (8, 128) rules round them up; on a chip
+//!   whose VMEM the tiling overflows, the output tiles are halved until it fits.
 //! * **Attention**: the Splash simulation of the kernel crate and engine, through the job layer
 //!   (`tpusim_report::run`), exactly as `tpusim run` runs the same call and kernel options.
 //! * **Fusions**: `tpusim_engine::simulate_fusion` (bytes read and written at the sustained HBM
@@ -73,17 +74,46 @@ pub fn balanced_block(dim: u64, default: u64, unit: u64) -> u64 {
     best.1
 }
 
-/// The XLA matmul configuration of a matmul (module docs).
-pub fn xla_matmul_config(chip: &tpusim_chip::ChipModel, mm: &MatmulCall) -> MatmulConfig {
+/// The XLA matmul configuration of a matmul (module docs), with output tiles at most
+/// `cap_m` x `cap_n` (the family's defaults, halved while the tiling overflows VMEM).
+pub fn xla_matmul_config(chip: &tpusim_chip::ChipModel, mm: &MatmulCall, cap_m: u64, cap_n: u64) -> MatmulConfig {
     let d = Kernel::XlaMatmul.defaults().blocks;
     let sub = u64::from(chip.vpu.sublanes.value);
     let lanes = u64::from(chip.vpu.lanes.value);
     MatmulConfig {
         kernel: Kernel::XlaMatmul,
-        block_m: balanced_block(mm.m, d.q, sub),
-        block_n: balanced_block(mm.n, d.kv, lanes),
+        block_m: balanced_block(mm.m, cap_m, sub),
+        block_n: balanced_block(mm.n, cap_n, lanes),
         block_k: balanced_block(mm.k, d.compute.unwrap_or(d.kv), lanes),
         vmem_limit_bytes: None,
+    }
+}
+
+/// Lowers a matmul as XLA's dot: the family's tiles, halved (output rows, then columns) until
+/// the tiling fits the chip's VMEM, as XLA always finds a tiling that fits.
+///
+/// # Errors
+/// [`LayerError::Op`] when even 128 x 128 tiles do not fit, or the sizes are invalid.
+pub fn lower_xla_matmul(
+    chip: &tpusim_chip::ChipModel,
+    mm: &MatmulCall,
+    name: &str,
+) -> Result<(MatmulConfig, tpusim_kernel::Program), LayerError> {
+    let d = Kernel::XlaMatmul.defaults().blocks;
+    let (mut cap_m, mut cap_n) = (d.q, d.kv);
+    loop {
+        let cfg = xla_matmul_config(chip, mm, cap_m, cap_n);
+        match matmul::lower(chip, mm, &cfg) {
+            Ok(p) => return Ok((cfg, p)),
+            Err(tpusim_kernel::KernelError::Vmem { .. }) if cap_m > 128 || cap_n > 128 => {
+                if cap_m >= cap_n {
+                    cap_m /= 2;
+                } else {
+                    cap_n /= 2;
+                }
+            }
+            Err(e) => return Err(LayerError::Op { op: name.into(), message: e.to_string() }),
+        }
     }
 }
 
@@ -110,8 +140,7 @@ pub fn cost(plan: &LayerPlan, work: &Work, name: &str) -> Result<OpCost, LayerEr
     match work {
         Work::Matmul { m, n, k } => {
             let mm = MatmulCall { m: *m, n: *n, k: *k };
-            let cfg = xla_matmul_config(chip, &mm);
-            let prog = matmul::lower(chip, &mm, &cfg).map_err(|e| LayerError::Op { op: name.into(), message: e.to_string() })?;
+            let (cfg, prog) = lower_xla_matmul(chip, &mm, name)?;
             let r = simulate(chip, &prog);
             let detail = format!("{m} x {n} x {k}, tiles {} x {} x {}", cfg.block_m, cfg.block_n, cfg.block_k);
             Ok(from_sim(chip, &r, 2.0 * *m as f64 * *n as f64 * *k as f64, detail))
@@ -128,9 +157,13 @@ pub fn cost(plan: &LayerPlan, work: &Work, name: &str) -> Result<OpCost, LayerEr
                 mask: Some(call.mask.to_string()),
                 ..Default::default()
             });
-            let err = |e: String| LayerError::Op { op: name.into(), message: e };
+            let err = |e: String| LayerError::Op {
+                op: name.into(),
+                message: format!("{e} (the self-attention kernels' options come from `dense_kernel` and `sparse_kernel` trace files)"),
+            };
             let job = spec.build(chip).map_err(|e| err(tpusim_report::render_fields(&e.to_string(), tpusim_report::FieldStyle::Key)))?;
-            let run = tpusim_report::run_with_dense(chip, &job, None).map_err(|e| err(e.to_string()))?;
+            let run = tpusim_report::run_with_dense(chip, &job, None)
+                .map_err(|e| err(tpusim_report::render_fields(&e.to_string(), tpusim_report::FieldStyle::Key)))?;
             let info = &run.program.info;
             let flops = 2.0 * (call.head_dim + call.head_dim_v) as f64 * info.kept_pairs as f64;
             let blocks: Vec<String> = info.blocks.iter().map(|(_, v)| v.to_string()).collect();

@@ -62,7 +62,8 @@ pub fn run_layers(
                     label.push(r.clone().unwrap_or_default());
                 }
                 if slices.len() > 1 {
-                    label.push(format!("{} chips", s.clone().unwrap_or_default()));
+                    let s = s.clone().unwrap_or_default();
+                    label.push(if s == "1" { "1 chip".to_string() } else { format!("{s} chips") });
                 }
                 if attentions.len() > 1 {
                     label.push(a.map(|a| a.to_string()).unwrap_or_default());
@@ -131,17 +132,26 @@ impl LayerBreakdownFigure {
         let first = runs.first().map(|r| &r.run.result.plan);
         let mut notes = Vec::new();
         if let Some(p) = first {
+            let distinct = |f: &dyn Fn(&tpusim_layer::LayerPlan) -> String| {
+                let mut v: Vec<String> = Vec::new();
+                for r in runs {
+                    let x = f(&r.run.result.plan);
+                    if !v.contains(&x) {
+                        v.push(x);
+                    }
+                }
+                v.join(", ")
+            };
             notes.push(format!(
-                "{} block on {} ({}); guidance {}; weights {}; {} collectives. Each bar: one block, one denoising step, on one chip.",
+                "{} block on {} (slices {}); guidance as {}; weights {}; {} collectives. Each bar: one block, one denoising step, on one chip.",
                 p.model.name,
                 p.chip.name,
-                runs.iter()
-                    .map(|r| r.run.result.plan.slice.label())
-                    .collect::<std::collections::BTreeSet<_>>()
-                    .into_iter()
-                    .collect::<Vec<_>>()
-                    .join(", "),
-                p.cfg,
+                distinct(&|p| p.slice.label()),
+                distinct(&|p| match p.cfg {
+                    tpusim_layer::Cfg::Groups => "two chip groups".to_string(),
+                    tpusim_layer::Cfg::Batch => "a batch of 2".to_string(),
+                    c => c.to_string(),
+                }),
                 p.weights,
                 if p.overlap { "overlapped" } else { "serialised" }
             ));
@@ -184,7 +194,7 @@ impl Figure for LayerBreakdownFigure {
         let (chart_area, legend_area) = area.split_horizontally(area_w - legend_w);
         let mut chart = ChartBuilder::on(&chart_area)
             .margin_right(s.tick as u32)
-            .x_label_area_size((s.label * 2.6) as u32)
+            .x_label_area_size((s.label * 3.4) as u32)
             .y_label_area_size((s.label * 4.0) as u32)
             .build_cartesian_2d(-0.5f64..(n as f64 - 0.5), 0f64..top)
             .map_err(draw_err)?;
@@ -224,9 +234,16 @@ impl Figure for LayerBreakdownFigure {
             let tot = plot.map_coordinate(&(x, y));
             let st = style::font(s.tick).pos(Pos::new(HPos::Center, VPos::Bottom));
             root.draw(&Text::new(format!("{} ms", sig3(b.latency_ms)), (tot.0, tot.1 - 4), st)).map_err(draw_err)?;
+            // The label under the bar, wrapped to the bar's slot.
             let base = plot.map_coordinate(&(x, 0.0));
-            let st = style::font(s.label * 0.95).pos(Pos::new(HPos::Center, VPos::Top));
-            root.draw(&Text::new(b.label.clone(), (base.0, base.1 + (s.tick * 0.6) as i32), st)).map_err(draw_err)?;
+            let slot = plot.map_coordinate(&(x + 0.5, 0.0)).0 - plot.map_coordinate(&(x - 0.5, 0.0)).0;
+            let lf = style::font(s.label * 0.9);
+            let mut ly = base.1 + (s.tick * 0.5) as i32;
+            for line in style::wrap(root, &b.label, &lf, slot - 6) {
+                let st = lf.pos(Pos::new(HPos::Center, VPos::Top));
+                root.draw(&Text::new(line.trim().to_string(), (base.0, ly), st)).map_err(draw_err)?;
+                ly += (s.label * 1.05) as i32;
+            }
         }
         let st = style::font(s.tick).pos(Pos::new(HPos::Left, VPos::Center));
         let sq = (s.tick * 0.9) as i32;

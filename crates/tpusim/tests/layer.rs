@@ -123,7 +123,7 @@ fn layer_figures_render() {
     let s = d.join("s.svg");
     let out = tpusim(&["plot", "breakdown", "--layer", "--slices", "1,4,8", "--out", s.to_str().unwrap()]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(std::fs::read_to_string(&s).unwrap().contains("1 chips"));
+    assert!(std::fs::read_to_string(&s).unwrap().contains(">\n1 chip\n<"));
     let _ = std::fs::remove_dir_all(d);
 }
 

@@ -73,4 +73,15 @@ t plot sweep --input "$sweep_csv" --where case=sparse --x block_kv --y latency_m
   --title "Sparse video attention (exact mask, v6e): latency vs block_kv, one line per block_q" --out plots/sweep.png
 t plot heatmap --input "$sweep_csv" --where case=aligned --x block_kv --y block_q --z latency_ms \
   --title "Tile-aligned sparse video attention (v6e): latency (ms) over block_q x block_kv" --out plots/heatmap.png
+# A transformer layer on a slice (tpusim layer): Wan 2.1 14B on a v6e-8 (2x4 mesh), guidance as two
+# groups of four chips, Ulysses sequence parallelism within each group.
+t plot breakdown --layer --share --resolutions 720p,1080p,1440p --attentions dense,sparse \
+  --title "Wan 2.1 14B block on v6e-8: share of layer time by part, dense vs sparse attention" --out plots/layer_breakdown.png
+t plot breakdown --layer --slices 1,4,8,16 --attentions dense,sparse \
+  --title "Wan 2.1 14B block at 720p on 1 to 16 v6e chips: layer time per chip by part" --out plots/layer_breakdown_chips.png
+# The marks are the case study's published end-to-end speedups (Google for Developers blog, "Accelerating
+# Spatio-Temporal Attention for Video Diffusion on TPUs", 2026-09-30: 40 steps on eight v6e chips); they are
+# drawn for comparison only and enter no simulated number.
+t plot speedup --resolutions 720p,1080p,1440p --mark 720p=1.28 --mark 1080p=1.49 --mark 1440p=1.69 \
+  --title "Wan 2.1 14B on v6e-8: end-to-end speedup of sparse attention over the dense fraction" --out plots/layer_speedup.png
 echo "plots/make.sh: figures written to plots/"

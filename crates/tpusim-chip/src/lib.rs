@@ -195,6 +195,37 @@ pub struct Hbm {
     pub writeback_latency_ns: Param<f64>,
 }
 
+/// The inter-chip interconnect (ICI): the links that join the JAX devices of a slice into a mesh
+/// or torus. Read only by multi-chip models (the layer workload's collectives); no kernel
+/// simulation uses it.
+///
+/// A slice is a box of devices (`AxB` or `AxBxC`, at most `torus_dims` axes, at most
+/// `pod_devices` devices). Neighbours along an axis are joined by one link per direction; an
+/// axis has wraparound links (a ring rather than a line) when its length is a multiple of
+/// `wraparound_axis_devices` (the static wraparound of v5e and v6e pods along a full pod axis),
+/// or when every axis of the slice is a multiple of `wraparound_cube_devices` (the optical
+/// circuit switches of v4, v5p and v7x close whole cubes into a torus). A value of 0 disables
+/// that rule.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Ici {
+    /// ICI ports per device: one link per direction of each torus axis (2 x `torus_dims` used).
+    pub ports: Param<u32>,
+    /// Bandwidth of one link in one direction, GB/s (10^9 bytes per second).
+    pub link_bandwidth_gb_per_s: Param<f64>,
+    /// Fixed cost of one hop over a link, independent of the bytes, microseconds.
+    pub hop_latency_us: Param<f64>,
+    /// Axes of the torus (2 on v5e and v6e, 3 on v4, v5p and v7x).
+    pub torus_dims: Param<u32>,
+    /// Devices in the largest slice (a pod).
+    pub pod_devices: Param<u32>,
+    /// An axis whose length is a multiple of this has wraparound links (0: never by this rule).
+    pub wraparound_axis_devices: Param<u32>,
+    /// A slice whose every axis is a multiple of this has wraparound links on every axis (0:
+    /// never by this rule).
+    pub wraparound_cube_devices: Param<u32>,
+}
+
 /// Parameters that are not public and were fitted to measurements (at most three, each a
 /// physical rate or cost).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -238,6 +269,8 @@ pub struct ChipModel {
     pub smem: Smem,
     /// HBM.
     pub hbm: Hbm,
+    /// The inter-chip interconnect (multi-chip models only).
+    pub ici: Ici,
     /// Parameters fitted to measurements.
     pub fitted: Fitted,
     /// Where the model was read from and the overrides applied since (not part of the file; two
@@ -470,6 +503,24 @@ impl ChipModel {
         v.pos("hbm.dma_bandwidth_gb_per_s", &self.hbm.dma_bandwidth_gb_per_s, 1e-3, 1e7);
         v.nonneg("hbm.dma_latency_ns", &self.hbm.dma_latency_ns, 1e6);
         v.nonneg("hbm.writeback_latency_ns", &self.hbm.writeback_latency_ns, 1e6);
+        v.count("ici.torus_dims", &self.ici.torus_dims, 1, 3);
+        v.count("ici.ports", &self.ici.ports, 2, 64);
+        if self.ici.ports.value < 2 * self.ici.torus_dims.value {
+            v.fail(
+                "ici.ports",
+                self.ici.ports.value,
+                &format!(
+                    "a torus of {} axes needs at least {} ports (one per direction per axis)",
+                    self.ici.torus_dims.value,
+                    2 * self.ici.torus_dims.value
+                ),
+            );
+        }
+        v.pos("ici.link_bandwidth_gb_per_s", &self.ici.link_bandwidth_gb_per_s, 1e-3, 1e7);
+        v.nonneg("ici.hop_latency_us", &self.ici.hop_latency_us, 1e6);
+        v.count("ici.pod_devices", &self.ici.pod_devices, 1, 1 << 20);
+        v.count("ici.wraparound_axis_devices", &self.ici.wraparound_axis_devices, 0, 1 << 20);
+        v.count("ici.wraparound_cube_devices", &self.ici.wraparound_cube_devices, 0, 1 << 20);
         v.fit("fitted.valu_vreg_ops_per_cycle", &self.fitted.valu_vreg_ops_per_cycle, 1e-3, 64.0);
         v.fit("fitted.eup_vregs_per_cycle", &self.fitted.eup_vregs_per_cycle, 1e-3, 64.0);
         v.fit("fitted.xlu_cycles_per_vreg", &self.fitted.xlu_cycles_per_vreg, 1e-3, 1e4);
@@ -560,6 +611,16 @@ impl ChipModel {
         (self.vmem.size_mib.value * 1024.0 * 1024.0) as u64
     }
 
+    /// One ICI link's bandwidth in one direction, bytes per second.
+    pub fn ici_link_bytes_per_s(&self) -> f64 {
+        self.ici.link_bandwidth_gb_per_s.value * 1e9
+    }
+
+    /// The fixed cost of one ICI hop, seconds.
+    pub fn ici_hop_latency_s(&self) -> f64 {
+        self.ici.hop_latency_us.value * 1e-6
+    }
+
     /// The names of the model's sections (`mxu`, `vpu`, ..., `fitted`), in file order.
     pub fn sections(&self) -> Vec<String> {
         let doc = toml::Value::try_from(self).expect("a chip model serialises");
@@ -629,6 +690,8 @@ pub fn unit_of(field: &str) -> &'static str {
         ("_kib", "KiB"),
         ("_gib", "GiB"),
         ("_ns", "ns"),
+        ("_us", "µs"),
+        ("_devices", "devices"),
         ("_cycles", "cycles"),
         ("_per_cycle", "per cycle"),
         ("_ops_per_vreg", "operations per (8,128) register"),
@@ -825,9 +888,42 @@ mod tests {
     }
 
     #[test]
+    fn every_preset_has_a_sourced_ici_section() {
+        for name in PRESETS {
+            let chip = ChipModel::preset(name).unwrap();
+            let ici = &chip.ici;
+            assert!(ici.ports.value >= 2 * ici.torus_dims.value, "{name}");
+            assert!(chip.ici_link_bytes_per_s() > 1e10, "{name}");
+            for p in [&ici.ports, &ici.torus_dims, &ici.pod_devices, &ici.wraparound_axis_devices, &ici.wraparound_cube_devices] {
+                assert!(p.source.as_deref().is_some_and(|s| s.len() > 20), "{name}");
+            }
+        }
+    }
+
+    #[test]
+    fn ici_errors_name_the_field() {
+        let chip = ChipModel::preset("v6e").unwrap();
+        let e = chip.with_override("ici.ports", "3").unwrap_err().to_string();
+        assert!(e.contains("ici.ports") && e.contains("at least 4"), "{e}");
+        let e = chip.with_override("ici.link_bandwidth_gb_per_s", "0").unwrap_err().to_string();
+        assert!(e.contains("ici.link_bandwidth_gb_per_s"), "{e}");
+        let e = chip.with_override("ici.torus_dims", "4").unwrap_err().to_string();
+        assert!(e.contains("ici.torus_dims") && e.contains("1 to 3"), "{e}");
+        let faster = chip.with_override("ici.link_bandwidth_gb_per_s", "200").unwrap();
+        assert_eq!(faster.ici_link_bytes_per_s(), 2.0 * chip.ici_link_bytes_per_s());
+        // A model without [ici] is refused, naming the section.
+        let mut doc = toml::Value::try_from(&chip).unwrap();
+        doc.as_table_mut().unwrap().remove("ici");
+        let e = ChipModel::from_toml_str(&toml::to_string(&doc).unwrap(), "t").unwrap_err().to_string();
+        assert!(e.contains("ici"), "{e}");
+    }
+
+    #[test]
     fn units_come_from_field_names() {
         assert_eq!(unit_of("clock_ghz"), "GHz");
         assert_eq!(unit_of("bandwidth_gb_per_s"), "GB/s");
         assert_eq!(unit_of("count"), "count");
+        assert_eq!(unit_of("hop_latency_us"), "µs");
+        assert_eq!(unit_of("pod_devices"), "devices");
     }
 }

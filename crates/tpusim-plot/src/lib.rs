@@ -9,7 +9,9 @@
 //!   intensity vs achieved FLOP/s with the chip's roofs and the workload's ceilings),
 //!   [`tiles`] (the tile map of a mask at a tiling), [`gantt`] (unit activity over a window of
 //!   grid steps), [`validation`] (predicted vs measured with error bands) and [`breakdown`]
-//!   (stacked busy time per unit for several jobs).
+//!   (stacked busy time per unit for several jobs); [`layer`] (a transformer layer on a slice of
+//!   chips: its time by part over resolutions, chip counts or attention modes, and the
+//!   end-to-end speedup of sparse attention over the dense fraction).
 //!
 //! Text is rasterised from a bundled font (DejaVu Sans, `assets/`, Bitstream Vera licence) with
 //! `ab_glyph`, so PNGs render on a machine with no fonts installed; SVGs name the `sans-serif`
@@ -17,13 +19,14 @@
 //! in the same directory, then a rename).
 //!
 //! Errors are [`PlotError`] values naming the flag, file or column at fault; the binary maps them
-//! to exit code 2. Depends on `tpusim-report` and the crates below it.
+//! to exit code 2. Depends on `tpusim-report`, `tpusim-layer` and the crates below them.
 
 pub mod axis;
 pub mod breakdown;
 pub mod gantt;
 pub mod heatmap;
 pub mod jobs;
+pub mod layer;
 pub mod roofline;
 pub mod style;
 pub mod sweep;

@@ -5,7 +5,7 @@
 //! result (tested against `tpusim_report::run`):
 //!
 //! * **Chips** are parsed once per (chip, `set` overrides).
-//! * **Lowering** is shared by points that differ only in the chip's `[device]`, `[fitted]` and
+//! * **Lowering** is shared by points that differ only in the chip's `[device]`, `[fitted]`, `[ici]` and
 //!   HBM rates (bandwidth, latency). Lowering reads the chip only for the block rules (`[vpu]`
 //!   register shape), the VMEM budget (`[vmem]`), SMEM and the HBM capacity; clock, bandwidth and
 //!   unit throughputs are the simulator's (ARCHITECTURE.md: step bodies carry hardware-neutral
@@ -76,13 +76,14 @@ impl Prepared {
     }
 }
 
-/// The key of the chip fields lowering reads: everything but `[device]`, `[fitted]` and the HBM
-/// rates (the capacity stays: lowering checks that the tensors fit).
+/// The key of the chip fields lowering reads: everything but `[device]`, `[fitted]`, `[ici]` and
+/// the HBM rates (the capacity stays: lowering checks that the tensors fit).
 pub fn lowering_key(chip: &ChipModel) -> String {
     let mut v = serde_json::to_value(chip).unwrap_or_default();
     if let Some(m) = v.as_object_mut() {
         m.remove("device");
         m.remove("fitted");
+        m.remove("ici");
         m.remove("description");
         if let Some(h) = m.get_mut("hbm").and_then(|h| h.as_object_mut()) {
             h.retain(|k, _| k == "capacity_gib");
@@ -311,6 +312,8 @@ mod tests {
             ("fitted.valu_vreg_ops_per_cycle", "9"),
             ("fitted.eup_vregs_per_cycle", "0.3"),
             ("fitted.grid_step_overhead_cycles", "5000"),
+            ("ici.link_bandwidth_gb_per_s", "1"),
+            ("ici.hop_latency_us", "7"),
         ] {
             b = b.with_override(k, v).unwrap();
         }

@@ -3,7 +3,8 @@
 //! This crate is the command-line tool (`tpusim run`, `tune`, `sweep`, `validate`, `plot`, ...)
 //! and, as a library, one door to the workspace's layers: chip models ([`chip`]), workloads and
 //! masks ([`workload`]), kernel lowering ([`kernel`]), the simulator ([`engine`]) and the job
-//! layer ([`JobSpec`], [`run`], [`Report`]).
+//! layer ([`JobSpec`], [`run`], [`Report`]), and transformer layers on a slice of chips
+//! ([`layer`]).
 //!
 //! # Example
 //!
@@ -31,5 +32,6 @@
 pub use tpusim_chip as chip;
 pub use tpusim_engine as engine;
 pub use tpusim_kernel as kernel;
+pub use tpusim_layer as layer;
 pub use tpusim_report::{run, Job, JobSpec, Report, Run, SpecError};
 pub use tpusim_workload as workload;

@@ -5,6 +5,7 @@
 
 mod calib;
 mod error;
+mod layer;
 mod plot;
 mod run;
 mod sweep;
@@ -15,7 +16,7 @@ use std::io::Write;
 use std::process::ExitCode;
 
 #[derive(Parser, Debug)]
-#[command(name = "tpusim", version, about = "Cycle-approximate TPU simulator for attention kernels", long_about = None, args_override_self = true)]
+#[command(name = "tpusim", version, about = "Cycle-approximate TPU simulator for attention kernels and the transformer layers around them", long_about = None, args_override_self = true)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -29,6 +30,13 @@ enum Command {
     /// 75,600 tokens, head_dim 128, full mask) with tokamax's Splash kernel and its default
     /// blocks on v6e. Every option not given takes the kernel family's default (--kernel).
     Run(run::RunArgs),
+    /// Simulate one transformer block of a video diffusion model on a slice of chips: its ops
+    /// (projections, attention, feed-forward, element-wise fusions, all-to-alls, permutation),
+    /// the latency per chip with its breakdown, and with --steps the denoising time.
+    ///
+    /// With no flags: Wan 2.1 14B at 720p (75,600 tokens), dense attention, on a v6e-8 (2x4)
+    /// with guidance as two groups of four chips and Ulysses sequence parallelism in each.
+    Layer(layer::LayerArgs),
     /// Inspect chip models.
     Chip {
         #[command(subcommand)]
@@ -92,6 +100,7 @@ fn main() -> ExitCode {
 fn dispatch(cli: &Cli) -> Result<String, CliError> {
     match &cli.command {
         Command::Run(a) => run::cmd_run(a),
+        Command::Layer(a) => layer::cmd_layer(a),
         Command::Chip { command } => run::cmd_chip(command),
         Command::Validate(a) => calib::cmd_validate(a),
         Command::Calibrate(a) => calib::cmd_calibrate(a),

@@ -9,6 +9,7 @@ use tpusim_plot::breakdown::BreakdownFigure;
 use tpusim_plot::gantt::GanttFigure;
 use tpusim_plot::heatmap::{HeatmapFigure, HeatmapSpec};
 use tpusim_plot::jobs::{self, JobRun};
+use tpusim_plot::layer::{self, LayerBreakdownFigure, Mark, SpeedupFigure};
 use tpusim_plot::roofline::RooflineFigure;
 use tpusim_plot::sweep::{SweepFigure, SweepSpec};
 use tpusim_plot::table::Table;
@@ -40,8 +41,14 @@ pub enum PlotKind {
     Validation(ValidationArgs),
     /// Arithmetic intensity vs achieved FLOP/s with the chip's roofs and the workload's ceilings.
     Roofline(MultiJobArgs),
-    /// Stacked busy time per unit for several jobs.
-    Breakdown(MultiJobArgs),
+    /// Stacked busy time per unit for several jobs; with --layer, a transformer layer's time by
+    /// part (attention, projections, feed-forward, element-wise, all-to-all, permutation) over
+    /// resolutions, chip counts or attention modes.
+    Breakdown(Box<BreakdownArgs>),
+    /// End-to-end speedup of sparse attention over all-dense as a curve over the fraction of
+    /// (step, block) pairs that stay dense, one curve per resolution or slice, with reference
+    /// speedups marked.
+    Speedup(SpeedupArgs),
     /// The tile map (empty / partial / full, padding) of a mask at a tiling for one head.
     Tiles(TilesArgs),
     /// A Gantt chart of MXU, VPU, EUP, XLU, DMA and step control over grid steps.
@@ -187,6 +194,63 @@ impl MultiJobArgs {
     }
 }
 
+/// Flags of `tpusim plot breakdown`: jobs (unit busy time), or with `--layer` layer runs.
+#[derive(Args, Debug)]
+pub struct BreakdownArgs {
+    #[command(flatten)]
+    pub jobs: MultiJobArgs,
+    /// Draw a transformer layer's time by part instead of jobs' busy time per unit (the layer
+    /// flags of `tpusim layer` apply; --chip and --set choose the chip).
+    #[arg(long)]
+    pub layer: bool,
+    /// With --layer: stack shares of each layer (100%) instead of milliseconds.
+    #[arg(long, requires = "layer")]
+    pub share: bool,
+    #[command(flatten)]
+    pub axes: LayerAxes,
+    #[command(flatten)]
+    pub spec: tpusim_layer::LayerSpec,
+}
+
+/// The values a layer figure runs over: one bar or curve per combination.
+#[derive(Args, Debug)]
+pub struct LayerAxes {
+    /// Resolutions, one bar or curve each (comma-separated), e.g. 720p,1080p,1440p.
+    #[arg(long, value_delimiter = ',', value_name = "LIST")]
+    pub resolutions: Vec<String>,
+    /// Slices, one bar or curve each (comma-separated device counts or shapes), e.g. 1,4,8,16.
+    #[arg(long, value_delimiter = ',', value_name = "LIST")]
+    pub slices: Vec<String>,
+    /// Attention modes, one bar each (comma-separated), e.g. dense,sparse.
+    #[arg(long, value_delimiter = ',', value_name = "LIST")]
+    pub attentions: Vec<tpusim_layer::AttentionMode>,
+}
+
+/// Flags of `tpusim plot speedup`.
+#[derive(Args, Debug)]
+pub struct SpeedupArgs {
+    #[command(flatten)]
+    pub figure: FigureArgs,
+    /// Chip of every device: preset or path [default: v6e].
+    #[arg(long)]
+    pub chip: Option<String>,
+    /// Change a chip parameter (repeatable).
+    #[arg(long = "set", value_name = "SECTION.FIELD=VALUE")]
+    pub set: Vec<String>,
+    /// Resolutions, one curve each (comma-separated), e.g. 720p,1080p,1440p.
+    #[arg(long, value_delimiter = ',', value_name = "LIST")]
+    pub resolutions: Vec<String>,
+    /// Slices, one curve each (comma-separated), e.g. 4,8,16.
+    #[arg(long, value_delimiter = ',', value_name = "LIST")]
+    pub slices: Vec<String>,
+    /// A reference speedup for the curve with this label, e.g. 720p=1.28 (repeatable): drawn
+    /// dashed, with the dense fraction at which the curve meets it.
+    #[arg(long, value_name = "LABEL=SPEEDUP")]
+    pub mark: Vec<String>,
+    #[command(flatten)]
+    pub spec: tpusim_layer::LayerSpec,
+}
+
 /// Flags of `tpusim plot tiles`.
 #[derive(Args, Debug)]
 pub struct TilesArgs {
@@ -287,11 +351,21 @@ pub fn cmd_plot(a: &PlotArgs) -> Result<String, CliError> {
             let f = RooflineFigure::from_runs(&p.runs()?, p.figure.title.as_deref())?;
             done(&f, &out, &f.title)
         }
-        PlotKind::Breakdown(p) => {
+        PlotKind::Breakdown(b) if b.layer => layer_breakdown(b),
+        PlotKind::Breakdown(b) => {
+            let p = &b.jobs;
+            let layer_flags = b.spec.set_fields();
+            if let Some(k) = layer_flags.keys().next() {
+                return Err(CliError::input(format!("--{}: a layer flag; add --layer to draw a layer's breakdown", k.replace('_', "-"))));
+            }
+            if !b.axes.resolutions.is_empty() || !b.axes.slices.is_empty() || !b.axes.attentions.is_empty() {
+                return Err(CliError::input("--resolutions, --slices and --attentions apply to --layer"));
+            }
             let out = p.figure.output(WIDE)?;
             let f = BreakdownFigure::from_runs(&p.runs()?, p.figure.title.as_deref());
             done(&f, &out, &f.title)
         }
+        PlotKind::Speedup(p) => speedup_plot(p),
         PlotKind::Tiles(p) => {
             let out = p.figure.output((1150, 900))?;
             // The tile map needs the workload and the tiling only: the job is built (its
@@ -358,5 +432,40 @@ fn timeline_plot(p: &TimelineArgs) -> Result<String, CliError> {
         }
     };
     let f = GanttFigure::new(events, steps, &what, job, p.figure.title.as_deref())?;
+    done(&f, &out, &f.title)
+}
+
+fn layer_breakdown(b: &BreakdownArgs) -> Result<String, CliError> {
+    let p = &b.jobs;
+    let out = p.figure.output(WIDE)?;
+    if !p.trace.is_empty() || !p.chips.is_empty() || !p.label.is_empty() {
+        return Err(CliError::input(
+            "--trace, --chips and --label describe kernel jobs; with --layer use the layer flags and --resolutions, --slices, --attentions",
+        ));
+    }
+    if let Some(k) = p.job.set_fields().keys().find(|k| *k != "chip" && *k != "set") {
+        return Err(CliError::input(format!(
+            "--{}: a kernel job flag; with --layer only --chip and --set apply to the chip",
+            k.replace('_', "-")
+        )));
+    }
+    let chip = crate::layer::chip(&p.job.chip, &p.job.set)?;
+    let runs = layer::run_layers(&b.spec, &chip, &b.axes.resolutions, &b.axes.slices, &b.axes.attentions)?;
+    let f = LayerBreakdownFigure::from_runs(&runs, b.share, p.figure.title.as_deref());
+    done(&f, &out, &f.title)
+}
+
+fn speedup_plot(p: &SpeedupArgs) -> Result<String, CliError> {
+    let out = p.figure.output(WIDE)?;
+    if p.spec.attention == Some(tpusim_layer::AttentionMode::Dense) {
+        return Err(CliError::input("--attention dense: the speedup plot compares sparse attention with dense"));
+    }
+    let marks = p.mark.iter().map(|m| Mark::parse(m)).collect::<Result<Vec<_>, _>>()?;
+    let chip = crate::layer::chip(&p.chip, &p.set)?;
+    let mut spec = p.spec.clone();
+    spec.attention = Some(tpusim_layer::AttentionMode::Sparse);
+    spec.steps = spec.steps.or(Some(40));
+    let runs = layer::run_layers(&spec, &chip, &p.resolutions, &p.slices, &[])?;
+    let f = SpeedupFigure::from_runs(&runs, &marks, p.figure.title.as_deref())?;
     done(&f, &out, &f.title)
 }

@@ -79,6 +79,7 @@ fn kinds() -> Vec<(&'static str, Vec<&'static str>)> {
         ("timeline", vec!["--trace", "plots/jobs/dense.toml", "--steps", "10:13"]),
         ("validation", vec!["--input", "plots/data/validation.csv"]),
         ("breakdown", JOBS.to_vec()),
+        ("speedup", vec!["--resolutions", "720p,1440p", "--mark", "720p=1.28"]),
     ]
 }
 
@@ -104,7 +105,7 @@ fn every_plot_kind_renders_png_and_svg() {
     // Atomic writes leave no temporary files behind.
     let names: Vec<String> = std::fs::read_dir(&d).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
     assert!(names.iter().all(|n| !n.starts_with('.')), "{names:?}");
-    assert_eq!(names.len(), 14, "{names:?}");
+    assert_eq!(names.len(), 16, "{names:?}");
     let _ = std::fs::remove_dir_all(d);
 }
 

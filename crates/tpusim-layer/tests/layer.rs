@@ -1,0 +1,170 @@
+//! The layer model's checks: FLOPs against the analytic count, one chip as the sum of its ops,
+//! the breakdown adding up, collectives following the link bandwidth, and the directions of the
+//! what-ifs (resolution, permutation placement, sparse attention).
+
+use tpusim_chip::ChipModel;
+use tpusim_layer::graph::{Category, Work};
+use tpusim_layer::{run, simulate_layer, AttentionMode, Cfg, LayerSpec, Placement};
+
+fn v6e() -> ChipModel {
+    ChipModel::preset("v6e").unwrap()
+}
+
+fn spec(resolution: &str, slice: &str, attention: AttentionMode) -> LayerSpec {
+    LayerSpec { resolution: Some(resolution.into()), slice: Some(slice.into()), attention: Some(attention), ..Default::default() }
+}
+
+/// Wan 2.1 14B's block FLOPs for `seqs` sequences of `l` tokens, written out from the model's
+/// dimensions (2 m n k per matmul; 4 d per attention pair for QK^T and PV).
+fn wan_block_flops(seqs: f64, l: f64) -> f64 {
+    let (d, w, f, h, hd, text) = (5120.0, 5120.0, 13824.0, 40.0, 128.0, 512.0);
+    let t = seqs * l;
+    let self_proj = 4.0 * 2.0 * t * d * w;
+    let cross_proj = 2.0 * 2.0 * t * d * w + 2.0 * 2.0 * seqs * text * d * w;
+    let ffn = 2.0 * 2.0 * t * d * f;
+    let self_attn = 4.0 * hd * seqs * h * l * l;
+    let cross_attn = 4.0 * hd * seqs * h * l * text;
+    self_proj + cross_proj + ffn + self_attn + cross_attn
+}
+
+#[test]
+fn layer_flops_equal_the_analytic_count() {
+    let chip = v6e();
+    // One chip, guidance as a batch of 2: the whole block.
+    let r = simulate_layer(&spec("720p", "1", AttentionMode::Dense).build(&chip).unwrap()).unwrap();
+    let want = wan_block_flops(2.0, 75_600.0);
+    assert!((r.flops() / want - 1.0).abs() < 1e-12, "{} vs {want}", r.flops());
+    assert!(r.executed_flops() >= r.flops());
+    // Eight chips in two groups: each chip does an eighth of it (75,600 divides by 4), except
+    // that every chip projects its sequence's 512 text tokens to k and v itself (6 redundant
+    // copies of the two text projections over the slice).
+    let r8 = simulate_layer(&spec("720p", "8", AttentionMode::Dense).build(&chip).unwrap()).unwrap();
+    let text_kv = 2.0 * 2.0 * 512.0 * 5120.0 * 5120.0;
+    let want8 = want + 6.0 * text_kv;
+    assert!((8.0 * r8.flops() / want8 - 1.0).abs() < 1e-12, "{} vs {want8}", 8.0 * r8.flops());
+    // Matmul FLOPs alone, from the graph's shapes.
+    let mm = r.graph.matmul_flops();
+    let attn = 4.0 * 128.0 * 2.0 * 40.0 * 75_600.0 * (75_600.0 + 512.0);
+    assert!((mm + attn - want).abs() / want < 1e-12);
+}
+
+#[test]
+fn one_chip_with_no_exchange_is_the_sum_of_its_ops() {
+    let chip = v6e();
+    let r = simulate_layer(&spec("720p", "1", AttentionMode::Sparse).build(&chip).unwrap()).unwrap();
+    assert!(r.graph.ops().all(|(_, o)| !o.work.on_ici()), "one chip has no collectives");
+    let sum: f64 = r.costs.iter().map(|c| c.seconds).sum();
+    assert!((r.seconds / sum - 1.0).abs() < 1e-12, "{} vs {sum}", r.seconds);
+    assert!((r.breakdown.total() / r.seconds - 1.0).abs() < 1e-12);
+    assert_eq!(r.ici_busy, 0.0);
+}
+
+#[test]
+fn breakdown_adds_up_to_the_latency_on_a_slice() {
+    let chip = v6e();
+    for (attention, placement) in
+        [(AttentionMode::Dense, None), (AttentionMode::Sparse, Some(Placement::After)), (AttentionMode::Sparse, Some(Placement::Before))]
+    {
+        for overlap in [true, false] {
+            let s = LayerSpec { permutation: placement, overlap: Some(overlap), ..spec("720p", "8", attention) };
+            let r = simulate_layer(&s.build(&chip).unwrap()).unwrap();
+            assert!((r.breakdown.total() / r.seconds - 1.0).abs() < 1e-9, "{attention} {placement:?} {overlap}");
+            assert!(r.ici_exposed <= r.ici_busy + 1e-12);
+            if !overlap {
+                // Serialised: the latency is the sum of every op, collectives included.
+                let sum: f64 = r.costs.iter().map(|c| c.seconds).sum();
+                assert!((r.seconds / sum - 1.0).abs() < 1e-12);
+            }
+        }
+    }
+}
+
+#[test]
+fn graph_is_acyclic_in_program_order() {
+    let chip = v6e();
+    let s = LayerSpec {
+        permutation: Some(Placement::Before),
+        weights: Some(tpusim_layer::Weights::Gathered),
+        ..spec("720p", "8", AttentionMode::Sparse)
+    };
+    let plan = s.build(&chip).unwrap();
+    let g = tpusim_layer::graph::build(&plan);
+    assert!(petgraph::algo::toposort(&g.graph, None).is_ok());
+    for e in g.graph.edge_indices() {
+        let (a, b) = g.graph.edge_endpoints(e).unwrap();
+        assert!(a < b, "edges go forward in program order");
+    }
+    // Every op a category; four Ulysses all-to-alls; one self-attention.
+    let count = |c: Category| g.ops().filter(|(_, o)| o.category == c).count();
+    assert_eq!(g.ops().filter(|(_, o)| o.name.starts_with("all-to-all")).count(), 4);
+    assert_eq!(count(Category::WeightGather), 10);
+    assert!(g.ops().any(|(_, o)| o.name == "self-attention" && matches!(o.work, Work::Attention { .. })));
+}
+
+#[test]
+fn doubling_ici_bandwidth_halves_the_all_to_alls() {
+    let chip = v6e();
+    let fast = chip.with_override("ici.link_bandwidth_gb_per_s", "200").unwrap();
+    let s = spec("720p", "8", AttentionMode::Dense);
+    let (a, b) = (simulate_layer(&s.build(&chip).unwrap()).unwrap(), simulate_layer(&s.build(&fast).unwrap()).unwrap());
+    let hop = chip.ici_hop_latency_s();
+    let mut n = 0;
+    for ((i, op), (cb, ca)) in a.graph.ops().zip(b.costs.iter().zip(&a.costs)) {
+        if let Some(t) = ca.collective {
+            let lat = t.max_hops as f64 * hop;
+            assert!(((cb.seconds - lat) / (ca.seconds - lat) - 0.5).abs() < 1e-9, "{}", op.name);
+            n += 1;
+        }
+        let _ = i;
+    }
+    assert_eq!(n, 4);
+    assert!(b.seconds < a.seconds);
+}
+
+#[test]
+fn attention_share_rises_with_resolution() {
+    let chip = v6e();
+    let mut shares = Vec::new();
+    for res in ["720p", "1080p", "1440p"] {
+        let r = simulate_layer(&spec(res, "8", AttentionMode::Dense).build(&chip).unwrap()).unwrap();
+        shares.push(r.attention_share());
+    }
+    assert!(shares[0] < shares[1] && shares[1] < shares[2], "{shares:?}");
+}
+
+#[test]
+fn permutation_after_the_all_to_all_beats_before() {
+    let chip = v6e();
+    let t = |p: Placement| {
+        let r =
+            simulate_layer(&LayerSpec { permutation: Some(p), ..spec("720p", "8", AttentionMode::Sparse) }.build(&chip).unwrap()).unwrap();
+        (r.seconds, r.breakdown.permutation)
+    };
+    let (after, before) = (t(Placement::After), t(Placement::Before));
+    assert!(after.0 < before.0 && after.1 < before.1, "after {after:?} before {before:?}");
+    // On one chip there is nothing to exchange: the placements cost the same.
+    let one = |p: Placement| {
+        simulate_layer(
+            &LayerSpec { permutation: Some(p), cfg: Some(Cfg::Batch), ..spec("720p", "1", AttentionMode::Sparse) }.build(&chip).unwrap(),
+        )
+        .unwrap()
+        .seconds
+    };
+    assert!((one(Placement::After) / one(Placement::Before) - 1.0).abs() < 1e-9);
+}
+
+#[test]
+fn sparse_speedup_curves_are_ordered_by_resolution() {
+    let chip = v6e();
+    let mut curves = Vec::new();
+    for res in ["720p", "1440p"] {
+        let s = LayerSpec { steps: Some(40), ..spec(res, "8", AttentionMode::Sparse) };
+        let e = run(&s, &chip).unwrap().end_to_end.unwrap();
+        assert!(e.max_speedup > 1.0);
+        assert!((e.curve.last().unwrap().speedup - 1.0).abs() < 1e-12);
+        curves.push(e.curve);
+    }
+    for (a, b) in curves[0].iter().zip(&curves[1]).take(20) {
+        assert!(b.speedup > a.speedup, "at {}: {} vs {}", a.dense_fraction, a.speedup, b.speedup);
+    }
+}

@@ -551,7 +551,13 @@ pub fn write_chrome_trace_with(
             w.write_all(b",\n")?;
             serde_json::to_writer(
                 &mut w,
-                &Meta { name: "process_name", ph: "M", pid: MEASURED_PID, tid: 0, args: MetaArgs { name: Some(&m.process), sort_index: None } },
+                &Meta {
+                    name: "process_name",
+                    ph: "M",
+                    pid: MEASURED_PID,
+                    tid: 0,
+                    args: MetaArgs { name: Some(&m.process), sort_index: None },
+                },
             )?;
             let t0 = m.ops.iter().map(|o| o.2).fold(f64::INFINITY, f64::min);
             let mut tids: Vec<&str> = Vec::new();
@@ -579,7 +585,7 @@ pub fn write_chrome_trace_with(
                 serde_json::to_writer(&mut w, &ev)?;
             }
         }
-                summary.run_us = run.result.seconds * 1e6;
+        summary.run_us = run.result.seconds * 1e6;
         w.write_all(b"\n],\n\"displayTimeUnit\":\"ns\",\n\"otherData\":")?;
         let other = serde_json::json!({
             "generator": "tpusim run --timeline",

@@ -140,7 +140,8 @@ pub fn cmd_run(a: &RunArgs) -> Result<String, CliError> {
         _ => None,
     };
     let rep = Report::from_run(&r);
-    let sum = match tpusim_plot::timeline::write_chrome_trace_with(&r, &window, std::path::Path::new(path), "--timeline", measured.as_ref()) {
+    let sum = match tpusim_plot::timeline::write_chrome_trace_with(&r, &window, std::path::Path::new(path), "--timeline", measured.as_ref())
+    {
         Ok(sum) => sum,
         Err(e) => {
             // The run itself succeeded: print its report, then say why the timeline was not

@@ -263,187 +263,29 @@ pub fn read_file(path: &str, known_chips: &[ChipModel]) -> Result<MeasurementFil
 
 /// Parses measurement CSV text; `path` names it in errors. See [`read_file`].
 ///
+/// Stages: the header ([`Columns::read`]), then per row its identity (id and chip,
+/// [`RowCells::identity`]), its kernel and direction ([`RowCells::kernel`]), its job
+/// ([`RowCells::job`]) and the workload columns its kernel needs ([`RowCells::check_needed`]).
+///
 /// # Errors
 /// As [`read_file`].
 pub fn parse(text: &str, path: &str, known_chips: &[ChipModel]) -> Result<MeasurementFile, MeasureError> {
-    let err = |line: Option<u64>, column: Option<&str>, message: String| MeasureError {
-        file: path.to_string(),
-        line,
-        column: column.map(String::from),
-        message,
-    };
     let mut rdr = csv::ReaderBuilder::new().comment(Some(b'#')).trim(csv::Trim::All).from_reader(text.as_bytes());
-    let headers = rdr.headers().map_err(|e| err(Some(1), None, format!("malformed CSV header: {e}")))?.clone();
-    let header_line = headers.position().map(|p| line_at(text, p.byte())).unwrap_or(1);
-    let mut col: HashMap<String, usize> = HashMap::new();
-    for (i, h) in headers.iter().enumerate() {
-        if !KNOWN_COLUMNS.contains(&h) {
-            return Err(err(
-                Some(header_line),
-                Some(h),
-                format!("unknown column; the columns are {} (see traces/measured/README.md)", KNOWN_COLUMNS.join(", ")),
-            ));
-        }
-        if col.insert(h.to_string(), i).is_some() {
-            return Err(err(Some(header_line), Some(h), "column given twice".into()));
-        }
-    }
-    for r in REQUIRED_COLUMNS {
-        if !col.contains_key(*r) {
-            return Err(err(Some(header_line), Some(r), format!("missing column (required columns: {})", REQUIRED_COLUMNS.join(", "))));
-        }
-    }
-    let mut chips_ok: HashMap<String, Result<(), String>> = HashMap::new();
+    let columns = Columns::read(&mut rdr, text, path)?;
+    let mut chips = ChipCheck { known: known_chips, checked: HashMap::new() };
     let mut seen: BTreeMap<String, u64> = BTreeMap::new();
     let mut rows = Vec::new();
     for rec in rdr.records() {
-        let rec = rec.map_err(|e| {
-            let line = match e.kind() {
-                csv::ErrorKind::UnequalLengths { pos: Some(p), .. } => Some(line_at(text, p.byte())),
-                _ => e.position().map(|p| line_at(text, p.byte())),
-            };
-            let msg = match e.kind() {
-                csv::ErrorKind::UnequalLengths { expected_len, len, .. } => {
-                    format!("{len} fields, but the header has {expected_len} columns")
-                }
-                _ => format!("malformed CSV: {e}"),
-            };
-            err(line, None, msg)
-        })?;
-        let line = rec.position().map(|p| line_at(text, p.byte())).unwrap_or(0);
-        let cell = |name: &str| -> Option<&str> { col.get(name).and_then(|&i| rec.get(i)).filter(|s| !s.is_empty()) };
-        let text_of = |name: &str| cell(name).map(String::from);
-        let int = |name: &str| -> Result<Option<u64>, MeasureError> {
-            match cell(name) {
-                None => Ok(None),
-                Some(s) => match s.parse::<u64>() {
-                    Ok(0) => Err(err(Some(line), Some(name), format!("\"{s}\" must be at least 1"))),
-                    Ok(v) => Ok(Some(v)),
-                    Err(_) => Err(err(Some(line), Some(name), format!("\"{s}\" is not a whole number"))),
-                },
-            }
-        };
-        let pos_f64 = |name: &str| -> Result<Option<f64>, MeasureError> {
-            match cell(name) {
-                None => Ok(None),
-                Some(s) => match s.parse::<f64>() {
-                    Ok(v) if v.is_finite() && v > 0.0 => Ok(Some(v)),
-                    Ok(_) => Err(err(Some(line), Some(name), format!("\"{s}\" must be a number above 0"))),
-                    Err(_) => Err(err(Some(line), Some(name), format!("\"{s}\" is not a number"))),
-                },
-            }
-        };
-        // A typed word: parsed by the enum that defines it (its error lists the words).
-        fn typed<T: std::str::FromStr<Err = tpusim_kernel::WordError>>(
-            cell: Option<&str>,
-            err: &dyn Fn(String) -> MeasureError,
-        ) -> Result<Option<T>, MeasureError> {
-            cell.map(|s| s.parse::<T>().map_err(|e| err(format!("{e}, or empty")))).transpose()
-        }
-        let col_err = |name: &'static str| move |m: String| err(Some(line), Some(name), m);
-        let id = cell("id").ok_or_else(|| err(Some(line), Some("id"), "empty; every row needs an id".into()))?.to_string();
-        if let Some(first) = seen.insert(id.clone(), line) {
-            return Err(err(Some(line), Some("id"), format!("\"{id}\" is also the id of line {first}; ids must be unique")));
-        }
-        let chip = cell("chip").ok_or_else(|| err(Some(line), Some("chip"), "empty; every row needs a chip".into()))?.to_string();
-        let chip_check = chips_ok
-            .entry(chip.clone())
-            .or_insert_with(|| {
-                if known_chips.iter().any(|c| c.name == chip) {
-                    Ok(())
-                } else {
-                    ChipModel::load(&chip).map(|_| ()).map_err(|e| e.to_string())
-                }
-            })
-            .clone();
-        if let Err(e) = chip_check {
-            return Err(err(Some(line), Some("chip"), e));
-        }
-        let kernel_word =
-            cell("kernel").ok_or_else(|| err(Some(line), Some("kernel"), "empty; every row needs a kernel".into()))?.to_string();
-        let kernel = kernel_word.parse::<Kernel>().ok();
-        let kind = kernel.map(Kernel::kind);
-        let measured_ms = match cell("measured_ms") {
-            None => return Err(err(Some(line), Some("measured_ms"), "empty; every row needs a measured time".into())),
-            Some(_) => pos_f64("measured_ms")?.unwrap_or(0.0),
-        };
-        let direction = match cell("direction") {
-            // Matmul and copy rows describe their direction in words of their own.
-            Some(d) if kind.is_some_and(|k| k != KernelKind::Attention) || kernel.is_none() => {
-                if kernel.is_none() || d == "matmul" || d == "copy" {
-                    None
-                } else {
-                    return Err(err(
-                        Some(line),
-                        Some("direction"),
-                        format!("\"{d}\": expected matmul, copy or empty for kernel {kernel_word}"),
-                    ));
-                }
-            }
-            Some(d) => Some(Direction::from_measurement(d).map_err(|e| err(Some(line), Some("direction"), e.to_string()))?),
-            None => None,
-        };
-        let mask = match cell("mask") {
-            None => None,
-            Some(m) => {
-                let m = strip_note(m);
-                Mask::parse(&m).map_err(|e| err(Some(line), Some("mask"), format!("\"{m}\": {e}")))?;
-                Some(m)
-            }
-        };
-        let tile_align = match cell("tile_align") {
-            None => None,
-            Some("yes") | Some("true") => Some(true),
-            Some("no") | Some("false") => Some(false),
-            Some(s) => return Err(err(Some(line), Some("tile_align"), format!("\"{s}\": expected yes, no or empty"))),
-        };
-        let (mut options, mut note) = (Vec::new(), Vec::new());
-        for w in cell("options").unwrap_or("").split_whitespace() {
-            match w.parse::<OptionWord>() {
-                Ok(o) => options.push(o),
-                Err(_) => note.push(w),
-            }
-        }
-        // The workload and blocks onto the job's fields: matmul rows reuse the attention columns.
-        let matmul = kind == Some(KernelKind::Matmul);
-        let (q_len, kv_len, head_dim) = (int("q_len")?, int("kv_len")?, int("head_dim")?);
-        let (block_q, block_kv, block_kv_compute) = (int("block_q")?, int("block_kv")?, int("block_kv_compute")?);
-        let mut job = JobSpec {
-            batch: int("batch")?,
-            heads: int("q_heads")?,
-            kv_heads: int("kv_heads")?,
-            head_dim_v: int("head_dim_v")?,
-            mask: mask.clone(),
-            traversal: typed::<Traversal>(cell("traversal"), &col_err("traversal"))?,
-            masking: typed::<Masking>(cell("masking"), &col_err("masking"))?,
-            mask_source: typed::<MaskSource>(cell("mask_source"), &col_err("mask_source"))?,
-            tile_align: tile_align.filter(|&t| t),
-            vmem_limit_mib: pos_f64("vmem_limit_mib")?,
-            ..Default::default()
-        };
-        let timing = text_of("timing").unwrap_or_default();
-        if matmul {
-            (job.m, job.n, job.k) = (q_len, kv_len, head_dim);
-            (job.block_m, job.block_n, job.block_k) = (block_q, block_kv, block_kv_compute);
-            job.batch = None;
-        } else {
-            (job.q_len, job.kv_len, job.head_dim) = (q_len, kv_len, head_dim);
-            if direction == Some(Direction::Bwd) {
-                // A backward row's blocks are its dkv kernel's (tokamax's backward Config).
-                (job.block_q_dkv, job.block_kv_dkv, job.block_kv_dkv_compute) = (block_q, block_kv, block_kv_compute);
-            } else {
-                (job.block_q, job.block_kv, job.block_kv_compute) = (block_q, block_kv, block_kv_compute);
-            }
-            job.direction = direction;
-            job.scope = Some(measured_scope(&timing));
-            // The options a row names ran on; the ones it does not name ran off.
-            job.exp = Some(if options.contains(&OptionWord::Base2Exp) { Exp::Base2 } else { Exp::Natural });
-            job.experimental_scheduler = Some(options.contains(&OptionWord::ExperimentalScheduler));
-            job.return_residuals = Some(options.contains(&OptionWord::ReturnResiduals));
-        }
+        let rec = rec.map_err(|e| record_error(&e, text, path))?;
+        let row = RowCells { rec: &rec, columns: &columns, line: rec.position().map(|p| line_at(text, p.byte())).unwrap_or(0), path };
+        let (id, chip) = row.identity(&mut seen, &mut chips)?;
+        let (kernel_word, kernel, direction) = row.kernel()?;
+        let measured_ms = row.measured_ms()?;
+        let (options, note) = row.options();
+        let (job, mask, timing) = row.job(kernel.map(Kernel::kind), direction, &options)?;
         let m = Measurement {
             id,
-            line,
+            line: row.line,
             chip,
             kernel_word,
             kernel,
@@ -451,34 +293,273 @@ pub fn parse(text: &str, path: &str, known_chips: &[ChipModel]) -> Result<Measur
             job,
             mask,
             options,
-            note: note.join(" "),
+            note,
             measured_ms,
             timing,
-            source: text_of("source").unwrap_or_default(),
+            source: row.cell("source").map(String::from).unwrap_or_default(),
         };
-        if let Ok(kind) = m.expressible() {
-            let needed: &[&str] = match kind {
-                KernelKind::Attention => &["batch", "q_heads", "q_len", "kv_len", "head_dim"],
-                _ => &["q_len", "kv_len", "head_dim"],
-            };
-            for n in needed {
-                if cell(n).is_none() {
-                    let why = if col.contains_key(*n) { "empty" } else { "missing from the header" };
-                    return Err(err(Some(line), Some(n), format!("{why}; kernel {} needs {}", m.kernel_word, needed.join(", "))));
-                }
-            }
-        }
+        row.check_needed(&m)?;
         rows.push(m);
     }
     if rows.is_empty() {
         // Nothing to validate or fit: an input error, not a report of zero rows.
-        return Err(err(
-            None,
-            None,
-            "no measurement rows after the header line (comments and blank lines are not rows); add at least one row".into(),
-        ));
+        return Err(MeasureError {
+            file: path.to_string(),
+            line: None,
+            column: None,
+            message: "no measurement rows after the header line (comments and blank lines are not rows); add at least one row".into(),
+        });
     }
     Ok(MeasurementFile { path: path.to_string(), rows })
+}
+
+/// The header of a measurement file: column name to field index, every name known and given once,
+/// the required ones present.
+struct Columns {
+    index: HashMap<String, usize>,
+}
+
+impl Columns {
+    fn read(rdr: &mut csv::Reader<&[u8]>, text: &str, path: &str) -> Result<Columns, MeasureError> {
+        let err = |line: u64, column: &str, message: String| MeasureError {
+            file: path.to_string(),
+            line: Some(line),
+            column: (!column.is_empty()).then(|| column.to_string()),
+            message,
+        };
+        let headers = rdr.headers().map_err(|e| err(1, "", format!("malformed CSV header: {e}")))?.clone();
+        let line = headers.position().map(|p| line_at(text, p.byte())).unwrap_or(1);
+        let mut index: HashMap<String, usize> = HashMap::new();
+        for (i, h) in headers.iter().enumerate() {
+            if !KNOWN_COLUMNS.contains(&h) {
+                return Err(err(
+                    line,
+                    h,
+                    format!("unknown column; the columns are {} (see traces/measured/README.md)", KNOWN_COLUMNS.join(", ")),
+                ));
+            }
+            if index.insert(h.to_string(), i).is_some() {
+                return Err(err(line, h, "column given twice".into()));
+            }
+        }
+        for r in REQUIRED_COLUMNS {
+            if !index.contains_key(*r) {
+                return Err(err(line, r, format!("missing column (required columns: {})", REQUIRED_COLUMNS.join(", "))));
+            }
+        }
+        Ok(Columns { index })
+    }
+}
+
+/// A CSV record that cannot be read (a row with the wrong number of fields, bad quoting), as a
+/// [`MeasureError`] with its line.
+fn record_error(e: &csv::Error, text: &str, path: &str) -> MeasureError {
+    let line = match e.kind() {
+        csv::ErrorKind::UnequalLengths { pos: Some(p), .. } => Some(line_at(text, p.byte())),
+        _ => e.position().map(|p| line_at(text, p.byte())),
+    };
+    let message = match e.kind() {
+        csv::ErrorKind::UnequalLengths { expected_len, len, .. } => format!("{len} fields, but the header has {expected_len} columns"),
+        _ => format!("malformed CSV: {e}"),
+    };
+    MeasureError { file: path.to_string(), line, column: None, message }
+}
+
+/// Whether a `chip` cell names a usable model (a `--chip` model's name, a preset or a chip TOML
+/// path), each name loaded once.
+struct ChipCheck<'a> {
+    known: &'a [ChipModel],
+    checked: HashMap<String, Result<(), String>>,
+}
+
+impl ChipCheck<'_> {
+    fn check(&mut self, chip: &str) -> Result<(), String> {
+        let known = self.known;
+        self.checked
+            .entry(chip.to_string())
+            .or_insert_with(|| {
+                if known.iter().any(|c| c.name == chip) {
+                    Ok(())
+                } else {
+                    ChipModel::load(chip).map(|_| ()).map_err(|e| e.to_string())
+                }
+            })
+            .clone()
+    }
+}
+
+/// One row's cells, read by column name, with errors naming the file, line and column.
+struct RowCells<'a> {
+    rec: &'a csv::StringRecord,
+    columns: &'a Columns,
+    line: u64,
+    path: &'a str,
+}
+
+impl RowCells<'_> {
+    fn err(&self, column: &str, message: String) -> MeasureError {
+        MeasureError { file: self.path.to_string(), line: Some(self.line), column: Some(column.to_string()), message }
+    }
+
+    /// The cell of column `name`; `None` when the column is absent or the cell empty.
+    fn cell(&self, name: &str) -> Option<&str> {
+        self.columns.index.get(name).and_then(|&i| self.rec.get(i)).filter(|s| !s.is_empty())
+    }
+
+    /// A cell that must not be empty.
+    fn required(&self, name: &str, what: &str) -> Result<String, MeasureError> {
+        self.cell(name).map(String::from).ok_or_else(|| self.err(name, format!("empty; every row needs {what}")))
+    }
+
+    /// A whole number of at least 1, or empty.
+    fn int(&self, name: &str) -> Result<Option<u64>, MeasureError> {
+        match self.cell(name) {
+            None => Ok(None),
+            Some(s) => match s.parse::<u64>() {
+                Ok(0) => Err(self.err(name, format!("\"{s}\" must be at least 1"))),
+                Ok(v) => Ok(Some(v)),
+                Err(_) => Err(self.err(name, format!("\"{s}\" is not a whole number"))),
+            },
+        }
+    }
+
+    /// A finite number above 0, or empty.
+    fn pos_f64(&self, name: &str) -> Result<Option<f64>, MeasureError> {
+        match self.cell(name) {
+            None => Ok(None),
+            Some(s) => match s.parse::<f64>() {
+                Ok(v) if v.is_finite() && v > 0.0 => Ok(Some(v)),
+                Ok(_) => Err(self.err(name, format!("\"{s}\" must be a number above 0"))),
+                Err(_) => Err(self.err(name, format!("\"{s}\" is not a number"))),
+            },
+        }
+    }
+
+    /// A typed word, parsed by the enum that defines it (its error lists the words), or empty.
+    fn typed<T: std::str::FromStr<Err = tpusim_kernel::WordError>>(&self, name: &str) -> Result<Option<T>, MeasureError> {
+        self.cell(name).map(|s| s.parse::<T>().map_err(|e| self.err(name, format!("{e}, or empty")))).transpose()
+    }
+
+    /// Stage 1: the row's id (unique in the file) and chip (a usable model).
+    fn identity(&self, seen: &mut BTreeMap<String, u64>, chips: &mut ChipCheck) -> Result<(String, String), MeasureError> {
+        let id = self.required("id", "an id")?;
+        if let Some(first) = seen.insert(id.clone(), self.line) {
+            return Err(self.err("id", format!("\"{id}\" is also the id of line {first}; ids must be unique")));
+        }
+        let chip = self.required("chip", "a chip")?;
+        chips.check(&chip).map_err(|e| self.err("chip", e))?;
+        Ok((id, chip))
+    }
+
+    /// Stage 2: the `kernel` word, the family it names (`None` for a kind the simulator does not
+    /// run) and the attention direction. Matmul and copy rows describe their direction in words of
+    /// their own (`matmul`, `copy`).
+    fn kernel(&self) -> Result<(String, Option<Kernel>, Option<Direction>), MeasureError> {
+        let word = self.required("kernel", "a kernel")?;
+        let kernel = word.parse::<Kernel>().ok();
+        let attention = kernel.is_some_and(|k| k.kind() == KernelKind::Attention);
+        let direction = match self.cell("direction") {
+            None => None,
+            Some(d) if attention => Some(Direction::from_measurement(d).map_err(|e| self.err("direction", e.to_string()))?),
+            Some(d) if kernel.is_none() || d == "matmul" || d == "copy" => None,
+            Some(d) => return Err(self.err("direction", format!("\"{d}\": expected matmul, copy or empty for kernel {word}"))),
+        };
+        Ok((word, kernel, direction))
+    }
+
+    /// The measured time in milliseconds (required, above 0).
+    fn measured_ms(&self) -> Result<f64, MeasureError> {
+        self.required("measured_ms", "a measured time")?;
+        Ok(self.pos_f64("measured_ms")?.unwrap_or(0.0))
+    }
+
+    /// Stage 3: the known option words of `options` and the rest as a note.
+    fn options(&self) -> (Vec<OptionWord>, String) {
+        let (mut options, mut note) = (Vec::new(), Vec::new());
+        for w in self.cell("options").unwrap_or("").split_whitespace() {
+            match w.parse::<OptionWord>() {
+                Ok(o) => options.push(o),
+                Err(_) => note.push(w),
+            }
+        }
+        (options, note.join(" "))
+    }
+
+    /// Stage 4: the row's job fields, its mask text and its `timing` cell. Matmul rows reuse the
+    /// attention columns (M, N, K = `q_len`, `kv_len`, `head_dim`; blocks likewise); a backward
+    /// row's blocks are its dkv kernel's (tokamax's backward Config); the option words a row names
+    /// ran on, the ones it does not name ran off.
+    fn job(
+        &self,
+        kind: Option<KernelKind>,
+        direction: Option<Direction>,
+        options: &[OptionWord],
+    ) -> Result<(JobSpec, Option<String>, String), MeasureError> {
+        let mask = match self.cell("mask") {
+            None => None,
+            Some(m) => {
+                let m = strip_note(m);
+                Mask::parse(&m).map_err(|e| self.err("mask", format!("\"{m}\": {e}")))?;
+                Some(m)
+            }
+        };
+        let tile_align = match self.cell("tile_align") {
+            None => None,
+            Some("yes") | Some("true") => Some(true),
+            Some("no") | Some("false") => Some(false),
+            Some(s) => return Err(self.err("tile_align", format!("\"{s}\": expected yes, no or empty"))),
+        };
+        let (q_len, kv_len, head_dim) = (self.int("q_len")?, self.int("kv_len")?, self.int("head_dim")?);
+        let blocks = (self.int("block_q")?, self.int("block_kv")?, self.int("block_kv_compute")?);
+        let mut job = JobSpec {
+            batch: self.int("batch")?,
+            heads: self.int("q_heads")?,
+            kv_heads: self.int("kv_heads")?,
+            head_dim_v: self.int("head_dim_v")?,
+            mask: mask.clone(),
+            traversal: self.typed::<Traversal>("traversal")?,
+            masking: self.typed::<Masking>("masking")?,
+            mask_source: self.typed::<MaskSource>("mask_source")?,
+            tile_align: tile_align.filter(|&t| t),
+            vmem_limit_mib: self.pos_f64("vmem_limit_mib")?,
+            ..Default::default()
+        };
+        let timing = self.cell("timing").map(String::from).unwrap_or_default();
+        if kind == Some(KernelKind::Matmul) {
+            (job.m, job.n, job.k) = (q_len, kv_len, head_dim);
+            (job.block_m, job.block_n, job.block_k) = blocks;
+            job.batch = None;
+        } else {
+            (job.q_len, job.kv_len, job.head_dim) = (q_len, kv_len, head_dim);
+            if direction == Some(Direction::Bwd) {
+                (job.block_q_dkv, job.block_kv_dkv, job.block_kv_dkv_compute) = blocks;
+            } else {
+                (job.block_q, job.block_kv, job.block_kv_compute) = blocks;
+            }
+            job.direction = direction;
+            job.scope = Some(measured_scope(&timing));
+            job.exp = Some(if options.contains(&OptionWord::Base2Exp) { Exp::Base2 } else { Exp::Natural });
+            job.experimental_scheduler = Some(options.contains(&OptionWord::ExperimentalScheduler));
+            job.return_residuals = Some(options.contains(&OptionWord::ReturnResiduals));
+        }
+        Ok((job, mask, timing))
+    }
+
+    /// Stage 5: a row the simulator can express has the workload columns its kernel needs.
+    fn check_needed(&self, m: &Measurement) -> Result<(), MeasureError> {
+        let Ok(kind) = m.expressible() else { return Ok(()) };
+        let needed: &[&str] = match kind {
+            KernelKind::Attention => &["batch", "q_heads", "q_len", "kv_len", "head_dim"],
+            _ => &["q_len", "kv_len", "head_dim"],
+        };
+        for n in needed {
+            if self.cell(n).is_none() {
+                let why = if self.columns.index.contains_key(*n) { "empty" } else { "missing from the header" };
+                return Err(self.err(n, format!("{why}; kernel {} needs {}", m.kernel_word, needed.join(", "))));
+            }
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]

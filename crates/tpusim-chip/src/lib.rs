@@ -293,6 +293,11 @@ pub struct Provenance {
     pub source: String,
     /// `--set` overrides applied, in order, as `SECTION.FIELD=VALUE` with the value as typed.
     pub overrides: Vec<String>,
+    /// The model as read, before any override: the chip a kernel's code was compiled for. A
+    /// what-if model ([`ChipModel::with_override`]) runs that chip's compiled code (the order in
+    /// which each grid step issues its operations) at its own unit speeds, so making a unit
+    /// faster never makes a run slower. `None` for a model without overrides.
+    pub compiled_for: Option<std::sync::Arc<ChipModel>>,
 }
 
 impl PartialEq for Provenance {
@@ -338,7 +343,7 @@ impl ChipModel {
         let mut chip: ChipModel =
             toml::from_str(text).map_err(|e| ChipError::Parse { origin: origin.to_string(), message: one_line(&e.to_string()) })?;
         chip.validate(origin)?;
-        chip.provenance = Provenance { source: origin.to_string(), overrides: Vec::new() };
+        chip.provenance = Provenance { source: origin.to_string(), overrides: Vec::new(), compiled_for: None };
         Ok(chip)
     }
 
@@ -432,6 +437,9 @@ impl ChipModel {
         })?;
         chip.provenance = self.provenance.clone();
         chip.provenance.overrides.push(format!("{key}={}", value.trim()));
+        if chip.provenance.compiled_for.is_none() {
+            chip.provenance.compiled_for = Some(std::sync::Arc::new(self.clone()));
+        }
         Ok(chip)
     }
 

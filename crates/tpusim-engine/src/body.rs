@@ -88,7 +88,26 @@ pub struct BodyTiming {
 /// issue slot, then node index); if none is ready it waits for the earliest. The order is then
 /// fixed (a static VLIW schedule): [`Transfer`] and [`schedule_body`] replay it per unit, so the
 /// times stay max-plus expressions of the step's inputs.
+///
+/// A what-if model (one with `--set` overrides) keeps the order of the model it was derived from
+/// (`provenance.compiled_for`: the code compiled for the chip as read) and times it with its own
+/// costs: list scheduling is not monotone (a faster unit can reorder a body and lengthen it,
+/// Graham's scheduling anomalies), a fixed order is.
 fn issue_order(chip: &ChipModel, body: &StepBody) -> Vec<(usize, usize, f64, f64)> {
+    let compiled_for = chip.provenance.compiled_for.as_deref().unwrap_or(chip);
+    let g = &body.graph;
+    list_order(compiled_for, body)
+        .into_iter()
+        .map(|i| {
+            let op = &g[NodeIndex::new(i)];
+            let (occ, lat) = op_cycles(chip, &op.work);
+            (i, op.work.unit().index(), occ, lat)
+        })
+        .collect()
+}
+
+/// The list-scheduled issue order of a body's nodes on `chip` (see [`issue_order`]).
+fn list_order(chip: &ChipModel, body: &StepBody) -> Vec<usize> {
     use std::cmp::Reverse;
     use std::collections::BinaryHeap;
     let g = &body.graph;
@@ -160,7 +179,7 @@ fn issue_order(chip: &ChipModel, body: &StepBody) -> Vec<(usize, usize, f64, f64
                 pending[cost[j].0].push(Reverse((fx(ready_at[j]), key(j))));
             }
         }
-        order.push((i, u, occ, lat));
+        order.push(i);
     }
     order
 }

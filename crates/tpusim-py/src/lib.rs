@@ -645,7 +645,7 @@ fn measurements_from_trace<'py>(
 }
 
 /// The `--mask` text of a mask given from Python (a Splash mask object, or text); raises
-/// `InputError` for masks with no text form (arrays, refused offsets).
+/// `InputError` for masks with no text form (arrays).
 #[pyfunction]
 fn mask_text(py: Python<'_>, mask: &Bound<'_, PyAny>) -> PyResult<String> {
     let pm = masks::read_mask(py, mask, "mask")?;

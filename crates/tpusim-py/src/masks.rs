@@ -9,18 +9,16 @@
 //! | class | keeps (q, kv) when | grammar |
 //! |---|---|---|
 //! | `FullMask` | always | `full` |
-//! | `CausalMask(offset=o)` | `q + o >= kv` | `causal` (o = 0 only) |
-//! | `LocalMask(window_size=(L, R), offset=o)` | `kv >= q + o - L` and `kv <= q + o + R` (`None`: unbounded) | `local:L-o,R+o` |
+//! | `CausalMask(offset=o)` | `q + o >= kv` | `causal@offset:o` (`causal` for o = 0) |
+//! | `LocalMask(window_size=(L, R), offset=o)` | `kv >= q + o - L` and `kv <= q + o + R` (`None`: unbounded) | `local:L,R@offset:o` |
 //! | `ChunkedCausalMask(chunk_size=c)` | `q // c == kv // c` and `q >= kv` | `chunked:c` |
 //! | `NumpyMask(array)` | `array[q, kv]` | an array mask |
 //! | `LogicalOr(l, r)` / `LogicalAnd(l, r)` | either / both | `l+r` / `l&r` |
 //! | `MultiHeadMask(masks)` | head h: `masks[h]` | `per-head[...]` |
 //!
-//! A `CausalMask` with a non-zero offset is refused: the grammar's `causal` has no offset yet (a
-//! positive offset equals `local:KV,o`, but that costs two comparisons per element in the
-//! kernel where Splash's offset causal costs one, so it would not be the same kernel). A
-//! `LocalMask` whose offset moves a window edge across the diagonal (`L - o < 0` or
-//! `R + o < 0`) has no `local:` form and is refused too.
+//! Offsets are the grammar's own (`@offset:o`, signed), so an offset mask is the same kernel in
+//! both front ends. A `LocalMask` side of `None` becomes a window wider than both lengths and
+//! the offset; a negative window side is refused.
 
 use pyo3::buffer::PyUntypedBuffer;
 use pyo3::prelude::*;

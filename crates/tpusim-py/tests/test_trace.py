@@ -114,7 +114,8 @@ def test_timeline_shows_the_measured_trace_beside_the_simulation(trace_file, tmp
     run_cli("run", *flags, "--timeline", tl, "--timeline-steps", "0:4", "--compare-trace", trace_file, "--kernel-pattern", "splash_mha_fwd")
     ev = json.loads(tl.read_text())["traceEvents"]
     procs = {e["pid"]: e["args"]["name"] for e in ev if e.get("name") == "process_name"}
-    assert procs[1].startswith("tpusim:") and procs[2].startswith("measured:")
-    measured = [e for e in ev if e.get("pid") == 2 and e.get("ph") == "X"]
+    # Simulated kernels from process 1, XLA ops outside them 100, measured ops 200.
+    assert procs[1].startswith("tpusim:") and procs[200].startswith("measured:")
+    measured = [e for e in ev if e.get("pid") == 200 and e.get("ph") == "X"]
     assert len(measured) == 12 and min(e["ts"] for e in measured) == 0.0
     assert any(e.get("pid") == 1 and e.get("ph") == "X" for e in ev)

@@ -529,6 +529,18 @@ fn round_sig(x: f64, digits: i32) -> f64 {
     (x * scale).round() / scale
 }
 
+/// `x` to `digits` significant digits, rounded outward (`down`: towards -inf, else towards +inf),
+/// so that a rounded interval still holds every value the exact one holds.
+fn round_sig_outward(x: f64, digits: i32, down: bool) -> f64 {
+    if x == 0.0 || !x.is_finite() {
+        return x;
+    }
+    let scale = 10f64.powi(digits - 1 - x.abs().log10().floor() as i32);
+    // A hair of slack, so that a value already at `digits` digits is not moved a step.
+    let y = x * scale;
+    (if down { (y + 1e-9).floor() } else { (y - 1e-9).ceil() }) / scale
+}
+
 /// Elasticities at `u`: column j = d r / d u_j by central differences of +-0.05 (one-sided at a
 /// bound).
 fn elasticities(p: &mut Problem, u: &[f64]) -> Vec<Vec<f64>> {
@@ -676,7 +688,8 @@ fn fit_rows(start: &ChipModel, fallback: &ChipModel, rows: &[&Row], names: &[&st
     }
     let mut ci = vec![None; all.len()];
     for (k, &i) in taken.iter().enumerate() {
-        ci[i] = ci_active[k].map(|(a, b)| (round_sig(a, 3), round_sig(b, 3)));
+        // Rounded outward: the printed interval holds the (5-digit) fitted value.
+        ci[i] = ci_active[k].map(|(a, b)| (round_sig_outward(a, 3, true), round_sig_outward(b, 3, false)));
     }
     (chip, status, ci, p.evaluations)
 }
@@ -1009,5 +1022,22 @@ impl Calibration {
             let _ = writeln!(s, "  held out                   not run (fewer than 2 rows, or --no-cv)");
         }
         s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn intervals_round_outward_and_keep_what_they_held() {
+        // An exact fit's interval is about one point: rounded to the nearest 3 digits it could
+        // exclude the 5-digit value; rounded outward it cannot.
+        let (lo, hi) = (round_sig_outward(3.68613, 3, true), round_sig_outward(3.68617, 3, false));
+        assert_eq!((lo, hi), (3.68, 3.69));
+        assert!(lo <= round_sig(3.68615, 5) && round_sig(3.68615, 5) <= hi);
+        assert_eq!(round_sig_outward(-0.01234, 3, true), -0.0124);
+        assert_eq!(round_sig_outward(2.5, 3, false), 2.5);
+        assert_eq!(round_sig_outward(0.0, 3, true), 0.0);
     }
 }

@@ -37,6 +37,12 @@ fn spec_err(e: impl std::fmt::Display) -> PyErr {
     input_err(render_fields(&e.to_string(), FieldStyle::Key))
 }
 
+/// An input error about `spec`'s job, fields named as the caller gave them (a length given as
+/// `seq_len` is named `seq_len`, not the `q_len` / `kv_len` it resolves to).
+fn spec_err_as_given(spec: &JobSpec, e: impl std::fmt::Display) -> PyErr {
+    input_err(tpusim_report::render_fields_with(&e.to_string(), &mut |f| spec.field_as_given(f).to_string()))
+}
+
 /// Python value -> JSON (bool, int, float, str, lists of those; `None` is null).
 fn to_json(v: &Bound<'_, PyAny>, what: &str) -> PyResult<Value> {
     if v.is_none() {
@@ -292,9 +298,11 @@ fn job_spec(py: Python<'_>, kwargs: Option<&Bound<'_, PyDict>>, skip: &[&str]) -
 /// Builds and runs a job (without the GIL).
 fn run_spec(py: Python<'_>, spec: JobSpec) -> PyResult<Report> {
     py.detach(move || {
-        let chip = spec.chip().map_err(|e| render_fields(&e.to_string(), FieldStyle::Key))?;
-        let job = spec.build(&chip).map_err(|e| render_fields(&e.to_string(), FieldStyle::Key))?;
-        let run = tpusim_report::run(&chip, &job).map_err(|e| render_fields(&e.to_string(), FieldStyle::Key))?;
+        // Fields as the caller gave them: a length given as seq_len is named seq_len.
+        let err = |e: &dyn std::fmt::Display| tpusim_report::render_fields_with(&e.to_string(), &mut |f| spec.field_as_given(f).to_string());
+        let chip = spec.chip().map_err(|e| err(&e))?;
+        let job = spec.build(&chip).map_err(|e| err(&e))?;
+        let run = tpusim_report::run(&chip, &job).map_err(|e| err(&e))?;
         Ok::<_, String>(Report::from_run(&run))
     })
     .map_err(input_err)
@@ -431,7 +439,7 @@ fn tune<'py>(
 ) -> PyResult<Bound<'py, PyAny>> {
     let spec = job_spec(py, kwargs, &[])?;
     let opts = tpusim_sweep::TuneOptions { top, allow_inexact, allow_approximate, refine, jobs: None, progress: false };
-    let r = py.detach(|| tpusim_sweep::tune(&spec, &opts)).map_err(spec_err)?;
+    let r = py.detach(|| tpusim_sweep::tune(&spec, &opts)).map_err(|e| spec_err_as_given(&spec, e))?;
     let out = from_json(py, &r.to_json())?;
     let list = out.get_item("top")?;
     for (i, ranked) in r.top.iter().enumerate() {
@@ -680,8 +688,8 @@ fn tile_counts<'py>(
     let spec = job_spec(py, Some(&kw), &[])?;
     let heads = spec.heads.unwrap_or(1);
     let spec = JobSpec { heads: Some(heads), ..spec };
-    let chip = spec.chip().map_err(spec_err)?;
-    let job = spec.build(&chip).map_err(spec_err)?;
+    let chip = spec.chip().map_err(|e| spec_err_as_given(&spec, e))?;
+    let job = spec.build(&chip).map_err(|e| spec_err_as_given(&spec, e))?;
     let Job::Attention { workload: w, .. } = job else { return Err(input_err("tile_counts: an attention mask is needed")) };
     w.mask.check_tiling(block_q, block_kv).map_err(spec_err)?;
     if block_q == 0 || block_kv == 0 {

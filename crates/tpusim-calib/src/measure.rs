@@ -263,9 +263,9 @@ pub fn read_file(path: &str, known_chips: &[ChipModel]) -> Result<MeasurementFil
 
 /// Parses measurement CSV text; `path` names it in errors. See [`read_file`].
 ///
-/// Stages: the header ([`Columns::read`]), then per row its identity (id and chip,
-/// [`RowCells::identity`]), its kernel and direction ([`RowCells::kernel`]), its job
-/// ([`RowCells::job`]) and the workload columns its kernel needs ([`RowCells::check_needed`]).
+/// Stages (private): the header (`Columns::read`), then per row its identity (id and chip,
+/// `RowCells::identity`), its kernel and direction (`RowCells::kernel`), its job
+/// (`RowCells::job`) and the workload columns its kernel needs (`RowCells::check_needed`).
 ///
 /// # Errors
 /// As [`read_file`].

@@ -580,25 +580,6 @@ impl JobSpec {
         let mut config = SplashConfig::for_family(kernel);
         config.block_q = self.block_q.unwrap_or(d.blocks.q);
         config.block_kv = self.block_kv.unwrap_or(d.blocks.kv);
-        // A family default longer than a short sequence: say that it is the default, which the
-        // user never typed, and which field to give (the kernel checks given blocks itself).
-        let sub = chip.vpu.sublanes.value as u64;
-        let lanes = chip.vpu.lanes.value as u64;
-        for (given, field, block, len_field, len, unit) in [
-            (self.block_q.is_some(), "block_q", config.block_q, "q_len", w.q_len, sub),
-            (self.block_kv.is_some(), "block_kv", config.block_kv, "kv_len", w.kv_len, lanes),
-        ] {
-            if !given && block > len.next_multiple_of(unit) {
-                return Err(SpecError::field(
-                    field,
-                    block,
-                    format!(
-                        "the default of `kernel` {kernel} exceeds `{len_field}` ({len}) rounded up to {unit}: give `{field}` (a multiple of {unit} up to {}, or {len})",
-                        len.next_multiple_of(unit)
-                    ),
-                ));
-            }
-        }
         config.traversal = self.traversal.unwrap_or(d.traversal);
         config.masking = self.masking.unwrap_or(d.masking);
         // Splash computes only its computable mask classes in the kernel; it loads the others.
@@ -898,19 +879,6 @@ mod tests {
         assert!(e.contains("`heads`") && e.contains("pallas-matmul"), "{e}");
         let e = JobSpec { m: Some(2), ..Default::default() }.build(&chip).unwrap_err().to_string();
         assert!(e.contains("`m`") && e.contains("(an attention kernel)"), "{e}");
-    }
-
-    /// A short sequence under a family's default blocks: the error says the block is the
-    /// default (never typed) and which field to give; a given block gets the kernel's own rule.
-    #[test]
-    fn default_blocks_longer_than_the_sequence_are_named_as_defaults() {
-        let chip = ChipModel::preset("v6e").unwrap();
-        let e = JobSpec { q_len: Some(8), kv_len: Some(4096), ..Default::default() }.build(&chip).unwrap_err().to_string();
-        assert!(e.starts_with("`block_q` = 128: the default of `kernel` tokamax-splash exceeds `q_len` (8)"), "{e}");
-        let s = JobSpec { kernel: Some(Kernel::SplashDense), seq_len: Some(512), block_q: Some(512), ..Default::default() };
-        let e = s.build(&chip).unwrap_err().to_string();
-        assert!(e.starts_with("`block_kv` = 1024: the default of `kernel` splash-dense exceeds `kv_len` (512)"), "{e}");
-        JobSpec { q_len: Some(8), kv_len: Some(4096), block_q: Some(8), ..Default::default() }.build(&chip).unwrap();
     }
 
     #[test]

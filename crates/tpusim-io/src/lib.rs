@@ -83,6 +83,7 @@ pub fn check_output(path: &Path) -> Result<(), OutputError> {
 /// Writes a file completely or not at all: `fill` writes into a temporary file in the same
 /// folder (so the rename cannot cross file systems), which is flushed to disk and then renamed
 /// over `path`. A reader never sees a half-written file, and a failure leaves no temporary file.
+/// On Unix the file gets the permissions of any new file (0666 less the process's umask).
 ///
 /// # Errors
 /// [`OutputError::Refused`] as [`check_output`]; [`OutputError::Io`] when writing or renaming
@@ -90,7 +91,16 @@ pub fn check_output(path: &Path) -> Result<(), OutputError> {
 pub fn write_with(path: &Path, fill: impl FnOnce(&mut std::fs::File) -> std::io::Result<()>) -> Result<(), OutputError> {
     check_output(path)?;
     let io = |e: std::io::Error| OutputError::Io { path: path.display().to_string(), reason: e.to_string() };
-    let mut tmp = tempfile::Builder::new().prefix(".tpusim-").suffix(".tmp").tempfile_in(folder_of(path)).map_err(io)?;
+    let mut builder = tempfile::Builder::new();
+    builder.prefix(".tpusim-").suffix(".tmp");
+    // A temporary file is private (0600) by default; the output gets the permissions any new
+    // file gets (0666 less the umask), as `File::create` would give it.
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        builder.permissions(std::fs::Permissions::from_mode(0o666));
+    }
+    let mut tmp = builder.tempfile_in(folder_of(path)).map_err(io)?;
     fill(tmp.as_file_mut()).map_err(io)?;
     tmp.as_file_mut().flush().map_err(io)?;
     tmp.as_file().sync_all().map_err(io)?;
@@ -164,6 +174,22 @@ mod tests {
         assert!(!e.is_refusal() && e.to_string().contains("disk full"), "{e}");
         assert_eq!(std::fs::read_to_string(&p).unwrap(), "two");
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    /// Outputs are shared (a sweep folder read by a merge job, figures): they get the
+    /// permissions `File::create` gives a new file under the process's umask, not a temporary
+    /// file's private 0600.
+    #[cfg(unix)]
+    #[test]
+    fn atomic_outputs_get_the_permissions_of_any_new_file() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let plain = dir.path().join("plain.txt");
+        std::fs::File::create(&plain).unwrap();
+        let expected = std::fs::metadata(&plain).unwrap().permissions().mode() & 0o777;
+        let p = dir.path().join("out.txt");
+        write_atomic(&p, b"one").unwrap();
+        assert_eq!(std::fs::metadata(&p).unwrap().permissions().mode() & 0o777, expected);
     }
 
     #[test]

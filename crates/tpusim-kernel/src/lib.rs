@@ -78,12 +78,20 @@ pub enum KernelError {
         breakdown: String,
     },
     /// The mask metadata Splash prefetches into SMEM does not fit.
-    #[error("the mask metadata this kernel prefetches into SMEM needs {needed} bytes but SMEM holds {limit} bytes: use larger blocks (fewer grid steps)")]
+    /// The message names the block fields in backticks (the front end renders them as flags or
+    /// keys) with their values.
+    #[error(
+        "the mask metadata this kernel prefetches into SMEM needs {needed} bytes at `block_q` = {block_q} and `block_kv` = {block_kv} but SMEM holds {limit} bytes: use a larger `block_q` or `block_kv` (fewer grid steps)"
+    )]
     Smem {
         /// Bytes needed.
         needed: u64,
         /// SMEM bytes.
         limit: u64,
+        /// The tiling's q block, tokens.
+        block_q: u64,
+        /// The tiling's kv block, tokens.
+        block_kv: u64,
     },
     /// The call's tensors do not fit the device's HBM.
     #[error("the tensors need {needed} bytes of HBM but the device holds {capacity} bytes ({capacity_gib} GiB): use a smaller `batch` or shorter sequences")]

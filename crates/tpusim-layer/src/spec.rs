@@ -332,23 +332,22 @@ impl LayerSpec {
                 }
             }
         }
-        if self.steps.is_none() {
-            let set = self.set_fields();
-            if let Some(f) = ["dense_steps", "dense_layers", "target_speedup"].iter().find(|f| set.contains_key(**f)) {
-                return Err(LayerError::field(f, set[*f].to_string(), "applies to an end-to-end run: give `steps`"));
-            }
+        // The end-to-end fields given, with their values as typed (a list as `1.2,1.5`).
+        let set = self.set_fields();
+        let end_to_end: Option<(&str, String)> = ["dense_steps", "dense_layers", "target_speedup"].into_iter().find_map(|f| {
+            set.get(f).map(|v| {
+                let text = match v {
+                    serde_json::Value::Array(a) => a.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(","),
+                    other => other.to_string(),
+                };
+                (f, text)
+            })
+        });
+        if let (None, Some((f, value))) = (self.steps, &end_to_end) {
+            return Err(LayerError::field(f, value, "applies to an end-to-end run: give `steps`"));
         }
-        if attention == AttentionMode::Dense
-            && (self.dense_steps.is_some() || self.dense_layers.is_some() || !self.target_speedup.is_empty())
-        {
-            let f = if self.dense_steps.is_some() {
-                "dense_steps"
-            } else if self.dense_layers.is_some() {
-                "dense_layers"
-            } else {
-                "target_speedup"
-            };
-            return Err(LayerError::field(f, "set", "applies to sparse attention: give `attention` sparse"));
+        if let (AttentionMode::Dense, Some((f, value))) = (attention, &end_to_end) {
+            return Err(LayerError::field(f, value, "applies to sparse attention: give `attention` sparse"));
         }
         if let Some(s) = self.steps {
             if self.dense_steps.unwrap_or(0) > s {
@@ -590,5 +589,27 @@ mod tests {
             assert!(e.contains(want), "{want}: {e}");
         }
         assert_eq!(render_layer_fields("`slice` = 3: see `cfg` and `other`", true), "--slice = 3: see --cfg and `other`");
+    }
+
+    /// End-to-end fields given where they do not apply are named with the value given, not a
+    /// placeholder (`--dense-steps = set`) or a list's brackets (`[1.2]`).
+    #[test]
+    fn end_to_end_fields_that_do_not_apply_give_their_value() {
+        let chip = v6e();
+        let cases: Vec<(LayerSpec, &str)> = vec![
+            (LayerSpec { steps: Some(40), dense_steps: Some(5), ..Default::default() }, "`dense_steps` = 5: applies to sparse attention"),
+            (
+                LayerSpec { steps: Some(40), target_speedup: vec![1.25, 1.5], ..Default::default() },
+                "`target_speedup` = 1.25,1.5: applies to sparse attention",
+            ),
+            (
+                LayerSpec { attention: Some(AttentionMode::Sparse), target_speedup: vec![1.2], ..Default::default() },
+                "`target_speedup` = 1.2: applies to an end-to-end run",
+            ),
+        ];
+        for (s, want) in cases {
+            let e = s.build(&chip).unwrap_err().to_string();
+            assert!(e.contains(want), "{want}: {e}");
+        }
     }
 }

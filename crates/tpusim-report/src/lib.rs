@@ -512,6 +512,23 @@ impl Report {
                     c.mask_source,
                     if c.tile_align { ", tile-aligned mask" } else { "" }
                 );
+                // The backward runs at its own blocks (`--block-q-dkv`, ...), not the forward's.
+                if *direction != Direction::Fwd {
+                    let b = &c.bwd;
+                    let dkv = format!(
+                        "block_q_dkv {}, block_kv_dkv {}, block_kv_dkv_compute {}",
+                        b.block_q_dkv, b.block_kv_dkv, b.block_kv_dkv_compute
+                    );
+                    if b.fused {
+                        let _ = writeln!(s, "  backward     fused dq/dk/dv kernel: {dkv}");
+                    } else {
+                        let _ = writeln!(
+                            s,
+                            "  backward     dkv kernel: {dkv}; dq kernel: block_q_dq {}, block_kv_dq {}",
+                            b.block_q_dq, b.block_kv_dq
+                        );
+                    }
+                }
             }
             Job::Matmul { workload: m, config: c } => {
                 let _ = writeln!(s, "tpusim: {} matmul on {}", c.kernel, self.chip);
@@ -684,5 +701,30 @@ mod tests {
             assert!(json.get(k).is_some(), "{k}");
         }
         assert!(rep.to_table().contains("partial"));
+    }
+
+    /// A backward run's table gives the blocks the backward kernels ran at, which are not the
+    /// forward's (tokamax's backward defaults to 128 blocks whatever the forward's are).
+    #[test]
+    fn backward_tables_give_the_backward_blocks() {
+        let chip = ChipModel::preset("v6e").unwrap();
+        let mut w = AttentionCall::video_default();
+        w.q_len = 4096;
+        w.kv_len = 4096;
+        w.q_heads = 1;
+        w.kv_heads = 1;
+        let mut config = SplashConfig::with_blocks(&w, &chip, 1024, 1024, None);
+        config.bwd.block_q_dkv = 512;
+        config.bwd.block_kv_dkv = 256;
+        config.bwd.block_kv_dkv_compute = 256;
+        for (direction, backward) in [(Direction::Fwd, false), (Direction::Bwd, true), (Direction::FwdBwd, true)] {
+            let job = Job::Attention { workload: w.clone(), config: config.clone(), direction, scope: Scope::Kernel };
+            let t = Report::from_run(&run(&chip, &job).unwrap()).to_table();
+            let line = t.lines().find(|l| l.trim_start().starts_with("backward "));
+            assert_eq!(line.is_some(), backward, "{direction}: {t}");
+            if let Some(line) = line {
+                assert!(line.contains("block_q_dkv 512, block_kv_dkv 256, block_kv_dkv_compute 256"), "{line}");
+            }
+        }
     }
 }

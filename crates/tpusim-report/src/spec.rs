@@ -490,16 +490,16 @@ impl JobSpec {
     /// Stage 1: fields that belong to another kind of kernel are errors, not ignored.
     fn check_applicable(&self, kernel: Kernel) -> Result<(), SpecError> {
         let (foreign, kind) = match kernel.kind() {
-            KernelKind::Attention => (MATMUL_ONLY, "attention"),
-            KernelKind::Matmul => (ATTENTION_ONLY, "matmul"),
-            KernelKind::Copy => (&[][..], "copy"),
+            KernelKind::Attention => (MATMUL_ONLY, "an attention"),
+            KernelKind::Matmul => (ATTENTION_ONLY, "a matmul"),
+            KernelKind::Copy => (&[][..], "a copy"),
         };
         let set = self.set_fields();
         if let Some(f) = foreign.iter().find(|f| set.contains_key(**f)) {
             return Err(SpecError::field(
                 f,
                 set[*f].to_string().trim_matches('"'),
-                format!("does not apply to `kernel` {kernel} (a {kind} kernel)"),
+                format!("does not apply to `kernel` {kernel} ({kind} kernel)"),
             ));
         }
         if self.seq_len == Some(0) {
@@ -878,7 +878,7 @@ mod tests {
         let e = JobSpec { kernel: Some(Kernel::PallasMatmul), heads: Some(2), ..Default::default() }.build(&chip).unwrap_err().to_string();
         assert!(e.contains("`heads`") && e.contains("pallas-matmul"), "{e}");
         let e = JobSpec { m: Some(2), ..Default::default() }.build(&chip).unwrap_err().to_string();
-        assert!(e.contains("`m`") && e.contains("attention"), "{e}");
+        assert!(e.contains("`m`") && e.contains("(an attention kernel)"), "{e}");
     }
 
     #[test]

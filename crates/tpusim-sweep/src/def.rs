@@ -41,7 +41,7 @@ use crate::SweepError;
 use serde::Deserialize;
 use std::path::Path;
 use tpusim_chip::ChipModel;
-use tpusim_report::JobSpec;
+use tpusim_report::{render_fields, FieldStyle, JobSpec};
 use tpusim_workload::Mask;
 
 /// Most points a sweep may have.
@@ -213,7 +213,9 @@ impl SweepDef {
 
     /// [`SweepDef::parse`] with relative paths resolved from `dir`.
     fn parse_in(text: &str, origin: &str, set: &[String], dir: &Path) -> Result<Self, SweepError> {
-        let fail = |what: String| SweepError::new(format!("sweep file {origin}: {what}"));
+        // Job fields are named as the file's keys (`block_q`), not as flags: the front end
+        // renders any backticked field left in a message as its own flag.
+        let fail = |what: String| SweepError::new(format!("sweep file {origin}: {}", render_fields(&what, FieldStyle::Key)));
         let raw: RawSweep = toml::from_str(text).map_err(|e| fail(one_line(&e.to_string())))?;
         let mut base = raw.base;
         base.set.extend(set.iter().cloned());
@@ -412,6 +414,21 @@ mod tests {
 
     fn parse(text: &str) -> Result<SweepDef, SweepError> {
         SweepDef::parse(text, "t.toml", &[])
+    }
+
+    /// Errors in a sweep file name its keys as written in the file (`block_q`), never as flags:
+    /// no backticked job field is left for the command line to render as `--block-q`.
+    #[test]
+    fn file_errors_name_keys_not_flags() {
+        for (text, key) in [
+            ("[base]\nbogus = 1\n[axes]\nblock_q = [128]\n", "expected one of chip, set, kernel"),
+            ("[axes]\nblock_qq = [128]\n", "expected one of chip, set, kernel"),
+            ("[axes]\nblock_q = [128, \"x\"]\n", "expected u64 in block_q"),
+            ("[axes]\ntraversal = [\"zig\"]\n", "expected full-grid or compact in traversal"),
+        ] {
+            let e = parse(text).unwrap_err().to_string();
+            assert!(e.contains(key) && !e.contains("`block_q`") && !e.contains("`chip`"), "{text}: {e}");
+        }
     }
 
     #[test]

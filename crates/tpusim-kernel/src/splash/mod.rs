@@ -625,7 +625,7 @@ pub fn lower(chip: &ChipModel, w: &AttentionCall, cfg: &SplashConfig) -> Result<
         .max()
         .unwrap_or(0);
     if smem > chip.smem_bytes() {
-        return Err(KernelError::Smem { needed: smem, limit: chip.smem_bytes() });
+        return Err(KernelError::Smem { needed: smem, limit: chip.smem_bytes(), block_q: cfg.block_q, block_kv: cfg.block_kv });
     }
     // Stage 4: one body per (tile kind, first, last), the mask cost the costliest distinct mask's.
     let mask_cost = worst_mask_cost(&cl.distinct, source, cl.padded);
@@ -779,6 +779,18 @@ mod tests {
         assert!(e.contains("`block_kv_compute`") && e.contains("divide"), "{e}");
         let e = lower(&v6e(), &w, &cfg(8192, 8192, 8192)).unwrap_err().to_string();
         assert!(e.contains("VMEM") && e.contains("bytes"), "{e}");
+    }
+
+    #[test]
+    fn smem_overflow_names_the_blocks_to_change() {
+        // tokamax's compacted grid at its default 128 blocks over 75,600 causal tokens: the
+        // per-block metadata overflows SMEM; the message names the fields and their values.
+        let mut w = AttentionCall::video_default();
+        w.mask = Mask::parse("causal").unwrap();
+        let e = lower(&v6e(), &w, &cfg(128, 128, 128)).unwrap_err();
+        assert!(matches!(e, KernelError::Smem { .. }), "{e}");
+        let e = e.to_string();
+        assert!(e.contains("`block_q` = 128") && e.contains("`block_kv` = 128"), "{e}");
     }
 
     #[test]

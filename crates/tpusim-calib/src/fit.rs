@@ -786,6 +786,7 @@ pub fn calibrate(
         if st == Status::Fitted {
             let p = param_mut(&mut fitted, name);
             p.fitted_to = Some(ids.clone());
+            p.checked_against = None;
             p.source = None;
             p.note = Some(format!(
                 "fitted by tpusim calibrate on {date} to {} ({} rows): {objective}; 95% confidence interval {}; jointly with: {}",

@@ -89,12 +89,17 @@ pub struct Param<T> {
     /// Free-text remark (how a value was derived or fitted).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
+    /// Calibration rows an unfitted `[fitted]` value was checked against: a fit that freed it on
+    /// these rows agreed with the value (the `note` gives the fit's value and interval). Only in
+    /// `[fitted]`, only with an empty `fitted_to`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checked_against: Option<Vec<String>>,
 }
 
 impl<T> Param<T> {
     /// A parameter with a value and a source.
     pub fn sourced(value: T, source: &str) -> Self {
-        Param { value, source: Some(source.to_string()), fitted_to: None, note: None }
+        Param { value, source: Some(source.to_string()), fitted_to: None, note: None, checked_against: None }
     }
 }
 
@@ -650,7 +655,14 @@ impl ChipModel {
                 };
                 let provenance = if let Some(rows) = p.get("fitted_to").and_then(|r| r.as_array()) {
                     let ids: Vec<String> = rows.iter().filter_map(|r| r.as_str().map(String::from)).collect();
-                    let mut s = if ids.is_empty() {
+                    let checked: Vec<String> = p
+                        .get("checked_against")
+                        .and_then(|r| r.as_array())
+                        .map(|r| r.iter().filter_map(|x| x.as_str().map(String::from)).collect())
+                        .unwrap_or_default();
+                    let mut s = if ids.is_empty() && !checked.is_empty() {
+                        format!("NOT FITTED, checked against [{}]", checked.join(", "))
+                    } else if ids.is_empty() {
                         "FITTED elsewhere (no rows for this chip)".to_string()
                     } else {
                         format!("FITTED to [{}]", ids.join(", "))
@@ -747,6 +759,9 @@ impl Validator<'_> {
         if p.fitted_to.is_some() {
             self.fail(field, &p.value, "`fitted_to` belongs only to parameters in [fitted]");
         }
+        if p.checked_against.is_some() {
+            self.fail(field, &p.value, "`checked_against` belongs only to parameters in [fitted]");
+        }
     }
     fn count(&mut self, field: &str, p: &Param<u32>, lo: u32, hi: u32) {
         self.sourced(field, p);
@@ -767,6 +782,13 @@ impl Validator<'_> {
                 self.fail(field, p.value, "an empty `fitted_to` needs a `note` saying where the value comes from")
             }
             _ => {}
+        }
+        if p.checked_against.is_some() && p.fitted_to.as_ref().is_some_and(|r| !r.is_empty()) {
+            self.fail(
+                field,
+                p.value,
+                "`checked_against` is for a value not fitted (an empty `fitted_to`); a fitted value lists its rows in `fitted_to`",
+            );
         }
     }
     fn fit(&mut self, field: &str, p: &Param<f64>, lo: f64, hi: f64) {

@@ -10,11 +10,11 @@ crate::word_enum! {
         TokamaxSplash = "tokamax-splash",
         /// JAX's Splash attention (`jax.experimental.pallas.ops.tpu.splash_attention`): every grid step after grid shrinking, compute skipped on empty blocks, mask on partial blocks only; default blocks 128 (`BlockSizes.get_default`); dq and dkv backward kernels.
         Splash = "splash",
-        /// MaxDiffusion's dense Splash kernel (mask-free): every block computed without a mask; default blocks 4864 / 1024 / 1024.
+        /// MaxDiffusion's dense Splash kernel (mask-free): every block computed without a mask; default blocks 4864 / 1024 / 1024; backward: JAX Splash's dq and dkv kernels, mask-free.
         SplashDense = "splash-dense",
-        /// MaxDiffusion's sparse Splash kernel (Sparse VideoGen): compacted grid over non-empty blocks, mask on partial blocks only; default blocks 128 as the Splash it copies.
+        /// MaxDiffusion's sparse Splash kernel (Sparse VideoGen): compacted grid over non-empty blocks, mask on partial blocks only; default blocks 128 as the Splash it copies; backward: JAX Splash's dq and dkv kernels.
         SparseSplash = "sparse-splash",
-        /// JAX's older Pallas TPU flash attention (`jax.experimental.pallas.ops.tpu.flash_attention`): grid (batch, heads, q blocks, kv blocks), blocks above the causal diagonal skipped, the mask applied on every computed block; default blocks 128.
+        /// JAX's older Pallas TPU flash attention (`jax.experimental.pallas.ops.tpu.flash_attention`): grid (batch, heads, q blocks, kv blocks), blocks above the causal diagonal skipped, the mask applied on every computed block; default blocks 128; backward modelled as JAX Splash's dq and dkv kernels (its own dq / dkv kernels have the same structure).
         FlashAttention = "flash-attention",
         /// The blocked matmul of the Pallas TPU matmul tutorial: grid (M / bm, N / bn, K / bk); default blocks 128 x 128 x 128.
         PallasMatmul = "pallas-matmul" | "matmul",

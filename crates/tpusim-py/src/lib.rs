@@ -299,7 +299,8 @@ fn job_spec(py: Python<'_>, kwargs: Option<&Bound<'_, PyDict>>, skip: &[&str]) -
 fn run_spec(py: Python<'_>, spec: JobSpec) -> PyResult<Report> {
     py.detach(move || {
         // Fields as the caller gave them: a length given as seq_len is named seq_len.
-        let err = |e: &dyn std::fmt::Display| tpusim_report::render_fields_with(&e.to_string(), &mut |f| spec.field_as_given(f).to_string());
+        let err =
+            |e: &dyn std::fmt::Display| tpusim_report::render_fields_with(&e.to_string(), &mut |f| spec.field_as_given(f).to_string());
         let chip = spec.chip().map_err(|e| err(&e))?;
         let job = spec.build(&chip).map_err(|e| err(&e))?;
         let run = tpusim_report::run(&chip, &job).map_err(|e| err(&e))?;

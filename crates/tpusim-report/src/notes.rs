@@ -148,7 +148,8 @@ fn fitted_units(chip: &ChipModel) -> [(&'static str, &Param<f64>, Unit); 5] {
 }
 
 /// A note when the run depends on `[fitted]` parameters fitted to no measurement of this chip
-/// (an empty `fitted_to`: carried over from another chip's fit or taken from a micro-benchmark);
+/// (an empty `fitted_to`: carried over from another chip's fit or taken from a micro-benchmark)
+/// and checked against none (`checked_against`);
 /// `None` otherwise. A parameter counts when its unit is busy at least [`UNIT_MATTERS_BUSY`] of
 /// the run (an error of 2x in it could then make that unit bound the run) or holds at least
 /// [`UNIT_MATTERS_CRITICAL`] of its critical path; the loaded-mask cost only when a loaded mask is
@@ -160,7 +161,8 @@ pub fn unfitted_parameters(run: &Run, rep: &Report) -> Option<String> {
     let mut params = Vec::new();
     let mut units: Vec<Unit> = Vec::new();
     for (name, p, unit) in fitted_units(&run.chip) {
-        if !p.fitted_to.as_ref().is_some_and(|r| r.is_empty()) {
+        // Fitted to this chip's rows, or checked against them: measurements stand behind it.
+        if !p.fitted_to.as_ref().is_some_and(|r| r.is_empty()) || p.checked_against.as_ref().is_some_and(|r| !r.is_empty()) {
             continue;
         }
         if name == "fitted.loaded_mask_ops_per_vreg" && !loaded_mask {
@@ -171,7 +173,7 @@ pub fn unfitted_parameters(run: &Run, rep: &Report) -> Option<String> {
             continue;
         }
         let why = p.note.as_deref().map(first_sentence).unwrap_or_default();
-        params.push(if why.is_empty() { name.to_string() } else { format!("{name} ({why})") });
+        params.push(if why.is_empty() { name.to_string() } else { format!("{name} [{why}]") });
         if !units.contains(&unit) {
             units.push(unit);
         }

@@ -53,6 +53,31 @@ fn a_chip_without_measurements_of_this_kind_of_kernel_says_so() {
     for n in notes_with(&v7x, "not fitted to any") {
         assert!(!n.contains("valu_vreg_ops_per_cycle"), "v7x's VALU rate is fitted to v7x rows: {n}");
     }
+    // v6e's EUP rate is not fitted but checked against the v6e rows (`checked_against`): the
+    // EUP-bound video kernel rests on measurements, and says nothing.
+    let v6e =
+        report("chip = 'v6e'\nheads = 10\nseq_len = 75600\nhead_dim = 128\nblock_q = 3024\nblock_kv = 2048\nblock_kv_compute = 1024\n");
+    assert!(notes_with(&v6e, "not fitted to any").is_empty(), "{:?}", v6e.notes);
+    // A chip model without the check says so again.
+    let mut unchecked = tpusim_chip::ChipModel::preset("v6e").unwrap();
+    unchecked.fitted.eup_vregs_per_cycle.checked_against = None;
+    let job = JobSpec {
+        heads: Some(10),
+        seq_len: Some(75600),
+        head_dim: Some(128),
+        block_q: Some(3024),
+        block_kv: Some(2048),
+        block_kv_compute: Some(1024),
+        ..Default::default()
+    }
+    .build(&unchecked)
+    .unwrap();
+    let rep = Report::from_run(&run(&unchecked, &job).unwrap());
+    assert!(
+        notes_with(&rep, "not fitted to any v6e measurement").iter().any(|n| n.contains("fitted.eup_vregs_per_cycle [")),
+        "{:?}",
+        rep.notes
+    );
 }
 
 #[test]

@@ -92,8 +92,11 @@
 //!
 //! ## Mask files
 //!
-//! `file:PATH` reads a JSON file; the format is picked by its keys
-//! (see `crates/tpusim-workload/MASK_FILES.md`):
+//! `file:PATH` reads a JSON file (or a NumPy `.npy` / `.npz` file, by extension); the format
+//! is picked by its keys (see `crates/tpusim-workload/MASK_FILES.md`). The path runs to the end
+//! of the mask text or to a closing `)`, so a file combined with other masks goes last or in
+//! parentheses: `causal+file:a.npy` or `(file:a.npy)+causal`, not `file:a.npy+causal` (that
+//! names a file `a.npy+causal`).
 //!
 //! * block format ([`BlockSparse`]): kept tiles of a tiling,
 //!   `{"q_len": 4096, "kv_len": 4096, "block_q": 512, "block_kv": 512, "blocks": [[0, 0], [1, 1]]}`;

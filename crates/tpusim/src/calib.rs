@@ -105,6 +105,16 @@ pub fn cmd_calibrate(a: &CalibrateArgs) -> Result<String, CliError> {
     if let Some(path) = &a.out {
         // Refuse an unwritable destination before the fit, not after it.
         tpusim_io::check_output(std::path::Path::new(path)).map_err(|e| CliError::input(format!("--out {e}")))?;
+        // Never replace what calibrate would not have written: an existing file must be a chip model.
+        if let Ok(text) = std::fs::read_to_string(path) {
+            if let Err(e) = tpusim_chip::ChipModel::from_toml_str(&text, path) {
+                return Err(CliError::input(format!(
+                    "--out {path}: exists and is not a chip model ({e}); calibrate replaces only a chip model TOML: choose another path"
+                )));
+            }
+        } else if std::path::Path::new(path).exists() {
+            return Err(CliError::input(format!("--out {path}: exists and cannot be read as a chip model TOML; choose another path")));
+        }
     }
     let file = read_file(&a.file, std::slice::from_ref(&base))?;
     let opts = CalibrateOptions { params: a.params.clone(), cross_validate: !a.no_cv, date: None };

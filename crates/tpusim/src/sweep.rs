@@ -116,7 +116,17 @@ pub fn cmd_sweep(a: &SweepArgs) -> Result<String, CliError> {
     let format = match (a.format, &a.out) {
         (Some(SweepFormat::Csv), _) => Format::Csv,
         (Some(SweepFormat::Jsonl), _) => Format::Jsonl,
-        (None, Some(o)) => Format::from_path(o),
+        (None, Some(o)) => {
+            // The format follows the extension: an extension that names neither is refused, not
+            // silently written as CSV.
+            let ext = std::path::Path::new(o).extension().map(|e| e.to_string_lossy().to_ascii_lowercase());
+            if let Some(e) = ext.filter(|e| !["csv", "jsonl", "ndjson", "json"].contains(&e.as_str())) {
+                return Err(CliError::input(format!(
+                    "--out {o}: the format follows the extension, and .{e} is neither CSV (.csv) nor JSON lines (.jsonl, .ndjson, .json); name the file so, or give --format csv|jsonl"
+                )));
+            }
+            Format::from_path(o)
+        }
         (None, None) => Format::Csv,
     };
     let out = a.out.clone().unwrap_or_else(|| default_out(&a.file, shard, format));

@@ -259,6 +259,10 @@ fn bad_sweep_files_and_flags_are_input_errors_naming_file_and_key() {
     let e = fails(&["sweep", "good.toml", "--out", "notes.csv"], &d);
     assert!(e.contains("not a tpusim sweep output"), "{e}");
     assert_eq!(read(&d.join("notes.csv")), b"my notes\n");
+    // An extension that is neither CSV nor JSON lines is refused, not written as CSV.
+    let e = fails(&["sweep", "good.toml", "--out", "x.parquet"], &d);
+    assert!(e.contains("--out x.parquet") && e.contains("--format csv|jsonl"), "{e}");
+    assert!(!d.join("x.parquet").exists() && !d.join("x.parquet.partial").exists());
     let _ = std::fs::remove_dir_all(&d);
 }
 

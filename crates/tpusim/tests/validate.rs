@@ -236,6 +236,13 @@ fn calibrate_checks_its_output_first_and_prints_its_results_when_writing_fails()
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("--out /proc/tpusim-fit.toml") && err.contains("cannot create files"), "{err}");
     assert!(out.stdout.is_empty(), "refused before the fit: no results");
+    // A file that is not a chip model is never replaced (a sweep output, notes).
+    let notes = d.file("notes.csv", "# tpusim sweep: points=1\nindex\n0\n");
+    let out = run(args(&notes));
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("is not a chip model") && out.stdout.is_empty(), "{err}");
+    assert_eq!(std::fs::read_to_string(&notes).unwrap(), "# tpusim sweep: points=1\nindex\n0\n");
     // A write that fails after the fit (a file name longer than the file system allows, which
     // the check before the fit does not foresee) still prints the results, then the error.
     let long = d.0.join(format!("{}.toml", "a".repeat(300))).to_string_lossy().into_owned();
@@ -244,7 +251,7 @@ fn calibrate_checks_its_output_first_and_prints_its_results_when_writing_fails()
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(o.contains("tpusim calibrate: chip v5e") && o.contains("fitted model"), "results are printed: {o}");
     assert!(err.contains("nothing was written") && !o.contains("wrote "), "{err}");
-    assert_eq!(std::fs::read_dir(&d.0).unwrap().count(), 1, "no temporary file is left: only v5e.csv");
+    assert_eq!(std::fs::read_dir(&d.0).unwrap().count(), 2, "no temporary file is left: only v5e.csv and notes.csv");
     // Written, the model's hash is the one its runs report.
     let model = d.0.join("fit.toml").to_string_lossy().into_owned();
     let mut a = args(&model);

@@ -89,9 +89,15 @@ impl JobArgs {
         let flags = self.job.set_fields();
         let spec = self.spec().unwrap_or_else(|_| self.job.clone());
         let mut from_trace = false;
+        let given = spec.set_fields();
+        let mut defaulted: Vec<String> = Vec::new();
         let msg = render_fields_with(&text, &mut |field| {
             // A length the user gave as seq_len is named so, not as the q_len it resolves to.
             let field = spec.field_as_given(field);
+            // A block size nobody gave is the kernel family's default: say so.
+            if field.starts_with("block_") && !given.contains_key(field) && !defaulted.iter().any(|d| d == field) {
+                defaulted.push(field.to_string());
+            }
             if flags.contains_key(field) || self.trace.is_none() {
                 format!("--{}", field.replace('_', "-"))
             } else {
@@ -99,6 +105,15 @@ impl JobArgs {
                 field.to_string()
             }
         });
+        let msg = match defaulted.first() {
+            Some(f) => format!(
+                "{msg} ({} was not given: its value is the default of --kernel {}; give --{} to choose one that fits)",
+                format_args!("--{}", f.replace('_', "-")),
+                spec.kernel(),
+                f.replace('_', "-")
+            ),
+            None => msg,
+        };
         match &self.trace {
             Some(t) if from_trace && !msg.contains(t.as_str()) => CliError::input(format!("trace {t}: {msg}")),
             _ => CliError::input(msg),

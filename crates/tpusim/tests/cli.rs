@@ -305,6 +305,11 @@ fn errors_name_what_was_typed_the_rule_and_the_enforced_range() {
     // Issue 13, item 5. A length given as --seq-len is named so, in workload and kernel errors.
     let e = input_error(&["run", "--seq-len", "100000000000"]);
     assert!(e.contains("--seq-len") && e.contains("100000000000") && e.contains("from 1 to 4294967296") && !e.contains("--q-len"), "{e}");
+    // A block size nobody typed is named as the family's default (a decode-sized q).
+    let e = input_error(&["run", "--q-len", "8", "--kv-len", "4096"]);
+    assert!(e.contains("--block-q = 128") && e.contains("was not given") && e.contains("--kernel tokamax-splash"), "{e}");
+    let e = input_error(&["run", "--q-len", "8", "--kv-len", "4096", "--block-q", "16"]);
+    assert!(!e.contains("was not given"), "{e}");
     let e = input_error(&["run", "--seq-len", "100000000"]);
     assert!(e.contains("--seq-len") && e.contains("score pairs") && !e.contains("--q-len"), "{e}");
     let e = input_error(&["run", "--seq-len", "4096", "--block-q", "100"]);

@@ -525,8 +525,13 @@ fn round_sig(x: f64, digits: i32) -> f64 {
     if x == 0.0 || !x.is_finite() {
         return x;
     }
-    let scale = 10f64.powi(digits - 1 - x.abs().log10().floor() as i32);
+    let scale = sig_scale(x, digits);
     (x * scale).round() / scale
+}
+
+/// The power of ten that puts `digits` significant digits of `x` before the decimal point.
+fn sig_scale(x: f64, digits: i32) -> f64 {
+    10f64.powi(digits - 1 - x.abs().log10().floor() as i32)
 }
 
 /// `x` to `digits` significant digits, rounded outward (`down`: towards -inf, else towards +inf),
@@ -535,7 +540,7 @@ fn round_sig_outward(x: f64, digits: i32, down: bool) -> f64 {
     if x == 0.0 || !x.is_finite() {
         return x;
     }
-    let scale = 10f64.powi(digits - 1 - x.abs().log10().floor() as i32);
+    let scale = sig_scale(x, digits);
     // A hair of slack, so that a value already at `digits` digits is not moved a step.
     let y = x * scale;
     (if down { (y + 1e-9).floor() } else { (y - 1e-9).ceil() }) / scale

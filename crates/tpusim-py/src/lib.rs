@@ -40,7 +40,12 @@ fn spec_err(e: impl std::fmt::Display) -> PyErr {
 /// An input error about `spec`'s job, fields named as the caller gave them (a length given as
 /// `seq_len` is named `seq_len`, not the `q_len` / `kv_len` it resolves to).
 fn spec_err_as_given(spec: &JobSpec, e: impl std::fmt::Display) -> PyErr {
-    input_err(tpusim_report::render_fields_with(&e.to_string(), &mut |f| spec.field_as_given(f).to_string()))
+    input_err(as_given(spec, e))
+}
+
+/// `e`'s message with `spec`'s job fields named as the caller gave them (see [`spec_err_as_given`]).
+fn as_given(spec: &JobSpec, e: impl std::fmt::Display) -> String {
+    tpusim_report::render_fields_with(&e.to_string(), &mut |f| spec.field_as_given(f).to_string())
 }
 
 /// Python value -> JSON (bool, int, float, str, lists of those; `None` is null).
@@ -299,11 +304,9 @@ fn job_spec(py: Python<'_>, kwargs: Option<&Bound<'_, PyDict>>, skip: &[&str]) -
 fn run_spec(py: Python<'_>, spec: JobSpec) -> PyResult<Report> {
     py.detach(move || {
         // Fields as the caller gave them: a length given as seq_len is named seq_len.
-        let err =
-            |e: &dyn std::fmt::Display| tpusim_report::render_fields_with(&e.to_string(), &mut |f| spec.field_as_given(f).to_string());
-        let chip = spec.chip().map_err(|e| err(&e))?;
-        let job = spec.build(&chip).map_err(|e| err(&e))?;
-        let run = tpusim_report::run(&chip, &job).map_err(|e| err(&e))?;
+        let chip = spec.chip().map_err(|e| as_given(&spec, e))?;
+        let job = spec.build(&chip).map_err(|e| as_given(&spec, e))?;
+        let run = tpusim_report::run(&chip, &job).map_err(|e| as_given(&spec, e))?;
         Ok::<_, String>(Report::from_run(&run))
     })
     .map_err(input_err)

@@ -39,7 +39,7 @@
 
 pub mod body;
 
-pub use body::{op_cycles, schedule_body, BodyTiming, OpTiming, Transfer, UnitCycles};
+pub use body::{op_cycles, schedule_body, BodyTiming, OpTiming, Scratch, Transfer, UnitCycles};
 
 use serde::Serialize;
 use tpusim_chip::ChipModel;
@@ -244,7 +244,7 @@ impl Shared {
     fn new(chip: &ChipModel, program: &Program) -> Self {
         let carries = program.classes.iter().map(|c| c.body.carries as usize).max().unwrap_or(0);
         let transfers: Vec<Transfer> = program.classes.iter().map(|c| Transfer::new(chip, &c.body, carries)).collect();
-        let timing: Vec<BodyTiming> = program.classes.iter().map(|c| schedule_body(chip, &c.body)).collect();
+        let timing: Vec<BodyTiming> = transfers.iter().map(|t| t.isolated(false)).collect();
         let crit_share =
             timing.iter().map(|t| if t.cycles > 0.0 { t.critical.scaled(1.0 / t.cycles) } else { UnitCycles::default() }).collect();
         Shared { transfers, timing, crit_share, carries }
@@ -379,6 +379,7 @@ struct Pipeline<'a> {
     /// Whether the first DMA was issued.
     started: bool,
     x: Vec<f64>,
+    scratch: Scratch,
 }
 
 /// A finished core.
@@ -422,6 +423,7 @@ impl<'a> Pipeline<'a> {
             last_class: None,
             started: false,
             x: vec![0.0; body::IN_CARRIES + shared.carries],
+            scratch: Scratch::default(),
         }
     }
 
@@ -468,7 +470,7 @@ impl<'a> Pipeline<'a> {
             self.x[body::IN_UNITS..body::IN_CARRIES].copy_from_slice(&self.t.units);
             self.x[body::IN_CARRIES..].copy_from_slice(&self.t.carries);
             let mut units = [0.0; 4];
-            let (e, d) = tr.apply(&self.x, &mut units, &mut self.t.carries);
+            let (e, d) = tr.apply(&self.x, &mut units, &mut self.t.carries, &mut self.scratch);
             self.t.units = units;
             (e, d)
         };

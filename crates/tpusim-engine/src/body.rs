@@ -161,15 +161,98 @@ fn list_order(body: &StepBody, cost: &[(usize, f64, f64)]) -> Vec<usize> {
     order
 }
 
-/// (unit, occupancy, latency) of every node of `body` on `chip`, in node order.
-fn node_costs(chip: &ChipModel, body: &StepBody) -> Vec<(usize, f64, f64)> {
-    body.graph
-        .node_weights()
-        .map(|op| {
-            let (occ, lat) = op_cycles(chip, &op.work);
-            (op.work.unit().index(), occ, lat)
+/// What a body is, independently of any chip: its distinct pieces of work (a body's slabs repeat
+/// a few of them) and each node's, and its totals. Cached in the body's memo.
+#[derive(Debug)]
+struct Index {
+    /// Distinct works, in order of first appearance.
+    works: Vec<Work>,
+    /// Index into `works` of each node.
+    work_of: Vec<u32>,
+    /// Nodes per distinct work.
+    count: Vec<u32>,
+    flops: f64,
+    transcendental_vregs: f64,
+    /// The body's isolated schedules ([`Transfer::isolated`]), per order and costs.
+    timings: tpusim_kernel::Memo,
+}
+
+/// Memo key of a body's [`Index`] (plans and timings use hashes of chip costs, which are never 0
+/// in practice; the memo also tells values apart by type).
+const INDEX_KEY: u64 = 0;
+
+impl Index {
+    fn of(body: &StepBody) -> Arc<Index> {
+        body.memo.get_or_insert_with(INDEX_KEY, || {
+            let mut works: Vec<Work> = Vec::new();
+            let mut count: Vec<u32> = Vec::new();
+            let mut seen: std::collections::HashMap<WorkKey, u32> = std::collections::HashMap::new();
+            let work_of = body
+                .graph
+                .node_weights()
+                .map(|op| {
+                    let id = *seen.entry(WorkKey::of(&op.work)).or_insert_with(|| {
+                        works.push(op.work);
+                        count.push(0);
+                        (works.len() - 1) as u32
+                    });
+                    count[id as usize] += 1;
+                    id
+                })
+                .collect();
+            Index {
+                work_of,
+                count,
+                flops: body.flops(),
+                transcendental_vregs: body.transcendental_vregs(),
+                works,
+                timings: tpusim_kernel::Memo::with_capacity(64),
+            }
         })
-        .collect()
+    }
+
+    /// (unit, occupancy, latency) of each distinct work on `chip`.
+    fn costs(&self, chip: &ChipModel) -> Vec<(usize, f64, f64)> {
+        self.works
+            .iter()
+            .map(|w| {
+                let (occ, lat) = op_cycles(chip, w);
+                (w.unit().index(), occ, lat)
+            })
+            .collect()
+    }
+}
+
+/// A [`Work`] as a hashable key (its numbers by bit pattern).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum WorkKey {
+    Matmul(u64, u64, u64, u64),
+    Vector(u64, u64),
+    Transcendental(u64),
+    CrossLane(u64),
+}
+
+impl WorkKey {
+    fn of(w: &Work) -> Self {
+        match *w {
+            Work::Matmul { m, k, n, m_total } => WorkKey::Matmul(m, k, n, m_total),
+            Work::Vector { ops, loaded_mask_vregs } => WorkKey::Vector(ops.to_bits(), loaded_mask_vregs.to_bits()),
+            Work::Transcendental { vregs } => WorkKey::Transcendental(vregs.to_bits()),
+            Work::CrossLane { vregs } => WorkKey::CrossLane(vregs.to_bits()),
+        }
+    }
+}
+
+/// A stable hash of a cost table (memo keys of plans and timings).
+fn cost_key(tag: u64, costs: &[(usize, f64, f64)]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = rustc_hash::FxHasher::default();
+    tag.hash(&mut h);
+    for (u, o, l) in costs {
+        (u, o.to_bits(), l.to_bits()).hash(&mut h);
+    }
+    // Never the index's key.
+    h.finish() | 1
 }
 
 /// No slot (carry slots are below it).
@@ -182,6 +265,8 @@ const NONE: u16 = u16::MAX;
 struct Plan {
     /// Node at each issue position.
     node: Vec<u32>,
+    /// Distinct work ([`Index`]) at each position.
+    work: Vec<u32>,
     /// Unit index at each position.
     unit: Vec<u8>,
     /// Dependencies of position p: `deps[dep_at[p] .. dep_at[p + 1]]`, as positions.
@@ -193,7 +278,7 @@ struct Plan {
 }
 
 impl Plan {
-    fn new(body: &StepBody, order: &[usize]) -> Plan {
+    fn new(body: &StepBody, index: &Index, order: &[usize]) -> Plan {
         let g = &body.graph;
         let n = order.len();
         let mut pos = vec![0usize; n];
@@ -202,6 +287,7 @@ impl Plan {
         }
         let mut plan = Plan {
             node: order.iter().map(|&i| i as u32).collect(),
+            work: order.iter().map(|&i| index.work_of[i]).collect(),
             unit: Vec::with_capacity(n),
             dep_at: Vec::with_capacity(n + 1),
             deps: Vec::new(),
@@ -251,18 +337,22 @@ pub const IN_CARRIES: usize = 5;
 /// the new unit free times and carried-slot times, the body's *front* (when the next grid step may
 /// begin issuing: the end of the body's last MXU operation's occupancy, or of its last operation
 /// when it has no matmul) and its *done* time (its last result). Every output is a max-plus
-/// expression of the inputs: `max_j (a[out][j] + x_j)`.
+/// expression of the inputs: `max_j (a[out][j] + x_j)`; [`Transfer::apply`] evaluates it by
+/// replaying the issue order, O(operations + dependencies).
 ///
-/// [`Transfer::apply`] evaluates it by replaying the issue order (cheaper than the forms: a body
-/// of n operations has O(n) dependencies but forms of O(carried slots) entries per output).
+/// Building one is O(distinct works) after the first time for a body and compiled chip: the order
+/// and the dependency structure come from the body's memo, and costs are computed per distinct
+/// work (the repeated slabs of a body share a few).
 #[derive(Debug, Clone)]
 pub struct Transfer {
     /// Carried slots of the body.
     pub carries: usize,
+    index: Arc<Index>,
     plan: Arc<Plan>,
-    /// Occupancy and latency per issue position.
-    occ: Vec<f64>,
-    lat: Vec<f64>,
+    /// (unit, occupancy, latency) per distinct work on the timing chip.
+    costs: Vec<(usize, f64, f64)>,
+    /// Memo key of the plan and of these costs (for the isolated schedule).
+    key: u64,
     /// Whether the body has no operations (a skipped grid step).
     pub empty: bool,
 }
@@ -271,6 +361,8 @@ pub struct Transfer {
 #[derive(Debug, Clone, Default)]
 pub struct Scratch {
     done: Vec<f64>,
+    occ: Vec<f64>,
+    lat: Vec<f64>,
 }
 
 impl Transfer {
@@ -279,37 +371,47 @@ impl Transfer {
     /// from the body's memo when it was computed before.
     pub fn new(chip: &ChipModel, body: &StepBody, carries: usize) -> Self {
         let k = carries.max(body.carries as usize);
-        let cost = node_costs(chip, body);
-        let compiled = chip.provenance.compiled_for.as_deref();
-        let compiled_cost = compiled.map(|c| node_costs(c, body));
-        let order_cost = compiled_cost.as_deref().unwrap_or(&cost);
-        // The order depends on nothing but the compiled chip's operation costs.
-        let key = {
-            use std::hash::{Hash, Hasher};
-            let mut h = std::collections::hash_map::DefaultHasher::new();
-            for (u, o, l) in order_cost {
-                (u, o.to_bits(), l.to_bits()).hash(&mut h);
-            }
-            h.finish()
-        };
-        let plan = body.memo.get_or_insert_with(key, || Plan::new(body, &list_order(body, order_cost)));
-        let occ = plan.node.iter().map(|&i| cost[i as usize].1).collect();
-        let lat = plan.node.iter().map(|&i| cost[i as usize].2).collect();
-        Transfer { carries: k, empty: plan.node.is_empty(), plan, occ, lat }
+        let index = Index::of(body);
+        let costs = index.costs(chip);
+        let compiled = chip.provenance.compiled_for.as_deref().map(|c| index.costs(c));
+        let order_costs = compiled.as_deref().unwrap_or(&costs);
+        // The order depends on nothing but the compiled chip's costs of the distinct works.
+        let plan_key = cost_key(1, order_costs);
+        let plan = body.memo.get_or_insert_with(plan_key, || {
+            let node_costs: Vec<(usize, f64, f64)> = index.work_of.iter().map(|&w| order_costs[w as usize]).collect();
+            Plan::new(body, &index, &list_order(body, &node_costs))
+        });
+        let key = cost_key(plan_key, &costs);
+        Transfer { carries: k, empty: plan.node.is_empty(), index, plan, costs, key }
+    }
+
+    /// Executed matmul FLOPs of one step of this body.
+    pub fn flops(&self) -> f64 {
+        self.index.flops
+    }
+
+    /// Registers of exp / reciprocal work of one step of this body.
+    pub fn transcendental_vregs(&self) -> f64 {
+        self.index.transcendental_vregs
     }
 
     /// Applies the transfer to inputs `x` (length `5 + carries`): writes the new unit free times
     /// into `units` and carried times into `carries_out`; returns (front, done). Replays the
     /// issue order: each operation starts when its unit is free, its inputs are done and, for a
-    /// carried slot it reads, the previous step wrote it; O(operations + dependencies).
+    /// carried slot it reads, the previous step wrote it.
     pub fn apply(&self, x: &[f64], units: &mut [f64; 4], carries_out: &mut [f64], scratch: &mut Scratch) -> (f64, f64) {
-        let n = self.occ.len();
+        let plan = &*self.plan;
+        let n = plan.node.len();
         if scratch.done.len() < n {
             scratch.done.resize(n, 0.0);
         }
-        let done = &mut scratch.done[..n];
+        // Per-position costs, gathered once per apply (the replay then reads them in order).
+        scratch.occ.clear();
+        scratch.lat.clear();
+        scratch.occ.extend(plan.work.iter().map(|&w| self.costs[w as usize].1));
+        scratch.lat.extend(plan.work.iter().map(|&w| self.costs[w as usize].2));
+        let (done, occ, lat) = (&mut scratch.done[..n], &scratch.occ[..n], &scratch.lat[..n]);
         carries_out[..self.carries].copy_from_slice(&x[IN_CARRIES..IN_CARRIES + self.carries]);
-        let plan = &*self.plan;
         let s0 = x[IN_START];
         let mut uf = [x[IN_UNITS], x[IN_UNITS + 1], x[IN_UNITS + 2], x[IN_UNITS + 3]];
         let (mut mxu_end, mut any_end, mut last) = (NEG, s0, s0);
@@ -323,9 +425,9 @@ impl Transfer {
             if c != NONE {
                 s = s.max(x[IN_CARRIES + c as usize]);
             }
-            let end = s + self.occ[p];
+            let end = s + occ[p];
             uf[u] = end;
-            let d = end + self.lat[p];
+            let d = end + lat[p];
             done[p] = d;
             let c = plan.carry_out[p];
             if c != NONE {
@@ -342,40 +444,49 @@ impl Transfer {
         (front, last)
     }
 
-    /// Absolute operation times for inputs `x` (for timelines), in node order: a replay of every
-    /// operation (no jumps).
+    /// Absolute operation times for inputs `x` (for timelines), in node order.
     pub fn op_times(&self, x: &[f64]) -> Vec<OpTiming> {
-        let n = self.occ.len();
-        let mut out = vec![None; n];
+        let plan = &*self.plan;
+        let n = plan.node.len();
+        let mut out = vec![OpTiming { node: 0, unit: Unit::Mxu, start: 0.0, end: 0.0 }; n];
         let mut units = [x[IN_UNITS], x[IN_UNITS + 1], x[IN_UNITS + 2], x[IN_UNITS + 3]];
         let mut done = vec![0.0; n];
         for p in 0..n {
-            let u = self.plan.unit[p] as usize;
+            let u = plan.unit[p] as usize;
             let mut s = x[IN_START].max(units[u]);
-            for &d in self.plan.deps(p) {
+            for &d in plan.deps(p) {
                 s = s.max(done[d as usize]);
             }
-            let c = self.plan.carry_in[p];
+            let c = plan.carry_in[p];
             if c != NONE {
                 s = s.max(x[IN_CARRIES + c as usize]);
             }
-            let end = s + self.occ[p];
+            let (_, occ, lat) = self.costs[plan.work[p] as usize];
+            let end = s + occ;
             units[u] = end;
-            done[p] = end + self.lat[p];
-            let node = self.plan.node[p] as usize;
-            out[node] = Some(OpTiming { node, unit: Unit::ALL[u], start: s, end });
+            done[p] = end + lat;
+            let node = plan.node[p] as usize;
+            out[node] = OpTiming { node, unit: Unit::ALL[u], start: s, end };
         }
-        out.into_iter().flatten().collect()
+        out
     }
 
-    /// The body scheduled alone ([`schedule_body`]); `ops` keeps the per-operation times.
+    /// The body scheduled alone ([`schedule_body`]); `ops` keeps the per-operation times. Without
+    /// them the timing is memoised per body, order and costs (sweeps over HBM rates reuse it).
     pub(crate) fn isolated(&self, ops: bool) -> BodyTiming {
-        let n = self.occ.len();
+        if ops {
+            return self.schedule_alone(true);
+        }
+        BodyTiming::clone(&self.index.timings.get_or_insert_with(self.key, || self.schedule_alone(false)))
+    }
+
+    fn schedule_alone(&self, ops: bool) -> BodyTiming {
+        let plan = &*self.plan;
+        let n = plan.node.len();
         let mut t = BodyTiming::default();
         if n == 0 {
             return t;
         }
-        let plan = &self.plan;
         let mut unit_free = [0.0f64; 4];
         let mut last_on_unit = [usize::MAX; 4];
         let mut cause = vec![usize::MAX; n];
@@ -394,19 +505,22 @@ impl Transfer {
                     binding = d;
                 }
             }
+            let (_, occ, lat) = self.costs[plan.work[p] as usize];
             let start = ready.max(unit_free[u]);
             cause[p] = if ready >= unit_free[u] { binding } else { last_on_unit[u] };
-            let end = start + self.occ[p];
+            let end = start + occ;
             unit_free[u] = end;
             last_on_unit[u] = p;
-            done[p] = end + self.lat[p];
+            done[p] = end + lat;
             starts[p] = start;
             t.cycles = t.cycles.max(done[p]);
-            t.busy.0[u] += self.occ[p];
             if ops {
                 let node = plan.node[p] as usize;
                 t.ops[node] = OpTiming { node, unit: Unit::ALL[u], start, end };
             }
+        }
+        for (w, &(u, occ, _)) in self.costs.iter().enumerate() {
+            t.busy.0[u] += f64::from(self.index.count[w]) * occ;
         }
         // Walk the critical path back from the last result (ties: the highest node index).
         let mut cur = (0..n).max_by(|&a, &b| done[a].total_cmp(&done[b]).then(plan.node[a].cmp(&plan.node[b])));

@@ -213,22 +213,38 @@ pub struct StepBody {
 /// runs: for instance a step body's list schedule for one compiled chip, which a sweep over
 /// timing parameters would otherwise recompute for every point. Keyed by a `u64` the simulator
 /// chooses (a chip's parameter hash); values are type-erased, so this crate knows nothing of
-/// the simulator. Clones share the slot; at most [`Memo::CAPACITY`] entries are kept (the oldest
-/// is dropped first).
-#[derive(Clone, Default)]
-pub struct Memo(std::sync::Arc<std::sync::Mutex<Vec<(u64, std::sync::Arc<dyn std::any::Any + Send + Sync>)>>>);
+/// the simulator. Clones share the slot; at most its capacity of entries are kept (the oldest
+/// is dropped first; [`Memo::CAPACITY`] unless made [`Memo::with_capacity`]).
+#[derive(Clone)]
+pub struct Memo(std::sync::Arc<MemoSlot>);
+
+type MemoEntry = (u64, std::sync::Arc<dyn std::any::Any + Send + Sync>);
+
+struct MemoSlot {
+    entries: std::sync::Mutex<Vec<MemoEntry>>,
+    capacity: usize,
+}
+
+impl Default for Memo {
+    fn default() -> Self {
+        Memo::with_capacity(Memo::CAPACITY)
+    }
+}
 
 impl Memo {
-    /// Most entries kept.
+    /// Most entries kept by default.
     pub const CAPACITY: usize = 8;
+
+    /// An empty memo keeping at most `capacity` entries (at least one).
+    pub fn with_capacity(capacity: usize) -> Self {
+        Memo(std::sync::Arc::new(MemoSlot { entries: std::sync::Mutex::new(Vec::new()), capacity: capacity.max(1) }))
+    }
 
     /// The value stored under `key` if it has type `T`, or `make()` stored and returned. `make`
     /// runs without the slot locked, so two threads may both compute a missing value (the first
     /// stored wins; the values are equal by construction).
     pub fn get_or_insert_with<T: std::any::Any + Send + Sync>(&self, key: u64, make: impl FnOnce() -> T) -> std::sync::Arc<T> {
-        let find = |v: &Vec<(u64, std::sync::Arc<dyn std::any::Any + Send + Sync>)>| {
-            v.iter().find(|(k, _)| *k == key).and_then(|(_, a)| a.clone().downcast::<T>().ok())
-        };
+        let find = |v: &Vec<MemoEntry>| v.iter().find_map(|(k, a)| if *k == key { a.clone().downcast::<T>().ok() } else { None });
         if let Some(found) = find(&self.lock()) {
             return found;
         }
@@ -237,7 +253,7 @@ impl Memo {
         if let Some(found) = find(&v) {
             return found;
         }
-        if v.len() >= Self::CAPACITY {
+        if v.len() >= self.0.capacity {
             v.remove(0);
         }
         v.push((key, made.clone()));
@@ -248,13 +264,13 @@ impl Memo {
     /// values were derived from changes.
     pub fn invalidate(&mut self) {
         if std::sync::Arc::strong_count(&self.0) > 1 || !self.lock().is_empty() {
-            *self = Memo::default();
+            *self = Memo::with_capacity(self.0.capacity);
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(u64, std::sync::Arc<dyn std::any::Any + Send + Sync>)>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<MemoEntry>> {
         // A panic while holding the lock leaves only a cache behind: keep using it.
-        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.0.entries.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 

@@ -70,11 +70,17 @@ pub struct FigureArgs {
     /// Height, pixels [default: 860; tiles: 900].
     #[arg(long)]
     pub height: Option<u32>,
+    /// Replace --out even if tpusim's plot did not write it (figures carry a mark saying
+    /// which command wrote them; without --force only a figure of `tpusim plot` is replaced).
+    #[arg(long)]
+    pub force: bool,
 }
 
 impl FigureArgs {
     fn output(&self, default: (u32, u32)) -> Result<Output, CliError> {
-        Ok(Output::new(&self.out, self.width.unwrap_or(default.0), self.height.unwrap_or(default.1))?)
+        let out = Output::new(&self.out, self.width.unwrap_or(default.0), self.height.unwrap_or(default.1))?;
+        tpusim_io::check_replace(&out.path, "plot", self.force).map_err(|e| CliError::input(format!("--out {e}")))?;
+        Ok(out)
     }
 }
 

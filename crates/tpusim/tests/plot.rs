@@ -47,7 +47,10 @@ fn check_png(p: &Path, w: u32, h: u32) {
 
 fn check_svg(p: &Path) {
     let s = std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    // The overwrite rule's mark comes first (an XML comment), then the SVG.
     let head = s.trim_start();
+    assert!(head.starts_with("<!-- tpusim output: plot (tpusim "), "{}: no tpusim mark", p.display());
+    let head = head.split_once("-->\n").map_or(head, |(_, rest)| rest);
     assert!(head.starts_with("<svg") || head.starts_with("<?xml"), "{}: not an SVG", p.display());
     assert!(s.contains("</svg>"), "{}: truncated SVG", p.display());
     assert!(s.len() > 5_000 && s.contains("<text"), "{}: {} bytes, no text", p.display(), s.len());

@@ -267,6 +267,9 @@ pub struct TilesArgs {
     /// q head whose mask the map shows.
     #[arg(long, value_name = "H", default_value_t = 0)]
     pub head: u32,
+    /// Draw no outline of the exact mask over the tiles (fine masks read better without it).
+    #[arg(long)]
+    pub no_outline: bool,
 }
 
 /// Flags of `tpusim plot timeline`.
@@ -394,15 +397,41 @@ pub fn cmd_plot(a: &PlotArgs) -> Result<String, CliError> {
             if let Some(t) = &p.figure.title {
                 f.title = t.clone();
             }
+            if p.no_outline {
+                f.boundary.clear();
+                f.notes.retain(|n| !n.contains("boundary"));
+            }
             done(&f, &out, &f.title)
         }
         PlotKind::Timeline(p) => timeline_plot(p),
     }
 }
 
+/// Most grid steps a Gantt chart draws: beyond, its bars are thinner than their labels.
+const MAX_GANTT_STEPS: u64 = 64;
+
 fn timeline_plot(p: &TimelineArgs) -> Result<String, CliError> {
     let out = p.figure.output(WIDE)?;
     let mut steps = Window::parse_steps(p.steps.as_deref().unwrap_or("0:4"), "--steps")?;
+    if steps.1.saturating_sub(steps.0) > MAX_GANTT_STEPS {
+        return Err(CliError::input(format!(
+            "--steps {}:{}: {} grid steps are too many to draw legibly (at most {MAX_GANTT_STEPS}: each step's operations get a bar and a label); choose a window, e.g. --steps {}:{}, or write the whole run as a Chrome trace (tpusim run ... --timeline run.json) and open it in Perfetto, which aggregates as you zoom",
+            steps.0,
+            steps.1,
+            steps.1 - steps.0,
+            steps.0,
+            steps.0 + 16
+        )));
+    }
+    if let Some(path) = &p.input {
+        // A layer's timeline (tpusim layer --timeline) holds ops and ICI transfers, not grid steps.
+        let head = std::fs::read(path).map(|b| String::from_utf8_lossy(&b[..b.len().min(1 << 16)]).into_owned()).unwrap_or_default();
+        if tpusim_io::mark::mark_in(head.as_bytes()).as_deref() == Some("layer --timeline") || head.contains("\"tool\":\"tpusim layer\"") {
+            return Err(CliError::input(format!(
+                "--input {path}: a layer's timeline (tpusim layer --timeline: ops on the TensorCore and ICI tracks), not a kernel's grid steps; open it in Perfetto (ui.perfetto.dev) or chrome://tracing, or draw the layer with tpusim plot breakdown --layer"
+            )));
+        }
+    }
     let (events, what, job) = match &p.input {
         Some(path) => {
             let ev: Vec<_> =

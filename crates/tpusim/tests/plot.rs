@@ -362,3 +362,54 @@ fn readme_gallery_images_exist_and_are_pngs() {
         assert!(readme.contains(&format!("({f})")), "plots/make.sh writes {f} but plots/README.md does not show it");
     }
 }
+
+/// A sweep CSV for the figure tests: x = block_kv, series = block_q, and `extra` varying too.
+fn sweep_csv(dir: &Path, series: &[u64], extra: &[&str], xname: &str) -> PathBuf {
+    let p = dir.join("sweep.csv");
+    let mut text = format!("# tpusim sweep: points=0 shard=0/1 definition=00 tpusim=0.1.0\nindex,block_q,{xname},mask_source,latency_ms,error\n");
+    let mut i = 0;
+    for &q in series {
+        for m in extra {
+            for (j, kv) in [512u64, 1024, 2048].iter().enumerate() {
+                let lat = q as f64 / 100.0 + j as f64 + if *m == "loaded" { 0.5 } else { 0.0 };
+                text.push_str(&format!("{i},{q},{kv},{m},{lat},\n"));
+                i += 1;
+            }
+        }
+    }
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+/// Issue 22, item 6: axis labels are the column names; one line per series group (another
+/// varied job column splits the lines instead of zig-zagging them); the legend is capped; a
+/// Gantt chart of too many steps is refused with a hint; a layer timeline is not drawn as
+/// grid steps.
+#[test]
+fn sweep_figures_name_their_columns_group_their_lines_and_cap_the_legend() {
+    let d = tmpdir("svg-rules");
+    let out = d.join("s.svg");
+    let csv = sweep_csv(&d, &[512, 1024], &["computed", "loaded"], "chip.hbm.bandwidth_gb_per_s");
+    ok(&["plot", "sweep", "--input", csv.to_str().unwrap(), "--x", "chip.hbm.bandwidth_gb_per_s", "--series", "block_q", "--out", out.to_str().unwrap()]);
+    let svg = std::fs::read_to_string(&out).unwrap();
+    assert!(svg.contains(">chip.hbm.bandwidth_gb_per_s</text>"), "the x axis label is the column name");
+    assert!(svg.contains(">latency_ms</text>"), "the y axis label is the column name");
+    // 2 block_q x 2 mask_source = 4 lines, each drawn once and once in the legend.
+    assert_eq!(svg.matches("<polyline").count(), 2 * 4, "one line per (block_q, mask_source)");
+    assert!(svg.contains(">512, mask_source=loaded</text>"), "the legend names the group");
+    // Many series: the legend lists at most 12 entries, the last counting the rest.
+    let many: Vec<u64> = (1..=20).map(|i| i * 128).collect();
+    let csv = sweep_csv(&d, &many, &["computed"], "block_kv");
+    ok(&["plot", "sweep", "--input", csv.to_str().unwrap(), "--x", "block_kv", "--series", "block_q", "--out", out.to_str().unwrap()]);
+    let svg = std::fs::read_to_string(&out).unwrap();
+    assert!(svg.contains(">... and 9 more lines</text>"), "capped legend");
+    assert_eq!(svg.matches("<polyline").count(), 20 + 11, "20 lines, 11 legend samples");
+    // A whole run's steps are refused with a hint, not drawn as solid hatching.
+    let e = fails(&["plot", "timeline", "--steps", "0:100000", "--heads", "2", "--seq-len", "2048", "--out", out.to_str().unwrap()]);
+    assert!(e.contains("--steps 0:100000") && e.contains("too many to draw") && e.contains("Perfetto"), "{e}");
+    // A layer's timeline is not a kernel's grid steps.
+    let layer = d.join("layer.json");
+    ok(&["layer", "--timeline", layer.to_str().unwrap()]);
+    let e = fails(&["plot", "timeline", "--input", layer.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    assert!(e.contains("a layer's timeline") && e.contains("Perfetto"), "{e}");
+}

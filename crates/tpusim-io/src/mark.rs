@@ -142,3 +142,56 @@ mod tests {
         assert!(e.contains("holds the output of `tpusim from-trace`"), "{e}");
     }
 }
+
+/// The markers between which a generator writes into a hand-written file (Markdown, HTML):
+/// `<!-- tpusim TAG: begin -->` and `<!-- tpusim TAG: end -->`, each on a line of its own.
+pub fn splice_markers(tag: &str) -> (String, String) {
+    (format!("<!-- tpusim {tag}: begin -->"), format!("<!-- tpusim {tag}: end -->"))
+}
+
+/// Writes `content` into the hand-written file `path` between its markers ([`splice_markers`]),
+/// atomically, leaving every other byte as it was.
+///
+/// # Errors
+/// [`OutputError::Refused`] when the file cannot be read or lacks the markers (in order, once
+/// each), saying which lines to add; [`OutputError::Io`] when writing fails.
+pub fn splice_into(path: &Path, tag: &str, content: &str) -> Result<(), OutputError> {
+    let (begin, end) = splice_markers(tag);
+    let text = std::fs::read_to_string(path).map_err(|e| crate::refused(path, format!("cannot read it: {e}")))?;
+    let missing = || {
+        crate::refused(
+            path,
+            format!("has no generated part: add a line {begin} and, below it, a line {end} where tpusim writes; the rest of the file is never touched"),
+        )
+    };
+    let b = text.find(&begin).ok_or_else(missing)?;
+    let after_begin = b + begin.len();
+    let e = text[after_begin..].find(&end).map(|i| after_begin + i).ok_or_else(missing)?;
+    if text[e + end.len()..].contains(&begin) || text[after_begin..e].contains(&begin) {
+        return Err(crate::refused(path, format!("has {begin} more than once; keep one generated part per file")));
+    }
+    let body = content.trim_end_matches('\n');
+    let out = format!("{}\n{body}\n{}", &text[..after_begin], &text[e..]);
+    crate::write_atomic(path, out.as_bytes())
+}
+
+#[cfg(test)]
+mod splice_tests {
+    use super::*;
+
+    #[test]
+    fn generated_text_goes_between_the_markers_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("doc.md");
+        std::fs::write(&p, "# Title\n\nhand text\n<!-- tpusim validate: begin -->\nold\n<!-- tpusim validate: end -->\nmore hand text\n").unwrap();
+        splice_into(&p, "validate", "| a |\n|---|\n").unwrap();
+        assert_eq!(
+            std::fs::read_to_string(&p).unwrap(),
+            "# Title\n\nhand text\n<!-- tpusim validate: begin -->\n| a |\n|---|\n<!-- tpusim validate: end -->\nmore hand text\n"
+        );
+        std::fs::write(&p, "no markers\n").unwrap();
+        let e = splice_into(&p, "validate", "x").unwrap_err().to_string();
+        assert!(e.contains("<!-- tpusim validate: begin -->"), "{e}");
+        assert_eq!(std::fs::read_to_string(&p).unwrap(), "no markers\n");
+    }
+}

@@ -43,6 +43,11 @@ pub struct ValidateArgs {
     /// Output format.
     #[arg(long, value_enum, default_value_t = ValidateFormat::Table)]
     pub format: ValidateFormat,
+    /// Write the report into this hand-written file (e.g. a report's Markdown) between its lines
+    /// `<!-- tpusim validate: begin -->` and `<!-- tpusim validate: end -->`, leaving the rest
+    /// of the file as it is, instead of printing it.
+    #[arg(long, value_name = "FILE")]
+    pub into: Option<String>,
 }
 
 /// Flags of `tpusim calibrate`.
@@ -87,13 +92,36 @@ pub fn cmd_validate(a: &ValidateArgs) -> Result<String, CliError> {
             ValidateFormat::Csv => Err(CliError::input("--cv --format csv: the cross-validation report comes as table, json or markdown")),
         };
     }
+    if let Some(into) = &a.into {
+        // Checked before the work: the file exists and has its markers (nothing is written).
+        let text = std::fs::read_to_string(into).map_err(|e| CliError::input(format!("--into {into}: cannot read it: {e}")))?;
+        let (begin, end) = tpusim_io::mark::splice_markers("validate");
+        if !(text.contains(&begin) && text.contains(&end)) {
+            return Err(CliError::input(format!(
+                "--into {into}: has no generated part: add a line {begin} and, below it, a line {end} where tpusim writes"
+            )));
+        }
+    }
     let v = validate(&file, &chips);
-    Ok(match a.format {
+    let text = match a.format {
         ValidateFormat::Table => v.to_table(),
         ValidateFormat::Json => v.to_json(),
         ValidateFormat::Csv => v.to_csv(),
         ValidateFormat::Markdown => v.to_markdown(),
-    })
+    };
+    match &a.into {
+        None => Ok(text),
+        Some(into) => {
+            tpusim_io::mark::splice_into(std::path::Path::new(into), "validate", &text).map_err(|e| {
+                if e.is_refusal() {
+                    CliError::input(format!("--into {e}"))
+                } else {
+                    CliError::Internal(format!("--into {e}"))
+                }
+            })?;
+            Ok(format!("wrote the validation report into {into} between its tpusim validate markers\n"))
+        }
+    }
 }
 
 pub fn cmd_calibrate(a: &CalibrateArgs) -> Result<String, CliError> {

@@ -240,3 +240,24 @@ fn shell_words(s: &str) -> Vec<String> {
     }
     out
 }
+
+#[test]
+fn a_generator_writes_into_a_hand_written_file_between_its_markers_only() {
+    let dir = scratch("splice");
+    let doc = dir.join("REPORT.md");
+    let hand = "# My report\n\nNotes I wrote.\n\n<!-- tpusim validate: begin -->\nstale\n<!-- tpusim validate: end -->\n\nMore notes.\n";
+    std::fs::write(&doc, hand).unwrap();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let csv = root.join("traces/measured/calibration.csv");
+    ok(bin().args(["validate", s(&csv), "--format", "markdown", "--into", s(&doc)]).output().unwrap(), "validate --into");
+    let text = std::fs::read_to_string(&doc).unwrap();
+    assert!(text.starts_with("# My report\n\nNotes I wrote.\n\n<!-- tpusim validate: begin -->\n"));
+    assert!(text.ends_with("<!-- tpusim validate: end -->\n\nMore notes.\n"));
+    assert!(!text.contains("stale") && text.contains("VD-B0"));
+    // A file without markers is refused before any work and left as it was.
+    let bare = dir.join("bare.md");
+    std::fs::write(&bare, "mine\n").unwrap();
+    let e = refused(bin().args(["validate", s(&csv), "--format", "markdown", "--into", s(&bare)]).output().unwrap(), "no markers");
+    assert!(e.contains("<!-- tpusim validate: begin -->"), "{e}");
+    assert_eq!(std::fs::read_to_string(&bare).unwrap(), "mine\n");
+}

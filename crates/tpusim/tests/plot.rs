@@ -392,18 +392,21 @@ fn sweep_figures_name_their_columns_group_their_lines_and_cap_the_legend() {
     let csv = sweep_csv(&d, &[512, 1024], &["computed", "loaded"], "chip.hbm.bandwidth_gb_per_s");
     ok(&["plot", "sweep", "--input", csv.to_str().unwrap(), "--x", "chip.hbm.bandwidth_gb_per_s", "--series", "block_q", "--out", out.to_str().unwrap()]);
     let svg = std::fs::read_to_string(&out).unwrap();
-    assert!(svg.contains(">chip.hbm.bandwidth_gb_per_s</text>"), "the x axis label is the column name");
-    assert!(svg.contains(">latency_ms</text>"), "the y axis label is the column name");
-    // 2 block_q x 2 mask_source = 4 lines, each drawn once and once in the legend.
-    assert_eq!(svg.matches("<polyline").count(), 2 * 4, "one line per (block_q, mask_source)");
-    assert!(svg.contains(">512, mask_source=loaded</text>"), "the legend names the group");
+    // plotters writes a text element's content on a line of its own.
+    assert!(svg.contains(">\nchip.hbm.bandwidth_gb_per_s\n</text>"), "the x axis label is the column name");
+    assert!(svg.contains(">\nlatency_ms\n</text>"), "the y axis label is the column name");
+    // 2 block_q x 2 mask_source = 4 lines, each drawn once and once in the legend (the data
+    // lines are 3 px wide; the axes' ticks are 1 px polylines).
+    let lines = |svg: &str| svg.split("<polyline").skip(1).filter(|p| p.split('>').next().unwrap_or("").contains("stroke-width=\"3\"")).count();
+    assert_eq!(lines(&svg), 2 * 4, "one line per (block_q, mask_source)");
+    assert!(svg.contains(">\n512, mask_source=loaded\n</text>"), "the legend names the group");
     // Many series: the legend lists at most 12 entries, the last counting the rest.
     let many: Vec<u64> = (1..=20).map(|i| i * 128).collect();
     let csv = sweep_csv(&d, &many, &["computed"], "block_kv");
     ok(&["plot", "sweep", "--input", csv.to_str().unwrap(), "--x", "block_kv", "--series", "block_q", "--out", out.to_str().unwrap()]);
     let svg = std::fs::read_to_string(&out).unwrap();
-    assert!(svg.contains(">... and 9 more lines</text>"), "capped legend");
-    assert_eq!(svg.matches("<polyline").count(), 20 + 11, "20 lines, 11 legend samples");
+    assert!(svg.contains(">\n... and 9 more lines\n</text>"), "capped legend");
+    assert_eq!(lines(&svg), 20 + 11, "20 lines, 11 legend samples");
     // A whole run's steps are refused with a hint, not drawn as solid hatching.
     let e = fails(&["plot", "timeline", "--steps", "0:100000", "--heads", "2", "--seq-len", "2048", "--out", out.to_str().unwrap()]);
     assert!(e.contains("--steps 0:100000") && e.contains("too many to draw") && e.contains("Perfetto"), "{e}");

@@ -128,6 +128,10 @@ impl Figure for BreakdownFigure {
         // Every label goes through one layout, clear of the others, of the segment labels and
         // of the latency markers; bars are drawn first so that none covers a label.
         let mut labels = style::Labels::new();
+        // The y axis's tick labels are plotters', outside the layout: keep every label off them.
+        let (left, top_px) = plot.map_coordinate(&(-0.5, top));
+        let (_, bottom_px) = plot.map_coordinate(&(-0.5, 0.0));
+        labels.reserve([0, top_px - (s.tick * 2.0) as i32, left + 2, bottom_px + (s.tick * 1.0) as i32]);
         let mut tops = Vec::with_capacity(self.bars.len());
         for (i, b) in self.bars.iter().enumerate() {
             let x = i as f64;

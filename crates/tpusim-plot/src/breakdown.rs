@@ -131,7 +131,7 @@ impl Figure for BreakdownFigure {
         // The y axis's tick labels are plotters', outside the layout: keep every label off them.
         let (left, top_px) = plot.map_coordinate(&(-0.5, top));
         let (_, bottom_px) = plot.map_coordinate(&(-0.5, 0.0));
-        labels.reserve([0, top_px - (s.tick * 2.0) as i32, left + 2, bottom_px + (s.tick * 1.0) as i32]);
+        labels.reserve([0, top_px - (s.tick * 2.0) as i32, left + 2, bottom_px + (s.tick * 0.4) as i32]);
         let mut tops = Vec::with_capacity(self.bars.len());
         for (i, b) in self.bars.iter().enumerate() {
             let x = i as f64;

@@ -156,12 +156,12 @@ pub struct ValidationArgs {
     pub figure: FigureArgs,
     #[command(flatten)]
     pub table: TableArgs,
-    /// Column of measured times (x axis).
-    #[arg(long, value_name = "COL", default_value = "measured_ms")]
-    pub x: String,
-    /// Column of predicted times (y axis).
-    #[arg(long, value_name = "COL", default_value = "predicted_ms")]
-    pub y: String,
+    /// Column of measured times (x axis) [default: measured_ms].
+    #[arg(long, value_name = "COL")]
+    pub x: Option<String>,
+    /// Column of predicted times (y axis) [default: predicted_ms].
+    #[arg(long, value_name = "COL")]
+    pub y: Option<String>,
     /// Column whose values colour the points [default: the id's prefix].
     #[arg(long, value_name = "COL")]
     pub series: Option<String>,
@@ -343,9 +343,20 @@ pub fn cmd_plot(a: &PlotArgs) -> Result<String, CliError> {
         PlotKind::Validation(p) => {
             let out = p.figure.output(WIDE)?;
             let t = Table::read(&p.table.input, "--input")?;
+            // A default column the input lacks is named as the default, not as a flag the user
+            // did not type.
+            for (given, default, flag) in [(&p.x, "measured_ms", "--x"), (&p.y, "predicted_ms", "--y")] {
+                if given.is_none() && !t.header.iter().any(|h| h == default) {
+                    return Err(CliError::input(format!(
+                        "--input {}: no {default} column (the column plot validation reads by default; give {flag} COL to name another; columns: {})",
+                        p.table.input,
+                        t.header.join(", ")
+                    )));
+                }
+            }
             let spec = ValidationSpec {
-                measured: p.x.clone(),
-                predicted: p.y.clone(),
+                measured: p.x.clone().unwrap_or_else(|| "measured_ms".into()),
+                predicted: p.y.clone().unwrap_or_else(|| "predicted_ms".into()),
                 id: p.label_column.clone(),
                 series: p.series.clone(),
                 bands: parse_bands(&p.bands)?,

@@ -416,3 +416,17 @@ fn sweep_figures_name_their_columns_group_their_lines_and_cap_the_legend() {
     let e = fails(&["plot", "timeline", "--input", layer.to_str().unwrap(), "--out", out.to_str().unwrap()]);
     assert!(e.contains("a layer's timeline") && e.contains("Perfetto"), "{e}");
 }
+
+/// Issue 22, item 8: a default column the input lacks is named as the default, not as a flag
+/// the user did not type.
+#[test]
+fn plot_validation_names_its_default_columns_as_defaults() {
+    let d = tmpdir("validation-defaults");
+    let csv = d.join("rows.csv");
+    std::fs::write(&csv, "id,time_ms,predicted_ms\nA,1.0,1.1\n").unwrap();
+    let out = d.join("v.png");
+    let e = fails(&["plot", "validation", "--input", csv.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    assert!(e.contains("no measured_ms column (the column plot validation reads by default; give --x COL"), "{e}");
+    assert!(!e.contains("--x measured_ms"), "{e}");
+    ok(&["plot", "validation", "--input", csv.to_str().unwrap(), "--x", "time_ms", "--out", out.to_str().unwrap()]);
+}

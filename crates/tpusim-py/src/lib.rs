@@ -713,14 +713,16 @@ fn tile_counts<'py>(
     Ok(out)
 }
 
-/// tpusim: a cycle-approximate simulator of Google TPU chips for attention kernels.
+/// tpusim's compiled module, `tpusim._tpusim` (maturin's mixed layout: `python/tpusim/__init__.py`
+/// re-exports it, `python/tpusim/jax.py` sits beside it): a cycle-approximate simulator of Google
+/// TPU chips for attention kernels.
 ///
 /// `simulate(...)` runs one kernel call, `tune(...)` ranks block sizes and options, `sweep(points,
 /// ...)` runs many, `chip(name)` shows a chip model, `validate(rows)` compares with measurements
 /// and `measurements_from_trace(...)` reads them from an XProf / Perfetto trace. Masks may be JAX
 /// Splash mask objects or NumPy arrays; block sizes a Splash `BlockSizes`.
 #[pymodule]
-#[pyo3(name = "tpusim")]
+#[pyo3(name = "_tpusim")]
 fn tpusim_py(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add("InputError", py.get_type::<InputError>())?;

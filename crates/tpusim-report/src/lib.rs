@@ -7,6 +7,7 @@
 //! (`tpusim-plot`). Depends on every lower crate (chip, workload, kernel, engine); never on the
 //! crates above it.
 
+pub mod ir;
 pub mod notes;
 mod paths;
 pub mod spec;
@@ -673,7 +674,7 @@ impl Report {
     }
 }
 
-fn bar(u: f64) -> String {
+pub(crate) fn bar(u: f64) -> String {
     "#".repeat((u.clamp(0.0, 1.0) * 30.0).round() as usize)
 }
 

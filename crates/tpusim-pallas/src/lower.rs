@@ -412,7 +412,22 @@ impl<'a> Builder<'a> {
                     }
                 }
             }
-            "vector.load" | "tpu.load" | "tpu.strided_load" => vec![true; rank],
+            "vector.load" | "tpu.load" | "tpu.strided_load" | "tpu.matmul" | "vector.contract" => vec![true; rank],
+            "vector.multi_reduction" => {
+                // The source's dimensions that survive the reduction.
+                let dims: Vec<u64> = op.attrs.get("dims").and_then(|d| d.as_array()).map(|a| a.iter().filter_map(|x| x.as_u64()).collect()).unwrap_or_default();
+                match ins.first() {
+                    Some(src) => {
+                        let kept: Vec<bool> = src.varies.iter().enumerate().filter(|(i, _)| !dims.contains(&(*i as u64))).map(|(_, v)| *v).collect();
+                        if kept.len() == rank {
+                            kept
+                        } else {
+                            vec![true; rank]
+                        }
+                    }
+                    None => vec![true; rank],
+                }
+            }
             "vector.shape_cast" | "tpu.reshape" => {
                 // Constant along every dimension if the source is; else varies (conservative).
                 let all_const = ins.first().is_some_and(|s| s.varies.iter().all(|v| !v));

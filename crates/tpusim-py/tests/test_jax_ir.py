@@ -72,8 +72,9 @@ def test_fused_rms_norm_closed_form(chip):
     r = tj.simulate(rms_norm(br), bf16(rows, d), bf16(1, d), chip=chip)[0]
     assert r.grid_steps == rows // br
     assert r.flops == 0
-    # One rsqrt per row, lane-replicated to a (rows, 1) column: one register per 8 rows.
-    assert r.transcendentals == (rows // 8) * 1024
+    # Per row, the mean's division (JAX lowers jnp.mean to a divide: a reciprocal on the EUP)
+    # and the rsqrt, each on a (rows, 1) column: one register per 8 rows, counted as 1024 elements.
+    assert r.transcendentals == 2 * (rows // 8) * 1024
     # x in and y out once each; the weight row once (its block index never changes).
     assert r.hbm_bytes == 2 * rows * d * 2 + d * 2
     # An element-wise kernel with a few VPU ops per element: bound by HBM on both chips.
@@ -121,3 +122,63 @@ def test_cli_runs_a_description_and_refuses_job_flags(tmp_path):
     assert json.loads(fast)["latency_ms"] <= rep["latency_ms"]
     _, err = run_cli("run", "--kernel-ir", paths[0], "--heads", "8", "--block-q", "256", expect=2)
     assert "--heads" in err and "--block-q" in err and "--kernel-ir" in err, err
+
+
+def test_readme_example_runs(tmp_path, root, monkeypatch):
+    text = (root / "README.md").read_text()
+    section = text.split("## Your own Pallas kernel", 1)[1]
+    code = section.split("```python", 1)[1].split("```", 1)[0]
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, "README.md", "exec"), {})
+    assert (tmp_path / "rms_norm.json").exists()
+    out, _ = run_cli("run", "--kernel-ir", tmp_path / "rms_norm.json", "--chip", "v5e", "--format", "json")
+    rep = json.loads(out)
+    assert rep["bottleneck"] == "hbm" and rep["grid_steps"] == 32
+
+
+def _renamed_splash():
+    """JAX's Splash kernel module, read from the installed JAX at test time (no copy is kept in
+    the repository), renamed and with one extra element-wise op per computed step: the score
+    tile scaled once more (`qk = qk * 1.0001`, one f32 VPU multiply per score register)."""
+    import importlib.util
+    import sys
+    import types
+
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
+
+    src = open(sk.__file__).read()
+    anchor = "    qk = apply_mask_and_soft_cap()\n    assert not isinstance(qk, tuple)\n"
+    assert src.count(anchor) == 1, "the Splash source changed: update the anchor"
+    src = src.replace(anchor, anchor + "    qk = qk * 1.0001\n")
+    name_anchor = 'return f"splash_{attention_type}'
+    assert src.count(name_anchor) == 1
+    src = src.replace(name_anchor, 'return f"renamed_attention_{attention_type}')
+    mod = types.ModuleType("renamed_splash_kernel")
+    mod.__file__ = "renamed_splash_kernel.py"
+    sys.modules["renamed_splash_kernel"] = mod
+    exec(compile(src, "renamed_splash_kernel.py", "exec"), mod.__dict__)
+    return mod
+
+
+def test_renamed_splash_with_one_more_op_costs_that_op():
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
+
+    h, s, d, b = 4, 2048, 128, 512
+    mod = _renamed_splash()
+    mask = sm.MultiHeadMask([sm.CausalMask((s, s)) for _ in range(h)])
+    q = bf16(h, s, d)
+    orig = tj.simulate(sk.make_splash_mha(mask, block_sizes=sk.BlockSizes(block_q=b, block_kv=b, block_kv_compute=b), head_shards=1, q_seq_shards=1), q, q, q)[0]
+    ren = tj.simulate(mod.make_splash_mha(mask, block_sizes=mod.BlockSizes(block_q=b, block_kv=b, block_kv_compute=b), head_shards=1, q_seq_shards=1), q, q, q)[0]
+    assert ren.kernel_name.startswith("renamed_attention") and orig.kernel_name.startswith("splash")
+    for f in ("grid_steps", "steps_computed", "flops", "transcendentals", "hbm_bytes"):
+        assert getattr(ren, f) == getattr(orig, f), f
+    chip = tpusim.chip("v6e")
+    rate = chip["fitted"]["valu_vreg_ops_per_cycle"]["value"]
+    clock = chip["device"]["clock_ghz"]["value"] * 1e9
+    # One multiply per f32 score register (512 x 512 / 1024 = 256) on every computed step.
+    want_ms = orig.steps_computed * (b * b / 1024) / rate / clock * 1e3
+    got_ms = ren.busy_ms["vpu"] - orig.busy_ms["vpu"]
+    assert abs(got_ms - want_ms) <= 1e-9 + 1e-6 * want_ms, (got_ms, want_ms)
+    # The latency moves by at most the op's VPU time, and not backwards.
+    assert -1e-9 <= ren.latency_ms - orig.latency_ms <= want_ms + 1e-9

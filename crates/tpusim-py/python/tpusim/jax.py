@@ -750,6 +750,9 @@ def _write(desc, path):
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tpusim-", suffix=".json")
     with os.fdopen(fd, "w") as f:
         json.dump(d, f, indent=1)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)
     os.replace(tmp, path)
     return path
 

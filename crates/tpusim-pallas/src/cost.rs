@@ -121,6 +121,14 @@ pub const OPS: &[(&str, OpCost)] = &[
     ("arith.fptoui", OpCost::Vpu(1.0)),
     ("tpu.sitofp", OpCost::Vpu(1.0)),
     ("tpu.fptosi", OpCost::Vpu(1.0)),
+    // Integer division and remainder (mask arithmetic by a constant chunk or window): a
+    // multiply-high, shifts and a correction, assumed 3 VPU operations (the sequence is the
+    // compiler's and not public).
+    ("arith.divsi", OpCost::Vpu(3.0)),
+    ("arith.divui", OpCost::Vpu(3.0)),
+    ("arith.floordivsi", OpCost::Vpu(4.0)),
+    ("arith.remsi", OpCost::Vpu(4.0)),
+    ("arith.remui", OpCost::Vpu(4.0)),
     ("math.absf", OpCost::Vpu(1.0)),
     ("math.absi", OpCost::Vpu(1.0)),
     ("math.copysign", OpCost::Vpu(1.0)),

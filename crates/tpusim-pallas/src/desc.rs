@@ -120,21 +120,16 @@ pub enum MemorySpace {
 }
 
 /// A window's pipelining (`pipeline_mode`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum PipelineMode {
     /// Double-buffered (Pallas's default).
+    #[default]
     Double,
     /// One buffer (`tpu.pipeline_mode<synchronous>`, `pl.Buffered(1)`).
     Synchronous,
     /// `pl.Buffered(n)`.
     Buffered(u64),
-}
-
-impl Default for PipelineMode {
-    fn default() -> Self {
-        PipelineMode::Double
-    }
 }
 
 impl PipelineMode {
@@ -321,9 +316,6 @@ impl Description {
 
     /// Checks the fields this reader relies on.
     fn check(&self) -> Result<(), PallasError> {
-        if self.grid.is_empty() {
-            // A kernel without a grid runs once.
-        }
         for (i, &g) in self.grid.iter().enumerate() {
             if g == 0 {
                 return Err(PallasError::field(&format!("grid[{i}]"), g, "expected a whole number from 1"));

@@ -187,36 +187,6 @@ impl Expr {
         }
     }
 
-    /// The constant value, if the expression reads nothing.
-    pub fn constant(&self) -> Option<i64> {
-        struct NoEnv;
-        impl Env for NoEnv {
-            fn grid(&self, _: usize) -> i64 {
-                0
-            }
-            fn iv(&self, _: usize) -> Option<i64> {
-                None
-            }
-            fn load(&self, r: usize, _: &[i64]) -> Result<i64, EvalError> {
-                Err(EvalError::Runtime(r))
-            }
-        }
-        if self.reads_grid() {
-            return None;
-        }
-        self.eval(&NoEnv).ok()
-    }
-
-    fn reads_grid(&self) -> bool {
-        match self {
-            Expr::Grid(_) => true,
-            Expr::Load(_, i) => i.iter().any(Expr::reads_grid) || true,
-            Expr::Bin(_, a, b) => a.reads_grid() || b.reads_grid(),
-            Expr::Select(c, a, b) => c.reads_grid() || a.reads_grid() || b.reads_grid(),
-            _ => false,
-        }
-    }
-
     fn from_value(v: &Value) -> Result<Expr, String> {
         match v {
             Value::Number(n) => n.as_i64().map(Expr::Const).ok_or_else(|| format!("{n}: expected an integer")),

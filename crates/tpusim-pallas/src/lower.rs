@@ -240,6 +240,11 @@ fn slab_rows(shape: &[u64], s: usize, ns: usize) -> u64 {
     SLAB_ROWS.min(r - s as u64 * SLAB_ROWS)
 }
 
+/// A (ref, slab) pair naming one slab of carried state.
+type RefSlab = (usize, usize);
+/// Nodes to wait for, with their issue slots.
+type Deps = Vec<(NodeIdx, u64)>;
+
 /// The share of a value's work in slab `s` of `ns`.
 fn slab_share(shape: &[u64], s: usize, ns: usize) -> f64 {
     if ns == 1 {
@@ -688,7 +693,7 @@ impl<'a> Builder<'a> {
 
     fn finish(mut self) -> (StepBody, u64, u64, u64) {
         // The last store of each carried slab writes its slot.
-        let mut writes: Vec<((usize, usize), Vec<(NodeIdx, u64)>)> = self.writers.drain().collect();
+        let mut writes: Vec<(RefSlab, Deps)> = self.writers.drain().collect();
         writes.sort_by_key(|w| w.0);
         for ((r, s), w) in writes {
             let slot = self.slot(r, s);

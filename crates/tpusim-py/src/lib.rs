@@ -944,14 +944,79 @@ fn tile_counts<'py>(
     Ok(out)
 }
 
-/// tpusim: a cycle-approximate simulator of Google TPU chips for attention kernels.
+/// The result of simulating one Pallas kernel read from its Mosaic IR (`tpusim.jax.simulate`):
+/// the metrics of `Report` that apply to any kernel (`latency_ms`, `cycles`, `flops`,
+/// `transcendentals`, `hbm_bytes`, `bottleneck`, `cost_estimate`, `grid_steps`,
+/// `steps_computed`, `vmem_bytes`, `vmem_limit_bytes`, ...; every key of `to_dict()` reads as an
+/// attribute), `assumptions` (what the importer assumed) and `lacks` (the `Report` fields an IR
+/// job has not: masks, densities, a dense baseline). `str(report)` is the command line's table.
+#[pyclass(name = "KernelReport", module = "tpusim", frozen)]
+struct PyKernelReport {
+    json: String,
+    table: String,
+    latency_ms: f64,
+}
+
+#[pymethods]
+impl PyKernelReport {
+    /// Predicted latency, milliseconds.
+    #[getter]
+    fn latency_ms(&self) -> f64 {
+        self.latency_ms
+    }
+    /// The whole report as a dict (the JSON of `tpusim run --kernel-ir FILE --format json`).
+    fn to_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        from_json(py, &self.json)
+    }
+    /// The whole report as JSON text.
+    fn to_json(&self) -> String {
+        self.json.clone()
+    }
+    fn __getattr__<'py>(&self, py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyAny>> {
+        let d = from_json(py, &self.json)?;
+        match d.get_item(name) {
+            Ok(v) => Ok(v),
+            Err(_) => Err(pyo3::exceptions::PyAttributeError::new_err(format!("KernelReport has no field '{name}'"))),
+        }
+    }
+    fn __str__(&self) -> String {
+        self.table.clone()
+    }
+    fn __repr__(&self) -> String {
+        format!("<tpusim.KernelReport {:.3} ms>", self.latency_ms)
+    }
+}
+
+/// Simulates a kernel description (JSON text, as `tpusim.jax.describe` writes it; side files
+/// resolved against `folder`) on `chip` with `set` overrides (`SECTION.FIELD=VALUE` strings).
+/// Used by `tpusim.jax.simulate`; returns a `KernelReport`.
+#[pyfunction]
+#[pyo3(signature = (description, chip = "v6e", set = Vec::new(), folder = "."))]
+fn simulate_kernel_ir(py: Python<'_>, description: &str, chip: &str, set: Vec<String>, folder: &str) -> PyResult<PyKernelReport> {
+    let spec = JobSpec { chip: Some(chip.to_string()), set, ..Default::default() };
+    let model = spec.chip().map_err(spec_err)?;
+    let text = description.to_string();
+    let dir = std::path::PathBuf::from(folder);
+    let rep = py
+        .detach(move || {
+            let d = tpusim_pallas::Description::from_json(&text, "kernel description")?;
+            let run = tpusim_report::ir::run_kernel_ir(&model, &d, &dir)?;
+            Ok::<_, tpusim_pallas::PallasError>(tpusim_report::ir::KernelIrReport::from_run(&run))
+        })
+        .map_err(|e| input_err(e.to_string()))?;
+    Ok(PyKernelReport { json: rep.to_json(), table: rep.to_table(), latency_ms: rep.latency_ms })
+}
+
+/// tpusim's compiled module, `tpusim._tpusim` (maturin's mixed layout: `python/tpusim/__init__.py`
+/// re-exports it, `python/tpusim/jax.py` sits beside it): a cycle-approximate simulator of Google
+/// TPU chips for attention kernels.
 ///
 /// `simulate(...)` runs one kernel call, `tune(...)` ranks block sizes and options, `sweep(points,
 /// ...)` runs many, `chip(name)` shows a chip model, `validate(rows)` compares with measurements
 /// and `measurements_from_trace(...)` reads them from an XProf / Perfetto trace. Masks may be JAX
 /// Splash mask objects or NumPy arrays; block sizes a Splash `BlockSizes`.
 #[pymodule]
-#[pyo3(name = "tpusim")]
+#[pyo3(name = "_tpusim")]
 fn tpusim_py(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add("InputError", py.get_type::<InputError>())?;
@@ -966,5 +1031,7 @@ fn tpusim_py(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(measurements_from_trace, m)?)?;
     m.add_function(wrap_pyfunction!(mask_text, m)?)?;
     m.add_function(wrap_pyfunction!(tile_counts, m)?)?;
+    m.add_class::<PyKernelReport>()?;
+    m.add_function(wrap_pyfunction!(simulate_kernel_ir, m)?)?;
     Ok(())
 }

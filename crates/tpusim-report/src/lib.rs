@@ -8,6 +8,7 @@
 //! crates above it.
 
 pub mod fields;
+pub mod ir;
 pub mod notes;
 mod paths;
 pub mod spec;
@@ -770,7 +771,7 @@ impl Report {
     }
 }
 
-fn bar(u: f64) -> String {
+pub(crate) fn bar(u: f64) -> String {
     "#".repeat((u.clamp(0.0, 1.0) * 30.0).round() as usize)
 }
 

@@ -33,6 +33,11 @@ pub enum Format {
 pub struct RunArgs {
     #[command(flatten)]
     pub job: JobArgs,
+    /// Simulate a Pallas kernel read from its Mosaic IR: a kernel description file written by
+    /// `tpusim.jax.describe` (format: crates/tpusim-pallas/DESCRIPTION.md). The lowering fixed
+    /// the workload, mask and blocks, so only --chip and --set apply.
+    #[arg(long, value_name = "FILE.json")]
+    pub kernel_ir: Option<String>,
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Table)]
     pub format: Format,
@@ -139,7 +144,41 @@ impl JobArgs {
     }
 }
 
+/// `tpusim run --kernel-ir FILE`: the kernel description simulated on the chip (only `--chip`
+/// and `--set` apply; every other job flag is refused by name).
+fn cmd_run_kernel_ir(a: &RunArgs, path: &str) -> Result<String, CliError> {
+    let given: Vec<String> = a
+        .job
+        .job
+        .set_fields()
+        .keys()
+        .filter(|k| !matches!(k.as_str(), "chip" | "set"))
+        .map(|k| format!("--{}", k.replace('_', "-")))
+        .chain(a.job.trace.iter().map(|_| "--trace".to_string()))
+        .chain(a.timeline.iter().map(|_| "--timeline".to_string()))
+        .collect();
+    if !given.is_empty() {
+        return Err(CliError::input(format!(
+            "{}: not with --kernel-ir: the kernel's lowering fixed its workload, mask and block sizes (only --chip and --set apply; re-lower with tpusim.jax to change them{})",
+            given.join(", "),
+            if given.iter().any(|g| g == "--timeline") { "; timelines of IR kernels are not written yet" } else { "" }
+        )));
+    }
+    let spec = a.job.spec()?;
+    let chip = spec.chip().map_err(|e| a.job.error(e))?;
+    let (desc, dir) = tpusim_pallas::Description::read(std::path::Path::new(path)).map_err(|e| CliError::input(format!("--kernel-ir {e}")))?;
+    let run = tpusim_report::ir::run_kernel_ir(&chip, &desc, &dir).map_err(|e| CliError::input(format!("--kernel-ir {path}: {e}")))?;
+    let rep = tpusim_report::ir::KernelIrReport::from_run(&run);
+    Ok(match a.format {
+        Format::Json => rep.to_json(),
+        Format::Table => rep.to_table(),
+    })
+}
+
 pub fn cmd_run(a: &RunArgs) -> Result<String, CliError> {
+    if let Some(path) = &a.kernel_ir {
+        return cmd_run_kernel_ir(a, path);
+    }
     if let Some(path) = &a.timeline {
         // Refuse an unwritable timeline before the simulation, not after it.
         tpusim_io::check_replace(std::path::Path::new(path), "run --timeline", a.force).map_err(|e| CliError::input(format!("--timeline {e}")))?;

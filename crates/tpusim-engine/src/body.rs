@@ -368,6 +368,8 @@ pub struct Transfer {
     costs: Vec<(usize, f64, f64)>,
     /// Memo key of the plan and of these costs (for the isolated schedule).
     key: u64,
+    /// (occupancy, latency) per issue position, made on first use.
+    by_position: std::sync::OnceLock<Vec<(f64, f64)>>,
     /// Whether the body has no operations (a skipped grid step).
     pub empty: bool,
 }
@@ -376,8 +378,6 @@ pub struct Transfer {
 #[derive(Debug, Clone, Default)]
 pub struct Scratch {
     done: Vec<f64>,
-    occ: Vec<f64>,
-    lat: Vec<f64>,
 }
 
 impl Transfer {
@@ -397,7 +397,7 @@ impl Transfer {
             Plan::new(body, &index, &list_order(body, &node_costs))
         });
         let key = cost_key(plan_key, &costs);
-        Transfer { carries: k, empty: plan.node.is_empty(), index, plan, costs, key }
+        Transfer { carries: k, empty: plan.node.is_empty(), index, plan, costs, key, by_position: std::sync::OnceLock::new() }
     }
 
     /// Executed matmul FLOPs of one step of this body.
@@ -420,12 +420,10 @@ impl Transfer {
         if scratch.done.len() < n {
             scratch.done.resize(n, 0.0);
         }
-        // Per-position costs, gathered once per apply (the replay then reads them in order).
-        scratch.occ.clear();
-        scratch.lat.clear();
-        scratch.occ.extend(plan.work.iter().map(|&w| self.costs[w as usize].1));
-        scratch.lat.extend(plan.work.iter().map(|&w| self.costs[w as usize].2));
-        let (done, occ, lat) = (&mut scratch.done[..n], &scratch.occ[..n], &scratch.lat[..n]);
+        // Per-position (occupancy, latency), gathered on the first apply (many transfers are
+        // never applied: their steps replay remembered transitions).
+        let cost = self.by_position.get_or_init(|| plan.work.iter().map(|&w| (self.costs[w as usize].1, self.costs[w as usize].2)).collect());
+        let done = &mut scratch.done[..n];
         carries_out[..self.carries].copy_from_slice(&x[IN_CARRIES..IN_CARRIES + self.carries]);
         let s0 = x[IN_START];
         let mut uf = [x[IN_UNITS], x[IN_UNITS + 1], x[IN_UNITS + 2], x[IN_UNITS + 3]];
@@ -440,9 +438,10 @@ impl Transfer {
             if c != NONE {
                 s = s.max(x[IN_CARRIES + c as usize]);
             }
-            let end = s + occ[p];
+            let (occ, lat) = cost[p];
+            let end = s + occ;
             uf[u] = end;
-            let d = end + lat[p];
+            let d = end + lat;
             done[p] = d;
             let c = plan.carry_out[p];
             if c != NONE {

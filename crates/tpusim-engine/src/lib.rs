@@ -712,6 +712,8 @@ impl<'a> Pipeline<'a> {
         let c = s.class as usize;
         self.class_steps[c] += n;
         self.busy.add_scaled(&self.shared.timing[c].busy, n as f64);
+        // The DMA engines are busy for the transfers' (quantised) times.
+        self.busy[Unit::Hbm] += n as f64 * (quantize(s.in_bytes as f64 / self.bpc) + quantize(s.out_bytes as f64 / self.bpc));
         self.in_bytes += n * s.in_bytes;
         self.out_bytes += n * s.out_bytes;
         self.steps += n;
@@ -957,7 +959,6 @@ impl<'a> Pipeline<'a> {
             self.tot.critical.add_scaled(&self.shared.crit_share[c as usize], drain);
         }
         self.tot.critical[Unit::Hbm] += cycles - body_end;
-        self.busy[Unit::Hbm] = (self.in_bytes + self.out_bytes) as f64 / self.bpc;
         self.busy[Unit::StepControl] = self.steps as f64 * self.overhead;
         CoreState {
             cycles,

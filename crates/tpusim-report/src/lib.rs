@@ -432,6 +432,12 @@ pub struct ClassSummary {
 impl Report {
     /// Summarises a run.
     pub fn from_run(run: &Run) -> Self {
+        Self::from_run_as(run, run.chip.identity())
+    }
+
+    /// [`Report::from_run`] with the chip model's identity already known (a sweep names each of
+    /// its chip models once, not once per point).
+    pub fn from_run_as(run: &Run, identity: tpusim_chip::ChipIdentity) -> Self {
         let r = &run.result;
         let chip = &run.chip;
         let ms = |c: f64| c / chip.clock_hz() * 1e3;
@@ -460,7 +466,7 @@ impl Report {
         let outside_kernel_ms: f64 = phases.iter().filter(|p| !p.kernel).map(|p| p.latency_ms).sum();
         let mut rep = Report {
             chip: chip.name.clone(),
-            chip_model: chip.identity(),
+            chip_model: identity,
             kernel: run.job.kernel(),
             latency_ms: r.seconds * 1e3,
             cycles: r.cycles,

@@ -71,22 +71,34 @@ pub fn measure_mxu(run: &Run) -> MxuFill {
         if steps == 0 {
             continue;
         }
+        // A body's slabs repeat a few matmul shapes: cost each distinct one once.
+        let mut shapes: Vec<(&'static str, Work, f64)> = Vec::new();
         for op in class.body.graph.node_weights() {
-            let Work::Matmul { m, k, n, m_total } = op.work else { continue };
-            let (occ, _) = op_cycles(chip, &op.work);
-            let busy = occ * steps as f64;
+            if !matches!(op.work, Work::Matmul { .. }) {
+                continue;
+            }
+            match shapes.iter_mut().find(|(n, w, _)| *n == op.name && *w == op.work) {
+                Some((_, _, c)) => *c += 1.0,
+                None => shapes.push((op.name, op.work, 1.0)),
+            }
+        }
+        for (name, work, count) in shapes {
+            let Work::Matmul { m, k, n, m_total } = work else { continue };
+            let (occ, _) = op_cycles(chip, &work);
+            let steps = steps as f64 * count;
+            let busy = occ * steps;
             if busy <= 0.0 {
                 continue;
             }
             f.busy_cycles += busy;
-            f.ideal_cycles += steps as f64 * (m * k * n) as f64 / (arrays * (rows * cols) as f64);
+            f.ideal_cycles += steps * (m * k * n) as f64 / (arrays * (rows * cols) as f64);
             let folds = (k.div_ceil(rows) * n.div_ceil(cols)) as f64;
             if (folds / arrays).ceil() * rows as f64 > folds * m_total as f64 / arrays {
                 f.load_bound_cycles += busy;
             }
             f.row_fill += busy * k as f64 / (k.div_ceil(rows) * rows) as f64;
             f.column_fill += busy * n as f64 / (n.div_ceil(cols) * cols) as f64;
-            let key = (op.name, m_total, k, n);
+            let key = (name, m_total, k, n);
             match by_op.iter_mut().find(|(k2, _)| *k2 == key) {
                 Some((_, b)) => *b += busy,
                 None => by_op.push((key, busy)),

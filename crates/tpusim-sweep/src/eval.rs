@@ -27,6 +27,28 @@ use tpusim_report::{combine, run_with_dense, Job, JobSpec, Report, Run};
 
 /// Caches stop growing at this many entries (memory stays bounded on huge sweeps).
 const CACHE_LIMIT: usize = 100_000;
+/// Dense baselines kept before the cache starts over (a sweep over timing parameters has a
+/// baseline per point, which is never reused).
+const DENSE_LIMIT: usize = 4096;
+
+/// A stable 64-bit hash of a key's text (FNV-1a): the dense job part of baseline cache keys.
+pub(crate) fn stable_hash(text: &str) -> u64 {
+    text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3))
+}
+
+/// One lowering shared by the points of a group ([`Evaluator::lower_for`]).
+#[derive(Debug)]
+pub struct Shared {
+    /// The chip it was lowered for.
+    pub chip: Arc<ChipEntry>,
+    /// The job lowered.
+    pub job: Job,
+    /// Its lowering.
+    pub lowered: Result<Lowered, KernelError>,
+    dense: Option<Job>,
+    dense_key: Option<u64>,
+    dense_lowered: LoweredCell,
+}
 
 type DenseCell = Arc<OnceLock<Result<Arc<SimResult>, KernelError>>>;
 type LoweredCell = OnceLock<Result<Lowered, KernelError>>;
@@ -41,6 +63,8 @@ pub struct ChipEntry {
     pub key: String,
     /// Identifies the parts of the chip that lowering reads (module docs).
     pub lowering_key: String,
+    /// A hash of `lowering_key`.
+    pub lowering_hash: u64,
     /// Which model this is (source, overrides, parameter hash), for the rows it produces.
     pub identity: tpusim_chip::ChipIdentity,
 }
@@ -96,7 +120,7 @@ pub fn lowering_key(chip: &ChipModel) -> String {
 #[derive(Default)]
 pub struct Evaluator {
     chips: Mutex<ChipCache>,
-    dense: Mutex<HashMap<String, DenseCell>>,
+    dense: Mutex<HashMap<(String, u64), DenseCell>>,
     /// Skip the dense baseline of sparse points (the tuner only needs latency).
     pub skip_dense: bool,
 }
@@ -117,8 +141,10 @@ impl Evaluator {
             return c.clone();
         }
         let entry = spec.chip().map_err(|e| e.to_string()).map(|chip| {
+            let lk = lowering_key(&chip);
             Arc::new(ChipEntry {
-                lowering_key: lowering_key(&chip),
+                lowering_hash: stable_hash(&lk),
+                lowering_key: lk,
                 key: format!("{:?}|{:?}", spec.chip, spec.set),
                 identity: chip.identity(),
                 chip,
@@ -153,60 +179,74 @@ impl Evaluator {
     /// `done(i, outcome)` for `group[i]` as each finishes.
     pub fn evaluate_group(&self, group: &[&Prepared], done: &mut dyn FnMut(usize, Outcome)) {
         let Some(first) = group.first() else { return };
-        let (Ok(chip0), Ok(job)) = (&first.chip, &first.job) else {
-            for (i, p) in group.iter().enumerate() {
-                let err = match (&p.chip, &p.job) {
-                    (Err(e), _) | (_, Err(e)) => e.clone(),
-                    _ => "internal error: a point that builds was grouped with one that does not".into(),
-                };
-                let chip = p.chip.as_ref().ok().map(|c| c.identity.clone());
-                done(i, Outcome { job: p.job.as_ref().ok().cloned(), chip, report: Err(err) });
-            }
-            return;
-        };
-        let lowered = job.lower(&chip0.chip);
-        let dense = if self.skip_dense { None } else { job.dense_baseline() };
-        let dense_lowered: LoweredCell = OnceLock::new();
+        let shared = self.lower_for(first);
         for (i, p) in group.iter().enumerate() {
-            let chip = match &p.chip {
-                Ok(c) => c,
-                Err(e) => {
-                    done(i, Outcome { job: None, chip: None, report: Err(e.clone()) });
-                    continue;
-                }
-            };
-            let report = lowered.as_ref().map_err(|e| e.to_string()).and_then(|low| {
-                let dense = match &dense {
-                    None => None,
-                    Some(dj) => Some(
-                        self.dense_result(&chip.key, &chip.chip, dj, &|| dense_lowered.get_or_init(|| dj.lower(&chip0.chip)).clone())
-                            .map_err(|e| e.to_string())?,
-                    ),
-                };
-                Ok(Report::from_run(&tpusim_report::run_lowered(&chip.chip, job, low.clone(), dense)))
-            });
-            done(i, Outcome { job: Some(job.clone()), chip: Some(chip.identity.clone()), report });
+            done(i, self.evaluate_in(shared.as_ref(), p));
         }
     }
 
-    /// The dense baseline's result for a chip (cached), lowering with `lower_dense` on a miss.
-    fn dense_result(
-        &self,
-        chip_key: &str,
-        chip: &ChipModel,
-        dense_job: &Job,
-        lower_dense: &dyn Fn() -> Result<Lowered, KernelError>,
-    ) -> Result<SimResult, KernelError> {
-        let key = format!("{chip_key}|{dense_job:?}");
+    /// The lowering that points like `p` share (its chip and job lowered once), or `None` when
+    /// `p` fails before lowering.
+    pub fn lower_for(&self, p: &Prepared) -> Option<Shared> {
+        let (Ok(chip), Ok(job)) = (&p.chip, &p.job) else { return None };
+        let dense = if self.skip_dense { None } else { job.dense_baseline() };
+        Some(Shared {
+            lowered: job.lower(&chip.chip),
+            dense_key: dense.as_ref().map(|d| stable_hash(&format!("{d:?}"))),
+            dense,
+            dense_lowered: OnceLock::new(),
+            chip: chip.clone(),
+            job: job.clone(),
+        })
+    }
+
+    /// Evaluates `p` on a shared lowering when its job is the one lowered (otherwise, or without
+    /// one, on its own).
+    pub fn evaluate_in(&self, shared: Option<&Shared>, p: &Prepared) -> Outcome {
+        let (chip, job) = match (&p.chip, &p.job) {
+            (Ok(c), Ok(j)) => (c, j),
+            (Err(e), _) | (_, Err(e)) => {
+                return Outcome { job: p.job.as_ref().ok().cloned(), chip: p.chip.as_ref().ok().map(|c| c.identity.clone()), report: Err(e.clone()) }
+            }
+        };
+        let own;
+        let g = match shared {
+            Some(g) if g.job == *job && g.chip.lowering_key == chip.lowering_key => g,
+            _ => {
+                own = self.lower_for(p).expect("a prepared point with a chip and a job lowers");
+                &own
+            }
+        };
+        let report = g.lowered.as_ref().map_err(|e| e.to_string()).and_then(|low| {
+            let dense = match (&g.dense, g.dense_key) {
+                (Some(dj), Some(dk)) => Some(
+                    self.dense_result((chip.key.clone(), dk), &chip.chip, &|| {
+                        g.dense_lowered.get_or_init(|| dj.lower(&g.chip.chip)).clone()
+                    })
+                    .map_err(|e| e.to_string())?,
+                ),
+                _ => None,
+            };
+            let run = tpusim_report::run_lowered(&chip.chip, job, low.clone(), dense);
+            Ok(Report::from_run_as(&run, chip.identity.clone()))
+        });
+        Outcome { job: Some(job.clone()), chip: Some(chip.identity.clone()), report }
+    }
+
+    /// The dense baseline's result for a chip and dense job (cached by the chip's key and a hash
+    /// of the dense job's text),
+    /// lowering with `lower_dense` on a miss.
+    fn dense_result(&self, key: (String, u64), chip: &ChipModel, lower_dense: &dyn Fn() -> Result<Lowered, KernelError>) -> Result<SimResult, KernelError> {
         let cell = {
             let mut cache = self.dense.lock().expect("dense cache");
             match cache.get(&key) {
                 Some(cell) => cell.clone(),
                 None => {
                     let cell = DenseCell::default();
-                    if cache.len() < CACHE_LIMIT {
-                        cache.insert(key, cell.clone());
+                    if cache.len() >= DENSE_LIMIT {
+                        cache.clear();
                     }
+                    cache.insert(key, cell.clone());
                     cell
                 }
             }
@@ -229,7 +269,7 @@ impl Evaluator {
     pub fn run(&self, chip_key: &str, chip: &ChipModel, job: &Job) -> Result<Run, KernelError> {
         let dense = match if self.skip_dense { None } else { job.dense_baseline() } {
             None => None,
-            Some(dj) => Some(self.dense_result(chip_key, chip, &dj, &|| dj.lower(chip))?),
+            Some(dj) => Some(self.dense_result((chip_key.to_string(), stable_hash(&format!("{dj:?}"))), chip, &|| dj.lower(chip))?),
         };
         run_with_dense(chip, job, dense)
     }

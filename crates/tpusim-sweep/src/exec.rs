@@ -29,12 +29,14 @@
 //! [`mod@crate::merge`] joins the shards.
 
 use crate::def::SweepDef;
-use crate::eval::{Evaluator, Outcome, Prepared};
+use crate::eval::{Evaluator, Outcome, Shared};
+use tpusim_report::JobSpec;
 use crate::output::{check_replaceable, csv_fields, read_back, write_atomic, Format, Header, Layout};
 use crate::SweepError;
 use rayon::prelude::*;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
+use std::hash::BuildHasher;
 use std::io::Write;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -313,25 +315,41 @@ pub fn run_sweep(def: &SweepDef, opts: &SweepOptions) -> Result<SweepSummary, Sw
     let resumed = done.len() as u64;
     let todo: Vec<u64> = (shard.index..def.total()).step_by(shard.count as usize).filter(|i| !done.contains_key(i)).collect();
 
-    let mut computed = Vec::new();
-    if !todo.is_empty() {
-        // Start OUT.partial afresh with the rows kept so far (dropping any cut-off last line).
-        let mut text = header_text.clone();
-        done.values().for_each(|l| text.push_str(l));
-        write_atomic(&partial, text.as_bytes())?;
-        computed = evaluate_into(def, &layout, format, &todo, &partial, opts, &pool)?;
-    }
-    let computed_n = computed.len() as u64;
-    done.extend(computed);
     let expected = shard.len(def.total());
-    if done.len() as u64 != expected {
-        return Err(SweepError::Internal(format!("{} rows for {expected} points", done.len())));
+    let mut computed_n = 0u64;
+    let mut errors = done.values().filter(|l| row_has_error(format, l)).count() as u64;
+    if todo.is_empty() {
+        if done.len() as u64 != expected {
+            return Err(SweepError::Internal(format!("{} rows for {expected} points", done.len())));
+        }
+        let mut text = String::with_capacity(header_text.len() + done.values().map(String::len).sum::<usize>());
+        text.push_str(&header_text);
+        done.values().for_each(|l| text.push_str(l));
+        write_atomic(out, text.as_bytes())?;
+    } else {
+        // Start OUT.partial afresh with the rows kept so far (dropping any cut-off last line),
+        // noting where each row lies: rows are not held in memory, OUT is assembled from
+        // OUT.partial at the end.
+        let mut text = header_text.clone();
+        let mut index: Vec<RowAt> = Vec::with_capacity(expected as usize);
+        for (&i, l) in &done {
+            index.push(RowAt { point: i, at: text.len() as u64, len: l.len() as u32 });
+            text.push_str(l);
+        }
+        write_atomic(&partial, text.as_bytes())?;
+        let written = text.len() as u64;
+        drop(text);
+        done.clear();
+        let rows = evaluate_into(def, &layout, format, &todo, &partial, written, opts, &pool)?;
+        computed_n = rows.rows.len() as u64;
+        errors += rows.errors;
+        index.extend(rows.rows);
+        if index.len() as u64 != expected {
+            return Err(SweepError::Internal(format!("{} rows for {expected} points", index.len())));
+        }
+        index.sort_unstable_by_key(|r| r.point);
+        assemble(&partial, out, &header_text, &index)?;
     }
-    let errors = done.values().filter(|l| row_has_error(format, l)).count() as u64;
-    let mut text = String::with_capacity(header_text.len() + done.values().map(String::len).sum::<usize>());
-    text.push_str(&header_text);
-    done.values().for_each(|l| text.push_str(l));
-    write_atomic(out, text.as_bytes())?;
     if Path::new(&partial).exists() {
         std::fs::remove_file(&partial).map_err(|e| SweepError::Io(format!("cannot remove {partial}: {e}")))?;
     }
@@ -379,36 +397,86 @@ fn lock_output(out: &str) -> Result<std::fs::File, SweepError> {
     }
 }
 
-/// Evaluates `todo` in parallel, appending each row to `partial` as it finishes. Returns the
-/// rows (index, line).
+/// Where a row of `OUT.partial` lies.
+#[derive(Debug, Clone, Copy)]
+struct RowAt {
+    point: u64,
+    at: u64,
+    len: u32,
+}
+
+/// The rows a run appended to `OUT.partial`, and how many of them carry an error.
+struct Appended {
+    rows: Vec<RowAt>,
+    errors: u64,
+}
+
+/// Writes `out`: the header, then the rows of `partial` at `index` in index order (the partial
+/// file is mapped, not read into memory), completely or not at all.
+fn assemble(partial: &str, out: &str, header: &str, index: &[RowAt]) -> Result<(), SweepError> {
+    let file = std::fs::File::open(partial).map_err(|e| SweepError::Io(format!("cannot read {partial}: {e}")))?;
+    // SAFETY: the partial file is this run's own (held under the output's lock); nothing
+    // truncates it while it is mapped.
+    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| SweepError::Io(format!("cannot read {partial}: {e}")))?;
+    let bytes: &[u8] = &map;
+    for r in index {
+        if r.at as usize + r.len as usize > bytes.len() {
+            return Err(SweepError::Internal(format!("{partial}: row of point {} lies past its end", r.point)));
+        }
+    }
+    tpusim_io::write_with(Path::new(out), |f| {
+        let mut w = std::io::BufWriter::with_capacity(1 << 20, f);
+        w.write_all(header.as_bytes())?;
+        for r in index {
+            w.write_all(&bytes[r.at as usize..r.at as usize + r.len as usize])?;
+        }
+        w.flush()
+    })
+    .map_err(crate::output::output_error)
+}
+
+/// Evaluates `todo` in parallel, appending each row to `partial` (which holds `written` bytes)
+/// as it finishes. Returns where each row went and how many rows carry an error.
+///
+/// Points are grouped by what decides their lowering without building anything large: the chip
+/// model's lowering fields and the point's job fields other than its chip and overrides. Each
+/// group lowers once (its first point's job; a point whose built job differs is evaluated on its
+/// own, so the grouping never changes a result); groups are split into pieces so that every
+/// thread has work, and a group's lowering is dropped when its last piece is done. Memory holds
+/// a few lowerings and a row index, not the rows.
+#[allow(clippy::too_many_arguments)]
 fn evaluate_into(
     def: &SweepDef,
     layout: &Layout,
     format: Format,
     todo: &[u64],
     partial: &str,
+    written: u64,
     opts: &SweepOptions,
     pool: &rayon::ThreadPool,
-) -> Result<Vec<(u64, String)>, SweepError> {
+) -> Result<Appended, SweepError> {
+    use std::sync::atomic::AtomicUsize;
+    use std::sync::Mutex;
     let io = |e: std::io::Error| SweepError::Io(format!("cannot write {partial}: {e}"));
     let file = std::fs::OpenOptions::new().append(true).open(partial).map_err(io)?;
     let pb = crate::progress_bar(opts.progress, todo.len() as u64, "sweep");
     let ev = Evaluator::new();
     let stop = AtomicBool::new(false);
-    let (tx, rx) = std::sync::mpsc::channel::<(u64, String)>();
+    let (tx, rx) = std::sync::mpsc::channel::<(u64, String, bool)>();
     let flush_every = opts.flush_every;
     let result = std::thread::scope(|s| {
-        let writer = s.spawn(|| -> Result<Vec<(u64, String)>, SweepError> {
+        let writer = s.spawn(|| -> Result<Appended, SweepError> {
             let mut w = std::io::BufWriter::with_capacity(1 << 16, file);
             let mut last = Instant::now();
-            let mut rows = Vec::with_capacity(todo.len());
+            let mut out = Appended { rows: Vec::with_capacity(todo.len()), errors: 0 };
+            let mut at = written;
             let mut fail = None;
             let rx = rx; // moved into the writer
             let mut dirty = false;
             loop {
                 // Rows are flushed when 200 ms have passed since the last flush, or when no row
                 // has come for 200 ms: a kill loses at most the last fraction of a second.
-                let (i, line) = match rx.recv_timeout(flush_every) {
+                let (i, line, error) = match rx.recv_timeout(flush_every) {
                     Ok(row) => row,
                     Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
                         if dirty && fail.is_none() {
@@ -440,26 +508,36 @@ fn evaluate_into(
                 if let Some(pb) = &pb {
                     pb.inc(1);
                 }
-                rows.push((i, line));
+                out.rows.push(RowAt { point: i, at, len: line.len() as u32 });
+                out.errors += u64::from(error);
+                at += line.len() as u64;
             }
             if let Some(e) = fail {
                 return Err(e);
             }
             w.flush().map_err(io)?;
-            Ok(rows)
+            Ok(out)
         });
         pool.install(|| {
-            // Resolve every point's chip and job, then group points that lower to the same
-            // program (crate::eval) so that each group lowers once. Large groups are split so
-            // that every thread has work.
-            let prepared: Vec<Option<Prepared>> = todo
+            // Group keys, in parallel: (lowering fields of the chip, job fields but chip and set).
+            // Hashed (a collision only costs a lowering: evaluate_in checks the job and chip).
+            let keys: Vec<Option<[u64; 3]>> = todo
                 .par_iter()
-                .map(|&i| std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| ev.prepare(&def.point(i).spec))).ok())
+                .map(|&i| {
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        let spec = def.point(i).spec;
+                        let chip = ev.chip(&spec).ok()?;
+                        let job = serde_json::to_string(&JobSpec { chip: None, set: Vec::new(), ..spec }).ok()?;
+                        Some([chip.lowering_hash, crate::eval::stable_hash(&job), rustc_hash::FxBuildHasher.hash_one(&job)])
+                    }))
+                    .ok()
+                    .flatten()
+                })
                 .collect();
             let mut groups: Vec<Vec<usize>> = Vec::new();
-            let mut by_key: HashMap<String, usize> = HashMap::new();
-            for (k, p) in prepared.iter().enumerate() {
-                match p.as_ref().and_then(Prepared::lowering_key) {
+            let mut by_key: HashMap<[u64; 3], usize> = HashMap::new();
+            for (k, key) in keys.into_iter().enumerate() {
+                match key {
                     Some(key) => {
                         let g = *by_key.entry(key).or_insert_with(|| {
                             groups.push(Vec::new());
@@ -472,33 +550,43 @@ fn evaluate_into(
             }
             drop(by_key);
             let chunk = todo.len().div_ceil(4 * pool.current_num_threads()).max(1);
-            let work: Vec<&[usize]> = groups.iter().flat_map(|g| g.chunks(chunk)).collect();
-            work.par_iter().for_each_with(tx, |tx, members| {
+            // Per group: its shared lowering (made by the first piece to need it) and how many
+            // pieces have yet to finish.
+            let shared: Vec<Mutex<Option<std::sync::Arc<Option<Shared>>>>> = groups.iter().map(|_| Mutex::new(None)).collect();
+            let left: Vec<AtomicUsize> = groups.iter().map(|g| AtomicUsize::new(g.len().div_ceil(chunk))).collect();
+            let work: Vec<(usize, &[usize])> = groups.iter().enumerate().flat_map(|(gi, g)| g.chunks(chunk).map(move |c| (gi, c))).collect();
+            work.par_iter().for_each_with(tx, |tx, &(gi, members)| {
                 if stop.load(Ordering::Relaxed) {
                     return;
                 }
-                let send = |tx: &std::sync::mpsc::Sender<(u64, String)>, k: usize, outcome: &Outcome| {
-                    let point = def.point(todo[k]);
-                    let _ = tx.send((todo[k], layout.line(format, &layout.row(&point, outcome))));
-                };
-                let group: Option<Vec<&Prepared>> = members.iter().map(|&k| prepared[k].as_ref()).collect();
                 let mut sent = vec![false; members.len()];
                 let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    if let Some(group) = &group {
-                        ev.evaluate_group(group, &mut |j, outcome| {
-                            send(tx, members[j], &outcome);
-                            sent[j] = true;
-                        });
+                    for (j, &k) in members.iter().enumerate() {
+                        let point = def.point(todo[k]);
+                        let p = ev.prepare(&point.spec);
+                        let g = {
+                            let mut cell = shared[gi].lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                            cell.get_or_insert_with(|| std::sync::Arc::new(ev.lower_for(&p))).clone()
+                        };
+                        let outcome = ev.evaluate_in(g.as_ref().as_ref(), &p);
+                        let _ = tx.send((todo[k], layout.line(format, &layout.row(&point, &outcome)), outcome.report.is_err()));
+                        sent[j] = true;
                     }
                 }));
                 let why = match ran {
                     Err(p) => format!("internal error: {}", panic_text(p.as_ref())),
-                    Ok(()) => "internal error: the point could not be prepared".to_string(),
+                    Ok(()) => String::new(),
                 };
                 for (j, &k) in members.iter().enumerate() {
                     if !sent[j] {
-                        send(tx, k, &Outcome { job: None, chip: None, report: Err(why.clone()) });
+                        let point = def.point(todo[k]);
+                        let outcome = Outcome { job: None, chip: None, report: Err(why.clone()) };
+                        let _ = tx.send((todo[k], layout.line(format, &layout.row(&point, &outcome)), true));
                     }
+                }
+                if left[gi].fetch_sub(1, Ordering::AcqRel) == 1 {
+                    // The group's last piece: its lowering is no longer needed.
+                    *shared[gi].lock().unwrap_or_else(std::sync::PoisonError::into_inner) = None;
                 }
             });
         });

@@ -738,7 +738,7 @@ impl<'a> Pipeline<'a> {
         if let Some(&i) = self.memo.run_map.get(key.as_slice()) {
             let out = &self.memo.run_outs[i];
             let fits = match out.steady {
-                Some(_) => n - 1 >= out.transient,
+                Some(_) => n > out.transient,
                 None => n - 1 == out.transient,
             };
             if fits {

@@ -411,24 +411,24 @@ struct Appended {
     errors: u64,
 }
 
-/// Writes `out`: the header, then the rows of `partial` at `index` in index order (the partial
-/// file is mapped, not read into memory), completely or not at all.
+/// Writes `out`: the header, then the rows of `partial` at `index` in index order, completely or
+/// not at all. Rows are read one at a time at their offsets (the page cache serves them), so
+/// memory holds the index, not the file.
 fn assemble(partial: &str, out: &str, header: &str, index: &[RowAt]) -> Result<(), SweepError> {
+    use std::os::unix::fs::FileExt;
     let file = std::fs::File::open(partial).map_err(|e| SweepError::Io(format!("cannot read {partial}: {e}")))?;
-    // SAFETY: the partial file is this run's own (held under the output's lock); nothing
-    // truncates it while it is mapped.
-    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| SweepError::Io(format!("cannot read {partial}: {e}")))?;
-    let bytes: &[u8] = &map;
-    for r in index {
-        if r.at as usize + r.len as usize > bytes.len() {
-            return Err(SweepError::Internal(format!("{partial}: row of point {} lies past its end", r.point)));
-        }
+    let size = file.metadata().map_err(|e| SweepError::Io(format!("cannot read {partial}: {e}")))?.len();
+    if let Some(r) = index.iter().find(|r| r.at + u64::from(r.len) > size) {
+        return Err(SweepError::Internal(format!("{partial}: the row of point {} lies past its end", r.point)));
     }
+    let mut buf = Vec::new();
     tpusim_io::write_with(Path::new(out), |f| {
         let mut w = std::io::BufWriter::with_capacity(1 << 20, f);
         w.write_all(header.as_bytes())?;
         for r in index {
-            w.write_all(&bytes[r.at as usize..r.at as usize + r.len as usize])?;
+            buf.resize(r.len as usize, 0);
+            file.read_exact_at(&mut buf, r.at)?;
+            w.write_all(&buf)?;
         }
         w.flush()
     })

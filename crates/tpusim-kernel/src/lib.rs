@@ -12,11 +12,13 @@
 //! Depends on `tpusim-chip` (block rules, VMEM limits) and `tpusim-workload` (shapes, masks,
 //! tile classification); never on the engine or anything above it.
 
+pub mod dtype;
 pub mod ir;
 pub mod library;
 pub mod matmul;
 pub mod options;
 pub mod splash;
+pub mod vmem;
 pub mod words;
 
 #[doc(hidden)]
@@ -31,6 +33,7 @@ pub use matmul::MatmulConfig;
 pub use options::{Direction, Exp, Kernel, KernelKind, MaskSource, Masking, Scope, Traversal};
 pub use splash::bwd::BwdBlocks;
 pub use splash::{RunItem, SplashConfig};
+pub use vmem::{footprint, VmemBuffer};
 pub use words::WordError;
 
 use serde::Serialize;
@@ -117,7 +120,7 @@ impl KernelError {
     }
 }
 
-/// VMEM a tiling needs, buffer by buffer, bytes.
+/// VMEM a tiling needs, buffer by buffer, bytes ([`vmem::footprint`] says what is counted).
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct VmemBudget {
     /// (buffer name, bytes), e.g. ("q x2", 1548288).
@@ -130,6 +133,11 @@ impl VmemBudget {
     /// Total bytes.
     pub fn total(&self) -> u64 {
         self.buffers.iter().map(|(_, b)| b).sum()
+    }
+
+    /// Whether the total fits the limit.
+    pub fn fits(&self) -> bool {
+        self.total() <= self.limit_bytes
     }
 
     /// Checks the budget against the limit.

@@ -451,6 +451,11 @@ impl Report {
                 .collect(),
             notes: Vec::new(),
         };
+        if let Job::Attention { config: c, direction, .. } = &run.job {
+            if *direction != Direction::Fwd {
+                rep.notes.extend(backward_block_notes(c));
+            }
+        }
         if let (Job::Attention { workload: w, config: c, .. }, Some(t)) = (&run.job, info.tiles) {
             rep.notes.extend(w.mask.notes());
             if c.masking == tpusim_kernel::Masking::None && t.partial > 0 {
@@ -671,6 +676,38 @@ impl Report {
         }
         s
     }
+}
+
+/// Where a backward run's blocks came from, for each backward kernel whose blocks the job did not
+/// give: the family's backward defaults, or the forward's blocks (the library's rule,
+/// [`tpusim_kernel::options::BwdRule`]).
+fn backward_block_notes(c: &SplashConfig) -> Vec<String> {
+    use tpusim_kernel::options::BwdRule;
+    use tpusim_kernel::splash::bwd::BlockOrigin;
+    let b = &c.bwd;
+    let why = |o: BlockOrigin| match (o, c.kernel.defaults().bwd_rule) {
+        (BlockOrigin::Given, _) => None,
+        (BlockOrigin::Forward, _) => Some(format!("the forward's blocks, as {} derives backward blocks it is not given", c.kernel)),
+        (BlockOrigin::FamilyDefault, BwdRule::OwnDefaults) => Some(format!("{}'s backward default, whatever the forward's blocks", c.kernel)),
+        (BlockOrigin::FamilyDefault, _) => Some(format!("{}'s default block sizes", c.kernel)),
+    };
+    let mut notes = Vec::new();
+    let kernel = if b.fused { "fused dq/dk/dv" } else { "dkv" };
+    if let Some(w) = why(b.origin.dkv) {
+        notes.push(format!(
+            "backward blocks not given: the {kernel} kernel runs at block_q_dkv {}, block_kv_dkv {}, block_kv_dkv_compute {} ({w}); give --block-q-dkv --block-kv-dkv --block-kv-dkv-compute to choose",
+            b.block_q_dkv, b.block_kv_dkv, b.block_kv_dkv_compute
+        ));
+    }
+    if !b.fused {
+        if let Some(w) = why(b.origin.dq) {
+            notes.push(format!(
+                "backward blocks not given: the dq kernel runs at block_q_dq {}, block_kv_dq {} ({w}); give --block-q-dq --block-kv-dq to choose",
+                b.block_q_dq, b.block_kv_dq
+            ));
+        }
+    }
+    notes
 }
 
 fn bar(u: f64) -> String {

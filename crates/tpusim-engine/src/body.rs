@@ -5,6 +5,7 @@
 
 use petgraph::graph::NodeIndex;
 use petgraph::Direction;
+use std::sync::Arc;
 use serde::Serialize;
 use tpusim_chip::ChipModel;
 use tpusim_kernel::{PerUnit, StepBody, Unit, Work};
@@ -80,45 +81,21 @@ pub struct BodyTiming {
     pub critical: UnitCycles,
 }
 
-/// The operations of a body in issue order with their costs: (node, unit, occupancy, latency).
-///
-/// The order is the compiler's list schedule of the body, computed once with every unit free and
-/// no carried state pending: whenever a unit can start an operation, it takes, among the
-/// operations whose inputs are done by then, the one first in program order (the lowering's
-/// issue slot, then node index); if none is ready it waits for the earliest. The order is then
-/// fixed (a static VLIW schedule): [`Transfer`] and [`schedule_body`] replay it per unit, so the
-/// times stay max-plus expressions of the step's inputs.
+/// The list-scheduled issue order of a body's nodes given each node's (unit, occupancy,
+/// latency): whenever a unit can start an operation, it takes, among the operations whose inputs
+/// are done by then, the one first in program order (the lowering's issue slot, then node
+/// index); if none is ready it waits for the earliest. Computed once per body and compiled chip
+/// ([`Plan`]), then fixed (a static VLIW schedule).
 ///
 /// A what-if model (one with `--set` overrides) keeps the order of the model it was derived from
 /// (`provenance.compiled_for`: the code compiled for the chip as read) and times it with its own
 /// costs: list scheduling is not monotone (a faster unit can reorder a body and lengthen it,
 /// Graham's scheduling anomalies), a fixed order is.
-fn issue_order(chip: &ChipModel, body: &StepBody) -> Vec<(usize, usize, f64, f64)> {
-    let compiled_for = chip.provenance.compiled_for.as_deref().unwrap_or(chip);
-    let g = &body.graph;
-    list_order(compiled_for, body)
-        .into_iter()
-        .map(|i| {
-            let op = &g[NodeIndex::new(i)];
-            let (occ, lat) = op_cycles(chip, &op.work);
-            (i, op.work.unit().index(), occ, lat)
-        })
-        .collect()
-}
-
-/// The list-scheduled issue order of a body's nodes on `chip` (see [`issue_order`]).
-fn list_order(chip: &ChipModel, body: &StepBody) -> Vec<usize> {
+fn list_order(body: &StepBody, cost: &[(usize, f64, f64)]) -> Vec<usize> {
     use std::cmp::Reverse;
     use std::collections::BinaryHeap;
     let g = &body.graph;
     let n = g.node_count();
-    let cost: Vec<(usize, f64, f64)> = (0..n)
-        .map(|i| {
-            let op = &g[NodeIndex::new(i)];
-            let (occ, lat) = op_cycles(chip, &op.work);
-            (op.work.unit().index(), occ, lat)
-        })
-        .collect();
     let key = |i: usize| (g[NodeIndex::new(i)].issue, i);
     // Times are compared as integers of 1/1024 cycle so heaps can order them.
     let fx = |t: f64| (t * 1024.0).round() as u64;
@@ -184,78 +161,166 @@ fn list_order(chip: &ChipModel, body: &StepBody) -> Vec<usize> {
     order
 }
 
-/// Schedules one step body alone: operations issue in the body's static order (issue slot, then
-/// node index); each starts when its inputs are done and its unit has finished the previous
-/// operation in that order. With a fixed order, every start time is a max-plus expression of
-/// operation times, so making any unit faster never delays anything.
-pub fn schedule_body(chip: &ChipModel, body: &StepBody) -> BodyTiming {
-    let g = &body.graph;
-    let n = g.node_count();
-    if n == 0 {
-        return BodyTiming::default();
-    }
-    let mut ready_at = vec![0.0f64; n];
-    let mut binding_dep: Vec<Option<usize>> = vec![None; n];
-    let mut unit_free = [0.0f64; 6];
-    let mut last_on_unit: [Option<usize>; 6] = [None; 6];
-    let mut cause: Vec<Option<usize>> = vec![None; n];
-    let mut done_at = vec![0.0f64; n];
-    let mut starts = vec![0.0f64; n];
-    let mut t = BodyTiming::default();
-    let mut timing = vec![None; n];
-    for (i, u, occ, lat) in issue_order(chip, body) {
-        let start = ready_at[i].max(unit_free[u]);
-        cause[i] = if ready_at[i] >= unit_free[u] { binding_dep[i] } else { last_on_unit[u] };
-        let end = start + occ;
-        unit_free[u] = end;
-        last_on_unit[u] = Some(i);
-        let done = end + lat;
-        done_at[i] = done;
-        starts[i] = start;
-        t.cycles = t.cycles.max(done);
-        t.busy.0[u] += occ;
-        timing[i] = Some(OpTiming { node: i, unit: Unit::ALL[u], start, end });
-        for s in g.neighbors_directed(NodeIndex::new(i), Direction::Outgoing) {
-            let j = s.index();
-            if done >= ready_at[j] {
-                binding_dep[j] = Some(i);
+/// What a body is, independently of any chip: its distinct pieces of work (a body's slabs repeat
+/// a few of them) and each node's, and its totals. Cached in the body's memo.
+#[derive(Debug)]
+struct Index {
+    /// Distinct works, in order of first appearance.
+    works: Vec<Work>,
+    /// Index into `works` of each node.
+    work_of: Vec<u32>,
+    /// Nodes per distinct work.
+    count: Vec<u32>,
+    flops: f64,
+    transcendental_vregs: f64,
+    /// The body's isolated schedules ([`Transfer::isolated`]), per order and costs.
+    timings: tpusim_kernel::Memo,
+}
+
+/// Memo key of a body's [`Index`] (plans and timings use hashes of chip costs, which are never 0
+/// in practice; the memo also tells values apart by type).
+const INDEX_KEY: u64 = 0;
+
+impl Index {
+    fn of(body: &StepBody) -> Arc<Index> {
+        body.memo.get_or_insert_with(INDEX_KEY, || {
+            let mut works: Vec<Work> = Vec::new();
+            let mut count: Vec<u32> = Vec::new();
+            let mut seen: std::collections::HashMap<WorkKey, u32> = std::collections::HashMap::new();
+            let work_of = body
+                .graph
+                .node_weights()
+                .map(|op| {
+                    let id = *seen.entry(WorkKey::of(&op.work)).or_insert_with(|| {
+                        works.push(op.work);
+                        count.push(0);
+                        (works.len() - 1) as u32
+                    });
+                    count[id as usize] += 1;
+                    id
+                })
+                .collect();
+            Index {
+                work_of,
+                count,
+                flops: body.flops(),
+                transcendental_vregs: body.transcendental_vregs(),
+                works,
+                timings: tpusim_kernel::Memo::with_capacity(64),
             }
-            ready_at[j] = ready_at[j].max(done);
+        })
+    }
+
+    /// (unit, occupancy, latency) of each distinct work on `chip`.
+    fn costs(&self, chip: &ChipModel) -> Vec<(usize, f64, f64)> {
+        self.works
+            .iter()
+            .map(|w| {
+                let (occ, lat) = op_cycles(chip, w);
+                (w.unit().index(), occ, lat)
+            })
+            .collect()
+    }
+}
+
+/// A [`Work`] as a hashable key (its numbers by bit pattern).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum WorkKey {
+    Matmul(u64, u64, u64, u64),
+    Vector(u64, u64),
+    Transcendental(u64),
+    CrossLane(u64),
+}
+
+impl WorkKey {
+    fn of(w: &Work) -> Self {
+        match *w {
+            Work::Matmul { m, k, n, m_total } => WorkKey::Matmul(m, k, n, m_total),
+            Work::Vector { ops, loaded_mask_vregs } => WorkKey::Vector(ops.to_bits(), loaded_mask_vregs.to_bits()),
+            Work::Transcendental { vregs } => WorkKey::Transcendental(vregs.to_bits()),
+            Work::CrossLane { vregs } => WorkKey::CrossLane(vregs.to_bits()),
         }
     }
-    t.ops = timing.into_iter().flatten().collect();
-    // Walk the critical path back from the last result.
-    let mut cur = (0..n).max_by(|&a, &b| done_at[a].total_cmp(&done_at[b]));
-    let mut mark = t.cycles;
-    while let Some(i) = cur {
-        t.critical[g[NodeIndex::new(i)].work.unit()] += mark - starts[i];
-        mark = starts[i];
-        cur = cause[i];
+}
+
+/// A stable hash of a cost table (memo keys of plans and timings).
+fn cost_key(tag: u64, costs: &[(usize, f64, f64)]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = rustc_hash::FxHasher::default();
+    tag.hash(&mut h);
+    for (u, o, l) in costs {
+        (u, o.to_bits(), l.to_bits()).hash(&mut h);
     }
-    t
+    // Never the index's key.
+    h.finish() | 1
+}
+
+/// No slot (carry slots are below it).
+const NONE: u16 = u16::MAX;
+
+/// A body's issue order for one compiled chip with its dependencies in issue positions: what
+/// [`Transfer`] replays. Depends on the compiled chip only through the order; cached in the
+/// body's [`tpusim_kernel::Memo`].
+#[derive(Debug)]
+struct Plan {
+    /// Node at each issue position.
+    node: Vec<u32>,
+    /// Distinct work ([`Index`]) at each position.
+    work: Vec<u32>,
+    /// Unit index at each position.
+    unit: Vec<u8>,
+    /// Dependencies of position p: `deps[dep_at[p] .. dep_at[p + 1]]`, as positions.
+    dep_at: Vec<u32>,
+    deps: Vec<u32>,
+    carry_in: Vec<u16>,
+    carry_out: Vec<u16>,
+    has_mxu: bool,
+}
+
+impl Plan {
+    fn new(body: &StepBody, index: &Index, order: &[usize]) -> Plan {
+        let g = &body.graph;
+        let n = order.len();
+        let mut pos = vec![0usize; n];
+        for (p, &i) in order.iter().enumerate() {
+            pos[i] = p;
+        }
+        let mut plan = Plan {
+            node: order.iter().map(|&i| i as u32).collect(),
+            work: order.iter().map(|&i| index.work_of[i]).collect(),
+            unit: Vec::with_capacity(n),
+            dep_at: Vec::with_capacity(n + 1),
+            deps: Vec::new(),
+            carry_in: Vec::with_capacity(n),
+            carry_out: Vec::with_capacity(n),
+            has_mxu: g.node_weights().any(|op| op.work.unit() == Unit::Mxu),
+        };
+        plan.dep_at.push(0);
+        for &i in order {
+            let op = &g[NodeIndex::new(i)];
+            plan.unit.push(op.work.unit().index() as u8);
+            plan.carry_in.push(op.carry_in.unwrap_or(NONE));
+            plan.carry_out.push(op.carry_out.unwrap_or(NONE));
+            plan.deps.extend(g.neighbors_directed(NodeIndex::new(i), Direction::Incoming).map(|d| pos[d.index()] as u32));
+            plan.dep_at.push(plan.deps.len() as u32);
+        }
+        plan
+    }
+
+    fn deps(&self, p: usize) -> &[u32] {
+        &self.deps[self.dep_at[p] as usize..self.dep_at[p + 1] as usize]
+    }
+}
+
+/// Schedules one step body alone: operations issue in the body's static order; each starts
+/// when its inputs are done and its unit has finished the previous operation in that order (no
+/// carried state pending, every unit free at 0). With a fixed order, every start time is a
+/// max-plus expression of operation times, so making any unit faster never delays anything.
+pub fn schedule_body(chip: &ChipModel, body: &StepBody) -> BodyTiming {
+    Transfer::new(chip, body, 0).isolated(true)
 }
 
 const NEG: f64 = f64::NEG_INFINITY;
-
-/// A time as a max-plus linear form of the step's inputs: entry j is the delay from input j
-/// (`-inf`: no path).
-type Form = Vec<f64>;
-
-fn form_max(a: &mut Form, b: &Form) {
-    for (x, y) in a.iter_mut().zip(b) {
-        if *y > *x {
-            *x = *y;
-        }
-    }
-}
-
-fn form_add(a: &Form, c: f64) -> Form {
-    a.iter().map(|x| x + c).collect()
-}
-
-fn form_eval(f: &Form, x: &[f64]) -> f64 {
-    f.iter().zip(x).fold(NEG, |m, (a, b)| m.max(a + b))
-}
 
 /// Index of the step's start among a transfer's inputs.
 pub const IN_START: usize = 0;
@@ -264,108 +329,207 @@ pub const IN_UNITS: usize = 1;
 /// Index of the first carried slot among a transfer's inputs.
 pub const IN_CARRIES: usize = 5;
 
-/// The max-plus transfer of a step body (module docs).
+/// How a step body's end times depend on its start times: the body's fixed issue order ([`Plan`],
+/// cached per compiled chip) with this chip's operation costs.
 ///
 /// Inputs: the step's start `S` (its scalar control done and its input DMAs landed), the times the
-/// four compute units become free, and the times the carried-state slots are written. Outputs:
+/// four compute units become free, and the times the carried-state slots were written. Outputs:
 /// the new unit free times and carried-slot times, the body's *front* (when the next grid step may
 /// begin issuing: the end of the body's last MXU operation's occupancy, or of its last operation
-/// when it has no matmul) and its *done* time (its last result). Every output is
-/// `max_j (a[out][j] + x_j)` over the inputs `x`.
-#[derive(Debug, Clone, PartialEq)]
+/// when it has no matmul) and its *done* time (its last result). Every output is a max-plus
+/// expression of the inputs: `max_j (a[out][j] + x_j)`; [`Transfer::apply`] evaluates it by
+/// replaying the issue order, O(operations + dependencies).
+///
+/// Building one is O(distinct works) after the first time for a body and compiled chip: the order
+/// and the dependency structure come from the body's memo, and costs are computed per distinct
+/// work (the repeated slabs of a body share a few).
+#[derive(Debug, Clone)]
 pub struct Transfer {
     /// Carried slots of the body.
     pub carries: usize,
-    units_out: [Form; 4],
-    carries_out: Vec<Form>,
-    front: Form,
-    done: Form,
-    /// Per operation in node order: (unit, start form, occupancy).
-    ops: Vec<(Unit, Form, f64)>,
+    index: Arc<Index>,
+    plan: Arc<Plan>,
+    /// (unit, occupancy, latency) per distinct work on the timing chip.
+    costs: Vec<(usize, f64, f64)>,
+    /// Memo key of the plan and of these costs (for the isolated schedule).
+    key: u64,
     /// Whether the body has no operations (a skipped grid step).
     pub empty: bool,
 }
 
+/// Reusable buffers for [`Transfer::apply`] (one per pipeline, so applying allocates nothing).
+#[derive(Debug, Clone, Default)]
+pub struct Scratch {
+    done: Vec<f64>,
+    occ: Vec<f64>,
+    lat: Vec<f64>,
+}
+
 impl Transfer {
     /// The transfer of `body` on `chip`, with `carries` carried slots (at least the body's).
+    /// The issue order is the compiled chip's (`provenance.compiled_for`, else `chip`), taken
+    /// from the body's memo when it was computed before.
     pub fn new(chip: &ChipModel, body: &StepBody, carries: usize) -> Self {
-        let g = &body.graph;
-        let n = g.node_count();
         let k = carries.max(body.carries as usize);
-        let n_in = IN_CARRIES + k;
-        let unit_in = |i: usize| -> Form {
-            let mut f = vec![NEG; n_in];
-            f[i] = 0.0;
-            f
-        };
-        let mut unit_free: [Form; 4] = std::array::from_fn(|u| unit_in(IN_UNITS + u));
-        let mut carry: Vec<Form> = (0..k).map(|c| unit_in(IN_CARRIES + c)).collect();
-        let mut carry_written: Vec<Form> = carry.clone();
-        let mut ready: Vec<Form> = vec![unit_in(IN_START); n];
-        let mut ops: Vec<Option<(Unit, Form, f64)>> = vec![None; n];
-        let mut issue_end = unit_in(IN_START);
-        let mut mxu_end: Option<Form> = None;
-        let mut done_all = unit_in(IN_START);
-        for (i, u, occ, lat) in issue_order(chip, body) {
-            let op = &g[NodeIndex::new(i)];
-            let mut start = ready[i].clone();
-            form_max(&mut start, &unit_free[u]);
-            if let Some(c) = op.carry_in {
-                form_max(&mut start, &carry[c as usize]);
-            }
-            let end = form_add(&start, occ);
-            let done = form_add(&end, lat);
-            unit_free[u] = end.clone();
-            form_max(&mut issue_end, &end);
-            if u == Unit::Mxu.index() {
-                match &mut mxu_end {
-                    Some(m) => form_max(m, &end),
-                    None => mxu_end = Some(end.clone()),
-                }
-            }
-            form_max(&mut done_all, &done);
-            if let Some(c) = op.carry_out {
-                carry_written[c as usize] = done.clone();
-            }
-            for s in g.neighbors_directed(NodeIndex::new(i), Direction::Outgoing) {
-                form_max(&mut ready[s.index()], &done);
-            }
-            ops[i] = Some((Unit::ALL[u], start, occ));
-        }
-        // A slot read and written in one step: the next reader waits for this step's write.
-        carry = carry_written;
-        Transfer {
-            carries: k,
-            units_out: unit_free,
-            carries_out: carry,
-            front: mxu_end.unwrap_or(issue_end),
-            done: done_all,
-            ops: ops.into_iter().flatten().collect(),
-            empty: n == 0,
-        }
+        let index = Index::of(body);
+        let costs = index.costs(chip);
+        let compiled = chip.provenance.compiled_for.as_deref().map(|c| index.costs(c));
+        let order_costs = compiled.as_deref().unwrap_or(&costs);
+        // The order depends on nothing but the compiled chip's costs of the distinct works.
+        let plan_key = cost_key(1, order_costs);
+        let plan = body.memo.get_or_insert_with(plan_key, || {
+            let node_costs: Vec<(usize, f64, f64)> = index.work_of.iter().map(|&w| order_costs[w as usize]).collect();
+            Plan::new(body, &index, &list_order(body, &node_costs))
+        });
+        let key = cost_key(plan_key, &costs);
+        Transfer { carries: k, empty: plan.node.is_empty(), index, plan, costs, key }
+    }
+
+    /// Executed matmul FLOPs of one step of this body.
+    pub fn flops(&self) -> f64 {
+        self.index.flops
+    }
+
+    /// Registers of exp / reciprocal work of one step of this body.
+    pub fn transcendental_vregs(&self) -> f64 {
+        self.index.transcendental_vregs
     }
 
     /// Applies the transfer to inputs `x` (length `5 + carries`): writes the new unit free times
-    /// into `units` and carried times into `carries_out`; returns (issue end, done).
-    pub fn apply(&self, x: &[f64], units: &mut [f64; 4], carries_out: &mut [f64]) -> (f64, f64) {
-        for (u, f) in self.units_out.iter().enumerate() {
-            units[u] = form_eval(f, x);
+    /// into `units` and carried times into `carries_out`; returns (front, done). Replays the
+    /// issue order: each operation starts when its unit is free, its inputs are done and, for a
+    /// carried slot it reads, the previous step wrote it.
+    pub fn apply(&self, x: &[f64], units: &mut [f64; 4], carries_out: &mut [f64], scratch: &mut Scratch) -> (f64, f64) {
+        let plan = &*self.plan;
+        let n = plan.node.len();
+        if scratch.done.len() < n {
+            scratch.done.resize(n, 0.0);
         }
-        for (c, f) in self.carries_out.iter().enumerate() {
-            carries_out[c] = form_eval(f, x);
+        // Per-position costs, gathered once per apply (the replay then reads them in order).
+        scratch.occ.clear();
+        scratch.lat.clear();
+        scratch.occ.extend(plan.work.iter().map(|&w| self.costs[w as usize].1));
+        scratch.lat.extend(plan.work.iter().map(|&w| self.costs[w as usize].2));
+        let (done, occ, lat) = (&mut scratch.done[..n], &scratch.occ[..n], &scratch.lat[..n]);
+        carries_out[..self.carries].copy_from_slice(&x[IN_CARRIES..IN_CARRIES + self.carries]);
+        let s0 = x[IN_START];
+        let mut uf = [x[IN_UNITS], x[IN_UNITS + 1], x[IN_UNITS + 2], x[IN_UNITS + 3]];
+        let (mut mxu_end, mut any_end, mut last) = (NEG, s0, s0);
+        for p in 0..n {
+            let u = plan.unit[p] as usize;
+            let mut s = s0.max(uf[u]);
+            for &d in &plan.deps[plan.dep_at[p] as usize..plan.dep_at[p + 1] as usize] {
+                s = s.max(done[d as usize]);
+            }
+            let c = plan.carry_in[p];
+            if c != NONE {
+                s = s.max(x[IN_CARRIES + c as usize]);
+            }
+            let end = s + occ[p];
+            uf[u] = end;
+            let d = end + lat[p];
+            done[p] = d;
+            let c = plan.carry_out[p];
+            if c != NONE {
+                carries_out[c as usize] = d;
+            }
+            if u == 0 {
+                mxu_end = mxu_end.max(end);
+            }
+            any_end = any_end.max(end);
+            last = last.max(d);
         }
-        (form_eval(&self.front, x), form_eval(&self.done, x))
+        *units = uf;
+        let front = if plan.has_mxu { mxu_end } else { any_end };
+        (front, last)
     }
 
     /// Absolute operation times for inputs `x` (for timelines), in node order.
     pub fn op_times(&self, x: &[f64]) -> Vec<OpTiming> {
-        self.ops
-            .iter()
-            .enumerate()
-            .map(|(node, (unit, start, occ))| {
-                let s = form_eval(start, x);
-                OpTiming { node, unit: *unit, start: s, end: s + occ }
-            })
-            .collect()
+        let plan = &*self.plan;
+        let n = plan.node.len();
+        let mut out = vec![OpTiming { node: 0, unit: Unit::Mxu, start: 0.0, end: 0.0 }; n];
+        let mut units = [x[IN_UNITS], x[IN_UNITS + 1], x[IN_UNITS + 2], x[IN_UNITS + 3]];
+        let mut done = vec![0.0; n];
+        for p in 0..n {
+            let u = plan.unit[p] as usize;
+            let mut s = x[IN_START].max(units[u]);
+            for &d in plan.deps(p) {
+                s = s.max(done[d as usize]);
+            }
+            let c = plan.carry_in[p];
+            if c != NONE {
+                s = s.max(x[IN_CARRIES + c as usize]);
+            }
+            let (_, occ, lat) = self.costs[plan.work[p] as usize];
+            let end = s + occ;
+            units[u] = end;
+            done[p] = end + lat;
+            let node = plan.node[p] as usize;
+            out[node] = OpTiming { node, unit: Unit::ALL[u], start: s, end };
+        }
+        out
+    }
+
+    /// The body scheduled alone ([`schedule_body`]); `ops` keeps the per-operation times. Without
+    /// them the timing is memoised per body, order and costs (sweeps over HBM rates reuse it).
+    pub(crate) fn isolated(&self, ops: bool) -> BodyTiming {
+        if ops {
+            return self.schedule_alone(true);
+        }
+        BodyTiming::clone(&self.index.timings.get_or_insert_with(self.key, || self.schedule_alone(false)))
+    }
+
+    fn schedule_alone(&self, ops: bool) -> BodyTiming {
+        let plan = &*self.plan;
+        let n = plan.node.len();
+        let mut t = BodyTiming::default();
+        if n == 0 {
+            return t;
+        }
+        let mut unit_free = [0.0f64; 4];
+        let mut last_on_unit = [usize::MAX; 4];
+        let mut cause = vec![usize::MAX; n];
+        let mut done = vec![0.0f64; n];
+        let mut starts = vec![0.0f64; n];
+        if ops {
+            t.ops = vec![OpTiming { node: 0, unit: Unit::Mxu, start: 0.0, end: 0.0 }; n];
+        }
+        for p in 0..n {
+            let u = plan.unit[p] as usize;
+            let (mut ready, mut binding) = (0.0f64, usize::MAX);
+            for &d in plan.deps(p) {
+                let d = d as usize;
+                if done[d] >= ready {
+                    ready = done[d];
+                    binding = d;
+                }
+            }
+            let (_, occ, lat) = self.costs[plan.work[p] as usize];
+            let start = ready.max(unit_free[u]);
+            cause[p] = if ready >= unit_free[u] { binding } else { last_on_unit[u] };
+            let end = start + occ;
+            unit_free[u] = end;
+            last_on_unit[u] = p;
+            done[p] = end + lat;
+            starts[p] = start;
+            t.cycles = t.cycles.max(done[p]);
+            if ops {
+                let node = plan.node[p] as usize;
+                t.ops[node] = OpTiming { node, unit: Unit::ALL[u], start, end };
+            }
+        }
+        for (w, &(u, occ, _)) in self.costs.iter().enumerate() {
+            t.busy.0[u] += f64::from(self.index.count[w]) * occ;
+        }
+        // Walk the critical path back from the last result (ties: the highest node index).
+        let mut cur = (0..n).max_by(|&a, &b| done[a].total_cmp(&done[b]).then(plan.node[a].cmp(&plan.node[b])));
+        let mut mark = t.cycles;
+        while let Some(p) = cur {
+            t.critical.0[plan.unit[p] as usize] += mark - starts[p];
+            mark = starts[p];
+            cur = (cause[p] != usize::MAX).then_some(cause[p]);
+        }
+        t
     }
 }

@@ -39,7 +39,7 @@
 
 pub mod body;
 
-pub use body::{op_cycles, schedule_body, BodyTiming, OpTiming, Transfer, UnitCycles};
+pub use body::{op_cycles, schedule_body, BodyTiming, OpTiming, Scratch, Transfer, UnitCycles};
 
 use serde::Serialize;
 use tpusim_chip::ChipModel;
@@ -216,15 +216,37 @@ fn run_cores(chip: &ChipModel, program: &Program, observe: &mut dyn FnMut(&Step,
                 }
             });
         } else {
-            let mut head: Vec<(Step, u64)> = Vec::new();
+            // Runs are fed to the pipeline a q row at a time (a row's runs share their head and
+            // q block coordinates), so that rows seen before from the same state are replayed
+            // from the row memo ([`Pipeline::row`]).
+            let mut head: Vec<Vec<(Step, u64)>> = Vec::new();
+            let mut row: Vec<(Step, u64)> = Vec::new();
             program.for_each_run_block_range(lo, hi, &mut |item| match item {
-                RunItem::HeadStart => head.clear(),
-                RunItem::Run(s, n) => {
-                    head.push((*s, n));
-                    p.run(s, n, &mut obs);
+                RunItem::HeadStart => {
+                    if !row.is_empty() {
+                        p.row(&row, &mut obs);
+                        row.clear();
+                    }
+                    head.clear();
                 }
-                RunItem::RepeatHead(k) => p.repeat_head(&head, k, &mut obs),
+                RunItem::Run(s, n) => {
+                    if row.first().is_some_and(|(f, _)| f.coords[..2] != s.coords[..2]) {
+                        p.row(&row, &mut obs);
+                        head.push(std::mem::take(&mut row));
+                    }
+                    row.push((*s, n));
+                }
+                RunItem::RepeatHead(k) => {
+                    if !row.is_empty() {
+                        p.row(&row, &mut obs);
+                        head.push(std::mem::take(&mut row));
+                    }
+                    p.repeat_head(&head, k, &mut obs);
+                }
             });
+            if !row.is_empty() {
+                p.row(&row, &mut obs);
+            }
         }
         cores.push(p.finish(&mut obs));
     }
@@ -244,7 +266,7 @@ impl Shared {
     fn new(chip: &ChipModel, program: &Program) -> Self {
         let carries = program.classes.iter().map(|c| c.body.carries as usize).max().unwrap_or(0);
         let transfers: Vec<Transfer> = program.classes.iter().map(|c| Transfer::new(chip, &c.body, carries)).collect();
-        let timing: Vec<BodyTiming> = program.classes.iter().map(|c| schedule_body(chip, &c.body)).collect();
+        let timing: Vec<BodyTiming> = transfers.iter().map(|t| t.isolated(false)).collect();
         let crit_share =
             timing.iter().map(|t| if t.cycles > 0.0 { t.critical.scaled(1.0 / t.cycles) } else { UnitCycles::default() }).collect();
         Shared { transfers, timing, crit_share, carries }
@@ -268,10 +290,10 @@ impl Shared {
         }
         let mut flops = 0.0;
         let mut trans = 0.0;
-        for (i, cls) in program.classes.iter().enumerate() {
+        for (i, tr) in self.transfers.iter().enumerate() {
             let k = class_steps[i] as f64;
-            flops += k * cls.body.flops();
-            trans += k * cls.body.transcendental_vregs() * 1024.0;
+            flops += k * tr.flops();
+            trans += k * tr.transcendental_vregs() * 1024.0;
         }
         let (cycles, critical, stall) = cores.get(slowest).map(|c| (c.cycles, c.critical, c.stall)).unwrap_or_default();
         SimResult {
@@ -379,6 +401,64 @@ struct Pipeline<'a> {
     /// Whether the first DMA was issued.
     started: bool,
     x: Vec<f64>,
+    scratch: Scratch,
+    memo: StepMemo,
+}
+
+/// Transitions of the pipeline seen before in this run: a step's effect depends only on the
+/// pipeline's state relative to its front (max-plus algebra: shifting every input time shifts
+/// every output time), on the step's class and DMA bytes and on the next step's input bytes.
+/// Times at or before the front cannot bind again (every operation starts after the step's
+/// start, which is after the front) and enter the key as one value. Keys quantise relative times
+/// to 2^-20 cycles; max-plus maps are non-expansive, so a remembered transition reused for a
+/// state within the quantum errs by at most half a quantum per step (under 10^-3 cycles over a
+/// thousand steps).
+#[derive(Debug, Default)]
+struct StepMemo {
+    /// Key -> index into `outs`.
+    map: std::collections::HashMap<Vec<i64>, usize, rustc_hash::FxBuildHasher>,
+    outs: Vec<MemoOut>,
+    /// The key being looked up (reused).
+    key: Vec<i64>,
+    hits: u64,
+    /// Rows: key -> index into `row_outs`.
+    row_map: std::collections::HashMap<Vec<i64>, usize, rustc_hash::FxBuildHasher>,
+    row_outs: Vec<RowOut>,
+    row_hits: u64,
+}
+
+/// A remembered q row: its times and what it adds to the counts.
+#[derive(Debug, Clone, Default)]
+struct RowOut {
+    times: MemoOut,
+    /// (class, steps) of the classes it ran.
+    classes: Vec<(usize, u64)>,
+    busy: UnitCycles,
+    in_bytes: u64,
+    out_bytes: u64,
+    steps: u64,
+    last_class: Option<u32>,
+}
+
+impl StepMemo {
+    /// Quanta per cycle.
+    const SCALE: f64 = (1u64 << 20) as f64;
+    /// Entries kept before the memo starts over.
+    const CAPACITY: usize = 1 << 14;
+}
+
+/// A remembered step transition: new values relative to the old front (`None`: unchanged).
+#[derive(Debug, Clone, Default)]
+struct MemoOut {
+    units: [Option<f64>; 4],
+    carries: Vec<Option<f64>>,
+    done: Option<f64>,
+    hbm_free: Option<f64>,
+    out_done: Option<f64>,
+    front: f64,
+    pending: Option<(f64, f64)>,
+    stall: f64,
+    critical: UnitCycles,
 }
 
 /// A finished core.
@@ -422,6 +502,8 @@ impl<'a> Pipeline<'a> {
             last_class: None,
             started: false,
             x: vec![0.0; body::IN_CARRIES + shared.carries],
+            scratch: Scratch::default(),
+            memo: StepMemo::default(),
         }
     }
 
@@ -448,8 +530,104 @@ impl<'a> Pipeline<'a> {
         self.next = Some(*s);
     }
 
-    /// Runs step `cur` (its inputs in `t.pending`), issuing `next`'s input DMA.
+    /// Runs step `cur` (its inputs in `t.pending`), issuing `next`'s input DMA. Unobserved
+    /// steps go through the transition memo ([`StepMemo`]).
     fn advance(&mut self, cur: &Step, next: Option<&Step>, observe: &mut Observer<'_>) {
+        if observe.1 {
+            return self.advance_step(cur, next, observe);
+        }
+        self.memo_key(cur, next);
+        if let Some(&i) = self.memo.map.get(self.memo.key.as_slice()) {
+            self.memo.hits += 1;
+            let out = std::mem::take(&mut self.memo.outs[i]);
+            self.replay_memo(&out, cur);
+            self.memo.outs[i] = out;
+            return;
+        }
+        let before = (self.t.clone(), self.tot);
+        self.advance_step(cur, next, observe);
+        let out = self.memo_out(&before.0, before.1);
+        if self.memo.outs.len() >= StepMemo::CAPACITY {
+            self.memo.map.clear();
+            self.memo.outs.clear();
+        }
+        self.memo.map.insert(self.memo.key.clone(), self.memo.outs.len());
+        self.memo.outs.push(out);
+    }
+
+    /// The pipeline state relative to its front, quantised ([`StepMemo`]), with what else
+    /// decides the step's transition.
+    fn memo_key(&mut self, cur: &Step, next: Option<&Step>) {
+        let mut k = std::mem::take(&mut self.memo.key);
+        k.clear();
+        k.extend([i64::from(cur.class), cur.in_bytes as i64, cur.out_bytes as i64, next.map_or(-1, |n| n.in_bytes as i64)]);
+        self.state_key(&mut k);
+        self.memo.key = k;
+    }
+
+    /// Appends the pipeline's state relative to its front, quantised ([`StepMemo`]).
+    fn state_key(&self, k: &mut Vec<i64>) {
+        let f = self.t.front;
+        let q = |v: f64| if v <= f { i64::MIN } else { ((v - f) * StepMemo::SCALE).round() as i64 };
+        k.push(i64::from(self.started));
+        k.push(self.t.pending.map_or(i64::MIN, |(_, e)| (((e - f).max(self.overhead)) * StepMemo::SCALE).round() as i64));
+        k.extend(self.t.units.iter().map(|&v| q(v)));
+        k.extend([q(self.t.done), q(self.t.hbm_free)]);
+        k.extend(self.t.carries.iter().map(|&v| q(v)));
+    }
+
+    /// What a step changed, relative to the front it started from.
+    fn memo_out(&self, before: &Times, tot: Totals) -> MemoOut {
+        let f = before.front;
+        let rel = |new: f64, old: f64| (new.to_bits() != old.to_bits()).then_some(new - f);
+        MemoOut {
+            units: std::array::from_fn(|u| rel(self.t.units[u], before.units[u])),
+            carries: self.t.carries.iter().zip(&before.carries).map(|(&a, &b)| rel(a, b)).collect(),
+            done: rel(self.t.done, before.done),
+            hbm_free: rel(self.t.hbm_free, before.hbm_free),
+            out_done: rel(self.t.out_done, before.out_done),
+            front: self.t.front - f,
+            pending: self.t.pending.map(|(a, b)| (a - f, b - f)),
+            stall: self.tot.stall - tot.stall,
+            critical: PerUnit(std::array::from_fn(|u| self.tot.critical.0[u] - tot.critical.0[u])),
+        }
+    }
+
+    /// Applies a remembered transition to step `cur`.
+    fn replay_memo(&mut self, out: &MemoOut, cur: &Step) {
+        self.replay_times(out);
+        if !self.shared.transfers[cur.class as usize].empty {
+            self.last_class = Some(cur.class);
+        }
+        self.count(cur, 1);
+    }
+
+    /// Applies remembered times (relative to the current front).
+    fn replay_times(&mut self, out: &MemoOut) {
+        let f = self.t.front;
+        let set = |x: &mut f64, r: Option<f64>| {
+            if let Some(r) = r {
+                *x = f + r;
+            }
+        };
+        for (u, r) in out.units.iter().enumerate() {
+            set(&mut self.t.units[u], *r);
+        }
+        for (c, r) in self.t.carries.iter_mut().zip(&out.carries) {
+            set(c, *r);
+        }
+        set(&mut self.t.done, out.done);
+        set(&mut self.t.hbm_free, out.hbm_free);
+        set(&mut self.t.out_done, out.out_done);
+        self.t.pending = out.pending.map(|(a, b)| (f + a, f + b));
+        self.t.front = f + out.front;
+        self.tot.stall += out.stall;
+        self.tot.critical.add_scaled(&out.critical, 1.0);
+        self.started = true;
+    }
+
+    /// Runs step `cur` on the transfers (no memo).
+    fn advance_step(&mut self, cur: &Step, next: Option<&Step>, observe: &mut Observer<'_>) {
         let class = cur.class as usize;
         let tr = &self.shared.transfers[class];
         let cur_in = self.t.pending.take();
@@ -468,7 +646,7 @@ impl<'a> Pipeline<'a> {
             self.x[body::IN_UNITS..body::IN_CARRIES].copy_from_slice(&self.t.units);
             self.x[body::IN_CARRIES..].copy_from_slice(&self.t.carries);
             let mut units = [0.0; 4];
-            let (e, d) = tr.apply(&self.x, &mut units, &mut self.t.carries);
+            let (e, d) = tr.apply(&self.x, &mut units, &mut self.t.carries, &mut self.scratch);
             self.t.units = units;
             (e, d)
         };
@@ -554,14 +732,14 @@ impl<'a> Pipeline<'a> {
         true
     }
 
-    /// Replays a head's runs `k` more times, jumping once a replay shifts the state uniformly.
-    fn repeat_head(&mut self, head: &[(Step, u64)], k: u64, observe: &mut Observer<'_>) {
+    /// Replays a head's rows `k` more times, jumping once a replay shifts the state uniformly.
+    fn repeat_head(&mut self, head: &[Vec<(Step, u64)>], k: u64, observe: &mut Observer<'_>) {
         let mut remaining = k;
         while remaining > 0 {
             let before = (self.t.clone(), self.tot);
             let counts_before = (self.class_steps.clone(), self.busy, self.in_bytes, self.out_bytes, self.steps);
-            for (s, n) in head {
-                self.run(s, *n, observe);
+            for row in head {
+                self.row(row, observe);
             }
             remaining -= 1;
             if remaining > 0 && self.jump(&before, remaining) {
@@ -580,7 +758,75 @@ impl<'a> Pipeline<'a> {
         }
     }
 
+    /// Feeds one q row's runs ([`Pipeline::run`] each), through the row memo: a row whose runs
+    /// (classes, DMA bytes, lengths) were fed before, with the same pending step and the same
+    /// state relative to the front ([`StepMemo`]), repeats that row's effect.
+    fn row(&mut self, row: &[(Step, u64)], observe: &mut Observer<'_>) {
+        let Some(pending) = self.next.filter(|_| !observe.1) else {
+            // The pipeline's first step starts at time 0 (not shift-invariant) and observed runs
+            // are simulated step by step.
+            for (s, n) in row {
+                self.run(s, *n, observe);
+            }
+            return;
+        };
+        let mut key = std::mem::take(&mut self.memo.key);
+        key.clear();
+        key.push(row.len() as i64);
+        for (s, n) in row {
+            key.extend([i64::from(s.class), s.in_bytes as i64, s.out_bytes as i64, *n as i64]);
+        }
+        key.extend([i64::from(pending.class), pending.in_bytes as i64, pending.out_bytes as i64]);
+        self.state_key(&mut key);
+        if let Some(&i) = self.memo.row_map.get(key.as_slice()) {
+            self.memo.key = key;
+            self.memo.row_hits += 1;
+            let out = std::mem::take(&mut self.memo.row_outs[i]);
+            self.replay_row(&out);
+            self.memo.row_outs[i] = out;
+            self.next = row.last().map(|(s, n)| Step { coords: [s.coords[0], s.coords[1], s.coords[2] + (*n - 1) as u32, s.coords[3]], ..*s });
+            return;
+        }
+        let before = (self.t.clone(), self.tot);
+        let counts = (self.class_steps.clone(), self.busy, self.in_bytes, self.out_bytes, self.steps);
+        for (s, n) in row {
+            self.run(s, *n, observe);
+        }
+        let out = RowOut {
+            times: self.memo_out(&before.0, before.1),
+            classes: self.class_steps.iter().zip(&counts.0).enumerate().filter(|(_, (a, b))| a != b).map(|(c, (a, b))| (c, a - b)).collect(),
+            busy: PerUnit(std::array::from_fn(|u| self.busy.0[u] - counts.1 .0[u])),
+            in_bytes: self.in_bytes - counts.2,
+            out_bytes: self.out_bytes - counts.3,
+            steps: self.steps - counts.4,
+            last_class: self.last_class,
+        };
+        if self.memo.row_outs.len() >= StepMemo::CAPACITY {
+            self.memo.row_map.clear();
+            self.memo.row_outs.clear();
+        }
+        self.memo.row_map.insert(key.clone(), self.memo.row_outs.len());
+        self.memo.row_outs.push(out);
+        self.memo.key = key;
+    }
+
+    /// Applies a remembered row.
+    fn replay_row(&mut self, out: &RowOut) {
+        self.replay_times(&out.times);
+        for &(c, n) in &out.classes {
+            self.class_steps[c] += n;
+        }
+        self.busy.add_scaled(&out.busy, 1.0);
+        self.in_bytes += out.in_bytes;
+        self.out_bytes += out.out_bytes;
+        self.steps += out.steps;
+        if out.last_class.is_some() {
+            self.last_class = out.last_class;
+        }
+    }
+
     fn finish(mut self, observe: &mut Observer<'_>) -> CoreState {
+        if std::env::var("TPUSIM_COUNT").is_ok() { eprintln!("memo hits {} misses {} rows hit {} missed {}", self.memo.hits, self.memo.outs.len(), self.memo.row_hits, self.memo.row_outs.len()); }
         if let Some(p) = self.next.take() {
             self.advance(&p, None, observe);
         }

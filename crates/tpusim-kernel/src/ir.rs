@@ -195,12 +195,91 @@ pub struct TileOp {
 ///
 /// Node indices are a topological order (every edge goes from a lower to a higher index); the
 /// issue order is (issue slot, node index), also topological.
+///
+/// Build bodies with [`StepBody::add`] / [`StepBody::add_carried`]: they keep the body's
+/// [`Memo`] valid (a simulator's schedules of the body are dropped when it changes).
 #[derive(Debug, Clone, Default)]
 pub struct StepBody {
     /// Operations and dependency edges (from producer to consumer).
     pub graph: DiGraph<TileOp, ()>,
     /// Number of carried-state slots the body's operations name (slots are `0..carries`).
     pub carries: u16,
+    /// What a simulator derived from this body once per compiled chip (its issue order and
+    /// schedule structure), shared by clones of the body. Holds no part of the body's meaning.
+    pub memo: Memo,
+}
+
+/// A slot in which a simulator keeps values it derives from a program once and reuses across
+/// runs: for instance a step body's list schedule for one compiled chip, which a sweep over
+/// timing parameters would otherwise recompute for every point. Keyed by a `u64` the simulator
+/// chooses (a chip's parameter hash); values are type-erased, so this crate knows nothing of
+/// the simulator. Clones share the slot; at most its capacity of entries are kept (the oldest
+/// is dropped first; [`Memo::CAPACITY`] unless made [`Memo::with_capacity`]).
+#[derive(Clone)]
+pub struct Memo(std::sync::Arc<MemoSlot>);
+
+type MemoEntry = (u64, std::sync::Arc<dyn std::any::Any + Send + Sync>);
+
+struct MemoSlot {
+    entries: std::sync::Mutex<Vec<MemoEntry>>,
+    capacity: usize,
+}
+
+impl Default for Memo {
+    fn default() -> Self {
+        Memo::with_capacity(Memo::CAPACITY)
+    }
+}
+
+impl Memo {
+    /// Most entries kept by default.
+    pub const CAPACITY: usize = 8;
+
+    /// An empty memo keeping at most `capacity` entries (at least one).
+    pub fn with_capacity(capacity: usize) -> Self {
+        Memo(std::sync::Arc::new(MemoSlot { entries: std::sync::Mutex::new(Vec::new()), capacity: capacity.max(1) }))
+    }
+
+    /// The value stored under `key` if it has type `T`, or `make()` stored and returned. `make`
+    /// runs without the slot locked, so two threads may both compute a missing value (the first
+    /// stored wins; the values are equal by construction).
+    pub fn get_or_insert_with<T: std::any::Any + Send + Sync>(&self, key: u64, make: impl FnOnce() -> T) -> std::sync::Arc<T> {
+        let find = |v: &Vec<MemoEntry>| v.iter().find_map(|(k, a)| if *k == key { a.clone().downcast::<T>().ok() } else { None });
+        if let Some(found) = find(&self.lock()) {
+            return found;
+        }
+        let made = std::sync::Arc::new(make());
+        let mut v = self.lock();
+        if let Some(found) = find(&v) {
+            return found;
+        }
+        if v.len() >= self.0.capacity {
+            v.remove(0);
+        }
+        v.push((key, made.clone()));
+        made
+    }
+
+    /// Forgets every entry for this holder only (clones keep theirs): called when what the
+    /// values were derived from changes.
+    pub fn invalidate(&mut self) {
+        if std::sync::Arc::strong_count(&self.0) > 1 || !self.lock().is_empty() {
+            *self = Memo::with_capacity(self.0.capacity);
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<MemoEntry>> {
+        // A panic while holding the lock leaves only a cache behind: keep using it.
+        self.0.entries.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+impl std::fmt::Debug for Memo {
+    /// Constant: a memo is not part of what a program means (programs compare by their debug
+    /// form in tests).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Memo")
+    }
 }
 
 impl StepBody {
@@ -221,6 +300,8 @@ impl StepBody {
         carry_in: Option<u16>,
         carry_out: Option<u16>,
     ) -> NodeIndex {
+        // The body changes: what a simulator derived from it no longer holds.
+        self.memo.invalidate();
         let n = self.graph.add_node(TileOp { name, work, issue, carry_in, carry_out });
         for &d in deps {
             self.graph.add_edge(d, n, ());

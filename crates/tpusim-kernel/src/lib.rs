@@ -27,7 +27,7 @@ pub mod __private {
     pub use clap;
 }
 
-pub use ir::{ClassKey, PerUnit, Step, StepBody, StepClass, TileOp, Unit, Work};
+pub use ir::{ClassKey, Memo, PerUnit, Step, StepBody, StepClass, TileOp, Unit, Work};
 pub use library::{lower_attention, Fusion, Lowered, Part, Phase, PhaseWork};
 pub use matmul::MatmulConfig;
 pub use options::{Direction, Exp, Kernel, KernelKind, MaskSource, Masking, Scope, Traversal};

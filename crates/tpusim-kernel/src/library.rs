@@ -76,7 +76,7 @@ impl Part {
 #[derive(Debug, Clone)]
 pub enum PhaseWork {
     /// A Pallas kernel.
-    Kernel(Box<Program>),
+    Kernel(std::sync::Arc<Program>),
     /// An XLA data-movement fusion.
     Fusion(Fusion),
 }
@@ -138,7 +138,7 @@ pub fn lower_attention(
             push(Part::Wrapper, fusion("transpose k", k, k));
             push(Part::Wrapper, fusion("transpose v", v, v));
         }
-        push(Part::Forward, PhaseWork::Kernel(Box::new(splash::lower(chip, w, &fcfg)?)));
+        push(Part::Forward, PhaseWork::Kernel(std::sync::Arc::new(splash::lower(chip, w, &fcfg)?)));
         if residuals && scope == Scope::Op {
             // Lane 0 of the lane-replicated logsumexp and max logits (f32 x 128 per q row).
             push(Part::Wrapper, fusion("slice residuals", 2 * rows_f32 * 128, 2 * rows_f32));
@@ -167,13 +167,13 @@ pub fn lower_attention(
             let elem = if cfg.kernel == Kernel::TokamaxSplash && kv_blocks > 4 { 4 } else { 2 };
             let padded_q = w.q_len.next_multiple_of(b.block_q_dkv);
             let partials = kv_blocks * bh * padded_q * w.head_dim * elem;
-            push(Part::FusedBackward, PhaseWork::Kernel(Box::new(dkv)));
+            push(Part::FusedBackward, PhaseWork::Kernel(std::sync::Arc::new(dkv)));
             if scope == Scope::Op {
                 push(Part::Wrapper, fusion("sum dq partials", partials, q));
             }
         } else {
-            push(Part::Dq, PhaseWork::Kernel(Box::new(bwd::lower_dq(chip, w, cfg)?)));
-            push(Part::Dkv, PhaseWork::Kernel(Box::new(bwd::lower_dkv(chip, w, cfg)?)));
+            push(Part::Dq, PhaseWork::Kernel(std::sync::Arc::new(bwd::lower_dq(chip, w, cfg)?)));
+            push(Part::Dkv, PhaseWork::Kernel(std::sync::Arc::new(bwd::lower_dkv(chip, w, cfg)?)));
         }
         if wrapped {
             push(Part::Wrapper, fusion("transpose dq (x logits scale)", q, q));

@@ -65,7 +65,7 @@ impl Job {
         match self {
             Job::Attention { workload, config, direction, scope } => lower_attention(chip, workload, config, *direction, *scope),
             Job::Matmul { workload, config } => Ok(Lowered {
-                phases: vec![Phase { part: Part::Forward, work: PhaseWork::Kernel(Box::new(matmul::lower(chip, workload, config)?)) }],
+                phases: vec![Phase { part: Part::Forward, work: PhaseWork::Kernel(std::sync::Arc::new(matmul::lower(chip, workload, config)?)) }],
             }),
         }
     }
@@ -100,8 +100,8 @@ pub struct Run {
     pub lowered: Lowered,
     /// Each phase's simulation, in order.
     pub phases: Vec<PhaseResult>,
-    /// The main kernel (the first): what timelines draw.
-    pub program: Program,
+    /// The main kernel (the first): what timelines draw (shared with `lowered`).
+    pub program: std::sync::Arc<Program>,
     /// The whole call: every phase summed ([`combine`]).
     pub result: SimResult,
     /// For attention with a non-full mask: the same kernel and blocks with the full mask.
@@ -188,7 +188,7 @@ pub fn run_lowered(chip: &ChipModel, job: &Job, lowered: Lowered, dense: Option<
         .phases
         .iter()
         .find_map(|p| match &p.work {
-            PhaseWork::Kernel(k) => Some((**k).clone()),
+            PhaseWork::Kernel(k) => Some(k.clone()),
             PhaseWork::Fusion(_) => None,
         })
         .expect("every job has a kernel");

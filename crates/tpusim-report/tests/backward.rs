@@ -27,7 +27,7 @@ fn kernels(toml: &str) -> Vec<(Part, Program)> {
         .phases
         .into_iter()
         .filter_map(|p| match p.work {
-            PhaseWork::Kernel(k) => Some((p.part, *k)),
+            PhaseWork::Kernel(k) => Some((p.part, (*k).clone())),
             PhaseWork::Fusion(_) => None,
         })
         .collect()

@@ -11,7 +11,7 @@ pub mod mask;
 pub mod tiles;
 
 pub use mask::{Mask, MaskError, VideoMask, VideoOrder, VideoWindow};
-pub use tiles::{TileGrid, TileKind, TileStats};
+pub use tiles::{TileGrid, TileKind, TileRun, TileStats};
 
 use serde::Serialize;
 

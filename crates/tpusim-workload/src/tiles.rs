@@ -94,16 +94,44 @@ pub struct Tile {
     pub kind: TileKind,
 }
 
+/// `n` consecutive kv tiles of one q tile row that classify alike: tiles `kj0 .. kj0 + n`, each
+/// with the same kept pairs and kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TileRun {
+    /// First kv tile.
+    pub kj0: u64,
+    /// Tiles in the run.
+    pub n: u64,
+    /// Each tile of the run.
+    pub tile: Tile,
+}
+
 /// Calls `f(qi, tiles)` for every q tile in order, with the classified kv tiles of that row.
 ///
 /// `tiles.len()` equals `grid.kv_tiles()`. See the module docs for the rules and cost.
 pub fn for_each_tile_row(mask: &Mask, grid: &TileGrid, align: bool, mut f: impl FnMut(u64, &[Tile])) {
+    let mut tiles = Vec::with_capacity(grid.kv_tiles() as usize);
+    for_each_tile_run_row(mask, grid, align, |qi, runs| {
+        tiles.clear();
+        for r in runs {
+            tiles.extend(std::iter::repeat_n(r.tile, r.n as usize));
+        }
+        f(qi, &tiles);
+    });
+}
+
+/// Calls `f(qi, runs)` for every q tile in order, with the row's kv tiles as runs of alike
+/// tiles ([`TileRun`], covering every kv tile in order; adjacent runs may be alike). Masks whose
+/// rows keep one interval with ends moving by at most a position per row (full, causal, local,
+/// band, sink, chunked) are counted in closed form and run-length encoded without visiting every
+/// tile: O(q tiles x (block_q / block_kv + 2)); other masks cost as in the module docs.
+pub fn for_each_tile_run_row(mask: &Mask, grid: &TileGrid, align: bool, mut f: impl FnMut(u64, &[TileRun])) {
     let nk = grid.kv_tiles() as usize;
     let bkv = grid.block_kv;
     let mut counts = vec![0u64; nk];
     let mut diff = vec![0u64; nk + 1];
     let mut iv = Vec::new();
-    let mut tiles = vec![Tile { kept: 0, kind: TileKind::Empty }; nk];
+    let mut runs: Vec<TileRun> = Vec::new();
     let full_mask = mask.is_full();
     // An array mask answers tile counts block by block (cached per tiling).
     let array_counts = match mask {
@@ -111,6 +139,7 @@ pub fn for_each_tile_row(mask: &Mask, grid: &TileGrid, align: bool, mut f: impl 
         _ => None,
     };
     let grouped = !full_mask && mask.has_row_classes();
+    let linear = if array_counts.is_none() { LinearRows::of(mask) } else { None };
     let mut classes = RowClasses::default();
     let bounds = match mask {
         Mask::Video(v) if !full_mask => v.tile_bounds(bkv, grid.kv_len),
@@ -118,6 +147,12 @@ pub fn for_each_tile_row(mask: &Mask, grid: &TileGrid, align: bool, mut f: impl 
     };
     for qi in 0..grid.q_tiles() {
         let rows = grid.real_rows(qi);
+        runs.clear();
+        if let Some(lin) = linear {
+            lin.tile_runs(qi * grid.block_q, rows, grid, align, &mut runs);
+            f(qi, &runs);
+            continue;
+        }
         counts.iter_mut().for_each(|c| *c = 0);
         if full_mask {
             for (kj, c) in counts.iter_mut().enumerate() {
@@ -146,26 +181,42 @@ pub fn for_each_tile_row(mask: &Mask, grid: &TileGrid, align: bool, mut f: impl 
                 *c += run;
             }
         }
-        for (kj, t) in tiles.iter_mut().enumerate() {
-            let cols = grid.real_cols(kj as u64);
-            let real = rows * cols;
-            let padded = cols < bkv || rows < grid.block_q;
-            let kept = counts[kj];
-            *t = if align {
-                if kept > 0 && 2 * kept >= real {
-                    Tile { kept: real, kind: if padded { TileKind::Partial } else { TileKind::Full } }
-                } else {
-                    Tile { kept: 0, kind: TileKind::Empty }
-                }
-            } else if kept == 0 {
-                Tile { kept, kind: TileKind::Empty }
-            } else if kept == real && !padded {
-                Tile { kept, kind: TileKind::Full }
-            } else {
-                Tile { kept, kind: TileKind::Partial }
-            };
+        for (kj, &kept) in counts.iter().enumerate() {
+            push_run(&mut runs, kj as u64, 1, classify_tile(grid, qi, kj as u64, kept, align));
         }
-        f(qi, &tiles);
+        f(qi, &runs);
+    }
+}
+
+/// The tile at (`qi`, `kj`) with `kept` real pairs kept, by the module docs' rules.
+fn classify_tile(grid: &TileGrid, qi: u64, kj: u64, kept: u64, align: bool) -> Tile {
+    let rows = grid.real_rows(qi);
+    let cols = grid.real_cols(kj);
+    let real = rows * cols;
+    let padded = cols < grid.block_kv || rows < grid.block_q;
+    if align {
+        if kept > 0 && 2 * kept >= real {
+            Tile { kept: real, kind: if padded { TileKind::Partial } else { TileKind::Full } }
+        } else {
+            Tile { kept: 0, kind: TileKind::Empty }
+        }
+    } else if kept == 0 {
+        Tile { kept, kind: TileKind::Empty }
+    } else if kept == real && !padded {
+        Tile { kept, kind: TileKind::Full }
+    } else {
+        Tile { kept, kind: TileKind::Partial }
+    }
+}
+
+/// Appends `n` tiles from `kj0`, all `tile`, merging with the last run when alike.
+fn push_run(runs: &mut Vec<TileRun>, kj0: u64, n: u64, tile: Tile) {
+    if n == 0 {
+        return;
+    }
+    match runs.last_mut() {
+        Some(r) if r.tile == tile && r.kj0 + r.n == kj0 => r.n += n,
+        _ => runs.push(TileRun { kj0, n, tile }),
     }
 }
 
@@ -211,6 +262,192 @@ fn accumulate(iv: &[(u64, u64)], mult: u64, bkv: u64, counts: &mut [u64], diff: 
                 diff[jb] = diff[jb].wrapping_sub(mult * bkv);
             }
         }
+    }
+}
+
+/// An end of a row's kept interval as a function of the row q, before clamping to `[0, kv_len]`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum End {
+    /// A constant position.
+    Const(i128),
+    /// `q + c`.
+    Shift(i128),
+    /// The start of q's chunk of this many tokens, `floor(q / size) x size`.
+    Chunk(u64),
+}
+
+impl End {
+    fn at(self, q: i128, kv: i128) -> i128 {
+        match self {
+            End::Const(c) => c,
+            End::Shift(c) => q + c,
+            End::Chunk(s) => q / s as i128 * s as i128,
+        }
+        .clamp(0, kv)
+    }
+}
+
+/// A mask whose every row keeps one interval `[lo(q), hi(q))` with ends that never decrease
+/// with q and move by at most one position per row (full, causal, local, band, sink, chunked):
+/// its tile counts are sums of clamped linear functions of q, added in closed form per tile
+/// instead of row by row (O(q tiles x kv tiles), independent of the tile height).
+#[derive(Debug, Clone, Copy)]
+struct LinearRows {
+    lo: End,
+    hi: End,
+}
+
+impl LinearRows {
+    fn of(mask: &Mask) -> Option<Self> {
+        let (lo, hi) = match *mask {
+            Mask::Full => (End::Const(0), End::Const(i128::MAX / 4)),
+            Mask::Causal { offset } => (End::Const(0), End::Shift(offset as i128 + 1)),
+            Mask::Local { left, right, offset } => (End::Shift(offset as i128 - left as i128), End::Shift(offset as i128 + right as i128 + 1)),
+            Mask::Band { width } => (End::Shift(-(width as i128)), End::Shift(width as i128 + 1)),
+            Mask::Sink { tokens } => (End::Const(0), End::Const(tokens as i128)),
+            Mask::Chunked { size } if size > 0 => (End::Chunk(size), End::Shift(1)),
+            _ => return None,
+        };
+        Some(LinearRows { lo, hi })
+    }
+
+    /// The classified kv tiles of rows `q0 .. q0 + rows` as runs: the tiles wholly left of every
+    /// row's interval, wholly inside every row's, and wholly right of every row's are runs of
+    /// one kind found from the first and last rows alone; only the tiles the ends cross are
+    /// counted ([`LinearRows::sum`]).
+    fn tile_runs(&self, q0: u64, rows: u64, grid: &TileGrid, align: bool, runs: &mut Vec<TileRun>) {
+        let nk = grid.kv_tiles();
+        let qi = q0 / grid.block_q;
+        if rows == 0 {
+            push_run(runs, 0, nk, classify_tile(grid, qi, 0, 0, align));
+            return;
+        }
+        let kv = grid.kv_len as i128;
+        let (a, b) = (q0 as i128, (q0 + rows) as i128);
+        let (lo_min, lo_max) = (self.lo.at(a, kv), self.lo.at(b - 1, kv));
+        let (hi_min, hi_max) = (self.hi.at(a, kv), self.hi.at(b - 1, kv));
+        let bkv = grid.block_kv as i128;
+        let count = |kj: u64| -> u64 {
+            let c0 = kj as i128 * bkv;
+            let c1 = (c0 + bkv).min(kv);
+            if c1 <= lo_min || c0 >= hi_max {
+                0
+            } else if c0 >= lo_max && c1 <= hi_min {
+                (rows as i128 * (c1 - c0)) as u64
+            } else {
+                self.sum(a, b, c0, c1, kv) as u64
+            }
+        };
+        let nk_i = nk as i128;
+        // Tiles [0, left) end at or before every row's start; [right, nk) begin at or after every
+        // row's end; [f0, f1) lie inside every row's interval.
+        let left = (lo_min / bkv).min(nk_i) as u64;
+        let right = ((hi_max + bkv - 1) / bkv).clamp(left as i128, nk_i) as u64;
+        let f0 = ((lo_max + bkv - 1) / bkv).max(left as i128);
+        let f1 = if hi_min >= kv { nk_i } else { hi_min / bkv }.min(right as i128);
+        let (f0, f1) = (f0 as u64, (f1 as u64).max(f0 as u64).min(right));
+        let f0 = f0.min(right);
+        let empty = Tile { kept: 0, kind: TileKind::Empty };
+        push_run(runs, 0, left, if rows == 0 { empty } else { classify_tile(grid, qi, 0, 0, align) });
+        for kj in left..f0 {
+            push_run(runs, kj, 1, classify_tile(grid, qi, kj, count(kj), align));
+        }
+        if f1 > f0 {
+            // Whole tiles: alike but for the last kv tile, which may be padded.
+            let whole = if f1 == nk && grid.real_cols(nk - 1) < grid.block_kv { f1 - 1 } else { f1 };
+            if whole > f0 {
+                push_run(runs, f0, whole - f0, classify_tile(grid, qi, f0, rows * grid.block_kv, align));
+            }
+            for kj in whole.max(f0)..f1 {
+                push_run(runs, kj, 1, classify_tile(grid, qi, kj, count(kj), align));
+            }
+        }
+        for kj in f1.max(f0)..right {
+            push_run(runs, kj, 1, classify_tile(grid, qi, kj, count(kj), align));
+        }
+        if right < nk {
+            push_run(runs, right, nk - right, classify_tile(grid, qi, right, 0, align));
+        }
+    }
+
+    /// Kept pairs per kv tile of rows `q0 .. q0 + rows`, into `counts` (one per kv tile).
+    #[cfg(test)]
+    fn tile_counts(&self, q0: u64, rows: u64, grid: &TileGrid, counts: &mut [u64]) {
+        let kv = grid.kv_len as i128;
+        let (a, b) = (q0 as i128, (q0 + rows) as i128);
+        if rows == 0 {
+            counts.iter_mut().for_each(|c| *c = 0);
+            return;
+        }
+        // Both ends never decrease with q: the first and last rows bound every row's interval.
+        let (lo_min, lo_max) = (self.lo.at(a, kv), self.lo.at(b - 1, kv));
+        let (hi_min, hi_max) = (self.hi.at(a, kv), self.hi.at(b - 1, kv));
+        let bkv = grid.block_kv as i128;
+        for (kj, c) in counts.iter_mut().enumerate() {
+            let c0 = kj as i128 * bkv;
+            let c1 = (c0 + bkv).min(kv);
+            *c = if c1 <= lo_min || c0 >= hi_max {
+                0
+            } else if c0 >= lo_max && c1 <= hi_min {
+                (rows as i128 * (c1 - c0)) as u64
+            } else {
+                self.sum(a, b, c0, c1, kv) as u64
+            };
+        }
+    }
+
+    /// Sum over rows q in [a, b) of |[lo(q), hi(q)) ∩ [c0, c1)|.
+    fn sum(&self, a: i128, b: i128, c0: i128, c1: i128, kv: i128) -> i128 {
+        // Chunk starts are constant within a chunk: split the rows at chunk boundaries that
+        // matter (where the chunk start differs).
+        if let End::Chunk(s) = self.lo {
+            let s = s as i128;
+            let mut total = 0;
+            let mut p = a;
+            while p < b {
+                let e = ((p / s + 1) * s).min(b);
+                let piece = LinearRows { lo: End::Const((p / s * s).clamp(0, kv)), hi: self.hi };
+                total += piece.sum(p, e, c0, c1, kv);
+                p = e;
+            }
+            return total;
+        }
+        // inner(q) = min(hi(q), c1) - max(lo(q), c0) is linear between the rows where a clamp
+        // or a min / max switches; sum max(0, inner) piece by piece.
+        let mut cuts = vec![a, b];
+        for (e, edge) in [(self.lo, c0), (self.hi, c1)] {
+            if let End::Shift(c) = e {
+                for x in [-c, kv - c, edge - c] {
+                    // The row at which the end crosses x (and the next row).
+                    for y in [x, x + 1] {
+                        if y > a && y < b {
+                            cuts.push(y);
+                        }
+                    }
+                }
+            }
+        }
+        cuts.sort_unstable();
+        cuts.dedup();
+        let inner = |q: i128| self.hi.at(q, kv).min(c1) - self.lo.at(q, kv).max(c0);
+        cuts.windows(2).map(|w| sum_positive(inner(w[0]), inner(w[1] - 1), w[1] - w[0])).sum()
+    }
+}
+
+/// Sum of max(0, v) over `n` terms of an arithmetic sequence from `first` to `last` whose step
+/// is -1, 0 or 1.
+fn sum_positive(first: i128, last: i128, n: i128) -> i128 {
+    if n == 1 {
+        return first.max(0);
+    }
+    debug_assert!((last - first).abs() == n - 1 || last == first, "a clamped linear piece steps by one");
+    match (first >= 0, last >= 0) {
+        (true, true) => (first + last) * n / 2,
+        (false, false) => 0,
+        // Rising from below 0 to `last`: the terms 1 ..= last.
+        (false, true) => last * (last + 1) / 2,
+        // Falling from `first` to below 0: the terms first ..= 1.
+        (true, false) => first * (first + 1) / 2,
     }
 }
 
@@ -307,14 +544,14 @@ impl TileStats {
     /// Classifies every tile of `mask` at `grid`.
     pub fn collect(mask: &Mask, grid: &TileGrid, align: bool) -> Self {
         let mut s = TileStats::default();
-        for_each_tile_row(mask, grid, align, |_, row| {
-            for t in row {
-                s.total += 1;
-                s.kept_pairs += t.kept;
-                match t.kind {
-                    TileKind::Empty => s.empty += 1,
-                    TileKind::Partial => s.partial += 1,
-                    TileKind::Full => s.full += 1,
+        for_each_tile_run_row(mask, grid, align, |_, row| {
+            for r in row {
+                s.total += r.n;
+                s.kept_pairs += r.n * r.tile.kept;
+                match r.tile.kind {
+                    TileKind::Empty => s.empty += r.n,
+                    TileKind::Partial => s.partial += r.n,
+                    TileKind::Full => s.full += r.n,
                 }
             }
         });
@@ -369,6 +606,78 @@ mod tests {
                 let got: Vec<_> = row.iter().map(|t| (t.kept, t.kind)).collect();
                 assert_eq!(got, want[qi as usize], "{s} row {qi}");
             });
+        }
+    }
+
+    /// The generic row walk, for comparison with the closed-form counts.
+    fn walked(mask: &Mask, g: &TileGrid) -> Vec<Vec<u64>> {
+        let mut iv = Vec::new();
+        let nk = g.kv_tiles() as usize;
+        (0..g.q_tiles())
+            .map(|qi| {
+                let mut counts = vec![0u64; nk];
+                let mut diff = vec![0u64; nk + 1];
+                for q in qi * g.block_q..qi * g.block_q + g.real_rows(qi) {
+                    mask.row_intervals(q, g.kv_len, &mut iv);
+                    accumulate(&iv, 1, g.block_kv, &mut counts, &mut diff);
+                }
+                let mut run = 0u64;
+                for (kj, c) in counts.iter_mut().enumerate() {
+                    run = run.wrapping_add(diff[kj]);
+                    *c += run;
+                }
+                counts
+            })
+            .collect()
+    }
+
+    #[test]
+    fn closed_form_counts_equal_the_row_walk() {
+        let masks = [
+            "full",
+            "causal",
+            "causal@offset:-37",
+            "causal@offset:300",
+            "local:0,0",
+            "local:77,5",
+            "local:5,300@offset:-100",
+            "local:1000,1000@offset:50",
+            "band:0",
+            "band:63",
+            "band:999",
+            "sink:1",
+            "sink:200",
+            "sink:5000",
+            "chunked:1",
+            "chunked:7",
+            "chunked:128",
+            "chunked:333",
+            "chunked:5000",
+        ];
+        for (q_len, kv_len, bq, bkv) in
+            [(1000, 1000, 128, 128), (777, 1313, 64, 256), (2048, 640, 512, 128), (37, 45, 8, 16), (1, 1, 8, 128), (3000, 3000, 2048, 128), (640, 4096, 8, 512)]
+        {
+            let g = TileGrid { q_len, kv_len, block_q: bq, block_kv: bkv };
+            for m in masks {
+                let mask = Mask::parse(m).unwrap();
+                let lin = LinearRows::of(&mask).expect("a single-interval mask");
+                let want = walked(&mask, &g);
+                for qi in 0..g.q_tiles() {
+                    let mut got = vec![0u64; g.kv_tiles() as usize];
+                    lin.tile_counts(qi * bq, g.real_rows(qi), &g, &mut got);
+                    assert_eq!(got, want[qi as usize], "{m} at {q_len}x{kv_len} / {bq}x{bkv}, q tile {qi}");
+                    // The run-length form expands to the tiles the counts classify to.
+                    for align in [false, true] {
+                        let mut runs = Vec::new();
+                        lin.tile_runs(qi * bq, g.real_rows(qi), &g, align, &mut runs);
+                        let expanded: Vec<Tile> = runs.iter().flat_map(|r| std::iter::repeat_n(r.tile, r.n as usize)).collect();
+                        let classified: Vec<Tile> =
+                            want[qi as usize].iter().enumerate().map(|(kj, &c)| classify_tile(&g, qi, kj as u64, c, align)).collect();
+                        assert_eq!(expanded, classified, "{m} at {q_len}x{kv_len} / {bq}x{bkv}, q tile {qi}, align {align}");
+                        assert!(runs.windows(2).all(|w| w[0].kj0 + w[0].n == w[1].kj0), "runs cover the row in order");
+                    }
+                }
+            }
         }
     }
 

@@ -60,7 +60,7 @@ use std::collections::HashMap;
 pub use steps::RunItem;
 pub(crate) use steps::{Seg, Steps};
 use tpusim_chip::ChipModel;
-use tpusim_workload::tiles::{for_each_tile_row, TileGrid, TileKind};
+use tpusim_workload::tiles::{for_each_tile_run_row, TileGrid, TileKind};
 use tpusim_workload::{AttentionCall, Mask};
 
 /// Block sizes and strategy of a Splash-style attention kernel (forward and backward).
@@ -577,26 +577,32 @@ pub(crate) fn classify(
     for m in &distinct {
         let mut mrows = Vec::with_capacity(grid.q_tiles() as usize);
         let mut st = MaskStats::default();
-        for_each_tile_row(m, &grid, false, |_, row| st.exact_kept += row.iter().map(|t| t.kept).sum::<u64>());
-        for_each_tile_row(m, &grid, tile_align, |_, row| {
+        if tile_align {
+            for_each_tile_run_row(m, &grid, false, |_, row| st.exact_kept += row.iter().map(|r| r.n * r.tile.kept).sum::<u64>());
+        }
+        for_each_tile_run_row(m, &grid, tile_align, |_, row| {
             let mut r: Vec<Seg> = Vec::new();
-            for (kj, t) in row.iter().enumerate() {
-                st.kept += t.kept;
+            for run in row {
+                let t = run.tile;
+                st.kept += run.n * t.kept;
                 match t.kind {
-                    TileKind::Empty => st.empty += 1,
-                    TileKind::Partial => st.partial += 1,
-                    TileKind::Full => st.full += 1,
+                    TileKind::Empty => st.empty += run.n,
+                    TileKind::Partial => st.partial += run.n,
+                    TileKind::Full => st.full += run.n,
                 }
                 if t.kind != TileKind::Empty {
                     match r.last_mut() {
-                        Some(seg) if seg.kind == t.kind && seg.kj0 + seg.n == kj as u32 => seg.n += 1,
-                        _ => r.push(Seg { kj0: kj as u32, n: 1, kind: t.kind }),
+                        Some(seg) if seg.kind == t.kind && u64::from(seg.kj0 + seg.n) == run.kj0 => seg.n += run.n as u32,
+                        _ => r.push(Seg { kj0: run.kj0 as u32, n: run.n as u32, kind: t.kind }),
                     }
-                    st.visited_pairs += block_q * block_kv;
+                    st.visited_pairs += run.n * block_q * block_kv;
                 }
             }
             mrows.push(r);
         });
+        if !tile_align {
+            st.exact_kept = st.kept;
+        }
         rows.push(mrows);
         stats.push(st);
     }

@@ -30,7 +30,7 @@ pub mod __private {
 pub use ir::{ClassKey, Memo, PerUnit, Step, StepBody, StepClass, TileOp, Unit, Work};
 pub use library::{lower_attention, Fusion, Lowered, Part, Phase, PhaseWork};
 pub use matmul::MatmulConfig;
-pub use options::{Direction, Exp, Kernel, KernelKind, MaskSource, Masking, Scope, Traversal};
+pub use options::{Direction, Exp, InputLayout, Kernel, KernelKind, MaskSource, Masking, Scope, Traversal};
 pub use splash::bwd::BwdBlocks;
 pub use splash::{RunItem, SplashConfig};
 pub use vmem::{footprint, VmemBuffer};

@@ -81,6 +81,18 @@ crate::word_enum! {
         Kernel = "kernel",
         /// Every XLA op of the library call: the kernel(s) plus the library's transposes, scalings and reductions around them (what tokamax's profiler-based timer sums).
         Op = "op",
+        /// What a host timer around one jitted call sees (`block_until_ready`, as axlearn's and Levanter's benchmarks time): every device op of the call, plus the host's dispatch-and-sync cost (the chip model's `[host]` section).
+        Call = "call",
+    }
+}
+
+crate::word_enum! {
+    /// The layout the caller's q, k, v and o arrays have.
+    pub enum InputLayout {
+        /// [batch, heads, sequence, head_dim]: what the Splash kernels take.
+        Bhsd = "bhsd",
+        /// [batch, sequence, heads, head_dim]: a wrapper (tokamax's API, axlearn's and Levanter's Splash layers) swaps the sequence and head axes of q, k and v before the kernel and of o after it; counted in scope `op` and `call`.
+        Bshd = "bshd",
     }
 }
 
@@ -163,8 +175,10 @@ pub struct FamilyDefaults {
     /// device's TensorCores); batch, when vmapped, is always parallel.
     pub heads_parallel: bool,
     /// Whether the library wraps the kernel in transposes and scalings (tokamax's
-    /// sequence-major API), counted under `--scope op`.
+    /// sequence-major API, which takes only [`InputLayout::Bshd`]), counted under `--scope op`.
     pub transposes_around: bool,
+    /// The layout the library's API takes by default.
+    pub input_layout: InputLayout,
     /// The scoped VMEM limit the library compiles its kernels with, MiB (`None`: the chip's
     /// default scoped limit).
     pub vmem_limit_mib: Option<f64>,
@@ -230,6 +244,7 @@ impl Kernel {
             vmem_limit_mib: None,
             bwd_rule: BwdRule::Required,
             compute_rule: ComputeRule::BlockKv,
+            input_layout: InputLayout::Bhsd,
         };
         // MaxDiffusion compiles with `--xla_tpu_scoped_vmem_limit_kib=65536` (its README's and
         // end_to_end scripts' LIBTPU_INIT_ARGS) and derives backward blocks from the forward's.
@@ -242,6 +257,7 @@ impl Kernel {
                 experimental_scheduler: true,
                 fused_bwd: true,
                 transposes_around: true,
+                input_layout: InputLayout::Bshd,
                 bwd_rule: BwdRule::OwnDefaults,
                 compute_rule: ComputeRule::LargestThatFits,
                 ..attention

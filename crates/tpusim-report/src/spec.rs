@@ -127,11 +127,19 @@ pub struct JobSpec {
     #[arg(long, value_enum)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub direction: Option<Direction>,
-    /// What a simulated time covers: the Pallas kernels alone, or every XLA op of the library
-    /// call (tokamax's transposes and scalings around its kernels) [default: kernel].
+    /// What a simulated time covers: the Pallas kernels alone, every XLA op of the library
+    /// call (tokamax's transposes and scalings around its kernels), or a host-timed jitted call
+    /// (those ops plus the host's dispatch and sync, the chip model's host section) [default: kernel].
     #[arg(long, value_enum)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scope: Option<Scope>,
+    /// The layout of the caller's q, k, v and o: bhsd, or bshd for a wrapper that swaps the
+    /// sequence and head axes around the kernel (axlearn's and Levanter's Splash layers; counted
+    /// in --scope op and call) [default: the kernel family's API: bshd for tokamax-splash, bhsd
+    /// otherwise].
+    #[arg(long, value_enum)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_layout: Option<tpusim_kernel::InputLayout>,
     /// Batch size [default: 1].
     #[arg(long, allow_negative_numbers = true, value_parser = whole::<1, { tpusim_workload::MAX_DIM }>)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -306,7 +314,7 @@ fn whole<const LO: u64, const HI: u64>(s: &str) -> Result<u64, String> {
 /// Fields that describe attention (refused for matmul kernels).
 const ATTENTION_ONLY: &[&str] = &[
     "direction",
-    "scope",
+    "input_layout",
     "exp",
     "experimental_scheduler",
     "return_residuals",
@@ -486,7 +494,7 @@ impl JobSpec {
             KernelKind::Matmul => {
                 let workload = self.matmul_call()?;
                 let config = self.matmul_config(kernel, &workload, vmem_limit_bytes);
-                Ok(Job::Matmul { workload, config })
+                Ok(Job::Matmul { workload, config, scope: self.scope.unwrap_or(Scope::Kernel) })
             }
             KernelKind::Copy => Err(SpecError::field("kernel", kernel, "an HBM copy is not a kernel tpusim runs on its own")),
         }
@@ -605,6 +613,14 @@ impl JobSpec {
         config.exp = self.exp.unwrap_or(d.exp);
         config.experimental_scheduler = self.experimental_scheduler.unwrap_or(d.experimental_scheduler);
         config.return_residuals = self.return_residuals.unwrap_or(false);
+        config.input_layout = self.input_layout.unwrap_or(d.input_layout);
+        if d.transposes_around && config.input_layout != d.input_layout {
+            return Err(SpecError::field(
+                "input_layout",
+                config.input_layout,
+                format!("{kernel}'s API takes [batch, sequence, heads, head_dim] arrays (`input_layout` {})", d.input_layout),
+            ));
+        }
         config.vmem_limit_bytes = vmem_limit_bytes;
         config.block_kv_compute = match (self.block_kv_compute, d.blocks.compute, self.block_kv) {
             (Some(v), _, _) => v,
@@ -763,6 +779,7 @@ impl Job {
                 exp: Some(c.exp),
                 experimental_scheduler: Some(c.experimental_scheduler),
                 return_residuals: Some(c.return_residuals),
+                input_layout: Some(c.input_layout),
                 block_q_dkv: (*direction != Direction::Fwd).then_some(c.bwd.block_q_dkv),
                 block_kv_dkv: (*direction != Direction::Fwd).then_some(c.bwd.block_kv_dkv),
                 block_kv_dkv_compute: (*direction != Direction::Fwd).then_some(c.bwd.block_kv_dkv_compute),
@@ -787,8 +804,9 @@ impl Job {
                 vmem_limit_mib: c.vmem_limit_bytes.map(|b| b as f64 / 1048576.0),
                 ..Default::default()
             },
-            Job::Matmul { workload: m, config: c } => JobSpec {
+            Job::Matmul { workload: m, config: c, scope } => JobSpec {
                 kernel: Some(c.kernel),
+                scope: (*scope != Scope::Kernel).then_some(*scope),
                 m: Some(m.m),
                 n: Some(m.n),
                 k: Some(m.k),

@@ -92,8 +92,11 @@ pub struct SplashConfig {
     pub return_residuals: bool,
     /// The backward kernels' blocks.
     pub bwd: bwd::BwdBlocks,
-    /// Scoped VMEM limit in bytes; `None` uses the chip's default.
+    /// Scoped VMEM limit in bytes; `None` uses the family's or the chip's default.
     pub vmem_limit_bytes: Option<u64>,
+    /// The layout of the caller's q, k, v and o ([`crate::options::InputLayout::Bshd`]: the
+    /// wrapper's transposes run in scope `op` and `call`).
+    pub input_layout: crate::options::InputLayout,
 }
 
 impl SplashConfig {
@@ -116,6 +119,7 @@ impl SplashConfig {
             return_residuals: false,
             bwd: bwd::BwdBlocks::for_family(kernel),
             vmem_limit_bytes: None,
+            input_layout: d.input_layout,
         }
     }
 

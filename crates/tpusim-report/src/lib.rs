@@ -7,6 +7,7 @@
 //! (`tpusim-plot`). Depends on every lower crate (chip, workload, kernel, engine); never on the
 //! crates above it.
 
+pub mod bands;
 pub mod notes;
 mod paths;
 pub mod spec;
@@ -251,6 +252,9 @@ pub struct Report {
     pub kernel: tpusim_kernel::Kernel,
     /// Predicted latency, milliseconds.
     pub latency_ms: f64,
+    /// How sure the prediction is: the leave-one-out error band of the calibration rows of the
+    /// job's chip, kernel family, direction and scope ([`bands::band_for`]), or that none covers it.
+    pub band: bands::ReportBand,
     /// Predicted latency, cycles.
     pub cycles: f64,
     /// Clock of the chip model, GHz.
@@ -447,6 +451,7 @@ impl Report {
             chip_model: chip.identity(),
             kernel: run.job.kernel(),
             latency_ms: r.seconds * 1e3,
+            band: bands::band_for(chip, &run.job),
             cycles: r.cycles,
             clock_ghz: chip.device.clock_ghz.value,
             flops: r.flops,
@@ -603,6 +608,12 @@ impl Report {
         let _ = writeln!(s, "  VMEM         {:.1} MiB of the {:.1} MiB scoped limit", mib(self.vmem_bytes), mib(self.vmem_limit_bytes));
         let _ = writeln!(s);
         let _ = writeln!(s, "  latency      {:.3} ms  ({:.4e} cycles at {} GHz)", self.latency_ms, self.cycles, self.clock_ghz);
+        let _ = writeln!(
+            s,
+            "  band         {}{}",
+            self.band.text,
+            if self.band.covered { " (leave-one-out |error| over the calibration rows)" } else { "" }
+        );
         let _ = writeln!(
             s,
             "  compute      {:.3e} FLOP executed, {:.1} TFLOP/s = {:.1}% MFU (peak {:.0} TFLOP/s)",

@@ -23,6 +23,7 @@
 pub mod bands;
 pub mod cv;
 pub mod fit;
+pub mod lookup;
 pub mod measure;
 pub mod stats;
 pub mod trace;
@@ -61,6 +62,7 @@ impl CalibError {
         }
     }
 }
+pub use lookup::shipped_measurement;
 pub use measure::{parse, read_file, MeasureError, Measurement, MeasurementFile};
 pub use trace::{kernel_timings, measurement_rows, read_trace, rows_to_csv, select_ops, DeviceOp, KernelTiming, Selection, TraceError};
 pub use validate::{validate, ChipSet, ModelUse, UnmatchedModel, Usage, Validation};

@@ -359,8 +359,17 @@ impl ChipModel {
     /// [`ChipError::Parse`] for malformed TOML, unknown or missing keys; [`ChipError::Field`] for
     /// out-of-range values or parameters without a source.
     pub fn from_toml_str(text: &str, origin: &str) -> Result<Self, ChipError> {
-        let mut chip: ChipModel =
-            toml::from_str(text).map_err(|e| ChipError::Parse { origin: origin.to_string(), message: one_line(&e.to_string()) })?;
+        // Errors name the file's key (`mxu.count`), the value and the rule in words.
+        let mut chip: ChipModel = serde_path_to_error::deserialize(toml::Deserializer::new(text)).map_err(|e| {
+            let path = e.path().to_string();
+            let message = if path.is_empty() || path == "." {
+                one_line(&e.inner().to_string())
+            } else {
+                let key = path.strip_suffix(".value").unwrap_or(&path);
+                tpusim_io::plain_error(key, e.inner().message())
+            };
+            ChipError::Parse { origin: origin.to_string(), message }
+        })?;
         chip.validate(origin)?;
         chip.provenance = Provenance { source: origin.to_string(), overrides: Vec::new(), compiled_for: None };
         Ok(chip)

@@ -52,6 +52,19 @@ pub fn op_cycles(chip: &ChipModel, work: &Work) -> (f64, f64) {
     }
 }
 
+/// The resolution of simulated time, cycles (2^-16). The engine rounds every cost (operation
+/// occupancy and latency, DMA transfer times and latencies, the grid-step overhead) to a whole
+/// number of quanta, so that every time it computes is an exact binary fraction: adding and
+/// comparing them is exact (below 2^37 cycles, about 80 s at 1.75 GHz), shifting every input of
+/// a step shifts every output by exactly as much, and remembered transitions and steady-state
+/// jumps are exact rather than close. The rounding moves a cost by at most half a quantum.
+pub const TIME_QUANTUM: f64 = 1.0 / 65536.0;
+
+/// `cycles` rounded to the nearest whole [`TIME_QUANTUM`].
+pub fn quantize(cycles: f64) -> f64 {
+    (cycles / TIME_QUANTUM).round() * TIME_QUANTUM
+}
+
 /// When one tile operation ran, cycles (from the body's start in a [`BodyTiming`]; absolute in
 /// a step observed by [`crate::simulate_observed`]).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -96,18 +109,19 @@ fn list_order(body: &StepBody, cost: &[(usize, f64, f64)]) -> Vec<usize> {
     use std::collections::BinaryHeap;
     let g = &body.graph;
     let n = g.node_count();
-    let key = |i: usize| (g[NodeIndex::new(i)].issue, i);
+    // Program order key of an operation, (issue slot, node index), packed in one word (node
+    // indices are below 2^24: bodies are far smaller).
+    let key = |i: usize| (g[NodeIndex::new(i)].issue << 24) | i as u64;
     // Times are compared as integers of 1/1024 cycle so heaps can order them.
     let fx = |t: f64| (t * 1024.0).round() as u64;
-    let mut missing: Vec<usize> = (0..n).map(|i| g.neighbors_directed(NodeIndex::new(i), Direction::Incoming).count()).collect();
+    let mut missing: Vec<u32> = (0..n).map(|i| g.neighbors_directed(NodeIndex::new(i), Direction::Incoming).count() as u32).collect();
     let mut ready_at = vec![0.0f64; n];
-    let mut free = [0.0f64; 6];
+    let mut free = [0.0f64; 4];
+    let mut free_fx = [0u64; 4];
     // Per unit: operations whose inputs are scheduled, by ready time; and those ready by the
     // unit's free time, by program order.
-    // Program order key of an operation: (issue slot, node index).
-    type Key = (u64, usize);
-    let mut pending: Vec<BinaryHeap<Reverse<(u64, Key)>>> = (0..6).map(|_| BinaryHeap::new()).collect();
-    let mut ready: Vec<BinaryHeap<Reverse<Key>>> = (0..6).map(|_| BinaryHeap::new()).collect();
+    let mut pending: [BinaryHeap<Reverse<(u64, u64)>>; 4] = Default::default();
+    let mut ready: [BinaryHeap<Reverse<u64>>; 4] = Default::default();
     for i in 0..n {
         if missing[i] == 0 {
             pending[cost[i].0].push(Reverse((0, key(i))));
@@ -117,9 +131,9 @@ fn list_order(body: &StepBody, cost: &[(usize, f64, f64)]) -> Vec<usize> {
     while order.len() < n {
         // The unit that can start an operation first.
         let mut best: Option<(f64, usize)> = None;
-        for u in 0..6 {
-            while let Some(Reverse((t, k))) = pending[u].peek().copied() {
-                if t > fx(free[u]) {
+        for u in 0..4 {
+            while let Some(&Reverse((t, k))) = pending[u].peek() {
+                if t > free_fx[u] {
                     break;
                 }
                 pending[u].pop();
@@ -137,20 +151,21 @@ fn list_order(body: &StepBody, cost: &[(usize, f64, f64)]) -> Vec<usize> {
             }
         }
         let (start, u) = best.expect("a body's graph is acyclic: some operation is always schedulable");
-        let i = match ready[u].pop() {
-            Some(Reverse((_, i))) => i,
-            None => {
-                let Reverse((_, (_, i))) = pending[u].pop().expect("a unit with a start time has an operation");
-                i
-            }
+        let k = match ready[u].pop() {
+            Some(Reverse(k)) => k,
+            None => pending[u].pop().expect("a unit with a start time has an operation").0 .1,
         };
+        let i = (k & ((1 << 24) - 1)) as usize;
         let (_, occ, lat) = cost[i];
         let start = start.max(ready_at[i]);
         free[u] = start + occ;
+        free_fx[u] = fx(free[u]);
         let done = start + occ + lat;
         for s in g.neighbors_directed(NodeIndex::new(i), Direction::Outgoing) {
             let j = s.index();
-            ready_at[j] = ready_at[j].max(done);
+            if done > ready_at[j] {
+                ready_at[j] = done;
+            }
             missing[j] -= 1;
             if missing[j] == 0 {
                 pending[cost[j].0].push(Reverse((fx(ready_at[j]), key(j))));
@@ -186,7 +201,7 @@ impl Index {
         body.memo.get_or_insert_with(INDEX_KEY, || {
             let mut works: Vec<Work> = Vec::new();
             let mut count: Vec<u32> = Vec::new();
-            let mut seen: std::collections::HashMap<WorkKey, u32> = std::collections::HashMap::new();
+            let mut seen: std::collections::HashMap<WorkKey, u32, rustc_hash::FxBuildHasher> = Default::default();
             let work_of = body
                 .graph
                 .node_weights()
@@ -211,13 +226,13 @@ impl Index {
         })
     }
 
-    /// (unit, occupancy, latency) of each distinct work on `chip`.
+    /// (unit, occupancy, latency) of each distinct work on `chip`, in whole [`TIME_QUANTUM`]s.
     fn costs(&self, chip: &ChipModel) -> Vec<(usize, f64, f64)> {
         self.works
             .iter()
             .map(|w| {
                 let (occ, lat) = op_cycles(chip, w);
-                (w.unit().index(), occ, lat)
+                (w.unit().index(), quantize(occ), quantize(lat))
             })
             .collect()
     }

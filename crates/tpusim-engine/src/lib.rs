@@ -39,7 +39,7 @@
 
 pub mod body;
 
-pub use body::{op_cycles, schedule_body, BodyTiming, OpTiming, Scratch, Transfer, UnitCycles};
+pub use body::{op_cycles, quantize, schedule_body, BodyTiming, OpTiming, Scratch, Transfer, UnitCycles, TIME_QUANTUM};
 
 use serde::Serialize;
 use tpusim_chip::ChipModel;
@@ -365,10 +365,6 @@ struct Totals {
     critical: UnitCycles,
 }
 
-fn close(a: f64, b: f64) -> bool {
-    (a - b).abs() <= 1e-9 * a.abs().max(b.abs()).max(1.0)
-}
-
 /// Whether `after` is `before` shifted uniformly by `c` in every time that still matters: times
 /// at or below both fronts cannot bind again (every operation starts after its step's front).
 fn uniform_shift(before: &Times, after: &Times, c: f64) -> bool {
@@ -376,7 +372,7 @@ fn uniform_shift(before: &Times, after: &Times, c: f64) -> bool {
     if b.len() != a.len() || before.pending.is_some() != after.pending.is_some() {
         return false;
     }
-    b.iter().zip(&a).all(|(x, y)| close(y - x, c) || (*x <= before.front && *y <= after.front && close(*x, *y)))
+    b.iter().zip(&a).all(|(x, y)| y - x == c || (*x <= before.front && *y <= after.front && x == y))
 }
 
 /// The pipeline of one TensorCore (module docs, level 2).
@@ -409,10 +405,10 @@ struct Pipeline<'a> {
 /// pipeline's state relative to its front (max-plus algebra: shifting every input time shifts
 /// every output time), on the step's class and DMA bytes and on the next step's input bytes.
 /// Times at or before the front cannot bind again (every operation starts after the step's
-/// start, which is after the front) and enter the key as one value. Keys quantise relative times
-/// to 2^-20 cycles; max-plus maps are non-expansive, so a remembered transition reused for a
-/// state within the quantum errs by at most half a quantum per step (under 10^-3 cycles over a
-/// thousand steps).
+/// start, which is after the front) and enter the key as one value. Every cost is a multiple of
+/// [`TIME_QUANTUM`], so times are exact binary fractions and relative times are exact: a
+/// remembered transition replays exactly what simulating the step would give. The same holds for
+/// whole runs of identical steps (their transient and steady step) and for whole q rows.
 #[derive(Debug, Default)]
 struct StepMemo {
     /// Key -> index into `outs`.
@@ -420,11 +416,40 @@ struct StepMemo {
     outs: Vec<MemoOut>,
     /// The key being looked up (reused).
     key: Vec<i64>,
-    hits: u64,
     /// Rows: key -> index into `row_outs`.
     row_map: std::collections::HashMap<Vec<i64>, usize, rustc_hash::FxBuildHasher>,
     row_outs: Vec<RowOut>,
-    row_hits: u64,
+    /// Runs: key -> index into `run_outs`.
+    run_map: std::collections::HashMap<Vec<i64>, usize, rustc_hash::FxBuildHasher>,
+    run_outs: Vec<RunOut>,
+}
+
+/// One step of a steady state: how far every time moves, and what the stall and the critical
+/// path gain.
+#[derive(Debug, Clone, Default)]
+struct Steady {
+    c: f64,
+    stall: f64,
+    critical: UnitCycles,
+}
+
+/// A remembered run: the state after its pending step and `transient` steps (relative to the
+/// front it started from), and the steady step that repeats after them (`None`: the run ended
+/// first, so the memo holds for runs of exactly that length).
+#[derive(Debug, Clone, Default)]
+struct RunOut {
+    prefix: MemoOut,
+    transient: u64,
+    steady: Option<Steady>,
+}
+
+/// What [`Pipeline::run_steps`] saw: the state before the jump, the steps before it and the
+/// steady step.
+#[derive(Debug, Default)]
+struct RunRecord {
+    prefix: Option<(Times, Totals)>,
+    transient: u64,
+    steady: Option<Steady>,
 }
 
 /// A remembered q row: its times and what it adds to the counts.
@@ -441,8 +466,8 @@ struct RowOut {
 }
 
 impl StepMemo {
-    /// Quanta per cycle.
-    const SCALE: f64 = (1u64 << 20) as f64;
+    /// Quanta per cycle (relative times are whole numbers of quanta).
+    const SCALE: f64 = 1.0 / TIME_QUANTUM;
     /// Entries kept before the memo starts over.
     const CAPACITY: usize = 1 << 14;
 }
@@ -480,9 +505,9 @@ impl<'a> Pipeline<'a> {
             shared,
             core,
             bpc,
-            lat_in: chip.dma_latency_cycles(),
-            lat_out: chip.writeback_latency_cycles(),
-            overhead: chip.fitted.grid_step_overhead_cycles.value,
+            lat_in: quantize(chip.dma_latency_cycles()),
+            lat_out: quantize(chip.writeback_latency_cycles()),
+            overhead: quantize(chip.fitted.grid_step_overhead_cycles.value),
             t: Times {
                 units: [0.0; 4],
                 carries: vec![0.0; shared.carries],
@@ -512,7 +537,7 @@ impl<'a> Pipeline<'a> {
         let lat = if self.started { 0.0 } else { lat };
         self.started = true;
         let start = (issue + lat).max(self.t.hbm_free);
-        let end = start + bytes as f64 / self.bpc;
+        let end = start + quantize(bytes as f64 / self.bpc);
         self.t.hbm_free = end;
         (start, end)
     }
@@ -538,7 +563,6 @@ impl<'a> Pipeline<'a> {
         }
         self.memo_key(cur, next);
         if let Some(&i) = self.memo.map.get(self.memo.key.as_slice()) {
-            self.memo.hits += 1;
             let out = std::mem::take(&mut self.memo.outs[i]);
             self.replay_memo(&out, cur);
             self.memo.outs[i] = out;
@@ -568,9 +592,9 @@ impl<'a> Pipeline<'a> {
     /// Appends the pipeline's state relative to its front, quantised ([`StepMemo`]).
     fn state_key(&self, k: &mut Vec<i64>) {
         let f = self.t.front;
-        let q = |v: f64| if v <= f { i64::MIN } else { ((v - f) * StepMemo::SCALE).round() as i64 };
+        let q = |v: f64| if v <= f { i64::MIN } else { ((v - f) * StepMemo::SCALE) as i64 };
         k.push(i64::from(self.started));
-        k.push(self.t.pending.map_or(i64::MIN, |(_, e)| (((e - f).max(self.overhead)) * StepMemo::SCALE).round() as i64));
+        k.push(self.t.pending.map_or(i64::MIN, |(_, e)| (((e - f).max(self.overhead)) * StepMemo::SCALE) as i64));
         k.extend(self.t.units.iter().map(|&v| q(v)));
         k.extend([q(self.t.done), q(self.t.hbm_free)]);
         k.extend(self.t.carries.iter().map(|&v| q(v)));
@@ -694,42 +718,136 @@ impl<'a> Pipeline<'a> {
     }
 
     /// Feeds a run of `n` steps identical to `s` but for coordinates, jumping over its steady
-    /// state (module docs).
+    /// state (module docs). Through the run memo: a run of `s` entered before with the same
+    /// pending step and state relative to the front ([`StepMemo`]) repeats that run's transient
+    /// and, when it reached a steady state, jumps the rest whatever `n` is.
     fn run(&mut self, s: &Step, n: u64, observe: &mut Observer<'_>) {
         if n == 0 {
             return;
         }
+        let Some(pending) = self.next.filter(|_| !observe.1) else {
+            return self.run_steps(s, n, observe, None);
+        };
+        let mut key = std::mem::take(&mut self.memo.key);
+        key.clear();
+        key.extend([-2, i64::from(pending.class), pending.in_bytes as i64, pending.out_bytes as i64]);
+        key.extend([i64::from(s.class), s.in_bytes as i64, s.out_bytes as i64]);
+        self.state_key(&mut key);
+        if let Some(&i) = self.memo.run_map.get(key.as_slice()) {
+            let out = &self.memo.run_outs[i];
+            let fits = match out.steady {
+                Some(_) => n - 1 >= out.transient,
+                None => n - 1 == out.transient,
+            };
+            if fits {
+                self.memo.key = key;
+                let out = std::mem::take(&mut self.memo.run_outs[i]);
+                self.replay_run(&out, &pending, s, n);
+                self.memo.run_outs[i] = out;
+                return;
+            }
+        }
+        let before = (self.t.clone(), self.tot);
+        let mut record = RunRecord::default();
+        self.run_steps(s, n, observe, Some(&mut record));
+        // Only a run that reached its steady state (or that ran whole) can be replayed.
+        if let Some(prefix) = record.prefix.take() {
+            let prefix = {
+                let now = std::mem::replace(&mut self.t, prefix.0);
+                let tot = std::mem::replace(&mut self.tot, prefix.1);
+                let out = self.memo_out(&before.0, before.1);
+                self.t = now;
+                self.tot = tot;
+                out
+            };
+            let out = RunOut { prefix, transient: record.transient, steady: record.steady };
+            if self.memo.run_outs.len() >= StepMemo::CAPACITY {
+                self.memo.run_map.clear();
+                self.memo.run_outs.clear();
+            }
+            self.memo.run_map.insert(key.clone(), self.memo.run_outs.len());
+            self.memo.run_outs.push(out);
+        }
+        self.memo.key = key;
+    }
+
+    /// [`Pipeline::run`] step by step (with the steady-state jump), recording the transient and
+    /// the steady shift in `record`.
+    fn run_steps(&mut self, s: &Step, n: u64, observe: &mut Observer<'_>, mut record: Option<&mut RunRecord>) {
         self.push(s, observe);
         let mut remaining = n - 1;
+        let mut advances = 0u64;
         while remaining > 0 {
             let before = (self.t.clone(), self.tot);
             let cur = self.next.take().expect("a step is pending");
             self.advance(&cur, Some(s), observe);
             self.next = Some(*s);
             remaining -= 1;
-            if remaining > 0 && self.jump(&before, remaining) {
-                // Steady state: every further step repeated this one's advance.
-                self.count(s, remaining);
-                remaining = 0;
+            advances += 1;
+            if remaining > 0 {
+                let pre = record.as_ref().map(|_| (self.t.clone(), self.tot));
+                if let Some(shift) = self.jump(&before, remaining) {
+                    // Steady state: every further step repeated this one's advance.
+                    self.count(s, remaining);
+                    remaining = 0;
+                    if let Some(r) = record.as_deref_mut() {
+                        *r = RunRecord { prefix: pre, transient: advances, steady: Some(shift) };
+                    }
+                }
+            }
+        }
+        if let Some(r) = record {
+            if r.prefix.is_none() {
+                *r = RunRecord { prefix: Some((self.t.clone(), self.tot)), transient: advances, steady: None };
             }
         }
     }
 
-    /// If the pipeline's state moved uniformly since `before` (one step or one head replay),
-    /// advances it, the stall and the critical path by `m` more such moves and returns true
-    /// (module docs: the steady-state jump); otherwise changes nothing.
-    fn jump(&mut self, before: &(Times, Totals), m: u64) -> bool {
-        let c = self.t.front - before.0.front;
-        if !(c > 0.0 && uniform_shift(&before.0, &self.t, c)) {
-            return false;
+    /// Applies a remembered run of `n` steps of `s` after `pending`.
+    fn replay_run(&mut self, out: &RunOut, pending: &Step, s: &Step, n: u64) {
+        self.replay_times(&out.prefix);
+        for (st, k) in [(pending, 1), (s, out.transient)] {
+            if k > 0 {
+                if !self.shared.transfers[st.class as usize].empty {
+                    self.last_class = Some(st.class);
+                }
+                self.count(st, k);
+            }
         }
+        if let Some(shift) = &out.steady {
+            let m = n - 1 - out.transient;
+            if m > 0 {
+                self.shift_steady(shift, m);
+                self.count(s, m);
+            }
+        }
+        self.next = Some(*s);
+    }
+
+    /// Advances the state, stall and critical path by `m` steady steps.
+    fn shift_steady(&mut self, shift: &Steady, m: u64) {
         let m = m as f64;
         let floor = self.t.front;
-        self.t.shift(m * c, floor - c);
-        self.tot.stall += m * (self.tot.stall - before.1.stall);
-        let dc = PerUnit(std::array::from_fn(|u| self.tot.critical.0[u] - before.1.critical.0[u]));
-        self.tot.critical.add_scaled(&dc, m);
-        true
+        self.t.shift(m * shift.c, floor - shift.c);
+        self.tot.stall += m * shift.stall;
+        self.tot.critical.add_scaled(&shift.critical, m);
+    }
+
+    /// If the pipeline's state moved uniformly since `before` (one step or one head replay),
+    /// advances it, the stall and the critical path by `m` more such moves and returns the move
+    /// (module docs: the steady-state jump); otherwise changes nothing.
+    fn jump(&mut self, before: &(Times, Totals), m: u64) -> Option<Steady> {
+        let c = self.t.front - before.0.front;
+        if !(c > 0.0 && uniform_shift(&before.0, &self.t, c)) {
+            return None;
+        }
+        let shift = Steady {
+            c,
+            stall: self.tot.stall - before.1.stall,
+            critical: PerUnit(std::array::from_fn(|u| self.tot.critical.0[u] - before.1.critical.0[u])),
+        };
+        self.shift_steady(&shift, m);
+        Some(shift)
     }
 
     /// Replays a head's rows `k` more times, jumping once a replay shifts the state uniformly.
@@ -742,7 +860,7 @@ impl<'a> Pipeline<'a> {
                 self.row(row, observe);
             }
             remaining -= 1;
-            if remaining > 0 && self.jump(&before, remaining) {
+            if remaining > 0 && self.jump(&before, remaining).is_some() {
                 let m = remaining as f64;
                 let r = remaining;
                 for (a, b) in self.class_steps.iter_mut().zip(&counts_before.0) {
@@ -780,7 +898,6 @@ impl<'a> Pipeline<'a> {
         self.state_key(&mut key);
         if let Some(&i) = self.memo.row_map.get(key.as_slice()) {
             self.memo.key = key;
-            self.memo.row_hits += 1;
             let out = std::mem::take(&mut self.memo.row_outs[i]);
             self.replay_row(&out);
             self.memo.row_outs[i] = out;
@@ -826,7 +943,6 @@ impl<'a> Pipeline<'a> {
     }
 
     fn finish(mut self, observe: &mut Observer<'_>) -> CoreState {
-        if std::env::var("TPUSIM_COUNT").is_ok() { eprintln!("memo hits {} misses {} rows hit {} missed {}", self.memo.hits, self.memo.outs.len(), self.memo.row_hits, self.memo.row_outs.len()); }
         if let Some(p) = self.next.take() {
             self.advance(&p, None, observe);
         }

@@ -132,3 +132,43 @@ proptest! {
         prop_assert_eq!(a, b);
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    /// The fast path (remembered step, run and row transitions and steady-state jumps) gives
+    /// exactly the times of simulating every step (costs are whole time quanta, so both are exact
+    /// arithmetic), on random workloads, masks, tilings, heads and chip speeds.
+    #[test]
+    fn remembered_transitions_equal_step_by_step(
+        (len, d, bq, bkv) in tiling(),
+        mask in masks(),
+        t in traversal(),
+        m in masking(),
+        heads in 1u64..6,
+        which in 0usize..5,
+    ) {
+        let base = ChipModel::preset("v6e").unwrap();
+        let chip = match which {
+            0 => base,
+            1 => base.with_override("hbm.bandwidth_gb_per_s", "300").unwrap(),
+            2 => base.with_override("fitted.eup_vregs_per_cycle", "2").unwrap(),
+            3 => base.with_override("fitted.grid_step_overhead_cycles", "3000").unwrap(),
+            _ => base.with_override("device.tensorcores", "2").unwrap(),
+        };
+        let (w, c) = case(len, heads, d, bq, bkv, &mask, t, m);
+        let p = splash::lower(&chip, &w, &c).unwrap();
+        let fast = simulate(&chip, &p);
+        let slow = tpusim_engine::simulate_observed(&chip, &p, &mut |_, _| {});
+        prop_assert_eq!(fast.cycles, slow.cycles, "{} {}x{} {:?} {:?}", mask, bq, bkv, t, m);
+        prop_assert_eq!(fast.grid_steps, slow.grid_steps);
+        prop_assert_eq!(&fast.class_steps, &slow.class_steps);
+        prop_assert_eq!(fast.hbm_bytes, slow.hbm_bytes);
+        for (a, b) in [(fast.dma_stall_cycles, slow.dma_stall_cycles), (fast.critical.total(), slow.critical.total())] {
+            prop_assert!((a - b).abs() <= 1e-9 * b.abs().max(1.0), "{a} vs {b}");
+        }
+        for (u, b) in slow.busy.iter() {
+            prop_assert!((fast.busy[u] - b).abs() <= 1e-9 * b.abs().max(1.0), "{u}: {} vs {b}", fast.busy[u]);
+        }
+    }
+}

@@ -4,6 +4,11 @@
 //!
 //! Depends on nothing in the workspace.
 
+pub mod mark;
+pub mod plain;
+pub use mark::check_replace;
+pub use plain::plain_error;
+
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
@@ -36,7 +41,7 @@ impl OutputError {
     }
 }
 
-fn refused(path: &Path, reason: impl Into<String>) -> OutputError {
+pub(crate) fn refused(path: &Path, reason: impl Into<String>) -> OutputError {
     OutputError::Refused { path: path.display().to_string(), reason: reason.into() }
 }
 

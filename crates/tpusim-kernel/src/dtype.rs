@@ -38,4 +38,15 @@ impl Dtype {
     pub fn tile_rows(self) -> u64 {
         8 * (4 / self.bytes())
     }
+
+    /// A type of `bytes` per element for VMEM tiling (4: f32, 2: bf16, 1: int8), when only the
+    /// width is known; `None` for other widths.
+    pub fn of_bytes(bytes: u64) -> Option<Dtype> {
+        match bytes {
+            4 => Some(Dtype::F32),
+            2 => Some(Dtype::Bf16),
+            1 => Some(Dtype::I8),
+            _ => None,
+        }
+    }
 }

@@ -15,7 +15,9 @@
 pub mod dtype;
 pub mod ir;
 pub mod library;
+pub mod listed;
 pub mod matmul;
+pub mod mxu;
 pub mod options;
 pub mod splash;
 pub mod vmem;
@@ -224,9 +226,18 @@ enum StepSource {
     Splash(splash::Steps),
     Columns(splash::bwd::ColumnSteps),
     Matmul(matmul::Steps),
+    Listed(listed::ListedSteps),
 }
 
 impl Program {
+    /// A program whose step stream was generated elsewhere (a kernel read from its Mosaic IR,
+    /// crate `tpusim-pallas`): step classes, the runs of each parallel unit
+    /// ([`listed::ListedSteps`]), the VMEM budget and the facts for reports.
+    pub fn from_listed(classes: Vec<StepClass>, steps: listed::ListedSteps, vmem: VmemBudget, info: ProgramInfo) -> Self {
+        let parallel_units = steps.units().max(1);
+        Program { classes, parallel_units, vmem, info, steps: StepSource::Listed(steps) }
+    }
+
     /// Calls `f` for every grid step in execution (lexicographic grid) order. Steps are generated
     /// on the fly, so memory does not grow with the number of steps.
     pub fn for_each_step(&self, f: &mut dyn FnMut(&Step)) {
@@ -238,6 +249,7 @@ impl Program {
                 }
             }),
             StepSource::Matmul(s) => s.for_each(f),
+            StepSource::Listed(s) => s.for_each_run_range(0, u64::MAX, &mut |st, n| s.expand(st, n, f)),
         }
     }
 
@@ -251,6 +263,7 @@ impl Program {
             StepSource::Splash(s) => s.for_each_run(f),
             StepSource::Columns(s) => s.for_each_run_range(0, u64::MAX, f),
             StepSource::Matmul(s) => s.for_each_run(f),
+            StepSource::Listed(s) => s.for_each_run_range(0, u64::MAX, f),
         }
     }
 
@@ -269,6 +282,7 @@ impl Program {
             StepSource::Splash(s) => s.for_each_run_block(lo, hi, f),
             StepSource::Columns(s) => s.for_each_run_block(lo, hi, f),
             StepSource::Matmul(s) => s.for_each_run_range(lo, hi, &mut |st, n| f(RunItem::Run(st, n))),
+            StepSource::Listed(s) => s.for_each_run_block(lo, hi, f),
         }
     }
 
@@ -278,6 +292,7 @@ impl Program {
             StepSource::Splash(s) => s.for_each_run_range(lo, hi, f),
             StepSource::Columns(s) => s.for_each_run_range(lo, hi, f),
             StepSource::Matmul(s) => s.for_each_run_range(lo, hi, f),
+            StepSource::Listed(s) => s.for_each_run_range(lo, hi, f),
         }
     }
 

@@ -148,6 +148,10 @@ pub fn describe_column(name: &str) -> String {
     if let Some((_, d)) = known.iter().find(|(k, _)| *k == name) {
         return d.to_string();
     }
+    // Chip fields and rates name their unit in full (`chip.hbm.bandwidth_gb_per_s`): as written.
+    if name.contains('.') || name.contains("_per_") {
+        return name.to_string();
+    }
     for (suffix, unit) in
         [("_ms", "ms"), ("_us", "us"), ("_s", "s"), ("_bytes", "bytes"), ("_tflops", "TFLOP/s"), ("_gbs", "GB/s"), ("_mib", "MiB")]
     {

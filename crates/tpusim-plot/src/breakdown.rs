@@ -128,6 +128,10 @@ impl Figure for BreakdownFigure {
         // Every label goes through one layout, clear of the others, of the segment labels and
         // of the latency markers; bars are drawn first so that none covers a label.
         let mut labels = style::Labels::new();
+        // The y axis's tick labels are plotters', outside the layout: keep every label off them.
+        let (left, top_px) = plot.map_coordinate(&(-0.5, top));
+        let (_, bottom_px) = plot.map_coordinate(&(-0.5, 0.0));
+        labels.reserve([0, top_px - (s.tick * 2.0) as i32, left + 2, bottom_px + (s.tick * 0.4) as i32]);
         let mut tops = Vec::with_capacity(self.bars.len());
         for (i, b) in self.bars.iter().enumerate() {
             let x = i as f64;
@@ -195,7 +199,8 @@ impl Figure for BreakdownFigure {
             labels.place(root, &txt, &st, &[p, (q.0 - style::text_width(root, &txt, &st) - 6, q.1)])?;
             let tot = plot.map_coordinate(&(x, tops[i]));
             let st = style::font_c(s.tick * 0.9, style::DARK_GREY).pos(Pos::new(HPos::Center, VPos::Bottom));
-            labels.place(root, &format!("sum {} ms", sig3(tops[i])), &st, &[(tot.0, tot.1 - 4)])?;
+            // Units run at once: their busy times add up to more than the latency. Say so.
+            labels.place(root, &format!("busy total {} ms (units overlap)", sig3(tops[i])), &st, &[(tot.0, tot.1 - 4)])?;
         }
         // Legend: top of the right column, top unit first (stack order).
         let st = style::font(s.tick).pos(Pos::new(HPos::Left, VPos::Center));

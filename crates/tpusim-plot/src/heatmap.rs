@@ -157,7 +157,7 @@ impl HeatmapFigure {
             Some((i, j)) => format!("best: {} = {}, {} = {}: {} {}", spec.y, ys[i], spec.x, xs[j], spec.z, sig3(best_v)),
             None => String::new(),
         };
-        Ok(HeatmapFigure { title, subtitle, xs, ys, cells, desc: (describe_column(&spec.x), describe_column(&spec.y), zdesc), best, notes })
+        Ok(HeatmapFigure { title, subtitle, xs, ys, cells, desc: (spec.x.clone(), spec.y.clone(), zdesc), best, notes })
     }
 }
 

@@ -165,7 +165,8 @@ pub fn render_bytes<F: Figure>(fig: &F, format: Format, width: u32, height: u32)
                 fig.draw(&root)?;
                 root.present().map_err(draw_err)?;
             }
-            Ok(s.into_bytes())
+            // The overwrite rule's mark (tpusim_io::mark): which command wrote the file.
+            Ok(format!("{}{s}", tpusim_io::mark::svg_comment("plot")).into_bytes())
         }
         Format::Png => {
             let mut buf = vec![255u8; width as usize * height as usize * 3];
@@ -181,6 +182,9 @@ pub fn render_bytes<F: Figure>(fig: &F, format: Format, width: u32, height: u32)
                 enc.set_color(png::ColorType::Rgb);
                 enc.set_depth(png::BitDepth::Eight);
                 enc.set_compression(png::Compression::Best);
+                // The overwrite rule's mark (tpusim_io::mark): which command wrote the file.
+                enc.add_text_chunk(tpusim_io::mark::PNG_KEYWORD.into(), tpusim_io::mark::mark_value("plot"))
+                    .map_err(|e| PlotError::Draw(format!("PNG encoding failed: {e}")))?;
                 let mut w = enc.write_header().map_err(|e| PlotError::Draw(format!("PNG encoding failed: {e}")))?;
                 w.write_image_data(&buf).map_err(|e| PlotError::Draw(format!("PNG encoding failed: {e}")))?;
             }

@@ -421,7 +421,8 @@ impl Labels {
         let b = box_at(pos);
         self.taken.push(b);
         LAST_LABELS.with(|l| l.borrow_mut().push((text.to_string(), b)));
-        area.draw(&Rectangle::new([(b[0], b[1]), (b[2], b[3])], WHITE.mix(0.85).filled())).map_err(draw_err)?;
+        // An opaque box: a line passing under a label never strikes through its text.
+        area.draw(&Rectangle::new([(b[0], b[1]), (b[2], b[3])], WHITE.filled())).map_err(draw_err)?;
         area.draw(&Text::new(text.to_string(), pos, style.clone())).map_err(draw_err)?;
         Ok(pos)
     }

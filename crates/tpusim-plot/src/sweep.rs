@@ -63,6 +63,10 @@ impl SweepFigure {
         let yc = t.col(&spec.y, "--y")?;
         let sc = spec.series.as_deref().map(|s| t.col(s, "--series")).transpose()?;
         let rows = t.filtered(&spec.filters)?;
+        // The other varied inputs: job and chip columns that take several values among rows of
+        // one series at one x. Each combination of their values is a line of its own (joining
+        // them would draw a zig-zag through points of different configurations).
+        let others = other_varied(t, &rows, xc, yc, sc);
         let mut series: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
         let mut skipped = 0usize;
         for (line, r) in &rows {
@@ -74,7 +78,9 @@ impl SweepFigure {
                 skipped += 1;
                 continue;
             }
-            let key = sc.map(|c| t.get(r, c).to_string()).unwrap_or_default();
+            let mut parts: Vec<String> = sc.map(|c| t.get(r, c).to_string()).into_iter().collect();
+            parts.extend(others.iter().map(|&c| format!("{}={}", t.header[c], t.get(r, c))));
+            let key = parts.join(", ");
             match series.iter_mut().find(|(k, _)| *k == key) {
                 Some((_, v)) => v.push((x, y)),
                 None => series.push((key, vec![(x, y)])),
@@ -93,7 +99,7 @@ impl SweepFigure {
             v.sort_by(|a, b| a.0.total_cmp(&b.0));
         }
         // Numeric series sort numerically, others by first appearance.
-        if series.iter().all(|(k, _)| k.parse::<f64>().is_ok()) {
+        if others.is_empty() && series.iter().all(|(k, _)| k.parse::<f64>().is_ok()) {
             series.sort_by(|a, b| a.0.parse::<f64>().unwrap_or(0.0).total_cmp(&b.0.parse::<f64>().unwrap_or(0.0)));
         }
         let mut notes = vec![format!(
@@ -103,12 +109,27 @@ impl SweepFigure {
             if spec.filters.is_empty() { String::new() } else { format!(" where {}", spec.filters.join(", ")) },
             if skipped > 0 { format!("; {skipped} without a value skipped") } else { String::new() }
         )];
+        if !others.is_empty() {
+            let names: Vec<&str> = others.iter().map(|&c| t.header[c].as_str()).collect();
+            notes.push(format!(
+                "One line per value of {} too (it varies at equal {}): --where COL=VALUE keeps one.",
+                names.join(" and "),
+                spec.x
+            ));
+        }
         let dup = series.iter().any(|(_, v)| v.windows(2).any(|w| w[0].0 == w[1].0));
         if dup {
             notes.push(
-                "Several rows share an x within a series (another column varies): add --where COL=VALUE or --series COL to separate them."
+                "Several rows share an x within a line (a column that is not a job input varies): add --where COL=VALUE or --series COL to separate them."
                     .into(),
             );
+        }
+        if series.len() > MAX_LEGEND {
+            notes.push(format!(
+                "{} lines: the legend lists the first {}; --where COL=VALUE draws fewer.",
+                series.len(),
+                MAX_LEGEND - 1
+            ));
         }
         let title = spec.title.clone().unwrap_or_else(|| {
             let base = format!("{} vs {}", describe_column(&spec.y).split(" (").next().unwrap_or(&spec.y), spec.x);
@@ -120,8 +141,9 @@ impl SweepFigure {
         Ok(SweepFigure {
             title,
             subtitle: String::new(),
-            x_desc: describe_column(&spec.x),
-            y_desc: describe_column(&spec.y),
+            // Axes name the columns as the file does (`chip.hbm.bandwidth_gb_per_s`): the unit is in the name.
+            x_desc: spec.x.clone(),
+            y_desc: spec.y.clone(),
             series_name: spec.series.clone(),
             series,
             logx: spec.logx,
@@ -129,6 +151,36 @@ impl SweepFigure {
             notes,
         })
     }
+}
+
+/// Most legend entries a figure lists (the last says how many more lines there are).
+pub const MAX_LEGEND: usize = 12;
+
+/// Job and chip columns (job fields, `chip.SECTION.FIELD`, `set`, `label`), other than x, y and
+/// the series, that take several values among the rows of one series at one x, in column order.
+fn other_varied(t: &Table, rows: &[(usize, &[String])], xc: usize, yc: usize, sc: Option<usize>) -> Vec<usize> {
+    let fields = tpusim_report::JobSpec::fields();
+    let candidate = |c: usize| {
+        let h = &t.header[c];
+        c != xc && c != yc && Some(c) != sc && (h.starts_with("chip.") || h == "label" || fields.iter().any(|f| f == h))
+    };
+    (0..t.header.len())
+        .filter(|&c| candidate(c))
+        .filter(|&c| {
+            let mut seen: std::collections::HashMap<(String, String), &str> = std::collections::HashMap::new();
+            rows.iter().any(|(_, r)| {
+                let key = (t.get(r, xc).to_string(), sc.map(|s| t.get(r, s).to_string()).unwrap_or_default());
+                let v = t.get(r, c);
+                match seen.get(&key) {
+                    Some(prev) => *prev != v,
+                    None => {
+                        seen.insert(key, v);
+                        false
+                    }
+                }
+            })
+        })
+        .collect()
 }
 
 /// Draws the marker of series `i` at pixel `p`: seven distinct shapes, so that lines stay apart
@@ -174,7 +226,13 @@ impl Figure for SweepFigure {
         }
         let ay = Axis::fit(&ys, self.logy, false);
         // Legend on the right, sized to the longest label.
-        let labels: Vec<String> = self.series.iter().map(|(k, _)| if k.is_empty() { self.y_desc.clone() } else { k.clone() }).collect();
+        let mut labels: Vec<String> = self.series.iter().map(|(k, _)| if k.is_empty() { self.y_desc.clone() } else { k.clone() }).collect();
+        // At most MAX_LEGEND entries: the last counts the lines left out.
+        if labels.len() > MAX_LEGEND {
+            let more = labels.len() - (MAX_LEGEND - 1);
+            labels.truncate(MAX_LEGEND - 1);
+            labels.push(format!("... and {more} more lines"));
+        }
         let lf = style::font(s.tick);
         let lw = labels
             .iter()
@@ -221,6 +279,12 @@ impl Figure for SweepFigure {
             y += (s.label * 1.5) as i32;
         }
         for (i, l) in labels.iter().enumerate() {
+            if i + 1 == MAX_LEGEND && self.series.len() > MAX_LEGEND {
+                legend_area
+                    .draw(&Text::new(l.clone(), (x0, y), lf.clone().pos(Pos::new(HPos::Left, VPos::Center))))
+                    .map_err(draw_err)?;
+                break;
+            }
             let c = style::series(i);
             legend_area.draw(&PathElement::new(vec![(x0, y), (x0 + (s.tick * 2.0) as i32, y)], c.stroke_width(3))).map_err(draw_err)?;
             marker(&legend_area, i, (x0 + s.tick as i32, y), c)?;

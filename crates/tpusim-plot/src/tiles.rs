@@ -320,8 +320,10 @@ impl Figure for TilesFigure {
             plot.draw(&PathElement::new(vec![(0.0, q_len), (pk, q_len)], dash)).map_err(draw_err)?;
         }
         // Exact mask boundary.
+        // One pixel per sampled point, not a dot: a fine mask (video windows) stays visible
+        // under its outline (`tpusim plot tiles --no-outline` draws none).
         for &(x, y) in &self.boundary {
-            plot.draw(&Circle::new((x as f64, y as f64), 1, BLACK.filled())).map_err(draw_err)?;
+            plot.draw(&Pixel::new((x as f64, y as f64), BLACK.mix(0.8))).map_err(draw_err)?;
         }
         // Legend: kinds with counts, padding, boundary.
         let c = &self.counts;

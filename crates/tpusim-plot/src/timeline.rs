@@ -420,7 +420,9 @@ pub fn write_chrome_trace_with(
     };
     crate::atomic_with(path, flag, |file| {
         let mut w = BufWriter::with_capacity(1 << 20, file);
-        w.write_all(b"{\"traceEvents\":[\n")?;
+        // The overwrite rule's mark (tpusim_io::mark) first, where a reader finds it.
+        let mark = serde_json::to_string(&tpusim_io::mark::mark_value("run --timeline")).unwrap_or_default();
+        writeln!(w, "{{\"{}\":{mark},\"traceEvents\":[", tpusim_io::mark::JSON_KEY)?;
         let mut first = true;
         let mut meta = |w: &mut BufWriter<&mut std::fs::File>, m: &Meta| -> std::io::Result<()> {
             if !first {

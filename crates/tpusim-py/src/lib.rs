@@ -16,6 +16,10 @@ use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString};
 use serde_json::Value;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tpusim_report::fields::{self, Rule};
 use tpusim_report::{render_fields, FieldStyle, Job, JobSpec, Report};
 use tpusim_workload::tiles::{TileGrid, TileStats};
 
@@ -46,6 +50,146 @@ fn spec_err_as_given(spec: &JobSpec, e: impl std::fmt::Display) -> PyErr {
 /// `e`'s message with `spec`'s job fields named as the caller gave them (see [`spec_err_as_given`]).
 fn as_given(spec: &JobSpec, e: impl std::fmt::Display) -> String {
     tpusim_report::render_fields_with(&e.to_string(), &mut |f| spec.field_as_given(f).to_string())
+}
+
+/// How often a long call checks for Ctrl-C (Python's signal handlers), milliseconds: the
+/// interrupt is raised within this time plus the time the work in flight takes to stop
+/// (README: "From Python").
+const SIGNAL_CHECK_MS: u64 = 20;
+
+/// Runs `work` on another thread without the GIL, checking Python's signals every
+/// [`SIGNAL_CHECK_MS`]: Ctrl-C (or any exception a signal handler raises) sets `cancel`, waits
+/// for `work` to stop (cooperative work such as `tune` reads `cancel`; a single simulation ends
+/// on its own) and raises.
+fn interruptible<T: Send>(py: Python<'_>, cancel: &AtomicBool, work: impl FnOnce() -> T + Send) -> PyResult<T> {
+    std::thread::scope(|s| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        s.spawn(move || {
+            let _ = tx.send(work());
+        });
+        let mut rx = rx;
+        loop {
+            let (got, back) = py.detach(move || (rx.recv_timeout(Duration::from_millis(SIGNAL_CHECK_MS)), rx));
+            rx = back;
+            match got {
+                Ok(v) => return Ok(v),
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                    if let Err(e) = py.check_signals() {
+                        cancel.store(true, Ordering::Relaxed);
+                        return Err(e);
+                    }
+                }
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                    return Err(SimulationError::new_err("the simulation stopped without a result (a tpusim bug; please report it)"))
+                }
+            }
+        }
+    })
+}
+
+/// A Python value as `repr()` shows it (what the user typed).
+fn repr(v: &Bound<'_, PyAny>) -> String {
+    v.repr().map(|r| r.to_string()).unwrap_or_else(|_| "?".into())
+}
+
+/// The values the caller gave, as the job layer renders them and as Python shows them: an
+/// error `heads = 10: ...` about a value given as a string reads `mask = 'band:': ...`.
+#[derive(Default)]
+struct Given(Vec<(String, String, String)>);
+
+impl Given {
+    fn note(&mut self, key: &str, core: String, repr: String) {
+        self.0.push((key.to_string(), core, repr));
+    }
+
+    /// `msg` with the value of the field it starts with (`key = VALUE: ...`) shown as the
+    /// caller's Python value.
+    fn fix(&self, msg: String) -> String {
+        for (key, core, repr) in &self.0 {
+            let prefix = format!("{key} = {core}: ");
+            if let Some(rest) = msg.strip_prefix(&prefix) {
+                return format!("{key} = {repr}: {rest}");
+            }
+        }
+        msg
+    }
+}
+
+/// A count argument (`top`, `refine`): a whole number from 1, as the command line's flags.
+fn count_arg(name: &str, v: &Bound<'_, PyAny>) -> PyResult<usize> {
+    let bad = || input_err(format!("{name} = {}: expected a whole number from 1 to {}", repr(v), usize::MAX));
+    if v.cast::<PyBool>().is_ok() || v.cast::<PyInt>().is_err() {
+        return Err(bad());
+    }
+    match v.extract::<u64>() {
+        Ok(n) if n >= 1 => usize::try_from(n).map_err(|_| bad()),
+        _ => Err(bad()),
+    }
+}
+
+/// A flag argument (`allow_inexact`): True or False.
+fn bool_arg(name: &str, v: &Bound<'_, PyAny>) -> PyResult<bool> {
+    if v.cast::<PyBool>().is_ok() {
+        return v.extract();
+    }
+    Err(input_err(format!("{name} = {}: expected true or false", repr(v))))
+}
+
+/// A keyword argument for job field `key`, checked against the field's rule (the command
+/// line's, [`tpusim_report::fields`]): `heads = '10': expected a whole number from 1 to 1048576`.
+/// `Ok(None)` for a number in MiB, which the caller keeps as a float (NaN and infinities have
+/// no JSON form, and are refused by the job layer with the chip's limit).
+fn field_value(key: &str, v: &Bound<'_, PyAny>) -> PyResult<Option<Value>> {
+    let Some(rule) = fields::rule(key) else { return to_json(v, key).map(Some) };
+    let bad = || input_err(format!("{key} = {}: {}", repr(v), rule.allowed()));
+    let is_bool = v.cast::<PyBool>().is_ok() || type_name_of(v) == "bool_";
+    let is_text = v.cast::<PyString>().is_ok();
+    match rule {
+        Rule::Whole { .. } => {
+            if is_bool || is_text || v.cast::<PyFloat>().is_ok() {
+                return Err(bad());
+            }
+            let i: i64 = if v.cast::<PyInt>().is_ok() {
+                v.extract().map_err(|_| bad())?
+            } else if v.hasattr("__index__")? {
+                v.call_method0("__index__")?.extract().map_err(|_| bad())?
+            } else {
+                return Err(bad());
+            };
+            if rule.accepts_whole(i128::from(i)) {
+                Ok(Some(Value::from(i)))
+            } else {
+                Err(bad())
+            }
+        }
+        Rule::Word(w) => {
+            let Ok(t) = v.cast::<PyString>() else { return Err(bad()) };
+            let t = t.to_str()?.to_string();
+            if w.accepts(&t) {
+                Ok(Some(Value::String(t)))
+            } else {
+                Err(bad())
+            }
+        }
+        Rule::Bool if is_bool => Ok(Some(Value::Bool(v.is_truthy()?))),
+        Rule::Bool => Err(bad()),
+        Rule::Mib if is_bool || is_text => Err(bad()),
+        Rule::Mib => {
+            if v.cast::<PyInt>().is_err() && v.cast::<PyFloat>().is_err() && !v.hasattr("__float__")? {
+                return Err(bad());
+            }
+            Ok(None)
+        }
+        Rule::Text if is_text => Ok(Some(Value::String(v.extract()?))),
+        // A path object (pathlib.Path) for a chip file.
+        Rule::Text if key == "chip" && v.hasattr("__fspath__")? => Ok(Some(Value::String(v.call_method0("__fspath__")?.extract()?))),
+        Rule::Text | Rule::TextList => Err(bad()),
+    }
+}
+
+/// The type's name of a Python value (`bool_` for NumPy's booleans).
+fn type_name_of(v: &Bound<'_, PyAny>) -> String {
+    v.get_type().name().map(|n| n.to_string()).unwrap_or_default()
 }
 
 /// Python value -> JSON (bool, int, float, str, lists of those; `None` is null).
@@ -88,9 +232,35 @@ const BWD_FIELDS: &[&str] = &["block_q_dkv", "block_kv_dkv", "block_kv_dkv_compu
 struct JobIn {
     fields: serde_json::Map<String, Value>,
     mask: Option<masks::PyMask>,
+    /// `vmem_limit_mib` as given (any float: the job layer checks it against the chip).
+    mib: Option<f64>,
+    given: Given,
 }
 
 impl JobIn {
+    /// A job field from a Python value, checked against the field's rule.
+    fn field(&mut self, key: &str, v: &Bound<'_, PyAny>, origin: &str) -> PyResult<()> {
+        if v.is_none() {
+            return Ok(());
+        }
+        match field_value(key, v)? {
+            Some(val) => {
+                let core = match &val {
+                    Value::String(s) => s.clone(),
+                    other => other.to_string(),
+                };
+                self.given.note(key, core, repr(v));
+                self.set(key, val, origin)
+            }
+            None => {
+                let f: f64 = v.extract().or_else(|_| v.call_method0("__float__").and_then(|x| x.extract()))?;
+                self.given.note(key, fields::number_text(f), repr(v));
+                self.mib = Some(f);
+                Ok(())
+            }
+        }
+    }
+
     fn set(&mut self, key: &str, v: Value, origin: &str) -> PyResult<()> {
         if v.is_null() {
             return Ok(());
@@ -107,11 +277,15 @@ impl JobIn {
     /// A Splash / tokamax spelling onto the job's field.
     fn alias(&mut self, key: &str, v: &Bound<'_, PyAny>, origin: &str) -> PyResult<bool> {
         match key {
-            "use_fused_bwd_kernel" => self.set("fused_bwd", to_json(v, key)?, origin)?,
-            "use_experimental_scheduler" => self.set("experimental_scheduler", to_json(v, key)?, origin)?,
+            "use_fused_bwd_kernel" | "use_experimental_scheduler" if !v.is_none() => {
+                let field = if key == "use_fused_bwd_kernel" { "fused_bwd" } else { "experimental_scheduler" };
+                let b = bool_arg(key, v)?;
+                self.set(field, Value::Bool(b), origin)?
+            }
+            "use_fused_bwd_kernel" | "use_experimental_scheduler" => {}
             "use_base2_exp" => {
                 if !v.is_none() {
-                    let b: bool = v.extract().map_err(|_| input_err(format!("{key} = {v}: expected True or False")))?;
+                    let b = bool_arg(key, v)?;
                     self.set("exp", Value::String(if b { "base2" } else { "natural" }.into()), origin)?;
                 }
             }
@@ -141,7 +315,7 @@ impl JobIn {
             for (k, v) in d.iter() {
                 let key: String = k.extract()?;
                 if BLOCK_FIELDS.contains(&key.as_str()) {
-                    self.set(&key, to_json(&v, &key)?, origin)?;
+                    self.field(&key, &v, origin)?;
                 } else if !self.alias(&key, &v, origin)? {
                     return Err(input_err(format!(
                         "block_sizes: unknown key '{key}'; block sizes are {}, use_fused_bwd_kernel, use_base2_exp, use_experimental_scheduler, q_layout, k_layout, v_layout",
@@ -152,13 +326,21 @@ impl JobIn {
             return Ok(());
         }
         // An object: read the fields it has, by name. Backward fields only for a backward job
-        // (a forward-only BlockSizes still carries their defaults).
+        // (a forward-only BlockSizes still carries their defaults). An object with none of them
+        // (a number, text) is not block sizes: refused, never read as the defaults.
+        if obj.cast::<PyString>().is_ok() || !BLOCK_FIELDS.iter().any(|k| obj.hasattr(*k).unwrap_or(false)) {
+            return Err(input_err(format!(
+                "block_sizes = {}: expected a Splash BlockSizes, a tokamax SplashConfig or Config, or a dict of their fields ({})",
+                repr(obj),
+                BLOCK_FIELDS.join(", ")
+            )));
+        }
         for key in BLOCK_FIELDS {
             if !backward && BWD_FIELDS.contains(key) {
                 continue;
             }
             if let Ok(v) = obj.getattr(*key) {
-                self.set(key, to_json(&v, key)?, origin)?;
+                self.field(key, &v, origin)?;
             }
         }
         for key in ["use_fused_bwd_kernel", "use_base2_exp", "use_experimental_scheduler", "q_layout", "k_layout", "v_layout"] {
@@ -198,7 +380,7 @@ impl JobIn {
 
     /// The job spec, with the mask's lengths and heads filled in when the job leaves them out
     /// and checked when it gives them.
-    fn spec(mut self) -> PyResult<JobSpec> {
+    fn spec(mut self) -> PyResult<(JobSpec, Given)> {
         let mut mask_value = None;
         if let Some(pm) = self.mask.take() {
             if let Some((q, kv)) = pm.lengths {
@@ -239,14 +421,15 @@ impl JobIn {
         }
         let mut spec: JobSpec = serde_json::from_value(Value::Object(self.fields)).map_err(|e| input_err(e.to_string()))?;
         spec.mask_value = mask_value;
-        Ok(spec)
+        spec.vmem_limit_mib = self.mib.or(spec.vmem_limit_mib);
+        Ok((spec, self.given))
     }
 }
 
 /// Reads job keyword arguments (the job fields, Splash / tokamax spellings, `mask`,
 /// `block_sizes`, `set` as a dict or a list).
 fn job_in(py: Python<'_>, kwargs: Option<&Bound<'_, PyDict>>, skip: &[&str]) -> PyResult<JobIn> {
-    let mut j = JobIn { fields: serde_json::Map::new(), mask: None };
+    let mut j = JobIn { fields: serde_json::Map::new(), mask: None, mib: None, given: Given::default() };
     let Some(kw) = kwargs else { return Ok(j) };
     let direction: Option<String> = kw.get_item("direction")?.and_then(|d| d.extract().ok());
     let backward = direction.as_deref().is_some_and(|d| d != "fwd");
@@ -269,21 +452,22 @@ fn job_in(py: Python<'_>, kwargs: Option<&Bound<'_, PyDict>>, skip: &[&str]) -> 
                 } else if let Ok(s) = v.extract::<String>() {
                     vec![s]
                 } else {
-                    v.extract::<Vec<String>>()
-                        .map_err(|_| input_err("set: expected a dict {'SECTION.FIELD': value} or a list of 'SECTION.FIELD=VALUE'"))?
+                    v.extract::<Vec<String>>().map_err(|_| {
+                        input_err(format!("set = {}: expected a dict {{'SECTION.FIELD': value}} or a list of 'SECTION.FIELD=VALUE'", repr(&v)))
+                    })?
                 };
                 j.fields.insert("set".into(), Value::Array(items.into_iter().map(Value::String).collect()));
             }
-            "chip" => {
-                if !v.is_none() {
-                    let path = v.str()?.to_string();
-                    j.fields.insert("chip".into(), Value::String(path));
-                }
-            }
             _ => {
                 if !j.alias(&key, &v, "keyword arguments")? {
-                    let val = to_json(&v, &key)?;
-                    j.set(&key, val, "keyword arguments")?;
+                    if fields::rule(&key).is_none() || key == "no_fused_bwd" {
+                        return Err(input_err(format!(
+                            "{key} = {}: not a job keyword; the keywords are {}, mask, block_sizes and Splash's spellings (use_fused_bwd_kernel, use_base2_exp, use_experimental_scheduler)",
+                            repr(&v),
+                            fields::file_keys().join(", ")
+                        )));
+                    }
+                    j.field(&key, &v, "keyword arguments")?;
                 }
             }
         }
@@ -296,20 +480,30 @@ fn job_in(py: Python<'_>, kwargs: Option<&Bound<'_, PyDict>>, skip: &[&str]) -> 
     Ok(j)
 }
 
-fn job_spec(py: Python<'_>, kwargs: Option<&Bound<'_, PyDict>>, skip: &[&str]) -> PyResult<JobSpec> {
+fn job_spec(py: Python<'_>, kwargs: Option<&Bound<'_, PyDict>>, skip: &[&str]) -> PyResult<(JobSpec, Given)> {
     job_in(py, kwargs, skip)?.spec()
 }
 
-/// Builds and runs a job (without the GIL).
-fn run_spec(py: Python<'_>, spec: JobSpec) -> PyResult<Report> {
-    py.detach(move || {
+/// The job of `simulate()` with no job keyword (`chip` and `set` do not count): the built-in
+/// case study, as `tpusim run` with no job flag.
+fn default_job(spec: JobSpec) -> JobSpec {
+    tpusim_report::case_study_or(spec)
+}
+
+/// Builds and runs a job on another thread without the GIL, Ctrl-C checked meanwhile.
+fn run_spec(py: Python<'_>, spec: JobSpec, given: &Given) -> PyResult<Report> {
+    let cancel = AtomicBool::new(false);
+    interruptible(py, &cancel, move || {
         // Fields as the caller gave them: a length given as seq_len is named seq_len.
         let chip = spec.chip().map_err(|e| as_given(&spec, e))?;
         let job = spec.build(&chip).map_err(|e| as_given(&spec, e))?;
         let run = tpusim_report::run(&chip, &job).map_err(|e| as_given(&spec, e))?;
-        Ok::<_, String>(Report::from_run(&run))
-    })
-    .map_err(input_err)
+        let mut rep = Report::from_run(&run);
+        rep.render_notes(&mut |f, v| spec.describe_setting(f, v, FieldStyle::Key));
+        rep.measured = tpusim_calib::shipped_measurement(&chip, &job, rep.latency_ms);
+        Ok::<_, String>(rep)
+    })?
+    .map_err(|e| input_err(given.fix(e)))
 }
 
 /// The result of one simulation. The main metrics are attributes (`latency_ms`, `cycles`,
@@ -431,8 +625,8 @@ impl PyReport {
 #[pyfunction]
 #[pyo3(signature = (**kwargs))]
 fn simulate(py: Python<'_>, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<PyReport> {
-    let spec = job_spec(py, kwargs, &[])?;
-    Ok(PyReport::new(run_spec(py, spec)?))
+    let (spec, given) = job_spec(py, kwargs, &[])?;
+    Ok(PyReport::new(run_spec(py, default_job(spec), &given)?))
 }
 
 /// Searches block sizes and kernel options for one job (the job fields as for `simulate`) and
@@ -440,18 +634,24 @@ fn simulate(py: Python<'_>, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<PyRe
 /// `latency_ms`, `bottleneck`, `flags` (for `tpusim run`), `block_sizes` (text ready to paste,
 /// `BlockSizes(block_q=..., ...)`) and `block_sizes_kwargs` (a dict for `BlockSizes(**kw)`).
 #[pyfunction]
-#[pyo3(signature = (top = 10, allow_inexact = false, allow_approximate = false, refine = 12, **kwargs))]
+#[pyo3(signature = (top = None, allow_inexact = None, allow_approximate = None, refine = None, **kwargs))]
 fn tune<'py>(
     py: Python<'py>,
-    top: usize,
-    allow_inexact: bool,
-    allow_approximate: bool,
-    refine: usize,
+    top: Option<&Bound<'py, PyAny>>,
+    allow_inexact: Option<&Bound<'py, PyAny>>,
+    allow_approximate: Option<&Bound<'py, PyAny>>,
+    refine: Option<&Bound<'py, PyAny>>,
     kwargs: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let spec = job_spec(py, kwargs, &[])?;
-    let opts = tpusim_sweep::TuneOptions { top, allow_inexact, allow_approximate, refine, jobs: None, progress: false };
-    let r = py.detach(|| tpusim_sweep::tune(&spec, &opts)).map_err(|e| spec_err_as_given(&spec, e))?;
+    let d = tpusim_sweep::TuneOptions::default();
+    let top = top.map(|v| count_arg("top", v)).transpose()?.unwrap_or(d.top);
+    let refine = refine.map(|v| count_arg("refine", v)).transpose()?.unwrap_or(d.refine);
+    let allow_inexact = allow_inexact.map(|v| bool_arg("allow_inexact", v)).transpose()?.unwrap_or(false);
+    let allow_approximate = allow_approximate.map(|v| bool_arg("allow_approximate", v)).transpose()?.unwrap_or(false);
+    let (spec, given) = job_spec(py, kwargs, &[])?;
+    let cancel = Arc::new(AtomicBool::new(false));
+    let opts = tpusim_sweep::TuneOptions { top, allow_inexact, allow_approximate, refine, cancel: Some(cancel.clone()), ..d };
+    let r = interruptible(py, &cancel, || tpusim_sweep::tune(&spec, &opts))?.map_err(|e| input_err(given.fix(as_given(&spec, e))))?;
     let out = from_json(py, &r.to_json())?;
     let list = out.get_item("top")?;
     for (i, ranked) in r.top.iter().enumerate() {
@@ -539,10 +739,17 @@ fn validate<'py>(py: Python<'py>, rows: &Bound<'py, PyAny>, chips: Option<Vec<St
     let file = if let Ok(p) = rows.extract::<String>() {
         tpusim_calib::read_file(&p, &models).map_err(spec_err)?
     } else {
+        if rows.is_none() || rows.cast::<PyDict>().is_ok() || rows.try_iter().is_err() {
+            return Err(input_err(format!(
+                "rows = {}: expected a measurement CSV path or a list of dicts of its columns (traces/measured/README.md)",
+                repr(rows)
+            )));
+        }
         let text = rows_csv(rows)?;
         tpusim_calib::parse(&text, "rows", &models).map_err(spec_err)?
     };
-    let v = py.detach(|| tpusim_calib::validate(&file, &tpusim_calib::ChipSet { models }));
+    let cancel = AtomicBool::new(false);
+    let v = interruptible(py, &cancel, || tpusim_calib::validate(&file, &tpusim_calib::ChipSet { models }))?;
     from_json(py, &v.to_json())
 }
 
@@ -555,14 +762,25 @@ fn validate<'py>(py: Python<'py>, rows: &Bound<'py, PyAny>, chips: Option<Vec<St
 #[pyfunction]
 #[pyo3(signature = (points, **base))]
 fn sweep<'py>(py: Python<'py>, points: &Bound<'py, PyAny>, base: Option<&Bound<'py, PyDict>>) -> PyResult<Bound<'py, PyList>> {
-    let base_spec = job_spec(py, base, &[])?;
+    let (base_spec, _) = job_spec(py, base, &[])?;
     let out = PyList::empty(py);
-    for (i, p) in points.try_iter()?.enumerate() {
+    let iter = match points.try_iter() {
+        Ok(it) if points.cast::<PyString>().is_err() && points.cast::<PyDict>().is_err() => it,
+        _ => return Err(input_err(format!("points = {}: expected a list (or any iterable) of dicts of job fields", repr(points)))),
+    };
+    let in_point = |i: usize, e: PyErr| {
+        if e.is_instance_of::<InputError>(py) {
+            input_err(format!("points[{i}]: {}", e.value(py)))
+        } else {
+            e
+        }
+    };
+    for (i, p) in iter.enumerate() {
         let p = p?;
-        let d = p.cast::<PyDict>().map_err(|_| input_err(format!("points[{i}]: expected a dict of job fields")))?;
-        let point = job_spec(py, Some(d), &[]).map_err(|e| input_err(format!("points[{i}]: {}", e.value(py))))?;
+        let d = p.cast::<PyDict>().map_err(|_| input_err(format!("points[{i}] = {}: expected a dict of job fields", repr(&p))))?;
+        let (point, given) = job_spec(py, Some(d), &[]).map_err(|e| in_point(i, e))?;
         let spec = base_spec.overlay(&point);
-        let r = run_spec(py, spec).map_err(|e| input_err(format!("points[{i}]: {}", e.value(py))))?;
+        let r = run_spec(py, spec, &given).map_err(|e| in_point(i, e))?;
         let row = PyDict::new(py);
         for (k, v) in d.iter() {
             let key: String = k.extract()?;
@@ -618,9 +836,10 @@ impl JobMask for Report {
 /// other columns come from the job keyword arguments (as for `simulate`; `chip` is required),
 /// resolved as the simulator resolves them. `id` is the row id (a prefix `ID-NAME` when several
 /// kernels match). With `out`, the rows are also written there as CSV (atomically). Returns
-/// the rows as a list of dicts.
+/// the rows as a list of dicts. An existing `out` is replaced only when it holds rows this
+/// function (or `tpusim from-trace`) wrote, unless `force`.
 #[pyfunction]
-#[pyo3(signature = (trace, kernel_pattern, id, out = None, device = "^/device:", line = "^XLA Ops$", **kwargs))]
+#[pyo3(signature = (trace, kernel_pattern, id, out = None, device = "^/device:", line = "^XLA Ops$", force = false, **kwargs))]
 #[allow(clippy::too_many_arguments)]
 fn measurements_from_trace<'py>(
     py: Python<'py>,
@@ -630,9 +849,10 @@ fn measurements_from_trace<'py>(
     out: Option<&str>,
     device: &str,
     line: &str,
+    force: bool,
     kwargs: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyList>> {
-    let spec = job_spec(py, kwargs, &[])?;
+    let (spec, _) = job_spec(py, kwargs, &[])?;
     let sel = tpusim_calib::Selection { pattern: kernel_pattern.to_string(), device: device.to_string(), line: line.to_string() };
     let flag_to_arg = |s: String| {
         s.replace("--kernel-pattern", "kernel_pattern").replace("--device", "device").replace("--line", "line").replace("--", "")
@@ -645,7 +865,10 @@ fn measurements_from_trace<'py>(
         })
         .map_err(|e| input_err(flag_to_arg(render_fields(&e.to_string(), FieldStyle::Key))))?;
     if let Some(path) = out {
-        tpusim_io::write_atomic(std::path::Path::new(path), tpusim_calib::rows_to_csv(&rows).as_bytes()).map_err(|e| {
+        // The overwrite rule of the command line's `from-trace --out` (tpusim_io::mark).
+        tpusim_io::check_replace(std::path::Path::new(path), "from-trace", force).map_err(|e| input_err(format!("out: {e}")))?;
+        let marked = format!("{}{}", tpusim_io::mark::comment_line("from-trace"), tpusim_calib::rows_to_csv(&rows));
+        tpusim_io::write_atomic(std::path::Path::new(path), marked.as_bytes()).map_err(|e| {
             if e.is_refusal() {
                 input_err(format!("out: {e}"))
             } else {
@@ -682,12 +905,20 @@ fn mask_text(py: Python<'_>, mask: &Bound<'_, PyAny>) -> PyResult<String> {
 fn tile_counts<'py>(
     py: Python<'py>,
     mask: &Bound<'py, PyAny>,
-    block_q: u64,
-    block_kv: u64,
-    heads: Option<u64>,
-    q_len: Option<u64>,
-    kv_len: Option<u64>,
+    block_q: &Bound<'py, PyAny>,
+    block_kv: &Bound<'py, PyAny>,
+    heads: Option<&Bound<'py, PyAny>>,
+    q_len: Option<&Bound<'py, PyAny>>,
+    kv_len: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyList>> {
+    // Block sizes and lengths follow the job fields' rules (whole numbers from 1).
+    let whole = |key: &str, v: &Bound<'py, PyAny>| -> PyResult<u64> {
+        match field_value(key, v)? {
+            Some(Value::Number(n)) => n.as_u64().ok_or_else(|| input_err(format!("{key} = {}: expected a whole number", repr(v)))),
+            _ => Err(input_err(format!("{key} = {}: expected a whole number", repr(v)))),
+        }
+    };
+    let (block_q, block_kv) = (whole("block_q", block_q)?, whole("block_kv", block_kv)?);
     let kw = PyDict::new(py);
     kw.set_item("mask", mask)?;
     if let Some(h) = heads {
@@ -697,7 +928,7 @@ fn tile_counts<'py>(
         kw.set_item("q_len", q)?;
         kw.set_item("kv_len", k)?;
     }
-    let spec = job_spec(py, Some(&kw), &[])?;
+    let (spec, _) = job_spec(py, Some(&kw), &[])?;
     let heads = spec.heads.unwrap_or(1);
     let spec = JobSpec { heads: Some(heads), ..spec };
     let chip = spec.chip().map_err(|e| spec_err_as_given(&spec, e))?;
@@ -721,14 +952,79 @@ fn tile_counts<'py>(
     Ok(out)
 }
 
-/// tpusim: a cycle-approximate simulator of Google TPU chips for attention kernels.
+/// The result of simulating one Pallas kernel read from its Mosaic IR (`tpusim.jax.simulate`):
+/// the metrics of `Report` that apply to any kernel (`latency_ms`, `cycles`, `flops`,
+/// `transcendentals`, `hbm_bytes`, `bottleneck`, `cost_estimate`, `grid_steps`,
+/// `steps_computed`, `vmem_bytes`, `vmem_limit_bytes`, ...; every key of `to_dict()` reads as an
+/// attribute), `assumptions` (what the importer assumed) and `lacks` (the `Report` fields an IR
+/// job has not: masks, densities, a dense baseline). `str(report)` is the command line's table.
+#[pyclass(name = "KernelReport", module = "tpusim", frozen)]
+struct PyKernelReport {
+    json: String,
+    table: String,
+    latency_ms: f64,
+}
+
+#[pymethods]
+impl PyKernelReport {
+    /// Predicted latency, milliseconds.
+    #[getter]
+    fn latency_ms(&self) -> f64 {
+        self.latency_ms
+    }
+    /// The whole report as a dict (the JSON of `tpusim run --kernel-ir FILE --format json`).
+    fn to_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        from_json(py, &self.json)
+    }
+    /// The whole report as JSON text.
+    fn to_json(&self) -> String {
+        self.json.clone()
+    }
+    fn __getattr__<'py>(&self, py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyAny>> {
+        let d = from_json(py, &self.json)?;
+        match d.get_item(name) {
+            Ok(v) => Ok(v),
+            Err(_) => Err(pyo3::exceptions::PyAttributeError::new_err(format!("KernelReport has no field '{name}'"))),
+        }
+    }
+    fn __str__(&self) -> String {
+        self.table.clone()
+    }
+    fn __repr__(&self) -> String {
+        format!("<tpusim.KernelReport {:.3} ms>", self.latency_ms)
+    }
+}
+
+/// Simulates a kernel description (JSON text, as `tpusim.jax.describe` writes it; side files
+/// resolved against `folder`) on `chip` with `set` overrides (`SECTION.FIELD=VALUE` strings).
+/// Used by `tpusim.jax.simulate`; returns a `KernelReport`.
+#[pyfunction]
+#[pyo3(signature = (description, chip = "v6e", set = Vec::new(), folder = "."))]
+fn simulate_kernel_ir(py: Python<'_>, description: &str, chip: &str, set: Vec<String>, folder: &str) -> PyResult<PyKernelReport> {
+    let spec = JobSpec { chip: Some(chip.to_string()), set, ..Default::default() };
+    let model = spec.chip().map_err(spec_err)?;
+    let text = description.to_string();
+    let dir = std::path::PathBuf::from(folder);
+    let rep = py
+        .detach(move || {
+            let d = tpusim_pallas::Description::from_json(&text, "kernel description")?;
+            let run = tpusim_report::ir::run_kernel_ir(&model, &d, &dir)?;
+            Ok::<_, tpusim_pallas::PallasError>(tpusim_report::ir::KernelIrReport::from_run(&run))
+        })
+        .map_err(|e| input_err(e.to_string()))?;
+    Ok(PyKernelReport { json: rep.to_json(), table: rep.to_table(), latency_ms: rep.latency_ms })
+}
+
+/// tpusim's compiled module, `tpusim._tpusim` (maturin's mixed layout: `python/tpusim/__init__.py`
+/// re-exports it, `python/tpusim/jax.py` sits beside it): a cycle-approximate simulator of Google
+/// TPU chips for attention kernels.
 ///
 /// `simulate(...)` runs one kernel call, `tune(...)` ranks block sizes and options, `sweep(points,
 /// ...)` runs many, `chip(name)` shows a chip model, `validate(rows)` compares with measurements
 /// and `measurements_from_trace(...)` reads them from an XProf / Perfetto trace. Masks may be JAX
 /// Splash mask objects or NumPy arrays; block sizes a Splash `BlockSizes`.
 #[pymodule]
-#[pyo3(name = "tpusim")]
+#[pyo3(name = "_tpusim")]
 fn tpusim_py(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add("InputError", py.get_type::<InputError>())?;
@@ -743,5 +1039,7 @@ fn tpusim_py(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(measurements_from_trace, m)?)?;
     m.add_function(wrap_pyfunction!(mask_text, m)?)?;
     m.add_function(wrap_pyfunction!(tile_counts, m)?)?;
+    m.add_class::<PyKernelReport>()?;
+    m.add_function(wrap_pyfunction!(simulate_kernel_ir, m)?)?;
     Ok(())
 }

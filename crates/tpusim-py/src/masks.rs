@@ -131,7 +131,8 @@ fn opt_int(v: &Bound<'_, PyAny>) -> PyResult<Option<i64>> {
 pub fn read_mask(py: Python<'_>, obj: &Bound<'_, PyAny>, what: &str) -> PyResult<PyMask> {
     if let Ok(s) = obj.cast::<PyString>() {
         let text = s.to_str()?;
-        let mask = Mask::parse(text).map_err(|e| input_err(format!("{what} = {text}: {e}")))?;
+        // The value as Python prints it (`mask = 'band:': ...`), as for every keyword.
+        let mask = Mask::parse(text).map_err(|e| input_err(format!("{what} = {}: {e}", obj.repr().map(|r| r.to_string()).unwrap_or_default())))?;
         return Ok(PyMask { mask, lengths: None, heads: None });
     }
     let name = type_name(obj)?;

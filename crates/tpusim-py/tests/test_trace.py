@@ -79,7 +79,10 @@ def test_trace_becomes_rows_that_validate_accepts(trace_file, tmp_path):
     out = tmp_path / "rows.csv"
     flags = [x for k, val in JOB.items() for x in (f"--{k.replace('_', '-')}", val)]
     run_cli("from-trace", trace_file, "--kernel-pattern", "splash_mha_fwd", "--id", "xprof-causal", "--out", out, *flags)
-    cli_rows = list(csv.DictReader(io.StringIO(out.read_text())))
+    # The file starts with the overwrite rule's mark, a comment line (pandas: comment="#").
+    text = out.read_text()
+    assert text.startswith("# tpusim output: from-trace (tpusim ")
+    cli_rows = list(csv.DictReader(io.StringIO("".join(l for l in text.splitlines(True) if not l.startswith("#")))))
     assert cli_rows == [{k: row.get(k, "") for k in cli_rows[0]}]
     stdout, _ = run_cli("validate", out, "--format", "json")
     assert [r["id"] for r in json.loads(stdout)["rows"]] == ["xprof-causal"]
@@ -88,6 +91,13 @@ def test_trace_becomes_rows_that_validate_accepts(trace_file, tmp_path):
     tpusim.measurements_from_trace(str(trace_file), "splash_mha_fwd", "xprof-causal", out=str(out2), **JOB)
     assert out2.read_text() == out.read_text()
     assert tpusim.validate(str(out2))["rows"][0]["measured_ms"] == pytest.approx(sum(want) / 2)
+    # A file it did not write is replaced only with force=True.
+    mine = tmp_path / "mine.csv"
+    mine.write_text("my,notes\n")
+    with pytest.raises(tpusim.InputError, match="tpusim did not write it"):
+        tpusim.measurements_from_trace(str(trace_file), "splash_mha_fwd", "x", out=str(mine), **JOB)
+    tpusim.measurements_from_trace(str(trace_file), "splash_mha_fwd", "x", out=str(mine), force=True, **JOB)
+    assert mine.read_text().startswith("# tpusim output: from-trace")
 
 
 def test_several_kernels_give_one_row_each(trace_file):

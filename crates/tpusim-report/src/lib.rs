@@ -8,6 +8,8 @@
 //! crates above it.
 
 pub mod bands;
+pub mod fields;
+pub mod ir;
 pub mod notes;
 mod paths;
 pub mod spec;
@@ -341,7 +343,73 @@ pub struct Report {
     /// scheduled cycles.
     pub step_classes: Vec<ClassSummary>,
     /// Caveats a kernel engineer should know about this configuration (inexact results, ...).
+    /// Settings appear as `` `field=value` ``, which a front end renders as its user gave them
+    /// ([`Report::render_notes`]).
     pub notes: Vec<String>,
+    /// A published measurement of this very job on this chip model, when the shipped
+    /// measurements hold one (filled in by the front ends from `tpusim-calib`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub measured: Option<Measured>,
+}
+
+/// A measured time of the job a report ran: a row of `traces/measured/calibration.csv` whose job
+/// resolves to the same job on the same, unmodified chip model.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Measured {
+    /// The row's id, e.g. `VD-B0`.
+    pub id: String,
+    /// The measured time, milliseconds.
+    pub measured_ms: f64,
+    /// (predicted - measured) / measured.
+    pub error: f64,
+    /// How it was timed (the row's `timing`).
+    pub timing: String,
+    /// Where the measurement was published (the row's `source`).
+    pub source: String,
+    /// The file the row is in.
+    pub file: String,
+}
+
+/// Rewrites every `` `field=value` `` setting in `text` with `name(field, value)`; other
+/// backticked words are left alone.
+pub fn render_settings(text: &str, name: &mut dyn FnMut(&str, &str) -> String) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(open) = rest.find('`') {
+        let Some(close) = rest[open + 1..].find('`') else { break };
+        let word = &rest[open + 1..open + 1 + close];
+        out.push_str(&rest[..open]);
+        match word.split_once('=') {
+            Some((f, v)) if JobSpec::fields().iter().any(|x| x == f) => out.push_str(&name(f, v)),
+            _ => out.push_str(&rest[open..open + close + 2]),
+        }
+        rest = &rest[open + close + 2..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Whether `spec` gives no job field: nothing but `chip` and `set` (the hardware).
+pub fn gives_no_job(spec: &JobSpec) -> bool {
+    spec.set_fields().keys().all(|k| k == "chip" || k == "set") && spec.mask_value.is_none() && !spec.no_fused_bwd
+}
+
+/// The built-in case study's job: what `traces/video-720p-dense.toml` runs (row VD-B0 of the
+/// shipped measurements: MaxDiffusion's mask-free Splash at its blocks on the 720p video layer).
+pub fn case_study() -> JobSpec {
+    JobSpec::from_toml_str(include_str!("../../../traces/video-720p-dense.toml"), "traces/video-720p-dense.toml")
+        .expect("the shipped case-study trace is valid")
+}
+
+/// `spec` itself, or, when it gives no job field at all (only `chip` and `set`, which choose the
+/// hardware), the built-in case study ([`case_study`]) on that hardware: the first run of a new
+/// user is the case study, not the families' 128-block defaults.
+pub fn case_study_or(spec: JobSpec) -> JobSpec {
+    if gives_no_job(&spec) {
+        case_study().overlay(&spec)
+    } else {
+        spec
+    }
 }
 
 /// A run's totals named as the fields of Pallas' `pl.CostEstimate` (`jax.experimental.pallas`),
@@ -508,6 +576,7 @@ impl Report {
                 })
                 .collect(),
             notes: Vec::new(),
+            measured: None,
         };
         if let Job::Attention { config: c, direction, .. } = &run.job {
             if *direction != Direction::Fwd {
@@ -518,13 +587,22 @@ impl Report {
             rep.notes.extend(w.mask.notes());
             if c.masking == tpusim_kernel::Masking::None && t.partial > 0 {
                 rep.notes.push(format!(
-                    "--masking none with {} partial tiles: a mask-free kernel treats them as full, so the pairs the mask drops in them are wrongly attended (results are inexact)",
+                    "`masking=none` with {} partial tiles: a mask-free kernel treats them as full, so the pairs the mask drops in them are wrongly attended (results are inexact)",
                     t.partial
+                ));
+            }
+            if c.mask_source == tpusim_kernel::MaskSource::Computed
+                && !tpusim_kernel::splash::computable(&w.mask)
+                && !w.mask.expression_terms().loaded_only
+            {
+                rep.notes.push(format!(
+                    "`mask_source=computed` with mask {}: a what-if; Splash computes only a single causal, local, band or chunked mask in the kernel and loads any other as int8 blocks, so {} cannot run this configuration (tpusim tune searches only loaded blocks for it)",
+                    w.mask, c.kernel
                 ));
             }
             if c.tile_align {
                 rep.notes.push(format!(
-                    "--tile-align changes the attention output: {:.2}% of pairs kept vs {:.2}% in the exact mask",
+                    "`tile_align=true` changes the attention output: {:.2}% of pairs kept vs {:.2}% in the exact mask",
                     100.0 * info.kept_pairs as f64 / ((w.batch * w.q_heads) as f64 * w.q_len as f64 * w.kv_len as f64),
                     100.0 * info.exact_kept_pairs as f64 / ((w.batch * w.q_heads) as f64 * w.q_len as f64 * w.kv_len as f64)
                 ));
@@ -545,6 +623,14 @@ impl Report {
         let explained: Vec<String> = [notes::mxu_fill(run), notes::unfitted_parameters(run, &rep)].into_iter().flatten().collect();
         rep.notes.extend(explained);
         rep
+    }
+
+    /// Renders the settings its notes name (`` `masking=none` ``, [`render_settings`]) with
+    /// `name(field, value)`: as the user gave them, or as a family's default.
+    pub fn render_notes(&mut self, name: &mut dyn FnMut(&str, &str) -> String) {
+        for n in &mut self.notes {
+            *n = render_settings(n, name);
+        }
     }
 
     /// JSON, one object.
@@ -608,6 +694,18 @@ impl Report {
         let _ = writeln!(s, "  VMEM         {:.1} MiB of the {:.1} MiB scoped limit", mib(self.vmem_bytes), mib(self.vmem_limit_bytes));
         let _ = writeln!(s);
         let _ = writeln!(s, "  latency      {:.3} ms  ({:.4e} cycles at {} GHz)", self.latency_ms, self.cycles, self.clock_ghz);
+        if let Some(m) = &self.measured {
+            let _ = writeln!(
+                s,
+                "  measured     {:.2} ms  (row {} of {}: {}; {}): prediction {:+.1}%",
+                m.measured_ms,
+                m.id,
+                m.file,
+                m.timing,
+                m.source,
+                100.0 * m.error
+            );
+        }
         let _ = writeln!(
             s,
             "  band         {}{}",
@@ -778,7 +876,7 @@ fn backward_block_notes(c: &SplashConfig) -> Vec<String> {
     notes
 }
 
-fn bar(u: f64) -> String {
+pub(crate) fn bar(u: f64) -> String {
     "#".repeat((u.clamp(0.0, 1.0) * 30.0).round() as usize)
 }
 

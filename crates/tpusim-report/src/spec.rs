@@ -20,6 +20,9 @@ use tpusim_workload::{AttentionCall, Mask, MatmulCall, WorkloadError};
 
 pub use tpusim_kernel::Kernel;
 
+/// The chip a job runs on when it names none.
+pub const DEFAULT_CHIP: &str = "v6e";
+
 /// The kernel family a job runs when it names none.
 pub const DEFAULT_KERNEL: Kernel = Kernel::TokamaxSplash;
 
@@ -265,7 +268,7 @@ pub struct JobSpec {
     #[serde(skip)]
     pub no_fused_bwd: bool,
     /// Scoped VMEM limit, MiB [default: the chip's].
-    #[arg(long, allow_negative_numbers = true)]
+    #[arg(long, allow_negative_numbers = true, value_parser = mib)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vmem_limit_mib: Option<f64>,
     /// Matmul M (matmul kernels).
@@ -307,8 +310,14 @@ pub struct JobSpec {
 fn whole<const LO: u64, const HI: u64>(s: &str) -> Result<u64, String> {
     match s.trim().parse::<u64>() {
         Ok(v) if (LO..=HI).contains(&v) => Ok(v),
-        _ => Err(format!("expected a whole number from {LO} to {HI}")),
+        _ => Err(crate::fields::whole_allowed(LO, HI)),
     }
+}
+
+/// The value parser of `--vmem-limit-mib`: a number (its range, which depends on the chip, is
+/// checked when the job is built), or the rule's message.
+fn mib(s: &str) -> Result<f64, String> {
+    s.trim().parse::<f64>().map_err(|_| crate::fields::MIB_ALLOWED.to_string())
 }
 
 /// Fields that describe attention (refused for matmul kernels).
@@ -381,7 +390,10 @@ impl JobSpec {
     /// # Errors
     /// As [`JobSpec::from_toml_file`].
     pub fn from_toml_str(text: &str, path: &str) -> Result<Self, SpecError> {
-        toml::from_str(text).map_err(|e| SpecError::Trace { path: path.into(), message: one_line(&e.to_string()) })
+        let trace = |message: String| SpecError::Trace { path: path.into(), message };
+        let table: toml::Table = toml::from_str(text).map_err(|e| trace(one_line(&e.to_string())))?;
+        // Each key checked against its field's rule: the key, the value and what is allowed.
+        crate::fields::spec_from_toml(&table).map_err(|m| trace(render_fields(&m, FieldStyle::Key)))
     }
 
     /// Fields set in `over` replace those of `self` (flags over a trace file); `set` overrides
@@ -455,7 +467,7 @@ impl JobSpec {
     /// # Errors
     /// [`SpecError::Chip`]: unknown chip, unreadable file, bad override.
     pub fn chip(&self) -> Result<ChipModel, SpecError> {
-        let mut chip = ChipModel::load(self.chip.as_deref().unwrap_or("v6e"))?;
+        let mut chip = ChipModel::load(self.chip.as_deref().unwrap_or(DEFAULT_CHIP))?;
         for s in &self.set {
             let (k, v) = s
                 .split_once('=')
@@ -539,8 +551,8 @@ impl JobSpec {
             Some(v) if v.is_finite() && v > 0.0 && v <= chip.vmem.size_mib.value => Ok(Some((v * 1048576.0) as u64)),
             Some(v) => Err(SpecError::field(
                 "vmem_limit_mib",
-                v,
-                format!("expected a number above 0 and at most the chip's physical VMEM ({} MiB)", chip.vmem.size_mib.value),
+                crate::fields::number_text(v),
+                format!("{} ({} MiB)", crate::fields::MIB_ALLOWED, chip.vmem.size_mib.value),
             )),
         }
     }
@@ -779,7 +791,8 @@ impl Job {
                 exp: Some(c.exp),
                 experimental_scheduler: Some(c.experimental_scheduler),
                 return_residuals: Some(c.return_residuals),
-                input_layout: Some(c.input_layout),
+                // The family's own layout goes unsaid (it is what the library's API takes).
+                input_layout: (c.input_layout != c.kernel.defaults().input_layout).then_some(c.input_layout),
                 block_q_dkv: (*direction != Direction::Fwd).then_some(c.bwd.block_q_dkv),
                 block_kv_dkv: (*direction != Direction::Fwd).then_some(c.bwd.block_kv_dkv),
                 block_kv_dkv_compute: (*direction != Direction::Fwd).then_some(c.bwd.block_kv_dkv_compute),
@@ -882,13 +895,23 @@ impl JobSpec {
             match v {
                 serde_json::Value::Bool(true) => out.push(flag),
                 serde_json::Value::Bool(false) => out.push(format!("{flag}=false")),
-                serde_json::Value::String(s) if s.contains(' ') => out.push(format!("{flag} '{s}'")),
-                serde_json::Value::String(s) => out.push(format!("{flag} {s}")),
-                serde_json::Value::Array(a) => out.extend(a.iter().map(|x| format!("{flag} {}", x.as_str().unwrap_or_default()))),
+                serde_json::Value::String(s) => out.push(format!("{flag} {}", shell_word(&s))),
+                serde_json::Value::Array(a) => out.extend(a.iter().map(|x| format!("{flag} {}", shell_word(x.as_str().unwrap_or_default())))),
                 other => out.push(format!("{flag} {other}")),
             }
         }
         out.join(" ")
+    }
+}
+
+/// A value as one shell word: as it is when it holds only characters no shell treats specially,
+/// else in single quotes (masks such as `per-head[2*causal;band:8]` or `a&b`).
+fn shell_word(s: &str) -> String {
+    let plain = !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || "_-.,:+@/=%".contains(c));
+    if plain {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', "'\\''"))
     }
 }
 

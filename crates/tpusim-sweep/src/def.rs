@@ -65,7 +65,7 @@ struct RawSweep {
     #[serde(default)]
     mode: Option<String>,
     #[serde(default)]
-    base: JobSpec,
+    base: toml::Table,
     #[serde(default)]
     axes: Option<toml::Table>,
     #[serde(default)]
@@ -173,17 +173,16 @@ fn value_spec(key: &str, raw: &toml::Value, chip: &ChipModel, dir: &Path) -> Res
     }
     let mut t = toml::Table::new();
     t.insert(key.to_string(), raw.clone());
-    let spec: JobSpec = toml::Value::Table(t).try_into().map_err(|e: toml::de::Error| {
-        let msg = one_line(&e.to_string());
-        if msg.contains("unknown field") {
-            let section = key.split('.').next().unwrap_or("");
-            let hint =
-                if chip.sections().iter().any(|s| s == section) { format!(" (a chip field is written chip.{key})") } else { String::new() };
-            format!("unknown key '{key}': expected a job field or chip.SECTION.FIELD{hint}; {msg}")
-        } else {
-            format!("{key}: {msg}")
-        }
-    })?;
+    if tpusim_report::fields::rule(key).is_none() {
+        let section = key.split('.').next().unwrap_or("");
+        let hint = if chip.sections().iter().any(|s| s == section) { format!(" (a chip field is written chip.{key})") } else { String::new() };
+        return Err(format!(
+            "unknown key '{key}': expected a job field or chip.SECTION.FIELD{hint}; the job fields are {}",
+            tpusim_report::fields::file_keys().join(", ")
+        ));
+    }
+    // The key, the value and what is allowed, in words.
+    let spec = tpusim_report::fields::spec_from_toml(&t)?;
     let mut spec = spec;
     spec.resolve_paths_from(dir)?;
     check_spec(&spec)?;
@@ -217,7 +216,7 @@ impl SweepDef {
         // renders any backticked field left in a message as its own flag.
         let fail = |what: String| SweepError::new(format!("sweep file {origin}: {}", render_fields(&what, FieldStyle::Key)));
         let raw: RawSweep = toml::from_str(text).map_err(|e| fail(one_line(&e.to_string())))?;
-        let mut base = raw.base;
+        let mut base = tpusim_report::fields::spec_from_toml(&raw.base).map_err(|e| fail(format!("base: {e}")))?;
         base.set.extend(set.iter().cloned());
         base.resolve_paths_from(dir).map_err(|e| fail(format!("base.{e}")))?;
         check_spec(&base).map_err(|e| fail(format!("base.{e}")))?;
@@ -421,10 +420,11 @@ mod tests {
     #[test]
     fn file_errors_name_keys_not_flags() {
         for (text, key) in [
-            ("[base]\nbogus = 1\n[axes]\nblock_q = [128]\n", "expected one of chip, set, kernel"),
-            ("[axes]\nblock_qq = [128]\n", "expected one of chip, set, kernel"),
-            ("[axes]\nblock_q = [128, \"x\"]\n", "expected u64 in block_q"),
-            ("[axes]\ntraversal = [\"zig\"]\n", "expected full-grid or compact in traversal"),
+            ("[base]\nbogus = 1\n[axes]\nblock_q = [128]\n", "unknown key 'bogus': the keys of a job are chip, set, kernel"),
+            ("[axes]\nblock_qq = [128]\n", "the job fields are chip, set, kernel"),
+            ("[axes]\nblock_q = [128, \"x\"]\n", "axes.block_q[1]: block_q = \"x\": expected a whole number from 1 to 4294967296"),
+            ("[axes]\ntraversal = [\"zig\"]\n", "traversal = \"zig\": expected full-grid or compact"),
+            ("[base]\nheads = 1.5\n[axes]\nblock_q = [128]\n", "base: heads = 1.5: expected a whole number from 1 to 1048576"),
         ] {
             let e = parse(text).unwrap_err().to_string();
             assert!(e.contains(key) && !e.contains("`block_q`") && !e.contains("`chip`"), "{text}: {e}");

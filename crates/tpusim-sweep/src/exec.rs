@@ -112,6 +112,9 @@ pub struct SweepOptions {
     pub progress: bool,
     /// Ignore existing output and partial files.
     pub restart: bool,
+    /// Replace an existing output that is not this sweep's (another sweep definition, shard or
+    /// format, or a file tpusim did not write); without it such a file is refused.
+    pub force: bool,
     /// Longest time between flushes of `OUT.partial`.
     pub flush_every: Duration,
 }
@@ -126,6 +129,7 @@ impl SweepOptions {
             jobs: None,
             progress: false,
             restart: false,
+            force: false,
             flush_every: Duration::from_millis(200),
         }
     }
@@ -236,8 +240,11 @@ pub fn run_sweep(def: &SweepDef, opts: &SweepOptions) -> Result<SweepSummary, Sw
     // threads, and both files this run would write (a file tpusim did not write is never
     // replaced, with or without --restart).
     let pool = crate::pool(opts.jobs)?;
-    check_replaceable(out, &crate::output::out_label(out))?;
-    check_replaceable(&partial, &format!("{partial} (where the sweep to --out {out} keeps its unfinished rows)"))?;
+    check_replaceable(out, &crate::output::out_label(out), opts.force)?;
+    check_replaceable(&partial, &format!("{partial} (where the sweep to --out {out} keeps its unfinished rows)"), opts.force)?;
+    // Two sweeps on one output: an advisory lock (flock), released by the OS when the process
+    // holding it ends, however it ends.
+    let _lock = lock_output(out)?;
     if !opts.restart {
         for path in [out, partial.as_str()] {
             if !Path::new(path).exists() {
@@ -250,9 +257,27 @@ pub fn run_sweep(def: &SweepDef, opts: &SweepOptions) -> Result<SweepSummary, Sw
                 .map_err(|e| SweepError::new(format!("cannot read {path}: {e}")))?;
             let first = text.split(|&b| b == b'\n').next().unwrap_or_default();
             let Some((theirs, their_format)) = Header::parse(&String::from_utf8_lossy(first)) else {
-                return Err(SweepError::new(format!("{path} exists and is not a tpusim sweep output; remove it or choose another --out")));
+                if opts.force {
+                    notes.push(format!("replaced {path} (--force): it is not a tpusim sweep output"));
+                    continue;
+                }
+                return Err(SweepError::new(format!(
+                    "{path} exists and is not a tpusim sweep output; give --force to replace it, or choose another --out"
+                )));
             };
             if !text.starts_with(header_text.as_bytes()) {
+                if !opts.force {
+                    return Err(SweepError::new(format!(
+                        "{path} holds {} (definition {}, shard {}/{}, {}), not this sweep (definition {}, shard {shard}, {}): it is not replaced; give --force to replace it (or --restart if the sweep file is the same), or choose another --out",
+                        if theirs.definition == header.definition { "another shard or format of this sweep" } else { "another sweep" },
+                        theirs.definition,
+                        theirs.shard.0,
+                        theirs.shard.1,
+                        their_format.extension(),
+                        header.definition,
+                        format.extension()
+                    )));
+                }
                 notes.push(format!(
                     "replaced {path}: it holds {} (definition {}, shard {}/{}, {}), not this sweep (definition {}, shard {shard}, {})",
                     if theirs.definition == header.definition { "another shard or format of this sweep" } else { "another sweep" },
@@ -310,6 +335,8 @@ pub fn run_sweep(def: &SweepDef, opts: &SweepOptions) -> Result<SweepSummary, Sw
     if Path::new(&partial).exists() {
         std::fs::remove_file(&partial).map_err(|e| SweepError::Io(format!("cannot remove {partial}: {e}")))?;
     }
+    // Done: the lock file goes (the lock itself is released when `_lock` drops).
+    let _ = std::fs::remove_file(lock_path(out));
     Ok(SweepSummary {
         origin: def.origin.clone(),
         out: out.to_string(),
@@ -322,6 +349,34 @@ pub fn run_sweep(def: &SweepDef, opts: &SweepOptions) -> Result<SweepSummary, Sw
         seconds: start.elapsed().as_secs_f64(),
         notes,
     })
+}
+
+/// The lock file of a sweep's output (`OUT.lock`, beside it).
+pub fn lock_path(out: &str) -> String {
+    format!("{out}.lock")
+}
+
+/// Takes the advisory lock of `out` ([`lock_path`]) for this process, or says which file another
+/// running sweep holds.
+///
+/// # Errors
+/// [`SweepError::Input`] when another process holds it, [`SweepError::Io`] when the lock file
+/// cannot be created.
+fn lock_output(out: &str) -> Result<std::fs::File, SweepError> {
+    let path = lock_path(out);
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| SweepError::Io(format!("cannot create the lock file {path}: {e}")))?;
+    match fs4::FileExt::try_lock(&file) {
+        Ok(()) => Ok(file),
+        Err(fs4::TryLockError::WouldBlock) => Err(SweepError::new(format!(
+            "--out {out}: another tpusim sweep is writing it (it holds the lock {path}); wait for it to finish, or choose another --out"
+        ))),
+        Err(fs4::TryLockError::Error(e)) => Err(SweepError::Io(format!("cannot lock {path}: {e}"))),
+    }
 }
 
 /// Evaluates `todo` in parallel, appending each row to `partial` as it finishes. Returns the

@@ -45,7 +45,7 @@ fn list(v: &[u64]) -> String {
 /// # Errors
 /// [`SweepError`] naming the files for unreadable or mismatched inputs, duplicated or missing
 /// points.
-pub fn merge(files: &[String], out: &str) -> Result<MergeSummary, SweepError> {
+pub fn merge(files: &[String], out: &str, force: bool) -> Result<MergeSummary, SweepError> {
     if files.is_empty() {
         return Err(SweepError::new("tpusim merge: give the shard outputs to join, e.g. tpusim merge s.shard-*.csv --out s.csv"));
     }
@@ -54,7 +54,7 @@ pub fn merge(files: &[String], out: &str) -> Result<MergeSummary, SweepError> {
     if let Some(f) = files.iter().find(|f| f.as_str() == out || same_file(f, out)) {
         return Err(SweepError::new(format!("--out {out} is one of the files to merge ({f}); write the merged sweep to a new file")));
     }
-    check_replaceable(out, &crate::output::out_label(out))?;
+    check_replaceable(out, &crate::output::out_label(out), force)?;
     let reads: Vec<ReadBack> = files.iter().map(|f| read_back(f, None)).collect::<Result<_, _>>()?;
     let first = &reads[0];
     let cols = |r: &ReadBack| r.header_text.split_once('\n').map(|(_, rest)| rest.to_string()).unwrap_or_default();
@@ -76,6 +76,19 @@ pub fn merge(files: &[String], out: &str) -> Result<MergeSummary, SweepError> {
         };
         if let Some(w) = what {
             return Err(SweepError::new(format!("{f} and {} are not shards of one sweep ({w})", files[0])));
+        }
+    }
+    // The overwrite rule: an existing output of another sweep is replaced only with --force.
+    if !force && std::path::Path::new(out).exists() {
+        let head = std::fs::read(out).map_err(|e| SweepError::new(format!("cannot read {out}: {e}")))?;
+        let line = head.split(|&b| b == b'\n').next().unwrap_or_default();
+        if let Some((h, _)) = Header::parse(String::from_utf8_lossy(line).trim_end()) {
+            if h.definition != first.header.definition {
+                return Err(SweepError::new(format!(
+                    "--out {out} holds another sweep (definition {}, not {}); give --force to replace it, or choose another --out",
+                    h.definition, first.header.definition
+                )));
+            }
         }
     }
     let total = first.header.points;

@@ -282,7 +282,15 @@ impl Layout {
         for i in 0..self.inputs {
             cells.push(Cell::opt(point.inputs.get(i).copied().flatten().map(|v| Cell::Toml(v.clone()))));
         }
-        let chip = outcome.report.as_ref().map(|r| r.chip.clone()).ok().or_else(|| point.spec.chip.clone());
+        // A row whose job could not be built still names the chip it was for (the default when
+        // the sweep names none).
+        let chip = outcome
+            .report
+            .as_ref()
+            .map(|r| r.chip.clone())
+            .ok()
+            .or_else(|| point.spec.chip.clone())
+            .or_else(|| Some(tpusim_report::spec::DEFAULT_CHIP.to_string()));
         let job = job_cells(outcome.job.as_ref(), chip);
         cells.extend(self.job.iter().map(|&i| job[i].clone()));
         match &outcome.chip {
@@ -545,17 +553,17 @@ pub fn write_atomic(path: &str, text: &[u8]) -> Result<(), SweepError> {
 
 /// Checks, before any work, that a sweep or merge may write `path` (`label` names it in
 /// messages, e.g. `--out s.csv`): a path that can be an output ([`tpusim_io::check_output`])
-/// and, when a file is already there, a tpusim sweep output (of any sweep). A file tpusim did not
-/// write is never replaced, whatever the flags.
+/// and, when a file is already there, a tpusim sweep output (of any sweep; the caller checks
+/// that it is this sweep's). A file tpusim did not write is replaced only with `force`.
 ///
 /// # Errors
 /// [`SweepError::Input`] naming the path.
-pub fn check_replaceable(path: &str, label: &str) -> Result<(), SweepError> {
+pub fn check_replaceable(path: &str, label: &str, force: bool) -> Result<(), SweepError> {
     tpusim_io::check_output(std::path::Path::new(path)).map_err(|e| match e {
         tpusim_io::OutputError::Refused { reason, .. } => SweepError::Input(format!("{label}: {reason}")),
         other => output_error(other),
     })?;
-    if !std::path::Path::new(path).exists() {
+    if force || !std::path::Path::new(path).exists() {
         return Ok(());
     }
     // Only the head of the file decides whether it is a sweep output.
@@ -566,7 +574,7 @@ pub fn check_replaceable(path: &str, label: &str) -> Result<(), SweepError> {
     let first = head.split(|&b| b == b'\n').next().unwrap_or_default();
     if Header::parse(String::from_utf8_lossy(first).trim_end()).is_none() {
         return Err(SweepError::new(format!(
-            "{label} exists and is not a tpusim sweep output, so it is never replaced; remove it or choose another --out"
+            "{label} exists and is not a tpusim sweep output, so it is not replaced; give --force to replace it, or choose another --out"
         )));
     }
     Ok(())

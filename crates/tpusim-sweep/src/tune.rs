@@ -61,11 +61,20 @@ pub struct TuneOptions {
     pub jobs: Option<usize>,
     /// Print progress on stderr ([`crate::progress`]: bars on a terminal, else plain lines).
     pub progress: bool,
+    /// Set by another thread to stop the search (a Python caller's Ctrl-C): candidates not yet
+    /// evaluated are skipped and [`tune`] returns an error.
+    pub cancel: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
 }
 
 impl Default for TuneOptions {
     fn default() -> Self {
-        TuneOptions { top: 10, allow_inexact: false, allow_approximate: false, refine: 12, jobs: None, progress: false }
+        TuneOptions { top: 10, allow_inexact: false, allow_approximate: false, refine: 12, jobs: None, progress: false, cancel: None }
+    }
+}
+
+impl TuneOptions {
+    fn cancelled(&self) -> bool {
+        self.cancel.as_ref().is_some_and(|c| c.load(std::sync::atomic::Ordering::Relaxed))
     }
 }
 
@@ -133,6 +142,10 @@ pub struct TuneResult {
     pub seconds: f64,
     /// The best configurations, best first.
     pub top: Vec<Ranked>,
+    /// The `tpusim run` command that runs the best configuration (chip, overrides, workload and
+    /// every resolved kernel field), complete and ready to paste.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub best_command: Option<String>,
 }
 
 /// What evaluating one candidate gave.
@@ -258,7 +271,16 @@ impl Space {
         let mut sp = Space { target: Some(target), ..Space::default() };
         let traversals = axis("traversal", spec.traversal, Traversal::ALL, &mut sp);
         let maskings = axis("masking", spec.masking, Masking::ALL, &mut sp);
-        let sources = axis("mask_source", spec.mask_source, MaskSource::ALL, &mut sp);
+        // Only what the family can run: Splash computes a single causal, local, band or chunked
+        // mask in the kernel and loads every other mask (a union with a sink, a file) as int8
+        // blocks, so such a mask is searched with loaded blocks only (a `mask_source` computed
+        // given by the user is held fixed and runs as a what-if, with a note).
+        let sources = if spec.mask_source.is_none() && !tpusim_kernel::splash::computable(&w.mask) {
+            sp.fixed.push(format!("mask_source loaded (the family loads {} as int8 blocks: it computes only causal, local, band and chunked masks)", w.mask));
+            vec![Some(MaskSource::Loaded)]
+        } else {
+            axis("mask_source", spec.mask_source, MaskSource::ALL, &mut sp)
+        };
         let aligns: Vec<Option<bool>> = match spec.tile_align {
             Some(v) => {
                 sp.fixed.push(format!("tile_align {v}"));
@@ -372,6 +394,9 @@ impl<'a> Search<'a> {
             fresh
                 .par_iter()
                 .map(|c| {
+                    if opts.cancelled() {
+                        return Eval::Other("interrupted".into());
+                    }
                     let e = evaluate(ev, chip_key, chip, spec, c, opts);
                     if let Some(pb) = &pb {
                         pb.inc(1);
@@ -497,6 +522,9 @@ pub fn tune(spec: &JobSpec, opts: &TuneOptions) -> Result<TuneResult, SweepError
             sp
         }
     };
+    if opts.cancelled() {
+        return Err(SweepError::new("tune: interrupted".to_string()));
+    }
     let given_eval =
         evaluate(&search.ev, &search.chip_key, &chip, spec, &JobSpec::default(), &TuneOptions { allow_inexact: true, ..opts.clone() });
     rank(&chip, given, given_eval, &search.results, space, opts, spec, start)
@@ -581,7 +609,7 @@ fn rank(
         )));
     }
     valid.sort_by(|a, b| a.0.total_cmp(&b.0).then_with(|| a.1.cmp(&b.1)));
-    let top = valid
+    let top: Vec<Ranked> = valid
         .iter()
         .take(opts.top)
         .enumerate()
@@ -616,6 +644,10 @@ fn rank(
         valid: valid.len(),
         duplicates: ok_evals - valid.len(),
         seconds: start.elapsed().as_secs_f64(),
+        best_command: top.first().map(|r: &Ranked| {
+            let full = JobSpec { chip: spec.chip.clone(), set: spec.set.clone(), ..r.job.to_spec() };
+            format!("tpusim run {}", full.to_flags())
+        }),
         top,
     })
 }
@@ -812,7 +844,9 @@ impl TuneResult {
                 }
             }
         }
-        let _ = writeln!(s, "\n  best: tpusim run ... {}", self.top[0].flags);
+        if let Some(cmd) = &self.best_command {
+            let _ = writeln!(s, "\n  best: {cmd}");
+        }
         s
     }
 }

@@ -52,6 +52,11 @@ pub struct ValidateArgs {
     /// Output format.
     #[arg(long, value_enum, default_value_t = ValidateFormat::Table)]
     pub format: ValidateFormat,
+    /// Write the report into this hand-written file (e.g. a report's Markdown) between its lines
+    /// `<!-- tpusim validate: begin -->` and `<!-- tpusim validate: end -->`, leaving the rest
+    /// of the file as it is, instead of printing it.
+    #[arg(long, value_name = "FILE")]
+    pub into: Option<String>,
 }
 
 /// Flags of `tpusim calibrate`.
@@ -67,6 +72,10 @@ pub struct CalibrateArgs {
     /// is written.
     #[arg(long, value_name = "PATH")]
     pub out: Option<String>,
+    /// Replace --out even if `tpusim calibrate` did not write it (a hand-written chip model
+    /// included).
+    #[arg(long, requires = "out")]
+    pub force: bool,
     /// Fit only these fitted parameters (comma separated), e.g.
     /// --params valu_vreg_ops_per_cycle,grid_step_overhead_cycles [default: all of [fitted]].
     #[arg(long, value_delimiter = ',')]
@@ -112,13 +121,36 @@ pub fn cmd_validate(a: &ValidateArgs) -> Result<String, CliError> {
             ValidateFormat::Csv => Err(CliError::input("--cv --format csv: the cross-validation report comes as table, json or markdown")),
         };
     }
+    if let Some(into) = &a.into {
+        // Checked before the work: the file exists and has its markers (nothing is written).
+        let text = std::fs::read_to_string(into).map_err(|e| CliError::input(format!("--into {into}: cannot read it: {e}")))?;
+        let (begin, end) = tpusim_io::mark::splice_markers("validate");
+        if !(text.contains(&begin) && text.contains(&end)) {
+            return Err(CliError::input(format!(
+                "--into {into}: has no generated part: add a line {begin} and, below it, a line {end} where tpusim writes"
+            )));
+        }
+    }
     let v = validate(&file, &chips);
-    Ok(match a.format {
+    let text = match a.format {
         ValidateFormat::Table => v.to_table(),
         ValidateFormat::Json => v.to_json(),
         ValidateFormat::Csv => v.to_csv(),
         ValidateFormat::Markdown => v.to_markdown(),
-    })
+    };
+    match &a.into {
+        None => Ok(text),
+        Some(into) => {
+            tpusim_io::mark::splice_into(std::path::Path::new(into), "validate", &text).map_err(|e| {
+                if e.is_refusal() {
+                    CliError::input(format!("--into {e}"))
+                } else {
+                    CliError::Internal(format!("--into {e}"))
+                }
+            })?;
+            Ok(format!("wrote the validation report into {into} between its tpusim validate markers\n"))
+        }
+    }
 }
 
 pub fn cmd_calibrate(a: &CalibrateArgs) -> Result<String, CliError> {
@@ -132,18 +164,9 @@ pub fn cmd_calibrate(a: &CalibrateArgs) -> Result<String, CliError> {
         }
     }
     if let Some(path) = &a.out {
-        // Refuse an unwritable destination before the fit, not after it.
-        tpusim_io::check_output(std::path::Path::new(path)).map_err(|e| CliError::input(format!("--out {e}")))?;
-        // Never replace what calibrate would not have written: an existing file must be a chip model.
-        if let Ok(text) = std::fs::read_to_string(path) {
-            if let Err(e) = tpusim_chip::ChipModel::from_toml_str(&text, path) {
-                return Err(CliError::input(format!(
-                    "--out {path}: exists and is not a chip model ({e}); calibrate replaces only a chip model TOML: choose another path"
-                )));
-            }
-        } else if std::path::Path::new(path).exists() {
-            return Err(CliError::input(format!("--out {path}: exists and cannot be read as a chip model TOML; choose another path")));
-        }
+        // Refuse an unwritable destination before the fit, not after it, and never replace what
+        // calibrate did not write (a hand-written chip model included) without --force.
+        tpusim_io::check_replace(std::path::Path::new(path), "calibrate", a.force).map_err(|e| CliError::input(format!("--out {e}")))?;
     }
     let file = read_file(&a.file, std::slice::from_ref(&base))?;
     let opts = CalibrateOptions { params: a.params.clone(), cross_validate: !a.no_cv, date: None };
@@ -155,6 +178,7 @@ pub fn cmd_calibrate(a: &CalibrateArgs) -> Result<String, CliError> {
     if let Some(path) = &a.out {
         // The fit is done: whatever happens to the file, its results are printed.
         let written = cal.model_toml().map_err(CliError::Internal).and_then(|text| {
+            let text = format!("{}{text}", tpusim_io::mark::comment_line("calibrate"));
             tpusim_io::write_atomic(std::path::Path::new(path), text.as_bytes())
                 .map_err(|e| CliError::from(tpusim_calib::CalibError::from(e)))
         });
@@ -199,6 +223,9 @@ pub struct FromTraceArgs {
     /// Write the rows to this CSV file (atomically) instead of standard output.
     #[arg(long, value_name = "FILE.csv")]
     pub out: Option<String>,
+    /// Replace --out even if `tpusim from-trace` did not write it.
+    #[arg(long, requires = "out")]
+    pub force: bool,
     /// The job that was measured: its fields fill the row (--chip is required; block sizes and
     /// options not given are written as the kernel family's defaults).
     #[command(flatten)]
@@ -210,7 +237,7 @@ pub fn cmd_from_trace(a: &FromTraceArgs) -> Result<String, CliError> {
     let spec = a.job.spec()?;
     let sel = tpusim_calib::Selection { pattern: a.kernel_pattern.clone(), device: a.device.clone(), line: a.line.clone() };
     if let Some(out) = &a.out {
-        tpusim_io::check_output(std::path::Path::new(out)).map_err(|e| CliError::input(format!("--out {e}")))?;
+        tpusim_io::check_replace(std::path::Path::new(out), "from-trace", a.force).map_err(|e| CliError::input(format!("--out {e}")))?;
     }
     let trace = tpusim_calib::read_trace(&a.trace_file).map_err(|e| CliError::input(e.to_string()))?;
     let ops = tpusim_calib::select_ops(&trace, &sel, &a.trace_file).map_err(|e| CliError::input(e.to_string()))?;
@@ -223,7 +250,8 @@ pub fn cmd_from_trace(a: &FromTraceArgs) -> Result<String, CliError> {
     match &a.out {
         None => Ok(csv),
         Some(out) => {
-            tpusim_io::write_atomic(std::path::Path::new(out), csv.as_bytes()).map_err(|e| {
+            let marked = format!("{}{csv}", tpusim_io::mark::comment_line("from-trace"));
+            tpusim_io::write_atomic(std::path::Path::new(out), marked.as_bytes()).map_err(|e| {
                 if e.is_refusal() {
                     CliError::input(format!("--out {e}"))
                 } else {

@@ -30,6 +30,9 @@ pub struct LayerArgs {
     /// for the TensorCore's ops, one per unit and one for the ICI.
     #[arg(long, value_name = "FILE.json")]
     pub timeline: Option<String>,
+    /// Replace the --timeline file even if `tpusim layer --timeline` did not write it.
+    #[arg(long, requires = "timeline")]
+    pub force: bool,
 }
 
 /// A layer error for the user: layer fields named as flags.
@@ -44,7 +47,8 @@ pub fn chip(chip: &Option<String>, set: &[String]) -> Result<tpusim_chip::ChipMo
 
 pub fn cmd_layer(a: &LayerArgs) -> Result<String, CliError> {
     if let Some(path) = &a.timeline {
-        tpusim_io::check_output(std::path::Path::new(path)).map_err(|e| CliError::input(format!("--timeline {e}")))?;
+        tpusim_io::check_replace(std::path::Path::new(path), "layer --timeline", a.force)
+            .map_err(|e| CliError::input(format!("--timeline {e}")))?;
     }
     let chip = chip(&a.chip, &a.set)?;
     let run = tpusim_layer::run(&a.layer, &chip).map_err(layer_error)?;
@@ -54,7 +58,9 @@ pub fn cmd_layer(a: &LayerArgs) -> Result<String, CliError> {
         Format::Table => rep.to_table(),
     };
     if let Some(path) = &a.timeline {
-        let trace = tpusim_layer::trace::chrome_trace(&run.result);
+        let mut trace = tpusim_layer::trace::chrome_trace(&run.result);
+        // The overwrite rule's mark (tpusim_io::mark).
+        trace[tpusim_io::mark::JSON_KEY] = serde_json::Value::String(tpusim_io::mark::mark_value("layer --timeline"));
         let text = serde_json::to_string(&trace).map_err(|e| CliError::Internal(e.to_string()))?;
         tpusim_io::write_atomic(std::path::Path::new(path), text.as_bytes()).map_err(|e| {
             if e.is_refusal() {

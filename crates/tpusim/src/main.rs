@@ -61,7 +61,16 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => match value_error(&e) {
+            Some(msg) => {
+                eprintln!("error: {msg}");
+                return ExitCode::from(2);
+            }
+            None => e.exit(),
+        },
+    };
     // A panic is a bug, not bad input: report it as an internal failure with exit code 1.
     std::panic::set_hook(Box::new(|info| {
         eprintln!("internal error (a tpusim bug; please report it with the command line): {info}");
@@ -95,6 +104,33 @@ fn main() -> ExitCode {
             ExitCode::from(e.exit_code())
         }
     }
+}
+
+/// A refused flag value in the form of every other input error, the flag, the value as typed
+/// and what is allowed: `--heads = -1: expected a whole number from 1 to 1048576`,
+/// `--traversal = zig: expected full-grid or compact` (the Python package says the same with
+/// keywords). `None` for other parse errors (unknown flags, missing values, --help), which
+/// clap reports itself.
+fn value_error(e: &clap::Error) -> Option<String> {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    if !matches!(e.kind(), ErrorKind::InvalidValue | ErrorKind::ValueValidation) {
+        return None;
+    }
+    let ContextValue::String(arg) = e.get(ContextKind::InvalidArg)? else { return None };
+    let ContextValue::String(value) = e.get(ContextKind::InvalidValue)? else { return None };
+    let flag = arg.split([' ', '[']).next().unwrap_or(arg);
+    let why = match e.kind() {
+        ErrorKind::ValueValidation => std::error::Error::source(e)?.to_string(),
+        _ => match e.get(ContextKind::ValidValue) {
+            Some(ContextValue::Strings(v)) => match v.as_slice() {
+                [] => "not allowed".to_string(),
+                [one] => format!("expected {one}"),
+                [init @ .., last] => format!("expected {} or {last}", init.join(", ")),
+            },
+            _ => "not allowed".to_string(),
+        },
+    };
+    Some(format!("{flag} = {value}: {why}"))
 }
 
 fn dispatch(cli: &Cli) -> Result<String, CliError> {

@@ -70,11 +70,17 @@ pub struct FigureArgs {
     /// Height, pixels [default: 860; tiles: 900].
     #[arg(long)]
     pub height: Option<u32>,
+    /// Replace --out even if tpusim's plot did not write it (figures carry a mark saying
+    /// which command wrote them; without --force only a figure of `tpusim plot` is replaced).
+    #[arg(long)]
+    pub force: bool,
 }
 
 impl FigureArgs {
     fn output(&self, default: (u32, u32)) -> Result<Output, CliError> {
-        Ok(Output::new(&self.out, self.width.unwrap_or(default.0), self.height.unwrap_or(default.1))?)
+        let out = Output::new(&self.out, self.width.unwrap_or(default.0), self.height.unwrap_or(default.1))?;
+        tpusim_io::check_replace(&out.path, "plot", self.force).map_err(|e| CliError::input(format!("--out {e}")))?;
+        Ok(out)
     }
 }
 
@@ -150,12 +156,12 @@ pub struct ValidationArgs {
     pub figure: FigureArgs,
     #[command(flatten)]
     pub table: TableArgs,
-    /// Column of measured times (x axis).
-    #[arg(long, value_name = "COL", default_value = "measured_ms")]
-    pub x: String,
-    /// Column of predicted times (y axis).
-    #[arg(long, value_name = "COL", default_value = "predicted_ms")]
-    pub y: String,
+    /// Column of measured times (x axis) [default: measured_ms].
+    #[arg(long, value_name = "COL")]
+    pub x: Option<String>,
+    /// Column of predicted times (y axis) [default: predicted_ms].
+    #[arg(long, value_name = "COL")]
+    pub y: Option<String>,
     /// Column whose values colour the points [default: the id's prefix].
     #[arg(long, value_name = "COL")]
     pub series: Option<String>,
@@ -261,6 +267,9 @@ pub struct TilesArgs {
     /// q head whose mask the map shows.
     #[arg(long, value_name = "H", default_value_t = 0)]
     pub head: u32,
+    /// Draw no outline of the exact mask over the tiles (fine masks read better without it).
+    #[arg(long)]
+    pub no_outline: bool,
 }
 
 /// Flags of `tpusim plot timeline`.
@@ -334,9 +343,20 @@ pub fn cmd_plot(a: &PlotArgs) -> Result<String, CliError> {
         PlotKind::Validation(p) => {
             let out = p.figure.output(WIDE)?;
             let t = Table::read(&p.table.input, "--input")?;
+            // A default column the input lacks is named as the default, not as a flag the user
+            // did not type.
+            for (given, default, flag) in [(&p.x, "measured_ms", "--x"), (&p.y, "predicted_ms", "--y")] {
+                if given.is_none() && !t.header.iter().any(|h| h == default) {
+                    return Err(CliError::input(format!(
+                        "--input {}: no {default} column (the column plot validation reads by default; give {flag} COL to name another; columns: {})",
+                        p.table.input,
+                        t.header.join(", ")
+                    )));
+                }
+            }
             let spec = ValidationSpec {
-                measured: p.x.clone(),
-                predicted: p.y.clone(),
+                measured: p.x.clone().unwrap_or_else(|| "measured_ms".into()),
+                predicted: p.y.clone().unwrap_or_else(|| "predicted_ms".into()),
                 id: p.label_column.clone(),
                 series: p.series.clone(),
                 bands: parse_bands(&p.bands)?,
@@ -388,15 +408,41 @@ pub fn cmd_plot(a: &PlotArgs) -> Result<String, CliError> {
             if let Some(t) = &p.figure.title {
                 f.title = t.clone();
             }
+            if p.no_outline {
+                f.boundary.clear();
+                f.notes.retain(|n| !n.contains("boundary"));
+            }
             done(&f, &out, &f.title)
         }
         PlotKind::Timeline(p) => timeline_plot(p),
     }
 }
 
+/// Most grid steps a Gantt chart draws: beyond, its bars are thinner than their labels.
+const MAX_GANTT_STEPS: u64 = 64;
+
 fn timeline_plot(p: &TimelineArgs) -> Result<String, CliError> {
     let out = p.figure.output(WIDE)?;
     let mut steps = Window::parse_steps(p.steps.as_deref().unwrap_or("0:4"), "--steps")?;
+    if steps.1.saturating_sub(steps.0) > MAX_GANTT_STEPS {
+        return Err(CliError::input(format!(
+            "--steps {}:{}: {} grid steps are too many to draw legibly (at most {MAX_GANTT_STEPS}: each step's operations get a bar and a label); choose a window, e.g. --steps {}:{}, or write the whole run as a Chrome trace (tpusim run ... --timeline run.json) and open it in Perfetto, which aggregates as you zoom",
+            steps.0,
+            steps.1,
+            steps.1 - steps.0,
+            steps.0,
+            steps.0 + 16
+        )));
+    }
+    if let Some(path) = &p.input {
+        // A layer's timeline (tpusim layer --timeline) holds ops and ICI transfers, not grid steps.
+        let head = std::fs::read(path).map(|b| String::from_utf8_lossy(&b[..b.len().min(1 << 16)]).into_owned()).unwrap_or_default();
+        if tpusim_io::mark::mark_in(head.as_bytes()).as_deref() == Some("layer --timeline") || head.contains("\"tool\":\"tpusim layer\"") {
+            return Err(CliError::input(format!(
+                "--input {path}: a layer's timeline (tpusim layer --timeline: ops on the TensorCore and ICI tracks), not a kernel's grid steps; open it in Perfetto (ui.perfetto.dev) or chrome://tracing, or draw the layer with tpusim plot breakdown --layer"
+            )));
+        }
+    }
     let (events, what, job) = match &p.input {
         Some(path) => {
             let ev: Vec<_> =

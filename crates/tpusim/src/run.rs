@@ -33,6 +33,11 @@ pub enum Format {
 pub struct RunArgs {
     #[command(flatten)]
     pub job: JobArgs,
+    /// Simulate a Pallas kernel read from its Mosaic IR: a kernel description file written by
+    /// `tpusim.jax.describe` (format: crates/tpusim-pallas/DESCRIPTION.md). The lowering fixed
+    /// the workload, mask and blocks, so only --chip and --set apply.
+    #[arg(long, value_name = "FILE.json")]
+    pub kernel_ir: Option<String>,
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Table)]
     pub format: Format,
@@ -58,6 +63,9 @@ pub struct RunArgs {
     /// 'splash_mha_fwd'.
     #[arg(long, requires = "compare_trace")]
     pub kernel_pattern: Option<String>,
+    /// Replace the --timeline file even if `tpusim run --timeline` did not write it.
+    #[arg(long, requires = "timeline")]
+    pub force: bool,
 }
 
 /// The job flags shared by `tpusim run`, `tpusim tune` and the job-based plots: a trace file
@@ -80,6 +88,21 @@ impl JobArgs {
             Some(path) => JobSpec::from_toml_file(path).map_err(|e| CliError::input(format!("--{e}")))?.overlay(&self.job),
             None => self.job.clone(),
         })
+    }
+
+    /// A setting a report's note names (`masking=none`), as the user gave it: the flag typed,
+    /// the trace's key, the built-in case study's (`case_study`), or the family's default.
+    pub fn describe_setting(&self, spec: &JobSpec, field: &str, value: &str, case_study: bool) -> String {
+        let flag = if value == "true" { format!("--{}", field.replace('_', "-")) } else { format!("--{} {value}", field.replace('_', "-")) };
+        if self.job.set_fields().contains_key(field) {
+            flag
+        } else if let (Some(t), true) = (&self.trace, spec.set_fields().contains_key(field)) {
+            format!("{field} = {value} (in --trace {t})")
+        } else if case_study && spec.set_fields().contains_key(field) {
+            format!("{field} {value} (the built-in case study's, traces/video-720p-dense.toml)")
+        } else {
+            format!("{field} {value} (the default of --kernel {})", spec.kernel())
+        }
     }
 
     /// Renders a job error: fields the flags set read as flags, fields only the trace set read
@@ -123,17 +146,60 @@ impl JobArgs {
     }
 }
 
-pub fn cmd_run(a: &RunArgs) -> Result<String, CliError> {
-    if let Some(path) = &a.timeline {
-        // Refuse an unwritable timeline before the simulation, not after it.
-        tpusim_io::check_output(std::path::Path::new(path)).map_err(|e| CliError::input(format!("--timeline {e}")))?;
+/// `tpusim run --kernel-ir FILE`: the kernel description simulated on the chip (only `--chip`
+/// and `--set` apply; every other job flag is refused by name).
+fn cmd_run_kernel_ir(a: &RunArgs, path: &str) -> Result<String, CliError> {
+    let given: Vec<String> = a
+        .job
+        .job
+        .set_fields()
+        .keys()
+        .filter(|k| !matches!(k.as_str(), "chip" | "set"))
+        .map(|k| format!("--{}", k.replace('_', "-")))
+        .chain(a.job.trace.iter().map(|_| "--trace".to_string()))
+        .chain(a.timeline.iter().map(|_| "--timeline".to_string()))
+        .collect();
+    if !given.is_empty() {
+        return Err(CliError::input(format!(
+            "{}: not with --kernel-ir: the kernel's lowering fixed its workload, mask and block sizes (only --chip and --set apply; re-lower with tpusim.jax to change them{})",
+            given.join(", "),
+            if given.iter().any(|g| g == "--timeline") { "; timelines of IR kernels are not written yet" } else { "" }
+        )));
     }
     let spec = a.job.spec()?;
     let chip = spec.chip().map_err(|e| a.job.error(e))?;
+    let (desc, dir) = tpusim_pallas::Description::read(std::path::Path::new(path)).map_err(|e| CliError::input(format!("--kernel-ir {e}")))?;
+    let run = tpusim_report::ir::run_kernel_ir(&chip, &desc, &dir).map_err(|e| CliError::input(format!("--kernel-ir {path}: {e}")))?;
+    let rep = tpusim_report::ir::KernelIrReport::from_run(&run);
+    Ok(match a.format {
+        Format::Json => rep.to_json(),
+        Format::Table => rep.to_table(),
+    })
+}
+
+pub fn cmd_run(a: &RunArgs) -> Result<String, CliError> {
+    if let Some(path) = &a.kernel_ir {
+        return cmd_run_kernel_ir(a, path);
+    }
+    if let Some(path) = &a.timeline {
+        // Refuse an unwritable timeline before the simulation, not after it.
+        tpusim_io::check_replace(std::path::Path::new(path), "run --timeline", a.force).map_err(|e| CliError::input(format!("--timeline {e}")))?;
+    }
+    // With no job flag at all (only --chip and --set), the built-in case study.
+    let case_study = a.job.trace.is_none() && tpusim_report::gives_no_job(&a.job.job);
+    let spec = if case_study { tpusim_report::case_study_or(a.job.job.clone()) } else { a.job.spec()? };
+    let chip = spec.chip().map_err(|e| a.job.error(e))?;
     let job = spec.build(&chip).map_err(|e| a.job.error(e))?;
-    let r = run(&chip, &job).map_err(|e| a.job.error(e))?;
+    let r = run(&chip, &job).map_err(|e| match a.job.error(e) {
+        CliError::Input(m) if case_study => CliError::Input(format!(
+            "{m} (this is the built-in case study, traces/video-720p-dense.toml, whose blocks are MaxDiffusion's for v6e; give a job flag, e.g. --kernel tokamax-splash, to start from a family's defaults)"
+        )),
+        other => other,
+    })?;
+    let mut rep = Report::from_run(&r);
+    rep.render_notes(&mut |f, v| a.job.describe_setting(&spec, f, v, case_study));
+    rep.measured = tpusim_calib::shipped_measurement(&chip, &job, rep.latency_ms);
     let Some(path) = &a.timeline else {
-        let rep = Report::from_run(&r);
         return Ok(match a.format {
             Format::Json => rep.to_json(),
             Format::Table => rep.to_table(),
@@ -156,7 +222,6 @@ pub fn cmd_run(a: &RunArgs) -> Result<String, CliError> {
         }
         _ => None,
     };
-    let rep = Report::from_run(&r);
     let sum = match tpusim_plot::timeline::write_chrome_trace_with(&r, &window, std::path::Path::new(path), "--timeline", measured.as_ref())
     {
         Ok(sum) => sum,

@@ -48,6 +48,11 @@ pub struct SweepArgs {
     /// Ignore an existing output or OUT.partial and evaluate every point again.
     #[arg(long)]
     pub restart: bool,
+    /// Replace an existing --out (or OUT.partial) that is not this sweep's: another sweep
+    /// definition (an edited sweep file included), shard or format, or a file tpusim did not
+    /// write. Without it such a file is refused, never replaced.
+    #[arg(long)]
+    pub force: bool,
 }
 
 /// Flags of `tpusim merge`.
@@ -59,6 +64,9 @@ pub struct MergeArgs {
     /// Merged output file (byte-for-byte the unsharded sweep's output).
     #[arg(long, short)]
     pub out: String,
+    /// Replace an existing --out that is not an output of this sweep.
+    #[arg(long)]
+    pub force: bool,
 }
 
 /// Flags of `tpusim tune`: the job flags of `tpusim run` (a block size or option given here is
@@ -130,16 +138,69 @@ pub fn cmd_sweep(a: &SweepArgs) -> Result<String, CliError> {
         (None, None) => Format::Csv,
     };
     let out = a.out.clone().unwrap_or_else(|| default_out(&a.file, shard, format));
-    let opts = SweepOptions { format, shard, jobs: a.jobs, progress: !a.no_progress, restart: a.restart, ..SweepOptions::new(&out) };
+    let opts = SweepOptions {
+        format,
+        shard,
+        jobs: a.jobs,
+        progress: !a.no_progress,
+        restart: a.restart,
+        force: a.force,
+        ..SweepOptions::new(&out)
+    };
+    on_interrupt_say_where(&out);
     let summary = tpusim_sweep::run_sweep(&def, &opts)?;
+    let what_if = what_if_note(&def);
     Ok(match choice.from {
-        Some(from) => format!("note: --shard auto: shard {shard} from {from}\n{summary}"),
-        None => summary.to_string(),
+        Some(from) => format!("note: --shard auto: shard {shard} from {from}\n{what_if}{summary}"),
+        None => format!("{what_if}{summary}"),
     })
 }
 
+/// A note for points that compute a mask in the kernel that their family can only load (kept
+/// as what-ifs, as `tpusim run` keeps them).
+fn what_if_note(def: &SweepDef) -> String {
+    let mut n = 0u64;
+    let mut example = None;
+    for i in 0..def.total() {
+        let spec = def.point(i).spec;
+        if spec.mask_source != Some(tpusim_kernel::MaskSource::Computed) {
+            continue;
+        }
+        let Some(text) = spec.mask.as_deref() else { continue };
+        if let Ok(m) = tpusim_workload::Mask::parse(text) {
+            if !tpusim_kernel::splash::computable(&m) && !m.expression_terms().loaded_only {
+                n += 1;
+                example.get_or_insert_with(|| text.to_string());
+            }
+        }
+    }
+    match example {
+        Some(m) => format!(
+            "note: {n} point{} set mask_source = computed with a mask Splash can only load ({m}): their rows are what-ifs of a kernel that computes it (Splash computes a single causal, local, band or chunked mask)\n",
+            if n == 1 { "" } else { "s" }
+        ),
+        None => String::new(),
+    }
+}
+
 pub fn cmd_merge(a: &MergeArgs) -> Result<String, CliError> {
-    Ok(tpusim_sweep::merge(&a.files, &a.out)?.to_string())
+    Ok(tpusim_sweep::merge(&a.files, &a.out, a.force)?.to_string())
+}
+
+/// Ctrl-C during a sweep: after the writer's next flush (at most every 200 ms), say where the
+/// finished rows are and how to resume, then exit with 130 (the shell's code for SIGINT).
+fn on_interrupt_say_where(out: &str) {
+    let out = out.to_string();
+    let _ = ctrlc::set_handler(move || {
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let partial = format!("{out}.partial");
+        let rows = tpusim_sweep::output::read_back(&partial, None).map(|r| r.rows.len()).unwrap_or(0);
+        let _ = std::fs::remove_file(tpusim_sweep::exec::lock_path(&out));
+        eprintln!(
+            "\ninterrupted: the {rows} rows finished so far are in {partial}; run the same command again to resume from them (only the missing points are evaluated; --restart starts over)"
+        );
+        std::process::exit(130);
+    });
 }
 
 pub fn cmd_tune(a: &TuneArgs) -> Result<String, CliError> {
@@ -151,6 +212,7 @@ pub fn cmd_tune(a: &TuneArgs) -> Result<String, CliError> {
         refine: a.refine,
         jobs: a.jobs,
         progress: !a.no_progress,
+        cancel: None,
     };
     let r = tpusim_sweep::tune(&spec, &opts).map_err(|e| match e {
         tpusim_sweep::SweepError::Spec(e) => a.job.error(e),

@@ -166,16 +166,18 @@ fn malformed_and_unknown_chip_toml_are_errors() {
 
 #[test]
 fn flags_at_their_default_values_change_nothing_and_trace_lengths_can_be_overridden() {
-    let a = run_json(&[]);
+    // A job flag at its default value changes nothing against the family defaults (the run
+    // with no job flag is the case study, tested in case_study_is_the_first_run).
+    let a = run_json(&["--kernel", "tokamax-splash"]);
     let b = run_json(&["--heads", "10", "--batch", "1", "--head-dim", "128", "--seq-len", "75600"]);
     assert_eq!(a["latency_ms"], b["latency_ms"]);
     let trace = root().join("traces/llm-causal-16k.toml");
     let j = run_json(&["--trace", trace.to_str().unwrap(), "--q-len", "8192", "--kv-len", "8192"]);
     assert_eq!(j["job"]["workload"]["q_len"], 8192);
     assert_eq!(j["job"]["workload"]["mask"], "causal");
-    // Every preset runs the default case (block_kv_compute follows its VMEM limit).
+    // Every preset runs the family's default case (block_kv_compute follows its VMEM limit).
     for chip in ["v6e", "v5e", "v5p", "v4", "v7x"] {
-        let j = run_json(&["--chip", chip]);
+        let j = run_json(&["--chip", chip, "--kernel", "tokamax-splash"]);
         assert!(j["latency_ms"].as_f64().unwrap() > 0.0, "{chip}");
     }
 }
@@ -222,7 +224,7 @@ fn identical_heads_fold_so_huge_batches_run_and_scale_linearly() {
 
 #[test]
 fn table_output_explains_the_run() {
-    let out = bin().arg("run").output().unwrap();
+    let out = bin().args(["run", "--kernel", "tokamax-splash"]).output().unwrap();
     assert!(out.status.success());
     let s = String::from_utf8_lossy(&out.stdout);
     for needle in ["latency", "MFU", "bound by", "vpu", "tokamax-splash", "grid steps", "q_len 75600"] {
@@ -323,16 +325,16 @@ fn errors_name_what_was_typed_the_rule_and_the_enforced_range() {
     // The stated range is the enforced one, for 0, negative numbers and values past the cap.
     for v in ["0", "-1", "1048577"] {
         let e = input_error(&["run", "--heads", v]);
-        assert!(e.contains("--heads") && e.contains(&format!("'{v}'")) && e.contains("from 1 to 1048576"), "--heads {v}: {e}");
+        assert_eq!(e, format!("error: --heads = {v}: expected a whole number from 1 to 1048576\n"), "--heads {v}");
     }
     let e = input_error(&["run", "--head-dim", "5000"]);
     assert!(e.contains("--head-dim") && e.contains("from 1 to 4096"), "{e}");
     let e = input_error(&["run", "--batch", "-3"]);
-    assert!(e.contains("--batch") && e.contains("'-3'"), "{e}");
+    assert!(e.contains("--batch = -3:"), "{e}");
     let e = input_error(&["run", "--vmem-limit-mib", "-1"]);
     assert!(e.contains("--vmem-limit-mib = -1") && e.contains("above 0"), "{e}");
     let e = input_error(&["tune", "--top", "-1"]);
-    assert!(e.contains("--top") && e.contains("'-1'"), "{e}");
+    assert!(e.contains("--top = -1:"), "{e}");
     // Chip overrides: an absurd value prints short, with the field's own range.
     let e = input_error(&["run", "--set", "hbm.bandwidth_gb_per_s=1e300"]);
     assert!(e.contains("= 1e300:") && e.contains("from 0.001 to 1e7") && e.len() < 200, "{e}");
@@ -342,4 +344,131 @@ fn errors_name_what_was_typed_the_rule_and_the_enforced_range() {
     let e = input_error(&["tune", "--heads", "2", "--seq-len", "4096", "--block-q", "100"]);
     assert!(e.contains("--block-q = 100") && e.contains("multiple of 8") && e.contains("fixed"), "{e}");
     assert!(!e.contains("breaking block rules") && !e.contains("evaluated"), "{e}");
+}
+
+/// `` `field` `` in a table message as the command line names it (`--field`).
+fn as_flags(text: &str) -> String {
+    let mut out = String::new();
+    let mut parts = text.split('`');
+    if let Some(first) = parts.next() {
+        out.push_str(first);
+    }
+    for (i, p) in parts.enumerate() {
+        if i % 2 == 0 {
+            out.push_str(&format!("--{}", p.replace('_', "-")));
+        } else {
+            out.push_str(p);
+        }
+    }
+    out
+}
+
+/// The shared bad-input table (tests/data/bad-inputs.toml, also read by the Python package's
+/// tests): every case with a command-line value exits 2 with `error: --KEY = VALUE: ERROR`.
+#[test]
+fn the_shared_bad_input_table_is_refused_in_the_cli_form() {
+    let text = std::fs::read_to_string(root().join("crates/tpusim/tests/data/bad-inputs.toml")).unwrap();
+    let table: toml::Table = toml::from_str(&text).unwrap();
+    let cases = table["case"].as_array().unwrap();
+    let mut ran = 0;
+    for c in cases {
+        let Some(cli) = c.get("cli").and_then(|v| v.as_str()) else { continue };
+        let key = c["key"].as_str().unwrap();
+        let flag = format!("--{}", key.replace('_', "-"));
+        let mut args = vec![c.get("fn").and_then(|v| v.as_str()).unwrap_or("run").to_string(), format!("{flag}={cli}")];
+        if let Some(w) = c.get("with").and_then(|v| v.as_table()) {
+            for (k, v) in w {
+                let v = v.as_str().map(String::from).unwrap_or_else(|| v.to_string());
+                args.push(format!("--{}={v}", k.replace('_', "-")));
+            }
+        }
+        let out = bin().args(&args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "tpusim {args:?}: {err}");
+        let want = format!("error: {flag} = {cli}: {}\n", as_flags(c["error"].as_str().unwrap()));
+        assert_eq!(err, want, "tpusim {args:?}");
+        ran += 1;
+    }
+    assert!(ran >= 15, "{ran} command-line cases");
+}
+
+/// File errors name the file's own keys, the value and the rule in words (no "expected u64").
+#[test]
+fn file_errors_name_their_keys_in_plain_words() {
+    let dir = std::env::temp_dir().join(format!("tpusim-cli-files-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let w = |name: &str, text: &str| {
+        let p = dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        p.to_str().unwrap().to_string()
+    };
+    let extra = w("extra.json", r#"{"q_len": 1024, "kv_len": 1024, "block_q": 256, "block_kv": 256, "blocks": [[0, 3]], "extra": 1}"#);
+    expect_input_error(
+        &["run", "--seq-len", "1024", "--mask", &format!("file:{extra}")],
+        &["unknown key 'extra'; the keys here are q_len, kv_len, block_q, block_kv, blocks"],
+    );
+    let neg = w("neg.json", r#"{"q_len": 1024, "kv_len": 1024, "block_q": -512, "block_kv": 256, "blocks": [[0, 3]]}"#);
+    expect_input_error(&["run", "--seq-len", "1024", "--mask", &format!("file:{neg}")], &["block_q = -512: expected a whole number"]);
+    let v6e = std::fs::read_to_string(root().join("models/v6e.toml")).unwrap();
+    let chip = w("chip.toml", &v6e.replacen("count = { value = 2,", "count = { value = 2.0,", 1));
+    expect_input_error(&["run", "--chip", &chip], &["mxu.count = 2.0: expected a whole number"]);
+    let trace = w("trace.toml", "heads = \"10\"\n");
+    expect_input_error(&["run", "--trace", &trace], &["heads = \"10\": expected a whole number from 1 to 1048576"]);
+    let sweep = w("sweep.toml", "[base]\nheads = 2\n[axes]\nblock_q = [-128]\n");
+    expect_input_error(&["sweep", &sweep, "--no-progress"], &["axes.block_q[0]: block_q = -128: expected a whole number from 1 to 4294967296"]);
+    for args in [vec!["run", "--trace", trace.as_str()], vec!["run", "--chip", chip.as_str()], vec!["sweep", sweep.as_str()]] {
+        let out = bin().args(&args).output().unwrap();
+        let e = String::from_utf8_lossy(&out.stderr);
+        assert!(!e.contains("expected u") && !e.contains("invalid type"), "no serde type names: {e}");
+    }
+}
+
+/// `tpusim run` with no job flag (output format, --chip and --set do not count) runs the built-in
+/// case study (traces/video-720p-dense.toml's job) and shows its measured time, found by a lookup
+/// of the shipped calibration rows; any job flag starts from the family defaults instead.
+#[test]
+fn case_study_is_the_first_run() {
+    let trace = root().join("traces/video-720p-dense.toml");
+    let plain = run_json(&[]);
+    let traced = run_json(&["--trace", trace.to_str().unwrap()]);
+    assert_eq!(plain["job"], traced["job"]);
+    assert_eq!(plain["latency_ms"], traced["latency_ms"]);
+    assert_eq!(plain["measured"]["id"], "VD-B0");
+    let measured = plain["measured"]["measured_ms"].as_f64().unwrap();
+    let err = plain["measured"]["error"].as_f64().unwrap();
+    let latency = plain["latency_ms"].as_f64().unwrap();
+    assert!((err - (latency - measured) / measured).abs() < 1e-12);
+    // The measurement is found for the job, whatever spelled it: the flags of the trace too.
+    let flags = run_json(&[
+        "--kernel",
+        "splash-dense",
+        "--seq-len",
+        "75600",
+        "--heads",
+        "10",
+        "--block-q",
+        "3024",
+        "--block-kv",
+        "2048",
+        "--block-kv-compute",
+        "1024",
+    ]);
+    assert_eq!(flags["measured"]["id"], "VD-B0");
+    // Hardware flags keep the case study; a what-if chip is not the measured one.
+    let fast = run_json(&["--set", "hbm.bandwidth_gb_per_s=3276"]);
+    assert_eq!(fast["job"], plain["job"]);
+    assert!(fast.get("measured").is_none());
+    // A job flag: the family's defaults, and no row matches.
+    let other = run_json(&["--heads", "10"]);
+    assert_eq!(other["job"]["config"]["kernel"], "tokamax-splash");
+    assert!(other.get("measured").is_none());
+    // The table shows the measured time beside the prediction.
+    let out = bin().arg("run").output().unwrap();
+    let s = String::from_utf8_lossy(&out.stdout);
+    assert!(s.contains("  measured     78.70 ms  (row VD-B0 of traces/measured/calibration.csv"), "{s}");
+    // Notes name what the user typed, or the family's default.
+    assert!(s.contains("masking none (the default of --kernel splash-dense)"), "{s}");
+    let typed = bin().args(["run", "--trace", trace.to_str().unwrap(), "--masking", "none"]).output().unwrap();
+    assert!(String::from_utf8_lossy(&typed.stdout).contains("note         --masking none with"));
 }

@@ -47,7 +47,10 @@ fn check_png(p: &Path, w: u32, h: u32) {
 
 fn check_svg(p: &Path) {
     let s = std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    // The overwrite rule's mark comes first (an XML comment), then the SVG.
     let head = s.trim_start();
+    assert!(head.starts_with("<!-- tpusim output: plot (tpusim "), "{}: no tpusim mark", p.display());
+    let head = head.split_once("-->\n").map_or(head, |(_, rest)| rest);
     assert!(head.starts_with("<svg") || head.starts_with("<?xml"), "{}: not an SVG", p.display());
     assert!(s.contains("</svg>"), "{}: truncated SVG", p.display());
     assert!(s.len() > 5_000 && s.contains("<text"), "{}: {} bytes, no text", p.display(), s.len());
@@ -358,4 +361,72 @@ fn readme_gallery_images_exist_and_are_pngs() {
         let f = part.split_whitespace().next().unwrap();
         assert!(readme.contains(&format!("({f})")), "plots/make.sh writes {f} but plots/README.md does not show it");
     }
+}
+
+/// A sweep CSV for the figure tests: x = block_kv, series = block_q, and `extra` varying too.
+fn sweep_csv(dir: &Path, series: &[u64], extra: &[&str], xname: &str) -> PathBuf {
+    let p = dir.join("sweep.csv");
+    let mut text = format!("# tpusim sweep: points=0 shard=0/1 definition=00 tpusim=0.1.0\nindex,block_q,{xname},mask_source,latency_ms,error\n");
+    let mut i = 0;
+    for &q in series {
+        for m in extra {
+            for (j, kv) in [512u64, 1024, 2048].iter().enumerate() {
+                let lat = q as f64 / 100.0 + j as f64 + if *m == "loaded" { 0.5 } else { 0.0 };
+                text.push_str(&format!("{i},{q},{kv},{m},{lat},\n"));
+                i += 1;
+            }
+        }
+    }
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+/// Issue 22, item 6: axis labels are the column names; one line per series group (another
+/// varied job column splits the lines instead of zig-zagging them); the legend is capped; a
+/// Gantt chart of too many steps is refused with a hint; a layer timeline is not drawn as
+/// grid steps.
+#[test]
+fn sweep_figures_name_their_columns_group_their_lines_and_cap_the_legend() {
+    let d = tmpdir("svg-rules");
+    let out = d.join("s.svg");
+    let csv = sweep_csv(&d, &[512, 1024], &["computed", "loaded"], "chip.hbm.bandwidth_gb_per_s");
+    ok(&["plot", "sweep", "--input", csv.to_str().unwrap(), "--x", "chip.hbm.bandwidth_gb_per_s", "--series", "block_q", "--out", out.to_str().unwrap()]);
+    let svg = std::fs::read_to_string(&out).unwrap();
+    // plotters writes a text element's content on a line of its own.
+    assert!(svg.contains(">\nchip.hbm.bandwidth_gb_per_s\n</text>"), "the x axis label is the column name");
+    assert!(svg.contains(">\nlatency_ms\n</text>"), "the y axis label is the column name");
+    // 2 block_q x 2 mask_source = 4 lines, each drawn once and once in the legend (the data
+    // lines are 3 px wide; the axes' ticks are 1 px polylines).
+    let lines = |svg: &str| svg.split("<polyline").skip(1).filter(|p| p.split('>').next().unwrap_or("").contains("stroke-width=\"3\"")).count();
+    assert_eq!(lines(&svg), 2 * 4, "one line per (block_q, mask_source)");
+    assert!(svg.contains(">\n512, mask_source=loaded\n</text>"), "the legend names the group");
+    // Many series: the legend lists at most 12 entries, the last counting the rest.
+    let many: Vec<u64> = (1..=20).map(|i| i * 128).collect();
+    let csv = sweep_csv(&d, &many, &["computed"], "block_kv");
+    ok(&["plot", "sweep", "--input", csv.to_str().unwrap(), "--x", "block_kv", "--series", "block_q", "--out", out.to_str().unwrap()]);
+    let svg = std::fs::read_to_string(&out).unwrap();
+    assert!(svg.contains(">\n... and 9 more lines\n</text>"), "capped legend");
+    assert_eq!(lines(&svg), 20 + 11, "20 lines, 11 legend samples");
+    // A whole run's steps are refused with a hint, not drawn as solid hatching.
+    let e = fails(&["plot", "timeline", "--steps", "0:100000", "--heads", "2", "--seq-len", "2048", "--out", out.to_str().unwrap()]);
+    assert!(e.contains("--steps 0:100000") && e.contains("too many to draw") && e.contains("Perfetto"), "{e}");
+    // A layer's timeline is not a kernel's grid steps.
+    let layer = d.join("layer.json");
+    ok(&["layer", "--timeline", layer.to_str().unwrap()]);
+    let e = fails(&["plot", "timeline", "--input", layer.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    assert!(e.contains("a layer's timeline") && e.contains("Perfetto"), "{e}");
+}
+
+/// Issue 22, item 8: a default column the input lacks is named as the default, not as a flag
+/// the user did not type.
+#[test]
+fn plot_validation_names_its_default_columns_as_defaults() {
+    let d = tmpdir("validation-defaults");
+    let csv = d.join("rows.csv");
+    std::fs::write(&csv, "id,time_ms,predicted_ms\nA,1.0,1.1\n").unwrap();
+    let out = d.join("v.png");
+    let e = fails(&["plot", "validation", "--input", csv.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    assert!(e.contains("no measured_ms column (the column plot validation reads by default; give --x COL"), "{e}");
+    assert!(!e.contains("--x measured_ms"), "{e}");
+    ok(&["plot", "validation", "--input", csv.to_str().unwrap(), "--x", "time_ms", "--out", out.to_str().unwrap()]);
 }

@@ -179,10 +179,13 @@ fn an_interrupted_sweep_resumes_to_the_same_file() {
     let out = ok(&["sweep", "small.toml", "--out", "out.csv"], &d);
     assert!(out.contains("0 computed, 36 resumed"), "{out}");
     assert_eq!(read(&d.join("out.csv")), reference);
-    // A partial file of another sweep is not mixed in.
+    // A partial file of another sweep is not mixed in: refused, or replaced with --force.
     std::fs::write(d.join("other.toml"), SMALL.replace("heads = 2", "heads = 4")).unwrap();
     std::fs::write(d.join("o.csv.partial"), &partial).unwrap();
-    let out = ok(&["sweep", "other.toml", "--out", "o.csv"], &d);
+    let refused = Command::new(env!("CARGO_BIN_EXE_tpusim")).args(["sweep", "other.toml", "--out", "o.csv"]).current_dir(&d).output().unwrap();
+    assert_eq!(refused.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("another sweep"), "{}", String::from_utf8_lossy(&refused.stderr));
+    let out = ok(&["sweep", "other.toml", "--out", "o.csv", "--force"], &d);
     assert!(out.contains("36 computed, 0 resumed") && out.contains("replaced"), "{out}");
     let _ = std::fs::remove_dir_all(&d);
 }

@@ -236,12 +236,12 @@ fn calibrate_checks_its_output_first_and_prints_its_results_when_writing_fails()
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("--out /proc/tpusim-fit.toml") && err.contains("cannot create files"), "{err}");
     assert!(out.stdout.is_empty(), "refused before the fit: no results");
-    // A file that is not a chip model is never replaced (a sweep output, notes).
+    // A file calibrate did not write is never replaced without --force (a sweep output, notes).
     let notes = d.file("notes.csv", "# tpusim sweep: points=1\nindex\n0\n");
     let out = run(args(&notes));
     let err = text(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
-    assert!(err.contains("is not a chip model") && out.stdout.is_empty(), "{err}");
+    assert!(err.contains("holds the output of `tpusim sweep`, not of `tpusim calibrate`") && out.stdout.is_empty(), "{err}");
     assert_eq!(std::fs::read_to_string(&notes).unwrap(), "# tpusim sweep: points=1\nindex\n0\n");
     // A write that fails after the fit (a file name longer than the file system allows, which
     // the check before the fit does not foresee) still prints the results, then the error.

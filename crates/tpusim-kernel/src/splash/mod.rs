@@ -235,8 +235,33 @@ pub(crate) fn vregs(rows: u64, cols: u64) -> f64 {
     (rows * cols) as f64 / 1024.0
 }
 
-/// Builds the dependency graph of one computed attention step (module docs).
+/// The body of one computed attention step (module docs), shared between lowerings: bodies of
+/// equal shape are clones of one prototype, so they share its [`crate::Memo`] (a simulator's
+/// schedule of the body is derived once, not once per lowering; a tuner lowers thousands of
+/// configurations with a few distinct bodies each).
 fn attention_body(s: &BodyShape) -> StepBody {
+    use std::sync::{Mutex, OnceLock, PoisonError};
+    type Key = [u64; 8];
+    static CACHE: OnceLock<Mutex<HashMap<Key, StepBody>>> = OnceLock::new();
+    /// Prototypes kept before the cache starts over (a tiling has up to 8 distinct bodies).
+    const CAPACITY: usize = 64;
+    let mask = s.mask.map_or([u64::MAX; 2], |m| [m.ops.to_bits(), u64::from(m.loaded)]);
+    let flags = u64::from(s.base2) | u64::from(s.residuals) << 1 | u64::from(s.first) << 2 | u64::from(s.last) << 3;
+    let key: Key = [s.block_q, s.block_kv, s.compute, s.d, s.dv, mask[0], mask[1], flags];
+    let cache = CACHE.get_or_init(Default::default);
+    if let Some(b) = cache.lock().unwrap_or_else(PoisonError::into_inner).get(&key) {
+        return b.clone();
+    }
+    let body = build_attention_body(s);
+    let mut c = cache.lock().unwrap_or_else(PoisonError::into_inner);
+    if c.len() >= CAPACITY {
+        c.clear();
+    }
+    c.entry(key).or_insert(body).clone()
+}
+
+/// Builds the dependency graph of one computed attention step (module docs).
+fn build_attention_body(s: &BodyShape) -> StepBody {
     let mut b = StepBody::default();
     let slabs = s.block_q.div_ceil(SLAB_ROWS);
     let chunks = s.block_kv / s.compute;

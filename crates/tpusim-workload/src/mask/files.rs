@@ -75,8 +75,13 @@ impl BlockSparse {
     }
 
     fn from_value(v: Value, path: &str) -> Result<Self, MaskError> {
-        let b: BlockSparse = serde_json::from_value(v)
-            .map_err(|e| file_err(path, format!("block format (q_len, kv_len, block_q, block_kv, blocks): {e}")))?;
+        // Errors name the file's keys (never backticked: they are not job fields here), the value
+        // and the rule in words.
+        let b: BlockSparse = serde_path_to_error::deserialize(v).map_err(|e| {
+            let p = e.path().to_string();
+            let p = if p == "." { String::new() } else { p };
+            file_err(path, format!("block format (keys q_len, kv_len, block_q, block_kv, blocks): {}", tpusim_io::plain_error(&p, &e.inner().to_string())))
+        })?;
         b.finish(path)
     }
 

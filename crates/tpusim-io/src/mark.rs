@@ -1,0 +1,197 @@
+//! One overwrite rule for every output: tpusim marks each file it writes with the command that
+//! wrote it, and replaces an existing file only when it carries the mark of the same command
+//! (`--force` replaces anything else). The marks, in each file's own form:
+//!
+//! | output | mark |
+//! |---|---|
+//! | CSV (`from-trace --out`), TOML (`calibrate --out`) | a first line `# tpusim output: COMMAND (tpusim VERSION)` |
+//! | JSON (`run --timeline`, `layer --timeline`) | a top-level key `"tpusim_output": "COMMAND (tpusim VERSION)"` |
+//! | SVG (`plot`) | a first line `<!-- tpusim output: plot (tpusim VERSION) -->` |
+//! | PNG (`plot`) | a `tEXt` chunk, keyword `tpusim output`, text `plot (tpusim VERSION)` |
+//! | sweep outputs (`sweep`, `merge`) | their header, `# tpusim sweep: ...` or `{"tpusim_sweep": ...}`, which also names the sweep definition |
+//!
+//! Sweep outputs carry their own identity (the definition hash), which the sweep crate checks:
+//! a different sweep definition needs `--force` too.
+
+use crate::OutputError;
+use std::io::Read as _;
+use std::path::Path;
+
+/// The tpusim version written into marks.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+/// The top-level key of the mark in JSON outputs.
+pub const JSON_KEY: &str = "tpusim_output";
+/// The keyword of the mark's `tEXt` chunk in PNG outputs.
+pub const PNG_KEYWORD: &str = "tpusim output";
+const TAG: &str = "tpusim output: ";
+
+/// The mark's value: `COMMAND (tpusim VERSION)`.
+pub fn mark_value(command: &str) -> String {
+    format!("{command} (tpusim {VERSION})")
+}
+
+/// The mark as a comment line of a CSV or TOML file (with its newline).
+pub fn comment_line(command: &str) -> String {
+    format!("# {TAG}{}\n", mark_value(command))
+}
+
+/// The mark as the first line of an SVG file (an XML comment, with its newline).
+pub fn svg_comment(command: &str) -> String {
+    format!("<!-- {TAG}{} -->\n", mark_value(command))
+}
+
+/// The command whose mark a file carries (`None`: no tpusim mark, or not readable). Reads the
+/// first 64 KiB: marks are at the start of every output.
+pub fn read_mark(path: &Path) -> Option<String> {
+    let mut head = Vec::new();
+    std::fs::File::open(path).ok()?.take(1 << 16).read_to_end(&mut head).ok()?;
+    mark_in(&head)
+}
+
+/// The command whose mark `head` (a file's first bytes) carries.
+pub fn mark_in(head: &[u8]) -> Option<String> {
+    let command = |value: &str| value.rfind(" (tpusim ").map_or(value, |i| &value[..i]).trim().to_string();
+    if head.starts_with(b"\x89PNG\r\n\x1a\n") {
+        let mut pos = 8usize;
+        while pos + 8 <= head.len() {
+            let len = u32::from_be_bytes(head[pos..pos + 4].try_into().ok()?) as usize;
+            let kind = &head[pos + 4..pos + 8];
+            let data = head.get(pos + 8..pos + 8 + len)?;
+            if kind == b"tEXt" {
+                if let Some(i) = data.iter().position(|&b| b == 0) {
+                    if &data[..i] == PNG_KEYWORD.as_bytes() {
+                        return Some(command(&String::from_utf8_lossy(&data[i + 1..])));
+                    }
+                }
+            }
+            if kind == b"IDAT" || kind == b"IEND" {
+                return None;
+            }
+            pos += 12 + len;
+        }
+        return None;
+    }
+    let text = String::from_utf8_lossy(head);
+    if text.starts_with("# tpusim sweep: ") || text.starts_with("{\"tpusim_sweep\"") {
+        return Some("sweep".into());
+    }
+    if let Some(i) = text.find(TAG) {
+        let rest = &text[i + TAG.len()..];
+        let end = rest.find(['\n', '\r']).unwrap_or(rest.len());
+        let value = rest[..end].trim_end_matches("-->").trim();
+        return Some(command(value));
+    }
+    let key = format!("\"{JSON_KEY}\"");
+    let i = text.find(&key)?;
+    let rest = text[i + key.len()..].trim_start().strip_prefix(':')?.trim_start().strip_prefix('"')?;
+    let end = rest.find('"')?;
+    Some(command(&rest[..end]))
+}
+
+/// Checks, before any work, that `command` may write `path`: a path [`crate::check_output`]
+/// accepts and, when a file is there, one that carries the mark of the same command, unless
+/// `force` (module docs).
+///
+/// # Errors
+/// [`OutputError::Refused`] saying what the file holds and that `--force` replaces it.
+pub fn check_replace(path: &Path, command: &str, force: bool) -> Result<(), OutputError> {
+    crate::check_output(path)?;
+    if force || !path.exists() {
+        return Ok(());
+    }
+    match read_mark(path) {
+        Some(c) if c == command => Ok(()),
+        Some(c) => Err(crate::refused(
+            path,
+            format!("holds the output of `tpusim {c}`, not of `tpusim {command}`; give --force to replace it, or choose another path"),
+        )),
+        None => Err(crate::refused(
+            path,
+            "exists and tpusim did not write it (it carries no tpusim mark), so it is not replaced; give --force to replace it, or choose another path",
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn marks_read_back_in_every_form() {
+        assert_eq!(mark_in(comment_line("from-trace").as_bytes()).as_deref(), Some("from-trace"));
+        assert_eq!(mark_in(format!("{}<svg/>", svg_comment("plot")).as_bytes()).as_deref(), Some("plot"));
+        let json = format!("{{\"{JSON_KEY}\": \"{}\", \"traceEvents\": []}}", mark_value("run --timeline"));
+        assert_eq!(mark_in(json.as_bytes()).as_deref(), Some("run --timeline"));
+        assert_eq!(mark_in(b"# tpusim sweep: points=2 shard=0/1 definition=00 tpusim=0.1.0\n").as_deref(), Some("sweep"));
+        assert_eq!(mark_in(b"id,chip\nA,v6e\n"), None);
+        assert_eq!(mark_in(b"{\"traceEvents\": []}"), None);
+    }
+
+    #[test]
+    fn only_the_same_command_replaces_without_force() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("out.csv");
+        check_replace(&p, "from-trace", false).unwrap();
+        std::fs::write(&p, "hand,written\n").unwrap();
+        let e = check_replace(&p, "from-trace", false).unwrap_err().to_string();
+        assert!(e.contains("tpusim did not write it") && e.contains("--force"), "{e}");
+        check_replace(&p, "from-trace", true).unwrap();
+        std::fs::write(&p, comment_line("from-trace")).unwrap();
+        check_replace(&p, "from-trace", false).unwrap();
+        let e = check_replace(&p, "calibrate", false).unwrap_err().to_string();
+        assert!(e.contains("holds the output of `tpusim from-trace`"), "{e}");
+    }
+}
+
+/// The markers between which a generator writes into a hand-written file (Markdown, HTML):
+/// `<!-- tpusim TAG: begin -->` and `<!-- tpusim TAG: end -->`, each on a line of its own.
+pub fn splice_markers(tag: &str) -> (String, String) {
+    (format!("<!-- tpusim {tag}: begin -->"), format!("<!-- tpusim {tag}: end -->"))
+}
+
+/// Writes `content` into the hand-written file `path` between its markers ([`splice_markers`]),
+/// atomically, leaving every other byte as it was.
+///
+/// # Errors
+/// [`OutputError::Refused`] when the file cannot be read or lacks the markers (in order, once
+/// each), saying which lines to add; [`OutputError::Io`] when writing fails.
+pub fn splice_into(path: &Path, tag: &str, content: &str) -> Result<(), OutputError> {
+    let (begin, end) = splice_markers(tag);
+    let text = std::fs::read_to_string(path).map_err(|e| crate::refused(path, format!("cannot read it: {e}")))?;
+    let missing = || {
+        crate::refused(
+            path,
+            format!("has no generated part: add a line {begin} and, below it, a line {end} where tpusim writes; the rest of the file is never touched"),
+        )
+    };
+    let b = text.find(&begin).ok_or_else(missing)?;
+    let after_begin = b + begin.len();
+    let e = text[after_begin..].find(&end).map(|i| after_begin + i).ok_or_else(missing)?;
+    if text[e + end.len()..].contains(&begin) || text[after_begin..e].contains(&begin) {
+        return Err(crate::refused(path, format!("has {begin} more than once; keep one generated part per file")));
+    }
+    let body = content.trim_end_matches('\n');
+    let out = format!("{}\n{body}\n{}", &text[..after_begin], &text[e..]);
+    crate::write_atomic(path, out.as_bytes())
+}
+
+#[cfg(test)]
+mod splice_tests {
+    use super::*;
+
+    #[test]
+    fn generated_text_goes_between_the_markers_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("doc.md");
+        std::fs::write(&p, "# Title\n\nhand text\n<!-- tpusim validate: begin -->\nold\n<!-- tpusim validate: end -->\nmore hand text\n").unwrap();
+        splice_into(&p, "validate", "| a |\n|---|\n").unwrap();
+        assert_eq!(
+            std::fs::read_to_string(&p).unwrap(),
+            "# Title\n\nhand text\n<!-- tpusim validate: begin -->\n| a |\n|---|\n<!-- tpusim validate: end -->\nmore hand text\n"
+        );
+        std::fs::write(&p, "no markers\n").unwrap();
+        let e = splice_into(&p, "validate", "x").unwrap_err().to_string();
+        assert!(e.contains("<!-- tpusim validate: begin -->"), "{e}");
+        assert_eq!(std::fs::read_to_string(&p).unwrap(), "no markers\n");
+    }
+}

@@ -1,0 +1,359 @@
+//! The kernel description file: one Pallas kernel as its Mosaic IR describes it (format in
+//! `crates/tpusim-pallas/DESCRIPTION.md`). Read with serde; every field is checked and an error
+//! names the field, the value and what is allowed.
+
+use crate::expr::Expr;
+use crate::PallasError;
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// The format's name, in the file's `format` field.
+pub const FORMAT: &str = "tpusim-kernel-description";
+
+/// The version this reader reads. Bump it when a field changes meaning or a required field is
+/// added (DESCRIPTION.md, "Versions"); optional fields with a default that keeps old files'
+/// meaning do not bump it.
+pub const VERSION: u64 = 1;
+
+/// A whole description file: one Pallas kernel.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Description {
+    /// Always [`FORMAT`].
+    pub format: String,
+    /// Always [`VERSION`] for this reader.
+    pub version: u64,
+    /// The custom call's `kernel_name` (a label only: never dispatched on).
+    pub kernel_name: String,
+    /// The custom call's `kernel_metadata` (a label only), if any.
+    #[serde(default)]
+    pub kernel_metadata: Option<String>,
+    /// Who wrote the file and for which device (labels).
+    #[serde(default)]
+    pub producer: Producer,
+    /// The grid's extents (`iteration_bounds`), outermost first.
+    pub grid: Vec<u64>,
+    /// Per grid dimension: `parallel` or `arbitrary` (`dimension_semantics`).
+    pub dimension_semantics: Vec<DimSemantics>,
+    /// The scoped VMEM limit from the custom call's `scoped_memory_configs`, bytes; absent: the
+    /// chip's default.
+    #[serde(default)]
+    pub vmem_limit_bytes: Option<u64>,
+    /// The `pl.CostEstimate` the kernel declares, if any.
+    #[serde(default)]
+    pub cost_estimate: Option<DeclaredCost>,
+    /// The kernel function's arguments after the grid indices, in order: scalar-prefetch refs,
+    /// the windows of inputs and outputs, then scratch.
+    pub refs: Vec<Ref>,
+    /// The kernel body: ops and control flow.
+    pub body: Vec<Op>,
+}
+
+/// Labels of the program that wrote the file.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Producer {
+    /// Tool, e.g. `tpusim.jax`.
+    #[serde(default)]
+    pub tool: String,
+    /// JAX version that lowered the kernel.
+    #[serde(default)]
+    pub jax: String,
+    /// The device kind it was lowered for (`TPU v6 lite`).
+    #[serde(default)]
+    pub device_kind: String,
+    /// `stable_mosaic.version` of the IR.
+    #[serde(default)]
+    pub mosaic_version: Option<u64>,
+}
+
+/// A grid dimension's semantics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DimSemantics {
+    /// Iterations are independent: a megacore device splits them over its TensorCores.
+    Parallel,
+    /// Iterations run in order on one core.
+    Arbitrary,
+    /// Split over cores explicitly (`pltpu.CORE_PARALLEL`); treated as parallel.
+    CoreParallel,
+}
+
+/// A kernel declared cost (`pl.CostEstimate`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeclaredCost {
+    /// FLOPs.
+    pub flops: f64,
+    /// Transcendental elements.
+    pub transcendentals: f64,
+    /// Bytes accessed.
+    pub bytes_accessed: f64,
+}
+
+/// What a kernel argument is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RefKind {
+    /// A scalar-prefetch table in SMEM (index maps and the body read it).
+    Prefetch,
+    /// A window (BlockSpec) of an input array.
+    Input,
+    /// A window of an output array.
+    Output,
+    /// Scratch the kernel keeps across grid steps.
+    Scratch,
+}
+
+/// Where a ref lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MemorySpace {
+    /// Vector memory (windows are DMA'd here by the pipeline).
+    Vmem,
+    /// Scalar memory.
+    Smem,
+    /// Left in HBM (`pl.ANY`): no window, the kernel copies it itself.
+    Any,
+    /// DMA or barrier semaphores.
+    Semaphore,
+}
+
+/// A window's pipelining (`pipeline_mode`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PipelineMode {
+    /// Double-buffered (Pallas's default).
+    #[default]
+    Double,
+    /// One buffer (`tpu.pipeline_mode<synchronous>`, `pl.Buffered(1)`).
+    Synchronous,
+    /// `pl.Buffered(n)`.
+    Buffered(u64),
+}
+
+impl PipelineMode {
+    /// VMEM buffers the window holds.
+    pub fn buffers(self) -> u64 {
+        match self {
+            PipelineMode::Double => 2,
+            PipelineMode::Synchronous => 1,
+            PipelineMode::Buffered(n) => n,
+        }
+    }
+}
+
+/// Values of a scalar-prefetch table.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum Values {
+    /// The values in row-major order.
+    Inline(Vec<i64>),
+    /// A `.npy` side file (path relative to the description file) of integers in `shape`.
+    File(String),
+    /// Not known when the kernel was lowered: a runtime input, named as the operand. Simulating
+    /// a kernel whose index maps or branches read it is an error naming it.
+    Runtime(String),
+}
+
+/// One argument of the kernel function after the grid indices.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Ref {
+    /// Name for messages (`q`, `arg5`, `prefetch 0`).
+    pub name: String,
+    /// What it is.
+    pub kind: RefKind,
+    /// The ref's shape in the kernel (a window's block shape, squeezed dimensions as 1).
+    pub shape: Vec<u64>,
+    /// Element type: `bf16`, `f32`, `i32`, `i8`, ...
+    pub dtype: String,
+    /// Memory space.
+    pub memory_space: MemorySpace,
+    /// Windows: the whole operand's shape in HBM.
+    #[serde(default)]
+    pub array_shape: Option<Vec<u64>>,
+    /// Windows: the block index per dimension as expressions over grid indices and prefetch
+    /// values (block units: element offset = index x block shape).
+    #[serde(default)]
+    pub index_map: Option<Vec<Expr>>,
+    /// Windows: pipelining.
+    #[serde(default)]
+    pub pipeline_mode: PipelineMode,
+    /// Prefetch tables: the values.
+    #[serde(default)]
+    pub values: Option<Values>,
+}
+
+/// An operand of an op.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum Operand {
+    /// The result of the op with this id.
+    Op(u64),
+    /// A kernel ref (index into `refs`), for loads and stores.
+    Ref(usize),
+    /// A scalar value as an expression.
+    Scalar(Expr),
+    /// Something the lowering does not track (a scalar from a runtime value, a block argument).
+    Other,
+}
+
+/// One op of the kernel body, or a control-flow region.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Op {
+    /// Unique id within the kernel (results are referred to by it).
+    #[serde(default)]
+    pub id: u64,
+    /// The MLIR op name: `tpu.matmul`, `arith.addf`, `scf.if`, ...
+    pub op: String,
+    /// Result shape (vector ops), empty for scalars and ops without results.
+    #[serde(default)]
+    pub shape: Vec<u64>,
+    /// Result element type.
+    #[serde(default)]
+    pub dtype: String,
+    /// Operands.
+    #[serde(default)]
+    pub operands: Vec<Operand>,
+    /// Source location (`file:line`), for messages.
+    #[serde(default)]
+    pub loc: String,
+    /// Op-specific attributes (see DESCRIPTION.md): `dims` (iota, reduction), `mkn` and
+    /// `lhs_dtype` / `rhs_dtype` / `precision` (matmul), `bytes` (DMA), ...
+    #[serde(default)]
+    pub attrs: serde_json::Map<String, serde_json::Value>,
+    /// `scf.if`: the condition.
+    #[serde(default)]
+    pub cond: Option<Expr>,
+    /// `scf.if`: the then-region; `scf.for`: the loop body.
+    #[serde(default)]
+    pub then: Vec<Op>,
+    /// `scf.if`: the else-region.
+    #[serde(default, rename = "else")]
+    pub otherwise: Vec<Op>,
+    /// `scf.for`: bounds and step.
+    #[serde(default)]
+    pub lower: Option<Expr>,
+    /// `scf.for`: upper bound (exclusive).
+    #[serde(default)]
+    pub upper: Option<Expr>,
+    /// `scf.for`: step.
+    #[serde(default)]
+    pub step: Option<Expr>,
+}
+
+/// Bytes of one element of `dtype`.
+///
+/// # Errors
+/// [`PallasError::Field`] for an unknown type.
+pub fn dtype_bytes(dtype: &str, field: &str) -> Result<u64, PallasError> {
+    Ok(match dtype {
+        "f64" | "i64" | "ui64" | "index" => 8,
+        "f32" | "i32" | "ui32" | "tf32" => 4,
+        "bf16" | "f16" | "i16" | "ui16" => 2,
+        "i8" | "ui8" | "f8E4M3FN" | "f8E5M2" | "f8E4M3B11FNUZ" | "f8E4M3FNUZ" | "f8E5M2FNUZ" => 1,
+        // Sub-byte and mask types are stored in bytes at least.
+        "i1" | "i4" | "ui4" | "f4E2M1FN" => 1,
+        _ => {
+            return Err(PallasError::field(
+                field,
+                dtype,
+                "expected an element type: f32, bf16, f16, i32, i16, i8, f8E4M3FN, f8E5M2, i4, i1",
+            ))
+        }
+    })
+}
+
+impl Description {
+    /// Parses a description from JSON text; `path` names it in errors and side files are
+    /// resolved against its folder.
+    ///
+    /// # Errors
+    /// [`PallasError::Json`] for malformed JSON or unknown fields, [`PallasError::Version`] for
+    /// another format version, [`PallasError::Field`] for invalid values.
+    pub fn from_json(text: &str, path: &str) -> Result<Description, PallasError> {
+        // The version first, so that a file of another version says so rather than failing on
+        // a field this reader does not know.
+        let v: serde_json::Value =
+            serde_json::from_str(text).map_err(|e| PallasError::Json { path: path.to_string(), message: e.to_string() })?;
+        match v.get("format").and_then(|f| f.as_str()) {
+            Some(FORMAT) => {}
+            other => {
+                return Err(PallasError::field(
+                    "format",
+                    other.map(|s| format!("\"{s}\"")).unwrap_or_else(|| "(missing)".into()),
+                    format!("expected \"{FORMAT}\": {path} is not a kernel description"),
+                ))
+            }
+        }
+        match v.get("version").and_then(|x| x.as_u64()) {
+            Some(VERSION) => {}
+            found => {
+                return Err(PallasError::Version {
+                    path: path.to_string(),
+                    found: found.map(|f| f.to_string()).unwrap_or_else(|| "(missing)".into()),
+                })
+            }
+        }
+        let d: Description =
+            serde_json::from_value(v).map_err(|e| PallasError::Json { path: path.to_string(), message: e.to_string() })?;
+        d.check()?;
+        Ok(d)
+    }
+
+    /// Reads a description file.
+    ///
+    /// # Errors
+    /// [`PallasError::Io`] when it cannot be read, else as [`Description::from_json`].
+    pub fn read(path: &Path) -> Result<(Description, PathBuf), PallasError> {
+        let text = std::fs::read_to_string(path).map_err(|e| PallasError::Io { path: path.display().to_string(), message: e.to_string() })?;
+        let d = Description::from_json(&text, &path.display().to_string())?;
+        let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
+        Ok((d, dir))
+    }
+
+    /// Checks the fields this reader relies on.
+    fn check(&self) -> Result<(), PallasError> {
+        for (i, &g) in self.grid.iter().enumerate() {
+            if g == 0 {
+                return Err(PallasError::field(&format!("grid[{i}]"), g, "expected a whole number from 1"));
+            }
+        }
+        if self.dimension_semantics.len() != self.grid.len() && !self.dimension_semantics.is_empty() {
+            return Err(PallasError::field(
+                "dimension_semantics",
+                format!("{} entries", self.dimension_semantics.len()),
+                format!("expected one per grid dimension ({})", self.grid.len()),
+            ));
+        }
+        for (i, r) in self.refs.iter().enumerate() {
+            let f = format!("refs[{i}] ({})", r.name);
+            dtype_bytes(&r.dtype, &format!("{f}.dtype"))?;
+            let windowed = matches!(r.kind, RefKind::Input | RefKind::Output) && r.memory_space != MemorySpace::Any;
+            if windowed {
+                let im = r.index_map.as_ref().ok_or_else(|| PallasError::field(&format!("{f}.index_map"), "(missing)", "a window needs its index map"))?;
+                if im.len() != r.shape.len() {
+                    return Err(PallasError::field(
+                        &format!("{f}.index_map"),
+                        format!("{} expressions", im.len()),
+                        format!("expected one per block dimension ({})", r.shape.len()),
+                    ));
+                }
+            }
+            if let PipelineMode::Buffered(0) = r.pipeline_mode {
+                return Err(PallasError::field(&format!("{f}.pipeline_mode"), "buffered 0", "expected at least 1 buffer"));
+            }
+            if r.kind == RefKind::Prefetch && r.values.is_none() {
+                return Err(PallasError::field(&format!("{f}.values"), "(missing)", "a prefetch table needs its values (inline, file or runtime)"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Grid steps in total.
+    pub fn grid_steps(&self) -> u64 {
+        self.grid.iter().product::<u64>().max(1)
+    }
+}

@@ -1,0 +1,72 @@
+//! Pallas kernels from their TPU lowering: the **kernel description** (a JSON file that
+//! `tpusim.jax` writes from a kernel's Mosaic IR; format and version rule in
+//! `crates/tpusim-pallas/DESCRIPTION.md`), read and checked ([`desc`]), with its index maps and
+//! branch conditions as expressions over grid indices and prefetch values ([`expr`]), lowered to
+//! the same [`tpusim_kernel::Program`] the hand-written lowerings produce ([`lower`]), the ops
+//! costed on the units by one table ([`cost`]).
+//!
+//! `kernel_name` and `kernel_metadata` are labels: nothing dispatches on them. Depends on chip,
+//! workload and kernel; never on the engine or above.
+
+pub mod cost;
+pub mod desc;
+pub mod expr;
+pub mod lower;
+mod npy;
+
+pub use desc::{Description, FORMAT, VERSION};
+pub use lower::{lower, IrFacts};
+
+/// An error reading or lowering a kernel description: names the field or the kernel and the
+/// location, the value and what is allowed.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum PallasError {
+    /// The file cannot be read.
+    #[error("{path}: {message}")]
+    Io {
+        /// File.
+        path: String,
+        /// Why.
+        message: String,
+    },
+    /// Malformed JSON or a field this version does not know.
+    #[error("{path}: not a valid kernel description: {message}")]
+    Json {
+        /// File.
+        path: String,
+        /// The parser's message.
+        message: String,
+    },
+    /// A description of another format version.
+    #[error("{path}: kernel description version {found}; this tpusim reads version {VERSION}: describe the kernel again with this tpusim's `tpusim.jax.describe`")]
+    Version {
+        /// File.
+        path: String,
+        /// The version found.
+        found: String,
+    },
+    /// A field with a value that is not allowed.
+    #[error("{field} = {value}: {allowed}")]
+    Field {
+        /// The field.
+        field: String,
+        /// Its value.
+        value: String,
+        /// What is allowed.
+        allowed: String,
+    },
+    /// Something about the kernel itself (an unknown op, a branch on a runtime value, ...).
+    #[error("kernel `{kernel}`: {message}")]
+    Kernel {
+        /// The kernel's name.
+        kernel: String,
+        /// What and where.
+        message: String,
+    },
+}
+
+impl PallasError {
+    pub(crate) fn field(field: &str, value: impl ToString, allowed: impl Into<String>) -> Self {
+        PallasError::Field { field: field.to_string(), value: value.to_string(), allowed: allowed.into() }
+    }
+}

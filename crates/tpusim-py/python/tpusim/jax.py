@@ -1,0 +1,837 @@
+"""Your own Pallas kernels in tpusim: lowered for TPU on this machine (no TPU needed), read from
+their Mosaic IR, simulated on a chip model.
+
+    import tpusim.jax
+    reports = tpusim.jax.simulate(fn, *args, chip="v6e")   # one Report per Pallas kernel
+    tpusim.jax.describe(fn, *args, path="kernel.json")    # the kernel description file
+    tpusim.jax.tune(make_fn, candidates, *args)           # one lowering per candidate, ranked
+
+`fn` is any JAX function that calls `pl.pallas_call` (directly or through a library such as
+Splash attention); `args` are arrays or `jax.ShapeDtypeStruct`s. The function is lowered with
+`jax.export` for the TPU platform under the simulated chip's device kind (Pallas lowering rules
+ask which generation they lower for), each `tpu_custom_call` in the result is decoded (Mosaic's
+`mosaic-serde` pass) and its kernel function is read op by op into a kernel description
+(`crates/tpusim-pallas/DESCRIPTION.md`), which the Rust crate `tpusim-pallas` lowers to the
+engine's program. This module only reads IR and writes descriptions: all modelling is in Rust.
+
+Supported JAX: exactly the version in `SUPPORTED_JAX` (the `tpu` dialect changes between
+releases). XLA ops outside the kernels are listed as not simulated.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import tempfile
+
+from . import _tpusim
+
+InputError = _tpusim.InputError
+
+#: The JAX release this module reads the IR of (the `tpusim[jax]` extra pins it).
+SUPPORTED_JAX = "0.10.2"
+
+#: Chip preset -> (JAX device kind, TensorCores per JAX device) to lower under. The kinds are
+#: the strings `jax._src.pallas.mosaic.tpu_info.chip_version_from_device_kind` maps to each
+#: generation (and TPU devices report); v4 and v5p devices are megacore (two cores per device),
+#: each v7x TensorCore is its own device.
+DEVICE_KINDS = {
+    "v4": ("TPU v4", 2),
+    "v5e": ("TPU v5 lite", 1),
+    "v5p": ("TPU v5p", 2),
+    "v6e": ("TPU v6 lite", 1),
+    "v7x": ("TPU7x", 1),
+}
+
+#: The description format version this module writes (the Rust reader's `VERSION`).
+DESCRIPTION_VERSION = 1
+
+#: Prefetch tables with more elements than this go to `.npy` side files in `describe`.
+INLINE_TABLE_LIMIT = 4096
+
+
+def _jax():
+    try:
+        import jax
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise InputError(
+            f"tpusim.jax needs JAX {SUPPORTED_JAX} for CPU: pip install 'tpusim[jax]' (jax[cpu]=={SUPPORTED_JAX})"
+        ) from e
+    if jax.__version__ != SUPPORTED_JAX:
+        raise InputError(
+            f"JAX {jax.__version__} is installed; tpusim.jax reads the Mosaic IR of JAX {SUPPORTED_JAX} only "
+            f"(the tpu dialect changes between releases): pip install 'jax[cpu]=={SUPPORTED_JAX}'"
+        )
+    return jax
+
+
+def _device_kind(chip, device_kind):
+    if device_kind is not None:
+        return device_kind, 2 if chip in ("v4", "v5p") else 1
+    if chip in DEVICE_KINDS:
+        return DEVICE_KINDS[chip]
+    kinds = ", ".join(f"{k}: {v[0]!r}" for k, v in DEVICE_KINDS.items())
+    raise InputError(
+        f"chip = {chip!r}: not a preset whose JAX device kind is known; pass device_kind= with the kind "
+        f"to lower for (the presets' kinds: {kinds})"
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# Lowering and finding the kernels
+
+
+def lower(fn, *args, chip="v6e", device_kind=None):
+    """Lowers `fn(*args)` for TPU under `chip`'s device kind; returns the `jax.export.Exported`.
+
+    Raises `InputError` for an unsupported JAX, a chip without a known device kind, or a
+    function that does not lower (the JAX error's message, with our context on top).
+    """
+    jax = _jax()
+    kind, cores = _device_kind(chip, device_kind)
+    from jax.sharding import AbstractDevice, AbstractMesh
+
+    mesh = AbstractMesh((1,), ("x",), abstract_device=AbstractDevice(device_kind=kind, num_cores=cores, platform="tpu"))
+    specs = [a if isinstance(a, jax.ShapeDtypeStruct) else jax.ShapeDtypeStruct(a.shape, a.dtype) for a in args]
+    try:
+        with jax.sharding.use_abstract_mesh(mesh):
+            return jax.export.export(fn if hasattr(fn, "trace") else jax.jit(fn), platforms=("tpu",))(*specs)
+    except InputError:
+        raise
+    except Exception as e:
+        raise InputError(f"lowering the function for TPU ({kind}) failed: {type(e).__name__}: {e}") from e
+
+
+def _ir():
+    from jax._src.interpreters import mlir as jmlir
+    from jax._src.lib import tpu as jtpu
+    from jaxlib.mlir import ir, passmanager
+
+    return jmlir, jtpu, ir, passmanager
+
+
+def _context():
+    jmlir, jtpu, ir, _ = _ir()
+    ctx = jmlir.make_ir_context()
+    jtpu.register_dialect(ctx)
+    ctx.allow_unregistered_dialects = True
+    return ctx
+
+
+def _walk(op, f):
+    for region in op.regions:
+        for block in region.blocks:
+            for o in block.operations:
+                f(o)
+                _walk(o.operation, f)
+
+
+class _Call:
+    """One tpu_custom_call in the exported StableHLO."""
+
+    def __init__(self, op, func_name):
+        self.op = op
+        self.func_name = func_name
+
+
+def _find_calls(module):
+    """tpu_custom_call ops, their enclosing functions, and the call graph (for tracing operands)."""
+    calls, funcs, call_sites, others = [], {}, {}, []
+    for f in module.body.operations:
+        if f.operation.name != "func.func":
+            continue
+        name = f.attributes["sym_name"].value
+        funcs[name] = f
+
+        def visit(o, name=name):
+            n = o.operation.name
+            if n == "stablehlo.custom_call":
+                tgt = o.attributes["call_target_name"].value
+                if tgt == "tpu_custom_call":
+                    calls.append(_Call(o, name))
+                    return
+            if n in ("func.call", "call"):
+                call_sites.setdefault(o.attributes["callee"].value, []).append(o)
+                return
+            if n not in ("func.return", "stablehlo.return"):
+                others.append(n)
+
+        _walk(f.operation, visit)
+    return calls, funcs, call_sites, others
+
+
+def _value_of(v, funcs, call_sites, args, depth=0):
+    """The constant value of a StableHLO SSA value as a NumPy array, or (None, why)."""
+    import numpy as np
+
+    _, _, ir, _ = _ir()
+    if depth > 50:
+        return None, "a value computed through too many calls"
+    owner = v.owner
+    if isinstance(owner, ir.Block):
+        # A function argument: main's are the call's arguments; others come from the call site.
+        block = owner
+        fop = block.owner
+        fname = fop.attributes["sym_name"].value
+        idx = ir.BlockArgument(v).arg_number
+        if fname == "main":
+            a = args[idx] if idx < len(args) else None
+            if a is None or not hasattr(a, "__array__") or type(a).__name__ == "ShapeDtypeStruct":
+                return None, f"argument {idx} of the function, given as a shape only"
+            return np.asarray(a), None
+        sites = call_sites.get(fname, [])
+        if len(sites) != 1:
+            return None, f"argument {idx} of {fname}, called from {len(sites)} places"
+        return _value_of(sites[0].operands[idx], funcs, call_sites, args, depth + 1)
+    op = owner
+    name = op.name
+    if name == "stablehlo.constant":
+        attr = op.attributes["value"]
+        try:
+            arr = np.array(ir.DenseElementsAttr(attr))
+        except Exception:
+            t = ir.RankedTensorType(v.type)
+            dense = ir.DenseIntElementsAttr(attr)
+            arr = np.array(list(dense)).reshape(t.shape) if not dense.is_splat else np.full(t.shape, dense.get_splat_value().value)
+        return arr, None
+    if name in ("stablehlo.convert", "stablehlo.reshape", "stablehlo.broadcast_in_dim"):
+        src, why = _value_of(op.operands[0], funcs, call_sites, args, depth + 1)
+        if src is None:
+            return None, why
+        shape = ir.RankedTensorType(v.type).shape
+        if name == "stablehlo.convert":
+            return src.astype(np.int64), None
+        if name == "stablehlo.reshape":
+            return src.reshape(shape), None
+        dims = list(ir.DenseI64ArrayAttr(op.attributes["broadcast_dimensions"]))
+        expand = [1] * len(shape)
+        for i, d in enumerate(dims):
+            expand[d] = src.shape[i]
+        return np.broadcast_to(src.reshape(expand), shape), None
+    if name == "func.call" or name == "call":
+        return None, f"the result of a call to {op.attributes['callee'].value}"
+    return None, f"the result of `{name}`"
+
+
+# ----------------------------------------------------------------------------------------------
+# Reading a Mosaic kernel function
+
+
+def _shape_dtype(t):
+    _, _, ir, _ = _ir()
+    for cls in (ir.VectorType, ir.MemRefType, ir.RankedTensorType):
+        try:
+            tt = cls(t)
+            return list(tt.shape), _dtype(tt.element_type)
+        except Exception:
+            pass
+    return [], _dtype(t)
+
+
+def _dtype(t):
+    s = str(t)
+    return {"index": "index"}.get(s, s)
+
+
+def _memspace(t):
+    s = str(t)
+    for k in ("smem", "vmem", "any", "hbm", "semaphore_mem"):
+        if f"memory_space<{k}>" in s:
+            return {"semaphore_mem": "semaphore", "hbm": "any"}.get(k, k)
+    if "semaphore" in s:
+        return "semaphore"
+    return "vmem"
+
+
+def _loc(op):
+    s = str(op.location)
+    # loc("name"("file":line:col)) -> file:line
+    import re
+
+    m = re.findall(r'"([^"]+\.py)":(\d+)', s)
+    if m:
+        f, line = m[-1]
+        return f"{os.path.basename(f)}:{line}"
+    return s[4:-1] if s.startswith("loc(") else s
+
+
+_CMP = {
+    "eq": "eq", "ne": "ne", "slt": "lt", "sle": "le", "sgt": "gt", "sge": "ge",
+    "ult": "lt", "ule": "le", "ugt": "gt", "uge": "ge",
+}
+_SCALAR_BIN = {
+    "arith.addi": "add", "arith.subi": "sub", "arith.muli": "mul", "arith.divsi": "div",
+    "arith.divui": "div", "arith.floordivsi": "floordiv", "arith.ceildivsi": "ceildiv",
+    "arith.remsi": "rem", "arith.remui": "rem", "arith.minsi": "min", "arith.maxsi": "max",
+    "arith.minui": "min", "arith.maxui": "max", "arith.andi": "and", "arith.ori": "or",
+    "arith.xori": "xor", "arith.shli": "shl", "arith.shrsi": "shr", "arith.shrui": "shr",
+}
+_SCALAR_CAST = {"arith.index_cast", "arith.extsi", "arith.extui", "arith.trunci", "arith.index_castui", "arith.bitcast"}
+
+
+class _Reader:
+    """Reads one kernel module into a description dict."""
+
+    def __init__(self, module, kernel_name, prefetch_values):
+        self.module = module
+        self.kernel_name = kernel_name
+        self.prefetch_values = prefetch_values
+        self.funcs = {}
+        for f in module.body.operations:
+            if f.operation.name == "func.func":
+                self.funcs[f.attributes["sym_name"].value] = f
+        self.main = None
+        for f in self.funcs.values():
+            if "window_params" in f.attributes or "iteration_bounds" in f.attributes:
+                self.main = f
+                break
+        if self.main is None:
+            self.main = next(iter(self.funcs.values()))
+        self.next_id = 0
+        self.ids = {}  # SSA value (as str of its get_name) -> op id
+        self.scalars = {}  # SSA value -> expression
+        self.refs = {}  # block argument value -> ref index
+
+    def _key(self, v):
+        return v.get_name()
+
+    def _new_id(self):
+        self.next_id += 1
+        return self.next_id
+
+    # scalar expressions -----------------------------------------------------------------
+    def _int_attr(self, a):
+        _, _, ir, _ = _ir()
+        try:
+            return ir.IntegerAttr(a).value
+        except Exception:
+            pass
+        try:
+            return 1 if ir.BoolAttr(a).value else 0
+        except Exception:
+            pass
+        try:
+            return ir.FloatAttr(a).value
+        except Exception:
+            return None
+
+    def scalar(self, v, index_fn=None):
+        """The expression of a scalar SSA value in the current function."""
+        k = self._key(v)
+        if k in self.scalars:
+            return self.scalars[k]
+        return ["unknown", f"the scalar {k}"]
+
+    def define_scalar(self, op):
+        """Expressions for scalar results of `op` (grid-index arithmetic, SMEM loads)."""
+        name = op.name
+        res = op.results
+        if len(res) != 1:
+            return
+        r = res[0]
+        k = self._key(r)
+        if name == "arith.constant":
+            val = self._int_attr(op.attributes["value"])
+            if isinstance(val, (int, bool)):
+                self.scalars[k] = int(val)
+            else:
+                self.scalars[k] = ["unknown", f"the float constant {val}"]
+        elif name in _SCALAR_BIN:
+            self.scalars[k] = [_SCALAR_BIN[name], self.scalar(op.operands[0]), self.scalar(op.operands[1])]
+        elif name in _SCALAR_CAST:
+            self.scalars[k] = self.scalar(op.operands[0])
+        elif name == "arith.cmpi":
+            pred = str(op.attributes["predicate"])
+            # IntegerAttr printed as e.g. "0 : i64": map the enum index.
+            names = ["eq", "ne", "slt", "sle", "sgt", "sge", "ult", "ule", "ugt", "uge"]
+            try:
+                p = names[self._int_attr(op.attributes["predicate"])]
+            except Exception:
+                p = pred
+            self.scalars[k] = [_CMP.get(p, "eq"), self.scalar(op.operands[0]), self.scalar(op.operands[1])]
+        elif name == "arith.select":
+            self.scalars[k] = ["select", self.scalar(op.operands[0]), self.scalar(op.operands[1]), self.scalar(op.operands[2])]
+        elif name in ("memref.load", "tpu.load") and len(op.operands) >= 1:
+            base = self._key(op.operands[0])
+            ri = self.refs.get(base)
+            if ri is not None and self.ref_kinds[ri] == "prefetch":
+                self.scalars[k] = ["load", ri, [self.scalar(x) for x in op.operands[1:]]]
+            elif ri is not None:
+                self.scalars[k] = ["unknown", f"a value the kernel loads from `{self.ref_names[ri]}` at run time"]
+            else:
+                self.scalars[k] = ["unknown", f"a value loaded from {base}"]
+        elif name in ("tpu.iteration_bound",):
+            self.scalars[k] = ["unknown", "tpu.iteration_bound"]
+        else:
+            self.scalars[k] = ["unknown", f"the result of `{name}`"]
+
+    # the index-map functions ------------------------------------------------------------
+    def index_map(self, sym, nidx):
+        f = self.funcs[sym]
+        block = f.regions[0].blocks[0]
+        saved = self.scalars
+        self.scalars = {}
+        saved_refs = self.refs
+        self.refs = {}
+        for i, a in enumerate(block.arguments):
+            if i < nidx:
+                self.scalars[self._key(a)] = ["grid", i]
+            else:
+                self.refs[self._key(a)] = i - nidx  # prefetch refs come first
+        out = None
+        for o in block.operations:
+            if o.operation.name == "func.return":
+                out = [self.scalar(x) for x in o.operands]
+            elif len(o.results) == 1 and not _is_vector(o.results[0].type):
+                self.define_scalar(o.operation)
+        self.scalars = saved
+        self.refs = saved_refs
+        return out or []
+
+    # the body ---------------------------------------------------------------------------
+    def body_ops(self, block, depth):
+        out = []
+        for o in block.operations:
+            op = o.operation
+            name = op.name
+            if name in ("func.return",):
+                continue
+            if name == "scf.yield":
+                ops = []
+                for x in op.operands:
+                    ops.append(self.operand(x))
+                out.append({"op": "scf.yield", "operands": ops})
+                continue
+            if name == "scf.if":
+                cond = self.scalar(op.operands[0])
+                then = self.body_ops(op.regions[0].blocks[0], depth)
+                els = self.body_ops(op.regions[1].blocks[0], depth) if len(op.regions) > 1 and len(op.regions[1].blocks) else []
+                ids = [self._bind(r) for r in op.results]
+                for region in (then, els):
+                    for y in region:
+                        if y.get("op") == "scf.yield":
+                            y["attrs"] = {"results": ids}
+                out.append({"op": "scf.if", "cond": cond, "then": then, "else": els, "loc": _loc(op)})
+                continue
+            if name == "scf.for":
+                lo, hi, st = (self.scalar(x) for x in op.operands[:3])
+                blk = op.regions[0].blocks[0]
+                self.scalars[self._key(blk.arguments[0])] = ["iv", depth]
+                # Loop-carried values: the iteration arguments are bound to the init operands.
+                for a, init in zip(list(blk.arguments)[1:], list(op.operands)[3:]):
+                    if not _is_vector(a.type):
+                        self.scalars[self._key(a)] = ["unknown", "a loop-carried scalar"]
+                    elif self._key(init) in self.ids:
+                        self.ids[self._key(a)] = self.ids[self._key(init)]
+                body = self.body_ops(blk, depth + 1)
+                ids = [self._bind(r) for r in op.results]
+                for y in body:
+                    if y.get("op") == "scf.yield":
+                        y["attrs"] = {"results": ids}
+                out.append({"op": "scf.for", "lower": lo, "upper": hi, "step": st, "then": body, "loc": _loc(op)})
+                continue
+            vector_result = any(_is_vector(r.type) for r in op.results)
+            if not vector_result and name not in _VECTOR_SIDE_EFFECTS:
+                # Scalar work: expressions (the scalar unit's time is in the step overhead).
+                if len(op.results) == 1:
+                    self.define_scalar(op)
+                elif name not in _SCALAR_FREE and len(op.results) == 0:
+                    out.append(self.vector_op(op))
+                continue
+            out.append(self.vector_op(op))
+        return out
+
+    def _bind(self, r):
+        i = self._new_id()
+        self.ids[self._key(r)] = i
+        return i
+
+    def operand(self, x):
+        k = self._key(x)
+        if k in self.ids:
+            return {"op": self.ids[k]}
+        if k in self.refs:
+            return {"ref": self.refs[k]}
+        if not _is_vector(x.type):
+            return {"scalar": self.scalar(x)}
+        return "other"
+
+    def vector_op(self, op):
+        name = op.name
+        d = {"op": name, "operands": [self.operand(x) for x in op.operands], "loc": _loc(op)}
+        if len(op.results) >= 1:
+            shape, dtype = _shape_dtype(op.results[0].type)
+            d["shape"], d["dtype"] = shape, dtype
+            d["id"] = self._bind(op.results[0])
+            for r in list(op.results)[1:]:
+                self.ids[self._key(r)] = d["id"]
+        else:
+            d["id"] = self._new_id()
+        attrs = {}
+        a = op.attributes
+        if name == "tpu.iota":
+            attrs["dims"] = list(_ints(a["dimensions"])) if "dimensions" in a else []
+        elif name == "vector.multi_reduction":
+            attrs["dims"] = list(_ints(a["reduction_dims"]))
+            attrs["kind"] = str(a["kind"])
+        elif name == "tpu.concatenate":
+            attrs["dimension"] = self._int_attr(a["dimension"])
+        elif name in ("tpu.matmul", "vector.contract"):
+            attrs.update(_matmul_attrs(op))
+        elif name == "tpu.enqueue_dma":
+            src_shape, src_dtype = _shape_dtype(op.operands[0].type)
+            n = 1
+            for s in src_shape:
+                n *= s
+            attrs["bytes"] = n * _bytes(src_dtype)
+        if attrs:
+            d["attrs"] = attrs
+        if len(op.results) == 0:
+            d.pop("shape", None)
+        return d
+
+    def read(self, grid_refs_from_call):
+        f = self.main
+        a = f.attributes
+        grid = list(_ints(a["iteration_bounds"])) if "iteration_bounds" in a else []
+        sem = [str(x).split("<")[-1].rstrip(">") for x in a["dimension_semantics"]] if "dimension_semantics" in a else []
+        nprefetch = self._int_attr(a["scalar_prefetch"]) if "scalar_prefetch" in a else 0
+        nscratch = self._int_attr(a["scratch_operands"]) if "scratch_operands" in a else 0
+        windows = list(a["window_params"]) if "window_params" in a else []
+        block = f.regions[0].blocks[0]
+        args = list(block.arguments)
+        nidx = len(grid)
+        for i in range(nidx):
+            self.scalars[self._key(args[i])] = ["grid", i]
+        n_in, n_out = grid_refs_from_call
+        self.ref_kinds = ["prefetch"] * nprefetch
+        self.ref_names = [f"prefetch {j}" for j in range(nprefetch)]
+        refs = []
+        kinds, names = [], []
+        rest = args[nidx:]
+        for j, arg in enumerate(rest):
+            shape, dtype = _shape_dtype(arg.type)
+            ms = _memspace(arg.type)
+            if j < nprefetch:
+                kind, nm = "prefetch", f"prefetch {j}"
+            elif j < len(rest) - nscratch:
+                w = j - nprefetch
+                kind = "input" if w < n_in else "output"
+                nm = f"{kind} {w if w < n_in else w - n_in}"
+            else:
+                kind, nm = "scratch", f"scratch {j - (len(rest) - nscratch)}"
+            if ms == "semaphore":
+                kind = "scratch"
+            ref = {"name": nm, "kind": kind, "shape": shape, "dtype": dtype, "memory_space": ms}
+            if kind in ("input", "output"):
+                w = j - nprefetch
+                wp = windows[w] if w < len(windows) else None
+                if wp is not None:
+                    wp = _dict_attr(wp)
+                    if "window_bounds" in wp:
+                        ref["shape"] = list(_ints(wp["window_bounds"]))
+                    if "transform_indices" in wp:
+                        sym = str(wp["transform_indices"]).lstrip("@")
+                        ref["index_map"] = self.index_map(sym, nidx)
+                    else:
+                        ref["memory_space"] = "any" if ms != "smem" else ms
+                    if "pipeline_mode" in wp:
+                        pm = str(wp["pipeline_mode"])
+                        ref["pipeline_mode"] = "synchronous" if "synchronous" in pm else "double"
+                if "index_map" not in ref and ref["memory_space"] != "any":
+                    # A whole-array window (no BlockSpec): one block at index 0.
+                    ref["index_map"] = [0] * len(ref["shape"])
+            if kind == "prefetch":
+                ref["values"] = self.prefetch_values[j] if j < len(self.prefetch_values) else {"runtime": nm}
+            self.refs[self._key(arg)] = len(refs)
+            kinds.append(kind)
+            names.append(nm)
+            refs.append(ref)
+        self.ref_kinds, self.ref_names = kinds, names
+        body = self.body_ops(block, 0)
+        return {
+            "grid": grid,
+            "dimension_semantics": sem,
+            "refs": refs,
+            "body": body,
+        }
+
+
+_VECTOR_SIDE_EFFECTS = {"tpu.vector_store", "vector.store", "tpu.store", "tpu.strided_store", "tpu.enqueue_dma", "tpu.wait_dma2", "tpu.wait_dma", "tpu.sem_signal", "tpu.sem_wait"}
+_SCALAR_FREE = {"memref.store", "tpu.trace_start", "tpu.trace_stop", "tpu.assume_multiple"}
+
+
+def _is_vector(t):
+    s = str(t)
+    return s.startswith("vector<")
+
+
+def _ints(a):
+    _, _, ir, _ = _ir()
+    for cls in (ir.DenseI64ArrayAttr, ir.DenseI32ArrayAttr):
+        try:
+            return list(cls(a))
+        except Exception:
+            pass
+    try:
+        return [ir.IntegerAttr(x).value for x in ir.ArrayAttr(a)]
+    except Exception:
+        return []
+
+
+def _dict_attr(a):
+    _, _, ir, _ = _ir()
+    d = ir.DictAttr(a)
+    return {d[i].name: d[i].attr for i in range(len(d))}
+
+
+def _bytes(dtype):
+    if dtype in ("f64", "i64"):
+        return 8
+    if dtype in ("f32", "i32", "ui32"):
+        return 4
+    if dtype in ("bf16", "f16", "i16"):
+        return 2
+    return 1
+
+
+def _matmul_attrs(op):
+    """m, k, n (and batch) of a tpu.matmul from its operand shapes and dimension numbers."""
+    lhs, lt = _shape_dtype(op.operands[0].type)
+    rhs, rt = _shape_dtype(op.operands[1].type)
+    out, _ = _shape_dtype(op.results[0].type)
+    a = op.attributes
+    contract_l, contract_r = [len(lhs) - 1], [0]
+    batch_l = []
+    if "dimension_numbers" in a:
+        s = str(a["dimension_numbers"])
+        import re
+
+        lists = re.findall(r"\[([0-9, ]*)\]", s)
+        if len(lists) >= 4:
+            contract_l = [int(x) for x in lists[0].split(",") if x.strip()]
+            contract_r = [int(x) for x in lists[1].split(",") if x.strip()]
+        if len(lists) >= 7:
+            batch_l = [int(x) for x in lists[5].split(",") if x.strip()]
+    elif "transpose_rhs" in a and "true" in str(a["transpose_rhs"]):
+        contract_r = [len(rhs) - 1]
+    k = 1
+    for c in contract_l:
+        k *= lhs[c]
+    batch = 1
+    for b in batch_l:
+        batch *= lhs[b]
+    m = 1
+    for i, s in enumerate(lhs):
+        if i not in contract_l and i not in batch_l:
+            m *= s
+    total = 1
+    for s in out:
+        total *= s
+    n = total // max(m * batch, 1)
+    attrs = {"mkn": [m, k, n], "lhs_dtype": lt, "rhs_dtype": rt}
+    if batch > 1:
+        attrs["batch"] = batch
+    if "precision" in a:
+        attrs["precision"] = str(a["precision"]).split("<")[-1].rstrip(">")
+    return attrs
+
+
+def _kernels(exported, args):
+    """Each Pallas kernel of an export: (description dict, custom-call facts)."""
+    import numpy as np
+
+    jmlir, jtpu, ir, passmanager = _ir()
+    ctx = _context()
+    out = []
+    with ctx, ir.Location.unknown():
+        module = ir.Module.parse(exported.mlir_module())
+        calls, funcs, call_sites, others = _find_calls(module)
+        for c in calls:
+            op = c.op
+            bc = json.loads(op.attributes["backend_config"].value)
+            cfg = bc.get("custom_call_config", bc)
+            body = base64.b64decode(cfg["body"])
+            kmod = ir.Module.parse(body)
+            passmanager.PassManager.parse("builtin.module(mosaic-serde{serialize=false})").run(kmod.operation)
+            name = op.attributes["kernel_name"].value if "kernel_name" in op.attributes else "pallas_kernel"
+            meta = None
+            if "mhlo.frontend_attributes" in op.attributes:
+                fa = _dict_attr(op.attributes["mhlo.frontend_attributes"])
+                if "kernel_metadata" in fa:
+                    meta = ir.StringAttr(fa["kernel_metadata"]).value
+            # Scoped VMEM limit (memory space 1 = VMEM).
+            vmem_limit = None
+            for m in bc.get("scoped_memory_configs", []) or []:
+                if int(m.get("memory_space", -1)) == 1 and "size" in m:
+                    vmem_limit = int(m["size"])
+            cost = bc.get("cost_estimate")
+            version = None
+            if "stable_mosaic.version" in kmod.operation.attributes:
+                version = ir.IntegerAttr(kmod.operation.attributes["stable_mosaic.version"]).value
+            # Values of the scalar-prefetch operands (the first operands of the call).
+            kf = None
+            for f in kmod.body.operations:
+                if f.operation.name == "func.func" and "iteration_bounds" in f.attributes:
+                    kf = f
+            nprefetch = 0
+            if kf is not None and "scalar_prefetch" in kf.attributes:
+                nprefetch = ir.IntegerAttr(kf.attributes["scalar_prefetch"]).value
+            prefetch = []
+            for i in range(nprefetch):
+                val, why = _value_of(op.operands[i], funcs, call_sites, args)
+                if val is None:
+                    prefetch.append({"runtime": f"prefetch operand {i} of {name} ({why})"})
+                else:
+                    prefetch.append({"inline": [int(x) for x in np.asarray(val).reshape(-1)]})
+            n_in = len(op.operands) - nprefetch
+            n_out = len(op.results)
+            reader = _Reader(kmod, name, prefetch)
+            desc = reader.read((n_in, n_out))
+            full = {
+                "format": "tpusim-kernel-description",
+                "version": DESCRIPTION_VERSION,
+                "kernel_name": name,
+                "kernel_metadata": meta,
+                "producer": {"tool": "tpusim.jax", "jax": SUPPORTED_JAX, "device_kind": "", "mosaic_version": version},
+                "grid": desc["grid"],
+                "dimension_semantics": [s if s in ("parallel", "arbitrary", "core_parallel") else "arbitrary" for s in desc["dimension_semantics"]],
+                "vmem_limit_bytes": vmem_limit,
+                "cost_estimate": {k: float(v) for k, v in cost.items() if k in ("flops", "transcendentals", "bytes_accessed")} if cost else None,
+                "refs": desc["refs"],
+                "body": desc["body"],
+            }
+            # Array shapes of the windows, from the call's operands and results.
+            shapes = [list(ir.RankedTensorType(x.type).shape) for x in list(op.operands)[nprefetch:]] + [
+                list(ir.RankedTensorType(x.type).shape) for x in op.results
+            ]
+            w = 0
+            for r in full["refs"]:
+                if r["kind"] in ("input", "output"):
+                    if w < len(shapes):
+                        r["array_shape"] = shapes[w]
+                    w += 1
+            out.append(full)
+    outside = sorted({n for n in others if n.startswith("stablehlo.") and n not in ("stablehlo.constant",)})
+    return out, outside
+
+
+def describe_all(fn, *args, chip="v6e", device_kind=None):
+    """The kernel descriptions (dicts) of every Pallas kernel in `fn(*args)`, and the XLA ops
+    outside them (names), lowered for `chip`."""
+    exported = lower(fn, *args, chip=chip, device_kind=device_kind)
+    descs, outside = _kernels(exported, args)
+    kind, _ = _device_kind(chip, device_kind)
+    for d in descs:
+        d["producer"]["device_kind"] = kind
+    if not descs:
+        raise InputError(
+            "the function has no Pallas kernel (no tpu_custom_call in its TPU lowering): tpusim.jax simulates "
+            "pl.pallas_call kernels; XLA ops alone are the next step (issue: decode and whole programs)"
+        )
+    return descs, outside
+
+
+def _write(desc, path):
+    """Writes a description (large prefetch tables as .npy side files beside it)."""
+    import numpy as np
+
+    path = os.fspath(path)
+    stem = os.path.splitext(os.path.basename(path))[0]
+    folder = os.path.dirname(os.path.abspath(path))
+    d = json.loads(json.dumps(desc))
+    for i, r in enumerate(d["refs"]):
+        v = r.get("values")
+        if v and "inline" in v and len(v["inline"]) > INLINE_TABLE_LIMIT:
+            side = f"{stem}.prefetch{i}.npy"
+            np.save(os.path.join(folder, side), np.asarray(v["inline"], dtype=np.int64).reshape(r["shape"]))
+            r["values"] = {"file": side}
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tpusim-", suffix=".json")
+    with os.fdopen(fd, "w") as f:
+        json.dump(d, f, indent=1)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)
+    os.replace(tmp, path)
+    return path
+
+
+def describe(fn, *args, path, chip="v6e", device_kind=None):
+    """Writes the kernel description of `fn(*args)` to `path` (JSON; `crates/tpusim-pallas/
+    DESCRIPTION.md`). With several kernels, the second and later go to `path` with `.1`, `.2`,
+    ... before the extension. Returns the paths written."""
+    descs, _ = describe_all(fn, *args, chip=chip, device_kind=device_kind)
+    base, ext = os.path.splitext(os.fspath(path))
+    return [_write(d, path if i == 0 else f"{base}.{i}{ext}") for i, d in enumerate(descs)]
+
+
+def simulate(fn, *args, chip="v6e", device_kind=None, set=None, **options):
+    """Simulates every Pallas kernel of `fn(*args)` on `chip` (a preset name; `set` a dict or list
+    of `SECTION.FIELD=VALUE` what-if overrides). Returns a `CallReport`: `.kernels` (one
+    `tpusim.Report` per kernel, in call order), `.latency_ms` (their sum), `.not_simulated` (the
+    XLA ops outside the kernels, listed, not timed)."""
+    if options:
+        raise InputError(
+            f"{', '.join(sorted(options))}: not options of tpusim.jax.simulate (the lowering fixes the workload, "
+            "mask and block sizes; use chip=, device_kind=, set=)"
+        )
+    descs, outside = describe_all(fn, *args, chip=chip, device_kind=device_kind)
+    overrides = _overrides(set)
+    reports = [_tpusim.simulate_kernel_ir(json.dumps(d), chip=chip, set=overrides) for d in descs]
+    return CallReport(reports, outside)
+
+
+def _overrides(s):
+    if s is None:
+        return []
+    if isinstance(s, dict):
+        return [f"{k}={v}" for k, v in s.items()]
+    return list(s)
+
+
+class CallReport:
+    """The simulated kernels of one call."""
+
+    def __init__(self, kernels, not_simulated):
+        self.kernels = kernels
+        self.not_simulated = not_simulated
+
+    @property
+    def latency_ms(self):
+        """Sum of the kernels' latencies (the XLA ops outside them are not simulated)."""
+        return sum(k.latency_ms for k in self.kernels)
+
+    def __getitem__(self, i):
+        return self.kernels[i]
+
+    def __len__(self):
+        return len(self.kernels)
+
+    def __str__(self):
+        parts = [str(k) for k in self.kernels]
+        if self.not_simulated:
+            parts.append("not simulated (XLA ops outside the kernels): " + ", ".join(self.not_simulated))
+        return "\n".join(parts)
+
+
+def tune(make_fn, candidates, *args, chip="v6e", device_kind=None, set=None, top=None):
+    """Lowers `make_fn(candidate)` for each candidate (block sizes live in the lowering) and
+    simulates it; returns [(candidate, latency_ms, CallReport)] fastest first. Candidates that
+    fail (a lowering error, VMEM overflow) are left out and listed in the returned list's
+    attribute-free companion: call `tune(...)` and read `failures` from `tune.last_failures`."""
+    ranked, failures = [], []
+    for c in candidates:
+        try:
+            r = simulate(make_fn(c), *args, chip=chip, device_kind=device_kind, set=set)
+            ranked.append((c, r.latency_ms, r))
+        except InputError as e:
+            failures.append((c, str(e)))
+    ranked.sort(key=lambda x: x[1])
+    tune.last_failures = failures
+    if not ranked:
+        raise InputError("no candidate lowered and simulated: " + "; ".join(f"{c!r}: {m}" for c, m in failures[:3]))
+    return ranked[:top] if top else ranked
+
+
+tune.last_failures = []

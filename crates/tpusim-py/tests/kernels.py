@@ -1,0 +1,136 @@
+"""Pallas kernels the IR-path tests lower (test helpers, not tests): the Pallas TPU tutorial's
+matmul, a block-sparse matmul and a fused RMSNorm (user kernels no hand model covers), and
+JAX's Splash attention."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+
+def tutorial_matmul(bm=512, bk=512, bn=512):
+    """The Pallas TPU tutorial's blocked matmul (docs/pallas/tpu/matmul.ipynb), bf16 in, f32 acc."""
+
+    def kernel(x_ref, y_ref, z_ref, acc_ref, *, nsteps):
+        @pl.when(pl.program_id(2) == 0)
+        def _():
+            acc_ref[...] = jnp.zeros_like(acc_ref)
+
+        acc_ref[...] += jnp.dot(x_ref[...], y_ref[...], preferred_element_type=jnp.float32)
+
+        @pl.when(pl.program_id(2) == nsteps - 1)
+        def _():
+            z_ref[...] = acc_ref[...].astype(z_ref.dtype)
+
+    def f(x, y):
+        m, k = x.shape
+        _, n = y.shape
+        return pl.pallas_call(
+            lambda *r: kernel(*r, nsteps=k // bk),
+            grid_spec=pltpu.PrefetchScalarGridSpec(
+                num_scalar_prefetch=0,
+                in_specs=[pl.BlockSpec((bm, bk), lambda i, j, k: (i, k)), pl.BlockSpec((bk, bn), lambda i, j, k: (k, j))],
+                out_specs=pl.BlockSpec((bm, bn), lambda i, j, k: (i, j)),
+                scratch_shapes=[pltpu.VMEM((bm, bn), jnp.float32)],
+                grid=(m // bm, n // bn, k // bk),
+            ),
+            out_shape=jax.ShapeDtypeStruct((m, n), x.dtype),
+            compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "arbitrary")),
+        )(x, y)
+
+    return f
+
+
+def block_sparse_matmul(block_mask, bm=256, bk=256, bn=256):
+    """x @ y where only the (i, k) blocks of x that `block_mask` keeps are nonzero: a
+    scalar-prefetched mask skips the others' matmuls, and an index map that repeats the previous
+    kept block elides their copies (the pattern of Splash's data_next)."""
+    block_mask = np.asarray(block_mask, dtype=np.int32)
+    mb, kb = block_mask.shape
+    # For each (i, k): the k block to have in VMEM (the last kept one at or before k, else the first kept).
+    nxt = np.zeros_like(block_mask)
+    for i in range(mb):
+        last = int(np.argmax(block_mask[i])) if block_mask[i].any() else 0
+        for k in range(kb):
+            if block_mask[i, k]:
+                last = k
+            nxt[i, k] = last
+
+    def kernel(mask_ref, next_ref, x_ref, y_ref, z_ref, acc_ref):
+        i, k = pl.program_id(0), pl.program_id(2)
+
+        @pl.when(k == 0)
+        def _():
+            acc_ref[...] = jnp.zeros_like(acc_ref)
+
+        @pl.when(mask_ref[i, k] != 0)
+        def _():
+            acc_ref[...] += jnp.dot(x_ref[...], y_ref[...], preferred_element_type=jnp.float32)
+
+        @pl.when(k == kb - 1)
+        def _():
+            z_ref[...] = acc_ref[...].astype(z_ref.dtype)
+
+    def f(x, y):
+        m, kk = x.shape
+        _, n = y.shape
+        return pl.pallas_call(
+            kernel,
+            grid_spec=pltpu.PrefetchScalarGridSpec(
+                num_scalar_prefetch=2,
+                in_specs=[
+                    pl.BlockSpec((bm, bk), lambda i, j, k, msk, nx: (i, nx[i, k])),
+                    pl.BlockSpec((bk, bn), lambda i, j, k, msk, nx: (nx[i, k], j)),
+                ],
+                out_specs=pl.BlockSpec((bm, bn), lambda i, j, k, msk, nx: (i, j)),
+                scratch_shapes=[pltpu.VMEM((bm, bn), jnp.float32)],
+                grid=(m // bm, n // bn, kb),
+            ),
+            out_shape=jax.ShapeDtypeStruct((m, n), x.dtype),
+            compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "arbitrary")),
+        )(jnp.asarray(block_mask), jnp.asarray(nxt), x, y)
+
+    return f
+
+
+def rms_norm(block_rows=256, eps=1e-6):
+    """Fused RMSNorm over the last dimension: y = x * rsqrt(mean(x^2) + eps) * w, f32 math."""
+
+    def kernel(x_ref, w_ref, o_ref):
+        x = x_ref[...].astype(jnp.float32)
+        ms = jnp.mean(x * x, axis=-1, keepdims=True)
+        o_ref[...] = (x * jax.lax.rsqrt(ms + eps) * w_ref[...].astype(jnp.float32)).astype(o_ref.dtype)
+
+    def f(x, w):
+        rows, d = x.shape
+        return pl.pallas_call(
+            kernel,
+            grid=(rows // block_rows,),
+            in_specs=[pl.BlockSpec((block_rows, d), lambda i: (i, 0)), pl.BlockSpec((1, d), lambda i: (0, 0))],
+            out_specs=pl.BlockSpec((block_rows, d), lambda i: (i, 0)),
+            out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+            compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",)),
+        )(x, w)
+
+    return f
+
+
+def splash(mask_name, heads=4, seq=2048, block=512):
+    """JAX's Splash attention forward over `heads` identical masks (full, causal, local, chunked)."""
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
+
+    masks = {
+        "full": lambda: sm.FullMask((seq, seq)),
+        "causal": lambda: sm.CausalMask((seq, seq)),
+        "local:512,0": lambda: sm.LocalMask((seq, seq), window_size=(512, 0), offset=0),
+        "chunked:1024": lambda: sm.ChunkedCausalMask((seq, seq), chunk_size=1024),
+    }
+    mask = sm.MultiHeadMask([masks[mask_name]() for _ in range(heads)])
+    bs = sk.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block)
+    return sk.make_splash_mha(mask, block_sizes=bs, head_shards=1, q_seq_shards=1)
+
+
+def bf16(*shape):
+    return jax.ShapeDtypeStruct(shape, jnp.bfloat16)

@@ -1,0 +1,184 @@
+"""tpusim.jax: Pallas kernels lowered for TPU on this CPU-only machine, read from their Mosaic
+IR and simulated; checked against closed-form counts and against the hand-written models."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+import tpusim
+import tpusim.jax as tj
+from kernels import block_sparse_matmul, bf16, rms_norm, splash, tutorial_matmul
+
+from conftest import run_cli
+
+
+def test_version_and_description_version_match_the_reader(tmp_path):
+    import jax
+
+    assert jax.__version__ == tj.SUPPORTED_JAX
+    # The description version the module writes is the one the Rust reader reads.
+    paths = tj.describe(tutorial_matmul(256, 256, 256), bf16(512, 512), bf16(512, 512), path=tmp_path / "mm.json")
+    d = json.loads(open(paths[0]).read())
+    assert d["version"] == tj.DESCRIPTION_VERSION
+    d["version"] = tj.DESCRIPTION_VERSION + 1
+    (tmp_path / "v2.json").write_text(json.dumps(d))
+    _, err = run_cli("run", "--kernel-ir", tmp_path / "v2.json", expect=2)
+    assert f"version {tj.DESCRIPTION_VERSION + 1}" in err and f"reads version {tj.DESCRIPTION_VERSION}" in err, err
+
+
+@pytest.mark.parametrize("chip", ["v6e", "v5e"])
+def test_tutorial_matmul_equals_the_hand_model(chip):
+    m = n = k = 2048
+    b = 512
+    r = tj.simulate(tutorial_matmul(b, b, b), bf16(m, k), bf16(k, n), chip=chip)
+    assert len(r) == 1
+    ir = r[0]
+    hand = tpusim.simulate(kernel="pallas-matmul", m=m, n=n, k=k, block_m=b, block_n=b, block_k=b, chip=chip)
+    assert ir.grid_steps == hand.grid_steps == (m // b) * (n // b) * (k // b)
+    assert ir.steps_computed == hand.grid_steps
+    assert ir.flops == hand.flops == 2 * m * n * k
+    assert ir.transcendentals == hand.transcendentals == 0
+    # Every step copies an x and a y block; every output block is written once.
+    assert ir.hbm_bytes == hand.hbm_bytes == (m // b) * (n // b) * (k // b) * 2 * b * b * 2 + m * n * 2
+    assert abs(ir.latency_ms / hand.latency_ms - 1) < 0.03, (ir.latency_ms, hand.latency_ms)
+
+
+@pytest.mark.parametrize("chip", ["v6e", "v5e"])
+def test_block_sparse_matmul_counts_only_kept_blocks(chip):
+    # A user kernel no hand model covers: 8 x 8 blocks of 256, a banded block mask.
+    nb, b = 8, 256
+    mask = np.array([[1 if abs(i - k) <= 1 else 0 for k in range(nb)] for i in range(nb)])
+    kept = int(mask.sum())
+    n = 512
+    r = tj.simulate(block_sparse_matmul(mask, b, b, b), bf16(nb * b, nb * b), bf16(nb * b, n), chip=chip)[0]
+    nn = n // b
+    assert r.grid_steps == nb * nn * nb
+    assert r.steps_computed == kept * nn
+    assert r.flops == 2 * b * b * b * kept * nn
+    # Copies: a kept block's x and y once per (i, j) row of k steps (the index map repeats the
+    # last kept block over skipped steps, so their copies are elided); the output once.
+    x_copies = y_copies = kept * nn
+    assert r.hbm_bytes == (x_copies + y_copies) * b * b * 2 + nb * b * n * 2
+    # Docs (README): on v6e and v5e this small-block kernel is bound by HBM / DMA, not the MXU:
+    # 256^3 bf16 per 2 x 128 KiB copied is 1 FLOP per ... far below either chip's ridge.
+    assert r.bottleneck in ("hbm", "step_control", "mxu"), r.bottleneck
+
+
+@pytest.mark.parametrize("chip", ["v6e", "v5e"])
+def test_fused_rms_norm_closed_form(chip):
+    rows, d, br = 4096, 1024, 256
+    r = tj.simulate(rms_norm(br), bf16(rows, d), bf16(1, d), chip=chip)[0]
+    assert r.grid_steps == rows // br
+    assert r.flops == 0
+    # Per row, the mean's division (JAX lowers jnp.mean to a divide: a reciprocal on the EUP)
+    # and the rsqrt, each on a (rows, 1) column: one register per 8 rows, counted as 1024 elements.
+    assert r.transcendentals == 2 * (rows // 8) * 1024
+    # x in and y out once each; the weight row once (its block index never changes).
+    assert r.hbm_bytes == 2 * rows * d * 2 + d * 2
+    # An element-wise kernel with a few VPU ops per element: bound by HBM on both chips.
+    assert r.bottleneck == "hbm", (r.bottleneck, r.busy_ms)
+
+
+@pytest.mark.parametrize("mask", ["full", "causal"])
+def test_splash_forward_counts_equal_the_hand_model(mask):
+    h, s, d, b = 4, 2048, 128, 512
+    ir = tj.simulate(splash(mask, h, s, b), bf16(h, s, d), bf16(h, s, d), bf16(h, s, d), chip="v6e")[0]
+    hand = tpusim.simulate(kernel="splash", heads=h, seq_len=s, head_dim=d, mask=mask, block_q=b, block_kv=b, block_kv_compute=b)
+    assert ir.grid_steps == hand.grid_steps
+    assert ir.steps_computed == hand.tiles["visited"]
+    assert ir.flops == hand.flops
+    assert ir.transcendentals == hand.transcendentals
+
+
+def test_errors_are_ours():
+    import jax
+    import jax.numpy as jnp
+
+    with pytest.raises(tpusim.InputError, match="no Pallas kernel"):
+        tj.simulate(lambda x: x @ x, bf16(256, 256))
+    with pytest.raises(tpusim.InputError, match="device_kind"):
+        tj.simulate(tutorial_matmul(256, 256, 256), bf16(512, 512), bf16(512, 512), chip="my-chip.toml")
+    with pytest.raises(tpusim.InputError, match="block_q"):
+        tj.simulate(tutorial_matmul(256, 256, 256), bf16(512, 512), bf16(512, 512), block_q=128)
+
+
+def test_unknown_op_is_named(tmp_path):
+    paths = tj.describe(tutorial_matmul(256, 256, 256), bf16(512, 512), bf16(512, 512), path=tmp_path / "mm.json")
+    d = json.loads(open(paths[0]).read())
+    d["body"].append({"op": "math.erf", "id": 9999, "shape": [256, 256], "dtype": "f32", "operands": [], "loc": "mine.py:7"})
+    (tmp_path / "bad.json").write_text(json.dumps(d))
+    _, err = run_cli("run", "--kernel-ir", tmp_path / "bad.json", expect=2)
+    assert "math.erf" in err and "mine.py:7" in err and d["kernel_name"] in err, err
+
+
+def test_cli_runs_a_description_and_refuses_job_flags(tmp_path):
+    paths = tj.describe(tutorial_matmul(256, 256, 256), bf16(512, 512), bf16(512, 512), path=tmp_path / "mm.json")
+    out, _ = run_cli("run", "--kernel-ir", paths[0], "--format", "json")
+    rep = json.loads(out)
+    assert rep["grid_steps"] == 8 and rep["flops"] == 2 * 512**3
+    fast, _ = run_cli("run", "--kernel-ir", paths[0], "--format", "json", "--set", "hbm.bandwidth_gb_per_s=100000")
+    assert json.loads(fast)["latency_ms"] <= rep["latency_ms"]
+    _, err = run_cli("run", "--kernel-ir", paths[0], "--heads", "8", "--block-q", "256", expect=2)
+    assert "--heads" in err and "--block-q" in err and "--kernel-ir" in err, err
+
+
+def test_readme_example_runs(tmp_path, root, monkeypatch):
+    text = (root / "README.md").read_text()
+    section = text.split("## Your own Pallas kernel", 1)[1]
+    code = section.split("```python", 1)[1].split("```", 1)[0]
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, "README.md", "exec"), {})
+    assert (tmp_path / "rms_norm.json").exists()
+    out, _ = run_cli("run", "--kernel-ir", tmp_path / "rms_norm.json", "--chip", "v5e", "--format", "json")
+    rep = json.loads(out)
+    assert rep["bottleneck"] == "hbm" and rep["grid_steps"] == 32
+
+
+def _renamed_splash():
+    """JAX's Splash kernel module, read from the installed JAX at test time (no copy is kept in
+    the repository), renamed and with one extra element-wise op per computed step: the score
+    tile scaled once more (`qk = qk * 1.0001`, one f32 VPU multiply per score register)."""
+    import importlib.util
+    import sys
+    import types
+
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
+
+    src = open(sk.__file__).read()
+    anchor = "    qk = apply_mask_and_soft_cap()\n    assert not isinstance(qk, tuple)\n"
+    assert src.count(anchor) == 1, "the Splash source changed: update the anchor"
+    src = src.replace(anchor, anchor + "    qk = qk * 1.0001\n")
+    name_anchor = 'return f"splash_{attention_type}'
+    assert src.count(name_anchor) == 1
+    src = src.replace(name_anchor, 'return f"renamed_attention_{attention_type}')
+    mod = types.ModuleType("renamed_splash_kernel")
+    mod.__file__ = "renamed_splash_kernel.py"
+    sys.modules["renamed_splash_kernel"] = mod
+    exec(compile(src, "renamed_splash_kernel.py", "exec"), mod.__dict__)
+    return mod
+
+
+def test_renamed_splash_with_one_more_op_costs_that_op():
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
+
+    h, s, d, b = 4, 2048, 128, 512
+    mod = _renamed_splash()
+    mask = sm.MultiHeadMask([sm.CausalMask((s, s)) for _ in range(h)])
+    q = bf16(h, s, d)
+    orig = tj.simulate(sk.make_splash_mha(mask, block_sizes=sk.BlockSizes(block_q=b, block_kv=b, block_kv_compute=b), head_shards=1, q_seq_shards=1), q, q, q)[0]
+    ren = tj.simulate(mod.make_splash_mha(mask, block_sizes=mod.BlockSizes(block_q=b, block_kv=b, block_kv_compute=b), head_shards=1, q_seq_shards=1), q, q, q)[0]
+    assert ren.kernel_name.startswith("renamed_attention") and orig.kernel_name.startswith("splash")
+    for f in ("grid_steps", "steps_computed", "flops", "transcendentals", "hbm_bytes"):
+        assert getattr(ren, f) == getattr(orig, f), f
+    chip = tpusim.chip("v6e")
+    rate = chip["fitted"]["valu_vreg_ops_per_cycle"]["value"]
+    clock = chip["device"]["clock_ghz"]["value"] * 1e9
+    # One multiply per f32 score register (512 x 512 / 1024 = 256) on every computed step.
+    want_ms = orig.steps_computed * (b * b / 1024) / rate / clock * 1e3
+    got_ms = ren.busy_ms["vpu"] - orig.busy_ms["vpu"]
+    assert abs(got_ms - want_ms) <= 1e-9 + 1e-6 * want_ms, (got_ms, want_ms)
+    # The latency moves by at most the op's VPU time, and not backwards.
+    assert -1e-9 <= ren.latency_ms - orig.latency_ms <= want_ms + 1e-9

@@ -1,0 +1,266 @@
+//! One overwrite rule for every output (issue 22, item 5), through the built binary: tpusim marks
+//! what it writes and replaces only its own output of the same command (`--force` for anything
+//! else, another sweep definition included); two sweeps on one output meet a lock; Ctrl-C on a
+//! sweep says where its rows are and how to resume; error rows name their chip. And `tune`'s
+//! best line is a complete command (item 7).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+fn bin() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_tpusim"));
+    c.env("TPUSIM_PROGRESS_SECS", "86400");
+    c
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("tpusim-outputs-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn ok(out: Output, what: &str) -> String {
+    assert!(out.status.success(), "{what} failed ({:?}): {}", out.status.code(), String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn refused(out: Output, what: &str) -> String {
+    assert_eq!(out.status.code(), Some(2), "{what} should exit 2; stdout: {}", String::from_utf8_lossy(&out.stdout));
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+const SMALL: [&str; 8] = ["--heads", "2", "--seq-len", "2048", "--block-q", "512", "--block-kv", "512"];
+
+#[test]
+fn every_output_is_marked_and_only_its_own_command_replaces_it() {
+    let dir = scratch("marks");
+    let png = dir.join("fig.png");
+    let svg = dir.join("fig.svg");
+    let plot = |out: &Path, force: bool| {
+        let mut c = bin();
+        c.args(["plot", "tiles"]).args(SMALL).args(["--out", s(out)]);
+        if force {
+            c.arg("--force");
+        }
+        c.output().unwrap()
+    };
+    // A hand-written file is never replaced without --force.
+    std::fs::write(&png, "my notes").unwrap();
+    let e = refused(plot(&png, false), "plot over a hand-written file");
+    assert!(e.contains("tpusim did not write it") && e.contains("--force"), "{e}");
+    assert_eq!(std::fs::read_to_string(&png).unwrap(), "my notes");
+    ok(plot(&png, true), "plot --force");
+    // The PNG carries a tEXt chunk naming the command, the SVG a comment.
+    let bytes = std::fs::read(&png).unwrap();
+    assert!(bytes.windows(20).any(|w| w == b"tpusim output\0plot (".as_slice()), "PNG mark");
+    ok(plot(&png, false), "plot over its own figure");
+    ok(plot(&svg, false), "plot svg");
+    assert!(std::fs::read_to_string(&svg).unwrap().starts_with("<!-- tpusim output: plot (tpusim "));
+    // Another command's output needs --force: a timeline over a figure.
+    let timeline = |out: &Path| bin().arg("run").args(SMALL).args(["--timeline", s(out), "--timeline-steps", "0:2"]).output().unwrap();
+    let e = refused(timeline(&png), "timeline over a figure");
+    assert!(e.contains("holds the output of `tpusim plot`, not of `tpusim run --timeline`"), "{e}");
+    let json = dir.join("t.json");
+    ok(timeline(&json), "timeline");
+    assert!(std::fs::read_to_string(&json).unwrap().starts_with("{\"tpusim_output\":\"run --timeline (tpusim "));
+    ok(timeline(&json), "timeline over its own");
+    // from-trace rows and calibrate models are marked too (a comment line each).
+    let hand = dir.join("v6e-copy.toml");
+    std::fs::copy(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/v6e.toml"), &hand).unwrap();
+    let e = refused(
+        bin().args(["calibrate", "traces/measured/calibration.csv", "--chip", "v6e", "--no-cv", "--out", s(&hand)])
+            .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."))
+            .output()
+            .unwrap(),
+        "calibrate over a hand-written chip model",
+    );
+    assert!(e.contains("tpusim did not write it"), "{e}");
+}
+
+/// A small sweep file: `n` block_q values over a short job.
+fn sweep_file(dir: &Path, name: &str, block_q: &[u64]) -> PathBuf {
+    let p = dir.join(name);
+    let list: Vec<String> = block_q.iter().map(u64::to_string).collect();
+    std::fs::write(&p, format!("[base]\nheads = 2\nseq_len = 4096\nmask = \"causal\"\n[axes]\nblock_q = [{}]\nblock_kv = [512, 1024]\n", list.join(", ")))
+        .unwrap();
+    p
+}
+
+#[test]
+fn a_sweep_replaces_only_its_own_results_and_locks_its_output() {
+    let dir = scratch("sweep");
+    let out = dir.join("out.csv");
+    let a = sweep_file(&dir, "a.toml", &[256, 512]);
+    let sweep = |file: &Path, force: bool| {
+        let mut c = bin();
+        c.args(["sweep", s(file), "--out", s(&out), "--no-progress"]);
+        if force {
+            c.arg("--force");
+        }
+        c.output().unwrap()
+    };
+    ok(sweep(&a, false), "sweep");
+    let first = std::fs::read_to_string(&out).unwrap();
+    let again = ok(sweep(&a, false), "the same sweep again");
+    assert!(again.contains("0 computed, 4 resumed"), "{again}");
+    // An edited sweep file is another sweep: its results do not replace these without --force.
+    let b = sweep_file(&dir, "a.toml", &[256, 1024]);
+    let e = refused(sweep(&b, false), "an edited sweep over the old results");
+    assert!(e.contains("another sweep") && e.contains("--force"), "{e}");
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), first, "the old results are untouched");
+    ok(sweep(&b, true), "--force");
+    assert_ne!(std::fs::read_to_string(&out).unwrap(), first);
+    // A hand-written file at --out is refused without --force.
+    std::fs::write(&out, "mine\n").unwrap();
+    let e = refused(sweep(&b, false), "a sweep over a hand-written file");
+    assert!(e.contains("not a tpusim sweep output") && e.contains("--force"), "{e}");
+    std::fs::remove_file(&out).unwrap();
+
+    // Two sweeps on one output: the second meets the first's lock (an OS advisory lock, held
+    // here by this test as a running sweep would hold it).
+    let lock = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(format!("{}.lock", s(&out))).unwrap();
+    use std::os::fd::AsRawFd as _;
+    assert_eq!(unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) }, 0);
+    let e = refused(sweep(&b, false), "a second sweep on a locked output");
+    assert!(e.contains("another tpusim sweep is writing it") && e.contains("out.csv.lock"), "{e}");
+    drop(lock); // released, as when a sweep's process ends
+    ok(sweep(&b, false), "after the lock is released");
+    assert!(!Path::new(&format!("{}.lock", s(&out))).exists(), "a finished sweep removes its lock file");
+}
+
+#[test]
+fn rows_with_an_error_name_their_chip() {
+    let dir = scratch("chip");
+    let f = dir.join("s.toml");
+    std::fs::write(&f, "[base]\nseq_len = 4096\n[axes]\nblock_kv = [100, 512]\n").unwrap();
+    let out = dir.join("s.csv");
+    ok(bin().args(["sweep", s(&f), "--out", s(&out), "--no-progress"]).output().unwrap(), "sweep");
+    let text = std::fs::read_to_string(&out).unwrap();
+    let mut lines = text.lines().filter(|l| !l.starts_with('#'));
+    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+    let chip = header.iter().position(|h| *h == "chip").unwrap();
+    let rows: Vec<String> = lines.map(String::from).collect();
+    assert!(rows[0].contains("block_kv = 100"), "{}", rows[0]);
+    for r in &rows {
+        assert_eq!(r.split(',').nth(chip), Some("v6e"), "{r}");
+    }
+}
+
+#[test]
+fn ctrl_c_on_a_sweep_says_where_the_rows_are_and_resumes() {
+    let dir = scratch("interrupt");
+    let f = dir.join("big.toml");
+    // Enough points to outlast the interrupt on any machine.
+    std::fs::write(
+        &f,
+        "[base]\nheads = 10\nseq_len = 75600\nmask = \"band:15000+sink:3600\"\ntraversal = \"compact\"\nmasking = \"partial\"\n[axes]\nblock_q = [1024, 1536, 2048, 2304, 2560, 3072, 3328, 3584]\nblock_kv = [512, 768, 1024, 1536, 2048, 2560]\n\"chip.hbm.bandwidth_gb_per_s\" = [819, 1638, 3276]\n",
+    )
+    .unwrap();
+    let out = dir.join("big.csv");
+    let partial = dir.join("big.csv.partial");
+    let child = bin()
+        .args(["sweep", s(&f), "--out", s(&out), "--no-progress", "--jobs", "1"])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Wait for the first rows, then interrupt as Ctrl-C does.
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(120) {
+        let rows = std::fs::read_to_string(&partial).map(|t| t.lines().count()).unwrap_or(0);
+        if rows > 3 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(130), "{err}");
+    assert!(err.contains("interrupted:") && err.contains(s(&partial)) && err.contains("run the same command again to resume"), "{err}");
+    assert!(!out.exists(), "no complete output yet");
+    // The message's count is the rows kept in the partial file, which the same command resumes
+    // from (interrupted again here: the whole sweep takes minutes).
+    let kept = err.split("the ").nth(1).and_then(|t| t.split(' ').next()).and_then(|n| n.parse::<usize>().ok()).unwrap();
+    assert!(kept >= 2, "{err}");
+    let child = bin().args(["sweep", s(&f), "--out", s(&out), "--no-progress"]).stderr(std::process::Stdio::piped()).spawn().unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let _ = unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let o = child.wait_with_output().unwrap();
+    let again = String::from_utf8_lossy(&o.stderr);
+    let now = again.split("the ").nth(1).and_then(|t| t.split(' ').next()).and_then(|n| n.parse::<usize>().ok()).unwrap();
+    assert!(now >= kept, "resumed from the {kept} kept rows: {again}");
+}
+
+#[test]
+fn tune_best_line_is_a_complete_command_that_runs_the_best_row() {
+    let job = ["--heads", "2", "--seq-len", "2048", "--mask", "band:300+sink:64", "--traversal", "compact", "--masking", "partial"];
+    let out = ok(bin().arg("tune").args(job).args(["--top", "2", "--refine", "2", "--format", "json", "--no-progress"]).output().unwrap(), "tune");
+    let r: serde_json::Value = serde_json::from_str(&out).unwrap();
+    // band+sink cannot be computed by Splash: only loaded blocks are ranked.
+    for t in r["top"].as_array().unwrap() {
+        assert_eq!(t["job"]["config"]["mask_source"], "loaded", "{t}");
+    }
+    let cmd = r["best_command"].as_str().unwrap();
+    let words = shell_words(cmd);
+    assert_eq!(&words[..2], ["tpusim", "run"], "{cmd}");
+    let ran = ok(bin().args(&words[1..]).args(["--format", "json"]).output().unwrap(), cmd);
+    let ran: serde_json::Value = serde_json::from_str(&ran).unwrap();
+    assert_eq!(ran["latency_ms"], r["top"][0]["latency_ms"], "{cmd}");
+    // The table's best line is the same command.
+    let table = ok(bin().arg("tune").args(job).args(["--top", "2", "--refine", "2", "--no-progress"]).output().unwrap(), "tune table");
+    assert!(table.contains(&format!("  best: {cmd}")), "{table}");
+}
+
+/// Splits a command line as a POSIX shell does for words with single quotes.
+fn shell_words(s: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    let mut quoted = false;
+    let mut any = false;
+    for c in s.chars() {
+        match c {
+            '\'' => {
+                quoted = !quoted;
+                any = true;
+            }
+            ' ' if !quoted => {
+                if any || !cur.is_empty() {
+                    out.push(std::mem::take(&mut cur));
+                }
+                any = false;
+            }
+            c => cur.push(c),
+        }
+    }
+    if any || !cur.is_empty() {
+        out.push(cur);
+    }
+    out
+}
+
+#[test]
+fn a_generator_writes_into_a_hand_written_file_between_its_markers_only() {
+    let dir = scratch("splice");
+    let doc = dir.join("REPORT.md");
+    let hand = "# My report\n\nNotes I wrote.\n\n<!-- tpusim validate: begin -->\nstale\n<!-- tpusim validate: end -->\n\nMore notes.\n";
+    std::fs::write(&doc, hand).unwrap();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let csv = root.join("traces/measured/calibration.csv");
+    ok(bin().args(["validate", s(&csv), "--format", "markdown", "--into", s(&doc)]).output().unwrap(), "validate --into");
+    let text = std::fs::read_to_string(&doc).unwrap();
+    assert!(text.starts_with("# My report\n\nNotes I wrote.\n\n<!-- tpusim validate: begin -->\n"));
+    assert!(text.ends_with("<!-- tpusim validate: end -->\n\nMore notes.\n"));
+    assert!(!text.contains("stale") && text.contains("VD-B0"));
+    // A file without markers is refused before any work and left as it was.
+    let bare = dir.join("bare.md");
+    std::fs::write(&bare, "mine\n").unwrap();
+    let e = refused(bin().args(["validate", s(&csv), "--format", "markdown", "--into", s(&bare)]).output().unwrap(), "no markers");
+    assert!(e.contains("<!-- tpusim validate: begin -->"), "{e}");
+    assert_eq!(std::fs::read_to_string(&bare).unwrap(), "mine\n");
+}

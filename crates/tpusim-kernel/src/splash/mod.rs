@@ -17,6 +17,7 @@
 //! | `exp` | EUP | r c / 1024 + r / 8 (p and alpha) |
 //! | `sum_cast` | VPU | 2 r c / 1024 (row-sum accumulate, cast p to bf16) |
 //! | `rowsum_xlu` | XLU | r / 8 |
+//! | `v_cast` | VPU | 2 c dv / 1024, once per sub-tile (JAX's Splash only: v widened to f32 and rounded back to bf16 for the MXU, [`crate::mxu`]) |
 //! | `pv` | MXU | r x c x dv matmul (v chunk stationary) |
 //! | `acc` | VPU | 3 r dv / 1024 + 2 r / 8 (pop pv; o_acc = alpha o_acc + pv; l update) |
 //!
@@ -229,6 +230,10 @@ struct BodyShape {
     residuals: bool,
     first: bool,
     last: bool,
+    /// The p.v matmul takes v as f32 (JAX's Splash: `v.astype(float32)`): v's sub-tile is
+    /// widened, and rounded back to bf16 for the MXU ([`crate::mxu`]: one pass at the default
+    /// precision).
+    f32_v: bool,
 }
 
 pub(crate) fn vregs(rows: u64, cols: u64) -> f64 {
@@ -246,7 +251,8 @@ fn attention_body(s: &BodyShape) -> StepBody {
     /// Prototypes kept before the cache starts over (a tiling has up to 8 distinct bodies).
     const CAPACITY: usize = 64;
     let mask = s.mask.map_or([u64::MAX; 2], |m| [m.ops.to_bits(), u64::from(m.loaded)]);
-    let flags = u64::from(s.base2) | u64::from(s.residuals) << 1 | u64::from(s.first) << 2 | u64::from(s.last) << 3;
+    let flags =
+        u64::from(s.base2) | u64::from(s.residuals) << 1 | u64::from(s.first) << 2 | u64::from(s.last) << 3 | u64::from(s.f32_v) << 4;
     let key: Key = [s.block_q, s.block_kv, s.compute, s.d, s.dv, mask[0], mask[1], flags];
     let cache = CACHE.get_or_init(Default::default);
     if let Some(b) = cache.lock().unwrap_or_else(PoisonError::into_inner).get(&key) {
@@ -276,6 +282,7 @@ fn build_attention_body(s: &BodyShape) -> StepBody {
     const SKEW: [u64; 13] = [0, 0, 3, 3, 4, 4, 5, 5, 6, 7, 9, 10, 10];
     let slot = |g: u64, stage: usize| (g + SKEW[stage]) * 16 + stage as u64;
     let (m_slot, acc_slot) = (|i: u64| (2 * i) as u16, |i: u64| (2 * i + 1) as u16);
+    let mut v_cast: Option<NodeIndex> = None;
     for j in 0..chunks {
         for si in 0..slabs {
             let g = j * slabs + si;
@@ -320,7 +327,14 @@ fn build_attention_body(s: &BodyShape) -> StepBody {
             let exp = b.add("exp", Work::Transcendental { vregs: sv + rv }, &[sub], slot(g, 6));
             let post = b.add("sum_cast", Work::Vector { ops: 2.0 * sv, loaded_mask_vregs: 0.0 }, &[exp], slot(g, 7));
             let rowsum = b.add("rowsum_xlu", Work::CrossLane { vregs: rv }, &[post], slot(g, 8));
-            let pv = b.add("pv", Work::Matmul { m: r, k: c, n: s.dv, m_total: s.block_q }, &[post], slot(g, 9));
+            let mut pv_deps = vec![post];
+            if s.f32_v && si == 0 {
+                // Once per sub-tile: v widened to f32 and rounded back to bf16 for the MXU (one
+                // VPU operation per f32 register each way), before the sub-tile's first p.v.
+                v_cast = Some(b.add("v_cast", Work::Vector { ops: 2.0 * vregs(c, s.dv), loaded_mask_vregs: 0.0 }, &[], slot(g, 0)));
+            }
+            pv_deps.extend(v_cast.filter(|_| s.f32_v));
+            let pv = b.add("pv", Work::Matmul { m: r, k: c, n: s.dv, m_total: s.block_q }, &pv_deps, slot(g, 9));
             let mut deps = vec![pv, rowsum];
             deps.extend(prev_acc[i]);
             let reads_acc = (prev_acc[i].is_none()).then(|| acc_slot(si));
@@ -766,6 +780,7 @@ pub fn lower(chip: &ChipModel, w: &AttentionCall, cfg: &SplashConfig) -> Result<
                     residuals: cfg.return_residuals,
                     first,
                     last,
+                    f32_v: cfg.kernel == Kernel::Splash,
                 };
                 class_of[k][usize::from(first)][usize::from(last)] = classes.len() as u32;
                 classes.push(StepClass {
@@ -956,6 +971,22 @@ mod tests {
             let computed = a.iter().filter(|s| s.class != 0).count() as u64;
             assert_eq!(computed, p.info.tiles.unwrap().visited, "{mask}");
         }
+    }
+
+    #[test]
+    fn jax_splash_widens_v_once_per_sub_tile_and_tokamax_does_not() {
+        let w = AttentionCall::video_default();
+        let casts = |kernel: Kernel| {
+            let c = SplashConfig { kernel, ..cfg(3024, 2048, 1024) };
+            let p = lower(&v6e(), &w, &c).unwrap();
+            let body = &p.classes.last().unwrap().body;
+            body.graph.node_weights().filter(|op| op.name == "v_cast").count()
+        };
+        assert_eq!(casts(Kernel::Splash), 2048 / 1024);
+        assert_eq!(casts(Kernel::TokamaxSplash), 0);
+        // At the default precision the f32 p.v is one MXU pass: its FLOPs and matmul shapes are
+        // those of the bf16 one.
+        assert_eq!(crate::mxu::matmul_passes(crate::dtype::Dtype::F32, crate::dtype::Dtype::F32, crate::mxu::Precision::Default), 1);
     }
 
     #[test]

@@ -158,7 +158,7 @@ struct Row {
 fn simulate_ms(chip: &ChipModel, spec: &JobSpec) -> Result<f64, String> {
     let job = spec.build(chip).map_err(|e| e.to_string())?;
     let lowered = job.lower(chip).map_err(|e| e.to_string())?;
-    Ok(tpusim_engine::simulate_lowered(chip, &lowered).iter().map(|p| p.result.seconds).sum::<f64>() * 1e3)
+    Ok(tpusim_report::simulate_call(chip, &lowered).iter().map(|p| p.result.seconds).sum::<f64>() * 1e3)
 }
 
 /// Predicted times (ms) of rows on a chip, simulated on all cores. A failed row gives NaN.

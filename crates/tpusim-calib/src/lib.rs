@@ -20,6 +20,7 @@
 
 #![warn(missing_docs)]
 
+pub mod bands;
 pub mod cv;
 pub mod fit;
 pub mod lookup;

@@ -155,10 +155,14 @@ fn strip_note(mask: &str) -> String {
 }
 
 /// What a `timing` text says a time covers: a profiler's device time of the whole library call
-/// ("device time from profiler trace", as tokamax's benchmark reports it) is scope `op`; kernel
-/// timings and the rest are the kernel alone.
+/// ("device time from profiler trace", as tokamax's benchmark reports it) is scope `op`; a host
+/// timer around the call ("wall clock incl. dispatch") scope `call`; kernel timings and the
+/// rest are the kernel alone.
 pub fn measured_scope(timing: &str) -> Scope {
-    if timing.trim_start().starts_with("device time from profiler trace") {
+    let t = timing.trim_start();
+    if t.starts_with("wall clock incl. dispatch") {
+        Scope::Call
+    } else if t.starts_with("device time from profiler trace") {
         Scope::Op
     } else {
         Scope::Kernel
@@ -529,6 +533,8 @@ impl RowCells<'_> {
             (job.m, job.n, job.k) = (q_len, kv_len, head_dim);
             (job.block_m, job.block_n, job.block_k) = blocks;
             job.batch = None;
+            // A matmul has no ops around it: only a host-timed call differs from the kernel.
+            job.scope = (measured_scope(&timing) == Scope::Call).then_some(Scope::Call);
         } else {
             (job.q_len, job.kv_len, job.head_dim) = (q_len, kv_len, head_dim);
             if direction == Some(Direction::Bwd) {

@@ -347,7 +347,7 @@ pub fn measurement_rows(
                     r.insert("vmem_limit_mib".into(), format!("{}", v as f64 / 1048576.0));
                 }
             }
-            Job::Matmul { workload: m, config: c } => {
+            Job::Matmul { workload: m, config: c, .. } => {
                 r.insert("direction".into(), "matmul".into());
                 for (col, v) in [
                     ("q_len", m.m),

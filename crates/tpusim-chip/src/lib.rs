@@ -231,6 +231,18 @@ pub struct Ici {
     pub wraparound_cube_devices: Param<u32>,
 }
 
+/// The host that dispatches the device's work: what a host timer around a jitted call
+/// (`jax.block_until_ready(f(x))`) sees beyond the device's time. A property of the host, its
+/// runtime and the harness, not of the chip: each preset's value says which host it was derived
+/// on. Read only by `--scope call`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Host {
+    /// Host time of one jitted call's dispatch and synchronisation beyond the device time,
+    /// microseconds.
+    pub dispatch_us: Param<f64>,
+}
+
 /// Parameters that are not public and were fitted to measurements (at most three, each a
 /// physical rate or cost).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -276,6 +288,8 @@ pub struct ChipModel {
     pub hbm: Hbm,
     /// The inter-chip interconnect (multi-chip models only).
     pub ici: Ici,
+    /// The host's per-call cost (`--scope call` only).
+    pub host: Host,
     /// Parameters fitted to measurements.
     pub fitted: Fitted,
     /// Where the model was read from and the overrides applied since (not part of the file; two
@@ -543,6 +557,7 @@ impl ChipModel {
         v.count("ici.pod_devices", &self.ici.pod_devices, 1, 1 << 20);
         v.count("ici.wraparound_axis_devices", &self.ici.wraparound_axis_devices, 0, 1 << 20);
         v.count("ici.wraparound_cube_devices", &self.ici.wraparound_cube_devices, 0, 1 << 20);
+        v.nonneg("host.dispatch_us", &self.host.dispatch_us, 1e6);
         v.fit("fitted.valu_vreg_ops_per_cycle", &self.fitted.valu_vreg_ops_per_cycle, 1e-3, 64.0);
         v.fit("fitted.eup_vregs_per_cycle", &self.fitted.eup_vregs_per_cycle, 1e-3, 64.0);
         v.fit("fitted.xlu_cycles_per_vreg", &self.fitted.xlu_cycles_per_vreg, 1e-3, 1e4);
@@ -641,6 +656,11 @@ impl ChipModel {
     /// The fixed cost of one ICI hop, seconds.
     pub fn ici_hop_latency_s(&self) -> f64 {
         self.ici.hop_latency_us.value * 1e-6
+    }
+
+    /// The host's dispatch-and-sync time of one jitted call, seconds.
+    pub fn host_dispatch_s(&self) -> f64 {
+        self.host.dispatch_us.value * 1e-6
     }
 
     /// The names of the model's sections (`mxu`, `vpu`, ..., `fitted`), in file order.

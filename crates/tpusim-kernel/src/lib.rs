@@ -12,12 +12,15 @@
 //! Depends on `tpusim-chip` (block rules, VMEM limits) and `tpusim-workload` (shapes, masks,
 //! tile classification); never on the engine or anything above it.
 
+pub mod dtype;
 pub mod ir;
 pub mod library;
 pub mod listed;
 pub mod matmul;
+pub mod mxu;
 pub mod options;
 pub mod splash;
+pub mod vmem;
 pub mod words;
 
 #[doc(hidden)]
@@ -29,9 +32,10 @@ pub mod __private {
 pub use ir::{ClassKey, Memo, PerUnit, Step, StepBody, StepClass, TileOp, Unit, Work};
 pub use library::{lower_attention, Fusion, Lowered, Part, Phase, PhaseWork};
 pub use matmul::MatmulConfig;
-pub use options::{Direction, Exp, Kernel, KernelKind, MaskSource, Masking, Scope, Traversal};
+pub use options::{Direction, Exp, InputLayout, Kernel, KernelKind, MaskSource, Masking, Scope, Traversal};
 pub use splash::bwd::BwdBlocks;
 pub use splash::{RunItem, SplashConfig};
+pub use vmem::{footprint, VmemBuffer};
 pub use words::WordError;
 
 use serde::Serialize;
@@ -118,7 +122,7 @@ impl KernelError {
     }
 }
 
-/// VMEM a tiling needs, buffer by buffer, bytes.
+/// VMEM a tiling needs, buffer by buffer, bytes ([`vmem::footprint`] says what is counted).
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct VmemBudget {
     /// (buffer name, bytes), e.g. ("q x2", 1548288).
@@ -131,6 +135,11 @@ impl VmemBudget {
     /// Total bytes.
     pub fn total(&self) -> u64 {
         self.buffers.iter().map(|(_, b)| b).sum()
+    }
+
+    /// Whether the total fits the limit.
+    pub fn fits(&self) -> bool {
+        self.total() <= self.limit_bytes
     }
 
     /// Checks the budget against the limit.

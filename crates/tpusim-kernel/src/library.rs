@@ -8,14 +8,20 @@
 //!   sublane broadcast of logsumexp and di to 8 rows (XLA), then the fused dq/dk/dv kernel, or
 //!   JAX's dq and dkv kernels. The sum of the fused kernel's per-kv-block dq partials (XLA) counts
 //!   in scope `op`, with the library's other ops.
-//! * **Scope `op`** adds the ops the library's public API runs around the kernels. tokamax
+//! * **Scope `op`** adds the ops the library's public API runs around the kernels; **scope
+//!   `call`** the same plus the host's dispatch and sync of the jitted call (what a host timer
+//!   around `block_until_ready` sees; mask info built on the host at trace time costs nothing per
+//!   call). A caller whose arrays are [batch, sequence, heads, head_dim]
+//!   ([`crate::options::InputLayout::Bshd`]: tokamax's API, and the Splash layers of axlearn and
+//!   Levanter) pays the swaps of sequence and heads axes described next. tokamax
 //!   (`pallas_mosaic_tpu.py` `_fwd`, `pallas_mosaic_tpu_vjp.py`) takes sequence-major tensors
 //!   (batch, seq, heads, dim): it multiplies q by the logits scale and swaps the sequence and head
 //!   axes of q, k and v before the kernel and of the output after it (one fusion each: the scale
 //!   fuses into q's transpose); its backward swaps q, k, v, dO and O in, rescales logsumexp for
 //!   base-2 exp, and swaps dq (scaled), dk and dv back. The measured tokamax timings do not say
 //!   which q/k/v layouts were tuned; tokamax's heuristic default, HEAD_DIM_MINOR, is assumed.
-//!   JAX's Splash and MaxDiffusion's kernels take head-major tensors and add nothing.
+//!   JAX's Splash and MaxDiffusion's kernels take head-major tensors and add nothing unless the
+//!   caller's layout is bshd (then the same four swaps, q's scaling folded into its own).
 //!
 //! Every XLA op is an HBM-bound [`Fusion`]: the engine times it as its bytes read and written at
 //! the device's sustained bandwidth plus one HBM round trip of latency. When a forward and its
@@ -56,6 +62,8 @@ pub enum Part {
     FusedBackward,
     /// The library's ops around the kernels (scope `op`).
     Wrapper,
+    /// The host's dispatch and sync of the call (scope `call`).
+    Host,
 }
 
 impl Part {
@@ -68,6 +76,7 @@ impl Part {
             Part::Dkv => "dkv",
             Part::FusedBackward => "fused dq/dk/dv",
             Part::Wrapper => "outside the kernels",
+            Part::Host => "host dispatch",
         }
     }
 }
@@ -95,6 +104,9 @@ pub struct Phase {
 pub struct Lowered {
     /// Phases, run one after another.
     pub phases: Vec<Phase>,
+    /// Host-timed calls the time includes (scope `call`: 1), each adding the host's
+    /// dispatch-and-sync cost (the chip model's `[host]`; timed by the job layer).
+    pub host_calls: u32,
 }
 
 impl Lowered {
@@ -122,7 +134,9 @@ pub fn lower_attention(
     direction: Direction,
     scope: Scope,
 ) -> Result<Lowered, KernelError> {
-    let wrapped = scope == Scope::Op && cfg.kernel.defaults().transposes_around;
+    // Scope `op` and `call` run every device op of the call; `call` adds the host's dispatch.
+    let ops = scope != Scope::Kernel;
+    let wrapped = ops && cfg.input_layout == crate::options::InputLayout::Bshd;
     let bh = w.batch * w.q_heads;
     let bkvh = w.batch * w.kv_heads;
     let (q, k, v) = (bh * w.q_len * w.head_dim * 2, bkvh * w.kv_len * w.head_dim * 2, bkvh * w.kv_len * w.head_dim_v * 2);
@@ -139,7 +153,7 @@ pub fn lower_attention(
             push(Part::Wrapper, fusion("transpose v", v, v));
         }
         push(Part::Forward, PhaseWork::Kernel(std::sync::Arc::new(splash::lower(chip, w, &fcfg)?)));
-        if residuals && scope == Scope::Op {
+        if residuals && ops {
             // Lane 0 of the lane-replicated logsumexp and max logits (f32 x 128 per q row).
             push(Part::Wrapper, fusion("slice residuals", 2 * rows_f32 * 128, 2 * rows_f32));
         }
@@ -154,7 +168,7 @@ pub fn lower_attention(
             push(Part::Wrapper, fusion("transpose v", v, v));
             push(Part::Wrapper, fusion("transpose dO", o, o));
             push(Part::Wrapper, fusion("transpose o", o, o));
-            if cfg.exp == crate::options::Exp::Base2 {
+            if cfg.exp == crate::options::Exp::Base2 && cfg.kernel.defaults().transposes_around {
                 push(Part::Wrapper, fusion("logsumexp x log2(e)", rows_f32, rows_f32));
             }
         }
@@ -168,7 +182,7 @@ pub fn lower_attention(
             let padded_q = w.q_len.next_multiple_of(b.block_q_dkv);
             let partials = kv_blocks * bh * padded_q * w.head_dim * elem;
             push(Part::FusedBackward, PhaseWork::Kernel(std::sync::Arc::new(dkv)));
-            if scope == Scope::Op {
+            if ops {
                 push(Part::Wrapper, fusion("sum dq partials", partials, q));
             }
         } else {
@@ -181,5 +195,5 @@ pub fn lower_attention(
             push(Part::Wrapper, fusion("transpose dv", v, v));
         }
     }
-    Ok(Lowered { phases })
+    Ok(Lowered { phases, host_calls: u32::from(scope == Scope::Call) })
 }

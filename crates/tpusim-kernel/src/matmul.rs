@@ -8,7 +8,7 @@
 //! multiple of their block are padded up.
 
 use crate::ir::{ClassKey, Step, StepBody, StepClass, Work};
-use crate::{Kernel, KernelError, Program, ProgramInfo, StepSource, VmemBudget, SLAB_ROWS};
+use crate::{Kernel, KernelError, Program, ProgramInfo, StepSource, SLAB_ROWS};
 use serde::Serialize;
 use tpusim_chip::ChipModel;
 use tpusim_workload::MatmulCall;
@@ -182,16 +182,19 @@ pub fn lower(chip: &ChipModel, mm: &MatmulCall, cfg: &MatmulConfig) -> Result<Pr
                 }
             },
         );
-    let vmem = VmemBudget {
-        buffers: vec![
-            ("x x2".into(), 2 * bm * bk * 2),
-            ("y x2".into(), 2 * bk * bn * 2),
-            ("o x2".into(), 2 * bm * bn * 2),
-            ("acc f32".into(), bm * bn * 4),
-            ("dot result f32".into(), bm * bn * 4),
+    // The tutorial's kernel: x, y and o blocks (bf16, double-buffered), an f32 accumulator in
+    // scratch, and the f32 product of the step in the body.
+    use crate::dtype::Dtype::{Bf16, F32};
+    let vmem = crate::vmem::footprint(
+        &[
+            crate::VmemBuffer::window("x", &[bm, bk], Bf16),
+            crate::VmemBuffer::window("y", &[bk, bn], Bf16),
+            crate::VmemBuffer::window("o", &[bm, bn], Bf16),
+            crate::VmemBuffer::scratch("acc", &[bm, bn], F32),
+            crate::VmemBuffer::internal("dot result", &[bm, bn], F32),
         ],
-        limit_bytes: limit,
-    };
+        limit,
+    );
     vmem.check(chip)?;
     let (nm, nn, nk) = (mm.m.div_ceil(bm), mm.n.div_ceil(bn), mm.k.div_ceil(bk));
     if nm.saturating_mul(nn) > crate::MAX_TILES {

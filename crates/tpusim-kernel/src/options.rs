@@ -8,13 +8,13 @@ crate::word_enum! {
     pub enum Kernel {
         /// tokamax's Splash attention (openxla/tokamax, `pallas_mosaic_tpu.py`): compacted grid over non-empty blocks, mask on partial blocks only, base-2 exp; default blocks 128 (its heuristic config); fused backward.
         TokamaxSplash = "tokamax-splash",
-        /// JAX's Splash attention (`jax.experimental.pallas.ops.tpu.splash_attention`): every grid step after grid shrinking, compute skipped on empty blocks, mask on partial blocks only; default blocks 128 (`BlockSizes.get_default`); dq and dkv backward kernels.
+        /// JAX's Splash attention (`jax.experimental.pallas.ops.tpu.splash_attention`): every grid step after grid shrinking, compute skipped on empty blocks, mask on partial blocks only; default blocks 128 (`BlockSizes.get_default`); dq and dkv backward kernels, whose blocks a backward needs given once any block is given.
         Splash = "splash",
-        /// MaxDiffusion's dense Splash kernel (mask-free): every block computed without a mask; default blocks 4864 / 1024 / 1024; backward: JAX Splash's dq and dkv kernels, mask-free.
+        /// MaxDiffusion's dense Splash kernel (mask-free): every block computed without a mask; default blocks 4864 / 1024 / 1024, scoped VMEM limit 64 MiB (MaxDiffusion's compiler flag); backward: JAX Splash's dq and dkv kernels, mask-free, at the forward's blocks unless given.
         SplashDense = "splash-dense",
-        /// MaxDiffusion's sparse Splash kernel (Sparse VideoGen): compacted grid over non-empty blocks, mask on partial blocks only; default blocks 128 as the Splash it copies; backward: JAX Splash's dq and dkv kernels.
+        /// MaxDiffusion's sparse Splash kernel (Sparse VideoGen): compacted grid over non-empty blocks, mask on partial blocks only; default blocks 128 as the Splash it copies, scoped VMEM limit 64 MiB (MaxDiffusion's compiler flag); backward: JAX Splash's dq and dkv kernels at the forward's blocks unless given.
         SparseSplash = "sparse-splash",
-        /// JAX's older Pallas TPU flash attention (`jax.experimental.pallas.ops.tpu.flash_attention`): grid (batch, heads, q blocks, kv blocks), blocks above the causal diagonal skipped, the mask applied on every computed block; default blocks 128; backward modelled as JAX Splash's dq and dkv kernels (its own dq / dkv kernels have the same structure).
+        /// JAX's older Pallas TPU flash attention (`jax.experimental.pallas.ops.tpu.flash_attention`): grid (batch, heads, q blocks, kv blocks), blocks above the causal diagonal skipped, the mask applied on every computed block; no mask metadata in SMEM; default blocks 128; a backward needs its blocks given once any block is given; backward modelled as JAX Splash's dq and dkv kernels (its own dq / dkv kernels have the same structure).
         FlashAttention = "flash-attention",
         /// The blocked matmul of the Pallas TPU matmul tutorial: grid (M / bm, N / bn, K / bk); default blocks 128 x 128 x 128.
         PallasMatmul = "pallas-matmul" | "matmul",
@@ -81,6 +81,18 @@ crate::word_enum! {
         Kernel = "kernel",
         /// Every XLA op of the library call: the kernel(s) plus the library's transposes, scalings and reductions around them (what tokamax's profiler-based timer sums).
         Op = "op",
+        /// What a host timer around one jitted call sees (`block_until_ready`, as axlearn's and Levanter's benchmarks time): every device op of the call, plus the host's dispatch-and-sync cost (the chip model's `[host]` section).
+        Call = "call",
+    }
+}
+
+crate::word_enum! {
+    /// The layout the caller's q, k, v and o arrays have.
+    pub enum InputLayout {
+        /// [batch, heads, sequence, head_dim]: what the Splash kernels take.
+        Bhsd = "bhsd",
+        /// [batch, sequence, heads, head_dim]: a wrapper (tokamax's API, axlearn's and Levanter's Splash layers) swaps the sequence and head axes of q, k and v before the kernel and of o after it; counted in scope `op` and `call`.
+        Bshd = "bshd",
     }
 }
 
@@ -163,8 +175,46 @@ pub struct FamilyDefaults {
     /// device's TensorCores); batch, when vmapped, is always parallel.
     pub heads_parallel: bool,
     /// Whether the library wraps the kernel in transposes and scalings (tokamax's
-    /// sequence-major API), counted under `--scope op`.
+    /// sequence-major API, which takes only [`InputLayout::Bshd`]), counted under `--scope op`.
     pub transposes_around: bool,
+    /// The layout the library's API takes by default.
+    pub input_layout: InputLayout,
+    /// The scoped VMEM limit the library compiles its kernels with, MiB (`None`: the chip's
+    /// default scoped limit).
+    pub vmem_limit_mib: Option<f64>,
+    /// Where the backward's blocks come from when a job does not give them.
+    pub bwd_rule: BwdRule,
+    /// What `block_kv_compute` is when a job gives `block_kv` but not it.
+    pub compute_rule: ComputeRule,
+}
+
+/// How a library sets `block_kv_compute` when its caller gives `block_kv` alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ComputeRule {
+    /// `block_kv_compute` = `block_kv` (JAX's `BlockSizes.__post_init__`, MaxDiffusion's
+    /// `_BlockSizes` and its `get_flash_block_sizes`).
+    BlockKv,
+    /// The library requires it (tokamax's op `Config` has no default): tpusim takes the largest
+    /// multiple of 128 dividing `block_kv` that fits the scoped VMEM limit, as a tuner would.
+    LargestThatFits,
+}
+
+/// What a library does with backward block sizes its caller did not give.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum BwdRule {
+    /// The backward has its own defaults, whatever the forward's blocks (tokamax: the vjp op's
+    /// heuristic config, `pallas_mosaic_tpu_vjp.py` `_get_heuristics_config`, blocks 128).
+    OwnDefaults,
+    /// The backward takes the forward's blocks (MaxDiffusion's `get_flash_block_sizes`:
+    /// block_q_dkv and block_q_dq = block_q, block_kv_dkv and block_kv_dq = block_kv,
+    /// block_kv_dkv_compute = block_kv_compute).
+    InheritForward,
+    /// Block sizes given without the backward's cannot run a backward (JAX's
+    /// `BlockSizes.has_backward_blocks`: "Need to specify backward blocks."); with no block given
+    /// at all, `BlockSizes.get_default()` sets every block, the backward's included, to 128.
+    Required,
 }
 
 const B128: DefaultBlocks = DefaultBlocks { q: 128, kv: 128, compute: Some(128) };
@@ -191,35 +241,45 @@ impl Kernel {
             fused_bwd: false,
             heads_parallel: true,
             transposes_around: false,
+            vmem_limit_mib: None,
+            bwd_rule: BwdRule::Required,
+            compute_rule: ComputeRule::BlockKv,
+            input_layout: InputLayout::Bhsd,
         };
+        // MaxDiffusion compiles with `--xla_tpu_scoped_vmem_limit_kib=65536` (its README's and
+        // end_to_end scripts' LIBTPU_INIT_ARGS) and derives backward blocks from the forward's.
+        let maxdiffusion = FamilyDefaults { vmem_limit_mib: Some(64.0), bwd_rule: BwdRule::InheritForward, ..attention };
         match self {
             Kernel::TokamaxSplash => FamilyDefaults {
-                source: "openxla/tokamax pallas_mosaic_tpu.py (_get_heuristics_config: blocks 128, base-2 exp, experimental scheduler on) and splash_attention_kernel.py (dynamic grid over active blocks, fused backward)",
+                source: "openxla/tokamax pallas_mosaic_tpu.py (_get_heuristics_config: blocks 128, base-2 exp, experimental scheduler on; its Config requires block_kv_compute) and splash_attention_kernel.py (dynamic grid over active blocks, fused backward)",
                 traversal: Traversal::Compact,
                 exp: Exp::Base2,
                 experimental_scheduler: true,
                 fused_bwd: true,
                 transposes_around: true,
+                input_layout: InputLayout::Bshd,
+                bwd_rule: BwdRule::OwnDefaults,
+                compute_rule: ComputeRule::LargestThatFits,
                 ..attention
             },
             Kernel::Splash => FamilyDefaults {
-                source: "jax-ml/jax splash_attention_kernel.py (BlockSizes.get_default: every block 128, block_kv_compute = block_kv when unset; use_fused_bwd_kernel False; grid shrinking)",
+                source: "jax-ml/jax splash_attention_kernel.py (BlockSizes.get_default: every block 128, block_kv_compute = block_kv when unset; use_fused_bwd_kernel False; grid shrinking; a backward needs the backward blocks)",
                 blocks: DefaultBlocks { q: 128, kv: 128, compute: None },
                 ..attention
             },
             Kernel::SplashDense => FamilyDefaults {
-                source: "AI-Hypercomputer/maxdiffusion custom mask-free Splash kernel (defaults block_q 4864, block_kv 1024, block_kv_compute 1024)",
+                source: "AI-Hypercomputer/maxdiffusion src/maxdiffusion/kernels/custom_splash_attention.py (mask-free; models/attention_flax.py defaults block_q 4864, block_kv 1024, block_kv_compute 1024; scoped VMEM limit 64 MiB from its LIBTPU_INIT_ARGS --xla_tpu_scoped_vmem_limit_kib=65536; backward blocks from the forward's, max_utils.py get_flash_block_sizes)",
                 blocks: DefaultBlocks { q: 4864, kv: 1024, compute: Some(1024) },
                 masking: Masking::None,
-                ..attention
+                ..maxdiffusion
             },
             Kernel::SparseSplash => FamilyDefaults {
-                source: "AI-Hypercomputer/maxdiffusion sparse Splash kernel (Sparse VideoGen, pull request 480): a compacted grid of active blocks with a mask-free path on full blocks; blocks default as JAX Splash's",
+                source: "AI-Hypercomputer/maxdiffusion sparse Splash kernel (Sparse VideoGen, pull request 480; its kernels/splash_attention fork of tokamax's): a compacted grid of active blocks with a mask-free path on full blocks; blocks default as JAX Splash's; scoped VMEM limit 64 MiB (LIBTPU_INIT_ARGS --xla_tpu_scoped_vmem_limit_kib=65536); backward blocks from the forward's (max_utils.py get_flash_block_sizes)",
                 traversal: Traversal::Compact,
-                ..attention
+                ..maxdiffusion
             },
             Kernel::FlashAttention => FamilyDefaults {
-                source: "jax-ml/jax pallas/ops/tpu/flash_attention.py (BlockSizes defaults 128; grid (batch, heads, q blocks, kv blocks) with the first three parallel; causal blocks above the diagonal skipped, the causal mask applied on every computed block)",
+                source: "jax-ml/jax pallas/ops/tpu/flash_attention.py (BlockSizes.get_default: every block 128; grid (batch, heads, q blocks, kv blocks) with the first three parallel; no scalar prefetch (no mask metadata in SMEM); causal blocks above the diagonal skipped, the causal mask applied on every computed block; a backward needs every backward block)",
                 masking: Masking::All,
                 ..attention
             },

@@ -192,6 +192,9 @@ pub fn cost(plan: &LayerPlan, work: &Work, name: &str) -> Result<OpCost, LayerEr
                 crate::topology::Collective::AllGather { bytes_per_device } => {
                     format!("{:.1} MB shard from each of {} devices", *bytes_per_device as f64 / 1e6, plan.ulysses)
                 }
+                crate::topology::Collective::Permute { bytes_per_device } => {
+                    format!("{:.1} MB to the next of {} devices", *bytes_per_device as f64 / 1e6, plan.ulysses)
+                }
             };
             Ok(OpCost {
                 seconds: t.seconds,

@@ -168,21 +168,20 @@ pub fn lookup(op: &str) -> Option<(&'static str, OpCost)> {
 }
 
 /// MXU passes of one matmul by its operand element types and the precision the IR names
-/// (`tpu.matmul`'s `precision`): 16-bit and 8-bit operands one pass; f32 operands at the
-/// default precision one pass (rounded to bf16, as XLA's `Precision.DEFAULT` does on TPU:
-/// JAX's `jax.lax.Precision` docs), `bf16_3x` / HIGH three passes, `fp32` / HIGHEST six
-/// (the bf16 splitting of an f32 operand into 3 terms: jax-ml/jax `lax.Precision`
-/// documentation). Named as an assumption in reports when an f32-operand matmul runs.
+/// (`tpu.matmul`'s `precision`): the kernel crate's one rule ([`tpusim_kernel::mxu`]), which
+/// the hand-written kernels share. Named as an assumption in reports when an f32-operand matmul
+/// runs.
 pub fn mxu_passes_for_operands(lhs_dtype: &str, rhs_dtype: &str, precision: Option<&str>) -> u64 {
-    let f32_operand = lhs_dtype == "f32" || rhs_dtype == "f32";
-    if !f32_operand {
-        return 1;
-    }
-    match precision.map(|p| p.to_ascii_lowercase()) {
-        Some(p) if p.contains("highest") || p == "fp32" => 6,
-        Some(p) if p.contains("high") || p.contains("3x") => 3,
-        _ => 1,
-    }
+    use tpusim_kernel::dtype::Dtype;
+    use tpusim_kernel::mxu::{matmul_passes, Precision};
+    // Only f32 is a 32-bit MXU operand here; other types are taken as the MXU's own.
+    let dt = |s: &str| if s == "f32" { Dtype::F32 } else { Dtype::Bf16 };
+    let p = match precision.map(|p| p.to_ascii_lowercase()) {
+        Some(p) if p.contains("highest") || p.contains("fp32") => Precision::Highest,
+        Some(p) if p.contains("high") || p.contains("3x") => Precision::High,
+        _ => Precision::Default,
+    };
+    matmul_passes(dt(lhs_dtype), dt(rhs_dtype), p)
 }
 
 /// One buffer Mosaic keeps in VMEM: shape, element bytes and how many copies.
@@ -198,22 +197,26 @@ pub struct VmemBuffer {
     pub count: u64,
 }
 
-/// VMEM the buffers occupy at once, bytes, with VMEM's tile padding
-/// ([`tpusim_kernel::splash::tile_bytes`]: the last dimension padded to 128 lanes, the second
+impl VmemBuffer {
+    /// The kernel crate's description of this buffer ([`tpusim_kernel::vmem`]): a window of
+    /// `count` buffers, or (count 1, `scratch`) a scratch operand.
+    pub fn to_kernel(&self, scratch: bool) -> tpusim_kernel::VmemBuffer {
+        use tpusim_kernel::vmem::Role;
+        let dtype = tpusim_kernel::dtype::Dtype::of_bytes(self.elem_bytes).unwrap_or(tpusim_kernel::dtype::Dtype::F32);
+        let role = if scratch { Role::Scratch } else { Role::Window { buffers: self.count as u32 } };
+        tpusim_kernel::VmemBuffer { name: self.name.clone(), shape: self.shape.clone(), dtype, role }
+    }
+}
+
+/// VMEM the buffers occupy at once, bytes, by the kernel crate's one rule
+/// ([`tpusim_kernel::vmem::tiled_bytes`]: the last dimension padded to 128 lanes, the second
 /// last to the tile height of the element type) times the leading dimensions and the count.
 pub fn vmem_buffers_bytes(buffers: &[VmemBuffer]) -> Vec<(String, u64)> {
     buffers
         .iter()
         .map(|b| {
-            let n = b.shape.len();
-            let (rows, cols) = match n {
-                0 => (1, 1),
-                1 => (1, b.shape[0]),
-                _ => (b.shape[n - 2], b.shape[n - 1]),
-            };
-            let lead: u64 = b.shape.iter().take(n.saturating_sub(2)).product();
             let name = if b.count == 1 { b.name.clone() } else { format!("{} x{}", b.name, b.count) };
-            (name, b.count * lead.max(1) * tpusim_kernel::splash::tile_bytes(rows, cols, b.elem_bytes))
+            (name, b.count * b.to_kernel(true).bytes())
         })
         .collect()
 }

@@ -923,7 +923,8 @@ pub fn lower(chip: &ChipModel, d: &Description, dir: &Path) -> Result<(Program, 
         });
         n
     };
-    // VMEM: windows x their buffer counts, scratch once, the largest intermediate twice.
+    // VMEM by the kernel crate's one rule (tpusim_kernel::vmem): windows x their buffer counts,
+    // scratch once, the largest body value once.
     let mut buffers = Vec::new();
     for r in &d.refs {
         if r.memory_space != MemorySpace::Vmem {
@@ -935,15 +936,15 @@ pub fn lower(chip: &ChipModel, d: &Description, dir: &Path) -> Result<(Program, 
             RefKind::Prefetch => 0,
         };
         if count > 0 {
-            buffers.push(VmemBuffer { name: r.name.clone(), shape: r.shape.clone(), elem_bytes: dtype_bytes(&r.dtype, "dtype")?, count });
+            let b = VmemBuffer { name: r.name.clone(), shape: r.shape.clone(), elem_bytes: dtype_bytes(&r.dtype, "dtype")?, count };
+            buffers.push(b.to_kernel(r.kind == RefKind::Scratch));
         }
     }
-    let mut vmem_list = cost::vmem_buffers_bytes(&buffers);
-    if largest > 0 {
-        vmem_list.push(("largest intermediate x2".into(), 2 * largest));
-    }
     let limit = d.vmem_limit_bytes.unwrap_or_else(|| chip.vmem_limit_bytes());
-    let vmem = VmemBudget { buffers: vmem_list, limit_bytes: limit };
+    let mut vmem = tpusim_kernel::footprint(&buffers, limit);
+    if largest > 0 {
+        vmem.buffers.push(("largest body value".into(), largest));
+    }
     if vmem.total() > limit {
         return Err(PallasError::Kernel {
             kernel: d.kernel_name.clone(),

@@ -138,7 +138,7 @@ pub fn describe(r: &JobRun) -> String {
                 c.masking
             )
         }
-        Job::Matmul { workload: m, config: c } => {
+        Job::Matmul { workload: m, config: c, .. } => {
             format!("{}: {chip}, matmul {} x {} x {}, blocks {}/{}/{}", r.label, m.m, m.n, m.k, c.block_m, c.block_n, c.block_k)
         }
     }

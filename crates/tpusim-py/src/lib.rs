@@ -564,6 +564,14 @@ impl PyReport {
     fn tiles<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         self.get(py, "tiles")
     }
+    /// How sure the prediction is: `{chip, family, direction, scope, covered, n,
+    /// median_abs_error, p90_abs_error, text}`, the leave-one-out |error| of the calibration rows
+    /// of this job's chip, kernel family, direction and scope (`covered` false, without the
+    /// error figures, when fewer than 5 rows stand behind it).
+    #[getter]
+    fn band<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        self.get(py, "band")
+    }
     /// The whole report as a dict (the JSON of `tpusim run --format json`).
     fn to_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         from_json(py, &self.json)

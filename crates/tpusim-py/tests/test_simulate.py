@@ -240,3 +240,16 @@ def test_chip_models_and_overrides():
     assert json.loads(out) == base
     with pytest.raises(tpusim.InputError, match="v9z"):
         tpusim.chip("v9z")
+
+
+def test_reports_say_how_sure_they_are_and_time_host_timed_calls():
+    r = tpusim.simulate(heads=8, seq_len=4096, mask="causal", block_q=512, block_kv=512, scope="op")
+    assert r.band["covered"] and r.band["n"] >= 5
+    assert r.band["text"].startswith("v6e tokamax-splash fwd op: median ")
+    call = tpusim.simulate(chip="v5p", kernel="splash", heads=8, seq_len=2048, block_q=512, block_kv=512,
+                           scope="call", input_layout="bshd")
+    assert not call.band["covered"] and "median_abs_error" not in call.band
+    assert call.band["text"].startswith("not covered by measurements: chip v5p, family splash")
+    assert call.host_ms == pytest.approx(0.424)
+    assert call.to_dict() == run_json("--chip", "v5p", "--kernel", "splash", "--heads", "8", "--seq-len", "2048", "--block-q", "512",
+                                      "--block-kv", "512", "--scope", "call", "--input-layout", "bshd")

@@ -7,7 +7,7 @@
 //! values with the same words.
 
 use crate::spec::JobSpec;
-use tpusim_kernel::{Direction, Exp, Kernel, MaskSource, Masking, Scope, Traversal};
+use tpusim_kernel::{Direction, Exp, InputLayout, Kernel, MaskSource, Masking, Scope, Traversal};
 use tpusim_workload::{MAX_DIM, MAX_HEADS, MAX_HEAD_DIM};
 
 /// What a job field takes.
@@ -49,6 +49,8 @@ pub enum WordField {
     MaskSource,
     /// `exp`.
     Exp,
+    /// `input_layout`.
+    InputLayout,
 }
 
 impl WordField {
@@ -62,6 +64,7 @@ impl WordField {
             WordField::Masking => Masking::allowed(),
             WordField::MaskSource => MaskSource::allowed(),
             WordField::Exp => Exp::allowed(),
+            WordField::InputLayout => InputLayout::allowed(),
         }
     }
 
@@ -75,6 +78,7 @@ impl WordField {
             WordField::Masking => word.parse::<Masking>().is_ok(),
             WordField::MaskSource => word.parse::<MaskSource>().is_ok(),
             WordField::Exp => word.parse::<Exp>().is_ok(),
+            WordField::InputLayout => word.parse::<InputLayout>().is_ok(),
         }
     }
 }
@@ -126,6 +130,7 @@ pub fn rule(field: &str) -> Option<Rule> {
         "masking" => Some(Rule::Word(WordField::Masking)),
         "mask_source" => Some(Rule::Word(WordField::MaskSource)),
         "exp" => Some(Rule::Word(WordField::Exp)),
+        "input_layout" => Some(Rule::Word(WordField::InputLayout)),
         "tile_align" | "experimental_scheduler" | "return_residuals" | "fused_bwd" => Some(Rule::Bool),
         "vmem_limit_mib" => Some(Rule::Mib),
         "chip" | "mask" => Some(Rule::Text),

@@ -7,6 +7,7 @@
 //! (`tpusim-plot`). Depends on every lower crate (chip, workload, kernel, engine); never on the
 //! crates above it.
 
+pub mod bands;
 pub mod fields;
 pub mod ir;
 pub mod notes;
@@ -29,6 +30,9 @@ use tpusim_workload::{AttentionCall, Mask, MatmulCall};
 /// What to run: a kernel, its workload and its configuration.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "kind", rename_all = "lowercase")]
+// An attention job carries its workload and whole configuration by value: jobs are built once
+// per run or sweep point and moved, so the variants' size difference costs nothing.
+#[allow(clippy::large_enum_variant)]
 pub enum Job {
     /// Splash-style attention.
     Attention {
@@ -47,6 +51,8 @@ pub enum Job {
         workload: MatmulCall,
         /// Block sizes.
         config: MatmulConfig,
+        /// The kernel alone (`op` is the same: nothing else runs), or a host-timed call.
+        scope: Scope,
     },
 }
 
@@ -66,8 +72,9 @@ impl Job {
     pub fn lower(&self, chip: &ChipModel) -> Result<Lowered, KernelError> {
         match self {
             Job::Attention { workload, config, direction, scope } => lower_attention(chip, workload, config, *direction, *scope),
-            Job::Matmul { workload, config } => Ok(Lowered {
+            Job::Matmul { workload, config, scope } => Ok(Lowered {
                 phases: vec![Phase { part: Part::Forward, work: PhaseWork::Kernel(std::sync::Arc::new(matmul::lower(chip, workload, config)?)) }],
+                host_calls: u32::from(*scope == Scope::Call),
             }),
         }
     }
@@ -108,6 +115,44 @@ pub struct Run {
     pub result: SimResult,
     /// For attention with a non-full mask: the same kernel and blocks with the full mask.
     pub dense: Option<SimResult>,
+}
+
+/// Every phase of a lowered call simulated in order (the engine's [`simulate_lowered`]), then
+/// the host's dispatch and sync when the call is host-timed ([`host_phase`]). Every front end
+/// that times a lowered job goes through it.
+pub fn simulate_call(chip: &ChipModel, lowered: &Lowered) -> Vec<PhaseResult> {
+    let mut phases = simulate_lowered(chip, lowered);
+    if lowered.host_calls > 0 {
+        phases.push(host_phase(chip, lowered.host_calls));
+    }
+    phases
+}
+
+/// The host's dispatch and sync of `calls` jitted calls (scope `call`), as a phase of the call:
+/// `calls x host.dispatch_us` of time on no unit of the device (its busy time and critical path
+/// are zero; [`Report::host_ms`] names it).
+pub fn host_phase(chip: &ChipModel, calls: u32) -> PhaseResult {
+    let seconds = calls as f64 * chip.host_dispatch_s();
+    let cycles = seconds * chip.clock_hz();
+    let cores = chip.tensorcores() as usize;
+    PhaseResult {
+        part: Part::Host,
+        name: "host dispatch and sync".into(),
+        result: SimResult {
+            cycles,
+            seconds,
+            busy: UnitCycles::default(),
+            flops: 0.0,
+            transcendentals: 0.0,
+            hbm_bytes: 0,
+            grid_steps: 0,
+            class_timing: Vec::new(),
+            class_steps: Vec::new(),
+            dma_stall_cycles: 0.0,
+            critical: UnitCycles::default(),
+            cores: vec![CoreResult { cycles, grid_steps: 0, busy: UnitCycles::default() }; cores],
+        },
+    }
 }
 
 /// The whole call's result from its phases, which run one after another: times, work and bytes
@@ -163,7 +208,7 @@ pub fn run(chip: &ChipModel, job: &Job) -> Result<Run, KernelError> {
     // The job's own errors come first; its dense baseline is lowered only when it lowers.
     let lowered = job.lower(chip)?;
     let dense = match job.dense_baseline() {
-        Some(d) => Some(combine(chip, &simulate_lowered(chip, &d.lower(chip)?))),
+        Some(d) => Some(combine(chip, &simulate_call(chip, &d.lower(chip)?))),
         None => None,
     };
     Ok(run_lowered(chip, job, lowered, dense))
@@ -184,7 +229,7 @@ pub fn run_with_dense(chip: &ChipModel, job: &Job, dense: Option<SimResult>) -> 
 /// # Panics
 /// Never for a lowering of `job` ([`Job::lower`] always yields a kernel).
 pub fn run_lowered(chip: &ChipModel, job: &Job, lowered: Lowered, dense: Option<SimResult>) -> Run {
-    let phases = simulate_lowered(chip, &lowered);
+    let phases = simulate_call(chip, &lowered);
     let result = combine(chip, &phases);
     let program = lowered
         .phases
@@ -209,6 +254,9 @@ pub struct Report {
     pub kernel: tpusim_kernel::Kernel,
     /// Predicted latency, milliseconds.
     pub latency_ms: f64,
+    /// How sure the prediction is: the leave-one-out error band of the calibration rows of the
+    /// job's chip, kernel family, direction and scope ([`bands::band_for`]), or that none covers it.
+    pub band: bands::ReportBand,
     /// Predicted latency, cycles.
     pub cycles: f64,
     /// Clock of the chip model, GHz.
@@ -240,7 +288,7 @@ pub struct Report {
     pub busy_ms: PerUnit<f64>,
     /// Time step bodies waited for input DMAs beyond the step overhead, milliseconds.
     pub dma_stall_ms: f64,
-    /// The critical path split by unit, milliseconds (sums to `latency_ms`): which unit the run
+    /// The critical path split by unit, milliseconds (sums to `latency_ms` - `host_ms`): which unit the run
     /// was waiting on, by throughput or by latency. `bottleneck` is its largest entry.
     pub critical_path_ms: PerUnit<f64>,
     /// What ran: workload and kernel configuration.
@@ -283,7 +331,10 @@ pub struct Report {
     /// Time in the XLA ops outside the kernels (the library's transposes, scalings and
     /// reductions, the backward's precompute), milliseconds.
     pub outside_kernel_ms: f64,
-    /// Each phase of the call in order: kernels and XLA ops.
+    /// The host's dispatch and sync of the call, milliseconds (scope `call`; the chip model's
+    /// `[host]`): part of `latency_ms`, on no unit of the device, so outside the critical path.
+    pub host_ms: f64,
+    /// Each phase of the call in order: kernels, XLA ops and (scope `call`) the host's dispatch.
     pub phases: Vec<PhaseSummary>,
     /// Per TensorCore of the device: busy time per unit, milliseconds (megacore devices split the
     /// kernels' parallel grid dimensions over their cores).
@@ -443,32 +494,38 @@ impl Report {
         let ms = |c: f64| c / chip.clock_hz() * 1e3;
         let seconds = r.seconds.max(f64::MIN_POSITIVE);
         let info = &run.program.info;
+        // The simulated phases follow the lowered ones; a host phase (scope call) comes last.
         let phases: Vec<PhaseSummary> = run
             .phases
             .iter()
-            .zip(&run.lowered.phases)
-            .map(|(p, l)| PhaseSummary {
-                part: p.part,
-                name: p.name.clone(),
-                kernel: matches!(l.work, PhaseWork::Kernel(_)),
-                latency_ms: p.result.seconds * 1e3,
-                flops: p.result.flops,
-                hbm_bytes: p.result.hbm_bytes,
-                grid_steps: p.result.grid_steps,
-                bottleneck: p.result.bottleneck(),
-                tiles: match &l.work {
-                    PhaseWork::Kernel(k) => k.info.tiles,
-                    PhaseWork::Fusion(_) => None,
-                },
+            .enumerate()
+            .map(|(i, p)| {
+                let l = run.lowered.phases.get(i);
+                PhaseSummary {
+                    part: p.part,
+                    name: p.name.clone(),
+                    kernel: l.is_some_and(|l| matches!(l.work, PhaseWork::Kernel(_))),
+                    latency_ms: p.result.seconds * 1e3,
+                    flops: p.result.flops,
+                    hbm_bytes: p.result.hbm_bytes,
+                    grid_steps: p.result.grid_steps,
+                    bottleneck: p.result.bottleneck(),
+                    tiles: l.and_then(|l| match &l.work {
+                        PhaseWork::Kernel(k) => k.info.tiles,
+                        PhaseWork::Fusion(_) => None,
+                    }),
+                }
             })
             .collect();
         let kernel_ms: f64 = phases.iter().filter(|p| p.kernel).map(|p| p.latency_ms).sum();
-        let outside_kernel_ms: f64 = phases.iter().filter(|p| !p.kernel).map(|p| p.latency_ms).sum();
+        let host_ms: f64 = phases.iter().filter(|p| p.part == Part::Host).map(|p| p.latency_ms).sum();
+        let outside_kernel_ms: f64 = phases.iter().filter(|p| !p.kernel && p.part != Part::Host).map(|p| p.latency_ms).sum();
         let mut rep = Report {
             chip: chip.name.clone(),
             chip_model: identity,
             kernel: run.job.kernel(),
             latency_ms: r.seconds * 1e3,
+            band: bands::band_for(chip, &run.job),
             cycles: r.cycles,
             clock_ghz: chip.device.clock_ghz.value,
             flops: r.flops,
@@ -504,6 +561,7 @@ impl Report {
             speedup_vs_dense: None,
             kernel_ms,
             outside_kernel_ms,
+            host_ms,
             phases,
             cores: r.cores.iter().map(|c| CoreSummary { grid_steps: c.grid_steps, busy_ms: PerUnit(c.busy.0.map(ms)) }).collect(),
             step_classes: run
@@ -526,6 +584,11 @@ impl Report {
             notes: Vec::new(),
             measured: None,
         };
+        if let Job::Attention { config: c, direction, .. } = &run.job {
+            if *direction != Direction::Fwd {
+                rep.notes.extend(backward_block_notes(c));
+            }
+        }
         if let (Job::Attention { workload: w, config: c, .. }, Some(t)) = (&run.job, info.tiles) {
             rep.notes.extend(w.mask.notes());
             if c.masking == tpusim_kernel::Masking::None && t.partial > 0 {
@@ -622,7 +685,7 @@ impl Report {
                     }
                 }
             }
-            Job::Matmul { workload: m, config: c } => {
+            Job::Matmul { workload: m, config: c, .. } => {
                 let _ = writeln!(s, "tpusim: {} matmul on {}", c.kernel, self.chip);
                 let _ = writeln!(s, "  workload     M {} x N {} x K {} bf16", m.m, m.n, m.k);
                 let _ = writeln!(s, "  kernel       block_m {}, block_n {}, block_k {}", c.block_m, c.block_n, c.block_k);
@@ -649,6 +712,12 @@ impl Report {
                 100.0 * m.error
             );
         }
+        let _ = writeln!(
+            s,
+            "  band         {}{}",
+            self.band.text,
+            if self.band.covered { " (leave-one-out |error| over the calibration rows)" } else { "" }
+        );
         let _ = writeln!(
             s,
             "  compute      {:.3e} FLOP executed, {:.1} TFLOP/s = {:.1}% MFU (peak {:.0} TFLOP/s)",
@@ -704,8 +773,10 @@ impl Report {
             let _ = writeln!(s);
             let _ = writeln!(
                 s,
-                "  phases       {:.3} ms in the kernels, {:.3} ms in XLA ops outside them",
-                self.kernel_ms, self.outside_kernel_ms
+                "  phases       {:.3} ms in the kernels, {:.3} ms in XLA ops outside them{}",
+                self.kernel_ms,
+                self.outside_kernel_ms,
+                if self.host_ms > 0.0 { format!(", {:.3} ms host dispatch and sync", self.host_ms) } else { String::new() }
             );
             for p in &self.phases {
                 let tiles =
@@ -718,6 +789,8 @@ impl Report {
                     p.name,
                     if p.kernel {
                         format!("{} steps, bound by {}", p.grid_steps, p.bottleneck)
+                    } else if p.part == Part::Host {
+                        "host".to_string()
                     } else {
                         format!("{:.3} GB", p.hbm_bytes as f64 / 1e9)
                     }
@@ -775,6 +848,38 @@ impl Report {
         }
         s
     }
+}
+
+/// Where a backward run's blocks came from, for each backward kernel whose blocks the job did not
+/// give: the family's backward defaults, or the forward's blocks (the library's rule,
+/// [`tpusim_kernel::options::BwdRule`]).
+fn backward_block_notes(c: &SplashConfig) -> Vec<String> {
+    use tpusim_kernel::options::BwdRule;
+    use tpusim_kernel::splash::bwd::BlockOrigin;
+    let b = &c.bwd;
+    let why = |o: BlockOrigin| match (o, c.kernel.defaults().bwd_rule) {
+        (BlockOrigin::Given, _) => None,
+        (BlockOrigin::Forward, _) => Some(format!("the forward's blocks, as {} derives backward blocks it is not given", c.kernel)),
+        (BlockOrigin::FamilyDefault, BwdRule::OwnDefaults) => Some(format!("{}'s backward default, whatever the forward's blocks", c.kernel)),
+        (BlockOrigin::FamilyDefault, _) => Some(format!("{}'s default block sizes", c.kernel)),
+    };
+    let mut notes = Vec::new();
+    let kernel = if b.fused { "fused dq/dk/dv" } else { "dkv" };
+    if let Some(w) = why(b.origin.dkv) {
+        notes.push(format!(
+            "backward blocks not given: the {kernel} kernel runs at block_q_dkv {}, block_kv_dkv {}, block_kv_dkv_compute {} ({w}); give --block-q-dkv --block-kv-dkv --block-kv-dkv-compute to choose",
+            b.block_q_dkv, b.block_kv_dkv, b.block_kv_dkv_compute
+        ));
+    }
+    if !b.fused {
+        if let Some(w) = why(b.origin.dq) {
+            notes.push(format!(
+                "backward blocks not given: the dq kernel runs at block_q_dq {}, block_kv_dq {} ({w}); give --block-q-dq --block-kv-dq to choose",
+                b.block_q_dq, b.block_kv_dq
+            ));
+        }
+    }
+    notes
 }
 
 pub(crate) fn bar(u: f64) -> String {

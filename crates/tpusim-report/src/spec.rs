@@ -130,11 +130,19 @@ pub struct JobSpec {
     #[arg(long, value_enum)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub direction: Option<Direction>,
-    /// What a simulated time covers: the Pallas kernels alone, or every XLA op of the library
-    /// call (tokamax's transposes and scalings around its kernels) [default: kernel].
+    /// What a simulated time covers: the Pallas kernels alone, every XLA op of the library
+    /// call (tokamax's transposes and scalings around its kernels), or a host-timed jitted call
+    /// (those ops plus the host's dispatch and sync, the chip model's host section) [default: kernel].
     #[arg(long, value_enum)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scope: Option<Scope>,
+    /// The layout of the caller's q, k, v and o: bhsd, or bshd for a wrapper that swaps the
+    /// sequence and head axes around the kernel (axlearn's and Levanter's Splash layers; counted
+    /// in --scope op and call) [default: the kernel family's API: bshd for tokamax-splash, bhsd
+    /// otherwise].
+    #[arg(long, value_enum)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_layout: Option<tpusim_kernel::InputLayout>,
     /// Batch size [default: 1].
     #[arg(long, allow_negative_numbers = true, value_parser = whole::<1, { tpusim_workload::MAX_DIM }>)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -187,7 +195,9 @@ pub struct JobSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub block_kv: Option<u64>,
     /// Width of the inner matmul/softmax sub-tile (multiple of 128 dividing --block-kv)
-    /// [default: the kernel family's, or the largest width that fits the VMEM limit].
+    /// [default: the kernel family's; with --block-kv given, --block-kv (JAX's and MaxDiffusion's
+    /// kernels), or the largest width that fits the VMEM limit (tokamax-splash, whose Config has
+    /// no default)].
     #[arg(long, allow_negative_numbers = true, value_parser = whole::<1, { tpusim_workload::MAX_DIM }>)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub block_kv_compute: Option<u64>,
@@ -225,11 +235,13 @@ pub struct JobSpec {
     #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", value_name = "BOOL")]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub return_residuals: Option<bool>,
-    /// q rows per block of the backward's dkv (or fused) kernel [default: the kernel family's: 128].
+    /// q rows per block of the backward's dkv (or fused) kernel [default: the kernel family's:
+    /// 128 for tokamax-splash, --block-q for MaxDiffusion's kernels; JAX's need it once any block
+    /// is given].
     #[arg(long, allow_negative_numbers = true, value_parser = whole::<1, { tpusim_workload::MAX_DIM }>)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub block_q_dkv: Option<u64>,
-    /// kv rows per block of the dkv kernel [default: the kernel family's: 128].
+    /// kv rows per block of the dkv kernel [default: as --block-q-dkv: 128, or --block-kv].
     #[arg(long, allow_negative_numbers = true, value_parser = whole::<1, { tpusim_workload::MAX_DIM }>)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub block_kv_dkv: Option<u64>,
@@ -237,11 +249,12 @@ pub struct JobSpec {
     #[arg(long, allow_negative_numbers = true, value_parser = whole::<1, { tpusim_workload::MAX_DIM }>)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub block_kv_dkv_compute: Option<u64>,
-    /// q rows per block of the dq kernel (unfused backward) [default: 128].
+    /// q rows per block of the dq kernel (unfused backward) [default: 128, or --block-q for
+    /// MaxDiffusion's kernels; JAX's need it once any block is given].
     #[arg(long, allow_negative_numbers = true, value_parser = whole::<1, { tpusim_workload::MAX_DIM }>)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub block_q_dq: Option<u64>,
-    /// kv rows per block of the dq kernel (unfused backward) [default: 128].
+    /// kv rows per block of the dq kernel (unfused backward) [default: 128, or --block-kv].
     #[arg(long, allow_negative_numbers = true, value_parser = whole::<1, { tpusim_workload::MAX_DIM }>)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub block_kv_dq: Option<u64>,
@@ -310,7 +323,7 @@ fn mib(s: &str) -> Result<f64, String> {
 /// Fields that describe attention (refused for matmul kernels).
 const ATTENTION_ONLY: &[&str] = &[
     "direction",
-    "scope",
+    "input_layout",
     "exp",
     "experimental_scheduler",
     "return_residuals",
@@ -493,7 +506,7 @@ impl JobSpec {
             KernelKind::Matmul => {
                 let workload = self.matmul_call()?;
                 let config = self.matmul_config(kernel, &workload, vmem_limit_bytes);
-                Ok(Job::Matmul { workload, config })
+                Ok(Job::Matmul { workload, config, scope: self.scope.unwrap_or(Scope::Kernel) })
             }
             KernelKind::Copy => Err(SpecError::field("kernel", kernel, "an HBM copy is not a kernel tpusim runs on its own")),
         }
@@ -612,21 +625,34 @@ impl JobSpec {
         config.exp = self.exp.unwrap_or(d.exp);
         config.experimental_scheduler = self.experimental_scheduler.unwrap_or(d.experimental_scheduler);
         config.return_residuals = self.return_residuals.unwrap_or(false);
-        config.bwd = self.backward_blocks(kernel)?;
+        config.input_layout = self.input_layout.unwrap_or(d.input_layout);
+        if d.transposes_around && config.input_layout != d.input_layout {
+            return Err(SpecError::field(
+                "input_layout",
+                config.input_layout,
+                format!("{kernel}'s API takes [batch, sequence, heads, head_dim] arrays (`input_layout` {})", d.input_layout),
+            ));
+        }
         config.vmem_limit_bytes = vmem_limit_bytes;
         config.block_kv_compute = match (self.block_kv_compute, d.blocks.compute, self.block_kv) {
             (Some(v), _, _) => v,
             // The family's compute width applies to its own block_kv; with a block_kv given, the
-            // width follows it (Splash: block_kv_compute = block_kv when unset).
+            // family's rule (block_kv itself, or the largest width that fits).
             (None, Some(c), None) => c,
             _ => splash::default_compute(w, &config, chip),
         };
+        config.bwd = self.backward_blocks(kernel, &config)?;
         Ok(config)
     }
 
-    /// The backward blocks: the family's, overridden by the fields given; the dkv compute width
-    /// follows `block_kv_dkv` when only that is given.
-    fn backward_blocks(&self, kernel: Kernel) -> Result<BwdBlocks, SpecError> {
+    /// The backward blocks by the family's rule ([`tpusim_kernel::options::BwdRule`]): its own
+    /// defaults, the forward's blocks, or - for JAX's kernels, once any block is given - the
+    /// fields given and nothing else (a backward then needs them; [`JobSpec::check_backward`]);
+    /// then the fields given. The dkv compute width follows `block_kv_dkv` when only that is
+    /// given.
+    fn backward_blocks(&self, kernel: Kernel, fwd: &SplashConfig) -> Result<BwdBlocks, SpecError> {
+        use tpusim_kernel::options::BwdRule;
+        use tpusim_kernel::splash::bwd::BlockOrigin;
         let mut b = BwdBlocks::for_family(kernel);
         let fused = if self.no_fused_bwd { Some(false) } else { self.fused_bwd };
         if fused == Some(false) && kernel == Kernel::TokamaxSplash {
@@ -637,28 +663,70 @@ impl JobSpec {
             ));
         }
         b.fused = fused.unwrap_or(b.fused);
-        if let Some(v) = self.block_q_dkv {
-            b.block_q_dkv = v;
+        if kernel.defaults().bwd_rule == BwdRule::InheritForward {
+            (b.block_q_dkv, b.block_kv_dkv, b.block_kv_dkv_compute) = (fwd.block_q, fwd.block_kv, fwd.block_kv_compute);
+            (b.block_q_dq, b.block_kv_dq) = (fwd.block_q, fwd.block_kv);
+            b.origin.dkv = BlockOrigin::Forward;
+            b.origin.dq = BlockOrigin::Forward;
         }
+        let given = |v: Option<u64>, slot: &mut u64| {
+            if let Some(v) = v {
+                *slot = v;
+            }
+        };
+        given(self.block_q_dkv, &mut b.block_q_dkv);
         if let Some(v) = self.block_kv_dkv {
             b.block_kv_dkv = v;
             b.block_kv_dkv_compute = v;
         }
-        if let Some(v) = self.block_kv_dkv_compute {
-            b.block_kv_dkv_compute = v;
+        given(self.block_kv_dkv_compute, &mut b.block_kv_dkv_compute);
+        given(self.block_q_dq, &mut b.block_q_dq);
+        given(self.block_kv_dq, &mut b.block_kv_dq);
+        if self.block_q_dkv.is_some() && self.block_kv_dkv.is_some() {
+            b.origin.dkv = BlockOrigin::Given;
         }
-        if let Some(v) = self.block_q_dq {
-            b.block_q_dq = v;
-        }
-        if let Some(v) = self.block_kv_dq {
-            b.block_kv_dq = v;
+        if self.block_q_dq.is_some() && self.block_kv_dq.is_some() {
+            b.origin.dq = BlockOrigin::Given;
         }
         Ok(b)
     }
 
-    /// Backward fields need a backward, and the dq kernel's blocks an unfused one.
+    /// The backward block fields a JAX-family job must give to run a backward: JAX's Splash and
+    /// flash attention refuse a `BlockSizes` without its backward blocks ("Need to specify
+    /// backward blocks."), and a job that gives any block gives its `BlockSizes`; with no block
+    /// given, `BlockSizes.get_default()` sets them all. Empty when none is missing.
+    fn missing_backward_blocks(&self, kernel: Kernel, fused: bool) -> Vec<&'static str> {
+        use tpusim_kernel::options::BwdRule;
+        let set = self.set_fields();
+        let blocks = ["block_q", "block_kv", "block_kv_compute", "block_q_dkv", "block_kv_dkv", "block_kv_dkv_compute", "block_q_dq", "block_kv_dq"];
+        if kernel.defaults().bwd_rule != BwdRule::Required || !blocks.iter().any(|f| set.contains_key(*f)) {
+            return Vec::new();
+        }
+        // block_kv_dkv_compute defaults to block_kv_dkv (Splash's BlockSizes).
+        let mut need = vec!["block_q_dkv", "block_kv_dkv"];
+        if !fused {
+            need.extend(["block_q_dq", "block_kv_dq"]);
+        }
+        need.into_iter().filter(|f| !set.contains_key(*f)).collect()
+    }
+
+    /// Backward fields need a backward, and the dq kernel's blocks an unfused one; a JAX-family
+    /// backward needs its blocks once any block is given ([`JobSpec::missing_backward_blocks`]).
     fn check_backward(&self, config: &SplashConfig, direction: Direction) -> Result<(), SpecError> {
         let set = self.set_fields();
+        let missing = self.missing_backward_blocks(config.kernel, config.bwd.fused);
+        if direction != Direction::Fwd && !missing.is_empty() {
+            let list: Vec<String> = missing.iter().map(|f| format!("`{f}`")).collect();
+            return Err(SpecError::field(
+                missing[0],
+                "unset",
+                format!(
+                    "{}'s BlockSizes with block sizes given cannot run a backward without its backward blocks (\"Need to specify backward blocks.\"): give {} too, or no block at all for its defaults (every block 128)",
+                    config.kernel,
+                    tpusim_kernel::words::or_list(&list.iter().map(String::as_str).collect::<Vec<_>>()).replace(" or ", " and ")
+                ),
+            ));
+        }
         if direction == Direction::Fwd {
             if let Some(f) = ["block_q_dkv", "block_kv_dkv", "block_kv_dkv_compute", "block_q_dq", "block_kv_dq", "fused_bwd"]
                 .iter()
@@ -723,6 +791,8 @@ impl Job {
                 exp: Some(c.exp),
                 experimental_scheduler: Some(c.experimental_scheduler),
                 return_residuals: Some(c.return_residuals),
+                // The family's own layout goes unsaid (it is what the library's API takes).
+                input_layout: (c.input_layout != c.kernel.defaults().input_layout).then_some(c.input_layout),
                 block_q_dkv: (*direction != Direction::Fwd).then_some(c.bwd.block_q_dkv),
                 block_kv_dkv: (*direction != Direction::Fwd).then_some(c.bwd.block_kv_dkv),
                 block_kv_dkv_compute: (*direction != Direction::Fwd).then_some(c.bwd.block_kv_dkv_compute),
@@ -747,8 +817,9 @@ impl Job {
                 vmem_limit_mib: c.vmem_limit_bytes.map(|b| b as f64 / 1048576.0),
                 ..Default::default()
             },
-            Job::Matmul { workload: m, config: c } => JobSpec {
+            Job::Matmul { workload: m, config: c, scope } => JobSpec {
                 kernel: Some(c.kernel),
+                scope: (*scope != Scope::Kernel).then_some(*scope),
                 m: Some(m.m),
                 n: Some(m.n),
                 k: Some(m.k),

@@ -202,8 +202,40 @@ fn bad_backward_blocks_are_refused_naming_the_field() {
     refuse(&format!("direction = 'bwd'\n{base}block_q_dkv = 100\n"), &["block_q_dkv", "100"]);
     refuse(&format!("direction = 'bwd'\n{base}block_kv_dkv = 1000\n"), &["block_kv_dkv", "1000"]);
     refuse(&format!("direction = 'bwd'\n{base}block_kv_dkv = 1024\nblock_kv_dkv_compute = 384\n"), &["block_kv_dkv_compute", "384"]);
-    refuse(&format!("kernel = 'splash'\ndirection = 'bwd'\nfused_bwd = false\n{base}block_q_dq = 12\n"), &["block_q_dq", "12"]);
+    let jax_blocks = "block_q_dkv = 512\nblock_kv_dkv = 512\nblock_kv_dq = 512\n";
+    refuse(&format!("kernel = 'splash'\ndirection = 'bwd'\nfused_bwd = false\n{base}{jax_blocks}block_q_dq = 12\n"), &["block_q_dq", "12"]);
+    // JAX's BlockSizes with blocks given but not the backward's cannot run a backward.
+    refuse(&format!("kernel = 'splash'\ndirection = 'fwd+bwd'\n{base}block_q = 512\nblock_kv = 512\n"), &["block_q_dkv", "block_kv_dq", "Need to specify backward blocks"]);
+    refuse(&format!("kernel = 'flash-attention'\ndirection = 'bwd'\n{base}block_q_dkv = 512\nblock_kv_dkv = 512\n"), &["block_q_dq", "block_kv_dq"]);
     // Backward blocks with a forward-only job, and the unfused path on tokamax (fused only).
     refuse(&format!("direction = 'fwd'\n{base}block_q_dkv = 512\n"), &["block_q_dkv"]);
     refuse(&format!("kernel = 'tokamax-splash'\ndirection = 'bwd'\nfused_bwd = false\n{base}"), &["fused_bwd"]);
+}
+
+/// Backward blocks a job does not give come from the family's rule: JAX's defaults when no block
+/// is given at all, the forward's blocks for MaxDiffusion's kernels, tokamax's own backward
+/// defaults whatever the forward's; the report says which.
+#[test]
+fn backward_blocks_follow_each_library() {
+    let base = "heads = 2\nseq_len = 4096\nhead_dim = 128\ndirection = 'fwd+bwd'\n";
+    let fwd = "block_q = 1024\nblock_kv = 512\nblock_kv_compute = 256\n";
+    let config = |toml: &str| {
+        let s = spec(toml);
+        match s.build(&s.chip().unwrap()).unwrap() {
+            tpusim_report::Job::Attention { config, .. } => config.bwd,
+            _ => panic!("attention"),
+        }
+    };
+    let b = config(&format!("kernel = 'sparse-splash'\n{base}{fwd}"));
+    assert_eq!((b.block_q_dkv, b.block_kv_dkv, b.block_kv_dkv_compute, b.block_q_dq, b.block_kv_dq), (1024, 512, 256, 1024, 512));
+    let b = config(&format!("kernel = 'sparse-splash'\n{base}{fwd}block_q_dq = 256\nblock_kv_dq = 256\n"));
+    assert_eq!((b.block_q_dkv, b.block_q_dq, b.block_kv_dq), (1024, 256, 256));
+    let b = config(&format!("kernel = 'tokamax-splash'\n{base}{fwd}"));
+    assert_eq!((b.block_q_dkv, b.block_kv_dkv, b.block_kv_dkv_compute), (128, 128, 128));
+    let b = config(&format!("kernel = 'splash'\n{base}"));
+    assert_eq!((b.block_q_dkv, b.block_q_dq), (128, 128));
+    let rep = report(&format!("kernel = 'sparse-splash'\n{base}{fwd}"));
+    assert!(rep.notes.iter().any(|n| n.contains("dq kernel runs at block_q_dq 1024, block_kv_dq 512 (the forward's blocks")), "{:?}", rep.notes);
+    let rep = report(&format!("kernel = 'tokamax-splash'\n{base}{fwd}"));
+    assert!(rep.notes.iter().any(|n| n.contains("fused dq/dk/dv kernel runs at block_q_dkv 128") && n.contains("backward default")), "{:?}", rep.notes);
 }

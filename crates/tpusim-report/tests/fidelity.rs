@@ -126,3 +126,46 @@ fn tensors_larger_than_hbm_are_refused() {
     let e = refusal("batch = 1000000000\nseq_len = 128\n");
     assert!(e.contains("HBM") && e.contains("34359738368"), "{e}");
 }
+
+#[test]
+fn a_host_timed_call_is_every_device_op_plus_the_hosts_dispatch() {
+    let base = format!("chip = 'v5p'\nkernel = 'splash'\nbatch = 2\nheads = 8\nmask = 'causal'\n{SMALL}");
+    let op = report(&format!("{base}scope = 'op'\n"));
+    let call = report(&format!("{base}scope = 'call'\n"));
+    let dispatch_ms = tpusim_chip::ChipModel::preset("v5p").unwrap().host.dispatch_us.value * 1e-3;
+    assert_eq!(op.host_ms, 0.0);
+    assert!((call.host_ms - dispatch_ms).abs() < 1e-12, "{} vs {dispatch_ms}", call.host_ms);
+    assert!((call.latency_ms - op.latency_ms - dispatch_ms).abs() < 1e-9);
+    // The host's time is on no unit of the device: the critical path is the device's.
+    let crit = |r: &Report| r.critical_path_ms.iter().map(|(_, v)| v).sum::<f64>();
+    assert!((crit(&call) - (call.latency_ms - call.host_ms)).abs() < 1e-6 * call.latency_ms);
+    // JAX's Splash takes head-major arrays: nothing runs around it unless the caller's layout
+    // is [B, S, H, D], whose wrapper swaps q, k, v in and o out (read and written once each).
+    assert_eq!(op.outside_kernel_ms, 0.0);
+    let bshd = report(&format!("{base}scope = 'call'\ninput_layout = 'bshd'\n"));
+    let tensor = 2 * 2048 * 8 * 128 * 2;
+    assert_eq!(bshd.hbm_bytes - call.hbm_bytes, 4 * 2 * tensor);
+    let kernel = report(&format!("{base}scope = 'kernel'\ninput_layout = 'bshd'\n"));
+    assert_eq!(kernel.outside_kernel_ms + kernel.host_ms, 0.0);
+    // tokamax's API takes only [B, S, H, D].
+    assert!(refusal(&format!("kernel = 'tokamax-splash'\ninput_layout = 'bhsd'\n{SMALL}")).contains("input_layout"));
+    // A host-timed matmul (the Pallas tutorial's timings) pays the dispatch too.
+    let mm = |scope: &str| report(&format!("chip = 'v5e'\nkernel = 'pallas-matmul'\nm = 1024\nn = 1024\nk = 1024\nscope = '{scope}'\n"));
+    assert!((mm("call").latency_ms - mm("kernel").latency_ms - 0.108).abs() < 1e-9);
+}
+
+/// A handed-on check, not fitted to: apple/axlearn pull request 722's docstring, JAX Splash on a
+/// v5p device, batch 2, 2048 causal tokens, head_dim 128, every block 512, the mean of five
+/// host-timed forward calls of its [B, S, H, D] layer.
+#[test]
+fn axlearn_host_timed_splash_on_v5p() {
+    let measured = [(40, 1.0), (56, 1.3), (72, 1.5), (88, 1.8), (110, 1.9), (140, 2.3)];
+    for (heads, ms) in measured {
+        let r = report(&format!(
+            "chip = 'v5p'\nkernel = 'splash'\nbatch = 2\nheads = {heads}\nmask = 'causal'\nscope = 'call'\ninput_layout = 'bshd'\n{SMALL}"
+        ));
+        let err = r.latency_ms / ms - 1.0;
+        println!("{heads} heads: {:.3} ms vs {ms} ms ({:+.1}%)", r.latency_ms, 100.0 * err);
+        assert!(err.abs() <= 0.15, "{heads} heads: {:.3} ms vs {ms} ms", r.latency_ms);
+    }
+}

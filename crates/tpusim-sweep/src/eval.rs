@@ -21,7 +21,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use tpusim_chip::ChipModel;
-use tpusim_engine::{simulate_lowered, SimResult};
+use tpusim_engine::SimResult;
 use tpusim_kernel::{KernelError, Lowered};
 use tpusim_report::{combine, run_with_dense, Job, JobSpec, Report, Run};
 
@@ -252,7 +252,7 @@ impl Evaluator {
             }
         };
         let r = cell.get_or_init(|| {
-            let mut r = combine(chip, &simulate_lowered(chip, &lower_dense()?));
+            let mut r = combine(chip, &tpusim_report::simulate_call(chip, &lower_dense()?));
             for t in &mut r.class_timing {
                 t.ops = Vec::new();
             }

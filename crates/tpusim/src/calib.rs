@@ -40,6 +40,15 @@ pub struct ValidateArgs {
     /// and over the tokamax rows (slow: one fit per row; formats table, json, markdown).
     #[arg(long)]
     pub cv: bool,
+    /// Write the error bands instead: cross-validate (as --cv) and group the rows' leave-one-out
+    /// |error| by chip, kernel family, direction and scope (median, 90th percentile, rows) as the
+    /// band file every report quotes; JSON to --out or stdout (--format markdown: tables by band,
+    /// scope and family).
+    #[arg(long, conflicts_with = "cv")]
+    pub bands: bool,
+    /// With --bands: write the band file here (atomically), e.g. traces/measured/bands.json.
+    #[arg(long, value_name = "PATH", requires = "bands")]
+    pub out: Option<String>,
     /// Output format.
     #[arg(long, value_enum, default_value_t = ValidateFormat::Table)]
     pub format: ValidateFormat,
@@ -83,6 +92,26 @@ pub fn cmd_validate(a: &ValidateArgs) -> Result<String, CliError> {
     let models = a.chip.iter().map(|c| ChipModel::load(c)).collect::<Result<Vec<_>, _>>()?;
     let chips = ChipSet::new(models)?;
     let file = read_file(&a.file, &chips.models)?;
+    if a.bands {
+        if let Some(path) = &a.out {
+            tpusim_io::check_output(std::path::Path::new(path)).map_err(|e| CliError::input(format!("--out {e}")))?;
+        }
+        let bytes = std::fs::read(&a.file).map_err(|e| CliError::input(format!("{}: {e}", a.file)))?;
+        let cv = tpusim_calib::cross_validate(&file, &chips)?;
+        let bands = tpusim_calib::bands::band_file(&a.file, &bytes, &file, &chips, &cv);
+        let text = match a.format {
+            ValidateFormat::Markdown => tpusim_calib::bands::to_markdown(&bands, &file, &cv),
+            _ => bands.to_json(),
+        };
+        return match &a.out {
+            Some(path) => {
+                tpusim_io::write_atomic(std::path::Path::new(path), bands.to_json().as_bytes())
+                    .map_err(|e| CliError::from(tpusim_calib::CalibError::from(e)))?;
+                Ok(format!("{}wrote {path}: {} bands over {} rows\n", if a.format == ValidateFormat::Markdown { text } else { String::new() }, bands.bands.len(), bands.in_sample.len()))
+            }
+            None => Ok(text),
+        };
+    }
     if a.cv {
         let cv = tpusim_calib::cross_validate(&file, &chips)?;
         return match a.format {

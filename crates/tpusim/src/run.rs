@@ -128,7 +128,9 @@ impl JobArgs {
                 field.to_string()
             }
         });
-        let msg = match defaulted.first() {
+        // A message that already asks for the field ("give --block-q-dq ...") needs no hint.
+        let asks = |f: &str| msg.find("give ").is_some_and(|i| msg[i..].contains(&format!("--{}", f.replace('_', "-"))));
+        let msg = match defaulted.iter().find(|f| !asks(f)) {
             Some(f) => format!(
                 "{msg} ({} was not given: its value is the default of --kernel {}; give --{} to choose one that fits)",
                 format_args!("--{}", f.replace('_', "-")),

@@ -42,7 +42,8 @@
 //! dk, dq) where the forward runs two; the two-kernel path recomputes qk and dp in the dq kernel:
 //! seven.
 
-use super::{check_blocks_named, classify, mask_work, tile_bytes, vregs, worst_mask_cost, Classified, MaskCost, Seg, Steps};
+use super::{check_blocks_named, classify, mask_work, padded_lengths, vregs, worst_mask_cost, Classified, MaskCost, Seg, Steps};
+use crate::vmem::VmemBuffer;
 use crate::ir::{ClassKey, Step, StepBody, StepClass, Work};
 use crate::options::{Exp, Kernel, MaskSource, Masking, Traversal};
 use crate::{KernelError, Program, ProgramInfo, StepSource, TileCounts, VmemBudget, SLAB_ROWS};
@@ -52,8 +53,32 @@ use tpusim_chip::ChipModel;
 use tpusim_workload::tiles::TileKind;
 use tpusim_workload::AttentionCall;
 
+/// Where a backward kernel's block sizes came from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum BlockOrigin {
+    /// The kernel family's own backward defaults ([`crate::options::BwdRule`]).
+    #[default]
+    FamilyDefault,
+    /// Given by the job.
+    Given,
+    /// Taken from the forward's blocks, as the library does
+    /// ([`crate::options::BwdRule::InheritForward`]).
+    Forward,
+}
+
+/// Where the dkv (or fused) and the dq kernels' blocks came from. Provenance, not configuration:
+/// [`BwdBlocks`] compare equal whatever their origin.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct BwdOrigin {
+    /// The dkv (or fused) kernel's blocks.
+    pub dkv: BlockOrigin,
+    /// The dq kernel's blocks (unfused backward).
+    pub dq: BlockOrigin,
+}
+
 /// Block sizes of the backward kernels, with Splash's names.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Eq, Serialize)]
 pub struct BwdBlocks {
     /// q rows per block of the dkv (or fused) kernel (`block_q_dkv`).
     pub block_q_dkv: u64,
@@ -68,6 +93,17 @@ pub struct BwdBlocks {
     /// One fused kernel writes dq, dk and dv (`use_fused_bwd_kernel`); otherwise a dq kernel and
     /// a dkv kernel.
     pub fused: bool,
+    /// Where the blocks came from (for reports; not compared).
+    #[serde(skip)]
+    pub origin: BwdOrigin,
+}
+
+impl PartialEq for BwdBlocks {
+    /// Equal blocks and kernel choice, whatever their [`BwdOrigin`].
+    fn eq(&self, o: &Self) -> bool {
+        (self.block_q_dkv, self.block_kv_dkv, self.block_kv_dkv_compute, self.block_q_dq, self.block_kv_dq, self.fused)
+            == (o.block_q_dkv, o.block_kv_dkv, o.block_kv_dkv_compute, o.block_q_dq, o.block_kv_dq, o.fused)
+    }
 }
 
 impl BwdBlocks {
@@ -81,6 +117,7 @@ impl BwdBlocks {
             block_q_dq: d.dq_blocks.0,
             block_kv_dq: d.dq_blocks.1,
             fused: d.fused_bwd,
+            origin: BwdOrigin::default(),
         }
     }
 }
@@ -246,54 +283,114 @@ fn dkv_empty_body(fused: bool, bq: u64, d: u64, dq_slot: u16) -> StepBody {
     b
 }
 
-/// VMEM the dkv kernel needs: double-buffered q, k, v, dO, logsumexp, di (8 x bq f32 each), q
-/// positions (computed masks), the dq partial, dk and dv outputs; f32 dk, dv scratch; the dq
-/// scratch (when the kv block has several sub-tiles); the live f32 score tiles (qk / p, dp, ds).
-pub fn dkv_vmem(w: &AttentionCall, b: &BwdBlocks, dq_elem: u64, computed: bool, loaded: bool, limit_bytes: u64) -> VmemBudget {
-    let (bq, bkv, c, d, dv) = (b.block_q_dkv, b.block_kv_dkv, b.block_kv_dkv_compute, w.head_dim, w.head_dim_v);
-    let mut buffers = vec![
-        ("q x2".to_string(), 2 * tile_bytes(bq, d, 2)),
-        ("k x2".to_string(), 2 * tile_bytes(bkv, d, 2)),
-        ("v x2".to_string(), 2 * tile_bytes(bkv, dv, 2)),
-        ("dO x2".to_string(), 2 * tile_bytes(bq, dv, 2)),
-        ("logsumexp, di x2".to_string(), 2 * 2 * tile_bytes(8, bq, 4)),
-        ("dk, dv x2".to_string(), 2 * (tile_bytes(bkv, d, 2) + tile_bytes(bkv, dv, 2))),
-        ("dk, dv scratch f32".to_string(), tile_bytes(bkv, d, 4) + tile_bytes(bkv, dv, 4)),
-        ("score tiles f32 x3".to_string(), 3 * tile_bytes(c, bq, 4)),
-    ];
-    if b.fused {
-        buffers.push(("dq partial x2".to_string(), 2 * tile_bytes(bq, d, dq_elem)));
-        if bkv != c {
-            buffers.push(("dq scratch f32".to_string(), tile_bytes(bq, d, 4)));
-        }
-    }
-    if computed {
-        buffers.push(("q positions x2".to_string(), 2 * tile_bytes(8, bq, 4)));
-    }
-    if loaded {
-        buffers.push(("mask int8 x2".to_string(), 2 * tile_bytes(bkv, bq, 1)));
-    }
-    VmemBudget { buffers, limit_bytes }
+/// What a backward kernel's VMEM depends on besides its blocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BwdVmemOptions {
+    /// Bytes of the fused kernel's dq partial element (2: q's dtype, 4: f32).
+    pub dq_elem: u64,
+    /// A mask is computed in the kernel (its q positions are an input).
+    pub computed: bool,
+    /// Partial mask blocks are loaded (an int8 input).
+    pub loaded: bool,
+    /// The lengths are padded to the blocks (segment ids are inputs).
+    pub padded: bool,
 }
 
-/// VMEM the dq kernel needs: double-buffered q, dO, k, v, dq, logsumexp and di (1 x bq f32);
-/// the f32 dq scratch; the live f32 score tiles.
-pub fn dq_vmem(w: &AttentionCall, b: &BwdBlocks, loaded: bool, limit_bytes: u64) -> VmemBudget {
-    let (bq, bkv, d, dv) = (b.block_q_dq, b.block_kv_dq, w.head_dim, w.head_dim_v);
-    let mut buffers = vec![
-        ("q x2".to_string(), 2 * tile_bytes(bq, d, 2)),
-        ("dO x2".to_string(), 2 * tile_bytes(bq, dv, 2)),
-        ("k x2".to_string(), 2 * tile_bytes(bkv, d, 2)),
-        ("v x2".to_string(), 2 * tile_bytes(bkv, dv, 2)),
-        ("dq x2".to_string(), 2 * tile_bytes(bq, d, 2)),
-        ("logsumexp, di x2".to_string(), 2 * 2 * tile_bytes(1, bq, 4)),
-        ("dq scratch f32".to_string(), tile_bytes(bq, d, 4)),
-        ("score tiles f32 x3".to_string(), 3 * tile_bytes(bq, bkv, 4)),
+/// The arrays the dkv (or fused) kernel holds in VMEM, as the family's `pallas_call` declares
+/// them ([`crate::vmem`] says how they count):
+///
+/// * tokamax (`_splash_attention_bwd_dkv`): windows q, dO (block_q_dkv x d, dv), k, v
+///   (block_kv_dkv x d, dv), bf16; logsumexp and di (8 x block_q_dkv f32); the segment ids when
+///   padded (8 x block_q_dkv and block_kv_dkv x 128, int32), the q positions of a computed mask
+///   (8 x block_q_dkv int32), the int8 mask block (block_kv_dkv x block_q_dkv) when loaded;
+///   outputs the dq partial (block_q_dkv x d), dk and dv (bf16); scratch dk and dv (f32) and,
+///   when the kv block has several sub-tiles, dq (block_q_dkv x d f32); in the body the score
+///   tiles (block_kv_dkv_compute x block_q_dkv f32: s, p, dp, ds).
+/// * JAX's Splash (`_splash_attention_bwd_dkv`; the other families' backward): the same inputs;
+///   the f32 dk and dv accumulators (and the fused kernel's dq scratch) are outputs with a
+///   constant block index, so double-buffered windows; outputs dq (fused), dk and dv.
+pub fn dkv_vmem_buffers(w: &AttentionCall, b: &BwdBlocks, kernel: Kernel, o: BwdVmemOptions) -> Vec<VmemBuffer> {
+    use crate::dtype::Dtype::{Bf16, F32, I32, I8};
+    let (bq, bkv, c, d, dv) = (b.block_q_dkv, b.block_kv_dkv, b.block_kv_dkv_compute, w.head_dim, w.head_dim_v);
+    let win = VmemBuffer::window;
+    let mut v = vec![
+        win("q", &[bq, d], Bf16),
+        win("k", &[bkv, d], Bf16),
+        win("v", &[bkv, dv], Bf16),
+        win("logsumexp", &[8, bq], F32),
+        win("dO", &[bq, dv], Bf16),
+        win("di", &[8, bq], F32),
     ];
-    if loaded {
-        buffers.push(("mask int8 x2".to_string(), 2 * tile_bytes(bq, bkv, 1)));
+    if o.padded {
+        v.extend([win("q segment ids", &[8, bq], I32), win("kv segment ids", &[bkv, 128], I32)]);
     }
-    VmemBudget { buffers, limit_bytes }
+    if o.loaded {
+        v.push(win("mask", &[bkv, bq], I8));
+    }
+    if o.computed {
+        v.push(win("q positions", &[8, bq], I32));
+    }
+    let dq_elem = if o.dq_elem == 4 { F32 } else { Bf16 };
+    if b.fused {
+        v.push(win("dq partial", &[bq, d], dq_elem));
+    }
+    v.extend([win("dk", &[bkv, d], Bf16), win("dv", &[bkv, dv], Bf16)]);
+    let acc = |name: &str, shape: &[u64]| {
+        if kernel == Kernel::TokamaxSplash {
+            VmemBuffer::scratch(name, shape, F32)
+        } else {
+            VmemBuffer::window(name, shape, F32)
+        }
+    };
+    v.extend([acc("dk f32", &[bkv, d]), acc("dv f32", &[bkv, dv])]);
+    if b.fused && bkv != c {
+        v.push(acc("dq f32", &[bq, d]));
+    }
+    v.push(VmemBuffer::internal("score tile", &[c, bq], F32));
+    v
+}
+
+/// VMEM the dkv (or fused) kernel needs ([`dkv_vmem_buffers`] counted by
+/// [`crate::vmem::footprint`]).
+pub fn dkv_vmem(w: &AttentionCall, b: &BwdBlocks, kernel: Kernel, o: BwdVmemOptions, limit_bytes: u64) -> VmemBudget {
+    crate::vmem::footprint(&dkv_vmem_buffers(w, b, kernel, o), limit_bytes)
+}
+
+/// The arrays JAX's dq kernel (`_splash_attention_bwd_dq`) holds in VMEM: windows q, dO
+/// (block_q_dq x d, dv), k, v (block_kv_dq x d, dv), bf16; logsumexp and di (1 x block_q_dq
+/// f32, a tile each); the segment ids when padded (block_q_dq x 128 and 8 x block_kv_dq int32),
+/// the q positions of a computed mask (block_q_dq x 128 int32), the int8 mask block when loaded;
+/// outputs the f32 dq accumulator (a constant block index: double-buffered) and dq (bf16); in
+/// the body the score tiles (block_q_dq x block_kv_dq f32).
+pub fn dq_vmem_buffers(w: &AttentionCall, b: &BwdBlocks, o: BwdVmemOptions) -> Vec<VmemBuffer> {
+    use crate::dtype::Dtype::{Bf16, F32, I32, I8};
+    let (bq, bkv, d, dv) = (b.block_q_dq, b.block_kv_dq, w.head_dim, w.head_dim_v);
+    let win = VmemBuffer::window;
+    let mut v = vec![
+        win("q", &[bq, d], Bf16),
+        win("k", &[bkv, d], Bf16),
+        win("v", &[bkv, dv], Bf16),
+        win("logsumexp", &[1, bq], F32),
+        win("dO", &[bq, dv], Bf16),
+        win("di", &[1, bq], F32),
+    ];
+    if o.padded {
+        v.extend([win("q segment ids", &[bq, 128], I32), win("kv segment ids", &[8, bkv], I32)]);
+    }
+    if o.loaded {
+        v.push(win("mask", &[bq, bkv], I8));
+    }
+    if o.computed {
+        v.push(win("q positions", &[bq, 128], I32));
+    }
+    v.extend([win("dq f32", &[bq, d], F32), win("dq", &[bq, d], Bf16)]);
+    v.push(VmemBuffer::internal("score tile", &[bq, bkv], F32));
+    v
+}
+
+/// VMEM the dq kernel needs ([`dq_vmem_buffers`] counted by [`crate::vmem::footprint`]).
+pub fn dq_vmem(w: &AttentionCall, b: &BwdBlocks, o: BwdVmemOptions, limit_bytes: u64) -> VmemBudget {
+    crate::vmem::footprint(&dq_vmem_buffers(w, b, o), limit_bytes)
 }
 
 /// The dkv kernel's step stream: per batch element (the parallel unit), kv block j, head h, the
@@ -481,8 +578,8 @@ pub fn lower_dkv(chip: &ChipModel, w: &AttentionCall, cfg: &super::SplashConfig)
     let any_not_full = cl.distinct.iter().any(|m| !m.is_full()) || cfg.tile_align;
     let computed = any_not_full && source == MaskSource::Computed;
     let loaded = any_not_full && source == MaskSource::Loaded && cfg.masking != Masking::None;
-    let limit = cfg.vmem_limit_bytes.unwrap_or_else(|| chip.vmem_limit_bytes());
-    let vmem = dkv_vmem(w, &b, dq_elem, computed, loaded, limit);
+    let opts = BwdVmemOptions { dq_elem, computed, loaded, padded: padded_lengths(w, b.block_q_dkv, b.block_kv_dkv) };
+    let vmem = dkv_vmem(w, &b, cfg.kernel, opts, cfg.vmem_limit(chip));
     vmem.check(chip)?;
     let partials = if b.fused { kb * (w.batch * w.q_heads) * cl.grid.padded_q_len() * w.head_dim * dq_elem } else { 0 };
     super::check_hbm(
@@ -640,8 +737,9 @@ pub fn lower_dq(chip: &ChipModel, w: &AttentionCall, cfg: &super::SplashConfig) 
     let source = if cl.distinct.iter().any(|m| m.expression_terms().loaded_only) { MaskSource::Loaded } else { cfg.mask_source };
     let any_not_full = cl.distinct.iter().any(|m| !m.is_full()) || cfg.tile_align;
     let loaded = any_not_full && source == MaskSource::Loaded && cfg.masking != Masking::None;
-    let limit = cfg.vmem_limit_bytes.unwrap_or_else(|| chip.vmem_limit_bytes());
-    let vmem = dq_vmem(w, &b, loaded, limit);
+    let computed = any_not_full && source == MaskSource::Computed;
+    let opts = BwdVmemOptions { dq_elem: 2, computed, loaded, padded: padded_lengths(w, b.block_q_dq, b.block_kv_dq) };
+    let vmem = dq_vmem(w, &b, opts, cfg.vmem_limit(chip));
     vmem.check(chip)?;
     let mask_cost = worst_mask_cost(&cl.distinct, source, cl.padded);
     let masked = masked_fn(cfg.kernel, cfg.masking, any_not_full);

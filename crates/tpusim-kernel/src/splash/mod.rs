@@ -17,6 +17,7 @@
 //! | `exp` | EUP | r c / 1024 + r / 8 (p and alpha) |
 //! | `sum_cast` | VPU | 2 r c / 1024 (row-sum accumulate, cast p to bf16) |
 //! | `rowsum_xlu` | XLU | r / 8 |
+//! | `v_cast` | VPU | 2 c dv / 1024, once per sub-tile (JAX's Splash only: v widened to f32 and rounded back to bf16 for the MXU, [`crate::mxu`]) |
 //! | `pv` | MXU | r x c x dv matmul (v chunk stationary) |
 //! | `acc` | VPU | 3 r dv / 1024 + 2 r / 8 (pop pv; o_acc = alpha o_acc + pv; l update) |
 //!
@@ -42,7 +43,8 @@
 //! and `compact` (a grid over non-empty tiles only: tokamax / MaxDiffusion sparse kernels).
 //!
 //! **Limits.** Blocks follow the (8, 128) rules; VMEM holds 32-bit data in (8, 128) tiles, bf16
-//! in (16, 128) and int8 in (32, 128), each last dimension padded to 128 lanes ([`tile_bytes`]);
+//! in (16, 128) and int8 in (32, 128), each last dimension padded to 128 lanes, and counts as
+//! [`crate::vmem`] says (the family's buffers: [`vmem_buffers`]);
 //! the mask metadata Splash prefetches into SMEM must fit SMEM ([`smem_bytes`]); q, k, v and o
 //! must fit the device's HBM.
 
@@ -51,6 +53,7 @@ mod steps;
 
 use crate::ir::{ClassKey, StepBody, StepClass, Work};
 pub use crate::options::{Exp, Kernel, MaskSource, Masking, Traversal};
+use crate::vmem::VmemBuffer;
 use crate::{KernelError, Program, ProgramInfo, StepSource, TileCounts, VmemBudget, SLAB_ROWS};
 use petgraph::graph::NodeIndex;
 use serde::Serialize;
@@ -90,8 +93,11 @@ pub struct SplashConfig {
     pub return_residuals: bool,
     /// The backward kernels' blocks.
     pub bwd: bwd::BwdBlocks,
-    /// Scoped VMEM limit in bytes; `None` uses the chip's default.
+    /// Scoped VMEM limit in bytes; `None` uses the family's or the chip's default.
     pub vmem_limit_bytes: Option<u64>,
+    /// The layout of the caller's q, k, v and o ([`crate::options::InputLayout::Bshd`]: the
+    /// wrapper's transposes run in scope `op` and `call`).
+    pub input_layout: crate::options::InputLayout,
 }
 
 impl SplashConfig {
@@ -114,33 +120,43 @@ impl SplashConfig {
             return_residuals: false,
             bwd: bwd::BwdBlocks::for_family(kernel),
             vmem_limit_bytes: None,
+            input_layout: d.input_layout,
         }
     }
 
-    /// The default family's configuration ([`Kernel::default`]) with the given blocks, the
-    /// compute width by [`default_compute`] when `compute` is `None`.
-    pub fn with_blocks(w: &AttentionCall, chip: &ChipModel, block_q: u64, block_kv: u64, compute: Option<u64>) -> Self {
-        let mut c = SplashConfig { block_q, block_kv, block_kv_compute: block_kv, ..SplashConfig::for_family(Kernel::default()) };
-        c.block_kv_compute = compute.unwrap_or_else(|| default_compute(w, &c, chip));
-        c
+    /// The default family's configuration ([`Kernel::default`]) with the given blocks;
+    /// `block_kv_compute` = `block_kv` when `compute` is `None` (every Splash family's rule).
+    /// The workload and chip are not read (kept so that callers name what the blocks are for).
+    pub fn with_blocks(_w: &AttentionCall, _chip: &ChipModel, block_q: u64, block_kv: u64, compute: Option<u64>) -> Self {
+        SplashConfig { block_q, block_kv, block_kv_compute: compute.unwrap_or(block_kv), ..SplashConfig::for_family(Kernel::default()) }
+    }
+
+    /// The scoped VMEM limit the kernels are checked against, bytes: the one given, else the
+    /// family's ([`crate::options::FamilyDefaults::vmem_limit_mib`], at most the chip's physical
+    /// VMEM), else the chip's default.
+    pub fn vmem_limit(&self, chip: &ChipModel) -> u64 {
+        self.vmem_limit_bytes.unwrap_or_else(|| match self.kernel.defaults().vmem_limit_mib {
+            Some(mib) => ((mib * 1048576.0) as u64).min(chip.vmem_size_bytes()),
+            None => chip.vmem_limit_bytes(),
+        })
     }
 }
 
-/// The default `block_kv_compute` for a configuration: `block_kv` itself (Splash's default), or,
-/// when that tiling overflows the scoped VMEM limit, the largest multiple of 128 that divides
-/// `block_kv` and fits (what a kernel author or autotuner does). Falls back to the smallest
-/// candidate, whose VMEM error lowering then reports.
+/// `block_kv_compute` for a configuration whose caller gave `block_kv` alone, by the family's
+/// [`crate::options::ComputeRule`]: `block_kv`, or the largest multiple of 128 dividing
+/// `block_kv` whose tiling fits the scoped VMEM limit (the smallest candidate when none fits:
+/// lowering then reports its VMEM error).
 pub fn default_compute(w: &AttentionCall, cfg: &SplashConfig, chip: &ChipModel) -> u64 {
     let bkv = cfg.block_kv;
-    if bkv == 0 || !bkv.is_multiple_of(128) {
+    if cfg.kernel.defaults().compute_rule == crate::options::ComputeRule::BlockKv || bkv == 0 || !bkv.is_multiple_of(128) {
         return bkv;
     }
-    let limit = cfg.vmem_limit_bytes.unwrap_or_else(|| chip.vmem_limit_bytes());
-    let candidates: Vec<u64> = (1..=bkv / 128).rev().map(|m| m * 128).filter(|c| bkv.is_multiple_of(*c)).collect();
-    candidates
-        .iter()
-        .copied()
-        .find(|&c| vmem_budget(w, &SplashConfig { block_kv_compute: c, ..cfg.clone() }, limit).total() <= limit)
+    let limit = cfg.vmem_limit(chip);
+    (1..=bkv / 128)
+        .rev()
+        .map(|m| m * 128)
+        .filter(|c| bkv.is_multiple_of(*c))
+        .find(|&c| vmem_budget(w, &SplashConfig { block_kv_compute: c, ..cfg.clone() }, limit).fits())
         .unwrap_or(128)
 }
 
@@ -201,14 +217,6 @@ pub(crate) fn mask_work(sv: f64, c: MaskCost) -> Work {
     Work::Vector { ops: sv * c.ops, loaded_mask_vregs: if c.loaded { sv } else { 0.0 } }
 }
 
-/// Bytes a `rows x cols` block of `elem_bytes`-byte elements occupies in VMEM: the last
-/// dimension padded to 128 lanes, the rows to the tile height (8 for 32-bit, 16 for bf16, 32 for
-/// int8 data: a sublane packs 32 bits).
-pub fn tile_bytes(rows: u64, cols: u64, elem_bytes: u64) -> u64 {
-    let sub = 8 * (4 / elem_bytes.clamp(1, 4));
-    rows.next_multiple_of(sub) * cols.next_multiple_of(128) * elem_bytes
-}
-
 /// Shapes and options of one attention step body.
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct BodyShape {
@@ -222,6 +230,10 @@ struct BodyShape {
     residuals: bool,
     first: bool,
     last: bool,
+    /// The p.v matmul takes v as f32 (JAX's Splash: `v.astype(float32)`): v's sub-tile is
+    /// widened, and rounded back to bf16 for the MXU ([`crate::mxu`]: one pass at the default
+    /// precision).
+    f32_v: bool,
 }
 
 pub(crate) fn vregs(rows: u64, cols: u64) -> f64 {
@@ -239,7 +251,8 @@ fn attention_body(s: &BodyShape) -> StepBody {
     /// Prototypes kept before the cache starts over (a tiling has up to 8 distinct bodies).
     const CAPACITY: usize = 64;
     let mask = s.mask.map_or([u64::MAX; 2], |m| [m.ops.to_bits(), u64::from(m.loaded)]);
-    let flags = u64::from(s.base2) | u64::from(s.residuals) << 1 | u64::from(s.first) << 2 | u64::from(s.last) << 3;
+    let flags =
+        u64::from(s.base2) | u64::from(s.residuals) << 1 | u64::from(s.first) << 2 | u64::from(s.last) << 3 | u64::from(s.f32_v) << 4;
     let key: Key = [s.block_q, s.block_kv, s.compute, s.d, s.dv, mask[0], mask[1], flags];
     let cache = CACHE.get_or_init(Default::default);
     if let Some(b) = cache.lock().unwrap_or_else(PoisonError::into_inner).get(&key) {
@@ -269,6 +282,7 @@ fn build_attention_body(s: &BodyShape) -> StepBody {
     const SKEW: [u64; 13] = [0, 0, 3, 3, 4, 4, 5, 5, 6, 7, 9, 10, 10];
     let slot = |g: u64, stage: usize| (g + SKEW[stage]) * 16 + stage as u64;
     let (m_slot, acc_slot) = (|i: u64| (2 * i) as u16, |i: u64| (2 * i + 1) as u16);
+    let mut v_cast: Option<NodeIndex> = None;
     for j in 0..chunks {
         for si in 0..slabs {
             let g = j * slabs + si;
@@ -313,7 +327,14 @@ fn build_attention_body(s: &BodyShape) -> StepBody {
             let exp = b.add("exp", Work::Transcendental { vregs: sv + rv }, &[sub], slot(g, 6));
             let post = b.add("sum_cast", Work::Vector { ops: 2.0 * sv, loaded_mask_vregs: 0.0 }, &[exp], slot(g, 7));
             let rowsum = b.add("rowsum_xlu", Work::CrossLane { vregs: rv }, &[post], slot(g, 8));
-            let pv = b.add("pv", Work::Matmul { m: r, k: c, n: s.dv, m_total: s.block_q }, &[post], slot(g, 9));
+            let mut pv_deps = vec![post];
+            if s.f32_v && si == 0 {
+                // Once per sub-tile: v widened to f32 and rounded back to bf16 for the MXU (one
+                // VPU operation per f32 register each way), before the sub-tile's first p.v.
+                v_cast = Some(b.add("v_cast", Work::Vector { ops: 2.0 * vregs(c, s.dv), loaded_mask_vregs: 0.0 }, &[], slot(g, 0)));
+            }
+            pv_deps.extend(v_cast.filter(|_| s.f32_v));
+            let pv = b.add("pv", Work::Matmul { m: r, k: c, n: s.dv, m_total: s.block_q }, &pv_deps, slot(g, 9));
             let mut deps = vec![pv, rowsum];
             deps.extend(prev_acc[i]);
             let reads_acc = (prev_acc[i].is_none()).then(|| acc_slot(si));
@@ -346,31 +367,104 @@ fn build_attention_body(s: &BodyShape) -> StepBody {
     b
 }
 
-/// VMEM a Splash tiling needs (Pallas double-buffers every input and output block), with VMEM
-/// tile padding ([`tile_bytes`]): q, k, v, o blocks (bf16) x 2; m and l lane-replicated
-/// (block_q x 128 f32 each); o_acc (block_q x dv f32); the score sub-tile (block_q x
-/// block_kv_compute f32) and p (same, bf16); int8 mask blocks x 2 when loaded; the residual
-/// outputs (2 x block_q x 128 f32) x 2 when returned.
-pub fn vmem_budget(w: &AttentionCall, cfg: &SplashConfig, limit_bytes: u64) -> VmemBudget {
-    let (bq, bkv, c, d, dv) = (cfg.block_q, cfg.block_kv, cfg.block_kv_compute, w.head_dim, w.head_dim_v);
-    let mut buffers = vec![
-        ("q x2".to_string(), 2 * tile_bytes(bq, d, 2)),
-        ("k x2".to_string(), 2 * tile_bytes(bkv, d, 2)),
-        ("v x2".to_string(), 2 * tile_bytes(bkv, dv, 2)),
-        ("o x2".to_string(), 2 * tile_bytes(bq, dv, 2)),
-        ("m,l".to_string(), 2 * tile_bytes(bq, 128, 4)),
-        ("o_acc".to_string(), tile_bytes(bq, dv, 4)),
-        ("scores f32".to_string(), tile_bytes(bq, c, 4)),
-        ("p bf16".to_string(), tile_bytes(bq, c, 2)),
-    ];
+/// Whether the lengths are padded to the blocks (the padding is masked with segment ids, whose
+/// blocks the kernel then also holds in VMEM).
+pub(crate) fn padded_lengths(w: &AttentionCall, block_q: u64, block_kv: u64) -> bool {
+    !w.q_len.is_multiple_of(block_q) || !w.kv_len.is_multiple_of(block_kv)
+}
+
+/// Whether a tiling's partial blocks are masked with int8 blocks loaded from HBM.
+pub(crate) fn loads_mask(w: &AttentionCall, cfg: &SplashConfig) -> bool {
     let loaded = cfg.mask_source == MaskSource::Loaded || w.mask.expression_terms().loaded_only;
-    if loaded && cfg.masking != Masking::None && !w.mask.is_full() {
-        buffers.push(("mask int8 x2".to_string(), 2 * tile_bytes(bq, bkv, 1)));
+    loaded && cfg.masking != Masking::None && !w.mask.is_full()
+}
+
+/// The arrays a forward kernel of `cfg.kernel`'s family holds in VMEM, as its `pallas_call`
+/// declares them ([`crate::vmem`] says how they count), each block tile-padded:
+///
+/// * tokamax's Splash and MaxDiffusion's sparse kernel (tokamax's fork; `_splash_attention_forward`):
+///   windows q (block_q x d), k, v (block_kv x d, dv), o (block_q x dv), bf16; when the lengths
+///   are padded the segment ids (block_q x 128 and 8 x block_kv, int32); the int8 mask block
+///   (block_q x block_kv) when masks are loaded, the q positions (block_q x 128 int32) when a
+///   mask is computed; logsumexp and max logits (block_q x 128 f32) when residuals are returned;
+///   scratch m and l (block_q x 128 f32) and o (block_q x dv f32); in the body the score tile
+///   (block_q x block_kv_compute f32) and p (bf16).
+/// * JAX's Splash (`splash_attention_kernel.py`): the same inputs; m, l and o_scratch are
+///   outputs with a constant block index (windows, so double-buffered), plus o and, with
+///   residuals, logsumexp (block_q x 128 f32); in the body the score tile, p (f32) and v cast to
+///   f32 (block_kv_compute x dv).
+/// * JAX's older flash attention (`flash_attention.py`): windows q, k, v, o, the segment ids
+///   when padded, l and m (block_q x 128 f32) with residuals; scratch m, l (block_q x 128 f32)
+///   and acc (block_q x dv f32) unless one kv step covers the sequence (block_kv_compute =
+///   kv_len); the score tile (block_q x block_kv_compute f32).
+/// * MaxDiffusion's mask-free kernel (`custom_splash_attention.py`), which computes the scores
+///   kv-major (k q^T): windows q, k, v; outputs m and l (8 x block_q f32), o_scratch (dv x
+///   block_q f32) with constant block indices, and o (dv x block_q bf16); with residuals m and l
+///   of the row (8 x block_q f32); the score tile (block_kv_compute x block_q f32).
+pub fn vmem_buffers(w: &AttentionCall, cfg: &SplashConfig) -> Vec<VmemBuffer> {
+    use crate::dtype::Dtype::{Bf16, F32, I32, I8};
+    let (bq, bkv, c, d, dv) = (cfg.block_q, cfg.block_kv, cfg.block_kv_compute, w.head_dim, w.head_dim_v);
+    let win = VmemBuffer::window;
+    let mut b = vec![win("q", &[bq, d], Bf16), win("k", &[bkv, d], Bf16), win("v", &[bkv, dv], Bf16)];
+    let padded = padded_lengths(w, bq, bkv);
+    let masked = cfg.masking != Masking::None && !w.mask.is_full();
+    let loaded = loads_mask(w, cfg);
+    let computed = masked && !loaded;
+    if cfg.kernel == Kernel::SplashDense {
+        b.extend([win("m", &[8, bq], F32), win("l", &[8, bq], F32), win("o_scratch", &[dv, bq], F32), win("o", &[dv, bq], Bf16)]);
+        if cfg.return_residuals {
+            b.extend([win("m out", &[8, bq], F32), win("l out", &[8, bq], F32)]);
+        }
+        b.push(VmemBuffer::internal("scores", &[c, bq], F32));
+        return b;
     }
-    if cfg.return_residuals {
-        buffers.push(("residuals x2".to_string(), 2 * 2 * tile_bytes(bq, 128, 4)));
+    if padded {
+        b.extend([win("q segment ids", &[bq, 128], I32), win("kv segment ids", &[8, bkv], I32)]);
     }
-    VmemBudget { buffers, limit_bytes }
+    if loaded {
+        b.push(win("mask", &[bq, bkv], I8));
+    }
+    if computed && cfg.kernel != Kernel::FlashAttention {
+        b.push(win("q positions", &[bq, 128], I32));
+    }
+    b.push(VmemBuffer::internal("scores", &[bq, c], F32));
+    match cfg.kernel {
+        Kernel::Splash => {
+            b.extend([win("m", &[bq, 128], F32), win("l", &[bq, 128], F32), win("o_scratch", &[bq, dv], F32)]);
+            b.push(win("o", &[bq, dv], Bf16));
+            if cfg.return_residuals {
+                b.push(win("logsumexp", &[bq, 128], F32));
+            }
+            b.push(VmemBuffer::internal("p", &[bq, c], F32));
+            b.push(VmemBuffer::internal("v f32", &[c, dv], F32));
+        }
+        Kernel::FlashAttention => {
+            b.push(win("o", &[bq, dv], Bf16));
+            if cfg.return_residuals {
+                b.extend([win("l", &[bq, 128], F32), win("m", &[bq, 128], F32)]);
+            }
+            // One kv step per row (block_k = kv_len) needs no running state.
+            if c != w.kv_len {
+                b.extend([VmemBuffer::scratch("m", &[bq, 128], F32), VmemBuffer::scratch("l", &[bq, 128], F32)]);
+                b.push(VmemBuffer::scratch("acc", &[bq, dv], F32));
+            }
+        }
+        _ => {
+            b.push(win("o", &[bq, dv], Bf16));
+            if cfg.return_residuals {
+                b.extend([win("logsumexp", &[bq, 128], F32), win("max logits", &[bq, 128], F32)]);
+            }
+            b.extend([VmemBuffer::scratch("m", &[bq, 128], F32), VmemBuffer::scratch("l", &[bq, 128], F32)]);
+            b.push(VmemBuffer::scratch("o", &[bq, dv], F32));
+            b.push(VmemBuffer::internal("p", &[bq, c], Bf16));
+        }
+    }
+    b
+}
+
+/// VMEM a forward tiling needs ([`vmem_buffers`] counted by [`crate::vmem::footprint`]).
+pub fn vmem_budget(w: &AttentionCall, cfg: &SplashConfig, limit_bytes: u64) -> VmemBudget {
+    crate::vmem::footprint(&vmem_buffers(w, cfg), limit_bytes)
 }
 
 /// Checks a kernel's block sizes against the (8, 128) rules and the lengths; `names` are the
@@ -589,7 +683,10 @@ pub struct MetadataShape {
 /// `splash_attention_mask_info.py` does): tokamax's compacted grid keeps per active block its q
 /// and kv block indices, mask-block index, row start and end flags and block kind; JAX's full grid
 /// keeps per (q block, kv step) the block kind and the next kv block (plus the next mask block
-/// when masks are loaded). A mask whose every block is full needs none in tokamax.
+/// when masks are loaded). A mask whose every block is full needs none in tokamax and its
+/// MaxDiffusion fork (`process_mask` returns an empty `MaskInfo`); MaxDiffusion's mask-free kernel
+/// and JAX's older flash attention prefetch no mask metadata at all (`num_scalar_prefetch` 0 in
+/// `flash_attention.py`; the causal skip is computed from the grid indices).
 pub fn smem_bytes(family: Kernel, traversal: Traversal, m: MetadataShape) -> u64 {
     let int = |max: u64| {
         if max <= 127 {
@@ -601,7 +698,8 @@ pub fn smem_bytes(family: Kernel, traversal: Traversal, m: MetadataShape) -> u64
         }
     };
     match (family, traversal) {
-        (Kernel::TokamaxSplash, _) if m.all_full => 0,
+        (Kernel::FlashAttention | Kernel::SplashDense, _) => 0,
+        (Kernel::TokamaxSplash | Kernel::SparseSplash, _) if m.all_full => 0,
         (_, Traversal::Compact) => m.active * (int(m.q_blocks) + int(m.kv_blocks) + 1 + 1 + 1 + if m.loaded { int(m.active) } else { 1 }),
         (_, Traversal::FullGrid) => {
             m.q_blocks * m.width * (1 + int(m.kv_blocks) + if m.loaded { int(m.q_blocks * m.kv_blocks) } else { 0 })
@@ -623,8 +721,7 @@ pub fn lower(chip: &ChipModel, w: &AttentionCall, cfg: &SplashConfig) -> Result<
     w.validate()?;
     w.mask.check_lengths(w.q_len, w.kv_len)?;
     check_blocks(w, cfg, chip)?;
-    let limit = cfg.vmem_limit_bytes.unwrap_or_else(|| chip.vmem_limit_bytes());
-    let vmem = vmem_budget(w, cfg, limit);
+    let vmem = vmem_budget(w, cfg, cfg.vmem_limit(chip));
     vmem.check(chip)?;
     check_hbm(chip, w, cfg.return_residuals, 0)?;
     // Stage 2: the masks at the tiling.
@@ -683,6 +780,7 @@ pub fn lower(chip: &ChipModel, w: &AttentionCall, cfg: &SplashConfig) -> Result<
                     residuals: cfg.return_residuals,
                     first,
                     last,
+                    f32_v: cfg.kernel == Kernel::Splash,
                 };
                 class_of[k][usize::from(first)][usize::from(last)] = classes.len() as u32;
                 classes.push(StepClass {
@@ -873,6 +971,22 @@ mod tests {
             let computed = a.iter().filter(|s| s.class != 0).count() as u64;
             assert_eq!(computed, p.info.tiles.unwrap().visited, "{mask}");
         }
+    }
+
+    #[test]
+    fn jax_splash_widens_v_once_per_sub_tile_and_tokamax_does_not() {
+        let w = AttentionCall::video_default();
+        let casts = |kernel: Kernel| {
+            let c = SplashConfig { kernel, ..cfg(3024, 2048, 1024) };
+            let p = lower(&v6e(), &w, &c).unwrap();
+            let body = &p.classes.last().unwrap().body;
+            body.graph.node_weights().filter(|op| op.name == "v_cast").count()
+        };
+        assert_eq!(casts(Kernel::Splash), 2048 / 1024);
+        assert_eq!(casts(Kernel::TokamaxSplash), 0);
+        // At the default precision the f32 p.v is one MXU pass: its FLOPs and matmul shapes are
+        // those of the bf16 one.
+        assert_eq!(crate::mxu::matmul_passes(crate::dtype::Dtype::F32, crate::dtype::Dtype::F32, crate::mxu::Precision::Default), 1);
     }
 
     #[test]

@@ -1,0 +1,60 @@
+//! How many times a matmul goes through the MXU ([`matmul_passes`]): the one rule for matmuls
+//! whose operands are 32-bit, which the hand-written kernels and the Pallas-IR front end share.
+//!
+//! The MXU multiplies bf16 (and narrower) operands. A matmul with an f32 operand is, by its
+//! precision:
+//!
+//! * **default** (`jax.lax.Precision.DEFAULT`, Mosaic's `tpu.matmul` without a `precision`):
+//!   one pass, the f32 operands rounded to bf16 - "Even if you pass in 32-bit operands to a
+//!   matrix multiplication, they will be rounded to bfloat16 unless float32 precision is
+//!   requested" (jax-ml/jax `docs/pallas/tpu/details.rst`, Precision control);
+//! * **high** (`Precision.HIGH`, `bfloat16_3x`, Mosaic `#tpu.contract_precision<bf16x3>`): three
+//!   bf16 passes;
+//! * **highest** (`Precision.HIGHEST`, `float32`, `#tpu.contract_precision<fp32>`): six bf16
+//!   passes ("On TPU: performs float32 computations in 3 / 6 bfloat16 passes", jax-ml/jax
+//!   `jax/_src/lax/lax.py` `Precision`; `DotAlgorithmPreset.BF16_BF16_F32_X3` / `_X6`).
+//!
+//! Rounding an f32 operand to bf16 before the MXU is VPU work the caller counts (one operation
+//! per f32 register of the operand), not an MXU pass.
+
+use crate::dtype::Dtype;
+
+crate::word_enum! {
+    /// The precision a matmul asks for (`jax.lax.Precision`, Mosaic's `contract_precision`).
+    pub enum Precision {
+        /// One bf16 pass; f32 operands rounded to bf16.
+        Default = "default" | "bf16" | "bfloat16" | "fastest",
+        /// Three bf16 passes (bf16x3).
+        High = "high" | "bf16x3" | "bf16_3x" | "bfloat16_3x" | "tensorfloat32",
+        /// Six bf16 passes (full f32).
+        Highest = "highest" | "fp32" | "float32",
+    }
+}
+
+/// MXU passes of a matmul of `lhs` by `rhs` operands at `precision` (module docs): 1 unless an
+/// operand is 32-bit, then 1, 3 or 6.
+pub fn matmul_passes(lhs: Dtype, rhs: Dtype, precision: Precision) -> u64 {
+    if lhs.bytes() < 4 && rhs.bytes() < 4 {
+        return 1;
+    }
+    match precision {
+        Precision::Default => 1,
+        Precision::High => 3,
+        Precision::Highest => 6,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passes_by_operand_type_and_precision() {
+        assert_eq!(matmul_passes(Dtype::Bf16, Dtype::Bf16, Precision::Highest), 1);
+        assert_eq!(matmul_passes(Dtype::F32, Dtype::F32, Precision::Default), 1);
+        assert_eq!(matmul_passes(Dtype::F32, Dtype::Bf16, Precision::High), 3);
+        assert_eq!(matmul_passes(Dtype::F32, Dtype::F32, Precision::Highest), 6);
+        assert_eq!("bf16_3x".parse::<Precision>().unwrap(), Precision::High);
+        assert_eq!("fp32".parse::<Precision>().unwrap(), Precision::Highest);
+    }
+}

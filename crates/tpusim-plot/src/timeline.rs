@@ -184,7 +184,8 @@ pub struct Event {
 /// simulation result (identical to [`tpusim_engine::simulate`]). Zero-length operations are
 /// skipped.
 pub fn for_each_event(chip: &ChipModel, program: &Program, window: &Window, f: &mut dyn FnMut(&Event)) -> SimResult {
-    let overhead = chip.fitted.grid_step_overhead_cycles.value;
+    // The engine's overhead in whole time quanta, so the events sum to its busy time exactly.
+    let overhead = tpusim_engine::quantize(chip.fitted.grid_step_overhead_cycles.value);
     simulate_observed(chip, program, &mut |s: &Step, t: &StepTiming| {
         if !window.contains(t.index, s) {
             return;
@@ -753,7 +754,12 @@ mod tests {
         let r = small_run();
         let mut busy = [0.0f64; 7];
         let res = for_each_event(&r.chip, &r.program, &Window::default(), &mut |e| busy[e.track as usize] += e.dur);
-        assert_eq!(res, r.result);
+        // The critical path is split by fractional shares, so its sums may differ in the last
+        // bits with the order of summation; every other field is exact.
+        for (a, b) in res.critical.iter().zip(r.result.critical.iter()) {
+            assert!((a.1 - b.1).abs() <= 1e-9 * b.1.abs().max(1.0), "critical {:?}: {} vs {}", a.0, a.1, b.1);
+        }
+        assert_eq!(SimResult { critical: r.result.critical, ..res.clone() }, r.result);
         let b = &r.result.busy;
         let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * b.abs().max(1.0);
         use tpusim_kernel::Unit;

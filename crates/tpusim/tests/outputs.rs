@@ -156,10 +156,10 @@ fn rows_with_an_error_name_their_chip() {
 fn ctrl_c_on_a_sweep_says_where_the_rows_are_and_resumes() {
     let dir = scratch("interrupt");
     let f = dir.join("big.toml");
-    // Enough points to outlast the interrupt on any machine.
+    // Enough points (14,400) to outlast the interrupt on any machine.
     std::fs::write(
         &f,
-        "[base]\nheads = 10\nseq_len = 75600\nmask = \"band:15000+sink:3600\"\ntraversal = \"compact\"\nmasking = \"partial\"\n[axes]\nblock_q = [1024, 1536, 2048, 2304, 2560, 3072, 3328, 3584]\nblock_kv = [512, 768, 1024, 1536, 2048, 2560]\n\"chip.hbm.bandwidth_gb_per_s\" = [819, 1638, 3276]\n",
+        "[base]\nheads = 10\nseq_len = 75600\nmask = \"band:15000+sink:3600\"\ntraversal = \"compact\"\nmasking = \"partial\"\n[axes]\nblock_q = [1024, 1536, 2048, 2304, 2560, 3072, 3328, 3584]\nblock_kv = [512, 768, 1024, 1536, 2048, 2560]\n\"chip.hbm.bandwidth_gb_per_s\" = [800, 900, 1000, 1100, 1200, 1300, 1400, 1500, 1600, 1700, 1800, 1900, 2000, 2100, 2200, 2300, 2400, 2500, 2600, 2700, 2800, 2900, 3000, 3100, 3200, 3300, 3400, 3500, 3600, 3700]\n\"chip.device.clock_ghz\" = [1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7, 1.8, 1.9]\n",
     )
     .unwrap();
     let out = dir.join("big.csv");

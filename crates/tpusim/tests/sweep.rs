@@ -37,8 +37,8 @@ fn read(p: &Path) -> Vec<u8> {
     std::fs::read(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
 }
 
-/// 36 small points: 3 block_q x 3 block_kv x 2 masks x 2 HBM bandwidths; block_q 8192 with
-/// block_kv 8192 overflows VMEM, so some rows carry errors.
+/// 36 small points: 3 block_q x 3 block_kv x 2 masks x 2 HBM bandwidths; block_q 8192 overflows the
+/// 32 MiB scoped VMEM limit, so some rows carry errors.
 const SMALL: &str = r#"
 [base]
 heads = 2
@@ -120,7 +120,9 @@ fn sweep_rows_hold_inputs_metrics_and_errors_in_index_order() {
         assert_eq!(r.len(), cols.len(), "row {i}");
         assert_eq!(r[0], i.to_string(), "rows are in index order");
         let err = &r[col("error")];
-        if r[col("block_q")] == "8192" && r[col("block_kv")] == "8192" {
+        // At block_q 8192 the kernel's (block_q, 128) buffers alone - q positions double-buffered,
+        // m and l scratch, the f32 accumulator - pass the 32 MiB scoped limit, whatever block_kv.
+        if r[col("block_q")] == "8192" {
             assert!(err.contains("VMEM"), "row {i}: {err}");
             assert!(r[col("latency_ms")].is_empty());
             errors += 1;
@@ -129,7 +131,7 @@ fn sweep_rows_hold_inputs_metrics_and_errors_in_index_order() {
             assert!(r[col("latency_ms")].parse::<f64>().unwrap() > 0.0);
         }
     }
-    assert_eq!(errors, 4);
+    assert_eq!(errors, 12);
     // The last axis varies fastest; a faster HBM never makes a point slower.
     assert_eq!(rows[0][col("chip.hbm.bandwidth_gb_per_s")], "819");
     assert_eq!(rows[1][col("chip.hbm.bandwidth_gb_per_s")], "3276");

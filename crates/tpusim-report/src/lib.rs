@@ -790,14 +790,25 @@ impl Report {
                     let names: Vec<String> = self.co_bound.iter().map(|u| format!("{u} -{:.1}%", 100.0 * gain(u.word()))).collect();
                     format!("; co-bound: {}", names.join(", "))
                 };
-                let _ = writeln!(
-                    s,
-                    "  bound by     {} (2x faster: -{:.1}% latency, the largest gain{co}; {how}: {:.0}% of the critical path, busy {:.0}% of the run)",
-                    self.bottleneck,
-                    100.0 * gain(self.bottleneck.word()),
-                    if self.latency_ms > 0.0 { 100.0 * crit / self.latency_ms } else { 0.0 },
-                    busy * 100.0
-                );
+                if whatif::latency_bound(table) {
+                    let _ = writeln!(
+                        s,
+                        "  bound by     {} (latency: no unit twice as fast saves 1% or more; the critical path waits on {} for {:.0}% of the run, busy {:.0}%)",
+                        self.bottleneck,
+                        self.bottleneck,
+                        if self.latency_ms > 0.0 { 100.0 * crit / self.latency_ms } else { 0.0 },
+                        busy * 100.0
+                    );
+                } else {
+                    let _ = writeln!(
+                        s,
+                        "  bound by     {} (2x faster: -{:.1}% latency, the largest gain{co}; {how}: {:.0}% of the critical path, busy {:.0}% of the run)",
+                        self.bottleneck,
+                        100.0 * gain(self.bottleneck.word()),
+                        if self.latency_ms > 0.0 { 100.0 * crit / self.latency_ms } else { 0.0 },
+                        busy * 100.0
+                    );
+                }
                 let cells: Vec<String> = table.iter().map(|w| format!("{} -{:.1}%", w.unit, 100.0 * w.gain)).collect();
                 let _ = writeln!(s, "  what if 2x   {} (latency saved with one unit twice as fast, same schedule)", cells.join(", "));
             }

@@ -108,6 +108,9 @@ pub fn what_if_2x(run: &Run) -> Vec<WhatIf> {
 
 /// The bottleneck by the what-if table: the chip unit with the largest gain (ties: `fallback`,
 /// the critical-path rule's unit, first, then [`Unit::ALL`] order), and the co-bound units.
+/// When no unit's gain reaches [`CO_BOUND_MIN_GAIN`] the run is bound by latency (chains of
+/// result latencies no rate shortens): the bottleneck is then `fallback`, the unit the critical
+/// path waits on longest, and no unit is co-bound ([`latency_bound`] tells this case apart).
 pub fn bottleneck_of(table: &[WhatIf], fallback: Unit) -> (Unit, Vec<Unit>) {
     let gain = |u: Unit| table.iter().find(|w| w.unit == u.word()).map_or(0.0, |w| w.gain);
     let mut best = fallback;
@@ -117,6 +120,15 @@ pub fn bottleneck_of(table: &[WhatIf], fallback: Unit) -> (Unit, Vec<Unit>) {
         }
     }
     let top = gain(best);
+    if top < CO_BOUND_MIN_GAIN {
+        return (fallback, Vec::new());
+    }
     let co = Unit::ALL.iter().copied().filter(|&u| u != best && gain(u) >= CO_BOUND_FRACTION * top && gain(u) > CO_BOUND_MIN_GAIN).collect();
     (best, co)
+}
+
+/// True when no chip unit twice as fast saves [`CO_BOUND_MIN_GAIN`] of the latency: the run is
+/// bound by latency, not by any unit's rate.
+pub fn latency_bound(table: &[WhatIf]) -> bool {
+    table.iter().filter(|w| w.unit != "host").all(|w| w.gain < CO_BOUND_MIN_GAIN)
 }

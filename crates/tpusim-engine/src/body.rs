@@ -104,17 +104,16 @@ pub struct BodyTiming {
 /// (`provenance.compiled_for`: the code compiled for the chip as read) and times it with its own
 /// costs: list scheduling is not monotone (a faster unit can reorder a body and lengthen it,
 /// Graham's scheduling anomalies), a fixed order is.
-fn list_order(body: &StepBody, cost: &[(usize, f64, f64)]) -> Vec<usize> {
+fn list_order(index: &Index, cost: &[(usize, f64, f64)]) -> Vec<usize> {
     use std::cmp::Reverse;
     use std::collections::BinaryHeap;
-    let g = &body.graph;
-    let n = g.node_count();
+    let n = index.issue_key.len();
     // Program order key of an operation, (issue slot, node index), packed in one word (node
     // indices are below 2^24: bodies are far smaller).
-    let key = |i: usize| (g[NodeIndex::new(i)].issue << 24) | i as u64;
+    let key = |i: usize| index.issue_key[i];
     // Times are compared as integers of 1/1024 cycle so heaps can order them.
     let fx = |t: f64| (t * 1024.0).round() as u64;
-    let mut missing: Vec<u32> = (0..n).map(|i| g.neighbors_directed(NodeIndex::new(i), Direction::Incoming).count() as u32).collect();
+    let mut missing: Vec<u32> = (0..n).map(|i| index.pred_at[i + 1] - index.pred_at[i]).collect();
     let mut ready_at = vec![0.0f64; n];
     let mut free = [0.0f64; 4];
     let mut free_fx = [0u64; 4];
@@ -161,8 +160,8 @@ fn list_order(body: &StepBody, cost: &[(usize, f64, f64)]) -> Vec<usize> {
         free[u] = start + occ;
         free_fx[u] = fx(free[u]);
         let done = start + occ + lat;
-        for s in g.neighbors_directed(NodeIndex::new(i), Direction::Outgoing) {
-            let j = s.index();
+        for &j in &index.succ[index.succ_at[i] as usize..index.succ_at[i + 1] as usize] {
+            let j = j as usize;
             if done > ready_at[j] {
                 ready_at[j] = done;
             }
@@ -190,6 +189,19 @@ struct Index {
     transcendental_vregs: f64,
     /// The body's isolated schedules ([`Transfer::isolated`]), per order and costs.
     timings: tpusim_kernel::Memo,
+    /// Program-order key of each node, (issue slot << 24) | node index.
+    issue_key: Vec<u64>,
+    /// Successors of node i: `succ[succ_at[i] .. succ_at[i + 1]]` (compact arrays: the graph's
+    /// own edge lists are walked many times per body and miss the cache).
+    succ_at: Vec<u32>,
+    succ: Vec<u32>,
+    /// Predecessors of node i, likewise.
+    pred_at: Vec<u32>,
+    pred: Vec<u32>,
+    /// Per node: unit index, carried slot read and written ([`NONE`] when none).
+    unit: Vec<u8>,
+    carry_in: Vec<u16>,
+    carry_out: Vec<u16>,
 }
 
 /// Memo key of a body's [`Index`] (plans and timings use hashes of chip costs, which are never 0
@@ -215,6 +227,20 @@ impl Index {
                     id
                 })
                 .collect();
+            let g = &body.graph;
+            let n = g.node_count();
+            let csr = |dir: Direction| {
+                let mut at = Vec::with_capacity(n + 1);
+                let mut to = Vec::with_capacity(g.edge_count());
+                at.push(0u32);
+                for i in 0..n {
+                    to.extend(g.neighbors_directed(NodeIndex::new(i), dir).map(|j| j.index() as u32));
+                    at.push(to.len() as u32);
+                }
+                (at, to)
+            };
+            let (succ_at, succ) = csr(Direction::Outgoing);
+            let (pred_at, pred) = csr(Direction::Incoming);
             Index {
                 work_of,
                 count,
@@ -222,6 +248,14 @@ impl Index {
                 transcendental_vregs: body.transcendental_vregs(),
                 works,
                 timings: tpusim_kernel::Memo::with_capacity(64),
+                issue_key: (0..n).map(|i| (g[NodeIndex::new(i)].issue << 24) | i as u64).collect(),
+                succ_at,
+                succ,
+                pred_at,
+                pred,
+                unit: g.node_weights().map(|op| op.work.unit().index() as u8).collect(),
+                carry_in: g.node_weights().map(|op| op.carry_in.unwrap_or(NONE)).collect(),
+                carry_out: g.node_weights().map(|op| op.carry_out.unwrap_or(NONE)).collect(),
             }
         })
     }
@@ -293,8 +327,7 @@ struct Plan {
 }
 
 impl Plan {
-    fn new(body: &StepBody, index: &Index, order: &[usize]) -> Plan {
-        let g = &body.graph;
+    fn new(index: &Index, order: &[usize]) -> Plan {
         let n = order.len();
         let mut pos = vec![0usize; n];
         for (p, &i) in order.iter().enumerate() {
@@ -308,15 +341,14 @@ impl Plan {
             deps: Vec::new(),
             carry_in: Vec::with_capacity(n),
             carry_out: Vec::with_capacity(n),
-            has_mxu: g.node_weights().any(|op| op.work.unit() == Unit::Mxu),
+            has_mxu: index.unit.iter().any(|&u| usize::from(u) == Unit::Mxu.index()),
         };
         plan.dep_at.push(0);
         for &i in order {
-            let op = &g[NodeIndex::new(i)];
-            plan.unit.push(op.work.unit().index() as u8);
-            plan.carry_in.push(op.carry_in.unwrap_or(NONE));
-            plan.carry_out.push(op.carry_out.unwrap_or(NONE));
-            plan.deps.extend(g.neighbors_directed(NodeIndex::new(i), Direction::Incoming).map(|d| pos[d.index()] as u32));
+            plan.unit.push(index.unit[i]);
+            plan.carry_in.push(index.carry_in[i]);
+            plan.carry_out.push(index.carry_out[i]);
+            plan.deps.extend(index.pred[index.pred_at[i] as usize..index.pred_at[i + 1] as usize].iter().map(|&d| pos[d as usize] as u32));
             plan.dep_at.push(plan.deps.len() as u32);
         }
         plan
@@ -394,7 +426,7 @@ impl Transfer {
         let plan_key = cost_key(1, order_costs);
         let plan = body.memo.get_or_insert_with(plan_key, || {
             let node_costs: Vec<(usize, f64, f64)> = index.work_of.iter().map(|&w| order_costs[w as usize]).collect();
-            Plan::new(body, &index, &list_order(body, &node_costs))
+            Plan::new(&index, &list_order(&index, &node_costs))
         });
         let key = cost_key(plan_key, &costs);
         Transfer { carries: k, empty: plan.node.is_empty(), index, plan, costs, key, by_position: std::sync::OnceLock::new() }

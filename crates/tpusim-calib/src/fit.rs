@@ -18,7 +18,9 @@
 //!
 //! **Identifiability.** Before fitting, the elasticity of every row's time to every parameter
 //! (`d ln t / d u`, by central differences of +-0.05 in `u`) is measured at the starting point.
-//! Parameters are taken greedily, the one the rows pin down best first: at each round, the
+//! The candidates are the parameters asked for, else the set the starting model declares fitted
+//! (every shipped preset declares its own; [`candidates`]), else all five. Among them parameters
+//! are taken greedily, the one the rows pin down best first: at each round, the
 //! candidate whose elasticity column has the largest part that the parameters already taken cannot
 //! mimic; it is fitted only when that part has a norm of at least [`MIN_RESIDUAL_NORM`] (a 10%
 //! change moves the rows' log times, beyond what the others can make up, by at least 0.5%
@@ -122,6 +124,41 @@ fn param_mut<'a>(chip: &'a mut ChipModel, name: &str) -> &'a mut Param<f64> {
         "grid_step_overhead_cycles" => &mut f.grid_step_overhead_cycles,
         other => panic!("not a fitted parameter: {other}"),
     }
+}
+
+/// The parameters a calibration of `base` fits (each only if the rows identify it, module docs):
+/// `params` when given; else the ones `base` declares fitted (a non-empty `fitted_to`: every
+/// shipped preset declares its set, and a model written by `tpusim calibrate` declares what was
+/// fitted), so that re-fitting a model to the rows it names reproduces it; else, for a model that
+/// declares none, every one of [`FITTED_PARAMS`] (identifiability chooses at most
+/// [`MAX_FITTED`]).
+pub fn candidates(base: &ChipModel, params: &[String]) -> Vec<&'static str> {
+    if !params.is_empty() {
+        return FITTED_PARAMS.iter().copied().filter(|n| params.iter().any(|p| p == n)).collect();
+    }
+    let declared: Vec<&'static str> = FITTED_PARAMS
+        .iter()
+        .copied()
+        .filter(|n| fitted_param(base, n).and_then(|p| p.fitted_to.as_ref()).is_some_and(|rows| !rows.is_empty()))
+        .collect();
+    if declared.is_empty() {
+        FITTED_PARAMS.to_vec()
+    } else {
+        declared
+    }
+}
+
+/// Fitted parameter `name` of a chip (one of [`FITTED_PARAMS`]); `None` for other names.
+pub fn fitted_param<'a>(chip: &'a ChipModel, name: &str) -> Option<&'a Param<f64>> {
+    let f = &chip.fitted;
+    Some(match name {
+        "valu_vreg_ops_per_cycle" => &f.valu_vreg_ops_per_cycle,
+        "eup_vregs_per_cycle" => &f.eup_vregs_per_cycle,
+        "xlu_cycles_per_vreg" => &f.xlu_cycles_per_vreg,
+        "loaded_mask_ops_per_vreg" => &f.loaded_mask_ops_per_vreg,
+        "grid_step_overhead_cycles" => &f.grid_step_overhead_cycles,
+        _ => return None,
+    })
 }
 
 /// The value of fitted parameter `name` (one of [`FITTED_PARAMS`]); `None` for other names.
@@ -452,7 +489,8 @@ pub struct Unused {
 /// Options of a calibration.
 #[derive(Debug, Clone)]
 pub struct CalibrateOptions {
-    /// Fitted parameters to fit (names from [`FITTED_PARAMS`]); empty = all.
+    /// Fitted parameters to fit (names from [`FITTED_PARAMS`]); empty = the set the starting
+    /// model declares ([`candidates`]).
     pub params: Vec<String>,
     /// Run cross-validation (leave-one-out or k-fold).
     pub cross_validate: bool,
@@ -718,7 +756,7 @@ pub fn calibrate(
             )));
         }
     }
-    let names: Vec<&str> = FITTED_PARAMS.iter().copied().filter(|n| opts.params.is_empty() || opts.params.iter().any(|p| p == n)).collect();
+    let names = candidates(base, &opts.params);
     let mut rows = Vec::new();
     let mut unused = Vec::new();
     for m in &file.rows {

@@ -30,7 +30,7 @@ pub mod trace;
 pub mod validate;
 
 pub use cv::{cross_validate, CrossValidation};
-pub use fit::{calibrate, CalibrateOptions, Calibration, FITTED_PARAMS};
+pub use fit::{calibrate, candidates, fitted_param, CalibrateOptions, Calibration, FITTED_PARAMS};
 
 /// An error of calibration or validation (not a skipped row: those carry their reason).
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

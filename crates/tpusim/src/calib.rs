@@ -77,7 +77,9 @@ pub struct CalibrateArgs {
     #[arg(long, requires = "out")]
     pub force: bool,
     /// Fit only these fitted parameters (comma separated), e.g.
-    /// --params valu_vreg_ops_per_cycle,grid_step_overhead_cycles [default: all of [fitted]].
+    /// --params valu_vreg_ops_per_cycle,grid_step_overhead_cycles [default: the parameters the
+    /// starting model declares fitted (a non-empty `fitted_to`; every preset declares its set), or
+    /// all of [fitted] for a model that declares none].
     #[arg(long, value_delimiter = ',')]
     pub params: Vec<String>,
     /// Skip cross-validation (leave-one-out / k-fold refits).

@@ -770,6 +770,8 @@ pub fn lower_dq(chip: &ChipModel, w: &AttentionCall, cfg: &super::SplashConfig) 
         width,
         class_of,
         empty_class: 0,
+        finalize_class: None,
+        pad_to_block0: false,
         q_bytes: b.block_q_dq * (w.head_dim + w.head_dim_v) * 2 + 2 * b.block_q_dq * 4,
         kv_bytes: b.block_kv_dq * (w.head_dim + w.head_dim_v) * 2,
         mask_bytes: if loaded { b.block_q_dq * b.block_kv_dq } else { 0 },

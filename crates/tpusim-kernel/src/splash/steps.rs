@@ -38,6 +38,16 @@ pub(crate) struct Steps {
     /// class id by [kind (0 partial, 1 full)][first][last]; empty steps use `empty_class`.
     pub(crate) class_of: [[[u32; 2]; 2]; 2],
     pub(crate) empty_class: u32,
+    /// JAX's Splash finalizes a row at its last grid step (`j == grid_width - 1`), an empty one
+    /// when the row has fewer non-empty tiles than the grid is wide: the class of such a step
+    /// (the finalize alone), and computed steps then never finalize. `None`: the row's last
+    /// computed step finalizes.
+    pub(crate) finalize_class: Option<u32>,
+    /// Padding steps (a row's steps after its non-empty tiles) point at kv block 0, as JAX's
+    /// `MaskInfo.data_next` holds for them (0, not a repeat of the row's last block): the first
+    /// one copies kv block 0 unless it is already the block in VMEM. `false`: they repeat the
+    /// last block (no copy).
+    pub(crate) pad_to_block0: bool,
     pub(crate) q_bytes: u64,
     pub(crate) kv_bytes: u64,
     pub(crate) mask_bytes: u64,
@@ -126,7 +136,9 @@ impl Steps {
             .map(|rows| {
                 let first = rows.iter().find_map(|r| r.first()).map(|s| s.kj0);
                 let last = rows.iter().rev().find_map(|r| r.last()).map(|s| s.kj0 + s.n - 1);
-                self.group == 1 || first.is_none() || first != last
+                // Padding steps that fetch block 0 leave it in VMEM for the next head of a GQA
+                // group: its first copy is elided, so such heads are not folded.
+                self.group == 1 || (!self.pad_to_block0 && (first.is_none() || first != last))
             })
             .collect()
     }
@@ -222,7 +234,7 @@ impl Steps {
                 }
                 let k = usize::from(kind == TileKind::Full);
                 let first = usize::from(j == 0);
-                let last = usize::from(j + 1 == len);
+                let last = usize::from(j + 1 == len && (self.finalize_class.is_none() || n_steps == len));
                 let out_bytes = if j + 1 == n_steps { row_out } else { 0 };
                 f(&Step { class: self.class_of[k][first][last], in_bytes, out_bytes, coords: [bh, qi, kj, 0] }, 1);
             };
@@ -252,10 +264,26 @@ impl Steps {
                 // Empty steps: fixed cost only; data_next repeats the last block, so no copy.
                 let empty =
                     |j: u64, out_bytes: u64| Step { class: self.empty_class, in_bytes: 0, out_bytes, coords: [bh, qi, j as u32, 0] };
-                if n_steps - len > 1 {
-                    f(&empty(len, 0), n_steps - len - 1);
+                let mut pad = len;
+                if self.pad_to_block0 && *last_kv != Some((b, kvh, 0)) {
+                    // The first padding step fetches kv block 0 (data_next = 0).
+                    let first_pad = Step { in_bytes: self.kv_bytes, ..empty(len, 0) };
+                    *last_kv = Some((b, kvh, 0));
+                    if n_steps - len == 1 {
+                        let mut fin = Step { out_bytes: row_out, ..first_pad };
+                        fin.class = self.finalize_class.unwrap_or(self.empty_class);
+                        f(&fin, 1);
+                        continue;
+                    }
+                    f(&first_pad, 1);
+                    pad += 1;
                 }
-                f(&empty(n_steps - 1, row_out), 1);
+                if n_steps - pad > 1 {
+                    f(&empty(pad, 0), n_steps - pad - 1);
+                }
+                let mut fin = empty(n_steps - 1, row_out);
+                fin.class = self.finalize_class.unwrap_or(self.empty_class);
+                f(&fin, 1);
             }
         }
     }

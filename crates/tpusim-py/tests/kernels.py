@@ -94,6 +94,41 @@ def block_sparse_matmul(block_mask, bm=256, bk=256, bn=256):
     return f
 
 
+def block_sparse_matmul_runtime(nb, b):
+    """A block-diagonal-or-not matmul whose block mask is an argument (`mask` (nb, nb) int32,
+    scalar-prefetched): the kernel branches on it, so it must be known to simulate."""
+
+    def kernel(mask_ref, x_ref, y_ref, z_ref, acc_ref):
+        i, k = pl.program_id(0), pl.program_id(2)
+
+        @pl.when(k == 0)
+        def _():
+            acc_ref[...] = jnp.zeros_like(acc_ref)
+
+        @pl.when(mask_ref[i, k] != 0)
+        def _():
+            acc_ref[...] += jnp.dot(x_ref[...], y_ref[...], preferred_element_type=jnp.float32)
+
+        @pl.when(k == nb - 1)
+        def _():
+            z_ref[...] = acc_ref[...].astype(z_ref.dtype)
+
+    def f(mask, x, y):
+        return pl.pallas_call(
+            kernel,
+            grid_spec=pltpu.PrefetchScalarGridSpec(
+                num_scalar_prefetch=1,
+                in_specs=[pl.BlockSpec((b, b), lambda i, j, k, m: (i, k)), pl.BlockSpec((b, b), lambda i, j, k, m: (k, j))],
+                out_specs=pl.BlockSpec((b, b), lambda i, j, k, m: (i, j)),
+                scratch_shapes=[pltpu.VMEM((b, b), jnp.float32)],
+                grid=(nb, y.shape[1] // b, nb),
+            ),
+            out_shape=jax.ShapeDtypeStruct((x.shape[0], y.shape[1]), x.dtype),
+        )(mask, x, y)
+
+    return f
+
+
 def rms_norm(block_rows=256, eps=1e-6):
     """Fused RMSNorm over the last dimension: y = x * rsqrt(mean(x^2) + eps) * w, f32 math."""
 
@@ -126,6 +161,8 @@ def splash(mask_name, heads=4, seq=2048, block=512):
         "causal": lambda: sm.CausalMask((seq, seq)),
         "local:512,0": lambda: sm.LocalMask((seq, seq), window_size=(512, 0), offset=0),
         "chunked:1024": lambda: sm.ChunkedCausalMask((seq, seq), chunk_size=1024),
+        # A NumPy mask (loaded from int8 blocks by the kernel): the causal pattern as an array.
+        "numpy-causal": lambda: sm.NumpyMask(np.tril(np.ones((seq, seq), dtype=np.bool_))),
     }
     mask = sm.MultiHeadMask([masks[mask_name]() for _ in range(heads)])
     bs = sk.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block)

@@ -182,3 +182,29 @@ def test_renamed_splash_with_one_more_op_costs_that_op():
     assert abs(got_ms - want_ms) <= 1e-9 + 1e-6 * want_ms, (got_ms, want_ms)
     # The latency moves by at most the op's VPU time, and not backwards.
     assert -1e-9 <= ren.latency_ms - orig.latency_ms <= want_ms + 1e-9
+
+
+def test_branch_on_a_runtime_table_names_the_operand():
+    # The block mask given as a shape only: the kernel's `pl.when(mask_ref[i, k] != 0)` reads a
+    # value nobody knows before the run; the error names the operand and where it is read.
+    import jax
+    import jax.numpy as jnp
+
+    nb, b = 4, 256
+    mask = np.eye(nb, dtype=np.int32)
+    from kernels import block_sparse_matmul_runtime
+
+    with pytest.raises(tpusim.InputError, match="prefetch 0") as e:
+        tj.simulate(block_sparse_matmul_runtime(nb, b), jax.ShapeDtypeStruct((nb, nb), jnp.int32), bf16(nb * b, nb * b), bf16(nb * b, b))
+    assert "runtime input" in str(e.value) and "scf.if" in str(e.value), str(e.value)
+    # Given as concrete values, the same call simulates.
+    r = tj.simulate(block_sparse_matmul_runtime(nb, b), jnp.asarray(mask), bf16(nb * b, nb * b), bf16(nb * b, b))[0]
+    assert r.steps_computed == nb
+
+
+def test_another_jax_version_is_refused(monkeypatch):
+    import jax
+
+    monkeypatch.setattr(jax, "__version__", "0.9.0")
+    with pytest.raises(tpusim.InputError, match=f"JAX 0.9.0 is installed; tpusim.jax reads the Mosaic IR of JAX {tj.SUPPORTED_JAX} only"):
+        tj.simulate(tutorial_matmul(256, 256, 256), bf16(512, 512), bf16(512, 512))

@@ -367,6 +367,24 @@ fn build_attention_body(s: &BodyShape) -> StepBody {
     b
 }
 
+/// The finalize of a row alone (JAX's Splash on an empty last grid step): per slab the
+/// reciprocal of l (and log(l) with residuals) on the EUP and o = o_acc / l on the VPU, as in
+/// [`build_attention_body`]; it reads the row's carried o_acc.
+fn finalize_body(block_q: u64, dv: u64, residuals: bool) -> StepBody {
+    let mut b = StepBody::default();
+    let slabs = block_q.div_ceil(SLAB_ROWS);
+    for si in 0..slabs {
+        let r = SLAB_ROWS.min(block_q - si * SLAB_ROWS);
+        let rv = r as f64 / 8.0;
+        let acc_slot = (2 * si + 1) as u16;
+        let eup = if residuals { 2.0 * rv } else { rv };
+        let recip = b.add_carried("recip", Work::Transcendental { vregs: eup }, &[], si * 16 + 11, Some(acc_slot), None);
+        let vpu = 1.5 * vregs(r, dv) + if residuals { rv } else { 0.0 };
+        b.add_carried("finalize", Work::Vector { ops: vpu, loaded_mask_vregs: 0.0 }, &[recip], si * 16 + 12, None, Some(acc_slot));
+    }
+    b
+}
+
 /// Whether the lengths are padded to the blocks (the padding is masked with segment ids, whose
 /// blocks the kernel then also holds in VMEM).
 pub(crate) fn padded_lengths(w: &AttentionCall, block_q: u64, block_kv: u64) -> bool {
@@ -790,6 +808,14 @@ pub fn lower(chip: &ChipModel, w: &AttentionCall, cfg: &SplashConfig) -> Result<
             }
         }
     }
+    // JAX's Splash finalizes at the row's last grid step, which may be empty (steps.rs).
+    let finalize_class = (cfg.kernel == Kernel::Splash && cfg.traversal == Traversal::FullGrid).then(|| {
+        classes.push(StepClass {
+            key: ClassKey { tile: "empty", masked: false, first: false, last: true },
+            body: finalize_body(cfg.block_q, w.head_dim_v, cfg.return_residuals),
+        });
+        classes.len() as u32 - 1
+    });
     // Stage 5: tile counts over batch and heads.
     let mut tiles = TileCounts::default();
     let (mut kept, mut exact, mut visited_pairs, mut grid_steps) = (0u64, 0u64, 0u64, 0u64);
@@ -811,7 +837,17 @@ pub fn lower(chip: &ChipModel, w: &AttentionCall, cfg: &SplashConfig) -> Result<
             };
     }
     // Stage 6: the step stream.
-    let residual_bytes = if cfg.return_residuals { 2 * cfg.block_q * 128 * 4 } else { 0 };
+    // Residuals (f32, lane-replicated to 128 per q row): logsumexp and max logits, JAX's Splash
+    // logsumexp only (`save_residuals` in `_splash_attention_forward`).
+    let residual_arrays = if cfg.kernel == Kernel::Splash { 1 } else { 2 };
+    let residual_bytes = if cfg.return_residuals { residual_arrays * cfg.block_q * 128 * 4 } else { 0 };
+    // JAX's Splash: the q positions block (block_q x 128 int32, index map (i, 0)) when the mask
+    // is computed, and m, l and o_scratch as outputs of constant block index (written back once,
+    // after the last step).
+    let jax_splash = cfg.kernel == Kernel::Splash;
+    let computes_mask = cfg.masking != Masking::None && any_not_full && source == MaskSource::Computed;
+    let qpos_bytes = if jax_splash && computes_mask { cfg.block_q * 128 * 4 } else { 0 };
+    let final_out_bytes = if jax_splash { cfg.block_q * (128 + 128 + w.head_dim_v) * 4 } else { 0 };
     let steps = Steps {
         batch: w.batch,
         q_heads: w.q_heads,
@@ -822,10 +858,14 @@ pub fn lower(chip: &ChipModel, w: &AttentionCall, cfg: &SplashConfig) -> Result<
         width: cl.width,
         class_of,
         empty_class: 0,
+        finalize_class,
+        pad_to_block0: cfg.kernel == Kernel::Splash && cfg.traversal == Traversal::FullGrid,
         q_bytes: cfg.block_q * w.head_dim * 2,
         kv_bytes: cfg.block_kv * (w.head_dim + w.head_dim_v) * 2,
         mask_bytes: if source == MaskSource::Loaded { cfg.block_q * cfg.block_kv } else { 0 },
         o_bytes: cfg.block_q * w.head_dim_v * 2 + residual_bytes,
+        qpos_bytes,
+        final_out_bytes,
         masked_partial: cfg.masking != Masking::None,
         unit_span: 1,
     };
@@ -987,6 +1027,33 @@ mod tests {
         // At the default precision the f32 p.v is one MXU pass: its FLOPs and matmul shapes are
         // those of the bf16 one.
         assert_eq!(crate::mxu::matmul_passes(crate::dtype::Dtype::F32, crate::dtype::Dtype::F32, crate::mxu::Precision::Default), 1);
+    }
+
+    #[test]
+    fn jax_splash_copies_what_its_pallas_call_declares() {
+        // 4 heads x 2048 causal at 512 blocks: per (head, q block) q (512 x 128 bf16), the q
+        // positions (512 x 128 i32) and o (bf16); kv (512 x 256 bf16) per head 9 times: rows
+        // 0..3 fetch kv 0 | kv 1, pad -> kv 0 | kv 1, kv 2, pad -> kv 0 | kv 1, kv 2, kv 3 (the
+        // padding steps' data_next is block 0); m, l, o_scratch (512 x 384 f32) once at the end.
+        let mut w = AttentionCall::video_default();
+        (w.q_len, w.kv_len, w.q_heads, w.kv_heads) = (2048, 2048, 4, 4);
+        w.mask = Mask::parse("causal").unwrap();
+        let c = SplashConfig { block_q: 512, block_kv: 512, block_kv_compute: 512, ..SplashConfig::for_family(Kernel::Splash) };
+        let p = lower(&v6e(), &w, &c).unwrap();
+        let (mut inb, mut outb, mut fin) = (0, 0, 0);
+        p.for_each_step(&mut |s| {
+            inb += s.in_bytes;
+            outb += s.out_bytes;
+            fin += u64::from(p.classes[s.class as usize].key.tile == "empty" && !p.classes[s.class as usize].body.is_empty());
+        });
+        assert_eq!(inb, 16 * (512 * 128 * 2 + 512 * 128 * 4) + 4 * 9 * 512 * 256 * 2);
+        assert_eq!(outb, 16 * 512 * 128 * 2 + 512 * 384 * 4);
+        // Rows 0..2 end in padding: their finalize runs there.
+        assert_eq!(fin, 4 * 3);
+        // The run stream (heads folded) gives the same bytes.
+        let mut runs = 0;
+        p.for_each_run(&mut |s, n| runs += (s.in_bytes + s.out_bytes) * n);
+        assert_eq!(runs, inb + outb);
     }
 
     #[test]

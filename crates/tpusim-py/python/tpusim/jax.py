@@ -161,6 +161,18 @@ def _find_calls(module):
     return calls, funcs, call_sites, others
 
 
+def _arg_name(block, idx):
+    """The name JAX gave argument `idx` of `main` (its location, the traced parameter's name), or
+    `argIDX`."""
+    import re
+
+    try:
+        m = re.match(r'loc\("([^"]+)"', str(block.arguments[idx].location))
+    except Exception:
+        m = None
+    return m.group(1) if m else f"arg{idx}"
+
+
 def _value_of(v, funcs, call_sites, args, depth=0):
     """The constant value of a StableHLO SSA value as a NumPy array, or (None, why)."""
     import numpy as np
@@ -178,7 +190,7 @@ def _value_of(v, funcs, call_sites, args, depth=0):
         if fname == "main":
             a = args[idx] if idx < len(args) else None
             if a is None or not hasattr(a, "__array__") or type(a).__name__ == "ShapeDtypeStruct":
-                return None, f"argument {idx} of the function, given as a shape only"
+                return None, f"argument `{_arg_name(block, idx)}` of the function, given as a shape only"
             return np.asarray(a), None
         sites = call_sites.get(fname, [])
         if len(sites) != 1:
@@ -292,6 +304,9 @@ class _Reader:
         self.ids = {}  # SSA value (as str of its get_name) -> op id
         self.scalars = {}  # SSA value -> expression
         self.refs = {}  # block argument value -> ref index
+        self.views = {}  # sliced memref value -> (ref index, offsets, window shape, kept dims)
+        self.mutable = set()
+        self.ref_kinds, self.ref_names, self.ref_spaces = [], [], []
 
     def _key(self, v):
         return v.get_name()
@@ -407,7 +422,14 @@ class _Reader:
                 cond = self.scalar(op.operands[0])
                 then = self.body_ops(op.regions[0].blocks[0], depth)
                 els = self.body_ops(op.regions[1].blocks[0], depth) if len(op.regions) > 1 and len(op.regions[1].blocks) else []
-                ids = [self._bind(r) for r in op.results]
+                ids = []
+                for i, r in enumerate(op.results):
+                    if _is_vector(r.type):
+                        ids.append(self._bind(r))
+                    else:
+                        # A scalar result: the yielded value of the branch taken.
+                        self.scalars[self._key(r)] = ["select", cond, _yielded(then, i), _yielded(els, i)]
+                        ids.append(None)
                 for region in (then, els):
                     for y in region:
                         if y.get("op") == "scf.yield":
@@ -418,18 +440,83 @@ class _Reader:
                 lo, hi, st = (self.scalar(x) for x in op.operands[:3])
                 blk = op.regions[0].blocks[0]
                 self.scalars[self._key(blk.arguments[0])] = ["iv", depth]
-                # Loop-carried values: the iteration arguments are bound to the init operands.
-                for a, init in zip(list(blk.arguments)[1:], list(op.operands)[3:]):
+                # Loop-carried values: vectors are bound to the init operands' values; scalars
+                # are variables set from `init` and each iteration's `yield` (DESCRIPTION.md).
+                carried, init = [], []
+                for a, x in zip(list(blk.arguments)[1:], list(op.operands)[3:]):
                     if not _is_vector(a.type):
-                        self.scalars[self._key(a)] = ["unknown", "a loop-carried scalar"]
-                    elif self._key(init) in self.ids:
-                        self.ids[self._key(a)] = self.ids[self._key(init)]
+                        i = self._new_id()
+                        self.scalars[self._key(a)] = ["var", i]
+                        carried.append(i)
+                        init.append(self.scalar(x))
+                    elif self._key(x) in self.ids:
+                        self.ids[self._key(a)] = self.ids[self._key(x)]
                 body = self.body_ops(blk, depth + 1)
-                ids = [self._bind(r) for r in op.results]
+                ids, results, yields = [], [], []
+                for k, r in enumerate(op.results):
+                    if _is_vector(r.type):
+                        ids.append(self._bind(r))
+                    else:
+                        i = self._new_id()
+                        self.scalars[self._key(r)] = ["var", i]
+                        results.append(i)
+                        yields.append(_yielded(body, k))
+                        ids.append(None)
                 for y in body:
                     if y.get("op") == "scf.yield":
                         y["attrs"] = {"results": ids}
-                out.append({"op": "scf.for", "lower": lo, "upper": hi, "step": st, "then": body, "loc": _loc(op)})
+                d = {"op": "scf.for", "lower": lo, "upper": hi, "step": st, "then": body, "loc": _loc(op)}
+                if carried:
+                    d["attrs"] = {"carried": carried, "init": init, "yield": yields, "results": results}
+                out.append(d)
+                continue
+            if name == "scf.while":
+                before, after = op.regions[0].blocks[0], op.regions[1].blocks[0]
+                if any(_is_vector(a.type) for a in list(before.arguments) + list(after.arguments)):
+                    out.append(self.vector_op(op))  # an error in the lowering, naming the op
+                    continue
+                carried = []
+                for a in before.arguments:
+                    i = self._new_id()
+                    self.scalars[self._key(a)] = ["var", i]
+                    carried.append(i)
+                init = [self.scalar(x) for x in op.operands]
+                before_ops = self.body_ops(before, depth)
+                condop = [o for o in before.operations if o.operation.name == "scf.condition"][-1].operation
+                cond = self.scalar(condop.operands[0])
+                forward = [self.scalar(x) for x in list(condop.operands)[1:]]
+                args = []
+                for a in after.arguments:
+                    i = self._new_id()
+                    self.scalars[self._key(a)] = ["var", i]
+                    args.append(i)
+                body = self.body_ops(after, depth)
+                yields = [_yielded(body, k) for k in range(len(carried))]
+                results = []
+                for r in op.results:
+                    i = self._new_id()
+                    self.scalars[self._key(r)] = ["var", i]
+                    results.append(i)
+                out.append({
+                    "op": "scf.while", "cond": cond, "then": body, "else": before_ops, "loc": _loc(op),
+                    "attrs": {"carried": carried, "init": init, "forward": forward, "args": args, "yield": yields, "results": results},
+                })
+                continue
+            if name == "scf.condition":
+                continue
+            if name in ("tpu.memref_slice", "tpu.memref_squeeze"):
+                self._view(op)
+                continue
+            if name == "memref.load" and self.refs.get(self._key(op.operands[0])) in self.mutable:
+                ri = self.refs[self._key(op.operands[0])]
+                i = self._new_id()
+                self.scalars[self._key(op.results[0])] = ["var", i]
+                out.append({"op": "memref.load", "id": i, "operands": [{"ref": ri}], "attrs": {"index": [self.scalar(x) for x in op.operands[1:]]}, "loc": _loc(op)})
+                continue
+            if name == "memref.store" and self.refs.get(self._key(op.operands[1])) is not None:
+                ri = self.refs[self._key(op.operands[1])]
+                if self.ref_kinds[ri] == "prefetch" or self.ref_spaces[ri] == "smem":
+                    out.append({"op": "memref.store", "id": self._new_id(), "operands": [{"ref": ri}], "attrs": {"value": self.scalar(op.operands[0]), "index": [self.scalar(x) for x in op.operands[2:]]}, "loc": _loc(op)})
                 continue
             vector_result = any(_is_vector(r.type) for r in op.results)
             if not vector_result and name not in _VECTOR_SIDE_EFFECTS:
@@ -441,6 +528,41 @@ class _Reader:
                 continue
             out.append(self.vector_op(op))
         return out
+
+    def _view(self, op):
+        """Tracks which window of which kernel ref a sliced / squeezed memref is (DMA sources)."""
+        src = self._key(op.operands[0])
+        if src in self.views:
+            ri, offs, win, dims = self.views[src]
+        elif src in self.refs:
+            ri = self.refs[src]
+            shape, _ = _shape_dtype(op.operands[0].type)
+            offs, win, dims = [0] * len(shape), list(shape), list(range(len(shape)))
+        else:
+            return
+        out_shape, _ = _shape_dtype(op.results[0].type)
+        offs, win, dims = list(offs), list(win), list(dims)
+        if op.name == "tpu.memref_slice":
+            idx = [self.scalar(x) for x in op.operands[1:]]
+            if len(idx) != len(dims) or len(out_shape) != len(dims):
+                return
+            for j, b in enumerate(dims):
+                offs[b] = idx[j] if offs[b] == 0 else ["add", offs[b], idx[j]]
+                win[b] = out_shape[j]
+        else:
+            # Squeeze: drop the leftmost unit dimensions until the ranks agree.
+            cur = [win[b] for b in dims]
+            drop = len(cur) - len(out_shape)
+            keep = []
+            for k, b in enumerate(dims):
+                if drop > 0 and cur[k] == 1:
+                    drop -= 1
+                    continue
+                keep.append(b)
+            if [win[b] for b in keep] != list(out_shape):
+                return
+            dims = keep
+        self.views[self._key(op.results[0])] = (ri, offs, win, dims)
 
     def _bind(self, r):
         i = self._new_id()
@@ -485,6 +607,10 @@ class _Reader:
             for s in src_shape:
                 n *= s
             attrs["bytes"] = n * _bytes(src_dtype)
+            view = self.views.get(self._key(op.operands[0]))
+            if view is not None:
+                ri, offs, win, _ = view
+                attrs["src_ref"], attrs["src_offsets"], attrs["src_shape"] = ri, offs, win
         if attrs:
             d["attrs"] = attrs
         if len(op.results) == 0:
@@ -549,6 +675,19 @@ class _Reader:
             names.append(nm)
             refs.append(ref)
         self.ref_kinds, self.ref_names = kinds, names
+        self.ref_spaces = [r["memory_space"] for r in refs]
+        # SMEM refs the kernel stores to: their loads are ops read in program order.
+        self.mutable = set()
+
+        def scan(o):
+            if o.operation.name == "memref.store":
+                ri = self.refs.get(self._key(o.operation.operands[1]))
+                if ri is not None:
+                    self.mutable.add(ri)
+
+        for o in block.operations:
+            scan(o)
+            _walk(o.operation, scan)
         body = self.body_ops(block, 0)
         return {
             "grid": grid,
@@ -556,6 +695,16 @@ class _Reader:
             "refs": refs,
             "body": body,
         }
+
+
+def _yielded(region, i):
+    """The scalar expression a region's `scf.yield` yields at position `i`."""
+    for y in reversed(region):
+        if y.get("op") == "scf.yield":
+            ops = y.get("operands", [])
+            if i < len(ops) and isinstance(ops[i], dict) and "scalar" in ops[i]:
+                return ops[i]["scalar"]
+    return ["unknown", "a value yielded by a branch"]
 
 
 _VECTOR_SIDE_EFFECTS = {"tpu.vector_store", "vector.store", "tpu.store", "tpu.strided_store", "tpu.enqueue_dma", "tpu.wait_dma2", "tpu.wait_dma", "tpu.sem_signal", "tpu.sem_wait"}
@@ -682,7 +831,10 @@ def _kernels(exported, args):
             for i in range(nprefetch):
                 val, why = _value_of(op.operands[i], funcs, call_sites, args)
                 if val is None:
-                    prefetch.append({"runtime": f"prefetch operand {i} of {name} ({why})"})
+                    import re
+
+                    m = re.match(r"argument `([^`]+)` of the function", why or "")
+                    prefetch.append({"runtime": m.group(1) if m else f"prefetch operand {i} of {name} ({why})"})
                 else:
                     prefetch.append({"inline": [int(x) for x in np.asarray(val).reshape(-1)]})
             n_in = len(op.operands) - nprefetch

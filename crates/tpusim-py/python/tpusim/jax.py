@@ -305,11 +305,17 @@ class _Reader:
         self.scalars = {}  # SSA value -> expression
         self.refs = {}  # block argument value -> ref index
         self.views = {}  # sliced memref value -> (ref index, offsets, window shape, kept dims)
+        self._asm = None
         self.mutable = set()
         self.ref_kinds, self.ref_names, self.ref_spaces = [], [], []
 
     def _key(self, v):
-        return v.get_name()
+        # One AsmState for the module: without it every get_name numbers the whole function
+        # again (seconds for a paged-attention kernel).
+        if self._asm is None:
+            _, _, ir, _ = _ir()
+            self._asm = ir.AsmState(self.module.operation)
+        return v.get_name(self._asm)
 
     def _new_id(self):
         self.next_id += 1
@@ -987,3 +993,167 @@ def tune(make_fn, candidates, *args, chip="v6e", device_kind=None, set=None, top
 
 
 tune.last_failures = []
+
+
+# ----------------------------------------------------------------------------------------------
+# Decode: paged attention and ragged paged attention steps against the HBM roofline
+
+
+class DecodeReport:
+    """A decode step simulated from its Mosaic IR (`tpusim_report::decode`): `latency_ms`,
+    `hbm_bytes`, `must_move_bytes`, `roofline_fraction`, `bound` (the bound that sets the
+    latency) and `bounds`, `below_roof` (why the step is below the roof), `dmas`, `kernel` (the
+    kernel's own report as a dict); `json` and `str()` the whole report."""
+
+    def __init__(self, json_text, table, kernel_json):
+        self.json = json_text
+        self.table = table
+        self._d = json.loads(json_text)
+        self.kernel = json.loads(kernel_json)
+        for k, v in self._d.items():
+            setattr(self, k, v)
+
+    def __str__(self):
+        return self.table
+
+    def __repr__(self):
+        return f"<tpusim.jax.DecodeReport {self.latency_ms:.4f} ms, {100 * self.roofline_fraction:.1f}% of the HBM roof>"
+
+    def row(self):
+        """The report's scalar fields, for a CSV row."""
+        return {
+            "latency_ms": self.latency_ms,
+            "engine_latency_ms": self.engine_latency_ms,
+            "hbm_bytes": self.hbm_bytes,
+            "must_move_bytes": self.must_move_bytes,
+            "roofline_fraction": self.roofline_fraction,
+            "bound": self.bound,
+            "dmas": self.dmas["count"],
+            "bytes_per_dma": self.bytes_per_dma,
+            "grid_steps": self.grid_steps,
+        }
+
+
+def _runtime_array(name, value):
+    """A runtime operand's value as an int32 NumPy array; an error names the operand when absent."""
+    import numpy as np
+
+    if value is None or type(value).__name__ == "ShapeDtypeStruct" or not hasattr(value, "__array__"):
+        raise InputError(
+            f"{name}: the decode step needs its values (a NumPy or JAX array), not only a shape: the kernel's "
+            "DMAs and loop bounds read it, and nothing is assumed in its place"
+        )
+    return np.asarray(value)
+
+
+def decode(fn, *args, lengths, page_size, kv_bytes_per_page, pages_per_block=None, chip="v6e", device_kind=None, set=None):
+    """Simulates the decode kernel in `fn(*args)` (one Pallas kernel; its runtime operands, such as
+    sequence lengths and page tables, given as concrete arrays in `args`) and reports it against
+    the HBM roofline: `lengths` (KV tokens per sequence), `page_size` (tokens per page),
+    `kv_bytes_per_page` (K and V of one page over the KV heads), `pages_per_block` (a label).
+    q is the first argument and o the result. Returns a `DecodeReport`."""
+    import numpy as np
+
+    lengths = _runtime_array("lengths", lengths)
+    descs, _ = describe_all(fn, *args, chip=chip, device_kind=device_kind)
+    if len(descs) != 1:
+        raise InputError(f"the function has {len(descs)} Pallas kernels; a decode step is one kernel")
+    d = descs[0]
+    q = args[0]
+    q_bytes = int(np.prod(q.shape)) * np.dtype(q.dtype).itemsize
+    if any(v.get("runtime") for r in d["refs"] if r["kind"] == "prefetch" for v in [r.get("values") or {}] if isinstance(v, dict)):
+        missing = [r["values"]["runtime"] for r in d["refs"] if r["kind"] == "prefetch" and "runtime" in (r.get("values") or {})]
+        raise InputError(
+            f"{', '.join(missing)}: runtime operand(s) of kernel `{d['kernel_name']}` given as shapes only: pass concrete arrays "
+            "(sequence lengths and page tables decide which pages the step moves)"
+        )
+    js, table, kjs = _tpusim.decode_kernel_ir(
+        json.dumps(d), [int(x) for x in lengths.reshape(-1)], int(page_size), int(kv_bytes_per_page), int(q_bytes), int(q_bytes),
+        pages_per_block=None if pages_per_block is None else int(pages_per_block), chip=chip, set=_overrides(set),
+    )
+    return DecodeReport(js, table, kjs)
+
+
+def paged_attention_step(q, k_pages, v_pages, lengths, page_indices, *, pages_per_compute_block, chip="v6e", set=None, **kernel_options):
+    """One decode step of JAX's `paged_attention` (jax.experimental.pallas.ops.tpu.paged_attention)
+    with the user's `lengths` and `page_indices` (arrays; `q`, `k_pages`, `v_pages` may be
+    `jax.ShapeDtypeStruct`s): q [batch, q_heads, head_dim], k/v pages [kv_heads, pages,
+    page_size, head_dim]. Returns a `DecodeReport`."""
+    import numpy as np
+    from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention
+
+    lengths = _runtime_array("lengths", lengths)
+    page_indices = _runtime_array("page_indices", page_indices)
+    kv_heads, _, page_size, head_dim = k_pages.shape
+    item = np.dtype(k_pages.dtype).itemsize
+
+    def step(q, k_pages, v_pages, lengths, page_indices):
+        return paged_attention(q, k_pages, v_pages, lengths, page_indices, pages_per_compute_block=pages_per_compute_block, **kernel_options)
+
+    return decode(
+        step, q, k_pages, v_pages, lengths, page_indices, lengths=lengths, page_size=page_size,
+        kv_bytes_per_page=2 * kv_heads * page_size * head_dim * item, pages_per_block=pages_per_compute_block, chip=chip, set=set,
+    )
+
+
+def ragged_paged_attention_step(q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs, *, num_kv_pages_per_block, num_queries_per_block, chip="v6e", set=None, **kernel_options):
+    """One step of JAX's ragged paged attention (jax.experimental.pallas.ops.tpu.
+    ragged_paged_attention, jax 0.10.2) with the user's `kv_lens`, `page_indices`, `cu_q_lens` and
+    `num_seqs` (arrays): q [tokens, q_heads, head_dim], kv_pages [pages, page_size, 2 x kv_heads,
+    head_dim]. Only the first `num_seqs` lengths count. Returns a `DecodeReport`."""
+    import numpy as np
+    from jax.experimental.pallas.ops.tpu.ragged_paged_attention import ragged_paged_attention
+
+    kv_lens = _runtime_array("kv_lens", kv_lens)
+    page_indices = _runtime_array("page_indices", page_indices)
+    cu_q_lens = _runtime_array("cu_q_lens", cu_q_lens)
+    num_seqs = _runtime_array("num_seqs", num_seqs)
+    _, page_size, combined, head_dim = kv_pages.shape
+    item = np.dtype(kv_pages.dtype).itemsize
+
+    def step(q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs):
+        return ragged_paged_attention(
+            q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs,
+            num_kv_pages_per_block=num_kv_pages_per_block, num_queries_per_block=num_queries_per_block, **kernel_options,
+        )
+
+    n = int(num_seqs.reshape(-1)[0])
+    return decode(
+        step, q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs, lengths=kv_lens.reshape(-1)[:n], page_size=page_size,
+        kv_bytes_per_page=page_size * combined * head_dim * item, pages_per_block=num_kv_pages_per_block, chip=chip, set=set,
+    )
+
+
+def decode_sweep(make_step, points, *, path=None):
+    """Runs `make_step(**point)` (which returns a `DecodeReport`, e.g. a `paged_attention_step`
+    call; each point re-lowers the kernel, since page size and pages per block live in the
+    lowering) for every point (dicts); returns rows (the point's keys, then the report's
+    `row()`, or `error`), and writes them as CSV to `path` if given (completely or not at all)."""
+    import csv
+    import io
+
+    rows = []
+    for p in points:
+        try:
+            r = make_step(**p)
+            rows.append({**p, **r.row(), "error": ""})
+        except InputError as e:
+            rows.append({**p, "error": str(e)})
+    if path is not None:
+        keys = []
+        for r in rows:
+            for k in r:
+                if k not in keys:
+                    keys.append(k)
+        buf = io.StringIO()
+        w = csv.DictWriter(buf, fieldnames=keys)
+        w.writeheader()
+        for r in rows:
+            w.writerow(r)
+        path = os.fspath(path)
+        folder = os.path.dirname(os.path.abspath(path))
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tpusim-", suffix=".csv")
+        with os.fdopen(fd, "w") as f:
+            f.write(buf.getvalue())
+        os.replace(tmp, path)
+    return rows

@@ -108,3 +108,19 @@ def test_decode_sweep_relowers_per_point(tmp_path):
     # Bigger blocks round the lengths up to more pages.
     assert rows[0]["hbm_bytes"] <= rows[1]["hbm_bytes"] <= rows[2]["hbm_bytes"]
     assert (tmp_path / "s.csv").read_text().splitlines()[0].startswith("pages_per_block,")
+
+
+def test_readme_decode_example_runs(root, capsys):
+    text = (root / "README.md").read_text()
+    section = text.split("## Decode: paged attention against the HBM roofline", 1)[1]
+    code = section.split("```python", 1)[1].split("```", 1)[0]
+    scope = {}
+    exec(compile(code, "README.md", "exec"), scope)
+    r = scope["r"]
+    lengths = scope["lengths"]
+    page = 2 * 8 * 32 * 128 * 2
+    assert r.pages_touched == sum(-(-int(n) // 32) for n in lengths)
+    assert r.must_move_bytes == r.pages_touched * page + 2 * 8 * 32 * 128 * 2
+    assert r.hbm_bytes >= r.must_move_bytes
+    assert 0 < r.roofline_fraction < 1
+    assert "roofline" in capsys.readouterr().out

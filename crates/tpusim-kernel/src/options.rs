@@ -263,8 +263,12 @@ impl Kernel {
                 ..attention
             },
             Kernel::Splash => FamilyDefaults {
-                source: "jax-ml/jax splash_attention_kernel.py (BlockSizes.get_default: every block 128, block_kv_compute = block_kv when unset; use_fused_bwd_kernel False; grid shrinking; a backward needs the backward blocks)",
+                source: "jax-ml/jax splash_attention_kernel.py (BlockSizes.get_default: every block 128, block_kv_compute = block_kv when unset; use_fused_bwd_kernel False; grid shrinking; the mask applied on every computed block; a backward needs the backward blocks)",
                 blocks: DefaultBlocks { q: 128, kv: 128, compute: None },
+                // `_apply_mask_and_soft_cap` applies the mask on every computed block: a computed
+                // mask function is evaluated whatever the block's kind (`should_not_mask` only
+                // ORs into a loaded mask block, whose select runs all the same).
+                masking: Masking::All,
                 ..attention
             },
             Kernel::SplashDense => FamilyDefaults {

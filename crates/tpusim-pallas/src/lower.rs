@@ -576,7 +576,15 @@ impl<'a> Builder<'a> {
             }
             "tpu.concatenate" => {
                 let dim = op.attrs.get("dimension").and_then(|x| x.as_u64()).unwrap_or(0) as usize;
-                (0..rank).map(|i| i == dim || ins.iter().any(|v| v.varies.get(i).copied().unwrap_or(true))).collect()
+                // Copies of one value at most one register wide along `dim` (`jnp.tile` of a
+                // lane-replicated (rows, 128) array, as Splash's q positions): every register of
+                // the result is a register of the source, so the result counts as constant
+                // along `dim` (the compiler computes on the source's registers once).
+                let reg = if dim + 1 == rank { self.chip.vpu.lanes.value as u64 } else { self.chip.vpu.sublanes.value as u64 };
+                let ids: Vec<&Operand> = op.operands.iter().collect();
+                let same = ids.len() > 1 && ids.windows(2).all(|w| w[0] == w[1]) && matches!(ids[0], Operand::Op(_));
+                let tiled = same && (dim + 2 >= rank) && ins.first().is_some_and(|v| v.shape.len() == rank && v.shape[dim] <= reg);
+                (0..rank).map(|i| (i == dim && !tiled) || ins.iter().any(|v| v.varies.get(i).copied().unwrap_or(true) && !(tiled && i == dim))).collect()
             }
             _ => {
                 if ins.iter().any(|v| v.shape.len() == rank) {
@@ -792,12 +800,32 @@ impl<'a> Builder<'a> {
         let rhs = ins.get(1);
         let acc = ins.get(2);
         let pop_vr = cost::vregs(&out.shape, &vec![true; rank], self.chip);
+        // f32 operands are rounded to bf16 on the VPU before the MXU, one operation per f32
+        // register of the operand (the kernel crate's rule, `tpusim_kernel::mxu`): the
+        // stationary rhs once, the streamed lhs per slab.
+        let rounded_rhs: Option<Val> = match rhs {
+            Some(rv) if rhs_t == "f32" => {
+                let ops = cost::vregs(&rv.shape, &rv.varies, self.chip) * batch as f64;
+                let (nd, sl) = self.node("round_rhs", Work::Vector { ops, loaded_mask_vregs: 0.0 }, &[rv], &[], 0, 1);
+                Some(Val { shape: Vec::new(), varies: Vec::new(), deps: vec![vec![(nd, sl)]], carry: None, unit: Some(tpusim_kernel::Unit::Vpu) })
+            }
+            _ => None,
+        };
+        let rhs = rounded_rhs.as_ref().or(rhs);
+        let lhs_vr = lhs.map(|l| cost::vregs(&l.shape, &l.varies, self.chip) * batch as f64).unwrap_or(0.0);
         for s in 0..ns {
             let r = if ns == 1 { m } else { slab_rows(&out.shape, s, ns) };
             let share = r as f64 / m.max(1) as f64;
             let mut inputs: Vec<&Val> = Vec::new();
+            let rounded_lhs;
             if let Some(l) = lhs {
-                inputs.push(l);
+                if lhs_t == "f32" {
+                    let (nd, sl) = self.node("round_lhs", Work::Vector { ops: lhs_vr * share, loaded_mask_vregs: 0.0 }, &[l], &[], s, ns);
+                    rounded_lhs = Val { shape: Vec::new(), varies: Vec::new(), deps: vec![vec![(nd, sl)]], carry: None, unit: Some(tpusim_kernel::Unit::Vpu) };
+                    inputs.push(&rounded_lhs);
+                } else {
+                    inputs.push(l);
+                }
             }
             // The weights: every slab of the rhs.
             let mut extra: Vec<(NodeIdx, u64)> = Vec::new();
@@ -1116,7 +1144,7 @@ pub fn lower(chip: &ChipModel, d: &Description, dir: &Path) -> Result<(Program, 
         "VMEM: windows x their buffer counts, scratch, and the largest intermediate twice (Mosaic's internal scratch is not in the IR)".to_string(),
     ];
     if f32_mm > 0 {
-        assumptions.push("f32-operand matmuls at the default precision take one MXU pass (operands rounded to bf16, as XLA's DEFAULT precision)".into());
+        assumptions.push("f32-operand matmuls at the default precision take one MXU pass, their f32 operands rounded to bf16 on the VPU first (one operation per f32 register; tpusim_kernel::mxu)".into());
     }
     if d.dimension_semantics.iter().skip(lead_par).any(|s| matches!(s, DimSemantics::Parallel | DimSemantics::CoreParallel)) {
         assumptions.push("only the grid's leading parallel dimensions are split over megacore TensorCores".into());

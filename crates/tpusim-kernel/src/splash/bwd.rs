@@ -774,6 +774,8 @@ pub fn lower_dq(chip: &ChipModel, w: &AttentionCall, cfg: &super::SplashConfig) 
         kv_bytes: b.block_kv_dq * (w.head_dim + w.head_dim_v) * 2,
         mask_bytes: if loaded { b.block_q_dq * b.block_kv_dq } else { 0 },
         o_bytes: b.block_q_dq * w.head_dim * 2,
+        qpos_bytes: 0,
+        final_out_bytes: 0,
         masked_partial: cfg.masking != Masking::None,
         unit_span: w.q_heads,
     };

@@ -811,7 +811,17 @@ pub fn lower(chip: &ChipModel, w: &AttentionCall, cfg: &SplashConfig) -> Result<
             };
     }
     // Stage 6: the step stream.
-    let residual_bytes = if cfg.return_residuals { 2 * cfg.block_q * 128 * 4 } else { 0 };
+    // Residuals (f32, lane-replicated to 128 per q row): logsumexp and max logits, JAX's Splash
+    // logsumexp only (`save_residuals` in `_splash_attention_forward`).
+    let residual_arrays = if cfg.kernel == Kernel::Splash { 1 } else { 2 };
+    let residual_bytes = if cfg.return_residuals { residual_arrays * cfg.block_q * 128 * 4 } else { 0 };
+    // JAX's Splash: the q positions block (block_q x 128 int32, index map (i, 0)) when the mask
+    // is computed, and m, l and o_scratch as outputs of constant block index (written back once,
+    // after the last step).
+    let jax_splash = cfg.kernel == Kernel::Splash;
+    let computes_mask = cfg.masking != Masking::None && any_not_full && source == MaskSource::Computed;
+    let qpos_bytes = if jax_splash && computes_mask { cfg.block_q * 128 * 4 } else { 0 };
+    let final_out_bytes = if jax_splash { cfg.block_q * (128 + 128 + w.head_dim_v) * 4 } else { 0 };
     let steps = Steps {
         batch: w.batch,
         q_heads: w.q_heads,
@@ -826,6 +836,8 @@ pub fn lower(chip: &ChipModel, w: &AttentionCall, cfg: &SplashConfig) -> Result<
         kv_bytes: cfg.block_kv * (w.head_dim + w.head_dim_v) * 2,
         mask_bytes: if source == MaskSource::Loaded { cfg.block_q * cfg.block_kv } else { 0 },
         o_bytes: cfg.block_q * w.head_dim_v * 2 + residual_bytes,
+        qpos_bytes,
+        final_out_bytes,
         masked_partial: cfg.masking != Masking::None,
         unit_span: 1,
     };

@@ -42,6 +42,12 @@ pub(crate) struct Steps {
     pub(crate) kv_bytes: u64,
     pub(crate) mask_bytes: u64,
     pub(crate) o_bytes: u64,
+    /// A block copied when the q block index alone changes (not the head): JAX's Splash's q
+    /// positions (`q_sequence`, block_q x 128 int32, index map `(i, 0)`) when it computes the mask.
+    pub(crate) qpos_bytes: u64,
+    /// Bytes written back once, after the grid's last step: outputs whose block index never
+    /// changes (JAX's Splash keeps m, l and o_scratch as such outputs).
+    pub(crate) final_out_bytes: u64,
     pub(crate) masked_partial: bool,
     /// (batch, head) streams per parallel unit: 1 when heads are parallel (the forward), the
     /// head count when only the batch is (JAX's dq kernel).
@@ -88,8 +94,9 @@ impl Steps {
             if !reloads[id] {
                 continue;
             }
-            // Heads after the next one with the same mask repeat the next one exactly.
-            let j = self.same_mask_until(i, id, total);
+            // Heads after the next one with the same mask repeat the next one exactly (but for
+            // the grid's last head, which writes the final outputs).
+            let j = self.fold_end(i, id, total);
             if j - i >= 3 {
                 let (b, h) = (i / self.q_heads, i % self.q_heads);
                 f(RunItem::HeadStart);
@@ -136,6 +143,17 @@ impl Steps {
         j
     }
 
+    /// [`Steps::same_mask_until`], stopping before the grid's last head when it writes
+    /// [`Steps::final_out_bytes`] (its last step differs from the other heads').
+    fn fold_end(&self, i: u64, id: usize, total: u64) -> u64 {
+        let j = self.same_mask_until(i, id, total);
+        if self.final_out_bytes > 0 && j > i && j == self.batch * self.q_heads {
+            j - 1
+        } else {
+            j
+        }
+    }
+
     /// How many (batch, head) step streams [`Steps::for_each_run_block`] generates explicitly.
     pub(crate) fn emitted_heads(&self) -> u64 {
         let reloads = self.reloads();
@@ -148,7 +166,7 @@ impl Steps {
             if !reloads[id] {
                 continue;
             }
-            let j = self.same_mask_until(i, id, total);
+            let j = self.fold_end(i, id, total);
             if j - i >= 3 {
                 emitted += 2; // the first of the stretch, and the last one for the elision state
                 i = j;
@@ -169,7 +187,11 @@ impl Steps {
         let rows = &self.rows[self.head_mask[h as usize]];
         let bh = (b * self.q_heads + h) as u32;
         let kvh = b * (self.q_heads / self.group) + h / self.group;
+        let last_head = b * self.q_heads + h + 1 == self.batch * self.q_heads;
+        let nrows = rows.len();
         for (qi, row) in rows.iter().enumerate() {
+            // The grid's last step also writes the outputs whose block index never changes.
+            let row_out = self.o_bytes + if last_head && qi + 1 == nrows { self.final_out_bytes } else { 0 };
             let qi = qi as u32;
             let len: u64 = row.iter().map(|s| s.n as u64).sum();
             let n_steps = match self.traversal {
@@ -186,6 +208,9 @@ impl Steps {
                 let mut in_bytes = 0;
                 if *last_q != Some((bh, qi)) {
                     in_bytes += self.q_bytes;
+                    if last_q.map(|l| l.1) != Some(qi) {
+                        in_bytes += self.qpos_bytes;
+                    }
                     *last_q = Some((bh, qi));
                 }
                 if *last_kv != Some((b, kvh, kj)) {
@@ -198,7 +223,7 @@ impl Steps {
                 let k = usize::from(kind == TileKind::Full);
                 let first = usize::from(j == 0);
                 let last = usize::from(j + 1 == len);
-                let out_bytes = if j + 1 == n_steps { self.o_bytes } else { 0 };
+                let out_bytes = if j + 1 == n_steps { row_out } else { 0 };
                 f(&Step { class: self.class_of[k][first][last], in_bytes, out_bytes, coords: [bh, qi, kj, 0] }, 1);
             };
             let mut j = 0u64;
@@ -230,7 +255,7 @@ impl Steps {
                 if n_steps - len > 1 {
                     f(&empty(len, 0), n_steps - len - 1);
                 }
-                f(&empty(n_steps - 1, self.o_bytes), 1);
+                f(&empty(n_steps - 1, row_out), 1);
             }
         }
     }

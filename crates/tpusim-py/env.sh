@@ -11,5 +11,14 @@ venv=${TPUSIM_VENV:-$root/target/py-venv}
 if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv" >&2
 fi
-"$venv/bin/python" -m pip install -q --disable-pip-version-check "maturin>=1.5,<2" pytest numpy "jax[cpu]==0.10.2" >&2
+pkgs=("maturin>=1.5,<2" pytest numpy "jax[cpu]==0.10.2")
+# Quiet when everything is installed already; otherwise pip's progress (JAX and jaxlib are large
+# downloads) shows on stderr, so a first run does not sit silent for minutes.
+have='import importlib.metadata as m, numpy, pytest; m.version("maturin"); assert m.version("jax") == m.version("jaxlib") == "0.10.2"'
+if "$venv/bin/python" -c "$have" >/dev/null 2>&1; then
+  :
+else
+  echo "tpusim-py: installing ${pkgs[*]} into $venv (first run: JAX and jaxlib are large downloads)" >&2
+  "$venv/bin/python" -m pip install --disable-pip-version-check --progress-bar on "${pkgs[@]}" >&2
+fi
 echo "$venv"

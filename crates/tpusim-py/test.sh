@@ -5,7 +5,10 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 venv=$("$here/env.sh")
-cargo build --release -p tpusim
+# The tpusim binary the tests call, built as the workspace's tests build it (the same features and
+# profile as `cargo test --workspace --release`), so after ./test.sh's Rust tests this is a no-op
+# instead of a second build of the binary with another feature set.
+cargo test --workspace --release --no-run --quiet
 start=$(date +%s)
 rm -rf "$root/target/wheels/tpusim-py"
 "$venv/bin/maturin" build --release --quiet -m "$here/Cargo.toml" -o "$root/target/wheels/tpusim-py"

@@ -344,7 +344,7 @@ pub const IN_UNITS: usize = 1;
 /// Index of the first carried slot among a transfer's inputs.
 pub const IN_CARRIES: usize = 5;
 
-/// How a step body's end times depend on its start times: the body's fixed issue order ([`Plan`],
+/// How a step body's end times depend on its start times: the body's fixed issue order (a plan,
 /// cached per compiled chip) with this chip's operation costs.
 ///
 /// Inputs: the step's start `S` (its scalar control done and its input DMAs landed), the times the

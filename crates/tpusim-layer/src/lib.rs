@@ -93,6 +93,37 @@ impl LayerRun {
     }
 }
 
+/// The layer's what-if table: for each unit of the chip ([`tpusim_report::whatif::doubled`]'s
+/// fields) and for the ICI links (`ici.link_bandwidth_gb_per_s` x2), the layer run again on a
+/// chip model with that one change, and the gain `1 - t'/t`; and the entry with the largest gain
+/// (the layer's bottleneck). Every op keeps its lowering (a what-if model keeps the issue order
+/// of the chip it derives from), so each gain is >= 0.
+///
+/// # Errors
+/// [`LayerError`] as [`run`] (never for a spec that ran on `chip`).
+pub fn what_if_2x(spec: &LayerSpec, chip: &ChipModel, base: &LayerRun) -> Result<(Vec<tpusim_report::whatif::WhatIf>, String), LayerError> {
+    use tpusim_report::whatif::{doubled, format_value, with_all, WhatIf};
+    let t = base.result.seconds;
+    let mut sets: Vec<(String, Vec<(String, f64)>)> =
+        tpusim_kernel::Unit::ALL.iter().map(|&u| (u.word().to_string(), doubled(chip, u))).collect();
+    sets.push(("ici".into(), vec![("ici.link_bandwidth_gb_per_s".into(), 2.0 * chip.ici.link_bandwidth_gb_per_s.value)]));
+    let mut table = Vec::new();
+    for (unit, set) in sets {
+        let fast = with_all(chip, &set).map_err(|e| LayerError::field("set", set.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" "), e))?;
+        let plan = spec.build(&fast)?;
+        let t2 = simulate_layer(&plan)?.seconds;
+        table.push(WhatIf {
+            unit,
+            set: set.iter().map(|(k, v)| format!("{k}={}", format_value(*v))).collect(),
+            latency_ms: t2 * 1e3,
+            gain: if t > 0.0 { 1.0 - t2 / t } else { 0.0 },
+        });
+    }
+    let best = table.iter().fold(None::<&WhatIf>, |b, w| if b.is_none_or(|b| w.gain > b.gain) { Some(w) } else { b });
+    let name = best.map(|w| w.unit.clone()).unwrap_or_default();
+    Ok((table, name))
+}
+
 /// Builds and simulates a layer run for `chip` ([`LayerSpec::build`], [`simulate_layer`]), with
 /// the dense layer and the end-to-end time when `steps` is given.
 ///

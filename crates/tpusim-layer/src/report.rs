@@ -235,6 +235,13 @@ pub struct LayerReport {
     pub end_to_end: Option<EndToEnd>,
     /// Assumptions and caveats of this run.
     pub notes: Vec<String>,
+    /// Per unit of the chip, and the ICI links, what making it alone twice as fast saves in the
+    /// layer's latency ([`crate::what_if_2x`]); `None` unless computed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub what_if_2x: Option<Vec<tpusim_report::whatif::WhatIf>>,
+    /// The unit or `ici` with the largest 2x gain (with `what_if_2x`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bottleneck: Option<String>,
 }
 
 impl LayerReport {
@@ -332,6 +339,8 @@ impl LayerReport {
             ops,
             end_to_end: e2e,
             notes,
+            what_if_2x: None,
+            bottleneck: None,
         }
     }
 
@@ -411,6 +420,19 @@ impl LayerReport {
             100.0 * self.mfu,
             self.hbm_bytes as f64 / 1e9
         );
+        if let (Some(t), Some(b)) = (&self.what_if_2x, &self.bottleneck) {
+            let cells: Vec<String> = t.iter().map(|w| format!("{} -{:.1}%", w.unit, 100.0 * w.gain)).collect();
+            use tpusim_report::whatif::{CO_BOUND_FRACTION, CO_BOUND_MIN_GAIN};
+            let top = t.iter().find(|w| &w.unit == b).map_or(0.0, |w| w.gain);
+            let co: Vec<String> = t
+                .iter()
+                .filter(|w| &w.unit != b && w.gain >= CO_BOUND_FRACTION * top && w.gain > CO_BOUND_MIN_GAIN)
+                .map(|w| format!("{} -{:.1}%", w.unit, 100.0 * w.gain))
+                .collect();
+            let co = if co.is_empty() { String::new() } else { format!("; co-bound: {}", co.join(", ")) };
+            let _ = writeln!(s, "  bound by     {b} (2x faster: -{:.1}% latency, the largest gain of one unit twice as fast{co})", 100.0 * top);
+            let _ = writeln!(s, "  what if 2x   {}", cells.join(", "));
+        }
         let _ = writeln!(s);
         let _ = writeln!(s, "  {:<34} {:<13} {:>5} {:>10} {:>9}  detail", "op", "category", "on", "start ms", "ms");
         for o in &self.ops {

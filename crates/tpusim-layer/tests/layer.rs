@@ -168,3 +168,28 @@ fn sparse_speedup_curves_are_ordered_by_resolution() {
         assert!(b.speedup > a.speedup, "at {}: {} vs {}", a.dense_fraction, a.speedup, b.speedup);
     }
 }
+
+#[test]
+fn what_if_gains_are_independent_runs_and_never_negative() {
+    let chip = v6e();
+    for attention in [AttentionMode::Dense, AttentionMode::Sparse] {
+        let s = spec("720p", "2x4", attention);
+        let base = run(&s, &chip).unwrap();
+        let (table, best) = tpusim_layer::what_if_2x(&s, &chip, &base).unwrap();
+        assert_eq!(table.len(), 7, "six units and the ICI links");
+        for w in &table {
+            let mut fast = chip.clone();
+            for kv in &w.set {
+                let (k, v) = kv.split_once('=').unwrap();
+                fast = fast.with_override(k, v).unwrap();
+            }
+            let t = run(&s, &fast).unwrap().result.seconds * 1e3;
+            assert_eq!(t, w.latency_ms, "{attention:?} {}", w.unit);
+            assert!(w.gain >= -1e-12, "{attention:?}: 2x {} makes the layer slower ({})", w.unit, w.gain);
+        }
+        let top = table.iter().map(|w| w.gain).fold(f64::NEG_INFINITY, f64::max);
+        assert_eq!(table.iter().find(|w| w.unit == best).unwrap().gain, top);
+        // Faster ICI links buy something on a slice whose all-to-alls the TensorCore waits for.
+        assert!(base.result.ici_exposed <= 0.0 || table.iter().find(|w| w.unit == "ici").unwrap().gain > 0.0);
+    }
+}

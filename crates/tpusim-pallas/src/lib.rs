@@ -2,7 +2,7 @@
 //! `tpusim.jax` writes from a kernel's Mosaic IR; format and version rule in
 //! `crates/tpusim-pallas/DESCRIPTION.md`), read and checked ([`desc`]), with its index maps and
 //! branch conditions as expressions over grid indices and prefetch values ([`expr`]), lowered to
-//! the same [`tpusim_kernel::Program`] the hand-written lowerings produce ([`lower`]), the ops
+//! the same [`tpusim_kernel::Program`] the hand-written lowerings produce ([`lower()`]), the ops
 //! costed on the units by one table ([`cost`]).
 //!
 //! `kernel_name` and `kernel_metadata` are labels: nothing dispatches on them. Depends on chip,

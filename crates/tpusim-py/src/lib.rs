@@ -549,10 +549,23 @@ impl PyReport {
     fn mfu(&self) -> f64 {
         self.report.mfu
     }
-    /// The unit that bounds the run (mxu, vpu, eup, xlu, hbm, step_control).
+    /// The unit that bounds the run (mxu, vpu, eup, xlu, hbm, step_control): the one whose 2x
+    /// speed-up gains the most (`what_if_2x`).
     #[getter]
     fn bottleneck(&self) -> String {
         self.report.bottleneck.to_string()
+    }
+    /// Other units whose 2x gain is at least 80% of the bottleneck's and above 1%.
+    #[getter]
+    fn co_bound(&self) -> Vec<String> {
+        self.report.co_bound.iter().map(|u| u.to_string()).collect()
+    }
+    /// Per unit, what making it alone twice as fast buys: a list of `{unit, set, latency_ms,
+    /// gain}` (`gain` = 1 - latency_ms / this latency; `set` the `--set` overrides applied), the
+    /// run's own lowering re-timed; `None` when the report was built without it.
+    #[getter]
+    fn what_if_2x<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        self.get(py, "what_if_2x")
     }
     /// `{flops, transcendentals, bytes_accessed}`: the run's totals named as Pallas'
     /// `pl.CostEstimate` fields, to compare with the estimate a kernel declares.

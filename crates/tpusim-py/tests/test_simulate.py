@@ -253,3 +253,18 @@ def test_reports_say_how_sure_they_are_and_time_host_timed_calls():
     assert call.host_ms == pytest.approx(0.424)
     assert call.to_dict() == run_json("--chip", "v5p", "--kernel", "splash", "--heads", "8", "--seq-len", "2048", "--block-q", "512",
                                       "--block-kv", "512", "--scope", "call", "--input-layout", "bshd")
+
+
+def test_bound_by_is_the_largest_what_if_gain_and_matches_a_set_run():
+    r = tpusim.simulate(
+        kernel="sparse-splash", mask="band:15000+sink:3600", traversal="compact", masking="partial",
+        block_q=3328, block_kv=1536)
+    table = r.what_if_2x
+    assert [w["unit"] for w in table] == ["mxu", "vpu", "eup", "xlu", "hbm", "step_control"]
+    best = max(table, key=lambda w: w["gain"])
+    assert r.bottleneck == best["unit"] and all(w["gain"] >= 0 for w in table)
+    assert isinstance(r.co_bound, list)
+    # The entry equals a run with the same overrides.
+    again = tpusim.simulate(kernel="sparse-splash", mask="band:15000+sink:3600", traversal="compact",
+                            masking="partial", block_q=3328, block_kv=1536, set=best["set"])
+    assert again.latency_ms == best["latency_ms"]

@@ -1,12 +1,18 @@
-//! Simulator speed: `cargo bench -p tpusim-report --bench simulate`.
+//! Simulator speed: `cargo bench -p tpusim-report --bench simulate` (add `-- --splice README.md`
+//! to write the table into README.md's `bench-simulate` part; `./bench.sh` does it for every
+//! bench).
 //!
 //! Times lowering + simulation (including the dense baseline that sparse runs also simulate) of
-//! the cases the issues name, reports the median of repeated runs and the process's peak resident
-//! memory. A bench binary, not a test: nothing here asserts a time.
+//! each case, seven times, and prints the first run's, the median and the minimum wall time and
+//! the process's peak resident memory. Each case is named by the `tpusim run` flags of its job
+//! and a label derived from the job it resolves to (kernel, shape, mask, blocks), so a label cannot
+//! disagree with what ran; a job tpusim refuses is reported as refused, with the reason. A bench
+//! binary, not a test: nothing here asserts a time.
 
 use std::time::Instant;
-use tpusim_report::{run, JobSpec};
+use tpusim_report::{run, Job, JobSpec};
 
+/// A case: the job as `tpusim run` flags would give it.
 fn spec(args: &[(&str, &str)]) -> JobSpec {
     let mut text = String::new();
     for (k, v) in args {
@@ -15,71 +21,113 @@ fn spec(args: &[(&str, &str)]) -> JobSpec {
     toml::from_str(&text).expect("bench spec")
 }
 
-fn peak_rss_mib() -> Option<f64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib / 1024.0)
+/// What the job resolves to, in a few words.
+fn label(job: &Job) -> String {
+    match job {
+        Job::Attention { workload: w, config: c, direction, .. } => format!(
+            "{} {}: {} tokens x {} heads, d {}, mask {}, {}, blocks {}/{}/{}",
+            c.kernel,
+            direction,
+            w.q_len,
+            w.q_heads,
+            w.head_dim,
+            w.mask,
+            c.traversal,
+            c.block_q,
+            c.block_kv,
+            c.block_kv_compute
+        ),
+        Job::Matmul { workload: m, config: c, .. } => {
+            format!("{} matmul {}x{}x{}, blocks {}/{}/{}", c.kernel, m.m, m.n, m.k, c.block_m, c.block_n, c.block_k)
+        }
+    }
 }
 
 fn main() {
-    let cases: Vec<(&str, JobSpec)> = vec![
-        ("default: 75,600 tokens x 10 heads, dense, 3024/2048/1024", JobSpec::default()),
-        (
-            "75,600 x 10 heads, band+sink, compact, 3328 x 1536",
-            spec(&[
-                ("mask", "\"band:15000+sink:3600\""),
-                ("traversal", "\"compact\""),
-                ("masking", "\"partial\""),
-                ("block_q", "3328"),
-                ("block_kv", "1536"),
-                ("heads", "10"),
-            ]),
-        ),
-        (
-            "302,400 tokens (1440p) x 10 heads, band+sink, compact",
-            spec(&[
-                ("seq_len", "302400"),
-                ("mask", "\"band:60000+sink:14400\""),
-                ("traversal", "\"compact\""),
-                ("masking", "\"partial\""),
-                ("block_q", "3328"),
-                ("block_kv", "1536"),
-            ]),
-        ),
-        (
-            "1,048,576 tokens x 16 heads, causal, compact, 2048 x 2048",
-            spec(&[
-                ("seq_len", "1048576"),
-                ("heads", "16"),
-                ("mask", "\"causal\""),
-                ("traversal", "\"compact\""),
-                ("masking", "\"partial\""),
-                ("block_q", "2048"),
-                ("block_kv", "2048"),
-            ]),
-        ),
-        (
-            "1,048,576 tokens x 16 heads, causal, full-grid, 512 x 512",
-            spec(&[("seq_len", "1048576"), ("heads", "16"), ("mask", "\"causal\""), ("block_q", "512"), ("block_kv", "512")]),
-        ),
+    let default_trace = concat!(env!("CARGO_MANIFEST_DIR"), "/../../traces/video-720p-dense.toml");
+    let cases: Vec<JobSpec> = vec![
+        // `tpusim run` with no flags runs this trace.
+        JobSpec::from_toml_file(default_trace).expect("traces/video-720p-dense.toml"),
+        spec(&[
+            ("mask", "\"band:15000+sink:3600\""),
+            ("kernel", "\"sparse-splash\""),
+            ("traversal", "\"compact\""),
+            ("masking", "\"partial\""),
+            ("block_q", "3328"),
+            ("block_kv", "1536"),
+        ]),
+        spec(&[
+            ("seq_len", "302400"),
+            ("mask", "\"band:60000+sink:14400\""),
+            ("kernel", "\"sparse-splash\""),
+            ("traversal", "\"compact\""),
+            ("masking", "\"partial\""),
+            ("block_q", "3328"),
+            ("block_kv", "1536"),
+        ]),
+        spec(&[
+            ("seq_len", "1048576"),
+            ("heads", "16"),
+            ("mask", "\"causal\""),
+            ("kernel", "\"tokamax-splash\""),
+            ("traversal", "\"compact\""),
+            ("masking", "\"partial\""),
+            ("block_q", "4096"),
+            ("block_kv", "2048"),
+        ]),
+        spec(&[("seq_len", "1048576"), ("heads", "16"), ("mask", "\"causal\""), ("kernel", "\"flash-attention\""), ("block_q", "1024"), ("block_kv", "1024")]),
+        spec(&[("seq_len", "16384"), ("heads", "1"), ("kernel", "\"tokamax-splash\""), ("block_q", "8192"), ("block_kv", "8192"), ("vmem_limit_mib", "128")]),
+        // Refused for SMEM (JAX Splash prefetches its mask metadata): reported, not unwrapped.
+        spec(&[("seq_len", "1048576"), ("kernel", "\"splash\""), ("chip", "\"v5p\""), ("mask", "\"causal\""), ("block_q", "1024"), ("block_kv", "1024")]),
     ];
-    println!("{:<62} {:>10} {:>10} {:>12}", "case", "median ms", "min ms", "grid steps");
-    for (name, s) in cases {
-        let chip = s.chip().expect("chip");
-        let job = s.build(&chip).expect("job");
+    let mut table = String::from("| job (`tpusim run` flags) | what it resolves to | grid steps | first run ms | median ms | min ms |\n|---|---|---:|---:|---:|---:|\n");
+    println!("simulate: each case run 7 times (lowering + simulation, the dense baseline included)");
+    for s in cases {
+        let flags = s.to_flags();
+        let flags = if flags.is_empty() { "(the defaults)".to_string() } else { flags };
+        let built = s.chip().map_err(|e| e.to_string()).and_then(|chip| s.build(&chip).map(|j| (chip, j)).map_err(|e| e.to_string()));
+        let (chip, job) = match built {
+            Ok(x) => x,
+            Err(e) => {
+                println!("  {flags}: refused: {e}");
+                table.push_str(&format!("| `{flags}` | refused: {} | | | | |\n", e.replace('|', "/")));
+                continue;
+            }
+        };
+        let name = label(&job);
         let mut times = Vec::new();
         let mut steps = 0;
+        let mut refused = None;
         for _ in 0..7 {
             let t = Instant::now();
-            let r = run(&chip, &job).expect("run");
+            match run(&chip, &job) {
+                Ok(r) => steps = r.result.grid_steps,
+                Err(e) => {
+                    refused = Some(e.to_string());
+                    break;
+                }
+            }
             times.push(t.elapsed().as_secs_f64() * 1e3);
-            steps = r.result.grid_steps;
         }
+        if let Some(e) = refused {
+            println!("  {flags}: {name}: refused: {e}");
+            table.push_str(&format!("| `{flags}` | {name}: refused: {} | | | | |\n", e.replace('|', "/")));
+            continue;
+        }
+        let first = times[0];
         times.sort_by(f64::total_cmp);
-        println!("{name:<62} {:>10.2} {:>10.2} {:>12}", times[times.len() / 2], times[0], steps);
+        let (median, min) = (times[times.len() / 2], times[0]);
+        println!("  {flags}\n    {name}: {steps} grid steps, first run {first:.2} ms, median {median:.2} ms, min {min:.2} ms");
+        table.push_str(&format!("| `{flags}` | {name} | {steps} | {first:.2} | {median:.2} | {min:.2} |\n"));
     }
-    if let Some(m) = peak_rss_mib() {
-        println!("peak resident memory of this process: {m:.1} MiB");
+    let rss = tpusim_io::bench::peak_rss_mib().map_or(String::new(), |m| format!(" Peak resident memory of the bench process: {m:.0} MiB."));
+    println!("{}", rss.trim());
+    table.push_str(&format!(
+        "\nGenerated by `cargo bench -p tpusim-report --bench simulate` on {}: wall times of single runs (one thread), seven runs each; the first run of a case fills the caches later runs of the same process reuse (attention body prototypes, step memos), as a sweep's points do.{rss}\n",
+        tpusim_io::bench::machine_and_date()
+    ));
+    if let Err(e) = tpusim_io::bench::splice_table("bench-simulate", &table) {
+        eprintln!("{e}");
+        std::process::exit(1);
     }
 }

@@ -14,6 +14,7 @@ pub mod ir;
 pub mod notes;
 mod paths;
 pub mod spec;
+pub mod whatif;
 
 pub use spec::{render_fields, render_fields_with, FieldStyle, JobSpec, SpecError, DEFAULT_KERNEL};
 
@@ -281,8 +282,18 @@ pub struct Report {
     pub arithmetic_intensity: f64,
     /// Grid steps run.
     pub grid_steps: u64,
-    /// The unit that bounds the run ([`SimResult::bottleneck`]).
+    /// The unit that bounds the run: the one whose 2x speed-up gains the most
+    /// ([`whatif`]: `what_if_2x`'s largest gain). A report built without the what-if table
+    /// ([`Report::from_run_as`], as sweeps without `--what-if-2x` do) names the unit with the
+    /// largest critical-path share instead ([`SimResult::bottleneck`]).
     pub bottleneck: Unit,
+    /// Other units whose 2x gain is within the margin of the bottleneck's ([`whatif`]: at least
+    /// 80% of it and above 1%); empty without the what-if table.
+    pub co_bound: Vec<Unit>,
+    /// Per unit, what it buys to make it alone twice as fast, re-timing this run's lowering
+    /// ([`whatif::what_if_2x`]); `None` when not computed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub what_if_2x: Option<Vec<whatif::WhatIf>>,
     /// Busy fraction of the run per unit (mxu, vpu, eup, xlu, hbm, step_control).
     pub utilization: PerUnit<f64>,
     /// Busy time per unit, milliseconds.
@@ -484,7 +495,18 @@ pub struct ClassSummary {
 impl Report {
     /// Summarises a run.
     pub fn from_run(run: &Run) -> Self {
-        Self::from_run_as(run, run.chip.identity())
+        Self::from_run_as(run, run.chip.identity()).with_what_if(run)
+    }
+
+    /// This report (of `run`) with its what-if table ([`whatif::what_if_2x`]: one re-timing per
+    /// unit) and the bottleneck and co-bound units it gives.
+    pub fn with_what_if(mut self, run: &Run) -> Self {
+        let table = whatif::what_if_2x(run);
+        let (b, co) = whatif::bottleneck_of(&table, self.bottleneck);
+        self.bottleneck = b;
+        self.co_bound = co;
+        self.what_if_2x = Some(table);
+        self
     }
 
     /// [`Report::from_run`] with the chip model's identity already known (a sweep names each of
@@ -543,6 +565,8 @@ impl Report {
             arithmetic_intensity: if r.hbm_bytes > 0 { r.flops / r.hbm_bytes as f64 } else { 0.0 },
             grid_steps: r.grid_steps,
             bottleneck: r.bottleneck(),
+            co_bound: Vec::new(),
+            what_if_2x: None,
             utilization: r.utilization(),
             busy_ms: PerUnit(r.busy.0.map(ms)),
             dma_stall_ms: ms(r.dma_stall_cycles),
@@ -758,13 +782,47 @@ impl Report {
             ),
             _ => String::new(),
         };
-        let _ = writeln!(
-            s,
-            "  bound by     {} ({how}: {:.0}% of the critical path, busy {:.0}% of the run{busier})",
-            self.bottleneck,
-            if self.latency_ms > 0.0 { 100.0 * crit / self.latency_ms } else { 0.0 },
-            busy * 100.0
-        );
+        match &self.what_if_2x {
+            Some(table) => {
+                let gain = |u: &str| table.iter().find(|w| w.unit == u).map_or(0.0, |w| w.gain);
+                let co = if self.co_bound.is_empty() {
+                    String::new()
+                } else {
+                    let names: Vec<String> = self.co_bound.iter().map(|u| format!("{u} -{:.1}%", 100.0 * gain(u.word()))).collect();
+                    format!("; co-bound: {}", names.join(", "))
+                };
+                if whatif::latency_bound(table) {
+                    let _ = writeln!(
+                        s,
+                        "  bound by     {} (latency: no unit twice as fast saves 1% or more; the critical path waits on {} for {:.0}% of the run, busy {:.0}%)",
+                        self.bottleneck,
+                        self.bottleneck,
+                        if self.latency_ms > 0.0 { 100.0 * crit / self.latency_ms } else { 0.0 },
+                        busy * 100.0
+                    );
+                } else {
+                    let _ = writeln!(
+                        s,
+                        "  bound by     {} (2x faster: -{:.1}% latency, the largest gain{co}; {how}: {:.0}% of the critical path, busy {:.0}% of the run)",
+                        self.bottleneck,
+                        100.0 * gain(self.bottleneck.word()),
+                        if self.latency_ms > 0.0 { 100.0 * crit / self.latency_ms } else { 0.0 },
+                        busy * 100.0
+                    );
+                }
+                let cells: Vec<String> = table.iter().map(|w| format!("{} -{:.1}%", w.unit, 100.0 * w.gain)).collect();
+                let _ = writeln!(s, "  what if 2x   {} (latency saved with one unit twice as fast, same schedule)", cells.join(", "));
+            }
+            None => {
+                let _ = writeln!(
+                    s,
+                    "  bound by     {} ({how}: {:.0}% of the critical path, busy {:.0}% of the run{busier})",
+                    self.bottleneck,
+                    if self.latency_ms > 0.0 { 100.0 * crit / self.latency_ms } else { 0.0 },
+                    busy * 100.0
+                );
+            }
+        }
         let _ = writeln!(s, "  unit           busy ms  busy %  critical path ms");
         for n in Unit::ALL {
             let (b, u, c) = (self.busy_ms[*n], self.utilization[*n], self.critical_path_ms[*n]);

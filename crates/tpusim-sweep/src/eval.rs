@@ -123,6 +123,8 @@ pub struct Evaluator {
     dense: Mutex<HashMap<(String, u64), DenseCell>>,
     /// Skip the dense baseline of sparse points (the tuner only needs latency).
     pub skip_dense: bool,
+    /// Add each report's what-if table ([`Report::with_what_if`]: six re-timings a point).
+    pub what_if_2x: bool,
 }
 
 impl Evaluator {
@@ -228,7 +230,8 @@ impl Evaluator {
                 _ => None,
             };
             let run = tpusim_report::run_lowered(&chip.chip, job, low.clone(), dense);
-            Ok(Report::from_run_as(&run, chip.identity.clone()))
+            let rep = Report::from_run_as(&run, chip.identity.clone());
+            Ok(if self.what_if_2x { rep.with_what_if(&run) } else { rep })
         });
         Outcome { job: Some(job.clone()), chip: Some(chip.identity.clone()), report }
     }

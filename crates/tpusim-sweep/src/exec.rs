@@ -119,6 +119,11 @@ pub struct SweepOptions {
     pub force: bool,
     /// Longest time between flushes of `OUT.partial`.
     pub flush_every: Duration,
+    /// Add each point's what-if table (`--what-if-2x`): the `bottleneck` and `co_bound` columns
+    /// and one `gain_2x_UNIT` column per unit ([`tpusim_report::whatif`]); six re-timings a point.
+    /// Part of the output's identity: a file written with it is another sweep's for resuming and
+    /// merging (its definition carries `-what-if-2x`).
+    pub what_if_2x: bool,
 }
 
 impl SweepOptions {
@@ -133,6 +138,7 @@ impl SweepOptions {
             restart: false,
             force: false,
             flush_every: Duration::from_millis(200),
+            what_if_2x: false,
         }
     }
 }
@@ -223,13 +229,13 @@ pub fn run_sweep(def: &SweepDef, opts: &SweepOptions) -> Result<SweepSummary, Sw
     if opts.progress {
         crate::progress::interval()?;
     }
-    let layout = Layout::for_sweep(def);
+    let layout = Layout::for_sweep(def, opts.what_if_2x);
     let shard = opts.shard;
     let format = opts.format;
     let header = Header {
         points: def.total(),
         shard: (shard.index, shard.count),
-        definition: def.hash_hex(),
+        definition: if opts.what_if_2x { format!("{}-what-if-2x", def.hash_hex()) } else { def.hash_hex() },
         version: env!("CARGO_PKG_VERSION").to_string(),
     };
     let header_text = header.render(format, &layout.columns);
@@ -460,7 +466,8 @@ fn evaluate_into(
     let io = |e: std::io::Error| SweepError::Io(format!("cannot write {partial}: {e}"));
     let file = std::fs::OpenOptions::new().append(true).open(partial).map_err(io)?;
     let pb = crate::progress_bar(opts.progress, todo.len() as u64, "sweep");
-    let ev = Evaluator::new();
+    let mut ev = Evaluator::new();
+    ev.what_if_2x = opts.what_if_2x;
     let stop = AtomicBool::new(false);
     let (tx, rx) = std::sync::mpsc::channel::<(u64, String, bool)>();
     let flush_every = opts.flush_every;

@@ -259,20 +259,22 @@ pub struct Layout {
     pub columns: Vec<String>,
     inputs: usize,
     job: Vec<usize>,
+    what_if: bool,
 }
 
 impl Layout {
-    /// The layout for a sweep (module docs).
-    pub fn for_sweep(def: &SweepDef) -> Layout {
+    /// The layout for a sweep (module docs); `what_if` adds the what-if columns (`bottleneck`,
+    /// `co_bound`, `gain_2x_UNIT`).
+    pub fn for_sweep(def: &SweepDef, what_if: bool) -> Layout {
         let mut columns = vec!["index".to_string()];
         columns.extend(def.inputs.iter().cloned());
         let all = job_columns();
         let job: Vec<usize> = (0..all.len()).filter(|&i| !def.inputs.iter().any(|k| *k == all[i])).collect();
         columns.extend(job.iter().map(|&i| all[i].clone()));
         columns.extend(CHIP_COLUMNS.iter().map(|c| c.to_string()));
-        columns.extend(metric_columns());
+        columns.extend(metric_columns(what_if));
         columns.push("error".into());
-        Layout { columns, inputs: def.inputs.len(), job }
+        Layout { columns, inputs: def.inputs.len(), job, what_if }
     }
 
     /// The cells of a point's row.
@@ -299,11 +301,11 @@ impl Layout {
         }
         match &outcome.report {
             Ok(r) => {
-                cells.extend(metric_cells(r));
+                cells.extend(metric_cells(r, self.what_if));
                 cells.push(Cell::Empty);
             }
             Err(e) => {
-                cells.extend(std::iter::repeat_n(Cell::Empty, metric_columns().len()));
+                cells.extend(std::iter::repeat_n(Cell::Empty, metric_columns(self.what_if).len()));
                 // Job fields named as the sweep file names them (a length given as seq_len is
                 // seq_len).
                 cells.push(Cell::Str(point.spec.render_error(e, tpusim_report::FieldStyle::Key)));
@@ -361,9 +363,12 @@ impl Layout {
 /// The chip-model columns (module docs).
 const CHIP_COLUMNS: &[&str] = &["chip_source", "chip_set", "chip_hash"];
 
-fn metric_columns() -> Vec<String> {
-    let mut c: Vec<String> =
-        ["latency_ms", "cycles", "flops", "mfu", "achieved_tflops", "bottleneck"].iter().map(|s| s.to_string()).collect();
+fn metric_columns(what_if: bool) -> Vec<String> {
+    let mut c: Vec<String> = ["latency_ms", "cycles", "flops", "mfu", "achieved_tflops"].iter().map(|s| s.to_string()).collect();
+    if what_if {
+        c.extend(["bottleneck".to_string(), "co_bound".to_string()]);
+        c.extend(Unit::ALL.iter().map(|u| format!("gain_2x_{u}")));
+    }
     c.extend(Unit::ALL.iter().map(|u| format!("util_{u}")));
     c.extend(Unit::ALL.iter().map(|u| format!("busy_ms_{u}")));
     c.extend(
@@ -393,15 +398,14 @@ fn metric_columns() -> Vec<String> {
     c
 }
 
-fn metric_cells(r: &tpusim_report::Report) -> Vec<Cell> {
-    let mut c = vec![
-        Cell::Float(r.latency_ms),
-        Cell::Float(r.cycles),
-        Cell::Float(r.flops),
-        Cell::Float(r.mfu),
-        Cell::Float(r.achieved_tflops),
-        Cell::Str(r.bottleneck.to_string()),
-    ];
+fn metric_cells(r: &tpusim_report::Report, what_if: bool) -> Vec<Cell> {
+    let mut c = vec![Cell::Float(r.latency_ms), Cell::Float(r.cycles), Cell::Float(r.flops), Cell::Float(r.mfu), Cell::Float(r.achieved_tflops)];
+    if what_if {
+        let co: Vec<&str> = r.co_bound.iter().map(|u| u.word()).collect();
+        c.extend([Cell::Str(r.bottleneck.to_string()), Cell::Str(co.join(";"))]);
+        let table = r.what_if_2x.as_deref().unwrap_or_default();
+        c.extend(Unit::ALL.iter().map(|u| Cell::opt(table.iter().find(|w| w.unit == u.word()).map(|w| Cell::Float(w.gain)))));
+    }
     c.extend(r.utilization.iter().map(|(_, v)| Cell::Float(v)));
     c.extend(r.busy_ms.iter().map(|(_, v)| Cell::Float(v)));
     let t = r.tiles;
@@ -495,7 +499,7 @@ pub fn read_back(path: &str, layout: Option<&Layout>) -> Result<ReadBack, SweepE
             }
             let columns = columns.map_err(|e| bad(2, &format!("malformed column names: {e}")))?;
             header_text.push_str(&body[range.clone()]);
-            let own = Layout { columns, inputs: 0, job: Vec::new() };
+            let own = Layout { columns, inputs: 0, job: Vec::new(), what_if: false };
             let layout = layout.unwrap_or(&own);
             let records: Vec<_> = records.collect();
             let n = records.len();

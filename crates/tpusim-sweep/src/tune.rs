@@ -88,7 +88,7 @@ pub struct Ranked {
     /// Latency of the given configuration / this latency (above 1: faster than given).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub speedup_vs_given: Option<f64>,
-    /// The limiting unit.
+    /// The limiting unit: the one whose 2x speed-up gains the most ([`tpusim_report::whatif`]).
     pub bottleneck: Unit,
     /// Model FLOP utilisation.
     pub mfu: f64,
@@ -617,7 +617,10 @@ fn rank(
             rank: i + 1,
             latency_ms: *l,
             speedup_vs_given: given_latency_ms.map(|g| g / l),
-            bottleneck: r.bottleneck,
+            // By the what-if rule of `tpusim run` (the unit whose 2x speed-up gains the most).
+            bottleneck: tpusim_report::run(chip, job)
+                .map(|run| tpusim_report::Report::from_run_as(&run, run.chip.identity()).with_what_if(&run).bottleneck)
+                .unwrap_or(r.bottleneck),
             mfu: r.mfu,
             vmem_bytes: r.vmem_bytes,
             vmem_limit_bytes: r.vmem_limit_bytes,
@@ -661,7 +664,8 @@ fn evaluate(ev: &Evaluator, chip_key: &str, chip: &ChipModel, spec: &JobSpec, ca
     };
     match ev.run(chip_key, chip, &job) {
         Ok(run) => {
-            let r = tpusim_report::Report::from_run(&run);
+            // No what-if table per candidate: the ranked ones get theirs (six re-timings each).
+            let r = tpusim_report::Report::from_run_as(&run, run.chip.identity());
             let tuner_chose_none = spec.masking.is_none() && cand.masking == Some(Masking::None);
             if tuner_chose_none && !opts.allow_inexact && r.tiles.is_some_and(|t| t.partial > 0) {
                 return Eval::Inexact;

@@ -52,7 +52,10 @@ pub fn cmd_layer(a: &LayerArgs) -> Result<String, CliError> {
     }
     let chip = chip(&a.chip, &a.set)?;
     let run = tpusim_layer::run(&a.layer, &chip).map_err(layer_error)?;
-    let rep = run.report();
+    let mut rep = run.report();
+    let (table, bottleneck) = tpusim_layer::what_if_2x(&a.layer, &chip, &run).map_err(layer_error)?;
+    rep.what_if_2x = Some(table);
+    rep.bottleneck = Some(bottleneck);
     let mut out = match a.format {
         Format::Json => rep.to_json(),
         Format::Table => rep.to_table(),

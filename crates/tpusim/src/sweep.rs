@@ -53,6 +53,11 @@ pub struct SweepArgs {
     /// write. Without it such a file is refused, never replaced.
     #[arg(long)]
     pub force: bool,
+    /// Add each point's what-if table: `bottleneck` (the unit whose 2x speed-up gains the most),
+    /// `co_bound` and a `gain_2x_UNIT` column per unit (1 - t'/t with that unit alone twice as
+    /// fast). Six re-timings a point; without it rows have no bottleneck column.
+    #[arg(long = "what-if-2x")]
+    pub what_if_2x: bool,
 }
 
 /// Flags of `tpusim merge`.
@@ -145,6 +150,7 @@ pub fn cmd_sweep(a: &SweepArgs) -> Result<String, CliError> {
         progress: !a.no_progress,
         restart: a.restart,
         force: a.force,
+        what_if_2x: a.what_if_2x,
         ..SweepOptions::new(&out)
     };
     on_interrupt_say_where(&out);

@@ -100,7 +100,6 @@ fn sweep_rows_hold_inputs_metrics_and_errors_in_index_order() {
     for c in [
         "latency_ms",
         "mfu",
-        "bottleneck",
         "util_mxu",
         "hbm_bytes",
         "grid_steps",
@@ -111,6 +110,17 @@ fn sweep_rows_hold_inputs_metrics_and_errors_in_index_order() {
         "error",
     ] {
         assert!(cols.contains(&c), "column {c} missing from {cols:?}");
+    }
+    // The bottleneck column is the what-if rule's and comes with --what-if-2x only (a file of
+    // its own: its definition differs, so it never resumes from or merges with this one).
+    assert!(!cols.contains(&"bottleneck"), "{cols:?}");
+    let e = fails(&["sweep", "small.toml", "--out", "a.csv", "--what-if-2x"], &d);
+    assert!(e.contains("not this sweep") && e.contains("-what-if-2x"), "{e}");
+    ok(&["sweep", "small.toml", "--out", "w.csv", "--what-if-2x"], &d);
+    let wt = String::from_utf8(read(&d.join("w.csv"))).unwrap();
+    let wcols: Vec<&str> = wt.lines().nth(1).unwrap().split(',').collect();
+    for c in ["bottleneck", "co_bound", "gain_2x_mxu", "gain_2x_hbm", "gain_2x_step_control"] {
+        assert!(wcols.contains(&c), "{c} missing from {wcols:?}");
     }
     let col = |name: &str| cols.iter().position(|c| *c == name).unwrap();
     let rows: Vec<Vec<String>> = lines.map(split_csv).collect();

@@ -1,0 +1,97 @@
+//! What a bench binary needs to write its figures into the docs: the process's CPU time and
+//! peak memory, the machine it ran on with the date, and `--splice FILE` arguments naming the
+//! hand-written files whose generated parts ([`crate::mark::splice_into`]) take its tables.
+//!
+//! The benches (`cargo bench -p tpusim-report --bench simulate`, `cargo bench -p tpusim-sweep
+//! --bench sweep_throughput`, or `./bench.sh`, which runs both and splices) print Markdown tables;
+//! with `-- --splice README.md` they also write them between the file's markers.
+
+use std::path::PathBuf;
+
+/// CPU time of this process (user + system), seconds, from `/proc/self/stat` (Linux; `None`
+/// elsewhere). Unlike wall time it does not grow when other processes share the cores.
+pub fn cpu_seconds() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // Fields 14 and 15 of stat(5) (utime, stime), in clock ticks of 1/100 s on Linux.
+    let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+    Some(ticks / 100.0)
+}
+
+/// Peak resident memory of this process so far, MiB (`VmHWM` of `/proc/self/status`; `None`
+/// off Linux).
+pub fn peak_rss_mib() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / 1024.0)
+}
+
+/// The machine and the date, for the line under a generated table: for instance
+/// `2 cores (Intel Xeon ...), 23 GiB, 2026-12-01`. Reads `/proc/cpuinfo` and `/proc/meminfo`
+/// where they exist; the date is UTC.
+pub fn machine_and_date() -> String {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| t.lines().find(|l| l.starts_with("model name")).and_then(|l| l.split(':').nth(1)).map(|s| s.trim().to_string()));
+    let mem_gib = std::fs::read_to_string("/proc/meminfo").ok().and_then(|t| {
+        let kib: f64 = t.lines().find(|l| l.starts_with("MemTotal:"))?.split_whitespace().nth(1)?.parse().ok()?;
+        Some(kib / (1024.0 * 1024.0))
+    });
+    let date = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
+    let mut s = format!("{cores} core{}", if cores == 1 { "" } else { "s" });
+    if let Some(c) = cpu {
+        s.push_str(&format!(" ({c})"));
+    }
+    if let Some(m) = mem_gib {
+        s.push_str(&format!(", {m:.0} GiB"));
+    }
+    format!("{s}, {}", &date[..10])
+}
+
+/// The files named by `--splice FILE` among this process's arguments (cargo's own `--bench`
+/// argument and anything else are ignored).
+pub fn splice_targets() -> Vec<PathBuf> {
+    let args: Vec<String> = std::env::args().collect();
+    args.windows(2).filter(|w| w[0] == "--splice").map(|w| PathBuf::from(&w[1])).collect()
+}
+
+/// Writes `table` into every `--splice` file that has the markers of `tag` (files without them
+/// are left alone, so one list of files serves several benches), and says where it went.
+///
+/// # Errors
+/// The first file that cannot be read or written ([`crate::OutputError`]).
+pub fn splice_table(tag: &str, table: &str) -> Result<(), crate::OutputError> {
+    let (begin, _) = crate::mark::splice_markers(tag);
+    for path in splice_targets() {
+        let has = std::fs::read_to_string(&path).map(|t| t.contains(&begin)).unwrap_or(false);
+        if has {
+            crate::mark::splice_into(&path, tag, table)?;
+            println!("wrote the {tag} table into {}", path.display());
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_machine_line_ends_with_a_date() {
+        let m = machine_and_date();
+        let date = &m[m.len() - 10..];
+        assert!(date.as_bytes()[4] == b'-' && date.as_bytes()[7] == b'-' && date[..4].parse::<u32>().unwrap() >= 2024, "{m}");
+        assert!(m.contains("core"), "{m}");
+    }
+
+    #[test]
+    fn process_counters_are_read_on_linux() {
+        if cfg!(target_os = "linux") {
+            assert!(cpu_seconds().unwrap() >= 0.0);
+            assert!(peak_rss_mib().unwrap() > 0.0);
+        }
+    }
+}

@@ -1,0 +1,134 @@
+//! "Bound by" as a what-if: for each unit, the gain `1 - t'/t` in latency if that unit alone were
+//! twice as fast, by re-timing the run's own lowering (same program, same issue order) on a chip
+//! model with that unit's fields changed. The unit with the largest gain is the bottleneck.
+//!
+//! The fields changed per unit (each through [`ChipModel::with_override`], so a what-if is
+//! exactly `tpusim run --set FIELD=VALUE ...` of the same job):
+//!
+//! | unit | fields | change |
+//! |---|---|---|
+//! | mxu | `mxu.passes_per_cycle` | x2 (its rate, not its count) |
+//! | vpu | `fitted.valu_vreg_ops_per_cycle` | x2 |
+//! | eup | `fitted.eup_vregs_per_cycle` | x2 |
+//! | xlu | `fitted.xlu_cycles_per_vreg` | /2 |
+//! | hbm | `hbm.bandwidth_gb_per_s`, `hbm.dma_bandwidth_gb_per_s` | x2 (a kernel's DMAs run at the lower) |
+//! | step_control | `fitted.grid_step_overhead_cycles` | /2 |
+//! | host (scope `call` only) | `host.dispatch_us` | /2 |
+//!
+//! A what-if model keeps the issue order of the model it was derived from (`compiled_for`), so a
+//! faster unit never lengthens a run: every gain is >= 0. `co_bound` lists the other units whose
+//! gain is at least [`CO_BOUND_FRACTION`] of the largest and above [`CO_BOUND_MIN_GAIN`]: a run
+//! that two units hold to the same time gains little from either alone, and says so.
+
+use crate::{run_lowered, Run};
+use serde::Serialize;
+use tpusim_chip::ChipModel;
+use tpusim_kernel::{Scope, Unit};
+
+/// A unit whose 2x gain is at least this fraction of the largest gain is co-bound.
+pub const CO_BOUND_FRACTION: f64 = 0.8;
+
+/// ... and above this gain (1%): below it no unit bounds the run appreciably.
+pub const CO_BOUND_MIN_GAIN: f64 = 0.01;
+
+/// What one unit twice as fast buys.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct WhatIf {
+    /// The unit (`mxu`, `vpu`, `eup`, `xlu`, `hbm`, `step_control`) or `host`.
+    pub unit: String,
+    /// The `--set` overrides that make it twice as fast, e.g. `mxu.passes_per_cycle=4`.
+    pub set: Vec<String>,
+    /// Latency with those overrides, ms.
+    pub latency_ms: f64,
+    /// 1 - latency_ms / the run's latency (>= 0).
+    pub gain: f64,
+}
+
+/// The overrides that make `unit` twice as fast on `chip` (module table).
+pub fn doubled(chip: &ChipModel, unit: Unit) -> Vec<(String, f64)> {
+    let f = &chip.fitted;
+    match unit {
+        Unit::Mxu => vec![("mxu.passes_per_cycle".into(), 2.0 * f64::from(chip.mxu.passes_per_cycle.value))],
+        Unit::Vpu => vec![("fitted.valu_vreg_ops_per_cycle".into(), 2.0 * f.valu_vreg_ops_per_cycle.value)],
+        Unit::Eup => vec![("fitted.eup_vregs_per_cycle".into(), 2.0 * f.eup_vregs_per_cycle.value)],
+        Unit::Xlu => vec![("fitted.xlu_cycles_per_vreg".into(), 0.5 * f.xlu_cycles_per_vreg.value)],
+        Unit::Hbm => vec![
+            ("hbm.bandwidth_gb_per_s".into(), 2.0 * chip.hbm.bandwidth_gb_per_s.value),
+            ("hbm.dma_bandwidth_gb_per_s".into(), 2.0 * chip.hbm.dma_bandwidth_gb_per_s.value),
+        ],
+        Unit::StepControl => vec![("fitted.grid_step_overhead_cycles".into(), 0.5 * f.grid_step_overhead_cycles.value)],
+    }
+}
+
+/// `chip` with `set` applied in order.
+///
+/// # Errors
+/// The chip crate's error text when an override is refused (never for [`doubled`]'s values of a
+/// valid model).
+pub fn with_all(chip: &ChipModel, set: &[(String, f64)]) -> Result<ChipModel, String> {
+    let mut c = chip.clone();
+    for (k, v) in set {
+        c = c.with_override(k, &format_value(*v)).map_err(|e| e.to_string())?;
+    }
+    Ok(c)
+}
+
+/// A value as `--set` takes it back exactly (shortest round-trip form; whole numbers without a
+/// fraction, so integer fields parse).
+pub fn format_value(v: f64) -> String {
+    if v.fract() == 0.0 && v.abs() < 1e15 {
+        format!("{}", v as i64)
+    } else {
+        format!("{v}")
+    }
+}
+
+/// Re-times `run` with each unit twice as fast (the host too for scope `call`), in the order of
+/// [`Unit::ALL`] then `host`. Skips (leaves out) a unit whose overrides the chip refuses.
+pub fn what_if_2x(run: &Run) -> Vec<WhatIf> {
+    let t = run.result.seconds;
+    let mut sets: Vec<(String, Vec<(String, f64)>)> = Unit::ALL.iter().map(|&u| (u.word().to_string(), doubled(&run.chip, u))).collect();
+    if matches!(&run.job, crate::Job::Attention { scope: Scope::Call, .. } | crate::Job::Matmul { scope: Scope::Call, .. }) {
+        sets.push(("host".into(), vec![("host.dispatch_us".into(), 0.5 * run.chip.host.dispatch_us.value)]));
+    }
+    sets.into_iter()
+        .filter_map(|(unit, set)| {
+            let chip = with_all(&run.chip, &set).ok()?;
+            let r = run_lowered(&chip, &run.job, run.lowered.clone(), None);
+            let t2 = r.result.seconds;
+            Some(WhatIf {
+                unit,
+                set: set.iter().map(|(k, v)| format!("{k}={}", format_value(*v))).collect(),
+                latency_ms: t2 * 1e3,
+                gain: if t > 0.0 { 1.0 - t2 / t } else { 0.0 },
+            })
+        })
+        .collect()
+}
+
+/// The bottleneck by the what-if table: the chip unit with the largest gain (ties: `fallback`,
+/// the critical-path rule's unit, first, then [`Unit::ALL`] order), and the co-bound units.
+/// When no unit's gain reaches [`CO_BOUND_MIN_GAIN`] the run is bound by latency (chains of
+/// result latencies no rate shortens): the bottleneck is then `fallback`, the unit the critical
+/// path waits on longest, and no unit is co-bound ([`latency_bound`] tells this case apart).
+pub fn bottleneck_of(table: &[WhatIf], fallback: Unit) -> (Unit, Vec<Unit>) {
+    let gain = |u: Unit| table.iter().find(|w| w.unit == u.word()).map_or(0.0, |w| w.gain);
+    let mut best = fallback;
+    for &u in Unit::ALL {
+        if gain(u) > gain(best) {
+            best = u;
+        }
+    }
+    let top = gain(best);
+    if top < CO_BOUND_MIN_GAIN {
+        return (fallback, Vec::new());
+    }
+    let co = Unit::ALL.iter().copied().filter(|&u| u != best && gain(u) >= CO_BOUND_FRACTION * top && gain(u) > CO_BOUND_MIN_GAIN).collect();
+    (best, co)
+}
+
+/// True when no chip unit twice as fast saves [`CO_BOUND_MIN_GAIN`] of the latency: the run is
+/// bound by latency, not by any unit's rate.
+pub fn latency_bound(table: &[WhatIf]) -> bool {
+    table.iter().filter(|w| w.unit != "host").all(|w| w.gain < CO_BOUND_MIN_GAIN)
+}

@@ -1,0 +1,120 @@
+//! The what-if table behind "bound by": each entry is an independent run of the same job on a
+//! chip model with that unit's fields doubled (as `tpusim run --set` builds it: a fresh
+//! lowering, not the re-timed one), every gain is >= 0, and the bottleneck is the largest gain.
+
+use proptest::prelude::*;
+use tpusim_report::whatif::{doubled, with_all, CO_BOUND_FRACTION, CO_BOUND_MIN_GAIN};
+use tpusim_report::{run, JobSpec, Report};
+
+fn spec(toml: &str) -> JobSpec {
+    toml::from_str(toml).unwrap_or_else(|e| panic!("{e}: {toml}"))
+}
+
+/// Checks a report's table against independent runs; returns it for further checks.
+fn check(s: &JobSpec, what: &str) -> Report {
+    let chip = s.chip().unwrap();
+    let job = s.build(&chip).unwrap_or_else(|e| panic!("{what}: {e}"));
+    let r = run(&chip, &job).unwrap_or_else(|e| panic!("{what}: {e}"));
+    let rep = Report::from_run(&r);
+    let table = rep.what_if_2x.clone().expect("from_run computes the what-if table");
+    assert!(table.len() >= 6, "{what}: {table:?}");
+    for w in &table {
+        // An independent run: the overrides applied one by one, the job built and lowered again.
+        let unit = tpusim_kernel::Unit::ALL.iter().copied().find(|u| u.word() == w.unit);
+        let set = match unit {
+            Some(u) => doubled(&chip, u),
+            None => vec![("host.dispatch_us".to_string(), 0.5 * chip.host.dispatch_us.value)],
+        };
+        let fast = with_all(&chip, &set).unwrap();
+        let job2 = s.build(&fast).unwrap();
+        let t2 = run(&fast, &job2).unwrap().result.seconds * 1e3;
+        assert_eq!(w.latency_ms, t2, "{what}: {} 2x: table {} ms vs independent run {t2} ms", w.unit, w.latency_ms);
+        assert!(w.gain >= -1e-12, "{what}: {} 2x makes the run slower: gain {}", w.unit, w.gain);
+        assert!((w.gain - (1.0 - t2 / rep.latency_ms)).abs() < 1e-12, "{what}: {w:?}");
+    }
+    let best = table.iter().filter(|w| w.unit != "host").map(|w| w.gain).fold(f64::NEG_INFINITY, f64::max);
+    let gain_of = |u: &str| table.iter().find(|w| w.unit == u).unwrap().gain;
+    if best >= CO_BOUND_MIN_GAIN {
+        assert_eq!(gain_of(rep.bottleneck.word()), best, "{what}: bound by {} but {table:?}", rep.bottleneck);
+    } else {
+        // Latency-bound: no rate buys 1%; the label names the critical path's unit and says so.
+        let top = tpusim_kernel::Unit::ALL.iter().copied().max_by(|&a, &b| rep.critical_path_ms[a].total_cmp(&rep.critical_path_ms[b])).unwrap();
+        assert_eq!(rep.critical_path_ms[rep.bottleneck], rep.critical_path_ms[top], "{what}");
+        assert!(rep.to_table().contains("(latency: no unit twice as fast saves 1% or more"), "{what}");
+        assert!(rep.co_bound.is_empty());
+    }
+    for u in &rep.co_bound {
+        let g = gain_of(u.word());
+        assert!(g >= CO_BOUND_FRACTION * best && g > CO_BOUND_MIN_GAIN, "{what}: co-bound {u} at {g} vs {best}");
+    }
+    rep
+}
+
+#[test]
+fn every_shipped_trace_is_bound_by_its_largest_what_if_gain() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../traces");
+    let mut n = 0;
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().is_some_and(|x| x == "toml") {
+            let s = JobSpec::from_toml_file(p.to_str().unwrap()).unwrap();
+            check(&s, &p.display().to_string());
+            n += 1;
+        }
+    }
+    assert!(n >= 5, "{n} traces");
+}
+
+#[test]
+fn a_run_no_rate_shortens_is_called_latency_bound() {
+    // 8192-row blocks over 128-wide sub-tiles: chains of XLU row reductions, each waiting its
+    // result latency; the XLU is busy nearly all the run yet a 2x XLU rate saves under 1%.
+    let rep = check(&spec("kernel = 'tokamax-splash'\nheads = 1\nseq_len = 16384\nblock_q = 8192\nblock_kv = 8192\nblock_kv_compute = 128\nvmem_limit_mib = 128\n"), "xlu chains");
+    assert!(tpusim_report::whatif::latency_bound(rep.what_if_2x.as_ref().unwrap()), "{:?}", rep.what_if_2x);
+    assert_eq!(rep.bottleneck, tpusim_kernel::Unit::Xlu);
+}
+
+#[test]
+fn a_host_timed_call_has_a_host_row() {
+    let rep = check(&spec("kernel = 'splash'\nchip = 'v5p'\nscope = 'call'\nbatch = 2\nheads = 8\nseq_len = 2048\nmask = 'causal'\nblock_q = 512\nblock_kv = 512\nblock_kv_compute = 512\n"), "scope call");
+    let table = rep.what_if_2x.unwrap();
+    let host = table.iter().find(|w| w.unit == "host").expect("a host row under scope call");
+    assert!(host.gain > 0.0, "{host:?}");
+}
+
+#[test]
+fn an_hbm_bound_matmul_names_hbm() {
+    // A skinny matmul (8 rows) moves its whole weight matrix for 8 FLOPs per byte; in large
+    // blocks (16 grid steps of 8 MiB) the DMAs' bandwidth, not their latency or the step
+    // overhead, sets the time, so 2x HBM bandwidth buys the most. (At the family's default
+    // blocks the same matmul is bound by step control: many small steps.)
+    let rep = check(&spec("kernel = 'matmul'\nm = 8\nn = 8192\nk = 8192\nblock_m = 8\nblock_n = 2048\nblock_k = 2048\n"), "skinny matmul");
+    assert_eq!(rep.bottleneck, tpusim_kernel::Unit::Hbm, "{:?}", rep.what_if_2x);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 12, ..ProptestConfig::default() })]
+
+    #[test]
+    fn what_if_entries_equal_independent_runs_on_random_jobs(
+        len in 512u64..6000,
+        bq in 1u64..=8,
+        bkv in 1u64..=8,
+        kernel in prop::sample::select(vec!["tokamax-splash", "splash", "sparse-splash", "flash-attention"]),
+        mask in prop::sample::select(vec!["full", "causal", "local:300,300", "band:1000+sink:256"]),
+        chip in prop::sample::select(vec!["v6e", "v5e", "v5p", "v7x"]),
+        d in prop::sample::select(vec![64u64, 128]),
+    ) {
+        let cap = len / 128 * 128;
+        let (bq, bkv) = ((bq * 128).min(cap), (bkv * 128).min(cap));
+        let s = spec(&format!(
+            "kernel = '{kernel}'\nchip = '{chip}'\nheads = 2\nseq_len = {len}\nhead_dim = {d}\nmask = '{mask}'\nblock_q = {bq}\nblock_kv = {bkv}\nblock_kv_compute = {bkv}\nvmem_limit_mib = 100\n"
+        ));
+        let Ok(c) = s.chip() else { return Ok(()) };
+        // Configurations the block rules refuse are not what this test is about.
+        if s.build(&c).ok().and_then(|j| run(&c, &j).ok()).is_none() {
+            return Ok(());
+        }
+        check(&s, &format!("{kernel} {chip} {mask} {len} {bq}x{bkv} d {d}"));
+    }
+}

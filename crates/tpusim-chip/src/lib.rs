@@ -198,6 +198,14 @@ pub struct Hbm {
     pub dma_latency_ns: Param<f64>,
     /// Latency of a write-back DMA (VMEM -> HBM), ns.
     pub writeback_latency_ns: Param<f64>,
+    /// Scalar-core time to issue one DMA a kernel starts itself (`tpu.enqueue_dma`: descriptor
+    /// address arithmetic and the issue), ns. Not published: an assumed value, named in decode
+    /// reports, whose sensitivity the decode study plots.
+    pub dma_issue_ns: Param<f64>,
+    /// DMAs one TensorCore keeps in flight at once (each holds its slot for `dma_latency_ns`
+    /// plus its bytes at `dma_bandwidth_gb_per_s`). Not published: an assumed value, named in
+    /// decode reports, whose sensitivity the decode study plots.
+    pub dmas_in_flight: Param<u32>,
 }
 
 /// The inter-chip interconnect (ICI): the links that join the JAX devices of a slice into a mesh
@@ -539,6 +547,8 @@ impl ChipModel {
         v.pos("hbm.dma_bandwidth_gb_per_s", &self.hbm.dma_bandwidth_gb_per_s, 1e-3, 1e7);
         v.nonneg("hbm.dma_latency_ns", &self.hbm.dma_latency_ns, 1e6);
         v.nonneg("hbm.writeback_latency_ns", &self.hbm.writeback_latency_ns, 1e6);
+        v.nonneg("hbm.dma_issue_ns", &self.hbm.dma_issue_ns, 1e6);
+        v.count("hbm.dmas_in_flight", &self.hbm.dmas_in_flight, 1, 1_000_000);
         v.count("ici.torus_dims", &self.ici.torus_dims, 1, 3);
         v.count("ici.ports", &self.ici.ports, 2, 64);
         if self.ici.ports.value < 2 * self.ici.torus_dims.value {

@@ -256,6 +256,8 @@ pub fn dtype_bytes(dtype: &str, field: &str) -> Result<u64, PallasError> {
         "i8" | "ui8" | "f8E4M3FN" | "f8E5M2" | "f8E4M3B11FNUZ" | "f8E4M3FNUZ" | "f8E5M2FNUZ" => 1,
         // Sub-byte and mask types are stored in bytes at least.
         "i1" | "i4" | "ui4" | "f4E2M1FN" => 1,
+        // DMA and barrier semaphores (SMEM words).
+        "!tpu.dma_semaphore" | "!tpu.semaphore" => 4,
         _ => {
             return Err(PallasError::field(
                 field,

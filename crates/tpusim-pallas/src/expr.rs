@@ -89,6 +89,9 @@ pub enum Expr {
     Bin(BinOp, Box<Expr>, Box<Expr>),
     /// `c ? a : b`.
     Select(Box<Expr>, Box<Expr>, Box<Expr>),
+    /// The value an SMEM load op (`memref.load` of a ref the kernel also stores to) bound when
+    /// it ran, by the op's id (`["var", id]`): loads of mutable SMEM are read in program order.
+    Var(u64),
     /// A value the IR computes from something not known before the run: the reason names it.
     Unknown(String),
 }
@@ -114,6 +117,10 @@ pub trait Env {
     fn iv(&self, d: usize) -> Option<i64>;
     /// Element of prefetch ref `r`.
     fn load(&self, r: usize, idx: &[i64]) -> Result<i64, EvalError>;
+    /// The value bound by the SMEM load op `id` in this step, if it ran.
+    fn var(&self, _id: u64) -> Option<i64> {
+        None
+    }
 }
 
 impl Expr {
@@ -138,6 +145,7 @@ impl Expr {
                     b.eval(env)?
                 }
             }
+            Expr::Var(id) => env.var(*id).ok_or_else(|| EvalError::Invalid(format!("the SMEM load {id} is read before it runs")))?,
             Expr::Unknown(why) => return Err(EvalError::Unknown(why.clone())),
             Expr::Bin(op, a, b) => {
                 let (x, y) = (a.eval(env)?, b.eval(env)?);
@@ -217,6 +225,10 @@ impl Expr {
                         let list = args[1].as_array().ok_or_else(|| format!("{v}: `load` takes a ref and a list of indices"))?;
                         Ok(Expr::Load(r, list.iter().map(Expr::from_value).collect::<Result<_, _>>()?))
                     }
+                    "var" => {
+                        want(1)?;
+                        Ok(Expr::Var(args[0].as_u64().ok_or_else(|| format!("{v}: expected an op id after `var`"))?))
+                    }
                     "select" => {
                         want(3)?;
                         Ok(Expr::Select(
@@ -256,6 +268,7 @@ impl Expr {
             Expr::Load(r, i) => Value::from(vec![Value::from("load"), Value::from(*r), Value::from(i.iter().map(Expr::to_value).collect::<Vec<_>>())]),
             Expr::Select(c, a, b) => Value::from(vec![Value::from("select"), c.to_value(), a.to_value(), b.to_value()]),
             Expr::Unknown(w) => Value::from(vec![Value::from("unknown"), Value::from(w.clone())]),
+            Expr::Var(id) => Value::from(vec![Value::from("var"), Value::from(*id)]),
             Expr::Bin(op, a, b) => {
                 let name = BINOPS.iter().find(|(_, o)| o == op).map(|(n, _)| *n).unwrap_or("add");
                 Value::from(vec![Value::from(name), a.to_value(), b.to_value()])

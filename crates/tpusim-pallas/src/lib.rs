@@ -13,6 +13,7 @@ pub mod desc;
 pub mod expr;
 pub mod lower;
 mod npy;
+pub mod runtime;
 
 pub use desc::{Description, FORMAT, VERSION};
 pub use lower::{lower, IrFacts};

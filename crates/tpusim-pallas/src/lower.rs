@@ -22,6 +22,7 @@
 use crate::cost::{self, OpCost, VmemBuffer};
 use crate::desc::{dtype_bytes, Description, DimSemantics, MemorySpace, Op, Operand, Ref, RefKind, Values};
 use crate::expr::{Env, EvalError, Expr};
+use crate::runtime::{DmaTally, SmemState};
 use crate::PallasError;
 use petgraph::graph::NodeIndex as NodeIdx;
 use std::collections::HashMap;
@@ -63,6 +64,8 @@ pub struct IrFacts {
     pub assumptions: Vec<String>,
     /// The kernel's declared cost estimate, if any.
     pub declared_cost: Option<crate::desc::DeclaredCost>,
+    /// The manual DMAs (`tpu.enqueue_dma`) the run issues: count, bytes, sizes, most per step.
+    pub dmas: DmaTally,
 }
 
 struct Tables<'a> {
@@ -74,6 +77,8 @@ struct StepEnv<'a> {
     idx: &'a [i64],
     ivs: Vec<i64>,
     tables: &'a Tables<'a>,
+    /// The run's SMEM state (stores and bound loads, [`crate::runtime`]); index maps see none.
+    smem: Option<&'a std::cell::RefCell<SmemState>>,
 }
 
 impl Env for StepEnv<'_> {
@@ -83,7 +88,22 @@ impl Env for StepEnv<'_> {
     fn iv(&self, d: usize) -> Option<i64> {
         self.ivs.get(d).copied()
     }
+    fn var(&self, id: u64) -> Option<i64> {
+        self.smem.and_then(|s| s.borrow().vars.get(&id).copied())
+    }
     fn load(&self, r: usize, idx: &[i64]) -> Result<i64, EvalError> {
+        if let Some(s) = self.smem {
+            let s = s.borrow();
+            if !s.written.is_empty() {
+                let shape = match self.tables.tables.get(&r) {
+                    Some(Table::Known { shape, .. }) => shape.clone(),
+                    _ => self.tables.refs.get(r).map(|x| x.shape.clone()).unwrap_or_default(),
+                };
+                if let Some(v) = crate::runtime::flat_index(&shape, idx).and_then(|f| s.written.get(&(r, f))) {
+                    return Ok(*v);
+                }
+            }
+        }
         match self.tables.tables.get(&r) {
             Some(Table::Known { shape, values }) => {
                 if idx.len() != shape.len() {
@@ -139,7 +159,11 @@ fn eval_err(d: &Description, e: EvalError, what: &str, loc: &str) -> PallasError
         ),
         EvalError::Runtime(r) => {
             let name = d.refs.get(r).map(|x| x.name.as_str()).unwrap_or("?");
-            format!("{what}{at} reads the prefetch operand `{name}`, whose values are a runtime input not known when the kernel was lowered: pass concrete arrays for it")
+            let given = match d.refs.get(r).and_then(|x| x.values.as_ref()) {
+                Some(Values::Runtime(n)) => n.as_str(),
+                _ => name,
+            };
+            format!("{what}{at} reads the runtime operand `{given}` ({name}), whose values were not given: pass a concrete array for it (Python) or `--runtime {given}=FILE.npy` (CLI)")
         }
         EvalError::OutOfBounds(r, idx) => {
             let name = d.refs.get(r).map(|x| x.name.as_str()).unwrap_or("?");
@@ -152,7 +176,7 @@ fn eval_err(d: &Description, e: EvalError, what: &str, loc: &str) -> PallasError
 
 /// Per step: its path through the body (branch decisions, loop trip counts) and the manual
 /// DMA bytes on it.
-fn walk_path(d: &Description, ops: &[Op], env: &mut StepEnv<'_>, key: &mut Vec<i64>, dma: &mut u64) -> Result<(), PallasError> {
+fn walk_path(d: &Description, ops: &[Op], env: &mut StepEnv<'_>, key: &mut Vec<i64>, dma: &mut DmaTally) -> Result<(), PallasError> {
     for op in ops {
         match op.op.as_str() {
             "scf.if" => {
@@ -162,21 +186,122 @@ fn walk_path(d: &Description, ops: &[Op], env: &mut StepEnv<'_>, key: &mut Vec<i
                 walk_path(d, if v != 0 { &op.then } else { &op.otherwise }, env, key, dma)?;
             }
             "scf.for" => {
-                let (lo, hi, st) = for_bounds(d, op, env)?;
-                key.push(trip(lo, hi, st));
-                let mut i = lo;
-                while i < hi {
-                    env.ivs.push(i);
-                    walk_path(d, &op.then, env, key, dma)?;
-                    env.ivs.pop();
-                    i += st;
+                let mut trips = 0;
+                run_for(d, op, env, &mut |ops, env, _| walk_path(d, ops, env, key, dma), &mut trips)?;
+                key.push(trips);
+            }
+            "scf.while" => {
+                let mut trips = 0;
+                run_while(d, op, env, &mut |ops, env, _| walk_path(d, ops, env, key, dma), &mut trips)?;
+                key.push(trips);
+            }
+            "tpu.enqueue_dma" => {
+                crate::runtime::check_dma_source(d, op, env, &|e, what| eval_err(d, e, what, &op.loc))?;
+                dma.add(op.attrs.get("bytes").and_then(|b| b.as_u64()).unwrap_or(0));
+            }
+            "memref.load" | "memref.store" => {
+                if let Some(s) = env.smem {
+                    crate::runtime::run_scalar_op(d, op, env, s, &|e, what| eval_err(d, e, what, &op.loc))?;
                 }
             }
-            "tpu.enqueue_dma" => *dma += op.attrs.get("bytes").and_then(|b| b.as_u64()).unwrap_or(0),
             _ => {}
         }
     }
     Ok(())
+}
+
+/// A loop's scalar loop-carried values (`attrs`: `carried` variable ids set from `init` and
+/// then from each iteration's `yield`; `scf.while`: the before region's `forward` values bound to
+/// the body's `args`; `results` bound to the final values).
+#[derive(Default)]
+struct LoopVars {
+    carried: Vec<u64>,
+    init: Vec<Expr>,
+    forward: Vec<Expr>,
+    args: Vec<u64>,
+    yields: Vec<Expr>,
+    results: Vec<u64>,
+}
+
+fn loop_vars(op: &Op) -> Result<LoopVars, PallasError> {
+    let ids = |k: &str| -> Vec<u64> { op.attrs.get(k).and_then(|v| v.as_array()).map(|a| a.iter().filter_map(|x| x.as_u64()).collect()).unwrap_or_default() };
+    let exprs = |k: &str| -> Result<Vec<Expr>, PallasError> {
+        match op.attrs.get(k) {
+            None => Ok(Vec::new()),
+            Some(v) => serde_json::from_value(v.clone()).map_err(|e| PallasError::field(&format!("{} at {}: attrs.{k}", op.op, op.loc), v, e.to_string())),
+        }
+    };
+    let lv = LoopVars { carried: ids("carried"), init: exprs("init")?, forward: exprs("forward")?, args: ids("args"), yields: exprs("yield")?, results: ids("results") };
+    if lv.init.len() != lv.carried.len() || lv.yields.len() != lv.carried.len() {
+        return Err(PallasError::field(&format!("{} at {}: attrs", op.op, op.loc), format!("{} carried, {} init, {} yield", lv.carried.len(), lv.init.len(), lv.yields.len()), "expected one init and one yield per carried value"));
+    }
+    Ok(lv)
+}
+
+fn eval_list(d: &Description, op: &Op, env: &StepEnv<'_>, es: &[Expr], what: &str) -> Result<Vec<i64>, PallasError> {
+    es.iter().map(|e| e.eval(env).map_err(|x| eval_err(d, x, &format!("the {what} of the `{}`", op.op), &op.loc))).collect()
+}
+
+fn set_vars(env: &StepEnv<'_>, ids: &[u64], vals: &[i64]) {
+    if let Some(s) = env.smem {
+        let mut s = s.borrow_mut();
+        for (&i, &v) in ids.iter().zip(vals) {
+            s.vars.insert(i, v);
+        }
+    }
+}
+
+/// A region walker: (ops, env, whether it is a loop body).
+type Region<'r> = dyn FnMut(&[Op], &mut StepEnv<'_>, bool) -> Result<(), PallasError> + 'r;
+
+/// Runs an `scf.for` (with its scalar loop-carried values); `trips` gets the trip count.
+fn run_for(d: &Description, op: &Op, env: &mut StepEnv<'_>, region: &mut Region<'_>, trips: &mut i64) -> Result<(), PallasError> {
+    let (lo, hi, st) = for_bounds(d, op, env)?;
+    *trips = trip(lo, hi, st);
+    let lv = loop_vars(op)?;
+    let mut cur = eval_list(d, op, env, &lv.init, "initial values")?;
+    set_vars(env, &lv.carried, &cur);
+    let mut i = lo;
+    while i < hi {
+        env.ivs.push(i);
+        region(&op.then, env, true)?;
+        cur = eval_list(d, op, env, &lv.yields, "yielded values")?;
+        env.ivs.pop();
+        set_vars(env, &lv.carried, &cur);
+        i += st;
+    }
+    set_vars(env, &lv.results, &cur);
+    Ok(())
+}
+
+/// Runs an `scf.while`: the before region (`else`) and the condition, then the body (`then`)
+/// while it holds, at most [`MAX_UNROLL`] times; `trips` gets the body's trip count.
+fn run_while(d: &Description, op: &Op, env: &mut StepEnv<'_>, region: &mut Region<'_>, trips: &mut i64) -> Result<(), PallasError> {
+    let lv = loop_vars(op)?;
+    let c = op.cond.as_ref().ok_or_else(|| PallasError::field("scf.while.cond", "(missing)", "a while loop needs its condition"))?;
+    let cur = eval_list(d, op, env, &lv.init, "initial values")?;
+    set_vars(env, &lv.carried, &cur);
+    *trips = 0;
+    loop {
+        region(&op.otherwise, env, false)?;
+        let go = c.eval(env).map_err(|e| eval_err(d, e, "the `scf.while` condition", &op.loc))?;
+        let fwd = eval_list(d, op, env, &lv.forward, "forwarded values")?;
+        if go == 0 {
+            set_vars(env, &lv.results, &fwd);
+            return Ok(());
+        }
+        if *trips >= MAX_UNROLL {
+            return Err(PallasError::Kernel {
+                kernel: d.kernel_name.clone(),
+                message: format!("the `scf.while` at {} runs more than {MAX_UNROLL} iterations per step (they are unrolled): use fewer, larger iterations", op.loc),
+            });
+        }
+        set_vars(env, &lv.args, &fwd);
+        region(&op.then, env, true)?;
+        let next = eval_list(d, op, env, &lv.yields, "yielded values")?;
+        set_vars(env, &lv.carried, &next);
+        *trips += 1;
+    }
 }
 
 fn trip(lo: i64, hi: i64, st: i64) -> i64 {
@@ -346,20 +471,31 @@ impl<'a> Builder<'a> {
                     self.walk(region, env)?;
                     self.bind_results(op, region);
                 }
-                "scf.for" => {
-                    let (lo, hi, st) = for_bounds(self.d, op, env)?;
-                    let mut i = lo;
-                    while i < hi {
-                        env.ivs.push(i);
-                        self.walk(&op.then, env)?;
-                        env.ivs.pop();
-                        // The next iteration's slabs issue after this one's (slab-major order).
-                        self.base += self.max_slabs(&op.then) as u64;
-                        i += st;
+                "scf.for" | "scf.while" => {
+                    let d = self.d;
+                    let mut trips = 0;
+                    let mut region = |ops: &[Op], env: &mut StepEnv<'_>, body: bool| -> Result<(), PallasError> {
+                        self.walk(ops, env)?;
+                        if body {
+                            // The next iteration's slabs issue after this one's (slab-major order).
+                            self.base += self.max_slabs(ops) as u64;
+                        }
+                        Ok(())
+                    };
+                    if op.op == "scf.for" {
+                        run_for(d, op, env, &mut region, &mut trips)?;
+                    } else {
+                        run_while(d, op, env, &mut region, &mut trips)?;
                     }
                     self.bind_results(op, &op.then);
                 }
                 "scf.yield" | "func.return" => {}
+                "memref.load" | "memref.store" => {
+                    if let Some(s) = env.smem {
+                        let d = self.d;
+                        crate::runtime::run_scalar_op(d, op, env, s, &|e, what| eval_err(d, e, what, &op.loc))?;
+                    }
+                }
                 name => self.leaf(op, name)?,
             }
         }
@@ -748,6 +884,12 @@ fn listed_count(l: &ListedSteps, classes: &[StepClass], f: &mut dyn FnMut(&StepC
     p.for_each_run(&mut |s, n| f(&classes[s.class as usize], n));
 }
 
+/// Whether the body stores to SMEM (`memref.store`): then its SMEM state is carried from step
+/// to step ([`crate::runtime`]).
+fn stores_smem(ops: &[Op]) -> bool {
+    ops.iter().any(|o| o.op == "memref.store" || stores_smem(&o.then) || stores_smem(&o.otherwise))
+}
+
 /// Which refs the body both loads and stores (carried across steps).
 fn carried_refs(d: &Description) -> Vec<bool> {
     let mut loads = vec![false; d.refs.len()];
@@ -823,7 +965,7 @@ pub fn lower(chip: &ChipModel, d: &Description, dir: &Path) -> Result<(Program, 
     let mut idx = vec![0i64; ndim];
     let block_index = |idx: &[i64], w: usize| -> Result<Vec<i64>, PallasError> {
         let r = &d.refs[windows[w]];
-        let env = StepEnv { idx, ivs: Vec::new(), tables: &tables };
+        let env = StepEnv { idx, ivs: Vec::new(), tables: &tables, smem: None };
         r.index_map
             .as_ref()
             .expect("checked")
@@ -848,6 +990,9 @@ pub fn lower(chip: &ChipModel, d: &Description, dir: &Path) -> Result<(Program, 
     let mut prev: Option<Vec<Vec<i64>>> = None;
     let mut cur: Vec<Vec<i64>> = (0..windows.len()).map(|w| block_index(&idx, w)).collect::<Result<_, _>>()?;
     let mut runs: Vec<(Step, u64)> = Vec::new();
+    let mutable_smem = stores_smem(&d.body);
+    let mut smem_state = SmemState::default();
+    let mut dmas = DmaTally::default();
     for step in 0..steps_total {
         let mut next_idx = idx.clone();
         let last_step = step + 1 == steps_total;
@@ -876,11 +1021,17 @@ pub fn lower(chip: &ChipModel, d: &Description, dir: &Path) -> Result<(Program, 
                 in_bytes += wbytes[w];
             }
         }
-        // The body's path at this step.
-        let mut env = StepEnv { idx: &idx, ivs: Vec::new(), tables: &tables };
+        // The body's path at this step (SMEM state carried from the previous step).
+        let before = if mutable_smem { Some(smem_state.clone()) } else { None };
+        let cell = std::cell::RefCell::new(std::mem::take(&mut smem_state));
+        let mut env = StepEnv { idx: &idx, ivs: Vec::new(), tables: &tables, smem: Some(&cell) };
         let mut key = Vec::new();
-        let mut dma = 0u64;
-        walk_path(d, &d.body, &mut env, &mut key, &mut dma)?;
+        let mut step_dma = DmaTally::default();
+        walk_path(d, &d.body, &mut env, &mut key, &mut step_dma)?;
+        smem_state = cell.into_inner();
+        smem_state.vars.clear();
+        dmas.merge_step(&step_dma);
+        let dma = step_dma.bytes;
         let ck = (key, first, last);
         let class = match class_ids.get(&ck) {
             Some(&c) => c,
@@ -905,7 +1056,8 @@ pub fn lower(chip: &ChipModel, d: &Description, dir: &Path) -> Result<(Program, 
                     f32_matmuls: 0,
                     dma_bytes: 0,
                 };
-                let mut env = StepEnv { idx: &idx, ivs: Vec::new(), tables: &tables };
+                let cell = std::cell::RefCell::new(before.clone().unwrap_or_default());
+                let mut env = StepEnv { idx: &idx, ivs: Vec::new(), tables: &tables, smem: Some(&cell) };
                 b.walk(&d.body, &mut env)?;
                 let (body, big, f32n, dmab) = b.finish();
                 largest = largest.max(big);
@@ -1018,6 +1170,7 @@ pub fn lower(chip: &ChipModel, d: &Description, dir: &Path) -> Result<(Program, 
         smem_bytes: smem,
         assumptions,
         declared_cost: d.cost_estimate,
+        dmas,
     };
     let _ = units;
     Ok((Program::from_listed(classes, listed, vmem, info), facts))

@@ -9,6 +9,7 @@
 //! errors are Python exceptions (`tpusim.InputError`, a `ValueError`, for bad input) carrying the
 //! CLI's messages with fields named as keyword arguments.
 
+mod decode;
 mod masks;
 
 use pyo3::create_exception;
@@ -1054,5 +1055,6 @@ fn tpusim_py(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(tile_counts, m)?)?;
     m.add_class::<PyKernelReport>()?;
     m.add_function(wrap_pyfunction!(simulate_kernel_ir, m)?)?;
+    m.add_function(wrap_pyfunction!(decode::decode_kernel_ir, m)?)?;
     Ok(())
 }

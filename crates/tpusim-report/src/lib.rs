@@ -8,6 +8,7 @@
 //! crates above it.
 
 pub mod bands;
+pub mod decode;
 pub mod fields;
 pub mod ir;
 pub mod notes;

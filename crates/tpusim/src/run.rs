@@ -38,6 +38,12 @@ pub struct RunArgs {
     /// the workload, mask and blocks, so only --chip and --set apply.
     #[arg(long, value_name = "FILE.json")]
     pub kernel_ir: Option<String>,
+    /// With --kernel-ir: the values of a runtime operand of the kernel (sequence lengths, page
+    /// tables), an integer `.npy` file, by the operand's name in the description (the traced
+    /// function's parameter name, or `prefetch N`). Repeat per operand; an operand the kernel
+    /// reads that is not given is an error naming it.
+    #[arg(long, value_name = "NAME=FILE.npy")]
+    pub runtime: Vec<String>,
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Table)]
     pub format: Format,
@@ -168,7 +174,14 @@ fn cmd_run_kernel_ir(a: &RunArgs, path: &str) -> Result<String, CliError> {
     }
     let spec = a.job.spec()?;
     let chip = spec.chip().map_err(|e| a.job.error(e))?;
-    let (desc, dir) = tpusim_pallas::Description::read(std::path::Path::new(path)).map_err(|e| CliError::input(format!("--kernel-ir {e}")))?;
+    let (mut desc, dir) = tpusim_pallas::Description::read(std::path::Path::new(path)).map_err(|e| CliError::input(format!("--kernel-ir {e}")))?;
+    let mut given = Vec::new();
+    for r in &a.runtime {
+        let (name, file) = r.split_once('=').ok_or_else(|| CliError::input(format!("--runtime {r}: expected NAME=FILE.npy")))?;
+        let v = tpusim_pallas::runtime::RuntimeValue::from_npy(std::path::Path::new(file)).map_err(|e| CliError::input(format!("--runtime {name}: {e}")))?;
+        given.push((name.to_string(), v));
+    }
+    tpusim_pallas::runtime::bind_runtime(&mut desc, &given).map_err(|e| CliError::input(e.to_string()))?;
     let run = tpusim_report::ir::run_kernel_ir(&chip, &desc, &dir).map_err(|e| CliError::input(format!("--kernel-ir {path}: {e}")))?;
     let rep = tpusim_report::ir::KernelIrReport::from_run(&run);
     Ok(match a.format {
@@ -178,6 +191,9 @@ fn cmd_run_kernel_ir(a: &RunArgs, path: &str) -> Result<String, CliError> {
 }
 
 pub fn cmd_run(a: &RunArgs) -> Result<String, CliError> {
+    if !a.runtime.is_empty() && a.kernel_ir.is_none() {
+        return Err(CliError::input("--runtime: only with --kernel-ir (the values of a Pallas kernel's runtime operands)".to_string()));
+    }
     if let Some(path) = &a.kernel_ir {
         return cmd_run_kernel_ir(a, path);
     }

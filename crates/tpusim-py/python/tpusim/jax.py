@@ -161,6 +161,18 @@ def _find_calls(module):
     return calls, funcs, call_sites, others
 
 
+def _arg_name(block, idx):
+    """The name JAX gave argument `idx` of `main` (its location, the traced parameter's name), or
+    `argIDX`."""
+    import re
+
+    try:
+        m = re.match(r'loc\("([^"]+)"', str(block.arguments[idx].location))
+    except Exception:
+        m = None
+    return m.group(1) if m else f"arg{idx}"
+
+
 def _value_of(v, funcs, call_sites, args, depth=0):
     """The constant value of a StableHLO SSA value as a NumPy array, or (None, why)."""
     import numpy as np
@@ -178,7 +190,7 @@ def _value_of(v, funcs, call_sites, args, depth=0):
         if fname == "main":
             a = args[idx] if idx < len(args) else None
             if a is None or not hasattr(a, "__array__") or type(a).__name__ == "ShapeDtypeStruct":
-                return None, f"argument {idx} of the function, given as a shape only"
+                return None, f"argument `{_arg_name(block, idx)}` of the function, given as a shape only"
             return np.asarray(a), None
         sites = call_sites.get(fname, [])
         if len(sites) != 1:
@@ -292,9 +304,18 @@ class _Reader:
         self.ids = {}  # SSA value (as str of its get_name) -> op id
         self.scalars = {}  # SSA value -> expression
         self.refs = {}  # block argument value -> ref index
+        self.views = {}  # sliced memref value -> (ref index, offsets, window shape, kept dims)
+        self._asm = None
+        self.mutable = set()
+        self.ref_kinds, self.ref_names, self.ref_spaces = [], [], []
 
     def _key(self, v):
-        return v.get_name()
+        # One AsmState for the module: without it every get_name numbers the whole function
+        # again (seconds for a paged-attention kernel).
+        if self._asm is None:
+            _, _, ir, _ = _ir()
+            self._asm = ir.AsmState(self.module.operation)
+        return v.get_name(self._asm)
 
     def _new_id(self):
         self.next_id += 1
@@ -407,7 +428,14 @@ class _Reader:
                 cond = self.scalar(op.operands[0])
                 then = self.body_ops(op.regions[0].blocks[0], depth)
                 els = self.body_ops(op.regions[1].blocks[0], depth) if len(op.regions) > 1 and len(op.regions[1].blocks) else []
-                ids = [self._bind(r) for r in op.results]
+                ids = []
+                for i, r in enumerate(op.results):
+                    if _is_vector(r.type):
+                        ids.append(self._bind(r))
+                    else:
+                        # A scalar result: the yielded value of the branch taken.
+                        self.scalars[self._key(r)] = ["select", cond, _yielded(then, i), _yielded(els, i)]
+                        ids.append(None)
                 for region in (then, els):
                     for y in region:
                         if y.get("op") == "scf.yield":
@@ -418,18 +446,83 @@ class _Reader:
                 lo, hi, st = (self.scalar(x) for x in op.operands[:3])
                 blk = op.regions[0].blocks[0]
                 self.scalars[self._key(blk.arguments[0])] = ["iv", depth]
-                # Loop-carried values: the iteration arguments are bound to the init operands.
-                for a, init in zip(list(blk.arguments)[1:], list(op.operands)[3:]):
+                # Loop-carried values: vectors are bound to the init operands' values; scalars
+                # are variables set from `init` and each iteration's `yield` (DESCRIPTION.md).
+                carried, init = [], []
+                for a, x in zip(list(blk.arguments)[1:], list(op.operands)[3:]):
                     if not _is_vector(a.type):
-                        self.scalars[self._key(a)] = ["unknown", "a loop-carried scalar"]
-                    elif self._key(init) in self.ids:
-                        self.ids[self._key(a)] = self.ids[self._key(init)]
+                        i = self._new_id()
+                        self.scalars[self._key(a)] = ["var", i]
+                        carried.append(i)
+                        init.append(self.scalar(x))
+                    elif self._key(x) in self.ids:
+                        self.ids[self._key(a)] = self.ids[self._key(x)]
                 body = self.body_ops(blk, depth + 1)
-                ids = [self._bind(r) for r in op.results]
+                ids, results, yields = [], [], []
+                for k, r in enumerate(op.results):
+                    if _is_vector(r.type):
+                        ids.append(self._bind(r))
+                    else:
+                        i = self._new_id()
+                        self.scalars[self._key(r)] = ["var", i]
+                        results.append(i)
+                        yields.append(_yielded(body, k))
+                        ids.append(None)
                 for y in body:
                     if y.get("op") == "scf.yield":
                         y["attrs"] = {"results": ids}
-                out.append({"op": "scf.for", "lower": lo, "upper": hi, "step": st, "then": body, "loc": _loc(op)})
+                d = {"op": "scf.for", "lower": lo, "upper": hi, "step": st, "then": body, "loc": _loc(op)}
+                if carried:
+                    d["attrs"] = {"carried": carried, "init": init, "yield": yields, "results": results}
+                out.append(d)
+                continue
+            if name == "scf.while":
+                before, after = op.regions[0].blocks[0], op.regions[1].blocks[0]
+                if any(_is_vector(a.type) for a in list(before.arguments) + list(after.arguments)):
+                    out.append(self.vector_op(op))  # an error in the lowering, naming the op
+                    continue
+                carried = []
+                for a in before.arguments:
+                    i = self._new_id()
+                    self.scalars[self._key(a)] = ["var", i]
+                    carried.append(i)
+                init = [self.scalar(x) for x in op.operands]
+                before_ops = self.body_ops(before, depth)
+                condop = [o for o in before.operations if o.operation.name == "scf.condition"][-1].operation
+                cond = self.scalar(condop.operands[0])
+                forward = [self.scalar(x) for x in list(condop.operands)[1:]]
+                args = []
+                for a in after.arguments:
+                    i = self._new_id()
+                    self.scalars[self._key(a)] = ["var", i]
+                    args.append(i)
+                body = self.body_ops(after, depth)
+                yields = [_yielded(body, k) for k in range(len(carried))]
+                results = []
+                for r in op.results:
+                    i = self._new_id()
+                    self.scalars[self._key(r)] = ["var", i]
+                    results.append(i)
+                out.append({
+                    "op": "scf.while", "cond": cond, "then": body, "else": before_ops, "loc": _loc(op),
+                    "attrs": {"carried": carried, "init": init, "forward": forward, "args": args, "yield": yields, "results": results},
+                })
+                continue
+            if name == "scf.condition":
+                continue
+            if name in ("tpu.memref_slice", "tpu.memref_squeeze"):
+                self._view(op)
+                continue
+            if name == "memref.load" and self.refs.get(self._key(op.operands[0])) in self.mutable:
+                ri = self.refs[self._key(op.operands[0])]
+                i = self._new_id()
+                self.scalars[self._key(op.results[0])] = ["var", i]
+                out.append({"op": "memref.load", "id": i, "operands": [{"ref": ri}], "attrs": {"index": [self.scalar(x) for x in op.operands[1:]]}, "loc": _loc(op)})
+                continue
+            if name == "memref.store" and self.refs.get(self._key(op.operands[1])) is not None:
+                ri = self.refs[self._key(op.operands[1])]
+                if self.ref_kinds[ri] == "prefetch" or self.ref_spaces[ri] == "smem":
+                    out.append({"op": "memref.store", "id": self._new_id(), "operands": [{"ref": ri}], "attrs": {"value": self.scalar(op.operands[0]), "index": [self.scalar(x) for x in op.operands[2:]]}, "loc": _loc(op)})
                 continue
             vector_result = any(_is_vector(r.type) for r in op.results)
             if not vector_result and name not in _VECTOR_SIDE_EFFECTS:
@@ -441,6 +534,41 @@ class _Reader:
                 continue
             out.append(self.vector_op(op))
         return out
+
+    def _view(self, op):
+        """Tracks which window of which kernel ref a sliced / squeezed memref is (DMA sources)."""
+        src = self._key(op.operands[0])
+        if src in self.views:
+            ri, offs, win, dims = self.views[src]
+        elif src in self.refs:
+            ri = self.refs[src]
+            shape, _ = _shape_dtype(op.operands[0].type)
+            offs, win, dims = [0] * len(shape), list(shape), list(range(len(shape)))
+        else:
+            return
+        out_shape, _ = _shape_dtype(op.results[0].type)
+        offs, win, dims = list(offs), list(win), list(dims)
+        if op.name == "tpu.memref_slice":
+            idx = [self.scalar(x) for x in op.operands[1:]]
+            if len(idx) != len(dims) or len(out_shape) != len(dims):
+                return
+            for j, b in enumerate(dims):
+                offs[b] = idx[j] if offs[b] == 0 else ["add", offs[b], idx[j]]
+                win[b] = out_shape[j]
+        else:
+            # Squeeze: drop the leftmost unit dimensions until the ranks agree.
+            cur = [win[b] for b in dims]
+            drop = len(cur) - len(out_shape)
+            keep = []
+            for k, b in enumerate(dims):
+                if drop > 0 and cur[k] == 1:
+                    drop -= 1
+                    continue
+                keep.append(b)
+            if [win[b] for b in keep] != list(out_shape):
+                return
+            dims = keep
+        self.views[self._key(op.results[0])] = (ri, offs, win, dims)
 
     def _bind(self, r):
         i = self._new_id()
@@ -485,6 +613,10 @@ class _Reader:
             for s in src_shape:
                 n *= s
             attrs["bytes"] = n * _bytes(src_dtype)
+            view = self.views.get(self._key(op.operands[0]))
+            if view is not None:
+                ri, offs, win, _ = view
+                attrs["src_ref"], attrs["src_offsets"], attrs["src_shape"] = ri, offs, win
         if attrs:
             d["attrs"] = attrs
         if len(op.results) == 0:
@@ -549,6 +681,19 @@ class _Reader:
             names.append(nm)
             refs.append(ref)
         self.ref_kinds, self.ref_names = kinds, names
+        self.ref_spaces = [r["memory_space"] for r in refs]
+        # SMEM refs the kernel stores to: their loads are ops read in program order.
+        self.mutable = set()
+
+        def scan(o):
+            if o.operation.name == "memref.store":
+                ri = self.refs.get(self._key(o.operation.operands[1]))
+                if ri is not None:
+                    self.mutable.add(ri)
+
+        for o in block.operations:
+            scan(o)
+            _walk(o.operation, scan)
         body = self.body_ops(block, 0)
         return {
             "grid": grid,
@@ -556,6 +701,16 @@ class _Reader:
             "refs": refs,
             "body": body,
         }
+
+
+def _yielded(region, i):
+    """The scalar expression a region's `scf.yield` yields at position `i`."""
+    for y in reversed(region):
+        if y.get("op") == "scf.yield":
+            ops = y.get("operands", [])
+            if i < len(ops) and isinstance(ops[i], dict) and "scalar" in ops[i]:
+                return ops[i]["scalar"]
+    return ["unknown", "a value yielded by a branch"]
 
 
 _VECTOR_SIDE_EFFECTS = {"tpu.vector_store", "vector.store", "tpu.store", "tpu.strided_store", "tpu.enqueue_dma", "tpu.wait_dma2", "tpu.wait_dma", "tpu.sem_signal", "tpu.sem_wait"}
@@ -682,7 +837,10 @@ def _kernels(exported, args):
             for i in range(nprefetch):
                 val, why = _value_of(op.operands[i], funcs, call_sites, args)
                 if val is None:
-                    prefetch.append({"runtime": f"prefetch operand {i} of {name} ({why})"})
+                    import re
+
+                    m = re.match(r"argument `([^`]+)` of the function", why or "")
+                    prefetch.append({"runtime": m.group(1) if m else f"prefetch operand {i} of {name} ({why})"})
                 else:
                     prefetch.append({"inline": [int(x) for x in np.asarray(val).reshape(-1)]})
             n_in = len(op.operands) - nprefetch
@@ -835,3 +993,167 @@ def tune(make_fn, candidates, *args, chip="v6e", device_kind=None, set=None, top
 
 
 tune.last_failures = []
+
+
+# ----------------------------------------------------------------------------------------------
+# Decode: paged attention and ragged paged attention steps against the HBM roofline
+
+
+class DecodeReport:
+    """A decode step simulated from its Mosaic IR (`tpusim_report::decode`): `latency_ms`,
+    `hbm_bytes`, `must_move_bytes`, `roofline_fraction`, `bound` (the bound that sets the
+    latency) and `bounds`, `below_roof` (why the step is below the roof), `dmas`, `kernel` (the
+    kernel's own report as a dict); `json` and `str()` the whole report."""
+
+    def __init__(self, json_text, table, kernel_json):
+        self.json = json_text
+        self.table = table
+        self._d = json.loads(json_text)
+        self.kernel = json.loads(kernel_json)
+        for k, v in self._d.items():
+            setattr(self, k, v)
+
+    def __str__(self):
+        return self.table
+
+    def __repr__(self):
+        return f"<tpusim.jax.DecodeReport {self.latency_ms:.4f} ms, {100 * self.roofline_fraction:.1f}% of the HBM roof>"
+
+    def row(self):
+        """The report's scalar fields, for a CSV row."""
+        return {
+            "latency_ms": self.latency_ms,
+            "engine_latency_ms": self.engine_latency_ms,
+            "hbm_bytes": self.hbm_bytes,
+            "must_move_bytes": self.must_move_bytes,
+            "roofline_fraction": self.roofline_fraction,
+            "bound": self.bound,
+            "dmas": self.dmas["count"],
+            "bytes_per_dma": self.bytes_per_dma,
+            "grid_steps": self.grid_steps,
+        }
+
+
+def _runtime_array(name, value):
+    """A runtime operand's value as an int32 NumPy array; an error names the operand when absent."""
+    import numpy as np
+
+    if value is None or type(value).__name__ == "ShapeDtypeStruct" or not hasattr(value, "__array__"):
+        raise InputError(
+            f"{name}: the decode step needs its values (a NumPy or JAX array), not only a shape: the kernel's "
+            "DMAs and loop bounds read it, and nothing is assumed in its place"
+        )
+    return np.asarray(value)
+
+
+def decode(fn, *args, lengths, page_size, kv_bytes_per_page, pages_per_block=None, chip="v6e", device_kind=None, set=None):
+    """Simulates the decode kernel in `fn(*args)` (one Pallas kernel; its runtime operands, such as
+    sequence lengths and page tables, given as concrete arrays in `args`) and reports it against
+    the HBM roofline: `lengths` (KV tokens per sequence), `page_size` (tokens per page),
+    `kv_bytes_per_page` (K and V of one page over the KV heads), `pages_per_block` (a label).
+    q is the first argument and o the result. Returns a `DecodeReport`."""
+    import numpy as np
+
+    lengths = _runtime_array("lengths", lengths)
+    descs, _ = describe_all(fn, *args, chip=chip, device_kind=device_kind)
+    if len(descs) != 1:
+        raise InputError(f"the function has {len(descs)} Pallas kernels; a decode step is one kernel")
+    d = descs[0]
+    q = args[0]
+    q_bytes = int(np.prod(q.shape)) * np.dtype(q.dtype).itemsize
+    if any(v.get("runtime") for r in d["refs"] if r["kind"] == "prefetch" for v in [r.get("values") or {}] if isinstance(v, dict)):
+        missing = [r["values"]["runtime"] for r in d["refs"] if r["kind"] == "prefetch" and "runtime" in (r.get("values") or {})]
+        raise InputError(
+            f"{', '.join(missing)}: runtime operand(s) of kernel `{d['kernel_name']}` given as shapes only: pass concrete arrays "
+            "(sequence lengths and page tables decide which pages the step moves)"
+        )
+    js, table, kjs = _tpusim.decode_kernel_ir(
+        json.dumps(d), [int(x) for x in lengths.reshape(-1)], int(page_size), int(kv_bytes_per_page), int(q_bytes), int(q_bytes),
+        pages_per_block=None if pages_per_block is None else int(pages_per_block), chip=chip, set=_overrides(set),
+    )
+    return DecodeReport(js, table, kjs)
+
+
+def paged_attention_step(q, k_pages, v_pages, lengths, page_indices, *, pages_per_compute_block, chip="v6e", set=None, **kernel_options):
+    """One decode step of JAX's `paged_attention` (jax.experimental.pallas.ops.tpu.paged_attention)
+    with the user's `lengths` and `page_indices` (arrays; `q`, `k_pages`, `v_pages` may be
+    `jax.ShapeDtypeStruct`s): q [batch, q_heads, head_dim], k/v pages [kv_heads, pages,
+    page_size, head_dim]. Returns a `DecodeReport`."""
+    import numpy as np
+    from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention
+
+    lengths = _runtime_array("lengths", lengths)
+    page_indices = _runtime_array("page_indices", page_indices)
+    kv_heads, _, page_size, head_dim = k_pages.shape
+    item = np.dtype(k_pages.dtype).itemsize
+
+    def step(q, k_pages, v_pages, lengths, page_indices):
+        return paged_attention(q, k_pages, v_pages, lengths, page_indices, pages_per_compute_block=pages_per_compute_block, **kernel_options)
+
+    return decode(
+        step, q, k_pages, v_pages, lengths, page_indices, lengths=lengths, page_size=page_size,
+        kv_bytes_per_page=2 * kv_heads * page_size * head_dim * item, pages_per_block=pages_per_compute_block, chip=chip, set=set,
+    )
+
+
+def ragged_paged_attention_step(q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs, *, num_kv_pages_per_block, num_queries_per_block, chip="v6e", set=None, **kernel_options):
+    """One step of JAX's ragged paged attention (jax.experimental.pallas.ops.tpu.
+    ragged_paged_attention, jax 0.10.2) with the user's `kv_lens`, `page_indices`, `cu_q_lens` and
+    `num_seqs` (arrays): q [tokens, q_heads, head_dim], kv_pages [pages, page_size, 2 x kv_heads,
+    head_dim]. Only the first `num_seqs` lengths count. Returns a `DecodeReport`."""
+    import numpy as np
+    from jax.experimental.pallas.ops.tpu.ragged_paged_attention import ragged_paged_attention
+
+    kv_lens = _runtime_array("kv_lens", kv_lens)
+    page_indices = _runtime_array("page_indices", page_indices)
+    cu_q_lens = _runtime_array("cu_q_lens", cu_q_lens)
+    num_seqs = _runtime_array("num_seqs", num_seqs)
+    _, page_size, combined, head_dim = kv_pages.shape
+    item = np.dtype(kv_pages.dtype).itemsize
+
+    def step(q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs):
+        return ragged_paged_attention(
+            q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs,
+            num_kv_pages_per_block=num_kv_pages_per_block, num_queries_per_block=num_queries_per_block, **kernel_options,
+        )
+
+    n = int(num_seqs.reshape(-1)[0])
+    return decode(
+        step, q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs, lengths=kv_lens.reshape(-1)[:n], page_size=page_size,
+        kv_bytes_per_page=page_size * combined * head_dim * item, pages_per_block=num_kv_pages_per_block, chip=chip, set=set,
+    )
+
+
+def decode_sweep(make_step, points, *, path=None):
+    """Runs `make_step(**point)` (which returns a `DecodeReport`, e.g. a `paged_attention_step`
+    call; each point re-lowers the kernel, since page size and pages per block live in the
+    lowering) for every point (dicts); returns rows (the point's keys, then the report's
+    `row()`, or `error`), and writes them as CSV to `path` if given (completely or not at all)."""
+    import csv
+    import io
+
+    rows = []
+    for p in points:
+        try:
+            r = make_step(**p)
+            rows.append({**p, **r.row(), "error": ""})
+        except InputError as e:
+            rows.append({**p, "error": str(e)})
+    if path is not None:
+        keys = []
+        for r in rows:
+            for k in r:
+                if k not in keys:
+                    keys.append(k)
+        buf = io.StringIO()
+        w = csv.DictWriter(buf, fieldnames=keys)
+        w.writeheader()
+        for r in rows:
+            w.writerow(r)
+        path = os.fspath(path)
+        folder = os.path.dirname(os.path.abspath(path))
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tpusim-", suffix=".csv")
+        with os.fdopen(fd, "w") as f:
+            f.write(buf.getvalue())
+        os.replace(tmp, path)
+    return rows

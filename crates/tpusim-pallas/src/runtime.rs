@@ -1,0 +1,259 @@
+//! What a kernel reads at run time: the values of runtime prefetch operands (sequence lengths,
+//! page tables) that the user supplies, the kernel's own SMEM state (scalars it stores and loads
+//! again in later grid steps, as paged attention keeps its buffer index and first-block flag),
+//! and the manual DMAs it issues with their source ranges checked.
+//!
+//! * **Binding.** [`bind_runtime`] replaces a description's runtime tables by the values given
+//!   for them, by operand name (the `Values::Runtime` name, which `tpusim.jax` sets to the
+//!   traced function's parameter name, or the ref's own name such as `prefetch 0`). A name that
+//!   matches no runtime operand, a value of the wrong shape, and (on lowering) a runtime operand
+//!   left without a value are errors naming the operand.
+//! * **SMEM state.** `memref.store` to an SMEM ref writes a per-run state that later loads see;
+//!   a `memref.load` op of a ref the kernel stores to binds its value when it runs (`["var",
+//!   id]` in expressions), so a flag read before it is cleared keeps the value it had.
+//! * **DMAs.** Each `tpu.enqueue_dma` that names its source (`src_ref`, `src_offsets`,
+//!   `src_shape`) has its source window checked against the source array: an offset outside it
+//!   (a page-table entry out of range) is an error naming the ref, the offsets and the shape.
+
+use crate::desc::{Description, Op, RefKind, Values};
+use crate::expr::{Env, Expr};
+use crate::PallasError;
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+
+/// Values written to SMEM refs and bound by SMEM load ops during a run.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SmemState {
+    /// (ref, row-major element index) -> value stored.
+    pub written: HashMap<(usize, u64), i64>,
+    /// SMEM load op id -> value it read in the current step.
+    pub vars: HashMap<u64, i64>,
+}
+
+/// Manual DMAs counted over a run.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct DmaTally {
+    /// DMAs issued (`tpu.enqueue_dma` executed).
+    pub count: u64,
+    /// Bytes they move.
+    pub bytes: u64,
+    /// Bytes per DMA -> how many.
+    pub sizes: BTreeMap<u64, u64>,
+    /// Most DMAs one grid step issues.
+    pub max_per_step: u64,
+}
+
+impl DmaTally {
+    /// Adds one DMA of `bytes`.
+    pub fn add(&mut self, bytes: u64) {
+        self.count += 1;
+        self.bytes += bytes;
+        *self.sizes.entry(bytes).or_default() += 1;
+    }
+
+    /// Adds a step's tally.
+    pub fn merge_step(&mut self, step: &DmaTally) {
+        self.count += step.count;
+        self.bytes += step.bytes;
+        for (&b, &n) in &step.sizes {
+            *self.sizes.entry(b).or_default() += n;
+        }
+        self.max_per_step = self.max_per_step.max(step.count);
+    }
+}
+
+/// A runtime value given for an operand: its shape and values in row-major order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RuntimeValue {
+    /// Shape (the operand's, as the kernel sees it; a flattened table may be given in its
+    /// original shape when the element counts agree).
+    pub shape: Vec<u64>,
+    /// Values, row-major.
+    pub values: Vec<i64>,
+}
+
+impl RuntimeValue {
+    /// Reads an integer `.npy` file (npyz).
+    ///
+    /// # Errors
+    /// [`PallasError::Io`] / [`PallasError::Field`] naming the file.
+    pub fn from_npy(path: &Path) -> Result<RuntimeValue, PallasError> {
+        let (shape, values) = crate::npy::read_int_array(path)?;
+        Ok(RuntimeValue { shape, values })
+    }
+}
+
+/// The runtime operands of a description: (ref index, name), the name as
+/// `Values::Runtime` gives it.
+pub fn runtime_operands(d: &Description) -> Vec<(usize, String)> {
+    d.refs
+        .iter()
+        .enumerate()
+        .filter_map(|(i, r)| match &r.values {
+            Some(Values::Runtime(n)) if r.kind == RefKind::Prefetch => Some((i, n.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Replaces the runtime tables named in `given` (operand name -> value) by inline values.
+///
+/// # Errors
+/// [`PallasError::Field`] `--runtime NAME`: a name that is no runtime operand of the kernel
+/// (the names it has are listed), or a value whose element count differs from the operand's.
+pub fn bind_runtime(d: &mut Description, given: &[(String, RuntimeValue)]) -> Result<(), PallasError> {
+    let ops = runtime_operands(d);
+    for (name, v) in given {
+        let hit = ops.iter().find(|(i, n)| n == name || d.refs[*i].name == *name);
+        let Some((i, n)) = hit else {
+            let names: Vec<String> = ops.iter().map(|(_, n)| format!("`{n}`")).collect();
+            return Err(PallasError::field(
+                &format!("--runtime {name}"),
+                name,
+                if names.is_empty() {
+                    format!("kernel `{}` has no runtime operand (every prefetch table is a constant of the lowering)", d.kernel_name)
+                } else {
+                    format!("kernel `{}` has the runtime operands {}", d.kernel_name, names.join(", "))
+                },
+            ));
+        };
+        let r = &mut d.refs[*i];
+        let want: u64 = r.shape.iter().product();
+        if v.values.len() as u64 != want {
+            return Err(PallasError::field(
+                &format!("--runtime {n}"),
+                format!("{} values of shape {:?}", v.values.len(), v.shape),
+                format!("the operand `{n}` holds {want} values (shape {:?} in the kernel)", r.shape),
+            ));
+        }
+        r.values = Some(Values::Inline(v.values.clone()));
+    }
+    Ok(())
+}
+
+/// Evaluates an op's `attrs[key]` as a list of expressions.
+fn exprs(op: &Op, key: &str) -> Result<Vec<Expr>, PallasError> {
+    match op.attrs.get(key) {
+        None => Ok(Vec::new()),
+        Some(v) => serde_json::from_value::<Vec<Expr>>(v.clone()).map_err(|e| PallasError::field(&format!("{} at {}: attrs.{key}", op.op, op.loc), v, e.to_string())),
+    }
+}
+
+fn ref_of(op: &Op) -> Option<usize> {
+    op.operands.iter().find_map(|o| match o {
+        crate::desc::Operand::Ref(r) => Some(*r),
+        _ => None,
+    })
+}
+
+/// The row-major element index of `idx` in `shape`, or `None` outside it.
+pub fn flat_index(shape: &[u64], idx: &[i64]) -> Option<u64> {
+    if idx.len() != shape.len() {
+        return None;
+    }
+    let mut flat = 0u64;
+    for (&i, &n) in idx.iter().zip(shape) {
+        if i < 0 || i as u64 >= n {
+            return None;
+        }
+        flat = flat * n + i as u64;
+    }
+    Some(flat)
+}
+
+/// What an SMEM op at `loc` did wrong, for messages.
+fn smem_err(d: &Description, op: &Op, message: String) -> PallasError {
+    PallasError::Kernel { kernel: d.kernel_name.clone(), message: format!("`{}` at {}: {message}", op.op, if op.loc.is_empty() { "(no location)" } else { &op.loc }) }
+}
+
+/// Runs a scalar SMEM op (`memref.load` binding a var, `memref.store` writing the state) in
+/// `env`, whose SMEM state is `state`. Other ops are ignored. `eval_err` maps an evaluation
+/// error to the lowering's message.
+///
+/// # Errors
+/// An index outside the ref, or an expression that cannot be evaluated.
+pub fn run_scalar_op(
+    d: &Description,
+    op: &Op,
+    env: &dyn Env,
+    state: &std::cell::RefCell<SmemState>,
+    eval_err: &dyn Fn(crate::expr::EvalError, &str) -> PallasError,
+) -> Result<(), PallasError> {
+    let is_load = op.op == "memref.load";
+    if !is_load && op.op != "memref.store" {
+        return Ok(());
+    }
+    let r = ref_of(op).ok_or_else(|| smem_err(d, op, "names no ref".into()))?;
+    let rf = d.refs.get(r).ok_or_else(|| smem_err(d, op, format!("names ref {r}, which the kernel does not have")))?;
+    let idx: Vec<i64> = exprs(op, "index")?.iter().map(|e| e.eval(env)).collect::<Result<_, _>>().map_err(|e| eval_err(e, &format!("the index of `{}`", op.op)))?;
+    let shape = if rf.shape.is_empty() { vec![1] } else { rf.shape.clone() };
+    let idx = if idx.is_empty() { vec![0; shape.len()] } else { idx };
+    let flat = flat_index(&shape, &idx).ok_or_else(|| smem_err(d, op, format!("index {idx:?} is outside `{}` (shape {:?})", rf.name, shape)))?;
+    if is_load {
+        let v = env.load(r, &idx).map_err(|e| eval_err(e, &format!("the SMEM load of `{}`", rf.name)))?;
+        state.borrow_mut().vars.insert(op.id, v);
+    } else {
+        let e = op.attrs.get("value").ok_or_else(|| smem_err(d, op, "has no `value`".into()))?;
+        let e: Expr = serde_json::from_value(e.clone()).map_err(|x| PallasError::field(&format!("{} at {}: attrs.value", op.op, op.loc), e, x.to_string()))?;
+        let v = e.eval(env).map_err(|x| eval_err(x, &format!("the value stored to `{}`", rf.name)))?;
+        state.borrow_mut().written.insert((r, flat), v);
+    }
+    Ok(())
+}
+
+/// Checks a `tpu.enqueue_dma`'s source window against its source array when the op names it
+/// (`src_ref`, `src_offsets`, `src_shape` attributes).
+///
+/// # Errors
+/// [`PallasError::Kernel`] naming the source ref, the offsets and the array's shape when the
+/// window leaves the array (a page-table entry out of range).
+pub fn check_dma_source(d: &Description, op: &Op, env: &dyn Env, eval_err: &dyn Fn(crate::expr::EvalError, &str) -> PallasError) -> Result<(), PallasError> {
+    let Some(r) = op.attrs.get("src_ref").and_then(|x| x.as_u64()) else { return Ok(()) };
+    let Some(rf) = d.refs.get(r as usize) else { return Ok(()) };
+    let offs: Vec<i64> = exprs(op, "src_offsets")?.iter().map(|e| e.eval(env)).collect::<Result<_, _>>().map_err(|e| eval_err(e, "the source offsets of a `tpu.enqueue_dma`"))?;
+    let win: Vec<u64> = op.attrs.get("src_shape").and_then(|x| serde_json::from_value(x.clone()).ok()).unwrap_or_default();
+    let array = rf.array_shape.clone().unwrap_or_else(|| rf.shape.clone());
+    for (k, &o) in offs.iter().enumerate() {
+        let n = array.get(k).copied().unwrap_or(1);
+        let w = win.get(k).copied().unwrap_or(1);
+        if o < 0 || o as u64 + w > n {
+            return Err(smem_err(
+                d,
+                op,
+                format!(
+                    "copies `{}` at offsets {offs:?} (window {win:?}), outside its shape {array:?} in dimension {k} (allowed 0..={}): a page table or index operand holds an entry out of range",
+                    rf.name,
+                    n.saturating_sub(w)
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flat_index_checks_bounds() {
+        assert_eq!(flat_index(&[2, 4], &[1, 3]), Some(7));
+        assert_eq!(flat_index(&[2, 4], &[2, 0]), None);
+        assert_eq!(flat_index(&[2, 4], &[0, -1]), None);
+    }
+
+    #[test]
+    fn tally_counts_sizes_and_steps() {
+        let mut step = DmaTally::default();
+        step.add(4096);
+        step.add(4096);
+        step.add(512);
+        let mut all = DmaTally::default();
+        all.merge_step(&step);
+        all.merge_step(&step);
+        assert_eq!(all.count, 6);
+        assert_eq!(all.bytes, 2 * (8192 + 512));
+        assert_eq!(all.sizes[&4096], 4);
+        assert_eq!(all.max_per_step, 3);
+    }
+}

@@ -95,9 +95,19 @@ fn causal_costs_about_half_of_full_with_each_kernels_defaults() {
         let full = report(&job("full"));
         let causal = report(&job("causal"));
         assert!(causal.latency_ms <= 0.6 * full.latency_ms, "{kernel}: causal {} vs full {}", causal.latency_ms, full.latency_ms);
-        // A local window that keeps every pair costs what full costs: no block is partial.
+        // A local window that keeps every pair: no block is partial. tokamax masks partial
+        // blocks only, so it costs what full costs; JAX Splash 0.10.2 applies a computed mask
+        // on every computed block (its Mosaic IR), so it pays the mask everywhere.
         let all = report(&job("local:1000000,1000000"));
-        assert!(all.latency_ms <= 1.02 * full.latency_ms, "{kernel}: {} vs {}", all.latency_ms, full.latency_ms);
+        let t = all.tiles.unwrap();
+        assert_eq!(t.partial, 0, "{kernel}");
+        if kernel == "splash" {
+            assert_eq!(t.masked, t.visited, "{kernel}: {t:?}");
+            assert!(all.latency_ms > full.latency_ms, "{kernel}: {} vs {}", all.latency_ms, full.latency_ms);
+        } else {
+            assert_eq!(t.masked, 0, "{kernel}: {t:?}");
+            assert!(all.latency_ms <= 1.02 * full.latency_ms, "{kernel}: {} vs {}", all.latency_ms, full.latency_ms);
+        }
     }
 }
 

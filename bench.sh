@@ -5,7 +5,8 @@
 # tables never lose that row. TPUSIM_BENCH_JOBS=N sets the sweep threads.
 set -euo pipefail
 cd "$(dirname "$0")"
-splice=(--splice README.md --splice studies/README.md)
+# Absolute paths: cargo runs each bench in its package folder.
+splice=(--splice "$PWD/README.md" --splice "$PWD/studies/README.md")
 if [[ ${TPUSIM_BENCH_SKIP_1M:-0} == 1 ]]; then splice=(); fi
 cargo bench -p tpusim-report --bench simulate -- "${splice[@]}"
 cargo bench -p tpusim-sweep --bench sweep_throughput -- "${splice[@]}"

@@ -4,7 +4,7 @@
 //!
 //! The benches (`cargo bench -p tpusim-report --bench simulate`, `cargo bench -p tpusim-sweep
 //! --bench sweep_throughput`, or `./bench.sh`, which runs both and splices) print Markdown tables;
-//! with `-- --splice README.md` they also write them between the file's markers.
+//! with `-- --splice /abs/path/README.md` they also write them between the file's markers.
 
 use std::path::PathBuf;
 
@@ -59,15 +59,16 @@ pub fn splice_targets() -> Vec<PathBuf> {
 }
 
 /// Writes `table` into every `--splice` file that has the markers of `tag` (files without them
-/// are left alone, so one list of files serves several benches), and says where it went.
+/// are left alone, so one list of files serves several benches), and says where it went. Give
+/// absolute paths: cargo runs a bench in its package's folder.
 ///
 /// # Errors
 /// The first file that cannot be read or written ([`crate::OutputError`]).
 pub fn splice_table(tag: &str, table: &str) -> Result<(), crate::OutputError> {
     let (begin, _) = crate::mark::splice_markers(tag);
     for path in splice_targets() {
-        let has = std::fs::read_to_string(&path).map(|t| t.contains(&begin)).unwrap_or(false);
-        if has {
+        let text = std::fs::read_to_string(&path).map_err(|e| crate::refused(&path, format!("--splice: cannot read it: {e}")))?;
+        if text.contains(&begin) {
             crate::mark::splice_into(&path, tag, table)?;
             println!("wrote the {tag} table into {}", path.display());
         }

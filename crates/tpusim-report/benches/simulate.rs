@@ -1,4 +1,4 @@
-//! Simulator speed: `cargo bench -p tpusim-report --bench simulate` (add `-- --splice README.md`
+//! Simulator speed: `cargo bench -p tpusim-report --bench simulate` (add `-- --splice $PWD/README.md`
 //! to write the table into README.md's `bench-simulate` part; `./bench.sh` does it for every
 //! bench).
 //!

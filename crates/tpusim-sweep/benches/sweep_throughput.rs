@@ -1,5 +1,5 @@
 //! Sweep and tune speed: `cargo bench -p tpusim-sweep --bench sweep_throughput` (add
-//! `-- --splice studies/README.md --splice README.md` to write the table into those files'
+//! `-- --splice $PWD/studies/README.md --splice $PWD/README.md` (absolute paths) to write the table into those files'
 //! `bench-sweep` parts; `./bench.sh` does it for every bench).
 //!
 //! Cases, each run once on all cores (`TPUSIM_BENCH_JOBS=N` sets the thread count):

@@ -304,7 +304,7 @@ mod tests {
     fn reference(s: &JobSpec) -> Result<Report, String> {
         let chip = s.chip().map_err(|e| e.to_string())?;
         let job = s.build(&chip).map_err(|e| e.to_string())?;
-        tpusim_report::run(&chip, &job).map(|r| Report::from_run(&r)).map_err(|e| e.to_string())
+        tpusim_report::run(&chip, &job).map(|r| Report::from_run_as(&r, r.chip.identity())).map_err(|e| e.to_string())
     }
 
     #[test]

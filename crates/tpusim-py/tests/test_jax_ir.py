@@ -196,7 +196,7 @@ def test_branch_on_a_runtime_table_names_the_operand():
 
     with pytest.raises(tpusim.InputError, match="prefetch 0") as e:
         tj.simulate(block_sparse_matmul_runtime(nb, b), jax.ShapeDtypeStruct((nb, nb), jnp.int32), bf16(nb * b, nb * b), bf16(nb * b, b))
-    assert "runtime input" in str(e.value) and "scf.if" in str(e.value), str(e.value)
+    assert "runtime operand `mask`" in str(e.value) and "scf.if" in str(e.value) and "--runtime mask=" in str(e.value), str(e.value)
     # Given as concrete values, the same call simulates.
     r = tj.simulate(block_sparse_matmul_runtime(nb, b), jnp.asarray(mask), bf16(nb * b, nb * b), bf16(nb * b, b))[0]
     assert r.steps_computed == nb

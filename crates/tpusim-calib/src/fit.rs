@@ -163,16 +163,7 @@ pub fn fitted_param<'a>(chip: &'a ChipModel, name: &str) -> Option<&'a Param<f64
 
 /// The value of fitted parameter `name` (one of [`FITTED_PARAMS`]); `None` for other names.
 pub fn fitted_value(chip: &ChipModel, name: &str) -> Option<f64> {
-    let f = &chip.fitted;
-    let p = match name {
-        "valu_vreg_ops_per_cycle" => &f.valu_vreg_ops_per_cycle,
-        "eup_vregs_per_cycle" => &f.eup_vregs_per_cycle,
-        "xlu_cycles_per_vreg" => &f.xlu_cycles_per_vreg,
-        "loaded_mask_ops_per_vreg" => &f.loaded_mask_ops_per_vreg,
-        "grid_step_overhead_cycles" => &f.grid_step_overhead_cycles,
-        _ => return None,
-    };
-    Some(p.value)
+    fitted_param(chip, name).map(|p| p.value)
 }
 
 /// A copy of `chip` with fitted parameter `name` set to `value` (through

@@ -56,8 +56,8 @@ pub struct CoreResult {
     pub busy: UnitCycles,
 }
 
-/// The outcome of simulating a program.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+/// The outcome of simulating a program (`Default`: nothing ran).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct SimResult {
     /// Total cycles from the first DMA issue to the last write-back (the slowest core).
     pub cycles: f64,

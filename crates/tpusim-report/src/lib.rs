@@ -143,16 +143,8 @@ pub fn host_phase(chip: &ChipModel, calls: u32) -> PhaseResult {
         result: SimResult {
             cycles,
             seconds,
-            busy: UnitCycles::default(),
-            flops: 0.0,
-            transcendentals: 0.0,
-            hbm_bytes: 0,
-            grid_steps: 0,
-            class_timing: Vec::new(),
-            class_steps: Vec::new(),
-            dma_stall_cycles: 0.0,
-            critical: UnitCycles::default(),
             cores: vec![CoreResult { cycles, grid_steps: 0, busy: UnitCycles::default() }; cores],
+            ..SimResult::default()
         },
     }
 }
@@ -162,18 +154,8 @@ pub fn host_phase(chip: &ChipModel, calls: u32) -> PhaseResult {
 pub fn combine(chip: &ChipModel, phases: &[PhaseResult]) -> SimResult {
     let cores = chip.tensorcores() as usize;
     let mut r = SimResult {
-        cycles: 0.0,
-        seconds: 0.0,
-        busy: UnitCycles::default(),
-        flops: 0.0,
-        transcendentals: 0.0,
-        hbm_bytes: 0,
-        grid_steps: 0,
-        class_timing: Vec::new(),
-        class_steps: Vec::new(),
-        dma_stall_cycles: 0.0,
-        critical: UnitCycles::default(),
         cores: vec![CoreResult { cycles: 0.0, grid_steps: 0, busy: UnitCycles::default() }; cores],
+        ..SimResult::default()
     };
     for p in phases {
         let x = &p.result;

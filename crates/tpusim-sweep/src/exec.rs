@@ -274,20 +274,8 @@ pub fn run_sweep(def: &SweepDef, opts: &SweepOptions) -> Result<SweepSummary, Sw
                 )));
             };
             if !text.starts_with(header_text.as_bytes()) {
-                if !opts.force {
-                    return Err(SweepError::new(format!(
-                        "{path} holds {} (definition {}, shard {}/{}, {}), not this sweep (definition {}, shard {shard}, {}): it is not replaced; give --force to replace it (or --restart if the sweep file is the same), or choose another --out",
-                        if theirs.definition == header.definition { "another shard or format of this sweep" } else { "another sweep" },
-                        theirs.definition,
-                        theirs.shard.0,
-                        theirs.shard.1,
-                        their_format.extension(),
-                        header.definition,
-                        format.extension()
-                    )));
-                }
-                notes.push(format!(
-                    "replaced {path}: it holds {} (definition {}, shard {}/{}, {}), not this sweep (definition {}, shard {shard}, {})",
+                let holds = format!(
+                    "{} (definition {}, shard {}/{}, {}), not this sweep (definition {}, shard {shard}, {})",
                     if theirs.definition == header.definition { "another shard or format of this sweep" } else { "another sweep" },
                     theirs.definition,
                     theirs.shard.0,
@@ -295,7 +283,13 @@ pub fn run_sweep(def: &SweepDef, opts: &SweepOptions) -> Result<SweepSummary, Sw
                     their_format.extension(),
                     header.definition,
                     format.extension()
-                ));
+                );
+                if !opts.force {
+                    return Err(SweepError::new(format!(
+                        "{path} holds {holds}: it is not replaced; give --force to replace it (or --restart if the sweep file is the same), or choose another --out"
+                    )));
+                }
+                notes.push(format!("replaced {path}: it holds {holds}"));
                 continue;
             }
             drop(text);

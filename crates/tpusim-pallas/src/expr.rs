@@ -129,15 +129,23 @@ impl Expr {
     /// # Errors
     /// [`EvalError`] when it reads an unknown value, a runtime table, an index out of bounds,
     /// or divides by zero.
-    pub fn eval(&self, env: &dyn Env) -> Result<i64, EvalError> {
+    #[inline]
+    pub fn eval<E: Env + ?Sized>(&self, env: &E) -> Result<i64, EvalError> {
+        // Constants and grid indices - most of an index map's nodes - without a call.
+        match self {
+            Expr::Const(c) => Ok(*c),
+            Expr::Grid(d) => Ok(env.grid(*d)),
+            _ => self.eval_node(env),
+        }
+    }
+
+    /// [`Expr::eval`] of an inner node.
+    fn eval_node<E: Env + ?Sized>(&self, env: &E) -> Result<i64, EvalError> {
         Ok(match self {
             Expr::Const(c) => *c,
             Expr::Grid(d) => env.grid(*d),
             Expr::Iv(d) => env.iv(*d).ok_or_else(|| EvalError::Invalid(format!("loop index {d} outside its loop")))?,
-            Expr::Load(r, idx) => {
-                let v: Vec<i64> = idx.iter().map(|e| e.eval(env)).collect::<Result<_, _>>()?;
-                env.load(*r, &v)?
-            }
+            Expr::Load(r, idx) => Self::eval_load(*r, idx, env)?,
             Expr::Select(c, a, b) => {
                 if c.eval(env)? != 0 {
                     a.eval(env)?
@@ -182,6 +190,22 @@ impl Expr {
                 }
             }
         })
+    }
+
+    /// A prefetch load: its indices on the stack when there are at most 8 (loads run per grid
+    /// step).
+    #[inline(never)]
+    fn eval_load<E: Env + ?Sized>(r: usize, idx: &[Expr], env: &E) -> Result<i64, EvalError> {
+        if idx.len() <= 8 {
+            let mut v = [0i64; 8];
+            for (slot, e) in v.iter_mut().zip(idx) {
+                *slot = e.eval(env)?;
+            }
+            env.load(r, &v[..idx.len()])
+        } else {
+            let v: Vec<i64> = idx.iter().map(|e| e.eval(env)).collect::<Result<_, _>>()?;
+            env.load(r, &v)
+        }
     }
 
     /// Whether the expression reads a loop induction variable.

@@ -69,8 +69,15 @@ pub struct IrFacts {
 }
 
 struct Tables<'a> {
-    tables: HashMap<usize, Table>,
+    /// By ref index: the prefetch table of that ref, `None` for other refs.
+    tables: Vec<Option<Table>>,
     refs: &'a [Ref],
+}
+
+impl Tables<'_> {
+    fn get(&self, r: usize) -> Option<&Table> {
+        self.tables.get(r).and_then(Option::as_ref)
+    }
 }
 
 struct StepEnv<'a> {
@@ -95,7 +102,7 @@ impl Env for StepEnv<'_> {
         if let Some(s) = self.smem {
             let s = s.borrow();
             if !s.written.is_empty() {
-                let shape = match self.tables.tables.get(&r) {
+                let shape = match self.tables.get(r) {
                     Some(Table::Known { shape, .. }) => shape.clone(),
                     _ => self.tables.refs.get(r).map(|x| x.shape.clone()).unwrap_or_default(),
                 };
@@ -104,7 +111,7 @@ impl Env for StepEnv<'_> {
                 }
             }
         }
-        match self.tables.tables.get(&r) {
+        match self.tables.get(r) {
             Some(Table::Known { shape, values }) => {
                 if idx.len() != shape.len() {
                     return Err(EvalError::OutOfBounds(r, idx.to_vec()));
@@ -172,6 +179,33 @@ fn eval_err(d: &Description, e: EvalError, what: &str, loc: &str) -> PallasError
         EvalError::Invalid(m) => format!("{what}{at}: {m}"),
     };
     PallasError::Kernel { kernel: d.kernel_name.clone(), message }
+}
+
+/// The ops [`walk_path`] reads - control flow, manual DMAs, SMEM scalar loads and stores - with
+/// every other op dropped: the path is walked once per grid step (millions of steps), so the
+/// body's vector ops are not visited at each.
+fn path_skeleton(ops: &[Op]) -> Vec<Op> {
+    ops.iter()
+        .filter_map(|op| match op.op.as_str() {
+            "scf.if" | "scf.for" | "scf.while" => Some(Op {
+                id: op.id,
+                op: op.op.clone(),
+                shape: op.shape.clone(),
+                dtype: op.dtype.clone(),
+                operands: op.operands.clone(),
+                loc: op.loc.clone(),
+                attrs: op.attrs.clone(),
+                cond: op.cond.clone(),
+                then: path_skeleton(&op.then),
+                otherwise: path_skeleton(&op.otherwise),
+                lower: op.lower.clone(),
+                upper: op.upper.clone(),
+                step: op.step.clone(),
+            }),
+            "tpu.enqueue_dma" | "memref.load" | "memref.store" => Some(op.clone()),
+            _ => None,
+        })
+        .collect()
 }
 
 /// Per step: its path through the body (branch decisions, loop trip counts) and the manual
@@ -934,11 +968,11 @@ pub fn lower(chip: &ChipModel, d: &Description, dir: &Path) -> Result<(Program, 
         return Err(PallasError::field("grid", format!("{:?} ({steps_total} steps)", d.grid), format!("at most {MAX_GRID_STEPS} grid steps are supported: use larger blocks")));
     }
     // Prefetch tables.
-    let mut tables = HashMap::new();
+    let mut tables: Vec<Option<Table>> = (0..d.refs.len()).map(|_| None).collect();
     let mut smem = 0u64;
     for (i, r) in d.refs.iter().enumerate() {
         if r.kind == RefKind::Prefetch {
-            tables.insert(i, read_table(r, i, dir)?);
+            tables[i] = Some(read_table(r, i, dir)?);
             smem += r.shape.iter().product::<u64>() * dtype_bytes(&r.dtype, "dtype")?;
         } else if r.memory_space == MemorySpace::Smem {
             smem += block_bytes(r)? * if r.kind == RefKind::Scratch { 1 } else { r.pipeline_mode.buffers() };
@@ -963,16 +997,31 @@ pub fn lower(chip: &ChipModel, d: &Description, dir: &Path) -> Result<(Program, 
     // Step generation.
     let ndim = d.grid.len();
     let mut idx = vec![0i64; ndim];
-    let block_index = |idx: &[i64], w: usize| -> Result<Vec<i64>, PallasError> {
-        let r = &d.refs[windows[w]];
+    // Every window's block index at a step, in one flat buffer (window w at `offs[w]..offs[w + 1]`).
+    let mut offs = vec![0usize];
+    for &w in &windows {
+        offs.push(offs.last().copied().unwrap_or(0) + d.refs[w].index_map.as_ref().map_or(0, Vec::len));
+    }
+    // A window whose index map equals an earlier window's (K and V of attention) copies its
+    // values instead of evaluating them again.
+    let same_as: Vec<Option<usize>> =
+        (0..windows.len()).map(|w| (0..w).find(|&e| d.refs[windows[e]].index_map == d.refs[windows[w]].index_map)).collect();
+    let block_indices = |idx: &[i64], out: &mut Vec<i64>| -> Result<(), PallasError> {
+        out.clear();
         let env = StepEnv { idx, ivs: Vec::new(), tables: &tables, smem: None };
-        r.index_map
-            .as_ref()
-            .expect("checked")
-            .iter()
-            .map(|e| e.eval(&env).map_err(|x| eval_err(d, x, &format!("the index map of `{}`", r.name), "")))
-            .collect()
+        for (k, &w) in windows.iter().enumerate() {
+            if let Some(e) = same_as[k] {
+                out.extend_from_within(offs[e]..offs[e + 1]);
+                continue;
+            }
+            let r = &d.refs[w];
+            for e in r.index_map.as_ref().expect("checked") {
+                out.push(e.eval(&env).map_err(|x| eval_err(d, x, &format!("the index map of `{}`", r.name), ""))?);
+            }
+        }
+        Ok(())
     };
+    let path = path_skeleton(&d.body);
     let advance = |idx: &mut [i64]| {
         for k in (0..ndim).rev() {
             idx[k] += 1;
@@ -983,38 +1032,46 @@ pub fn lower(chip: &ChipModel, d: &Description, dir: &Path) -> Result<(Program, 
         }
     };
     let mut classes: Vec<StepClass> = Vec::new();
-    let mut class_ids: HashMap<(Vec<i64>, bool, bool), u32> = HashMap::new();
+    // A step's class: its path through the body (branch decisions, trip counts) then whether it
+    // starts and ends an output block.
+    let mut class_ids: HashMap<Vec<i64>, u32, fnv::FnvBuildHasher> = HashMap::default();
+    let mut key: Vec<i64> = Vec::new();
+    let (mut last_key, mut last_class): (Vec<i64>, Option<u32>) = (Vec::new(), None);
     let mut listed = ListedSteps::new();
     let mut largest = 0u64;
     let mut f32_mm = 0u64;
-    let mut prev: Option<Vec<Vec<i64>>> = None;
-    let mut cur: Vec<Vec<i64>> = (0..windows.len()).map(|w| block_index(&idx, w)).collect::<Result<_, _>>()?;
+    let (mut cur, mut next) = (Vec::new(), Vec::new());
+    block_indices(&idx, &mut cur)?;
     let mut runs: Vec<(Step, u64)> = Vec::new();
     let mutable_smem = stores_smem(&d.body);
     let mut smem_state = SmemState::default();
     let mut dmas = DmaTally::default();
+    let mut next_idx = idx.clone();
+    // Per window: whether its block index changes from this step to the next (the next step's
+    // "changed since the previous step").
+    let mut changes: Vec<bool> = vec![true; windows.len()];
     for step in 0..steps_total {
-        let mut next_idx = idx.clone();
+        let first_step = step == 0;
         let last_step = step + 1 == steps_total;
-        let next: Option<Vec<Vec<i64>>> = if last_step {
-            None
-        } else {
+        if !last_step {
+            next_idx.copy_from_slice(&idx);
             advance(&mut next_idx);
-            Some((0..windows.len()).map(|w| block_index(&next_idx, w)).collect::<Result<_, _>>()?)
-        };
+            block_indices(&next_idx, &mut next)?;
+        }
         let mut in_bytes = 0u64;
         let mut out_bytes = 0u64;
-        let mut first = prev.is_none();
-        let mut last = next.is_none();
+        let mut first = first_step;
+        let mut last = last_step;
         for w in 0..windows.len() {
-            let changed_in = prev.as_ref().is_none_or(|p| p[w] != cur[w]);
-            let changes_next = next.as_ref().is_none_or(|n| n[w] != cur[w]);
+            let changed_in = changes[w];
+            let changes_next = last_step || next[offs[w]..offs[w + 1]] != cur[offs[w]..offs[w + 1]];
+            changes[w] = changes_next;
             if is_out[w] {
                 if changes_next {
                     out_bytes += wbytes[w];
                     last = true;
                 }
-                if changed_in && prev.is_some() {
+                if changed_in && !first_step {
                     first = true;
                 }
             } else if changed_in {
@@ -1025,16 +1082,17 @@ pub fn lower(chip: &ChipModel, d: &Description, dir: &Path) -> Result<(Program, 
         let before = if mutable_smem { Some(smem_state.clone()) } else { None };
         let cell = std::cell::RefCell::new(std::mem::take(&mut smem_state));
         let mut env = StepEnv { idx: &idx, ivs: Vec::new(), tables: &tables, smem: Some(&cell) };
-        let mut key = Vec::new();
+        key.clear();
         let mut step_dma = DmaTally::default();
-        walk_path(d, &d.body, &mut env, &mut key, &mut step_dma)?;
+        walk_path(d, &path, &mut env, &mut key, &mut step_dma)?;
         smem_state = cell.into_inner();
         smem_state.vars.clear();
         dmas.merge_step(&step_dma);
         let dma = step_dma.bytes;
-        let ck = (key, first, last);
-        let class = match class_ids.get(&ck) {
-            Some(&c) => c,
+        key.push(i64::from(first));
+        key.push(i64::from(last));
+        let class = match last_class.filter(|_| key == last_key).or_else(|| class_ids.get(key.as_slice()).copied()) {
+            Some(c) => c,
             None => {
                 if classes.len() >= MAX_CLASSES {
                     return Err(PallasError::Kernel {
@@ -1064,12 +1122,17 @@ pub fn lower(chip: &ChipModel, d: &Description, dir: &Path) -> Result<(Program, 
                 f32_mm += f32n;
                 let tile = if body.is_empty() { "empty" } else { "full" };
                 let id = classes.len() as u32;
-                classes.push(StepClass { key: ClassKey { tile, masked: false, first: ck.1, last: ck.2 }, body });
+                classes.push(StepClass { key: ClassKey { tile, masked: false, first, last }, body });
                 let _ = dmab;
-                class_ids.insert(ck, id);
+                class_ids.insert(key.clone(), id);
                 id
             }
         };
+        // Neighbouring steps mostly take the same path: remember the last one.
+        if last_class != Some(class) {
+            last_class = Some(class);
+            last_key.clone_from(&key);
+        }
         in_bytes += dma;
         let coords = [
             idx.first().copied().unwrap_or(0) as u32,
@@ -1085,8 +1148,9 @@ pub fn lower(chip: &ChipModel, d: &Description, dir: &Path) -> Result<(Program, 
         if (step + 1) % unit_size == 0 {
             listed.push_unit(std::mem::take(&mut runs));
         }
-        prev = Some(std::mem::replace(&mut cur, next.unwrap_or_default()));
-        idx = next_idx;
+        // cur <- next (buffers reused).
+        std::mem::swap(&mut cur, &mut next);
+        std::mem::swap(&mut idx, &mut next_idx);
     }
     debug_assert_eq!(listed.units(), units);
     // "Computed" steps: those whose body runs a matmul when some step does (the kernel's main

@@ -61,12 +61,18 @@ pub fn band_file(path: &str, bytes: &[u8], file: &MeasurementFile, chips: &ChipS
         .collect();
     let v = validate(file, chips);
     BandFile {
-        generated_by: format!("tpusim validate --bands {path} --out {}", tpusim_report::bands::BANDS_PATH),
+        generated_by: crate::docs::command(path),
         measurements: path.to_string(),
         measurements_hash: fnv_hex(bytes),
         chip_models: chip_models(&v),
         in_sample: in_sample(&v),
         bands,
+        held_out: cv
+            .rows
+            .iter()
+            .map(|r| tpusim_report::bands::HeldOut { id: r.id.clone(), fitted_ms: r.fitted_ms, loo_ms: r.loo_ms, group_ms: r.group_ms })
+            .collect(),
+        not_used: cv.unused.clone(),
     }
 }
 

@@ -9,6 +9,7 @@ use crate::stats::median;
 use crate::validate::{ChipSet, Usage};
 use crate::CalibError;
 use serde::Serialize;
+use tpusim_report::bands::BandFile;
 use std::fmt::Write as _;
 
 /// One row's in-sample and held-out predictions.
@@ -135,23 +136,60 @@ pub fn cross_validate(file: &MeasurementFile, chips: &ChipSet) -> Result<CrossVa
     if rows.is_empty() {
         return Err(CalibError::Input(format!("{}: no row the simulator can express; nothing to cross-validate", file.path)));
     }
-    let mut summaries = Vec::new();
-    let mut chips_seen: Vec<&str> = Vec::new();
-    for r in &rows {
-        if !chips_seen.contains(&r.chip.as_str()) {
-            chips_seen.push(&r.chip);
+    Ok(CrossValidation::assemble(file, rows, unused, chips))
+}
+
+impl CrossValidation {
+    /// The cross-validation of `file` from its rows' predictions: summaries per chip (in row
+    /// order), over the tokamax rows and over all rows.
+    fn assemble(file: &MeasurementFile, rows: Vec<CvRow>, unused: Vec<(String, String)>, chips: &ChipSet) -> CrossValidation {
+        let mut summaries = Vec::new();
+        let mut chips_seen: Vec<&str> = Vec::new();
+        for r in &rows {
+            if !chips_seen.contains(&r.chip.as_str()) {
+                chips_seen.push(&r.chip);
+            }
         }
+        for c in chips_seen {
+            let of: Vec<&CvRow> = rows.iter().filter(|r| r.chip == c).collect();
+            summaries.push(summary(c, &of));
+        }
+        let tk: Vec<&CvRow> = rows.iter().filter(|r| r.kernel == "tokamax-splash").collect();
+        if !tk.is_empty() {
+            summaries.push(summary("tokamax rows", &tk));
+        }
+        summaries.push(summary("all rows", &rows.iter().collect::<Vec<_>>()));
+        CrossValidation { file: file.path.clone(), rows, unused, summaries, chip_models: chips.usage(file) }
     }
-    for c in chips_seen {
-        let of: Vec<&CvRow> = rows.iter().filter(|r| r.chip == c).collect();
-        summaries.push(summary(c, &of));
+
+    /// The cross-validation a band file records ([`BandFile::held_out`], written by
+    /// `tpusim validate --bands`), rebuilt without refitting: the docs' held-out tables come from
+    /// it, checked by the band file's staleness test.
+    ///
+    /// # Errors
+    /// [`CalibError::Input`] when the band file names a row `file` does not have, or has none.
+    pub fn from_band_file(file: &MeasurementFile, chips: &ChipSet, bands: &BandFile) -> Result<CrossValidation, CalibError> {
+        if bands.held_out.is_empty() {
+            return Err(CalibError::Input(format!("the band file of {} records no held-out predictions: regenerate it with `{}`", bands.measurements, bands.generated_by)));
+        }
+        let mut rows = Vec::new();
+        for h in &bands.held_out {
+            let m = file.rows.iter().find(|m| m.id == h.id).ok_or_else(|| {
+                CalibError::Input(format!("the band file names row {}, which {} does not have: regenerate it with `{}`", h.id, file.path, bands.generated_by))
+            })?;
+            rows.push(CvRow {
+                id: h.id.clone(),
+                chip: m.chip.clone(),
+                kernel: m.kernel_word.clone(),
+                direction: m.direction.map_or_else(|| "-".to_string(), |d| d.to_string()),
+                measured_ms: m.measured_ms,
+                fitted_ms: h.fitted_ms,
+                loo_ms: h.loo_ms,
+                group_ms: h.group_ms,
+            });
+        }
+        Ok(CrossValidation::assemble(file, rows, bands.not_used.clone(), chips))
     }
-    let tk: Vec<&CvRow> = rows.iter().filter(|r| r.kernel == "tokamax-splash").collect();
-    if !tk.is_empty() {
-        summaries.push(summary("tokamax rows", &tk));
-    }
-    summaries.push(summary("all rows", &rows.iter().collect::<Vec<_>>()));
-    Ok(CrossValidation { file: file.path.clone(), rows, unused, summaries, chip_models: chips.usage(file) })
 }
 
 fn pct(e: f64) -> String {

@@ -22,6 +22,7 @@
 
 pub mod bands;
 pub mod cv;
+pub mod docs;
 pub mod fit;
 pub mod lookup;
 pub mod measure;

@@ -149,6 +149,54 @@ pub fn splice_markers(tag: &str) -> (String, String) {
     (format!("<!-- tpusim {tag}: begin -->"), format!("<!-- tpusim {tag}: end -->"))
 }
 
+/// Where `marker` stands as a whole line of `text` at or after byte `from` (a marker quoted
+/// inside a sentence is not one).
+fn find_line(text: &str, marker: &str, from: usize) -> Option<usize> {
+    let mut at = from;
+    while let Some(i) = text[at..].find(marker).map(|i| at + i) {
+        let starts = i == 0 || text.as_bytes()[i - 1] == b'\n';
+        let ends = text[i + marker.len()..].is_empty() || text[i + marker.len()..].starts_with('\n');
+        if starts && ends {
+            return Some(i);
+        }
+        at = i + marker.len();
+    }
+    None
+}
+
+/// `text` with `content` between its markers for `tag` ([`splice_markers`]): `Ok(None)` when
+/// `text` has no such markers, every byte outside them unchanged.
+///
+/// # Errors
+/// A message when the markers are out of order or appear more than once.
+pub fn splice_text(text: &str, tag: &str, content: &str) -> Result<Option<String>, String> {
+    let (begin, end) = splice_markers(tag);
+    let Some(b) = find_line(text, &begin, 0) else { return Ok(None) };
+    let after_begin = b + begin.len();
+    let Some(e) = find_line(text, &end, after_begin) else {
+        return Err(format!("has {begin} but no line {end} below it"));
+    };
+    if find_line(text, &begin, after_begin).is_some() {
+        return Err(format!("has {begin} more than once; keep one generated part per tag"));
+    }
+    let body = content.trim_end_matches('\n');
+    Ok(Some(format!("{}\n{body}\n{}", &text[..after_begin], &text[e..])))
+}
+
+/// The generated part of `text` for `tag`: the lines between its markers, each with its
+/// newline (`None` when the markers are missing).
+pub fn spliced_part<'t>(text: &'t str, tag: &str) -> Option<&'t str> {
+    let (begin, end) = splice_markers(tag);
+    let b = find_line(text, &begin, 0)? + begin.len();
+    let e = find_line(text, &end, b)?;
+    Some(text[b..e].strip_prefix('\n').unwrap_or(&text[b..e]))
+}
+
+/// Whether `text` has the markers of `tag`, each on a line of its own, in order.
+pub fn has_part(text: &str, tag: &str) -> bool {
+    spliced_part(text, tag).is_some()
+}
+
 /// Writes `content` into the hand-written file `path` between its markers ([`splice_markers`]),
 /// atomically, leaving every other byte as it was.
 ///
@@ -156,23 +204,44 @@ pub fn splice_markers(tag: &str) -> (String, String) {
 /// [`OutputError::Refused`] when the file cannot be read or lacks the markers (in order, once
 /// each), saying which lines to add; [`OutputError::Io`] when writing fails.
 pub fn splice_into(path: &Path, tag: &str, content: &str) -> Result<(), OutputError> {
-    let (begin, end) = splice_markers(tag);
-    let text = std::fs::read_to_string(path).map_err(|e| crate::refused(path, format!("cannot read it: {e}")))?;
-    let missing = || {
-        crate::refused(
-            path,
-            format!("has no generated part: add a line {begin} and, below it, a line {end} where tpusim writes; the rest of the file is never touched"),
-        )
-    };
-    let b = text.find(&begin).ok_or_else(missing)?;
-    let after_begin = b + begin.len();
-    let e = text[after_begin..].find(&end).map(|i| after_begin + i).ok_or_else(missing)?;
-    if text[e + end.len()..].contains(&begin) || text[after_begin..e].contains(&begin) {
-        return Err(crate::refused(path, format!("has {begin} more than once; keep one generated part per file")));
+    splice_all(path, &[(tag, content)]).map(|_| ())
+}
+
+/// Writes each `(tag, content)` part whose markers `path` has between them, in one atomic write;
+/// parts whose markers it lacks are left out. Returns the tags written.
+///
+/// # Errors
+/// [`OutputError::Refused`] when the file cannot be read, has none of the tags' markers (saying
+/// which lines to add) or has a tag's markers out of order or twice; [`OutputError::Io`] when
+/// writing fails.
+pub fn splice_all<'a>(path: &Path, parts: &[(&'a str, &str)]) -> Result<Vec<&'a str>, OutputError> {
+    let mut text = std::fs::read_to_string(path).map_err(|e| crate::refused(path, format!("cannot read it: {e}")))?;
+    let mut written = Vec::new();
+    for (tag, content) in parts {
+        if let Some(t) = splice_text(&text, tag, content).map_err(|m| crate::refused(path, m))? {
+            text = t;
+            written.push(*tag);
+        }
     }
-    let body = content.trim_end_matches('\n');
-    let out = format!("{}\n{body}\n{}", &text[..after_begin], &text[e..]);
-    crate::write_atomic(path, out.as_bytes())
+    if written.is_empty() {
+        let lines: Vec<String> = parts
+            .iter()
+            .map(|(tag, _)| {
+                let (b, e) = splice_markers(tag);
+                format!("{b} ... {e}")
+            })
+            .collect();
+        return Err(crate::refused(
+            path,
+            format!(
+                "has no generated part: add a line {} and, below it, a line {} where tpusim writes; the rest of the file is never touched",
+                splice_markers(parts.first().map_or("validate", |p| p.0)).0,
+                splice_markers(parts.first().map_or("validate", |p| p.0)).1
+            ) + &if parts.len() > 1 { format!(" (this command writes any of: {})", lines.join(", ")) } else { String::new() },
+        ));
+    }
+    crate::write_atomic(path, text.as_bytes())?;
+    Ok(written)
 }
 
 #[cfg(test)]
@@ -189,6 +258,9 @@ mod splice_tests {
             std::fs::read_to_string(&p).unwrap(),
             "# Title\n\nhand text\n<!-- tpusim validate: begin -->\n| a |\n|---|\n<!-- tpusim validate: end -->\nmore hand text\n"
         );
+        // A marker quoted inside a sentence is not a marker.
+        std::fs::write(&p, "Write between `<!-- tpusim validate: begin -->` and `<!-- tpusim validate: end -->`.\n").unwrap();
+        assert!(splice_into(&p, "validate", "x").is_err());
         std::fs::write(&p, "no markers\n").unwrap();
         let e = splice_into(&p, "validate", "x").unwrap_err().to_string();
         assert!(e.contains("<!-- tpusim validate: begin -->"), "{e}");

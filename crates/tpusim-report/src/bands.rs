@@ -67,6 +67,26 @@ pub struct BandFile {
     pub in_sample: Vec<(String, f64)>,
     /// The bands, sorted by key.
     pub bands: Vec<Band>,
+    /// Each row's predictions in the cross-validation the bands come from, so that the
+    /// cross-validation tables of the docs regenerate from this file without refitting.
+    #[serde(default)]
+    pub held_out: Vec<HeldOut>,
+    /// Rows the cross-validation could not use: id and reason.
+    #[serde(default)]
+    pub not_used: Vec<(String, String)>,
+}
+
+/// One row's predictions in a cross-validation (`tpusim validate --cv`), ms.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HeldOut {
+    /// Row id.
+    pub id: String,
+    /// By the chip fitted to all of its rows.
+    pub fitted_ms: f64,
+    /// By the chip fitted without this row.
+    pub loo_ms: Option<f64>,
+    /// By the chip fitted without this row's head_dim group.
+    pub group_ms: Option<f64>,
 }
 
 impl BandFile {

@@ -54,9 +54,14 @@ pub struct ValidateArgs {
     pub format: ValidateFormat,
     /// Write the report into this hand-written file (e.g. a report's Markdown) between its lines
     /// `<!-- tpusim validate: begin -->` and `<!-- tpusim validate: end -->`, leaving the rest
-    /// of the file as it is, instead of printing it.
+    /// of the file as it is, instead of printing it (repeatable). With --cv also the
+    /// cross-validation tables (markers `tpusim validate-cv`); with --bands every accuracy table
+    /// from one cross-validation: in-sample, cross-validated, bands (`tpusim validate-bands`) and
+    /// README's summary (`tpusim accuracy`). Each file gets the parts whose markers it has.
+    /// The docs' tables: `tpusim validate traces/measured/calibration.csv --bands --out
+    /// traces/measured/bands.json --into README.md --into traces/measured/VALIDATION.md`.
     #[arg(long, value_name = "FILE")]
-    pub into: Option<String>,
+    pub into: Vec<String>,
 }
 
 /// Flags of `tpusim calibrate`.
@@ -90,10 +95,55 @@ pub struct CalibrateArgs {
     pub format: CalibrateFormat,
 }
 
+/// Writes the generated `parts` into each `--into` file (the parts whose markers it has, one
+/// atomic write per file); returns what was written, a line per file.
+fn splice_parts(into: &[String], parts: &[(&str, String)]) -> Result<String, CliError> {
+    let parts: Vec<(&str, &str)> = parts.iter().map(|(t, c)| (*t, c.as_str())).collect();
+    let mut out = String::new();
+    for f in into {
+        let tags = tpusim_io::mark::splice_all(std::path::Path::new(f), &parts).map_err(|e| {
+            if e.is_refusal() {
+                CliError::input(format!("--into {e}"))
+            } else {
+                CliError::Internal(format!("--into {e}"))
+            }
+        })?;
+        let names: Vec<String> = tags.iter().map(|t| format!("tpusim {t}")).collect();
+        out.push_str(&format!("wrote into {f} between its {} markers\n", names.join(", ")));
+    }
+    Ok(out)
+}
+
+/// The tags a validate command with these flags writes (`--into`).
+fn tags_of(a: &ValidateArgs) -> Vec<&'static str> {
+    use tpusim_calib::docs::{TAG_BANDS, TAG_CV, TAG_IN_SAMPLE, TAG_SUMMARY};
+    if a.bands {
+        vec![TAG_IN_SAMPLE, TAG_CV, TAG_BANDS, TAG_SUMMARY]
+    } else if a.cv {
+        vec![TAG_CV]
+    } else {
+        vec![TAG_IN_SAMPLE]
+    }
+}
+
 pub fn cmd_validate(a: &ValidateArgs) -> Result<String, CliError> {
     let models = a.chip.iter().map(|c| ChipModel::load(c)).collect::<Result<Vec<_>, _>>()?;
     let chips = ChipSet::new(models)?;
     let file = read_file(&a.file, &chips.models)?;
+    // Checked before the work (the cross-validation takes minutes): every --into file exists and
+    // has the markers of some part this command writes (nothing is written yet).
+    for into in &a.into {
+        let text = std::fs::read_to_string(into).map_err(|e| CliError::input(format!("--into {into}: cannot read it: {e}")))?;
+        let tags = tags_of(a);
+        if !tags.iter().any(|t| tpusim_io::mark::has_part(&text, t)) {
+            let (begin, end) = tpusim_io::mark::splice_markers(tags[0]);
+            let others: Vec<String> = tags.iter().skip(1).map(|t| format!("tpusim {t}")).collect();
+            return Err(CliError::input(format!(
+                "--into {into}: has no generated part: add a line {begin} and, below it, a line {end} where tpusim writes{}",
+                if others.is_empty() { String::new() } else { format!(" (or the markers of {})", others.join(", ")) }
+            )));
+        }
+    }
     if a.bands {
         if let Some(path) = &a.out {
             tpusim_io::check_output(std::path::Path::new(path)).map_err(|e| CliError::input(format!("--out {e}")))?;
@@ -105,33 +155,28 @@ pub fn cmd_validate(a: &ValidateArgs) -> Result<String, CliError> {
             ValidateFormat::Markdown => tpusim_calib::bands::to_markdown(&bands, &file, &cv),
             _ => bands.to_json(),
         };
-        return match &a.out {
-            Some(path) => {
-                tpusim_io::write_atomic(std::path::Path::new(path), bands.to_json().as_bytes())
-                    .map_err(|e| CliError::from(tpusim_calib::CalibError::from(e)))?;
-                Ok(format!("{}wrote {path}: {} bands over {} rows\n", if a.format == ValidateFormat::Markdown { text } else { String::new() }, bands.bands.len(), bands.in_sample.len()))
-            }
-            None => Ok(text),
-        };
+        let mut out = String::new();
+        if let Some(path) = &a.out {
+            tpusim_io::write_atomic(std::path::Path::new(path), bands.to_json().as_bytes()).map_err(|e| CliError::from(tpusim_calib::CalibError::from(e)))?;
+            out = format!("{}wrote {path}: {} bands over {} rows\n", if a.format == ValidateFormat::Markdown { text.clone() } else { String::new() }, bands.bands.len(), bands.in_sample.len());
+        }
+        if !a.into.is_empty() {
+            let v = validate(&file, &chips);
+            out.push_str(&splice_parts(&a.into, &tpusim_calib::docs::parts(&file, &v, &cv, &bands))?);
+        }
+        return Ok(if out.is_empty() { text } else { out });
     }
     if a.cv {
         let cv = tpusim_calib::cross_validate(&file, &chips)?;
+        if !a.into.is_empty() {
+            return splice_parts(&a.into, &[(tpusim_calib::docs::TAG_CV, cv.to_table(true))]);
+        }
         return match a.format {
             ValidateFormat::Table => Ok(cv.to_table(false)),
             ValidateFormat::Markdown => Ok(cv.to_table(true)),
             ValidateFormat::Json => Ok(cv.to_json()),
             ValidateFormat::Csv => Err(CliError::input("--cv --format csv: the cross-validation report comes as table, json or markdown")),
         };
-    }
-    if let Some(into) = &a.into {
-        // Checked before the work: the file exists and has its markers (nothing is written).
-        let text = std::fs::read_to_string(into).map_err(|e| CliError::input(format!("--into {into}: cannot read it: {e}")))?;
-        let (begin, end) = tpusim_io::mark::splice_markers("validate");
-        if !(text.contains(&begin) && text.contains(&end)) {
-            return Err(CliError::input(format!(
-                "--into {into}: has no generated part: add a line {begin} and, below it, a line {end} where tpusim writes"
-            )));
-        }
     }
     let v = validate(&file, &chips);
     let text = match a.format {
@@ -140,19 +185,10 @@ pub fn cmd_validate(a: &ValidateArgs) -> Result<String, CliError> {
         ValidateFormat::Csv => v.to_csv(),
         ValidateFormat::Markdown => v.to_markdown(),
     };
-    match &a.into {
-        None => Ok(text),
-        Some(into) => {
-            tpusim_io::mark::splice_into(std::path::Path::new(into), "validate", &text).map_err(|e| {
-                if e.is_refusal() {
-                    CliError::input(format!("--into {e}"))
-                } else {
-                    CliError::Internal(format!("--into {e}"))
-                }
-            })?;
-            Ok(format!("wrote the validation report into {into} between its tpusim validate markers\n"))
-        }
+    if a.into.is_empty() {
+        return Ok(text);
     }
+    splice_parts(&a.into, &[(tpusim_calib::docs::TAG_IN_SAMPLE, text)])
 }
 
 pub fn cmd_calibrate(a: &CalibrateArgs) -> Result<String, CliError> {

@@ -276,4 +276,10 @@ fn a_generator_writes_into_a_hand_written_file_between_its_markers_only() {
     let e = refused(bin().args(["validate", s(&csv), "--format", "markdown", "--into", s(&bare)]).output().unwrap(), "no markers");
     assert!(e.contains("<!-- tpusim validate: begin -->"), "{e}");
     assert_eq!(std::fs::read_to_string(&bare).unwrap(), "mine\n");
+    // The docs generator (--bands, minutes of cross-validation) refuses it before the work too,
+    // naming every part it writes; a marker quoted in a sentence is not a marker.
+    std::fs::write(&bare, "Write between `<!-- tpusim accuracy: begin -->` and `<!-- tpusim accuracy: end -->`.\n").unwrap();
+    // (The check before the work words it "or the markers of"; the one at writing time does not.)
+    let e = refused(bin().args(["validate", s(&csv), "--bands", "--into", s(&bare)]).output().unwrap(), "no markers with --bands");
+    assert!(e.contains("(or the markers of tpusim validate-cv, tpusim validate-bands, tpusim accuracy)"), "{e}");
 }

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the benches and writes their tables into README.md and studies/README.md between the
-# `<!-- tpusim bench-simulate/bench-sweep: begin/end -->` markers (the rest of each file is not
+# `<!-- tpusim bench-simulate/bench-sweep/bench-ir: begin/end -->` markers (the rest of each file is not
 # touched). TPUSIM_BENCH_SKIP_1M=1 skips the million-point sweep and then writes nothing, so the
 # tables never lose that row. TPUSIM_BENCH_JOBS=N sets the sweep threads.
 set -euo pipefail
@@ -10,4 +10,4 @@ splice=(--splice "$PWD/README.md" --splice "$PWD/studies/README.md")
 if [[ ${TPUSIM_BENCH_SKIP_1M:-0} == 1 ]]; then splice=(); fi
 cargo bench -p tpusim-report --bench simulate -- "${splice[@]}"
 cargo bench -p tpusim-sweep --bench sweep_throughput -- "${splice[@]}"
-cargo bench -p tpusim-pallas --bench from_description
+cargo bench -p tpusim-pallas --bench from_description -- "${splice[@]}"

@@ -65,10 +65,9 @@ pub fn splice_targets() -> Vec<PathBuf> {
 /// # Errors
 /// The first file that cannot be read or written ([`crate::OutputError`]).
 pub fn splice_table(tag: &str, table: &str) -> Result<(), crate::OutputError> {
-    let (begin, _) = crate::mark::splice_markers(tag);
     for path in splice_targets() {
         let text = std::fs::read_to_string(&path).map_err(|e| crate::refused(&path, format!("--splice: cannot read it: {e}")))?;
-        if text.contains(&begin) {
+        if crate::mark::has_part(&text, tag) {
             crate::mark::splice_into(&path, tag, table)?;
             println!("wrote the {tag} table into {}", path.display());
         }

@@ -33,7 +33,7 @@ pub use model::{DitModel, Latent, Video};
 pub use report::{EndToEnd, LayerReport};
 pub use sim::{simulate_layer, Breakdown, LayerResult};
 pub use spec::{AttentionMode, Cfg, Exchange, LayerPlan, LayerSpec, Placement, Weights};
-pub use topology::{time_collective, Collective, CollectiveTiming, Torus};
+pub use topology::{time_collective, time_transfers, Collective, CollectiveTiming, Transfer, Torus};
 
 use tpusim_chip::ChipModel;
 

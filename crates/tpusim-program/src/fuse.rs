@@ -1,0 +1,223 @@
+//! The program's ops grouped as XLA would run them: fusions, dots, collectives, Pallas kernels.
+//!
+//! **The fusion rule** (a simplified form of XLA's instruction fusion, stated so a reader can
+//! check it by hand):
+//!
+//! 1. Dots, Pallas kernels and collectives are each their own group (a dot is not fused with
+//!    its consumers, as `tpusim layer` times it).
+//! 2. A reshape is a bitcast: its result is its operand (no group, no bytes).
+//! 3. A value computed only from constants and iotas by fusible ops (a broadcast constant, an
+//!    iota mask) is not a group: each fusion that reads it recomputes it, reading only the
+//!    constants (XLA duplicates such cheap producers into their consumers).
+//! 4. Any other fusible op (element-wise, transcendental, convert, data movement, reduce) joins
+//!    the group of its latest-created producer if that group is an open fusion, else starts a
+//!    new fusion. A reduce closes its fusion (a reduction is a fusion's root). Groups are
+//!    created in program order and each joins only the latest of its producers' groups, so a
+//!    group depends only on earlier groups: no cycles.
+//! 5. A fusion makes one HBM round trip: it reads each distinct value it takes from outside
+//!    (arguments, shards, other groups' results, constants) once, and writes each of its
+//!    results that an op outside it, or the program's output, uses.
+
+use crate::desc::{ProgramDescription, ValueKind};
+use crate::ops::{classify, counts, OpClass, OpCounts};
+use crate::ProgramError;
+use serde::Serialize;
+use std::collections::BTreeSet;
+
+/// What a group is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GroupKind {
+    /// A fusion of fusible ops (HBM-bound, one round trip).
+    Fusion,
+    /// A dot on the MXU.
+    Dot,
+    /// A collective on the ICI.
+    Collective,
+    /// A Pallas kernel.
+    Kernel,
+}
+
+/// A group of ops that runs as one.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Group {
+    /// Its kind.
+    pub kind: GroupKind,
+    /// Member op indices, in program order.
+    pub ops: Vec<usize>,
+    /// Groups it waits for (indices, all lower than its own).
+    pub deps: Vec<usize>,
+    /// Bytes it reads from HBM after fusion (fusions and dots; kernels and collectives 0 here).
+    pub read_bytes: u64,
+    /// Bytes it writes to HBM after fusion.
+    pub write_bytes: u64,
+    /// The members' counts summed before fusion.
+    pub counts: OpCounts,
+    /// A reduce closed it (fusions only).
+    #[serde(skip)]
+    closed: bool,
+}
+
+/// The program grouped, with each op's class and counts.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Grouped {
+    /// Groups in creation order (a topological order).
+    pub groups: Vec<Group>,
+    /// Each op's class, in program order.
+    pub classes: Vec<OpClass>,
+    /// Each op's counts before fusion, in program order.
+    pub counts: Vec<OpCounts>,
+}
+
+/// What produces a value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Source {
+    /// In HBM from the start (argument, shard, constant) or made by a boundary op.
+    Memory,
+    /// Recomputed from constants by each reader (rule 3).
+    ConstantLike,
+    /// A group's result.
+    Group(usize),
+    /// In HBM once a group is done (a `shard_map` boundary's result).
+    After(usize),
+}
+
+/// Groups the program's ops (module docs).
+///
+/// # Errors
+/// [`ProgramError::Op`] for an op that is not modelled ([`classify`]) or malformed.
+pub fn group(d: &ProgramDescription) -> Result<Grouped, ProgramError> {
+    let n = d.values.len();
+    let mut source: Vec<Source> = d.values.iter().map(|_| Source::Memory).collect();
+    let mut alias: Vec<usize> = (0..n).collect();
+    // Constant bytes behind a constant-like value (rule 3).
+    let mut const_bytes: Vec<u64> = vec![0; n];
+    for (i, v) in d.values.iter().enumerate() {
+        if v.kind == ValueKind::Constant {
+            source[i] = Source::ConstantLike;
+            const_bytes[i] = v.bytes()?;
+        }
+    }
+    let mut groups: Vec<Group> = Vec::new();
+    let mut group_of_op: Vec<Option<usize>> = vec![None; d.ops.len()];
+    let mut classes = Vec::with_capacity(d.ops.len());
+    let mut all_counts = Vec::with_capacity(d.ops.len());
+    for (i, op) in d.ops.iter().enumerate() {
+        let class = classify(op, d.kernels.len())?;
+        let c = counts(d, op, class)?;
+        classes.push(class);
+        all_counts.push(c);
+        let operands: Vec<usize> = op.operands.iter().map(|&v| alias[v]).collect();
+        let producer_groups: BTreeSet<usize> = operands
+            .iter()
+            .filter_map(|&v| match source[v] {
+                Source::Group(g) | Source::After(g) => Some(g),
+                _ => None,
+            })
+            .collect();
+        let joinable = |g: usize| operands.iter().any(|&v| source[v] == Source::Group(g));
+        let fusible = matches!(class, OpClass::Elementwise | OpClass::Transcendental | OpClass::Movement | OpClass::Reduce);
+        match class {
+            OpClass::Bitcast => {
+                if let (Some(&src), Some(&dst)) = (operands.first(), op.results.first()) {
+                    alias[dst] = src;
+                }
+                continue;
+            }
+            OpClass::Boundary => {
+                // Results are in HBM (a shard is the device's part of its operand) once the
+                // operands' groups are done.
+                let after = producer_groups.iter().next_back().map_or(Source::Memory, |&g| Source::After(g));
+                for &r in &op.results {
+                    source[r] = after;
+                }
+                continue;
+            }
+            _ => {}
+        }
+        if fusible && producer_groups.is_empty() && operands.iter().all(|&v| source[v] == Source::ConstantLike) && class != OpClass::Reduce {
+            let b: u64 = operands.iter().map(|&v| const_bytes[v]).sum();
+            for &r in &op.results {
+                source[r] = Source::ConstantLike;
+                const_bytes[r] = b;
+            }
+            continue;
+        }
+        let latest = producer_groups.iter().next_back().copied();
+        let g = match latest {
+            Some(g) if fusible && joinable(g) && groups[g].kind == GroupKind::Fusion && !groups[g].closed => g,
+            _ => {
+                let kind = match class {
+                    OpClass::Dot => GroupKind::Dot,
+                    OpClass::Collective(_) => GroupKind::Collective,
+                    OpClass::Kernel(_) => GroupKind::Kernel,
+                    _ => GroupKind::Fusion,
+                };
+                groups.push(Group { kind, ops: Vec::new(), deps: Vec::new(), read_bytes: 0, write_bytes: 0, counts: OpCounts::default(), closed: false });
+                groups.len() - 1
+            }
+        };
+        let grp = &mut groups[g];
+        grp.ops.push(i);
+        grp.counts.flops += c.flops;
+        grp.counts.transcendentals += c.transcendentals;
+        grp.counts.bytes += c.bytes;
+        for p in producer_groups {
+            if p != g && !grp.deps.contains(&p) {
+                grp.deps.push(p);
+            }
+        }
+        if class == OpClass::Reduce {
+            grp.closed = true;
+        }
+        group_of_op[i] = Some(g);
+        for &r in &op.results {
+            source[r] = Source::Group(g);
+        }
+    }
+    // Rule 5: bytes after fusion.
+    let mut used_outside: Vec<bool> = vec![false; n];
+    for &o in &d.outputs {
+        used_outside[alias[o]] = true;
+    }
+    for (i, op) in d.ops.iter().enumerate() {
+        for &v in &op.operands {
+            let v = alias[v];
+            if let Source::Group(p) = source[v] {
+                if group_of_op[i] != Some(p) {
+                    used_outside[v] = true;
+                }
+            }
+        }
+    }
+    for (g, grp) in groups.iter_mut().enumerate() {
+        if matches!(grp.kind, GroupKind::Kernel | GroupKind::Collective) {
+            continue;
+        }
+        let mut read: BTreeSet<usize> = BTreeSet::new();
+        let mut written: BTreeSet<usize> = BTreeSet::new();
+        for &i in &grp.ops {
+            for &v in &d.ops[i].operands {
+                let v = alias[v];
+                if source[v] != Source::Group(g) {
+                    read.insert(v);
+                }
+            }
+            for &r in &d.ops[i].results {
+                if used_outside[r] {
+                    written.insert(r);
+                }
+            }
+        }
+        for v in read {
+            grp.read_bytes += match source[v] {
+                Source::ConstantLike => const_bytes[v],
+                _ => d.values[v].bytes()?,
+            };
+        }
+        for v in written {
+            grp.write_bytes += d.values[v].bytes()?;
+        }
+    }
+    Ok(Grouped { groups, classes, counts: all_counts })
+}

@@ -181,6 +181,9 @@ pub fn group(d: &ProgramDescription) -> Result<Grouped, ProgramError> {
         used_outside[alias[o]] = true;
     }
     for (i, op) in d.ops.iter().enumerate() {
+        if classes[i] == OpClass::Bitcast {
+            continue;
+        }
         for &v in &op.operands {
             let v = alias[v];
             if let Source::Group(p) = source[v] {

@@ -41,14 +41,15 @@ def _dense(a):
 
 def _loc(op):
     """`file:LINE` of the innermost frame in an op's location outside this package (the user's
-    line), or the location as MLIR prints it."""
+    line), or None when the location names no file (ops of a called function: the reader then
+    gives the call site's)."""
     import os
 
     here = os.path.dirname(os.path.abspath(__file__))
     for f, line in re.findall(r'"([^"]+)":(\d+)', str(op.location)):
         if not os.path.abspath(f).startswith(here + os.sep):
             return f"{os.path.basename(f)}:{line}"
-    return str(op.location)
+    return None
 
 
 def _dims_attr(s, key):
@@ -68,6 +69,7 @@ class _ProgramReader:
         self.ops = []
         self.ids = {}
         self.depth = 0
+        self.call_locs = []
 
     def _vid(self, v, kind="result"):
         key = v
@@ -101,7 +103,7 @@ class _ProgramReader:
     def read_op(self, o, sharded):
         _, _, ir, _ = tj._ir()
         name = o.operation.name
-        loc = _loc(o)
+        loc = _loc(o) or (self.call_locs[-1] if self.call_locs else str(o.location))
         if name in ("func.call", "call"):
             callee = self.funcs.get(o.attributes["callee"].value)
             if callee is None or self.depth > 64:
@@ -110,7 +112,9 @@ class _ProgramReader:
             for a, x in zip(block.arguments, o.operands):
                 self._alias(a, self._vid(x))
             self.depth += 1
+            self.call_locs.append(loc)
             outs = self.read_block(block, sharded)
+            self.call_locs.pop()
             self.depth -= 1
             for r, vid in zip(o.results, outs):
                 self._alias(r, vid)

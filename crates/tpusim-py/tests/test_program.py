@@ -219,3 +219,19 @@ def test_ops_not_modelled_are_errors_naming_op_and_line():
 
     with pytest.raises(tpusim.InputError, match=r"op `while` at test_program.py:\d+"):
         tj.simulate_program(g, jax.ShapeDtypeStruct((8, 128), jnp.float32))
+
+
+def test_readme_whole_program_example_runs(root):
+    text = (root / "README.md").read_text()
+    section = text.split("## Whole programs: the XLA ops, collectives and kernels of a jitted function", 1)[1]
+    code = section.split("```python", 1)[1].split("```", 1)[0]
+    scope = {}
+    exec(compile(code, "README.md", "exec"), scope)
+    r = scope["r"]
+    kinds = [e["kind"] for e in r.entries]
+    assert kinds.count("dot") == 2 and kinds.count("collective") == 1
+    (ar,) = r.by_kind("collective")
+    assert ar["name"].startswith("all_reduce") and ar["location"].startswith("README.md:")
+    # The all-reduce waits for the second dot and the residual add waits for it: nothing to hide behind.
+    assert r.latency_ms == pytest.approx(r.compute_only_ms + ar["seconds"] * 1e3, rel=1e-9)
+    assert r.ici_hidden_ms == pytest.approx(0, abs=1e-12)

@@ -59,12 +59,7 @@ def test_xla_counts_agree_with_cost_analysis():
     assert r.xla_bytes_unfused == pytest.approx(ca["bytes accessed"], rel=0.01)
     # The difference is the transpose: XLA's analysis reports no bytes for it, tpusim counts its
     # operand and result; without it the counts agree within 0.1%.
-    d = tj.describe_program(_block, *BLOCK_ARGS)
-    size = {"f32": 4, "bf16": 2}
-    tr = sum(
-        int(np.prod(d["values"][v]["shape"])) * size[d["values"][v]["dtype"]]
-        for o in d["ops"] if o["op"] == "transpose" for v in o["operands"] + o["results"]
-    )
+    tr = _transpose_bytes(tj.describe_program(_block, *BLOCK_ARGS))
     assert tr == 2 * 256 * 256 * 4
     assert r.xla_bytes_unfused - tr == pytest.approx(ca["bytes accessed"], rel=0.001)
     # Not a tautology: the dots alone are far from the total, and fusion saves bytes.
@@ -75,6 +70,44 @@ def test_xla_counts_agree_with_cost_analysis():
     assert kinds.count("dot") == 4 and kinds.count("fusion") == r.fusions >= 3
     assert r.latency_ms == pytest.approx(sum(e["seconds"] for e in r.entries) * 1e3)
     assert all(e["location"].startswith("test_program.py:") for e in r.entries), [e["location"] for e in r.entries]
+
+
+def _transpose_bytes(d):
+    """Operand plus result bytes of a description's transposes (XLA's analysis counts none)."""
+    size = {"f32": 4, "bf16": 2}
+    return sum(
+        int(np.prod(d["values"][v]["shape"])) * size[d["values"][v]["dtype"]]
+        for o in d["ops"] if o["op"] == "transpose" for v in o["operands"] + o["results"]
+    )
+
+
+def collective_program():
+    """A shard_map body on a 2x4 mesh: x @ x^T, tanh, psum over one axis, all_gather over the
+    other. Returns (fn, args, mesh)."""
+    mesh = tj.mesh((2, 4), ("a", "b"))
+
+    def f(x):
+        def inner(x):
+            y = jnp.tanh(x @ x.T)
+            return jax.lax.psum(y, "a"), jax.lax.all_gather(y, "b", tiled=True)
+
+        return jax.shard_map(inner, mesh=mesh, in_specs=P("a", "b"), out_specs=(P(None, "b"), P("a", None)), check_vma=False)(x)
+
+    return f, (jax.ShapeDtypeStruct((512, 1024), jnp.float32),), mesh
+
+
+def test_collective_program_counts_agree_with_cost_analysis():
+    """Under shard_map (per-device shapes, collectives): FLOPs and transcendentals within 1%;
+    bytes unfused, the transpose's left out, within 0.1%."""
+    f, args, mesh = collective_program()
+    r = tj.simulate_program(f, *args, mesh=mesh)
+    ca = _cost_analysis(f, args, mesh)
+    assert r.xla_flops == pytest.approx(ca["flops"], rel=0.01)
+    assert r.xla_transcendentals == pytest.approx(ca["transcendentals"], rel=0.01)
+    tr = _transpose_bytes(tj.describe_program(f, *args, mesh=mesh))
+    assert tr == 2 * 256 * 256 * 4
+    assert r.xla_bytes_unfused - tr == pytest.approx(ca["bytes accessed"], rel=0.001)
+    assert [e["name"].split()[0] for e in r.by_kind("collective")] == ["all_reduce", "all_gather"]
 
 
 def test_a_kernel_in_the_program_is_left_out_of_the_xla_counts():

@@ -3,18 +3,21 @@
 //! **The fusion rule** (a simplified form of XLA's instruction fusion, stated so a reader can
 //! check it by hand):
 //!
-//! 1. Dots, Pallas kernels and collectives are each their own group (a dot is not fused with
-//!    its consumers, as `tpusim layer` times it).
+//! 1. Dots, Pallas kernels and collectives each start their own group. A dot's group takes its
+//!    element-wise and transcendental consumers (rule 4: output fusion, as XLA fuses a bias add
+//!    or an activation into a dot's output and `tpusim layer` assumes for bias and GELU): the
+//!    dot then writes only what leaves the chain. Reductions and data movement never join a
+//!    dot, and nothing joins a kernel or a collective.
 //! 2. A reshape is a bitcast: its result is its operand (no group, no bytes).
 //! 3. A value computed only from constants and iotas by fusible ops (a broadcast constant, an
 //!    iota mask) is not a group: each fusion that reads it recomputes it, reading only the
 //!    constants (XLA duplicates such cheap producers into their consumers).
 //! 4. Any other fusible op (element-wise, transcendental, convert, data movement, reduce) joins
-//!    the group of its latest-created producer if that group is an open fusion, else starts a
-//!    new fusion. A reduce closes its fusion (a reduction is a fusion's root). Groups are
+//!    the group of its latest-created producer if that group is an open fusion (or a dot, for
+//!    an element-wise op: rule 1), else starts a new fusion. A reduce closes its fusion (a reduction is a fusion's root). Groups are
 //!    created in program order and each joins only the latest of its producers' groups, so a
 //!    group depends only on earlier groups: no cycles.
-//! 5. A fusion makes one HBM round trip: it reads each distinct value it takes from outside
+//! 5. A fusion (and a dot with its output fusion) makes one HBM round trip: it reads each distinct value it takes from outside
 //!    (arguments, shards, other groups' results, constants) once, and writes each of its
 //!    results that an op outside it, or the program's output, uses.
 
@@ -30,7 +33,7 @@ use std::collections::BTreeSet;
 pub enum GroupKind {
     /// A fusion of fusible ops (HBM-bound, one round trip).
     Fusion,
-    /// A dot on the MXU.
+    /// A dot on the MXU, with the element-wise ops fused into its output.
     Dot,
     /// A collective on the ICI.
     Collective,
@@ -145,7 +148,14 @@ pub fn group(d: &ProgramDescription) -> Result<Grouped, ProgramError> {
         }
         let latest = producer_groups.iter().next_back().copied();
         let g = match latest {
-            Some(g) if fusible && joinable(g) && groups[g].kind == GroupKind::Fusion && !groups[g].closed => g,
+            Some(g)
+                if fusible
+                    && joinable(g)
+                    && ((groups[g].kind == GroupKind::Fusion && !groups[g].closed)
+                        || (groups[g].kind == GroupKind::Dot && matches!(class, OpClass::Elementwise | OpClass::Transcendental))) =>
+            {
+                g
+            }
             _ => {
                 let kind = match class {
                     OpClass::Dot => GroupKind::Dot,

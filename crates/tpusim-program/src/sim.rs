@@ -5,7 +5,8 @@
 //!   a fusion is HBM-bound by rule).
 //! * **Dots**: XLA's dot as `tpusim layer` times it (`tpusim_layer::sim::lower_xla_matmul`, the
 //!   `xla-matmul` family through the engine) for M x N x K, times the batch. The family moves
-//!   bf16 operands; a dot with other operand types is timed as bf16 (the report says so).
+//!   bf16 operands; a dot with other operand types is timed as bf16 (the report says so). The
+//!   element-wise ops fused into its output ride under the matmul (not timed), as in the layer.
 //! * **Pallas kernels**: the kernel description through `tpusim-pallas` and the engine
 //!   (`tpusim_report::ir::run_kernel_ir`).
 //! * **Collectives** on the slice's links (`tpusim_layer::topology::time_transfers`): device i of
@@ -216,7 +217,13 @@ pub fn simulate_program(chip: &ChipModel, d: &ProgramDescription, slice: Option<
                         assumptions.push(a);
                     }
                 }
-                e.detail = format!("{}{m} x {n} x {k} ({dt})", if b > 1 { format!("{b} x ") } else { String::new() });
+                e.name = if g.ops.len() > 1 { format!("dot {gi} (+ {} fused ops)", g.ops.len() - 1) } else { e.name };
+                e.detail = format!(
+                    "{}{m} x {n} x {k} ({dt}), {} B read, {} B written",
+                    if b > 1 { format!("{b} x ") } else { String::new() },
+                    g.read_bytes,
+                    g.write_bytes
+                );
             }
             (GroupKind::Kernel, OpClass::Kernel(k)) => {
                 let c = match kernel_cache.get(&k) {

@@ -917,7 +917,7 @@ def describe_all(fn, *args, chip="v6e", device_kind=None):
     if not descs:
         raise InputError(
             "the function has no Pallas kernel (no tpu_custom_call in its TPU lowering): tpusim.jax simulates "
-            "pl.pallas_call kernels; XLA ops alone are the next step (issue: decode and whole programs)"
+            "pl.pallas_call kernels; tpusim.jax.simulate_program(fn, *args) times a whole program, XLA ops included"
         )
     return descs, outside
 
@@ -1017,7 +1017,9 @@ class CallReport:
     def __str__(self):
         parts = [str(k) for k in self.kernels]
         if self.not_simulated:
-            parts.append("not simulated (XLA ops outside the kernels): " + ", ".join(self.not_simulated))
+            parts.append(
+                "not simulated (XLA ops outside the kernels; tpusim.jax.simulate_program times them): " + ", ".join(self.not_simulated)
+            )
         return "\n".join(parts)
 
 

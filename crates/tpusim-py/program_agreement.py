@@ -74,5 +74,28 @@ def main():
         )
 
 
+def wan_table():
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        r, lay = T._wan_runs(tmp)
+    print()
+    print("| small Wan-like block, v6e, 768 tokens | program ms | `tpusim layer` ms | error |")
+    print("|---|---|---|---|")
+    lay_mm = [o for o in lay["ops"] if o["category"] in ("projections", "feed-forward")]
+    lay_att = [o for o in lay["ops"] if o["category"] == "attention"]
+    for e, o in list(zip(r.by_kind("dot"), lay_mm)) + list(zip(r.by_kind("kernel"), lay_att)):
+        print(f"| {o['name']} ({e['detail'].split(',')[0]}) | {e['seconds'] * 1e3:.4f} | {o['ms']:.4f} | {_pct(e['seconds'] * 1e3, o['ms'])} |")
+    fus = r.by_kind("fusion")
+    ours = sum(e["seconds"] for e in fus) * 1e3
+    ew = [o for o in lay["ops"] if o["category"] == "elementwise"]
+    theirs = sum(o["ms"] for o in ew)
+    print(f"| element-wise: {len(fus)} fusions / {len(ew)} layer ops | {ours:.4f} | {theirs:.4f} | {_pct(ours, theirs)} **over 5%** |")
+    tr = sum(e["seconds"] for e in fus if e["ops"] == ["transpose"]) * 1e3
+    print(f"| of which head transposes around Splash (no layer counterpart) | {tr:.4f} | - | |")
+    print(f"| block | {r.latency_ms:.4f} | {lay['latency_ms']:.4f} | {_pct(r.latency_ms, lay['latency_ms'])} |")
+
+
 if __name__ == "__main__":
     main()
+    wan_table()

@@ -4,24 +4,30 @@
 //! check it by hand):
 //!
 //! 1. Dots, Pallas kernels and collectives each start their own group. A dot's group takes its
-//!    element-wise and transcendental consumers (rule 4: output fusion, as XLA fuses a bias add
-//!    or an activation into a dot's output and `tpusim layer` assumes for bias and GELU): the
-//!    dot then writes only what leaves the chain. Reductions and data movement never join a
-//!    dot, and nothing joins a kernel or a collective.
+//!    element-wise and transcendental consumers (output fusion, as XLA fuses a bias add or an
+//!    activation into a dot's output, and `tpusim layer` assumes for bias and GELU) while every
+//!    user of the value they read from it is element-wise and their result is no wider per
+//!    element than the dot's: the dot then writes only what leaves the chain. Reductions and
+//!    data movement never join a dot, and nothing joins a kernel or a collective.
 //! 2. A reshape is a bitcast: its result is its operand (no group, no bytes).
 //! 3. A value computed only from constants and iotas by fusible ops (a broadcast constant, an
 //!    iota mask) is not a group: each fusion that reads it recomputes it, reading only the
-//!    constants (XLA duplicates such cheap producers into their consumers).
+//!    constants. Likewise every broadcast (a bias, a norm's weight, a row statistic) and a
+//!    convert that would start a fusion of its own (an upcast of an input or of another group's
+//!    result): each reader fuses it and reads its operand (XLA duplicates such cheap producers
+//!    into their consumers), unless it is a program output.
 //! 4. Any other fusible op (element-wise, transcendental, convert, data movement, reduce) joins
 //!    the group of its latest-created producer if that group is an open fusion (or a dot, for
-//!    an element-wise op: rule 1), else starts a new fusion. A reduce closes its fusion (a reduction is a fusion's root). Groups are
-//!    created in program order and each joins only the latest of its producers' groups, so a
-//!    group depends only on earlier groups: no cycles.
-//! 5. A fusion (and a dot with its output fusion) makes one HBM round trip: it reads each distinct value it takes from outside
-//!    (arguments, shards, other groups' results, constants) once, and writes each of its
-//!    results that an op outside it, or the program's output, uses.
+//!    an element-wise op: rule 1), else starts a new fusion. A reduce closes its fusion (a
+//!    reduction is a fusion's root). Groups are created in program order and each joins only
+//!    the latest of its producers' groups, so a group depends only on earlier groups: no
+//!    cycles.
+//! 5. A fusion (and a dot with its output fusion) makes one HBM round trip: it reads each
+//!    distinct value it takes from outside (arguments, shards, other groups' results,
+//!    constants) once, and writes each of its results that an op outside it, or the program's
+//!    output, uses.
 
-use crate::desc::{ProgramDescription, ValueKind};
+use crate::desc::{dtype_bytes, ProgramDescription, ValueKind};
 use crate::ops::{classify, counts, OpClass, OpCounts};
 use crate::ProgramError;
 use serde::Serialize;
@@ -101,6 +107,34 @@ pub fn group(d: &ProgramDescription) -> Result<Grouped, ProgramError> {
             const_bytes[i] = v.bytes()?;
         }
     }
+    // Whether every user of a value is an element-wise op (a program output is not), through
+    // bitcasts: the condition for a dot's output fusion to take it (rule 1).
+    let mut elementwise_users: Vec<bool> = vec![true; n];
+    {
+        let mut al: Vec<usize> = (0..n).collect();
+        for op in &d.ops {
+            if op.op == "reshape" {
+                if let (Some(&s), Some(&r)) = (op.operands.first(), op.results.first()) {
+                    al[r] = al[s];
+                }
+                continue;
+            }
+            let ew = matches!(classify(op, d.kernels.len()), Ok(OpClass::Elementwise | OpClass::Transcendental));
+            let bc = op.op == "broadcast_in_dim";
+            for &v in &op.operands {
+                if !(ew || bc) {
+                    elementwise_users[al[v]] = false;
+                }
+            }
+        }
+        for &o in &d.outputs {
+            elementwise_users[al[o]] = false;
+        }
+    }
+    let mut is_output = vec![false; n];
+    for &o in &d.outputs {
+        is_output[o] = true;
+    }
     let mut groups: Vec<Group> = Vec::new();
     let mut group_of_op: Vec<Option<usize>> = vec![None; d.ops.len()];
     let mut classes = Vec::with_capacity(d.ops.len());
@@ -119,6 +153,7 @@ pub fn group(d: &ProgramDescription) -> Result<Grouped, ProgramError> {
             })
             .collect();
         let joinable = |g: usize| operands.iter().any(|&v| source[v] == Source::Group(g));
+        let chain_from = |g: usize| operands.iter().filter(|&&v| source[v] == Source::Group(g)).all(|&v| elementwise_users[v]);
         let fusible = matches!(class, OpClass::Elementwise | OpClass::Transcendental | OpClass::Movement | OpClass::Reduce);
         match class {
             OpClass::Bitcast => {
@@ -138,7 +173,8 @@ pub fn group(d: &ProgramDescription) -> Result<Grouped, ProgramError> {
             }
             _ => {}
         }
-        if fusible && producer_groups.is_empty() && operands.iter().all(|&v| source[v] == Source::ConstantLike) && class != OpClass::Reduce {
+        if fusible && producer_groups.is_empty() && operands.iter().all(|&v| source[v] == Source::ConstantLike) && class != OpClass::Reduce
+        {
             let b: u64 = operands.iter().map(|&v| const_bytes[v]).sum();
             for &r in &op.results {
                 source[r] = Source::ConstantLike;
@@ -147,15 +183,36 @@ pub fn group(d: &ProgramDescription) -> Result<Grouped, ProgramError> {
             continue;
         }
         let latest = producer_groups.iter().next_back().copied();
-        let g = match latest {
-            Some(g)
-                if fusible
-                    && joinable(g)
-                    && ((groups[g].kind == GroupKind::Fusion && !groups[g].closed)
-                        || (groups[g].kind == GroupKind::Dot && matches!(class, OpClass::Elementwise | OpClass::Transcendental))) =>
-            {
-                g
+        // A result wider per element than the dot's own would make the dot write more bytes.
+        let widens = |g: usize| -> bool {
+            let dot_result = groups[g].ops.first().and_then(|&i| d.ops[i].results.first());
+            match (dot_result, op.results.first()) {
+                (Some(&a), Some(&r)) => dtype_bytes(&d.values[r].dtype).unwrap_or(0) > dtype_bytes(&d.values[a].dtype).unwrap_or(0),
+                _ => false,
             }
+        };
+        let joins = latest.is_some_and(|g| {
+            fusible
+                && joinable(g)
+                && ((groups[g].kind == GroupKind::Fusion && !groups[g].closed)
+                    || (groups[g].kind == GroupKind::Dot
+                        && matches!(class, OpClass::Elementwise | OpClass::Transcendental)
+                        && chain_from(g)
+                        && !widens(g)))
+        });
+        // Rule 3: a broadcast or convert that would start a fusion of its own is fused into each
+        // of its readers instead (they read its operand), unless it is a program output.
+        let fused_into_readers = (op.op == "broadcast_in_dim" || (!joins && op.op == "convert")) && operands.len() == 1;
+        if fused_into_readers && !op.results.iter().any(|r| is_output[*r]) {
+            for &r in &op.results {
+                alias[r] = operands[0];
+                // Its readers now read the operand.
+                elementwise_users[operands[0]] &= elementwise_users[r];
+            }
+            continue;
+        }
+        let g = match latest {
+            Some(g) if joins => g,
             _ => {
                 let kind = match class {
                     OpClass::Dot => GroupKind::Dot,
@@ -191,7 +248,8 @@ pub fn group(d: &ProgramDescription) -> Result<Grouped, ProgramError> {
         used_outside[alias[o]] = true;
     }
     for (i, op) in d.ops.iter().enumerate() {
-        if classes[i] == OpClass::Bitcast {
+        // Bitcasts and producers fused into their readers (rule 3) read nothing themselves.
+        if group_of_op[i].is_none() && classes[i] != OpClass::Boundary {
             continue;
         }
         for &v in &op.operands {

@@ -50,9 +50,10 @@ fn dot(b: &mut B, x: usize, w: usize, m: u64, n: u64) -> usize {
     )
 }
 
-/// x @ w, then a chain of element-wise ops with a broadcast constant, a convert and a
-/// reshape: fused into the dot's output (it reads x, w and the scalar once, and writes what
-/// leaves the chain); a reduce of the chain starts a fusion and closes it.
+/// x @ w (f32 result), then a chain of element-wise ops with a broadcast constant, a reshape
+/// and a convert: the chain fuses into the dot's output while every user of what it reads is
+/// element-wise (the broadcast is recomputed, the reshape a bitcast); the sum also feeds a
+/// reduce, so the chain ends there and the dot writes it; a reduce starts and closes a fusion.
 #[test]
 fn element_wise_chains_fuse_into_one_round_trip() {
     let (m, k, n) = (512u64, 256u64, 1024u64);
@@ -60,9 +61,14 @@ fn element_wise_chains_fuse_into_one_round_trip() {
     let x = b.val(&[m, k], "bf16", "argument");
     let w = b.val(&[k, n], "bf16", "argument");
     let c = b.val(&[], "f32", "constant");
-    let y = dot(&mut b, x, w, m, n);
-    let yf = b.op("convert", &[y], &[m, n], "f32", json!({}));
-    let sq = b.op("multiply", &[yf, yf], &[m, n], "f32", json!({}));
+    let y = b.op(
+        "dot_general",
+        &[x, w],
+        &[m, n],
+        "f32",
+        json!({"lhs_batching_dimensions": [], "rhs_batching_dimensions": [], "lhs_contracting_dimensions": [1], "rhs_contracting_dimensions": [0]}),
+    );
+    let sq = b.op("multiply", &[y, y], &[m, n], "f32", json!({}));
     let cb = b.op("broadcast_in_dim", &[c], &[m, n], "f32", json!({"broadcast_dimensions": []}));
     let t = b.op("tanh", &[sq], &[m, n], "f32", json!({}));
     let s = b.op("add", &[t, cb], &[m, n], "f32", json!({}));
@@ -74,28 +80,64 @@ fn element_wise_chains_fuse_into_one_round_trip() {
     let d = b.build(&[x, w], &[o, after]);
     let g = group(&d).unwrap();
     let kinds: Vec<GroupKind> = g.groups.iter().map(|g| g.kind).collect();
-    assert_eq!(kinds, vec![GroupKind::Dot, GroupKind::Fusion, GroupKind::Fusion]);
+    assert_eq!(kinds, vec![GroupKind::Dot, GroupKind::Fusion, GroupKind::Fusion, GroupKind::Fusion]);
     let dg = &g.groups[0];
-    // The dot, then convert, multiply, tanh, add, convert fused into its output (the broadcast
-    // is recomputed, the reshape a bitcast); the reduce cannot join a dot.
-    assert_eq!(dg.ops.len(), 6, "{:?}", dg.ops);
+    assert_eq!(dg.ops, vec![0, 1, 3, 4], "the dot, multiply, tanh, add");
     assert_eq!(dg.read_bytes, (m * k + k * n) * 2 + 4, "x, w and the scalar, once");
-    assert_eq!(dg.write_bytes, m * n * 2 + m * n * 4, "the bf16 output and the sum the reduce reads");
-    let f = &g.groups[1];
-    assert_eq!(f.ops.len(), 1);
-    assert_eq!((f.read_bytes, f.write_bytes), (m * n * 4 + 4, m * 4));
-    assert_eq!((g.groups[2].read_bytes, g.groups[2].write_bytes), (m * 4, m * 4), "a reduce closes its fusion");
+    assert_eq!(dg.write_bytes, m * n * 4, "the sum, which the convert and the reduce read");
+    assert_eq!((g.groups[1].read_bytes, g.groups[1].write_bytes), (m * n * 4, m * n * 2), "the convert");
+    assert_eq!((g.groups[2].read_bytes, g.groups[2].write_bytes), (m * n * 4 + 4, m * 4), "the reduce cannot join a dot");
+    assert_eq!((g.groups[3].read_bytes, g.groups[3].write_bytes), (m * 4, m * 4), "a reduce closes its fusion");
     // Counts as HloCostAnalysis: 2mnk, one FLOP per element-wise result, (in - out) per reduce.
     let r = simulate_program(&v6e(), &d, None, Path::new(".")).unwrap();
     let e = (m * n) as f64;
-    assert_eq!(r.xla_flops, 2.0 * (m * n * k) as f64 + 4.0 * e + (e - m as f64));
+    assert_eq!(r.xla_flops, 2.0 * (m * n * k) as f64 + 3.0 * e + (e - m as f64));
     assert_eq!(r.xla_transcendentals, e + m as f64);
-    assert_eq!(r.fusions, 2);
-    assert_eq!(r.xla_bytes_fused, (m * k + k * n) * 2 + 4 + m * n * 6 + (m * n * 4 + 4 + m * 4) + 2 * m * 4);
+    assert_eq!(r.fusions, 3);
+    assert_eq!(r.xla_bytes_fused, (m * k + k * n) * 2 + 4 + m * n * 4 + m * n * 6 + (m * n * 4 + 4 + m * 4) + 2 * m * 4);
     assert!(r.xla_bytes_unfused > r.xla_bytes_fused);
     // Everything on the core: the latency is the sum of the groups' times.
     let sum: f64 = r.entries.iter().map(|e| e.seconds).sum();
     assert!((r.latency_ms - sum * 1e3).abs() < 1e-12);
+}
+
+/// An upcast after a bf16 dot is not fused into it (it would widen what the dot writes): its
+/// reader fuses it and reads the bf16 result.
+#[test]
+fn an_upcast_does_not_widen_a_dot() {
+    let (m, k, n) = (256u64, 512u64, 384u64);
+    let mut b = B::new();
+    let x = b.val(&[m, k], "bf16", "argument");
+    let w = b.val(&[k, n], "bf16", "argument");
+    let y = dot(&mut b, x, w, m, n);
+    let yf = b.op("convert", &[y], &[m, n], "f32", json!({}));
+    let sq = b.op("multiply", &[yf, yf], &[m, n], "f32", json!({}));
+    let o = b.op("convert", &[sq], &[m, n], "bf16", json!({}));
+    let d = b.build(&[x, w], &[o]);
+    let g = group(&d).unwrap();
+    assert_eq!(g.groups.iter().map(|g| g.kind).collect::<Vec<_>>(), vec![GroupKind::Dot, GroupKind::Fusion]);
+    assert_eq!(g.groups[0].write_bytes, m * n * 2);
+    assert_eq!((g.groups[1].ops.clone(), g.groups[1].read_bytes, g.groups[1].write_bytes), (vec![2, 3], m * n * 2, m * n * 2));
+}
+
+/// A bias broadcast from an argument fuses into the dot with its add: the dot reads x, w and
+/// the bias vector once.
+#[test]
+fn a_broadcast_bias_fuses_into_the_dot() {
+    let (m, k, n) = (256u64, 512u64, 384u64);
+    let mut b = B::new();
+    let x = b.val(&[m, k], "bf16", "argument");
+    let w = b.val(&[k, n], "bf16", "argument");
+    let bias = b.val(&[n], "bf16", "argument");
+    let y = dot(&mut b, x, w, m, n);
+    let bb = b.op("broadcast_in_dim", &[bias], &[m, n], "bf16", json!({"broadcast_dimensions": [1]}));
+    let z = b.op("add", &[y, bb], &[m, n], "bf16", json!({}));
+    let d = b.build(&[x, w, bias], &[z]);
+    let g = group(&d).unwrap();
+    assert_eq!(g.groups.len(), 1);
+    assert_eq!(g.groups[0].ops.len(), 2, "the dot and the add (the broadcast is recomputed)");
+    assert_eq!(g.groups[0].read_bytes, (m * k + k * n + n) * 2);
+    assert_eq!(g.groups[0].write_bytes, m * n * 2);
 }
 
 #[test]

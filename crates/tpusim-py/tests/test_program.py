@@ -300,3 +300,87 @@ def test_splash_behind_a_bshd_wrapper_agrees_with_scope_call(mask):
     assert len(fusions) == len(wrap) == 4
     for f, w in zip(fusions, wrap):
         assert f == pytest.approx(w, rel=0.01)
+
+
+# A small Wan-like block against `tpusim layer` on the same shapes: 768 tokens (a 256x256, 9-frame
+# video), hidden 1024, 8 heads of 128, FFN 4096, 512 text tokens, JAX Splash with blocks 256.
+WAN = {"L": 768, "D": 1024, "H": 8, "hd": 128, "F": 4096, "T": 512}
+WAN_TOML = """name = "small-wan"
+source = "tests/test_program.py: Wan 2.1's block structure at a small width"
+hidden = 1024
+heads = 8
+head_dim = 128
+ffn = 4096
+layers = 1
+text_tokens = 512
+qk_norm = true
+cross_attn_norm = true
+modulation_vectors = 6
+bias = true
+patch = [1, 2, 2]
+vae_stride = [4, 8, 8]
+activation_bytes = 2
+weight_bytes = 2
+"""
+
+
+@functools.lru_cache(maxsize=1)
+def _wan_runs(tmp):
+    import json
+    import pathlib
+
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
+
+    from conftest import run_cli
+    from wan_block import block_args, make_block
+
+    L, D, H, hd, F, T = (WAN[k] for k in ("L", "D", "H", "hd", "F", "T"))
+    bs = sk.BlockSizes(block_q=256, block_kv=256, block_kv_compute=256)
+    self_k = sk.make_splash_mha(sm.MultiHeadMask([sm.FullMask((L, L))] * H), block_sizes=bs, head_shards=1, q_seq_shards=1)
+    cross_k = sk.make_splash_mha(sm.MultiHeadMask([sm.FullMask((L, T))] * H), block_sizes=bs, head_shards=1, q_seq_shards=1)
+    r = tj.simulate_program(make_block(H, hd, self_k, cross_k), *block_args(L, D, F, T, hd))
+    tmp = pathlib.Path(tmp)
+    (tmp / "small-wan.toml").write_text(WAN_TOML)
+    (tmp / "splash256.toml").write_text('kernel = "splash"\nblock_q = 256\nblock_kv = 256\nblock_kv_compute = 256\n')
+    out, _ = run_cli(
+        "layer", "--model", tmp / "small-wan.toml", "--resolution", "256x256", "--frames", "9", "--slice", "1", "--cfg", "off",
+        "--dense-kernel", tmp / "splash256.toml", "--format", "json",
+    )
+    return r, json.loads(out)
+
+
+@pytest.fixture(scope="module")
+def wan(tmp_path_factory):
+    return _wan_runs(str(tmp_path_factory.mktemp("wan")))
+
+
+def test_wan_like_block_matmuls_and_attention_agree_with_tpusim_layer(wan):
+    """The block's ten matmuls and two attention calls, op by op, within 5% of `tpusim layer`'s
+    times for the same shapes (the matmuls by the same XLA-dot lowering, the attention through the
+    IR path here and the hand Splash model there)."""
+    r, lay = wan
+    assert lay["tokens"] == WAN["L"]
+    lay_mm = [o for o in lay["ops"] if o["category"] in ("projections", "feed-forward")]
+    lay_att = [o for o in lay["ops"] if o["category"] == "attention"]
+    dots = r.by_kind("dot")
+    kernels = r.by_kind("kernel")
+    assert len(dots) == len(lay_mm) == 10 and len(kernels) == len(lay_att) == 2
+    # Program order differs only in where the text projections sit: match by shape, in order.
+    for e, o in zip(dots, lay_mm):
+        assert e["detail"].split(" (")[0] == o["detail"].split(",")[0], (e["detail"], o["detail"])
+        assert e["seconds"] * 1e3 == pytest.approx(o["ms"], rel=0.05), (e["name"], o["name"])
+    for e, o in zip(kernels, lay_att):
+        assert e["seconds"] * 1e3 == pytest.approx(o["ms"], rel=0.05), (e["name"], o["name"])
+    # The FFN's GELU rides on the up projection's output, as the layer assumes.
+    up = next(e for e in dots if e["detail"].startswith("768 x 4096 x 1024"))
+    assert "tanh" in up["ops"]
+
+
+@pytest.mark.xfail(strict=True, reason="known miss (VALIDATION.md): the fusion rule splits each LayerNorm into four HBM round trips and "
+                   "RMSNorm into two where tpusim layer counts one, and the head transposes around Splash have no counterpart in the layer")
+def test_wan_like_block_elementwise_agrees_with_tpusim_layer(wan):
+    r, lay = wan
+    ours = sum(e["seconds"] for e in r.by_kind("fusion")) * 1e3
+    theirs = sum(o["ms"] for o in lay["ops"] if o["category"] == "elementwise")
+    assert ours == pytest.approx(theirs, rel=0.05)

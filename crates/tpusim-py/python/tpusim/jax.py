@@ -116,7 +116,8 @@ def lower(fn, *args, chip="v6e", device_kind=None, mesh=None):
 
     if mesh is None:
         mesh = AbstractMesh((1,), ("x",), abstract_device=AbstractDevice(device_kind=kind, num_cores=cores, platform="tpu"))
-    specs = [a if isinstance(a, jax.ShapeDtypeStruct) else jax.ShapeDtypeStruct(a.shape, a.dtype) for a in args]
+    # Arguments may be pytrees (dicts of weights): their leaves are arrays or ShapeDtypeStructs.
+    specs = jax.tree.map(lambda a: a if isinstance(a, jax.ShapeDtypeStruct) else jax.ShapeDtypeStruct(a.shape, a.dtype), list(args))
     try:
         with jax.sharding.use_abstract_mesh(mesh):
             return jax.export.export(fn if hasattr(fn, "trace") else jax.jit(fn), platforms=("tpu",))(*specs)
@@ -831,6 +832,7 @@ def _kernels_of(module, args):
     import numpy as np
 
     jmlir, jtpu, ir, passmanager = _ir()
+    args = _jax().tree.leaves(list(args))  # main's arguments are the flattened leaves
     out = []
     if True:
         calls, funcs, call_sites, others = _find_calls(module)

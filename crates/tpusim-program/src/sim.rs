@@ -245,8 +245,11 @@ pub fn simulate_program(chip: &ChipModel, d: &ProgramDescription, slice: Option<
                 e.detail = format!("Pallas kernel `{}` (kernels[{k}])", c.4);
             }
             (GroupKind::Collective, OpClass::Collective(kind)) => {
-                let ob = d.values[first.operands[0]].bytes()? as f64;
-                let rb = d.values[first.results[0]].bytes()? as f64;
+                let (Some(&operand), Some(&result)) = (first.operands.first(), first.results.first()) else {
+                    return Err(first.error("a collective needs an operand and a result"));
+                };
+                let ob = d.values[operand].bytes()? as f64;
+                let rb = d.values[result].bytes()? as f64;
                 let (msgs, factor) = if kind == CollectiveKind::CollectivePermute {
                     let pairs = first.groups("source_target_pairs")?;
                     let mut v = Vec::new();

@@ -384,3 +384,30 @@ def test_wan_like_block_elementwise_agrees_with_tpusim_layer(wan):
     ours = sum(e["seconds"] for e in r.by_kind("fusion")) * 1e3
     theirs = sum(o["ms"] for o in lay["ops"] if o["category"] == "elementwise")
     assert ours == pytest.approx(theirs, rel=0.05)
+
+
+def test_all_to_all_and_reduce_scatter_are_read_and_timed():
+    """all_to_all and psum_scatter over the 4-chip axis of a 2x4 mesh: read with their replica
+    groups (the rows of the mesh) and timed on the links: a reduce-scatter of B per device loads
+    them as the all-gather of its B / 4 result shards."""
+    mesh = tj.mesh((2, 4), ("a", "b"))
+
+    def f(x):
+        def inner(x):
+            t = jax.lax.all_to_all(x, "b", 0, 0, tiled=True)
+            s = jax.lax.psum_scatter(x, "b", scatter_dimension=0, tiled=True)
+            g = jax.lax.all_gather(s, "b", tiled=True)
+            return t, g
+
+        return jax.shard_map(inner, mesh=mesh, in_specs=P("a", "b"), out_specs=(P("a", "b"), P("a", "b")), check_vma=False)(x)
+
+    args = (jax.ShapeDtypeStruct((1024, 1024), jnp.float32),)
+    d = tj.describe_program(f, *args, mesh=mesh)
+    ops = {o["op"]: o for o in d["ops"] if o["op"] in ("all_to_all", "reduce_scatter", "all_gather")}
+    assert set(ops) == {"all_to_all", "reduce_scatter", "all_gather"}
+    assert all(o["attrs"]["replica_groups"] == [[0, 1, 2, 3], [4, 5, 6, 7]] for o in ops.values())
+    assert ops["all_to_all"]["attrs"]["split_count"] == 4
+    r = tj.simulate_program(f, *args, mesh=mesh)
+    t = {e["name"].split()[0]: e for e in r.by_kind("collective")}
+    assert t["reduce_scatter"]["seconds"] == pytest.approx(t["all_gather"]["seconds"], rel=1e-12)
+    assert all(e["seconds"] > 0 for e in t.values())

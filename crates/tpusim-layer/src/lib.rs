@@ -18,8 +18,8 @@
 //!   with the speedup of sparse attention as a curve over the dense fraction.
 //! * [`trace`]: the layer's timeline as a Chrome trace (one track per unit and one for ICI).
 //!
-//! Depends on chip, workload, kernel, engine and report; only the binary and the plot crate
-//! depend on it.
+//! Depends on chip, workload, kernel, engine and report; only the binary, the plot crate and
+//! tpusim-program depend on it.
 
 pub mod graph;
 pub mod model;
@@ -33,7 +33,7 @@ pub use model::{DitModel, Latent, Video};
 pub use report::{EndToEnd, LayerReport};
 pub use sim::{simulate_layer, Breakdown, LayerResult};
 pub use spec::{AttentionMode, Cfg, Exchange, LayerPlan, LayerSpec, Placement, Weights};
-pub use topology::{time_collective, Collective, CollectiveTiming, Torus};
+pub use topology::{time_collective, time_transfers, Collective, CollectiveTiming, Transfer, Torus};
 
 use tpusim_chip::ChipModel;
 

@@ -363,6 +363,72 @@ pub fn time_collective(chip: &ChipModel, group: &Torus, c: Collective) -> Collec
     }
 }
 
+/// One message of a general exchange: `bytes` from device `source` to each of `targets`
+/// (device indices of the box, row-major over its axes). With several targets the message is a
+/// multicast: each link on the union of its routes carries it once (store and forward, as
+/// [`Collective::AllGather`]); with one target it is a unicast.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Transfer {
+    /// Sending device.
+    pub source: u64,
+    /// Receiving devices (the source itself is skipped).
+    pub targets: Vec<u64>,
+    /// Bytes of the message.
+    pub bytes: f64,
+}
+
+/// Times a set of concurrent messages on `group` with `chip`'s links, by the rule of
+/// [`time_collective`] (module docs): the busiest directed link's bytes over the link bandwidth
+/// plus the longest route's hops times the hop latency. `bytes_sent_per_device` is the most any
+/// device puts on its outgoing links; `bisection_seconds` is `None` (no closed form for an
+/// arbitrary pattern).
+///
+/// # Errors
+/// [`LayerError::Field`] naming `slice` when a source or target is not a device of the box.
+pub fn time_transfers(chip: &ChipModel, group: &Torus, transfers: &[Transfer]) -> Result<CollectiveTiming, LayerError> {
+    let n = group.devices();
+    let mut load: HashMap<Link, f64> = HashMap::new();
+    let mut max_hops = 0u64;
+    for t in transfers {
+        for &d in std::iter::once(&t.source).chain(&t.targets) {
+            if d >= n {
+                return Err(LayerError::field(
+                    "slice",
+                    group.label(),
+                    format!("device {d} is not in the slice ({n} devices, numbered 0 to {} in row-major order)", n.saturating_sub(1)),
+                ));
+            }
+        }
+        let mut per_message: HashMap<Link, f64> = HashMap::new();
+        for &dst in t.targets.iter().filter(|&&d| d != t.source) {
+            for (f, path) in group.routes(t.source, dst) {
+                max_hops = max_hops.max(path.len() as u64);
+                for l in path {
+                    let e = per_message.entry(l).or_default();
+                    *e = e.max(f);
+                }
+            }
+        }
+        for (l, f) in per_message {
+            *load.entry(l).or_default() += f * t.bytes;
+        }
+    }
+    let mut sent: HashMap<u64, f64> = HashMap::new();
+    for (l, b) in &load {
+        *sent.entry(l.0).or_default() += b;
+    }
+    let max_link = load.values().copied().fold(0.0, f64::max);
+    let seconds = if load.is_empty() { 0.0 } else { max_link / chip.ici_link_bytes_per_s() + max_hops as f64 * chip.ici_hop_latency_s() };
+    Ok(CollectiveTiming {
+        seconds,
+        max_link_bytes: max_link,
+        links_used: load.len() as u64,
+        max_hops,
+        bytes_sent_per_device: sent.values().copied().fold(0.0, f64::max),
+        bisection_seconds: None,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -461,6 +527,24 @@ mod tests {
         // The bandwidth term is the link's (the sweep's fit: 86.8 GB/s effective).
         let slope = (t(64 << 20).seconds - t(1 << 20).seconds) / ((63u64 << 20) as f64);
         assert!((1.0 / slope / chip.ici_link_bytes_per_s() - 1.0).abs() < 1e-9);
+    }
+
+    /// The general exchange reproduces the named collectives' link loads.
+    #[test]
+    fn transfers_match_the_named_collectives() {
+        let chip = v6e();
+        let s = Torus::slice("8", &chip).unwrap();
+        let b = 1u64 << 20;
+        let shift: Vec<Transfer> = (0..8).map(|i| Transfer { source: i, targets: vec![(i + 1) % 8], bytes: b as f64 }).collect();
+        let a = time_transfers(&chip, &s, &shift).unwrap();
+        let want = time_collective(&chip, &s, Collective::Permute { bytes_per_device: b });
+        assert_eq!((a.max_link_bytes, a.max_hops, a.links_used, a.seconds), (want.max_link_bytes, want.max_hops, want.links_used, want.seconds));
+        let gather: Vec<Transfer> = (0..8).map(|i| Transfer { source: i, targets: (0..8).collect(), bytes: b as f64 }).collect();
+        let g = time_transfers(&chip, &s, &gather).unwrap();
+        let want = time_collective(&chip, &s, Collective::AllGather { bytes_per_device: b });
+        assert_eq!((g.max_link_bytes, g.max_hops, g.seconds), (want.max_link_bytes, want.max_hops, want.seconds));
+        let e = time_transfers(&chip, &s, &[Transfer { source: 0, targets: vec![8], bytes: 1.0 }]).unwrap_err().to_string();
+        assert!(e.contains("device 8 is not in the slice"), "{e}");
     }
 
     #[test]

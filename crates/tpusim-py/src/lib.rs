@@ -11,6 +11,7 @@
 
 mod decode;
 mod masks;
+mod program;
 
 use pyo3::create_exception;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
@@ -1056,5 +1057,6 @@ fn tpusim_py(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyKernelReport>()?;
     m.add_function(wrap_pyfunction!(simulate_kernel_ir, m)?)?;
     m.add_function(wrap_pyfunction!(decode::decode_kernel_ir, m)?)?;
+    m.add_function(wrap_pyfunction!(program::simulate_program_description, m)?)?;
     Ok(())
 }

@@ -15,7 +15,9 @@ ask which generation they lower for), each `tpu_custom_call` in the result is de
 engine's program. This module only reads IR and writes descriptions: all modelling is in Rust.
 
 Supported JAX: exactly the version in `SUPPORTED_JAX` (the `tpu` dialect changes between
-releases). XLA ops outside the kernels are listed as not simulated.
+releases). `simulate` times the kernels and lists the XLA ops outside them as not simulated;
+`simulate_program(fn, *args, chip=..., slice="2x4", mesh=tpusim.jax.mesh(...))` times the whole
+program (fusions, dots, collectives under `shard_map`, kernels; crate `tpusim-program`).
 """
 
 from __future__ import annotations
@@ -82,8 +84,28 @@ def _device_kind(chip, device_kind):
 # Lowering and finding the kernels
 
 
-def lower(fn, *args, chip="v6e", device_kind=None):
-    """Lowers `fn(*args)` for TPU under `chip`'s device kind; returns the `jax.export.Exported`.
+def mesh(shape, axis_names, chip="v6e", device_kind=None):
+    """The `jax.sharding.AbstractMesh` to pass to `jax.shard_map` in a function that
+    `simulate_program` lowers: `shape` (devices per axis, e.g. (2, 4)) and `axis_names`, with the
+    chip's TPU device kind (Pallas lowering rules ask for it) and Auto axes. Device i of the mesh
+    (row-major over its axes) is chip i of the slice in row-major order of the slice shape."""
+    jax = _jax()
+    kind, cores = _device_kind(chip, device_kind)
+    from jax.sharding import AbstractDevice, AbstractMesh, AxisType
+
+    shape, axis_names = tuple(int(x) for x in shape), tuple(axis_names)
+    if len(shape) != len(axis_names) or not shape or any(x < 1 for x in shape):
+        raise InputError(f"mesh: shape {shape} and axis_names {axis_names}: one positive size per named axis")
+    return AbstractMesh(
+        shape, axis_names, axis_types=(AxisType.Auto,) * len(shape),
+        abstract_device=AbstractDevice(device_kind=kind, num_cores=cores, platform="tpu"),
+    )
+
+
+def lower(fn, *args, chip="v6e", device_kind=None, mesh=None):
+    """Lowers `fn(*args)` for TPU under `chip`'s device kind (inside `mesh`, an `AbstractMesh`
+    from `tpusim.jax.mesh`, when the function uses `shard_map` over it); returns the
+    `jax.export.Exported`.
 
     Raises `InputError` for an unsupported JAX, a chip without a known device kind, or a
     function that does not lower (the JAX error's message, with our context on top).
@@ -92,8 +114,10 @@ def lower(fn, *args, chip="v6e", device_kind=None):
     kind, cores = _device_kind(chip, device_kind)
     from jax.sharding import AbstractDevice, AbstractMesh
 
-    mesh = AbstractMesh((1,), ("x",), abstract_device=AbstractDevice(device_kind=kind, num_cores=cores, platform="tpu"))
-    specs = [a if isinstance(a, jax.ShapeDtypeStruct) else jax.ShapeDtypeStruct(a.shape, a.dtype) for a in args]
+    if mesh is None:
+        mesh = AbstractMesh((1,), ("x",), abstract_device=AbstractDevice(device_kind=kind, num_cores=cores, platform="tpu"))
+    # Arguments may be pytrees (dicts of weights): their leaves are arrays or ShapeDtypeStructs.
+    specs = jax.tree.map(lambda a: a if isinstance(a, jax.ShapeDtypeStruct) else jax.ShapeDtypeStruct(a.shape, a.dtype), list(args))
     try:
         with jax.sharding.use_abstract_mesh(mesh):
             return jax.export.export(fn if hasattr(fn, "trace") else jax.jit(fn), platforms=("tpu",))(*specs)
@@ -794,14 +818,23 @@ def _matmul_attrs(op):
 
 
 def _kernels(exported, args):
-    """Each Pallas kernel of an export: (description dict, custom-call facts)."""
+    """Each Pallas kernel of an export (description dicts) and the XLA ops outside them (names)."""
+    _, _, ir, _ = _ir()
+    with _context(), ir.Location.unknown():
+        module = ir.Module.parse(exported.mlir_module())
+        out, outside, _ = _kernels_of(module, args)
+    return out, outside
+
+
+def _kernels_of(module, args):
+    """The kernel descriptions of a parsed export's tpu_custom_calls (in `_find_calls` order), the
+    XLA ops outside them, and the custom-call ops themselves (aligned with the descriptions)."""
     import numpy as np
 
     jmlir, jtpu, ir, passmanager = _ir()
-    ctx = _context()
+    args = _jax().tree.leaves(list(args))  # main's arguments are the flattened leaves
     out = []
-    with ctx, ir.Location.unknown():
-        module = ir.Module.parse(exported.mlir_module())
+    if True:
         calls, funcs, call_sites, others = _find_calls(module)
         for c in calls:
             op = c.op
@@ -872,7 +905,7 @@ def _kernels(exported, args):
                     w += 1
             out.append(full)
     outside = sorted({n for n in others if n.startswith("stablehlo.") and n not in ("stablehlo.constant",)})
-    return out, outside
+    return out, outside, [c.op for c in calls]
 
 
 def describe_all(fn, *args, chip="v6e", device_kind=None):
@@ -886,7 +919,7 @@ def describe_all(fn, *args, chip="v6e", device_kind=None):
     if not descs:
         raise InputError(
             "the function has no Pallas kernel (no tpu_custom_call in its TPU lowering): tpusim.jax simulates "
-            "pl.pallas_call kernels; XLA ops alone are the next step (issue: decode and whole programs)"
+            "pl.pallas_call kernels; tpusim.jax.simulate_program(fn, *args) times a whole program, XLA ops included"
         )
     return descs, outside
 
@@ -940,6 +973,23 @@ def simulate(fn, *args, chip="v6e", device_kind=None, set=None, **options):
     return CallReport(reports, outside)
 
 
+def describe_program(fn, *args, chip="v6e", device_kind=None, mesh=None):
+    """The program description (a dict; `crates/tpusim-program/PROGRAM.md`) of `fn(*args)`: its
+    XLA ops, collectives and Pallas kernels (`tpusim.program`)."""
+    from .program import describe_program as d
+
+    return d(fn, *args, chip=chip, device_kind=device_kind, mesh=mesh)
+
+
+def simulate_program(fn, *args, chip="v6e", device_kind=None, mesh=None, slice=None, set=None):
+    """Simulates the whole program of `fn(*args)` on one chip of `slice` (`"2x4"`, default the
+    shape of `mesh`): fusions, dots, collectives and Pallas kernels, scheduled with asynchronous
+    collectives (crate `tpusim-program`). Returns a `ProgramReport` (`tpusim.program`)."""
+    from .program import simulate_program as s
+
+    return s(fn, *args, chip=chip, device_kind=device_kind, mesh=mesh, slice=slice, set=set)
+
+
 def _overrides(s):
     if s is None:
         return []
@@ -969,7 +1019,9 @@ class CallReport:
     def __str__(self):
         parts = [str(k) for k in self.kernels]
         if self.not_simulated:
-            parts.append("not simulated (XLA ops outside the kernels): " + ", ".join(self.not_simulated))
+            parts.append(
+                "not simulated (XLA ops outside the kernels; tpusim.jax.simulate_program times them): " + ", ".join(self.not_simulated)
+            )
         return "\n".join(parts)
 
 

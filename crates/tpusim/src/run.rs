@@ -163,14 +163,16 @@ fn cmd_run_kernel_ir(a: &RunArgs, path: &str) -> Result<String, CliError> {
         .filter(|k| !matches!(k.as_str(), "chip" | "set"))
         .map(|k| format!("--{}", k.replace('_', "-")))
         .chain(a.job.trace.iter().map(|_| "--trace".to_string()))
-        .chain(a.timeline.iter().map(|_| "--timeline".to_string()))
         .collect();
     if !given.is_empty() {
         return Err(CliError::input(format!(
-            "{}: not with --kernel-ir: the kernel's lowering fixed its workload, mask and block sizes (only --chip and --set apply; re-lower with tpusim.jax to change them{})",
+            "{}: not with --kernel-ir: the kernel's lowering fixed its workload, mask and block sizes (only --chip and --set apply; re-lower with tpusim.jax to change them)",
             given.join(", "),
-            if given.iter().any(|g| g == "--timeline") { "; timelines of IR kernels are not written yet" } else { "" }
         )));
+    }
+    if let Some(t) = &a.timeline {
+        // Refuse an unwritable timeline before the simulation, not after it.
+        tpusim_io::check_replace(std::path::Path::new(t), "run --timeline", a.force).map_err(|e| CliError::input(format!("--timeline {e}")))?;
     }
     let spec = a.job.spec()?;
     let chip = spec.chip().map_err(|e| a.job.error(e))?;
@@ -184,9 +186,70 @@ fn cmd_run_kernel_ir(a: &RunArgs, path: &str) -> Result<String, CliError> {
     tpusim_pallas::runtime::bind_runtime(&mut desc, &given).map_err(|e| CliError::input(e.to_string()))?;
     let run = tpusim_report::ir::run_kernel_ir(&chip, &desc, &dir).map_err(|e| CliError::input(format!("--kernel-ir {path}: {e}")))?;
     let rep = tpusim_report::ir::KernelIrReport::from_run(&run);
-    Ok(match a.format {
+    let text = match a.format {
         Format::Json => rep.to_json(),
         Format::Table => rep.to_table(),
+    };
+    match &a.timeline {
+        None => Ok(text),
+        Some(t) => {
+            let timed = tpusim_plot::timeline::Timed::of_program(
+                &run.chip,
+                &run.program,
+                &run.result,
+                "from its Mosaic IR",
+                tpusim_plot::timeline::StepArgs::Grid,
+            );
+            with_timeline(a, &timed, t, text)
+        }
+    }
+}
+
+/// Writes the `--timeline` file of a run (either front end) and appends what it holds to the
+/// report `text`; when the timeline cannot be written, prints the report first and returns why.
+fn with_timeline(a: &RunArgs, timed: &tpusim_plot::timeline::Timed<'_>, path: &str, text: String) -> Result<String, CliError> {
+    let window = tpusim_plot::timeline::Window {
+        steps: a.timeline_steps.as_deref().map(|s| tpusim_plot::timeline::Window::parse_steps(s, "--timeline-steps")).transpose()?,
+        head: a.timeline_head,
+    };
+    let measured = match (&a.compare_trace, &a.kernel_pattern) {
+        (Some(t), Some(p)) => {
+            let trace = tpusim_calib::read_trace(t).map_err(|e| CliError::input(format!("--compare-trace {e}")))?;
+            let ops =
+                tpusim_calib::select_ops(&trace, &tpusim_calib::Selection::xprof(p), t).map_err(|e| CliError::input(e.to_string()))?;
+            let name = std::path::Path::new(t).file_name().map(|f| f.to_string_lossy().to_string()).unwrap_or_else(|| t.clone());
+            Some(tpusim_plot::timeline::MeasuredTrack {
+                process: format!("measured: {name}"),
+                ops: ops.into_iter().map(|o| (format!("{} {}", o.device, o.line), o.name, o.ts_us, o.dur_us)).collect(),
+            })
+        }
+        _ => None,
+    };
+    let sum = match tpusim_plot::timeline::write_chrome_trace_with(timed, &window, std::path::Path::new(path), "--timeline", measured.as_ref())
+    {
+        Ok(sum) => sum,
+        Err(e) => {
+            // The run itself succeeded: print its report, then say why the timeline was not
+            // written (for a run too large to trace whole, how to window it).
+            print_now(&text);
+            return Err(CliError::from(e));
+        }
+    };
+    Ok(match a.format {
+        Format::Json => text,
+        Format::Table => {
+            let steps = match sum.step_range {
+                Some((f, l)) => format!("steps {f} to {l}"),
+                None => "no steps".into(),
+            };
+            format!(
+                "{}\n  timeline     {path}: {} events, {} of {} grid steps ({steps}); open in Perfetto or chrome://tracing\n",
+                text.trim_end(),
+                sum.events,
+                sum.steps,
+                sum.run_steps
+            )
+        }
     })
 }
 
@@ -215,59 +278,14 @@ pub fn cmd_run(a: &RunArgs) -> Result<String, CliError> {
     let mut rep = Report::from_run(&r);
     rep.render_notes(&mut |f, v| a.job.describe_setting(&spec, f, v, case_study));
     rep.measured = tpusim_calib::shipped_measurement(&chip, &job, rep.latency_ms);
-    let Some(path) = &a.timeline else {
-        return Ok(match a.format {
-            Format::Json => rep.to_json(),
-            Format::Table => rep.to_table(),
-        });
-    };
-    let window = tpusim_plot::timeline::Window {
-        steps: a.timeline_steps.as_deref().map(|s| tpusim_plot::timeline::Window::parse_steps(s, "--timeline-steps")).transpose()?,
-        head: a.timeline_head,
-    };
-    let measured = match (&a.compare_trace, &a.kernel_pattern) {
-        (Some(t), Some(p)) => {
-            let trace = tpusim_calib::read_trace(t).map_err(|e| CliError::input(format!("--compare-trace {e}")))?;
-            let ops =
-                tpusim_calib::select_ops(&trace, &tpusim_calib::Selection::xprof(p), t).map_err(|e| CliError::input(e.to_string()))?;
-            let name = std::path::Path::new(t).file_name().map(|f| f.to_string_lossy().to_string()).unwrap_or_else(|| t.clone());
-            Some(tpusim_plot::timeline::MeasuredTrack {
-                process: format!("measured: {name}"),
-                ops: ops.into_iter().map(|o| (format!("{} {}", o.device, o.line), o.name, o.ts_us, o.dur_us)).collect(),
-            })
-        }
-        _ => None,
-    };
-    let sum = match tpusim_plot::timeline::write_chrome_trace_with(&r, &window, std::path::Path::new(path), "--timeline", measured.as_ref())
-    {
-        Ok(sum) => sum,
-        Err(e) => {
-            // The run itself succeeded: print its report, then say why the timeline was not
-            // written (for a run too large to trace whole, how to window it).
-            let text = match a.format {
-                Format::Json => rep.to_json(),
-                Format::Table => rep.to_table(),
-            };
-            print_now(&text);
-            return Err(CliError::from(e));
-        }
-    };
-    Ok(match a.format {
+    let text = match a.format {
         Format::Json => rep.to_json(),
-        Format::Table => {
-            let steps = match sum.step_range {
-                Some((f, l)) => format!("steps {f} to {l}"),
-                None => "no steps".into(),
-            };
-            format!(
-                "{}\n  timeline     {path}: {} events, {} of {} grid steps ({steps}); open in Perfetto or chrome://tracing\n",
-                rep.to_table().trim_end(),
-                sum.events,
-                sum.steps,
-                sum.run_steps
-            )
-        }
-    })
+        Format::Table => rep.to_table(),
+    };
+    match &a.timeline {
+        None => Ok(text),
+        Some(path) => with_timeline(a, &tpusim_plot::timeline::Timed::of_run(&r), path, text),
+    }
 }
 
 /// Writes `text` (with a final newline) to stdout at once, before an error follows on stderr.

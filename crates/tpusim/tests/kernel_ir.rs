@@ -1,0 +1,132 @@
+//! `tpusim run`, `plot`, `sweep` and `tune` with kernels read from their Mosaic IR
+//! (`--kernel-ir FILE`), on a hand-written description fixture (`tests/data/kernel-ir/`: a
+//! tiled bf16 matmul, 1024 x 1024 x 1024 in 256 x 256 x 512 blocks, f32 output accumulated over
+//! the k dimension), and their bad input.
+
+use serde_json::Value;
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_tpusim"))
+}
+
+fn fixture() -> String {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/kernel-ir/matmul.json").to_string_lossy().into_owned()
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("tpusim-kernel-ir-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn tpusim(args: &[&str]) -> Output {
+    bin().args(args).output().unwrap()
+}
+
+fn ok(args: &[&str]) -> String {
+    let out = tpusim(args);
+    assert!(out.status.success(), "tpusim {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Runs `tpusim ARGS`, expecting exit code 2 and an error containing every `needle`.
+fn input_error(args: &[&str], needles: &[&str]) -> String {
+    let out = tpusim(args);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(2), "tpusim {args:?} should exit 2; stderr: {err}");
+    for n in needles {
+        assert!(err.contains(n), "tpusim {args:?}: error should mention {n:?}: {err}");
+    }
+    err
+}
+
+fn run_json(extra: &[&str]) -> Value {
+    let f = fixture();
+    let mut a = vec!["run", "--kernel-ir", f.as_str(), "--format", "json"];
+    a.extend(extra);
+    serde_json::from_str(&ok(&a)).unwrap()
+}
+
+#[test]
+fn bound_by_is_the_what_if_table_and_each_row_is_the_run_with_its_overrides() {
+    let j = run_json(&[]);
+    let table = j["what_if_2x"].as_array().expect("a what-if table");
+    assert_eq!(table.len(), 6, "{table:?}");
+    let gain = |u: &str| table.iter().find(|w| w["unit"] == u).unwrap()["gain"].as_f64().unwrap();
+    // The bottleneck is the unit with the largest gain.
+    let best = table.iter().max_by(|a, b| a["gain"].as_f64().unwrap().total_cmp(&b["gain"].as_f64().unwrap())).unwrap();
+    assert_eq!(j["bottleneck"], best["unit"]);
+    assert!(j["co_bound"].is_array());
+    // Each row is `tpusim run --kernel-ir F --set ...` of its overrides.
+    for u in ["hbm", "mxu"] {
+        let row = table.iter().find(|w| w["unit"] == u).unwrap();
+        let mut extra = Vec::new();
+        for s in row["set"].as_array().unwrap() {
+            extra.extend(["--set", s.as_str().unwrap()]);
+        }
+        let again = run_json(&extra);
+        let (a, b) = (again["latency_ms"].as_f64().unwrap(), row["latency_ms"].as_f64().unwrap());
+        assert!((a - b).abs() <= 1e-9 * b, "{u}: {a} vs {b}");
+        assert!((gain(u) - (1.0 - b / j["latency_ms"].as_f64().unwrap())).abs() < 1e-12);
+    }
+    // The band line says the run is not covered, in the hand-model report's words.
+    assert_eq!(j["band"]["covered"], false);
+    assert!(j["band"]["text"].as_str().unwrap().starts_with("not covered by measurements: chip v6e, family kernel-ir"), "{}", j["band"]);
+    let f = fixture();
+    let table = ok(&["run", "--kernel-ir", &f]);
+    assert!(table.contains("  band         not covered by measurements: chip v6e"), "{table}");
+    assert!(table.contains(&format!("  bound by     {}", j["bottleneck"].as_str().unwrap())) && table.contains("  what if 2x   mxu -"), "{table}");
+}
+
+#[test]
+fn timeline_of_an_ir_kernel_adds_up_to_its_report() {
+    let d = scratch("timeline");
+    let t = d.join("t.json");
+    let f = fixture();
+    let out = ok(&["run", "--kernel-ir", &f, "--timeline", t.to_str().unwrap()]);
+    assert!(out.contains("timeline     ") && out.contains("32 of 32 grid steps"), "{out}");
+    let rep = run_json(&[]);
+    let trace: Value = serde_json::from_slice(&std::fs::read(&t).unwrap()).unwrap();
+    let events: Vec<&Value> = trace["traceEvents"].as_array().unwrap().iter().filter(|e| e["ph"] == "X").collect();
+    assert!(!events.is_empty());
+    // Per unit, the events' durations add up to the report's busy time.
+    for (cat, unit) in [("mxu", "mxu"), ("vpu", "vpu"), ("step_control", "step_control")] {
+        let us: f64 = events.iter().filter(|e| e["cat"] == cat).map(|e| e["dur"].as_f64().unwrap()).sum();
+        let ms = rep["busy_ms"][unit].as_f64().unwrap();
+        assert!((us / 1e3 - ms).abs() <= 1e-6 * ms.max(1e-9), "{cat}: {us} us vs {ms} ms");
+    }
+    let dma: f64 = events.iter().filter(|e| e["cat"] == "dma_in" || e["cat"] == "dma_out").map(|e| e["dur"].as_f64().unwrap()).sum();
+    assert!((dma / 1e3 - rep["busy_ms"]["hbm"].as_f64().unwrap()).abs() < 1e-6);
+    // Steps carry their grid indices, not attention blocks.
+    let a = &events[0]["args"];
+    assert!(a.get("index_first").is_some() && a.get("computed").is_some() && a.get("q_block").is_none(), "{a}");
+    // A window: steps 8..16 of grid index 1 of dimension 0 (4 x 2 steps each: steps 8..15).
+    let w = d.join("w.json");
+    let out = ok(&["run", "--kernel-ir", &f, "--timeline", w.to_str().unwrap(), "--timeline-steps", "0:12", "--timeline-head", "1"]);
+    assert!(out.contains("4 of 32 grid steps (steps 8 to 11)"), "{out}");
+    let trace: Value = serde_json::from_slice(&std::fs::read(&w).unwrap()).unwrap();
+    assert!(trace["traceEvents"].as_array().unwrap().iter().filter(|e| e["ph"] == "X").all(|e| e["args"]["index_first"] == 1));
+    // An empty window is refused in the IR's words; the report is printed first.
+    let out = tpusim(&["run", "--kernel-ir", &f, "--timeline", d.join("e.json").to_str().unwrap(), "--timeline-head", "9"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("holds no grid step") && err.contains("4 indices of grid dimension 0"), "{err}");
+    assert!(!d.join("e.json").exists());
+    // A file tpusim did not write is not replaced.
+    let foreign = d.join("mine.json");
+    std::fs::write(&foreign, "{}").unwrap();
+    input_error(&["run", "--kernel-ir", &f, "--timeline", foreign.to_str().unwrap()], &["--timeline", "--force"]);
+    assert_eq!(std::fs::read_to_string(&foreign).unwrap(), "{}");
+}
+
+#[test]
+fn bad_kernel_ir_input_is_refused_by_name() {
+    let f = fixture();
+    input_error(&["run", "--kernel-ir", "/nonexistent/k.json"], &["--kernel-ir", "/nonexistent/k.json"]);
+    input_error(&["run", "--kernel-ir", &f, "--block-q", "256"], &["--block-q", "not with --kernel-ir"]);
+    // tune says to use tpusim.jax.tune, and how.
+    input_error(&["tune", "--kernel-ir", &f], &["--kernel-ir", "tpusim.jax.tune(make_fn, candidates", "lowers make_fn(candidate)"]);
+}

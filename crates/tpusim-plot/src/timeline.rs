@@ -349,8 +349,11 @@ pub enum StepArgs {
     Matmul,
     /// A kernel read from its IR (`tpusim run --kernel-ir`): `index_first` (the grid index of
     /// dimension 0), `index_inner` (of the innermost dimension) and `computed` (whether the
-    /// step's body runs work).
-    Grid,
+    /// step's body runs work). `dims` is the grid's number of dimensions (for labels).
+    Grid {
+        /// Grid dimensions.
+        dims: u8,
+    },
 }
 
 /// One phase of a [`Timed`] run.
@@ -426,7 +429,7 @@ impl<'a> Timed<'a> {
     /// What grid coordinate 0 indexes, in words, for messages.
     fn first_dim_words(&self) -> &'static str {
         match self.args {
-            StepArgs::Grid => "indices of grid dimension 0",
+            StepArgs::Grid { .. } => "indices of grid dimension 0",
             StepArgs::Attention | StepArgs::Matmul => "batch x head indices",
         }
     }
@@ -651,7 +654,7 @@ pub fn write_chrome_trace_with(
                                 k_block: e.coords[3],
                                 bytes: e.bytes,
                             }),
-                            StepArgs::Grid => Args::Grid(GridArgs {
+                            StepArgs::Grid { .. } => Args::Grid(GridArgs {
                                 step: e.step,
                                 index_first: e.coords[0],
                                 index_inner: e.coords[2],
@@ -773,7 +776,16 @@ fn describe(e: &Event, args: StepArgs) -> String {
             format!("h{} q{} kv{} {}{}", e.coords[0], e.coords[1], e.coords[2], e.tile, if e.masked { " masked" } else { "" })
         }
         StepArgs::Matmul => format!("m{} n{} k{}", e.coords[1], e.coords[2], e.coords[3]),
-        StepArgs::Grid => format!("i{} .. {}{}", e.coords[0], e.coords[2], if e.tile == "empty" { " skipped" } else { "" }),
+        StepArgs::Grid { dims } => {
+            let c = e.coords;
+            let idx = match dims {
+                0 | 1 => format!("({})", c[0]),
+                2 => format!("({}, {})", c[0], c[2]),
+                3 => format!("({}, {}, {})", c[0], c[1], c[2]),
+                _ => format!("({}, .., {}, {})", c[0], c[1], c[2]),
+            };
+            format!("grid {idx}{}", if e.tile == "empty" { " skipped" } else { "" })
+        }
     }
 }
 
@@ -847,7 +859,7 @@ pub fn read_chrome_trace(path: &str, flag: &str) -> Result<Vec<UsEvent>, PlotErr
                 (Some(m), Some(n), Some(k)) => format!("m{m} n{n} k{k}"),
                 _ => match (a("index_first"), a("index_inner")) {
                     (Some(f), Some(i)) => format!(
-                        "i{f} .. {i}{}",
+                        "grid ({f}, .., {i}){}",
                         if e.pointer("/args/computed").and_then(|x| x.as_bool()) == Some(false) { " skipped" } else { "" }
                     ),
                     _ => String::new(),

@@ -198,7 +198,7 @@ fn cmd_run_kernel_ir(a: &RunArgs, path: &str) -> Result<String, CliError> {
                 &run.program,
                 &run.result,
                 "from its Mosaic IR",
-                tpusim_plot::timeline::StepArgs::Grid,
+                tpusim_plot::timeline::StepArgs::Grid { dims: run.description.grid.len().min(255) as u8 },
             );
             with_timeline(a, &timed, t, text)
         }

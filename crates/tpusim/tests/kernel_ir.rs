@@ -130,3 +130,39 @@ fn bad_kernel_ir_input_is_refused_by_name() {
     // tune says to use tpusim.jax.tune, and how.
     input_error(&["tune", "--kernel-ir", &f], &["--kernel-ir", "tpusim.jax.tune(make_fn, candidates", "lowers make_fn(candidate)"]);
 }
+
+#[test]
+fn plots_of_an_ir_kernel_render_and_kinds_that_need_attention_refuse_it() {
+    let d = scratch("plot");
+    let f = fixture();
+    let dense = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../plots/jobs/dense.toml").to_string_lossy().into_owned();
+    let png = |name: &str| d.join(name).to_string_lossy().into_owned();
+    for (args, what) in [
+        (vec!["plot", "timeline", "--kernel-ir", &f, "--steps", "0:6"], "grid steps 0 to 5"),
+        // --head is the grid index of dimension 0: index 2 holds steps 16..23.
+        (vec!["plot", "timeline", "--kernel-ir", &f, "--head", "2"], "grid steps 16 to 19"),
+        (vec!["plot", "roofline", "--kernel-ir", &f, "--trace", &dense], "Roofline on v6e"),
+        (vec!["plot", "breakdown", "--kernel-ir", &f, "--kernel-ir", &f, "--chips", "v6e,v5e"], "Busy time per unit"),
+    ] {
+        let out = png(&format!("{}.png", args[1..].join("_").replace(['/', '.', ','], "-")));
+        let mut a = args.clone();
+        a.extend(["--out", out.as_str()]);
+        let text = ok(&a);
+        assert!(text.contains(what), "{a:?}: {text}");
+        let bytes = std::fs::read(&out).unwrap();
+        assert!(bytes.starts_with(b"\x89PNG") && bytes.len() > 10_000, "{a:?}: {} bytes", bytes.len());
+    }
+    let out = png("x.png");
+    for kind in ["tiles", "heatmap", "speedup"] {
+        let mut a = vec!["plot", kind, "--kernel-ir", f.as_str(), "--out", out.as_str()];
+        if kind == "heatmap" {
+            a.extend(["--input", "sweep.csv"]);
+        }
+        input_error(&a, &["--kernel-ir", &format!("not with plot {kind}"), "plot timeline, breakdown and roofline --kernel-ir"]);
+    }
+    input_error(&["plot", "roofline", "--kernel-ir", &f, "--heads", "4", "--out", &out], &["--heads", "not with --kernel-ir"]);
+    input_error(&["plot", "roofline", "--kernel-ir", "/nonexistent/k.json", "--out", &out], &["--kernel-ir /nonexistent/k.json"]);
+    input_error(&["plot", "timeline", "--kernel-ir", &f, "--head", "4", "--out", &out], &["--head 4", "4 indices (0 to 3)"]);
+    input_error(&["plot", "timeline", "--kernel-ir", &f, "--block-q", "256", "--out", &out], &["--block-q", "not with --kernel-ir"]);
+    assert!(!d.join("x.png").exists());
+}

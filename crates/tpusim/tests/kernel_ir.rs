@@ -166,3 +166,83 @@ fn plots_of_an_ir_kernel_render_and_kinds_that_need_attention_refuse_it() {
     input_error(&["plot", "timeline", "--kernel-ir", &f, "--block-q", "256", "--out", &out], &["--block-q", "not with --kernel-ir"]);
     assert!(!d.join("x.png").exists());
 }
+
+/// A sweep file over the fixture (copied beside it) in a fresh folder.
+fn sweep_dir(name: &str, sweep: &str) -> PathBuf {
+    let d = scratch(name);
+    std::fs::copy(fixture(), d.join("k.json")).unwrap();
+    std::fs::write(d.join("s.toml"), sweep).unwrap();
+    d
+}
+
+fn csv_rows(path: &std::path::Path) -> Vec<std::collections::BTreeMap<String, String>> {
+    let text = std::fs::read_to_string(path).unwrap();
+    let mut lines = text.lines().filter(|l| !l.starts_with('#'));
+    let header: Vec<String> = lines.next().unwrap().split(',').map(String::from).collect();
+    lines.map(|l| header.iter().cloned().zip(l.split(',').map(String::from)).collect()).collect()
+}
+
+#[test]
+fn a_sweep_over_description_files_and_chip_fields_has_the_ir_reports_rows() {
+    let d = sweep_dir(
+        "sweep",
+        "[base]\nchip = \"v6e\"\n[axes]\nkernel_ir = [\"k.json\"]\nchip = [\"v6e\", \"v5e\"]\n\"chip.hbm.bandwidth_gb_per_s\" = [800, 1600]\n",
+    );
+    let s = d.join("s.toml").to_string_lossy().into_owned();
+    let out = d.join("s.csv").to_string_lossy().into_owned();
+    let text = ok(&["sweep", &s, "--out", &out, "--no-progress", "--jobs", "2"]);
+    assert!(text.contains("4 points") && text.contains("4 computed, 0 resumed, 0 with errors"), "{text}");
+    let rows = csv_rows(std::path::Path::new(&out));
+    assert_eq!(rows.len(), 4);
+    assert!(rows.iter().all(|r| r["kernel_name"] == "tiled_matmul" && r["error"].is_empty() && r["grid_steps"] == "32"), "{rows:?}");
+    // Each row is `tpusim run --kernel-ir` of its chip and override.
+    for r in &rows {
+        let set = format!("hbm.bandwidth_gb_per_s={}", r["chip.hbm.bandwidth_gb_per_s"]);
+        let j = run_json(&["--chip", &r["chip"], "--set", &set]);
+        assert_eq!(r["latency_ms"].parse::<f64>().unwrap(), j["latency_ms"].as_f64().unwrap(), "{r:?}");
+        assert_eq!(r["hbm_bytes"], j["hbm_bytes"].to_string());
+    }
+    // More HBM bandwidth is never slower.
+    let lat = |i: usize| rows[i]["latency_ms"].parse::<f64>().unwrap();
+    assert!(lat(1) < lat(0) && lat(3) <= lat(2), "{rows:?}");
+    // A second run resumes every row; the bytes do not change.
+    let before = std::fs::read(&out).unwrap();
+    let text = ok(&["sweep", &s, "--out", &out, "--no-progress"]);
+    assert!(text.contains("0 computed, 4 resumed"), "{text}");
+    assert_eq!(std::fs::read(&out).unwrap(), before);
+    // Editing the description makes it another sweep: refused without --force, replaced with it.
+    let k = d.join("k.json");
+    let edited = std::fs::read_to_string(&k).unwrap().replace("\"tiled_matmul\"", "\"tiled_matmul_2\"");
+    std::fs::write(&k, edited).unwrap();
+    input_error(&["sweep", &s, "--out", &out, "--no-progress"], &["another sweep", "--force"]);
+    let text = ok(&["sweep", &s, "--out", &out, "--no-progress", "--force"]);
+    assert!(text.contains("4 computed"), "{text}");
+    assert!(csv_rows(std::path::Path::new(&out)).iter().all(|r| r["kernel_name"] == "tiled_matmul_2"));
+    // --what-if-2x adds the bottleneck and gains; the bound unit is the run's.
+    let w = d.join("w.csv").to_string_lossy().into_owned();
+    ok(&["sweep", &s, "--out", &w, "--no-progress", "--what-if-2x"]);
+    let rows = csv_rows(std::path::Path::new(&w));
+    assert_eq!(rows[0]["bottleneck"], run_json(&["--set", "hbm.bandwidth_gb_per_s=800"])["bottleneck"].as_str().unwrap());
+    assert!(rows[0]["gain_2x_hbm"].parse::<f64>().unwrap() > 0.1, "{:?}", rows[0]);
+}
+
+#[test]
+fn bad_sweeps_of_description_files_name_the_key_and_the_file() {
+    for (sweep, needles) in [
+        ("[axes]\nkernel_ir = [\"k.json\", \"missing.json\"]\n", vec!["axes.kernel_ir[1]", "missing.json", "cannot read"]),
+        ("[base]\nkernel_ir = \"nope.json\"\n[axes]\nchip = [\"v6e\"]\n", vec!["base.kernel_ir", "nope.json"]),
+        ("[axes]\nkernel_ir = [\"k.json\"]\nblock_q = [256]\n", vec!["axes.block_q", "not in a sweep of kernel descriptions"]),
+        ("[base]\nheads = 4\n[axes]\nkernel_ir = [\"k.json\"]\n", vec!["base.heads", "not in a sweep of kernel descriptions"]),
+        ("[[points]]\nkernel_ir = \"k.json\"\n[[points]]\nchip = \"v5e\"\n", vec!["points[1] names no kernel_ir"]),
+        ("[axes]\nkernel_ir = [3]\n", vec!["axes.kernel_ir[0]", "expected the path of a kernel description file"]),
+        ("[axes]\nkernel_ir = [\"s.toml\"]\n", vec!["axes.kernel_ir[0]", "s.toml"]),
+    ] {
+        let d = sweep_dir("bad-sweep", sweep);
+        let s = d.join("s.toml").to_string_lossy().into_owned();
+        let out = d.join("o.csv").to_string_lossy().into_owned();
+        let mut n = needles.clone();
+        n.push("s.toml");
+        input_error(&["sweep", &s, "--out", &out, "--no-progress"], &n);
+        assert!(!d.join("o.csv").exists() && !d.join("o.csv.partial").exists(), "{sweep}: nothing written");
+    }
+}

@@ -35,7 +35,8 @@ pub struct RunArgs {
     pub job: JobArgs,
     /// Simulate a Pallas kernel read from its Mosaic IR: a kernel description file written by
     /// `tpusim.jax.describe` (format: crates/tpusim-pallas/DESCRIPTION.md). The lowering fixed
-    /// the workload, mask and blocks, so only --chip and --set apply.
+    /// the workload, mask and blocks, so of the job flags only --chip and --set apply (--timeline
+    /// and its window flags too: its steps carry their grid indices).
     #[arg(long, value_name = "FILE.json")]
     pub kernel_ir: Option<String>,
     /// With --kernel-ir: the values of a runtime operand of the kernel (sequence lengths, page
@@ -49,7 +50,8 @@ pub struct RunArgs {
     pub format: Format,
     /// Also write the simulated execution as a Chrome trace (open in Perfetto or
     /// chrome://tracing): one track per unit, one event per tile operation, DMA and step
-    /// overhead, with head, q block, kv block and tile kind as arguments. A run of more than a
+    /// overhead, with head, q block, kv block and tile kind as arguments (with --kernel-ir: the
+    /// grid indices and whether the body runs). A run of more than a
     /// million events is written only for a window (--timeline-steps, --timeline-head); without
     /// one, the report is printed and the timeline refused with the sizes to choose from.
     #[arg(long, value_name = "FILE.json")]
@@ -57,7 +59,8 @@ pub struct RunArgs {
     /// Only grid steps START..END (END exclusive) in the timeline, e.g. 0:16.
     #[arg(long, value_name = "START:END", requires = "timeline")]
     pub timeline_steps: Option<String>,
-    /// Only the steps of one batch x head index (grid coordinate 0) in the timeline.
+    /// Only the steps of one batch x head index (grid coordinate 0) in the timeline (with
+    /// --kernel-ir: one index of grid dimension 0).
     #[arg(long, value_name = "H", requires = "timeline")]
     pub timeline_head: Option<u32>,
     /// Show a measured profiler trace (XProf / Perfetto Chrome trace JSON, gzip or not) beside

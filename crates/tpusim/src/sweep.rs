@@ -19,7 +19,8 @@ pub enum SweepFormat {
 /// Flags of `tpusim sweep`.
 #[derive(Args, Debug)]
 pub struct SweepArgs {
-    /// Sweep file (TOML: [base] job, [axes] value lists or [[points]]; see studies/README.md).
+    /// Sweep file (TOML: [base] job, [axes] value lists or [[points]]; or kernel description
+    /// files, `kernel_ir = [...]`, over chips and chip fields; see studies/README.md).
     pub file: String,
     /// Output file [default: the sweep file's name with .csv or .jsonl in the current folder;
     /// shards add .shard-I-of-N].

@@ -218,6 +218,13 @@ fn a_sweep_over_description_files_and_chip_fields_has_the_ir_reports_rows() {
     let text = ok(&["sweep", &s, "--out", &out, "--no-progress", "--force"]);
     assert!(text.contains("4 computed"), "{text}");
     assert!(csv_rows(std::path::Path::new(&out)).iter().all(|r| r["kernel_name"] == "tiled_matmul_2"));
+    // Shards merge into the whole sweep's bytes.
+    let whole = std::fs::read(&out).unwrap();
+    let (a, b, m) = (d.join("a.csv"), d.join("b.csv"), d.join("m.csv"));
+    ok(&["sweep", &s, "--out", a.to_str().unwrap(), "--no-progress", "--shard", "0/2"]);
+    ok(&["sweep", &s, "--out", b.to_str().unwrap(), "--no-progress", "--shard", "1/2"]);
+    ok(&["merge", b.to_str().unwrap(), a.to_str().unwrap(), "--out", m.to_str().unwrap()]);
+    assert_eq!(std::fs::read(&m).unwrap(), whole);
     // --what-if-2x adds the bottleneck and gains; the bound unit is the run's.
     let w = d.join("w.csv").to_string_lossy().into_owned();
     ok(&["sweep", &s, "--out", &w, "--no-progress", "--what-if-2x"]);

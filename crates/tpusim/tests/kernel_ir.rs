@@ -109,6 +109,10 @@ fn timeline_of_an_ir_kernel_adds_up_to_its_report() {
     assert!(out.contains("4 of 32 grid steps (steps 8 to 11)"), "{out}");
     let trace: Value = serde_json::from_slice(&std::fs::read(&w).unwrap()).unwrap();
     assert!(trace["traceEvents"].as_array().unwrap().iter().filter(|e| e["ph"] == "X").all(|e| e["args"]["index_first"] == 1));
+    // plot timeline --input draws the written trace, with the steps' grid indices as labels.
+    let png = d.join("from-trace.png");
+    let text = ok(&["plot", "timeline", "--input", t.to_str().unwrap(), "--steps", "0:4", "--out", png.to_str().unwrap()]);
+    assert!(text.contains("grid steps 0 to 3") && std::fs::metadata(&png).unwrap().len() > 10_000, "{text}");
     // An empty window is refused in the IR's words; the report is printed first.
     let out = tpusim(&["run", "--kernel-ir", &f, "--timeline", d.join("e.json").to_str().unwrap(), "--timeline-head", "9"]);
     let err = String::from_utf8_lossy(&out.stderr);

@@ -13,6 +13,10 @@ struct UnitRuns {
     runs: Vec<(Step, u64)>,
     /// Units with these runs (this one and the `repeat - 1` that follow).
     repeat: u64,
+    /// Per unit of the repeat, how its coordinates differ from the stored runs' (the first
+    /// step's coordinates minus the stored unit's first step's, wrapping): a timeline of a
+    /// repeated unit shows its own grid indices. `offsets[0]` is zero.
+    offsets: Vec<[u32; 3]>,
 }
 
 /// The step stream of a program as runs per parallel unit, in grid order.
@@ -43,11 +47,16 @@ impl ListedSteps {
         self.total_units += 1;
         if let Some(last) = self.units.last_mut() {
             if same_but_coords(&last.runs, &runs) {
+                let delta = match (last.runs.first(), runs.first()) {
+                    (Some((a, _)), Some((b, _))) => std::array::from_fn(|i| b.coords[i].wrapping_sub(a.coords[i])),
+                    _ => [0; 3],
+                };
                 last.repeat += 1;
+                last.offsets.push(delta);
                 return;
             }
         }
-        self.units.push(UnitRuns { runs, repeat: 1 });
+        self.units.push(UnitRuns { runs, repeat: 1, offsets: vec![[0; 3]] });
     }
 
     /// Parallel units pushed.
@@ -82,13 +91,16 @@ impl ListedSteps {
         }
     }
 
-    /// Runs of the units `lo..hi`, no folding. Repeated units give their stored runs again (the
-    /// coordinates of the first unit of a repeat: only timelines read them).
+    /// Runs of the units `lo..hi`, no folding. Repeated units give their stored runs again, each
+    /// with its own coordinates (the stored ones shifted by the unit's offset).
     pub(crate) fn for_each_run_range(&self, lo: u64, hi: u64, f: &mut dyn FnMut(&Step, u64)) {
-        self.for_each_unit(lo, hi, &mut |u, _, k| {
-            for _ in 0..k {
+        self.for_each_unit(lo, hi, &mut |u, first, k| {
+            for r in first..first + k {
+                let d = u.offsets[r as usize];
                 for (s, n) in &u.runs {
-                    f(s, *n);
+                    let c = s.coords;
+                    let coords = [c[0].wrapping_add(d[0]), c[1].wrapping_add(d[1]), c[2].wrapping_add(d[2]), c[3]];
+                    f(&Step { coords, ..*s }, *n);
                 }
             }
         });
@@ -127,6 +139,15 @@ mod tests {
         let mut n = 0;
         l.for_each_run_range(0, 3, &mut |_, k| n += k);
         assert_eq!(n, 4 + 4 + 2);
+        // A repeated unit keeps its own coordinates (timelines show them).
+        let mut m = ListedSteps::new();
+        for u in 0..3u32 {
+            m.push_unit(vec![(Step { coords: [u, 7, 0, 0], ..st(1, 10, 0) }, 2)]);
+        }
+        assert_eq!(m.distinct_units(), 1);
+        let mut seen = Vec::new();
+        m.for_each_run_range(1, 3, &mut |s, k| seen.push((s.coords, k)));
+        assert_eq!(seen, [([1, 7, 0, 0], 2), ([2, 7, 0, 0], 2)]);
         let mut items = Vec::new();
         l.for_each_run_block(1, 3, &mut |it| {
             items.push(match it {

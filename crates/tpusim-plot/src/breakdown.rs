@@ -43,18 +43,15 @@ impl BreakdownFigure {
     pub fn from_runs(runs: &[JobRun], title: Option<&str>) -> Self {
         let mut bars = Vec::new();
         for r in runs {
-            if r.run.phases.len() <= 1 {
-                bars.push(Bar {
-                    label: r.label.clone(),
-                    busy_ms: r.report.busy_ms,
-                    latency_ms: r.report.latency_ms,
-                    bottleneck: r.report.bottleneck,
-                });
+            // A kernel read from its IR is one phase.
+            let phased = r.run().filter(|run| run.phases.len() > 1);
+            let Some(run) = phased else {
+                bars.push(Bar { label: r.label.clone(), busy_ms: r.busy_ms(), latency_ms: r.latency_ms(), bottleneck: r.bottleneck() });
                 continue;
-            }
-            let ms = 1e3 / r.run.chip.clock_hz();
+            };
+            let ms = 1e3 / run.chip.clock_hz();
             let mut outside: Option<Bar> = None;
-            for (p, lowered) in r.run.phases.iter().zip(&r.run.lowered.phases) {
+            for (p, lowered) in run.phases.iter().zip(&run.lowered.phases) {
                 let busy = PerUnit(std::array::from_fn(|u| p.result.busy.0[u] * ms));
                 let latency_ms = p.result.seconds * 1e3;
                 if matches!(lowered.work, tpusim_kernel::PhaseWork::Fusion(_)) {

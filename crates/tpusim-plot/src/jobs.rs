@@ -1,8 +1,13 @@
 //! Jobs for the simulation-driven figures (roofline, tiles, timeline, breakdown): trace files
-//! (TOML [`JobSpec`]s, as `tpusim run --trace`) overlaid by flags, optionally run on several
+//! (TOML [`JobSpec`]s, as `tpusim run --trace`) overlaid by flags, and kernels read from their
+//! Mosaic IR (kernel description files, as `tpusim run --kernel-ir`), optionally run on several
 //! chips, each with a label for legends.
 
 use crate::PlotError;
+use tpusim_chip::ChipModel;
+use tpusim_engine::SimResult;
+use tpusim_kernel::{PerUnit, Unit};
+use tpusim_report::ir::{IrRun, KernelIrReport};
 use tpusim_report::{run, Job, JobSpec, Report, Run};
 
 /// A job to run and the label that names it in a figure.
@@ -10,8 +15,19 @@ use tpusim_report::{run, Job, JobSpec, Report, Run};
 pub struct LabelledSpec {
     /// Legend label.
     pub label: String,
-    /// The job.
+    /// The job (for a kernel description, only its `chip` and `set` are read).
     pub spec: JobSpec,
+    /// A kernel description file to simulate instead of a job (`--kernel-ir FILE`).
+    pub kernel_ir: Option<String>,
+}
+
+/// What ran: a hand-modelled job or a kernel read from its IR.
+#[derive(Debug, Clone)]
+pub enum Ran {
+    /// A job of the hand-written kernel families, and its report.
+    Job(Box<Run>, Box<Report>),
+    /// A kernel description (`--kernel-ir FILE`: the file as given), and its report.
+    KernelIr(Box<IrRun>, Box<KernelIrReport>, String),
 }
 
 /// A job that ran.
@@ -19,10 +35,71 @@ pub struct LabelledSpec {
 pub struct JobRun {
     /// Legend label.
     pub label: String,
-    /// Lowered program and simulation.
-    pub run: Run,
-    /// Its report.
-    pub report: Report,
+    /// The lowering, simulation and report.
+    pub ran: Ran,
+}
+
+impl JobRun {
+    /// The hand-modelled run, if this is one.
+    pub fn run(&self) -> Option<&Run> {
+        match &self.ran {
+            Ran::Job(r, _) => Some(r),
+            Ran::KernelIr(..) => None,
+        }
+    }
+
+    /// The job of a hand-modelled run (`None` for a kernel read from its IR).
+    pub fn job(&self) -> Option<&Job> {
+        self.run().map(|r| &r.job)
+    }
+
+    /// The chip it ran on.
+    pub fn chip(&self) -> &ChipModel {
+        match &self.ran {
+            Ran::Job(r, _) => &r.chip,
+            Ran::KernelIr(r, _, _) => &r.chip,
+        }
+    }
+
+    /// The whole run's simulation.
+    pub fn result(&self) -> &SimResult {
+        match &self.ran {
+            Ran::Job(r, _) => &r.result,
+            Ran::KernelIr(r, _, _) => &r.result,
+        }
+    }
+
+    /// Latency, ms (the report's).
+    pub fn latency_ms(&self) -> f64 {
+        match &self.ran {
+            Ran::Job(_, p) => p.latency_ms,
+            Ran::KernelIr(_, p, _) => p.latency_ms,
+        }
+    }
+
+    /// Busy time per unit, ms (the report's).
+    pub fn busy_ms(&self) -> PerUnit<f64> {
+        match &self.ran {
+            Ran::Job(_, p) => p.busy_ms,
+            Ran::KernelIr(_, p, _) => p.busy_ms,
+        }
+    }
+
+    /// The bounding unit (the report's: the what-if 2x table's largest gain).
+    pub fn bottleneck(&self) -> Unit {
+        match &self.ran {
+            Ran::Job(_, p) => p.bottleneck,
+            Ran::KernelIr(_, p, _) => p.bottleneck,
+        }
+    }
+
+    /// MFU (the report's).
+    pub fn mfu(&self) -> f64 {
+        match &self.ran {
+            Ran::Job(_, p) => p.mfu,
+            Ran::KernelIr(_, p, _) => p.mfu,
+        }
+    }
 }
 
 /// Expands trace files x chips into labelled job specs.
@@ -36,26 +113,59 @@ pub struct JobRun {
 /// [`PlotError`] naming `--trace` for unreadable or invalid files and `--label` for a count
 /// mismatch.
 pub fn expand(traces: &[String], overlay: &JobSpec, chips: &[String], labels: &[String]) -> Result<Vec<LabelledSpec>, PlotError> {
+    expand_with(traces, &[], overlay, chips, labels)
+}
+
+/// [`expand`] with kernel description files too (`--kernel-ir`, after the trace files, each
+/// labelled by its file stem and run on each chip like a trace). With description files and no
+/// trace file there is no default job, and `overlay` may set only `chip` and `set` (the
+/// lowering fixed the rest).
+///
+/// # Errors
+/// As [`expand`]; a job field other than `chip` and `set` given for description files alone
+/// is an error naming its flag.
+pub fn expand_with(
+    traces: &[String],
+    kernel_irs: &[String],
+    overlay: &JobSpec,
+    chips: &[String],
+    labels: &[String],
+) -> Result<Vec<LabelledSpec>, PlotError> {
+    if !kernel_irs.is_empty() && traces.is_empty() {
+        let given: Vec<String> =
+            overlay.set_fields().keys().filter(|k| !matches!(k.as_str(), "chip" | "set")).map(|k| format!("--{}", k.replace('_', "-"))).collect();
+        if !given.is_empty() {
+            return Err(PlotError::Input(format!(
+                "{}: not with --kernel-ir: a kernel's lowering fixed its workload, mask and block sizes (only --chip, --chips and --set apply; give --trace for jobs these flags describe)",
+                given.join(", ")
+            )));
+        }
+    }
     let mut bases = Vec::new();
-    if traces.is_empty() {
-        bases.push(("default".to_string(), JobSpec::default()));
+    if traces.is_empty() && kernel_irs.is_empty() {
+        bases.push(("default".to_string(), JobSpec::default(), None));
     }
     for t in traces {
         let spec = JobSpec::from_toml_file(t).map_err(|source| PlotError::Spec { context: format!("--trace {t}: "), source })?;
         let stem = std::path::Path::new(t).file_stem().and_then(|s| s.to_str()).unwrap_or(t).to_string();
-        bases.push((stem, spec));
+        bases.push((stem, spec, None));
+    }
+    for k in kernel_irs {
+        let stem = std::path::Path::new(k).file_stem().and_then(|s| s.to_str()).unwrap_or(k).to_string();
+        let spec = JobSpec { chip: overlay.chip.clone(), set: overlay.set.clone(), ..Default::default() };
+        bases.push((stem, spec, Some(k.clone())));
     }
     let mut out = Vec::new();
-    for (label, base) in bases {
-        let spec = base.overlay(overlay);
+    for (label, base, kernel_ir) in bases {
+        let spec = if kernel_ir.is_some() { base } else { base.overlay(overlay) };
         if chips.is_empty() {
-            out.push(LabelledSpec { label, spec });
+            out.push(LabelledSpec { label, spec, kernel_ir });
         } else {
             for c in chips {
                 let mut s = spec.clone();
                 s.chip = Some(c.clone());
                 let l = if chips.len() > 1 { format!("{label} ({c})") } else { label.clone() };
-                out.push(LabelledSpec { label: l, spec: s });
+                out.push(LabelledSpec { label: l, spec: s, kernel_ir: kernel_ir.clone() });
             }
         }
     }
@@ -82,10 +192,27 @@ pub fn expand(traces: &[String], overlay: &JobSpec, chips: &[String], labels: &[
 pub fn run_one(j: &LabelledSpec) -> Result<JobRun, PlotError> {
     let ctx = |source: tpusim_report::SpecError| PlotError::Spec { context: format!("job {}: ", j.label), source };
     let chip = j.spec.chip().map_err(ctx)?;
+    if let Some(path) = &j.kernel_ir {
+        let ran = run_kernel_ir(&chip, path)?;
+        return Ok(JobRun { label: j.label.clone(), ran });
+    }
     let job = j.spec.build(&chip).map_err(ctx)?;
     let r = run(&chip, &job).map_err(|e| ctx(e.into()))?;
     let report = Report::from_run(&r);
-    Ok(JobRun { label: j.label.clone(), run: r, report })
+    Ok(JobRun { label: j.label.clone(), ran: Ran::Job(Box::new(r), Box::new(report)) })
+}
+
+/// Reads the kernel description at `path`, lowers and simulates it on `chip` and reports it
+/// (with its what-if table), as `tpusim run --kernel-ir` does.
+///
+/// # Errors
+/// [`PlotError::Input`] naming `--kernel-ir` and the file: unreadable, not a description of
+/// this version, or a lowering error.
+pub fn run_kernel_ir(chip: &ChipModel, path: &str) -> Result<Ran, PlotError> {
+    let (desc, dir) = tpusim_pallas::Description::read(std::path::Path::new(path)).map_err(|e| PlotError::Input(format!("--kernel-ir {e}")))?;
+    let r = tpusim_report::ir::run_kernel_ir(chip, &desc, &dir).map_err(|e| PlotError::Input(format!("--kernel-ir {path}: {e}")))?;
+    let report = KernelIrReport::from_run(&r);
+    Ok(Ran::KernelIr(Box::new(r), Box::new(report), path.to_string()))
 }
 
 /// Runs every job in order.
@@ -104,18 +231,37 @@ pub fn splash_of<'a>(
     r: &'a JobRun,
     kind: &str,
 ) -> Result<(&'a tpusim_workload::AttentionCall, &'a tpusim_kernel::SplashConfig), PlotError> {
-    match &r.run.job {
-        Job::Attention { workload, config, .. } => Ok((workload, config)),
-        Job::Matmul { .. } => {
+    match r.job() {
+        Some(Job::Attention { workload, config, .. }) => Ok((workload, config)),
+        Some(Job::Matmul { .. }) => {
             Err(PlotError::Input(format!("{kind} needs an attention job (an attention --kernel); job {} is a matmul", r.label)))
         }
+        None => Err(PlotError::Input(format!(
+            "{kind} needs an attention job (an attention --kernel); {} is a kernel read from its IR, whose workload the IR does not state",
+            r.label
+        ))),
     }
 }
 
 /// A one-line description of a job: chip, workload and kernel configuration.
 pub fn describe(r: &JobRun) -> String {
-    let chip = &r.report.chip;
-    match &r.run.job {
+    let (run, report) = match &r.ran {
+        Ran::Job(run, report) => (run, report),
+        Ran::KernelIr(run, report, path) => {
+            let grid: Vec<String> = run.description.grid.iter().map(|g| g.to_string()).collect();
+            return format!(
+                "{}: {}, Pallas kernel `{}` from its Mosaic IR ({path}), grid {} = {} grid steps ({} computed)",
+                r.label,
+                report.chip,
+                report.kernel_name,
+                grid.join(" x "),
+                report.grid_steps,
+                report.steps_computed
+            );
+        }
+    };
+    let chip = &report.chip;
+    match &run.job {
         Job::Attention { workload: w, config: c, .. } => {
             let heads =
                 if w.kv_heads == w.q_heads { format!("{} heads", w.q_heads) } else { format!("{} q / {} kv heads", w.q_heads, w.kv_heads) };

@@ -92,8 +92,8 @@ pub struct Point {
 impl Point {
     /// The point and ceilings of a run (module docs for the formulas).
     pub fn of(r: &JobRun) -> Self {
-        let res = &r.run.result;
-        let chip = &r.run.chip;
+        let res = r.result();
+        let chip = r.chip();
         let clock = chip.clock_hz();
         let ceiling = |busy: f64| (busy > 0.0).then(|| res.flops / (busy / clock));
         let vpu = ceiling(res.busy[tpusim_kernel::Unit::Vpu]);
@@ -104,22 +104,22 @@ impl Point {
             (None, Some(e)) => Some(("EUP", e)),
             (None, None) => None,
         };
-        let mxu_head_dim = match &r.run.job {
-            Job::Attention { workload: w, .. } => Some((
+        let mxu_head_dim = match r.job() {
+            Some(Job::Attention { workload: w, .. }) => Some((
                 w.head_dim,
                 chip.peak_flops()
                     * mxu_head_dim_fraction(w.head_dim, w.head_dim_v, chip.mxu.rows.value as u64, chip.mxu.columns.value as u64),
             )),
-            Job::Matmul { .. } => None,
+            Some(Job::Matmul { .. }) | None => None,
         };
         Point {
             label: r.label.clone(),
             chip: chip.name.clone(),
             intensity: if res.hbm_bytes > 0 { res.flops / res.hbm_bytes as f64 } else { 0.0 },
             achieved: res.flops / res.seconds.max(f64::MIN_POSITIVE),
-            mfu: r.report.mfu,
+            mfu: r.mfu(),
             mxu_head_dim,
-            softmax: if matches!(r.run.job, Job::Attention { .. }) { softmax } else { None },
+            softmax: if matches!(r.job(), Some(Job::Attention { .. })) { softmax } else { None },
         }
     }
 }
@@ -145,7 +145,7 @@ impl RooflineFigure {
     pub fn from_runs(runs: &[JobRun], title: Option<&str>) -> Result<Self, PlotError> {
         let mut roofs: Vec<ChipRoofs> = Vec::new();
         for r in runs {
-            let c = ChipRoofs::of(&r.run.chip);
+            let c = ChipRoofs::of(r.chip());
             if !roofs.iter().any(|x| x.chip == c.chip) {
                 roofs.push(c);
             }

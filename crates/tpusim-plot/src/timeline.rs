@@ -28,7 +28,11 @@
 //! microseconds (cycles / clock), full f64 precision (no rounding, so sums match the report),
 //! `cat` the track key and `args` = `step`, `head` (batch x head index, grid coordinate 0),
 //! `q_block`, `kv_block`, `tile` (`empty` / `partial` / `full`), `masked`, and `bytes` for
-//! DMAs. Matmul programs carry `m_block`, `n_block`, `k_block` instead of head and blocks.
+//! DMAs. Matmul programs carry `m_block`, `n_block`, `k_block` instead of head and blocks; a
+//! kernel read from its IR (`tpusim run --kernel-ir F --timeline T`, [`Timed::of_program`])
+//! carries `index_first` (its grid index of dimension 0), `index_inner` (of the innermost
+//! dimension) and `computed` (whether the step's body runs work; `tile` is then `full` or
+//! `empty`). `--timeline-head H` selects the steps whose grid index of dimension 0 is H.
 
 use crate::PlotError;
 use petgraph::graph::NodeIndex;
@@ -37,7 +41,7 @@ use std::io::{BufWriter, Write};
 use std::path::Path;
 use tpusim_chip::ChipModel;
 use tpusim_engine::{schedule_body, simulate_observed, SimResult, StepTiming};
-use tpusim_kernel::{Part, Phase, PhaseWork, Program, Step, Unit};
+use tpusim_kernel::{PhaseWork, Program, Step, Unit};
 use tpusim_report::Run;
 
 /// A track of the timeline: a unit of the TensorCore, a DMA direction, or step control.
@@ -301,6 +305,16 @@ fn is_zero(v: &u64) -> bool {
 }
 
 #[derive(Serialize)]
+struct GridArgs {
+    step: u64,
+    index_first: u32,
+    index_inner: u32,
+    computed: bool,
+    #[serde(skip_serializing_if = "is_zero")]
+    bytes: u64,
+}
+
+#[derive(Serialize)]
 struct FusionArgs {
     bytes: u64,
 }
@@ -310,6 +324,7 @@ struct FusionArgs {
 enum Args {
     Splash(SplashArgs),
     Matmul(MatmulArgs),
+    Grid(GridArgs),
     Fusion(FusionArgs),
 }
 
@@ -325,6 +340,119 @@ struct XEvent<'a> {
     args: Args,
 }
 
+/// What a step's events carry as arguments (module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StepArgs {
+    /// Attention: `head`, `q_block`, `kv_block`, `tile`, `masked`.
+    Attention,
+    /// A hand-modelled matmul: `m_block`, `n_block`, `k_block`.
+    Matmul,
+    /// A kernel read from its IR (`tpusim run --kernel-ir`): `index_first` (the grid index of
+    /// dimension 0), `index_inner` (of the innermost dimension) and `computed` (whether the
+    /// step's body runs work). `dims` is the grid's number of dimensions (for labels).
+    Grid {
+        /// Grid dimensions.
+        dims: u8,
+    },
+}
+
+/// One phase of a [`Timed`] run.
+#[derive(Debug, Clone, Copy)]
+pub enum TimedWork<'a> {
+    /// A Pallas kernel's program.
+    Kernel(&'a Program),
+    /// An XLA data-movement fusion.
+    Fusion(&'a tpusim_kernel::library::Fusion),
+}
+
+/// A phase of a run as a timeline draws it: its work, the label of its part (`forward`, `dq`,
+/// ...), and its simulation.
+#[derive(Debug, Clone, Copy)]
+pub struct TimedPhase<'a> {
+    /// The work.
+    pub work: TimedWork<'a>,
+    /// Its part's label (in the process name).
+    pub part: &'a str,
+    /// The phase's name (the kernel's or the fusion's).
+    pub name: &'a str,
+    /// Its simulation on `chip`.
+    pub result: &'a SimResult,
+}
+
+/// What a timeline draws: the chip and the phases of a run in order, with the run's latency.
+/// Both front ends build one: [`Timed::of_run`] for a hand-modelled job (a [`Run`], one or
+/// several phases), [`Timed::of_program`] for one program and its [`SimResult`] (a kernel read
+/// from its IR).
+#[derive(Debug, Clone)]
+pub struct Timed<'a> {
+    /// The chip simulated.
+    pub chip: &'a ChipModel,
+    /// The phases, in execution order.
+    pub phases: Vec<TimedPhase<'a>>,
+    /// The run's name (`otherData.kernel`).
+    pub kernel: &'a str,
+    /// The run's latency, seconds.
+    pub seconds: f64,
+    /// What step events carry as arguments.
+    pub args: StepArgs,
+}
+
+impl<'a> Timed<'a> {
+    /// The phases of a hand-modelled run.
+    pub fn of_run(run: &'a Run) -> Self {
+        let phases = run
+            .lowered
+            .phases
+            .iter()
+            .zip(&run.phases)
+            .map(|(p, r)| TimedPhase {
+                work: match &p.work {
+                    PhaseWork::Kernel(k) => TimedWork::Kernel(k),
+                    PhaseWork::Fusion(f) => TimedWork::Fusion(f),
+                },
+                part: p.part.label(),
+                name: &r.name,
+                result: &r.result,
+            })
+            .collect();
+        let args = if run.program.info.kind == tpusim_kernel::KernelKind::Attention { StepArgs::Attention } else { StepArgs::Matmul };
+        Timed { chip: &run.chip, phases, kernel: &run.program.info.kernel, seconds: run.result.seconds, args }
+    }
+
+    /// One program simulated on `chip` (`result` is `tpusim_engine::simulate(chip, program)`),
+    /// its process labelled `part`; its steps carry `args`.
+    pub fn of_program(chip: &'a ChipModel, program: &'a Program, result: &'a SimResult, part: &'a str, args: StepArgs) -> Self {
+        let phases = vec![TimedPhase { work: TimedWork::Kernel(program), part, name: &program.info.kernel, result }];
+        Timed { chip, phases, kernel: &program.info.kernel, seconds: result.seconds, args }
+    }
+
+    /// What grid coordinate 0 indexes, in words, for messages.
+    fn first_dim_words(&self) -> &'static str {
+        match self.args {
+            StepArgs::Grid { .. } => "indices of grid dimension 0",
+            StepArgs::Attention | StepArgs::Matmul => "batch x head indices",
+        }
+    }
+
+    /// Extent of grid dimension 0 of the first kernel (batch x heads for attention), at least 1.
+    fn first_extent(&self) -> u64 {
+        self.kernels().next().and_then(|(k, _, _)| k.info.grid.first().map(|g| g.1)).unwrap_or(1).max(1)
+    }
+
+    /// The kernels with their part label and start, cycles.
+    fn kernels(&self) -> impl Iterator<Item = (&'a Program, &'a str, f64)> + '_ {
+        let mut offset = 0.0;
+        self.phases.iter().filter_map(move |p| {
+            let off = offset;
+            offset += p.result.cycles;
+            match p.work {
+                TimedWork::Kernel(k) => Some((k, p.part, off)),
+                TimedWork::Fusion(_) => None,
+            }
+        })
+    }
+}
+
 /// Writes the timeline of `run` over `window` to `path` as Chrome Trace Event JSON, atomically,
 /// streaming (memory does not grow with the number of events).
 ///
@@ -333,7 +461,7 @@ struct XEvent<'a> {
 /// and the run would produce more than [`MAX_UNBOUNDED_EVENTS`] events (the message suggests
 /// `--timeline-steps` / `--timeline-head`), or when the window holds no step.
 pub fn write_chrome_trace(run: &Run, window: &Window, path: &Path, flag: &str) -> Result<TraceSummary, PlotError> {
-    write_chrome_trace_with(run, window, path, flag, None)
+    write_chrome_trace_with(&Timed::of_run(run), window, path, flag, None)
 }
 
 /// Measured device ops shown beside a simulated timeline (process [`MEASURED_PID`] of the same trace
@@ -347,54 +475,53 @@ pub struct MeasuredTrack {
     pub ops: Vec<(String, String, f64, f64)>,
 }
 
-/// [`write_chrome_trace`] with measured ops beside the simulation: one trace file, two
-/// processes (the simulated kernels from 1, the XLA ops [`FUSION_PID`], the measured ops
-/// [`MEASURED_PID`], one thread per device line), both starting at 0.
+/// Writes the timeline of `timed` (a hand-modelled run, [`Timed::of_run`], or one program, a
+/// kernel read from its IR, [`Timed::of_program`]) over `window` to `path`, with measured ops
+/// beside the simulation when given: one trace file, the simulated kernels as processes from 1,
+/// the XLA ops [`FUSION_PID`], the measured ops [`MEASURED_PID`] (one thread per device line),
+/// all starting at 0.
 ///
 /// # Errors
 /// As [`write_chrome_trace`].
 pub fn write_chrome_trace_with(
-    run: &Run,
+    timed: &Timed<'_>,
     window: &Window,
     path: &Path,
     flag: &str,
     measured: Option<&MeasuredTrack>,
 ) -> Result<TraceSummary, PlotError> {
-    let chip = &run.chip;
+    let chip = timed.chip;
     // The phases in order with their start (cycles): kernels and the XLA ops around them.
-    let mut phases: Vec<(&Phase, &tpusim_engine::PhaseResult, f64)> = Vec::new();
+    let mut phases: Vec<(&TimedPhase, f64)> = Vec::new();
     let mut offset = 0.0;
-    for (p, r) in run.lowered.phases.iter().zip(&run.phases) {
-        phases.push((p, r, offset));
-        offset += r.result.cycles;
+    for p in &timed.phases {
+        phases.push((p, offset));
+        offset += p.result.cycles;
     }
-    let kernels: Vec<(&Program, Part, f64)> = phases
-        .iter()
-        .filter_map(|(p, _, off)| match &p.work {
-            PhaseWork::Kernel(k) => Some((&**k, p.part, *off)),
-            PhaseWork::Fusion(_) => None,
-        })
-        .collect();
+    let kernels: Vec<(&Program, &str, f64)> = timed.kernels().collect();
     let run_steps: u64 = kernels.iter().map(|(k, _, _)| k.info.grid_steps).sum();
     let n: u64 = kernels.iter().map(|(k, _, _)| count_events(chip, k, window)).sum();
+    let first_steps = kernels.first().map_or(0, |(k, _, _)| k.info.grid_steps);
     if !window.is_bounded() && n > MAX_UNBOUNDED_EVENTS {
-        let heads = run.program.info.grid.first().map_or(1, |g| g.1).max(1);
+        let heads = timed.first_extent();
         return Err(PlotError::Input(format!(
-            "{flag} {}: not written: the whole run is {} grid steps and {} events (about {} MB, more than {} events); window it with --timeline-steps START:END (grid steps, e.g. --timeline-steps 0:16) and/or --timeline-head H (one of {heads} batch x head indices, about {} steps each)",
+            "{flag} {}: not written: the whole run is {} grid steps and {} events (about {} MB, more than {} events); window it with --timeline-steps START:END (grid steps, e.g. --timeline-steps 0:16) and/or --timeline-head H (one of {heads} {}, about {} steps each)",
             path.display(),
             run_steps,
             n,
             n * 180 / 1_000_000,
             MAX_UNBOUNDED_EVENTS,
-            run.program.info.grid_steps.div_ceil(heads)
+            timed.first_dim_words(),
+            first_steps.div_ceil(heads)
         )));
     }
     if n == 0 {
         return Err(PlotError::Input(format!(
-            "{flag} {}: the window holds no grid step (the run has {} steps and {} batch x head indices)",
+            "{flag} {}: the window holds no grid step (the run has {} steps and {} {})",
             path.display(),
             run_steps,
-            run.program.info.grid.first().map_or(1, |g| g.1)
+            timed.first_extent(),
+            timed.first_dim_words()
         )));
     }
     let us = 1e6 / chip.clock_hz();
@@ -434,7 +561,7 @@ pub fn write_chrome_trace_with(
         };
         for (i, (k, part, _)) in kernels.iter().enumerate() {
             let pid = i as u32 + 1;
-            let process = format!("tpusim: {} ({}) on {} ({window_text})", k.info.kernel, part.label(), chip.name)
+            let process = format!("tpusim: {} ({part}) on {} ({window_text})", k.info.kernel, chip.name)
                 .replace(" (fused dq/dk/dv) (fused dq/dk/dv)", " (fused dq/dk/dv)");
             meta(&mut w, &Meta { name: "process_name", ph: "M", pid, tid: 0, args: MetaArgs { name: Some(&process), sort_index: None } })?;
             meta(&mut w, &Meta { name: "process_sort_index", ph: "M", pid, tid: 0, args: MetaArgs { name: None, sort_index: Some(pid) } })?;
@@ -455,7 +582,7 @@ pub fn write_chrome_trace_with(
                 )?;
             }
         }
-        let fusions = phases.iter().any(|(p, _, _)| matches!(p.work, PhaseWork::Fusion(_)));
+        let fusions = phases.iter().any(|(p, _)| matches!(p.work, TimedWork::Fusion(_)));
         if fusions {
             let name = "XLA ops outside the kernels";
             meta(
@@ -478,10 +605,10 @@ pub fn write_chrome_trace_with(
             w.write_all(b",\n").and_then(|_| serde_json::to_writer(&mut *w, ev).map_err(std::io::Error::from))
         }
         let mut kernel_index = 0u32;
-        for (p, r, off) in &phases {
-            match &p.work {
-                PhaseWork::Fusion(f) => {
-                    let (ts, dur) = (off * us, r.result.cycles * us);
+        for (p, off) in &phases {
+            match p.work {
+                TimedWork::Fusion(f) => {
+                    let (ts, dur) = (off * us, p.result.cycles * us);
                     let ev = XEvent {
                         name: &f.name,
                         cat: "xla",
@@ -495,10 +622,9 @@ pub fn write_chrome_trace_with(
                     summary.events += 1;
                     write(&mut w, &ev)?;
                 }
-                PhaseWork::Kernel(program) => {
+                TimedWork::Kernel(program) => {
                     kernel_index += 1;
                     let pid = kernel_index;
-                    let splash = program.info.kind == tpusim_kernel::KernelKind::Attention;
                     let mut last_step = None;
                     for_each_event(chip, program, window, &mut |e| {
                         if err.is_some() {
@@ -511,8 +637,8 @@ pub fn write_chrome_trace_with(
                                 summary.step_range = Some((summary.step_range.map_or(e.step, |r| r.0), e.step));
                             }
                         }
-                        let args = if splash {
-                            Args::Splash(SplashArgs {
+                        let args = match timed.args {
+                            StepArgs::Attention => Args::Splash(SplashArgs {
                                 step: e.step,
                                 head: e.coords[0],
                                 q_block: e.coords[1],
@@ -520,15 +646,21 @@ pub fn write_chrome_trace_with(
                                 tile: e.tile,
                                 masked: e.masked,
                                 bytes: e.bytes,
-                            })
-                        } else {
-                            Args::Matmul(MatmulArgs {
+                            }),
+                            StepArgs::Matmul => Args::Matmul(MatmulArgs {
                                 step: e.step,
                                 m_block: e.coords[1],
                                 n_block: e.coords[2],
                                 k_block: e.coords[3],
                                 bytes: e.bytes,
-                            })
+                            }),
+                            StepArgs::Grid { .. } => Args::Grid(GridArgs {
+                                step: e.step,
+                                index_first: e.coords[0],
+                                index_inner: e.coords[2],
+                                computed: e.tile != "empty",
+                                bytes: e.bytes,
+                            }),
                         };
                         // Both ends converted, and the duration their difference: an event that
                         // starts where the previous one on its track ended then starts exactly at
@@ -588,13 +720,13 @@ pub fn write_chrome_trace_with(
                 serde_json::to_writer(&mut w, &ev)?;
             }
         }
-        summary.run_us = run.result.seconds * 1e6;
+        summary.run_us = timed.seconds * 1e6;
         w.write_all(b"\n],\n\"displayTimeUnit\":\"ns\",\n\"otherData\":")?;
         let other = serde_json::json!({
             "generator": "tpusim run --timeline",
             "chip": chip.name,
-            "kernel": run.program.info.kernel,
-            "phases": phases.iter().map(|(_, r, off)| serde_json::json!({"name": r.name, "part": r.part.label(), "start_us": off * us, "latency_us": r.result.seconds * 1e6})).collect::<Vec<_>>(),
+            "kernel": timed.kernel,
+            "phases": phases.iter().map(|(p, off)| serde_json::json!({"name": p.name, "part": p.part, "start_us": off * us, "latency_us": p.result.seconds * 1e6})).collect::<Vec<_>>(),
             "clock_ghz": chip.device.clock_ghz.value,
             "time_unit": "us",
             "window_steps": window.steps.map(|(a, b)| vec![a, b.min(run_steps)]),
@@ -638,28 +770,45 @@ pub struct UsEvent {
     pub desc: String,
 }
 
-fn describe(e: &Event, splash: bool) -> String {
-    if splash {
-        format!("h{} q{} kv{} {}{}", e.coords[0], e.coords[1], e.coords[2], e.tile, if e.masked { " masked" } else { "" })
-    } else {
-        format!("m{} n{} k{}", e.coords[1], e.coords[2], e.coords[3])
+fn describe(e: &Event, args: StepArgs) -> String {
+    match args {
+        StepArgs::Attention => {
+            format!("h{} q{} kv{} {}{}", e.coords[0], e.coords[1], e.coords[2], e.tile, if e.masked { " masked" } else { "" })
+        }
+        StepArgs::Matmul => format!("m{} n{} k{}", e.coords[1], e.coords[2], e.coords[3]),
+        StepArgs::Grid { dims } => {
+            let c = e.coords;
+            let idx = match dims {
+                0 | 1 => format!("({})", c[0]),
+                2 => format!("({}, {})", c[0], c[2]),
+                3 => format!("({}, {}, {})", c[0], c[1], c[2]),
+                _ => format!("({}, .., {}, {})", c[0], c[1], c[2]),
+            };
+            format!("grid {idx}{}", if e.tile == "empty" { " skipped" } else { "" })
+        }
     }
 }
 
 /// The events of `run` over `window`, in microseconds.
 pub fn collect_us(run: &Run, window: &Window) -> Vec<UsEvent> {
-    let us = 1e6 / run.chip.clock_hz();
-    let splash = run.program.info.kind == tpusim_kernel::KernelKind::Attention;
+    let args = Timed::of_run(run).args;
+    collect_us_of(&run.chip, &run.program, window, args)
+}
+
+/// The events of `program` on `chip` over `window`, in microseconds, described as `args` says
+/// (a kernel read from its IR: [`StepArgs::Grid`]).
+pub fn collect_us_of(chip: &ChipModel, program: &Program, window: &Window, args: StepArgs) -> Vec<UsEvent> {
+    let us = 1e6 / chip.clock_hz();
     let mut out = Vec::new();
-    for_each_event(&run.chip, &run.program, window, &mut |e| {
+    for_each_event(chip, program, window, &mut |e| {
         out.push(UsEvent {
             track: e.track,
             name: e.name.to_string(),
             ts: e.start * us,
             dur: e.dur * us,
             step: e.step,
-            head: splash.then_some(e.coords[0]),
-            desc: describe(e, splash),
+            head: (args == StepArgs::Attention).then_some(e.coords[0]),
+            desc: describe(e, args),
         });
     });
     out
@@ -708,7 +857,13 @@ pub fn read_chrome_trace(path: &str, flag: &str) -> Result<Vec<UsEvent>, PlotErr
             ),
             _ => match (a("m_block"), a("n_block"), a("k_block")) {
                 (Some(m), Some(n), Some(k)) => format!("m{m} n{n} k{k}"),
-                _ => String::new(),
+                _ => match (a("index_first"), a("index_inner")) {
+                    (Some(f), Some(i)) => format!(
+                        "grid ({f}, .., {i}){}",
+                        if e.pointer("/args/computed").and_then(|x| x.as_bool()) == Some(false) { " skipped" } else { "" }
+                    ),
+                    _ => String::new(),
+                },
             },
         };
         out.push(UsEvent {

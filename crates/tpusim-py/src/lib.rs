@@ -967,17 +967,22 @@ fn tile_counts<'py>(
     Ok(out)
 }
 
-/// The result of simulating one Pallas kernel read from its Mosaic IR (`tpusim.jax.simulate`):
-/// the metrics of `Report` that apply to any kernel (`latency_ms`, `cycles`, `flops`,
-/// `transcendentals`, `hbm_bytes`, `bottleneck`, `cost_estimate`, `grid_steps`,
-/// `steps_computed`, `vmem_bytes`, `vmem_limit_bytes`, ...; every key of `to_dict()` reads as an
-/// attribute), `assumptions` (what the importer assumed) and `lacks` (the `Report` fields an IR
-/// job has not: masks, densities, a dense baseline). `str(report)` is the command line's table.
+/// The result of simulating one Pallas kernel read from its Mosaic IR (`tpusim.jax.simulate`).
+///
+/// A separate class from `Report`, with the same attribute names for the metrics both have:
+/// `latency_ms`, `cycles`, `flops`, `transcendentals`, `hbm_bytes`, `mfu`, `bottleneck`,
+/// `co_bound`, `what_if_2x`, `cost_estimate`, `tiles`, `band` (each meaning what it means on a
+/// `Report`: `bottleneck` is the unit whose 2x speed-up gains the most, `band` says that no
+/// calibration row covers an IR kernel). It adds `grid_steps`, `steps_computed`, `vmem_bytes`,
+/// `vmem_limit_bytes`, `declared_cost_estimate`, `kernel_name`, `assumptions` (what the importer
+/// assumed) and `lacks` (the `Report` fields an IR job has not: the attention workload, masks,
+/// densities, the dense baseline, phases). Every key of `to_dict()` reads as an attribute;
+/// `str(report)` is the command line's table.
 #[pyclass(name = "KernelReport", module = "tpusim", frozen)]
 struct PyKernelReport {
     json: String,
     table: String,
-    latency_ms: f64,
+    report: tpusim_report::ir::KernelIrReport,
 }
 
 #[pymethods]
@@ -985,7 +990,76 @@ impl PyKernelReport {
     /// Predicted latency, milliseconds.
     #[getter]
     fn latency_ms(&self) -> f64 {
-        self.latency_ms
+        self.report.latency_ms
+    }
+    /// Predicted latency, cycles of the chip model's clock.
+    #[getter]
+    fn cycles(&self) -> f64 {
+        self.report.cycles
+    }
+    /// Executed matmul FLOPs.
+    #[getter]
+    fn flops(&self) -> f64 {
+        self.report.flops
+    }
+    /// Executed transcendental elements.
+    #[getter]
+    fn transcendentals(&self) -> f64 {
+        self.report.transcendentals
+    }
+    /// Bytes moved between HBM and VMEM.
+    #[getter]
+    fn hbm_bytes(&self) -> u64 {
+        self.report.hbm_bytes
+    }
+    /// Achieved FLOP/s over the chip model's peak (0..1).
+    #[getter]
+    fn mfu(&self) -> f64 {
+        self.report.mfu
+    }
+    /// The unit that bounds the run (mxu, vpu, eup, xlu, hbm, step_control): the one whose 2x
+    /// speed-up gains the most (`what_if_2x`), as on a `Report`.
+    #[getter]
+    fn bottleneck(&self) -> String {
+        self.report.bottleneck.to_string()
+    }
+    /// Other units whose 2x gain is at least 80% of the bottleneck's and above 1%.
+    #[getter]
+    fn co_bound(&self) -> Vec<String> {
+        self.report.co_bound.iter().map(|u| u.to_string()).collect()
+    }
+    /// Per unit, what making it alone twice as fast buys: a list of `{unit, set, latency_ms,
+    /// gain}`, the kernel's own lowering re-timed on the derived chip.
+    #[getter]
+    fn what_if_2x<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        self.get(py, "what_if_2x")
+    }
+    /// `{flops, transcendentals, bytes_accessed}`: the simulated totals as `pl.CostEstimate` fields.
+    #[getter]
+    fn cost_estimate<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        self.get(py, "cost_estimate")
+    }
+    /// Grid steps as tiles: `{total, visited, empty, partial, full, masked}` with visited = full
+    /// = the steps whose body runs work.
+    #[getter]
+    fn tiles<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        self.get(py, "tiles")
+    }
+    /// How sure the prediction is, as on a `Report`; `covered` is false (no calibration row is of
+    /// a kernel read from its IR) and `text` reads `not covered by measurements: ...`.
+    #[getter]
+    fn band<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        self.get(py, "band")
+    }
+    /// The `Report` fields this report has not.
+    #[getter]
+    fn lacks(&self) -> Vec<String> {
+        self.report.lacks.clone()
+    }
+    /// The modelling assumptions the importer made for this kernel.
+    #[getter]
+    fn assumptions(&self) -> Vec<String> {
+        self.report.assumptions.clone()
     }
     /// The whole report as a dict (the JSON of `tpusim run --kernel-ir FILE --format json`).
     fn to_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
@@ -999,14 +1073,27 @@ impl PyKernelReport {
         let d = from_json(py, &self.json)?;
         match d.get_item(name) {
             Ok(v) => Ok(v),
-            Err(_) => Err(pyo3::exceptions::PyAttributeError::new_err(format!("KernelReport has no field '{name}'"))),
+            Err(_) => Err(pyo3::exceptions::PyAttributeError::new_err(if self.report.lacks.iter().any(|l| l == name) {
+                format!("KernelReport has no field '{name}': a kernel read from its IR lacks it (the IR does not state an attention workload; see `lacks`)")
+            } else {
+                format!("KernelReport has no field '{name}'")
+            })),
         }
     }
     fn __str__(&self) -> String {
         self.table.clone()
     }
     fn __repr__(&self) -> String {
-        format!("<tpusim.KernelReport {:.3} ms>", self.latency_ms)
+        format!("<tpusim.KernelReport `{}` {:.3} ms on {}, bound by {}>", self.report.kernel_name, self.report.latency_ms, self.report.chip, self.report.bottleneck)
+    }
+}
+
+impl PyKernelReport {
+    fn new(report: tpusim_report::ir::KernelIrReport) -> Self {
+        PyKernelReport { json: report.to_json(), table: report.to_table(), report }
+    }
+    fn get<'py>(&self, py: Python<'py>, key: &str) -> PyResult<Bound<'py, PyAny>> {
+        Ok(from_json(py, &self.json)?.get_item(key).unwrap_or_else(|_| py.None().into_bound(py)))
     }
 }
 
@@ -1027,7 +1114,7 @@ fn simulate_kernel_ir(py: Python<'_>, description: &str, chip: &str, set: Vec<St
             Ok::<_, tpusim_pallas::PallasError>(tpusim_report::ir::KernelIrReport::from_run(&run))
         })
         .map_err(|e| input_err(e.to_string()))?;
-    Ok(PyKernelReport { json: rep.to_json(), table: rep.to_table(), latency_ms: rep.latency_ms })
+    Ok(PyKernelReport::new(rep))
 }
 
 /// tpusim's compiled module, `tpusim._tpusim` (maturin's mixed layout: `python/tpusim/__init__.py`

@@ -208,3 +208,30 @@ def test_another_jax_version_is_refused(monkeypatch):
     monkeypatch.setattr(jax, "__version__", "0.9.0")
     with pytest.raises(tpusim.InputError, match=f"JAX 0.9.0 is installed; tpusim.jax reads the Mosaic IR of JAX {tj.SUPPORTED_JAX} only"):
         tj.simulate(tutorial_matmul(256, 256, 256), bf16(512, 512), bf16(512, 512))
+
+
+def test_kernel_report_has_reports_attribute_names_and_what_if_bound(tmp_path):
+    # A KernelReport answers the shared metrics by Report's names, with the same meanings.
+    hand = tpusim.simulate(kernel="pallas-matmul", m=1024, n=1024, k=1024, block_m=256, block_n=256, block_k=256)
+    ir = tj.simulate(tutorial_matmul(256, 256, 256), bf16(1024, 1024), bf16(1024, 1024))[0]
+    for name in ["latency_ms", "cycles", "flops", "transcendentals", "hbm_bytes", "mfu", "bottleneck", "co_bound",
+                 "what_if_2x", "cost_estimate", "band", "grid_steps", "vmem_bytes", "vmem_limit_bytes"]:
+        a, b = getattr(hand, name), getattr(ir, name)
+        assert type(a) is type(b), (name, a, b)
+    assert ir.flops == hand.flops and ir.hbm_bytes == hand.hbm_bytes
+    # Bound by the what-if table's largest gain, as on a Report.
+    gains = {w["unit"]: w["gain"] for w in ir.what_if_2x}
+    assert set(gains) == {"mxu", "vpu", "eup", "xlu", "hbm", "step_control"}
+    assert ir.bottleneck == max(gains, key=gains.get) and ir.bottleneck == hand.bottleneck
+    # Each row is the lowering re-timed with its overrides: the same as simulating with them.
+    row = next(w for w in ir.what_if_2x if w["unit"] == ir.bottleneck)
+    again = tj.simulate(tutorial_matmul(256, 256, 256), bf16(1024, 1024), bf16(1024, 1024),
+                        set=dict(s.split("=") for s in row["set"]))[0]
+    assert abs(again.latency_ms - row["latency_ms"]) <= 1e-9 * row["latency_ms"]
+    # The band is the hand-model report's uncovered case, in its words.
+    assert ir.band["covered"] is False and ir.band["text"].startswith("not covered by measurements: chip v6e, family kernel-ir")
+    assert "band         not covered by measurements" in str(ir) and "what if 2x" in str(ir)
+    # A field an IR job lacks says so.
+    assert "tile_skip_efficiency" in ir.lacks
+    with pytest.raises(AttributeError, match="lacks it"):
+        ir.tile_skip_efficiency

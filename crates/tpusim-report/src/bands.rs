@@ -151,7 +151,27 @@ pub fn band_for(chip: &ChipModel, job: &Job) -> ReportBand {
 
 /// [`band_for`] against a given band file.
 pub fn band_in(file: &BandFile, chip: &ChipModel, job: &Job) -> ReportBand {
-    let key = key_of(chip, job);
+    band_of_key(file, chip, key_of(chip, job))
+}
+
+/// The family word of kernels read from their Mosaic IR (`tpusim run --kernel-ir`) in band keys.
+pub const KERNEL_IR_FAMILY: &str = "kernel-ir";
+
+/// The band key of a kernel read from its IR on `chip`: family [`KERNEL_IR_FAMILY`], direction
+/// `any` (the IR does not say what the kernel computes), scope `kernel`.
+pub fn kernel_ir_key(chip: &ChipModel) -> BandKey {
+    BandKey { chip: chip.name.clone(), family: KERNEL_IR_FAMILY.into(), direction: "any".into(), scope: "kernel".into() }
+}
+
+/// The shipped band of a kernel read from its IR ([`kernel_ir_key`]): no calibration row is
+/// of an IR kernel today, so the text reads `not covered by measurements: ...` as for any job no
+/// band covers.
+pub fn band_for_kernel_ir(chip: &ChipModel) -> ReportBand {
+    band_of_key(shipped(), chip, kernel_ir_key(chip))
+}
+
+/// The band of `key` in `file` for a run on `chip` ([`band_for`]'s rule).
+pub fn band_of_key(file: &BandFile, chip: &ChipModel, key: BandKey) -> ReportBand {
     let band = file.bands.iter().find(|b| b.key == key);
     let n = band.map_or(0, |b| b.n);
     let pct = |x: f64| format!("{:.0}%", 100.0 * x);
@@ -233,5 +253,16 @@ mod tests {
         assert_eq!(b.text, "v6e tokamax-splash fwd kernel: median 2%, p90 5%, n 5");
         let what_if = chip.with_override("fitted.eup_vregs_per_cycle", "1").unwrap();
         assert!(band_in(&file, &what_if, &job).text.contains("differs"));
+    }
+
+    #[test]
+    fn kernel_ir_runs_read_as_uncovered_in_the_same_words() {
+        let chip = ChipModel::preset("v5e").unwrap();
+        let b = band_for_kernel_ir(&chip);
+        assert!(!b.covered && b.n == 0, "{b:?}");
+        assert_eq!(b.text, "not covered by measurements: chip v5e, family kernel-ir, direction any, scope kernel (0 calibration rows, fewer than 5)");
+        let mut file = shipped().clone();
+        file.bands = vec![Band { key: kernel_ir_key(&chip), n: 6, median_abs_error: 0.04, p90_abs_error: 0.1 }];
+        assert_eq!(band_of_key(&file, &chip, kernel_ir_key(&chip)).text, "v5e kernel-ir any kernel: median 4%, p90 10%, n 6");
     }
 }

@@ -69,6 +69,9 @@ pub struct KernelIrReport {
     pub device_kind: String,
     /// Predicted latency, milliseconds.
     pub latency_ms: f64,
+    /// How sure the prediction is ([`crate::bands::band_for_kernel_ir`]): no calibration row is of
+    /// an IR kernel, so `not covered by measurements: ...`.
+    pub band: crate::bands::ReportBand,
     /// Predicted latency, cycles.
     pub cycles: f64,
     /// Clock, GHz.
@@ -99,8 +102,18 @@ pub struct KernelIrReport {
     pub grid: Vec<(String, u64)>,
     /// Tile counts as grid steps: total = grid steps, visited = full = steps computed, empty = the rest.
     pub tiles: Option<tpusim_kernel::TileCounts>,
-    /// The bounding unit.
+    /// The unit that bounds the run: as [`crate::Report::bottleneck`], the one whose 2x speed-up
+    /// gains the most (`what_if_2x`); without the table (sweeps without `--what-if-2x`) the unit
+    /// with the largest critical-path share.
     pub bottleneck: Unit,
+    /// Other units whose 2x gain is within the margin of the bottleneck's
+    /// ([`crate::whatif::bottleneck_of`]); empty without the what-if table.
+    pub co_bound: Vec<Unit>,
+    /// Per unit, the latency with that unit alone twice as fast, re-timing this kernel's
+    /// lowering on the derived chip ([`crate::whatif::what_if_2x_program`]); `None` when not
+    /// computed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub what_if_2x: Option<Vec<crate::whatif::WhatIf>>,
     /// Busy fraction per unit.
     pub utilization: PerUnit<f64>,
     /// Busy time per unit, ms.
@@ -128,19 +141,39 @@ pub struct KernelIrReport {
 }
 
 impl KernelIrReport {
-    /// Summarises a run.
+    /// Summarises a run, with its what-if table ([`KernelIrReport::with_what_if`]).
     pub fn from_run(run: &IrRun) -> Self {
+        Self::from_run_as(run, run.chip.identity()).with_what_if(run)
+    }
+
+    /// This report (of `run`) with its what-if table: the run's program re-timed with each unit
+    /// twice as fast ([`crate::whatif::what_if_2x_program`]: six simulations), and the bottleneck
+    /// and co-bound units it gives ([`crate::whatif::bottleneck_of`], the rule of
+    /// [`crate::Report::with_what_if`]).
+    pub fn with_what_if(mut self, run: &IrRun) -> Self {
+        let table = crate::whatif::what_if_2x_program(&run.chip, &run.program, run.result.seconds);
+        let (b, co) = crate::whatif::bottleneck_of(&table, self.bottleneck);
+        self.bottleneck = b;
+        self.co_bound = co;
+        self.what_if_2x = Some(table);
+        self
+    }
+
+    /// [`KernelIrReport::from_run`] without the what-if table and with the chip model's identity
+    /// already known (sweeps name each chip model once).
+    pub fn from_run_as(run: &IrRun, identity: tpusim_chip::ChipIdentity) -> Self {
         let r = &run.result;
         let chip = &run.chip;
         let ms = |c: f64| c / chip.clock_hz() * 1e3;
         let seconds = r.seconds.max(f64::MIN_POSITIVE);
         KernelIrReport {
             chip: chip.name.clone(),
-            chip_model: chip.identity(),
+            chip_model: identity,
             kernel_name: run.description.kernel_name.clone(),
             kernel_metadata: run.description.kernel_metadata.clone(),
             device_kind: run.description.producer.device_kind.clone(),
             latency_ms: r.seconds * 1e3,
+            band: crate::bands::band_for_kernel_ir(chip),
             cycles: r.cycles,
             clock_ghz: chip.device.clock_ghz.value,
             flops: r.flops,
@@ -157,6 +190,8 @@ impl KernelIrReport {
             grid: run.program.info.grid.clone(),
             tiles: run.program.info.tiles,
             bottleneck: r.bottleneck(),
+            co_bound: Vec::new(),
+            what_if_2x: None,
             utilization: r.utilization(),
             busy_ms: PerUnit(r.busy.0.map(ms)),
             dma_stall_ms: ms(r.dma_stall_cycles),
@@ -209,6 +244,12 @@ impl KernelIrReport {
         let _ = writeln!(s, "  latency      {:.3} ms  ({:.4e} cycles at {} GHz)", self.latency_ms, self.cycles, self.clock_ghz);
         let _ = writeln!(
             s,
+            "  band         {}{}",
+            self.band.text,
+            if self.band.covered { " (leave-one-out |error| over the calibration rows)" } else { "" }
+        );
+        let _ = writeln!(
+            s,
             "  compute      {:.3e} FLOP executed, {:.1} TFLOP/s = {:.1}% MFU (peak {:.0} TFLOP/s)",
             self.flops,
             self.achieved_tflops,
@@ -228,13 +269,16 @@ impl KernelIrReport {
                 d.flops, d.transcendentals, d.bytes_accessed
             );
         }
-        let crit = self.critical_path_ms[self.bottleneck];
-        let _ = writeln!(
-            s,
-            "  bound by     {} ({:.0}% of the critical path, busy {:.0}% of the run)",
-            self.bottleneck,
-            if self.latency_ms > 0.0 { 100.0 * crit / self.latency_ms } else { 0.0 },
-            self.utilization[self.bottleneck] * 100.0
+        crate::write_bound_by(
+            &mut s,
+            &crate::BoundBy {
+                bottleneck: self.bottleneck,
+                co_bound: &self.co_bound,
+                what_if_2x: self.what_if_2x.as_deref(),
+                utilization: &self.utilization,
+                critical_path_ms: &self.critical_path_ms,
+                latency_ms: self.latency_ms,
+            },
         );
         let _ = writeln!(s, "  unit           busy ms  busy %  critical path ms");
         for n in Unit::ALL {

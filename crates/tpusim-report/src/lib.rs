@@ -744,67 +744,17 @@ impl Report {
             "  cost         pl.CostEstimate(flops={}, transcendentals={}, bytes_accessed={})",
             self.cost_estimate.flops, self.cost_estimate.transcendentals, self.cost_estimate.bytes_accessed
         );
-        let crit = self.critical_path_ms[self.bottleneck];
-        let busy = self.utilization[self.bottleneck];
-        // Throughput-bound when the unit is busy for (nearly) all of its critical-path share: it
-        // could not finish sooner without more throughput; latency-bound otherwise.
-        let how = if busy * self.latency_ms >= 0.98 * crit { "throughput" } else { "latency" };
-        // A busier unit whose work overlaps the bottleneck's does not bound the run; say so, so
-        // that the label and the busy column do not read as a contradiction.
-        let busiest = Unit::ALL
-            .iter()
-            .copied()
-            .filter(|&u| u != self.bottleneck)
-            .max_by(|&a, &b| self.utilization[a].total_cmp(&self.utilization[b]));
-        let busier = match busiest {
-            Some(u) if self.utilization[u] > busy + 0.005 => format!(
-                "; {u} is busier ({:.0}% of the run) but overlaps it, {:.0}% of the critical path",
-                100.0 * self.utilization[u],
-                if self.latency_ms > 0.0 { 100.0 * self.critical_path_ms[u] / self.latency_ms } else { 0.0 }
-            ),
-            _ => String::new(),
-        };
-        match &self.what_if_2x {
-            Some(table) => {
-                let gain = |u: &str| table.iter().find(|w| w.unit == u).map_or(0.0, |w| w.gain);
-                let co = if self.co_bound.is_empty() {
-                    String::new()
-                } else {
-                    let names: Vec<String> = self.co_bound.iter().map(|u| format!("{u} -{:.1}%", 100.0 * gain(u.word()))).collect();
-                    format!("; co-bound: {}", names.join(", "))
-                };
-                if whatif::latency_bound(table) {
-                    let _ = writeln!(
-                        s,
-                        "  bound by     {} (latency: no unit twice as fast saves 1% or more; the critical path waits on {} for {:.0}% of the run, busy {:.0}%)",
-                        self.bottleneck,
-                        self.bottleneck,
-                        if self.latency_ms > 0.0 { 100.0 * crit / self.latency_ms } else { 0.0 },
-                        busy * 100.0
-                    );
-                } else {
-                    let _ = writeln!(
-                        s,
-                        "  bound by     {} (2x faster: -{:.1}% latency, the largest gain{co}; {how}: {:.0}% of the critical path, busy {:.0}% of the run)",
-                        self.bottleneck,
-                        100.0 * gain(self.bottleneck.word()),
-                        if self.latency_ms > 0.0 { 100.0 * crit / self.latency_ms } else { 0.0 },
-                        busy * 100.0
-                    );
-                }
-                let cells: Vec<String> = table.iter().map(|w| format!("{} -{:.1}%", w.unit, 100.0 * w.gain)).collect();
-                let _ = writeln!(s, "  what if 2x   {} (latency saved with one unit twice as fast, same schedule)", cells.join(", "));
-            }
-            None => {
-                let _ = writeln!(
-                    s,
-                    "  bound by     {} ({how}: {:.0}% of the critical path, busy {:.0}% of the run{busier})",
-                    self.bottleneck,
-                    if self.latency_ms > 0.0 { 100.0 * crit / self.latency_ms } else { 0.0 },
-                    busy * 100.0
-                );
-            }
-        }
+        write_bound_by(
+            &mut s,
+            &BoundBy {
+                bottleneck: self.bottleneck,
+                co_bound: &self.co_bound,
+                what_if_2x: self.what_if_2x.as_deref(),
+                utilization: &self.utilization,
+                critical_path_ms: &self.critical_path_ms,
+                latency_ms: self.latency_ms,
+            },
+        );
         let _ = writeln!(s, "  unit           busy ms  busy %  critical path ms");
         for n in Unit::ALL {
             let (b, u, c) = (self.busy_ms[*n], self.utilization[*n], self.critical_path_ms[*n]);
@@ -925,6 +875,82 @@ fn backward_block_notes(c: &SplashConfig) -> Vec<String> {
 
 pub(crate) fn bar(u: f64) -> String {
     "#".repeat((u.clamp(0.0, 1.0) * 30.0).round() as usize)
+}
+
+/// What the "bound by" line of a report reads (the hand-model [`Report`] and the IR report
+/// [`ir::KernelIrReport`] print it alike).
+pub(crate) struct BoundBy<'a> {
+    pub bottleneck: Unit,
+    pub co_bound: &'a [Unit],
+    pub what_if_2x: Option<&'a [whatif::WhatIf]>,
+    pub utilization: &'a PerUnit<f64>,
+    pub critical_path_ms: &'a PerUnit<f64>,
+    pub latency_ms: f64,
+}
+
+/// Writes the "bound by" line (and, with a what-if table, the "what if 2x" line) to `s`.
+pub(crate) fn write_bound_by(s: &mut String, b: &BoundBy<'_>) {
+    let crit = b.critical_path_ms[b.bottleneck];
+    let busy = b.utilization[b.bottleneck];
+    // Throughput-bound when the unit is busy for (nearly) all of its critical-path share: it
+    // could not finish sooner without more throughput; latency-bound otherwise.
+    let how = if busy * b.latency_ms >= 0.98 * crit { "throughput" } else { "latency" };
+    // A busier unit whose work overlaps the bottleneck's does not bound the run; say so, so
+    // that the label and the busy column do not read as a contradiction.
+    let busiest = Unit::ALL
+        .iter()
+        .copied()
+        .filter(|&u| u != b.bottleneck)
+        .max_by(|&x, &y| b.utilization[x].total_cmp(&b.utilization[y]));
+    let busier = match busiest {
+        Some(u) if b.utilization[u] > busy + 0.005 => format!(
+            "; {u} is busier ({:.0}% of the run) but overlaps it, {:.0}% of the critical path",
+            100.0 * b.utilization[u],
+            if b.latency_ms > 0.0 { 100.0 * b.critical_path_ms[u] / b.latency_ms } else { 0.0 }
+        ),
+        _ => String::new(),
+    };
+    match b.what_if_2x {
+        Some(table) => {
+            let gain = |u: &str| table.iter().find(|w| w.unit == u).map_or(0.0, |w| w.gain);
+            let co = if b.co_bound.is_empty() {
+                String::new()
+            } else {
+                let names: Vec<String> = b.co_bound.iter().map(|u| format!("{u} -{:.1}%", 100.0 * gain(u.word()))).collect();
+                format!("; co-bound: {}", names.join(", "))
+            };
+            if whatif::latency_bound(table) {
+                let _ = writeln!(
+                    s,
+                    "  bound by     {} (latency: no unit twice as fast saves 1% or more; the critical path waits on {} for {:.0}% of the run, busy {:.0}%)",
+                    b.bottleneck,
+                    b.bottleneck,
+                    if b.latency_ms > 0.0 { 100.0 * crit / b.latency_ms } else { 0.0 },
+                    busy * 100.0
+                );
+            } else {
+                let _ = writeln!(
+                    s,
+                    "  bound by     {} (2x faster: -{:.1}% latency, the largest gain{co}; {how}: {:.0}% of the critical path, busy {:.0}% of the run)",
+                    b.bottleneck,
+                    100.0 * gain(b.bottleneck.word()),
+                    if b.latency_ms > 0.0 { 100.0 * crit / b.latency_ms } else { 0.0 },
+                    busy * 100.0
+                );
+            }
+            let cells: Vec<String> = table.iter().map(|w| format!("{} -{:.1}%", w.unit, 100.0 * w.gain)).collect();
+            let _ = writeln!(s, "  what if 2x   {} (latency saved with one unit twice as fast, same schedule)", cells.join(", "));
+        }
+        None => {
+            let _ = writeln!(
+                s,
+                "  bound by     {} ({how}: {:.0}% of the critical path, busy {:.0}% of the run{busier})",
+                b.bottleneck,
+                if b.latency_ms > 0.0 { 100.0 * crit / b.latency_ms } else { 0.0 },
+                busy * 100.0
+            );
+        }
+    }
 }
 
 #[cfg(test)]

@@ -23,7 +23,7 @@
 use crate::{run_lowered, Run};
 use serde::Serialize;
 use tpusim_chip::ChipModel;
-use tpusim_kernel::{Scope, Unit};
+use tpusim_kernel::{Program, Scope, Unit};
 
 /// A unit whose 2x gain is at least this fraction of the largest gain is co-bound.
 pub const CO_BOUND_FRACTION: f64 = 0.8;
@@ -86,16 +86,29 @@ pub fn format_value(v: f64) -> String {
 /// Re-times `run` with each unit twice as fast (the host too for scope `call`), in the order of
 /// [`Unit::ALL`] then `host`. Skips (leaves out) a unit whose overrides the chip refuses.
 pub fn what_if_2x(run: &Run) -> Vec<WhatIf> {
-    let t = run.result.seconds;
-    let mut sets: Vec<(String, Vec<(String, f64)>)> = Unit::ALL.iter().map(|&u| (u.word().to_string(), doubled(&run.chip, u))).collect();
-    if matches!(&run.job, crate::Job::Attention { scope: Scope::Call, .. } | crate::Job::Matmul { scope: Scope::Call, .. }) {
-        sets.push(("host".into(), vec![("host.dispatch_us".into(), 0.5 * run.chip.host.dispatch_us.value)]));
+    let host = matches!(&run.job, crate::Job::Attention { scope: Scope::Call, .. } | crate::Job::Matmul { scope: Scope::Call, .. });
+    what_if_2x_by(&run.chip, run.result.seconds, host, &|chip| run_lowered(chip, &run.job, run.lowered.clone(), None).result.seconds)
+}
+
+/// [`what_if_2x`] of one kernel's program (a kernel read from its IR, `crate::ir`): the same
+/// `program` simulated on each derived chip; `seconds` is its latency on `chip`.
+pub fn what_if_2x_program(chip: &ChipModel, program: &Program, seconds: f64) -> Vec<WhatIf> {
+    what_if_2x_by(chip, seconds, false, &|c| tpusim_engine::simulate(c, program).seconds)
+}
+
+/// The what-if loop: for each unit (and the host when `host`), `chip` with that unit's fields
+/// doubled ([`doubled`]) and `retime` of the same lowering on it, seconds; `seconds` is the
+/// latency on `chip`. Skips a unit whose overrides the chip refuses.
+pub fn what_if_2x_by(chip: &ChipModel, seconds: f64, host: bool, retime: &dyn Fn(&ChipModel) -> f64) -> Vec<WhatIf> {
+    let t = seconds;
+    let mut sets: Vec<(String, Vec<(String, f64)>)> = Unit::ALL.iter().map(|&u| (u.word().to_string(), doubled(chip, u))).collect();
+    if host {
+        sets.push(("host".into(), vec![("host.dispatch_us".into(), 0.5 * chip.host.dispatch_us.value)]));
     }
     sets.into_iter()
         .filter_map(|(unit, set)| {
-            let chip = with_all(&run.chip, &set).ok()?;
-            let r = run_lowered(&chip, &run.job, run.lowered.clone(), None);
-            let t2 = r.result.seconds;
+            let derived = with_all(chip, &set).ok()?;
+            let t2 = retime(&derived);
             Some(WhatIf {
                 unit,
                 set: set.iter().map(|(k, v)| format!("{k}={}", format_value(*v))).collect(),

@@ -31,6 +31,17 @@
 //! Points are numbered from 0. In product mode the first axis varies slowest and the last
 //! fastest; in points mode they are numbered in file order.
 //!
+//! **Kernel descriptions.** A sweep may run kernels read from their Mosaic IR instead of jobs:
+//! `kernel_ir = "kernel.json"` in `[base]`, or `kernel_ir = ["a.json", "b.json"]` as an axis (or
+//! one per `[[points]]`), names kernel description files (`tpusim.jax.describe`; as `tpusim run
+//! --kernel-ir`). Such a sweep crosses its files with chip fields only: besides `kernel_ir` its
+//! keys may be `chip`, `set`, `chip.SECTION.FIELD` and `label` (a kernel's lowering fixed its
+//! workload, mask and block sizes, so any other job field is an error naming it), and every point
+//! must name a file. Each file is read and checked (format, version, fields) when the sweep file
+//! is, and its bytes (and its `.npy` side files') are part of the definition hash: editing one
+//! makes the sweep another sweep for resuming and merging. Rows carry the IR report's metrics
+//! ([`crate::output`]).
+//!
 //! Everything that can be checked without running a point is checked when the file is read:
 //! unknown keys, wrong value types, empty axes, unknown chip fields and out-of-range chip values,
 //! unknown option words and malformed masks are errors naming the file and the key. What depends
@@ -39,7 +50,8 @@
 
 use crate::SweepError;
 use serde::Deserialize;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use tpusim_chip::ChipModel;
 use tpusim_report::{render_fields, FieldStyle, JobSpec};
 use tpusim_workload::Mask;
@@ -72,11 +84,65 @@ struct RawSweep {
     points: Option<Vec<toml::Table>>,
 }
 
-/// One value of one input: as written (for the output row) and as a partial job (to overlay).
-#[derive(Debug, Clone, PartialEq)]
+/// One value of one input: as written (for the output row) and as a partial job (to overlay),
+/// or a kernel description (`kernel_ir`).
+#[derive(Debug, Clone)]
 struct Value {
     raw: toml::Value,
     spec: JobSpec,
+    kernel_ir: Option<Arc<IrFile>>,
+}
+
+/// The key that names a kernel description file in a sweep (module docs).
+pub const KERNEL_IR_KEY: &str = "kernel_ir";
+
+/// The keys a sweep of kernel descriptions may give besides `kernel_ir` (and `chip.SECTION.FIELD`).
+const KERNEL_IR_KEYS: &[&str] = &["chip", "set", "label"];
+
+/// A kernel description a sweep names (`kernel_ir`), read and checked with the sweep file.
+#[derive(Debug, Clone)]
+pub struct IrFile {
+    /// The path, resolved from the sweep file's folder.
+    pub path: String,
+    /// The description.
+    pub description: tpusim_pallas::Description,
+    /// The folder its side files resolve from.
+    pub dir: PathBuf,
+    /// A hash of its bytes and its side files'.
+    hash: u64,
+}
+
+/// Reads the kernel description a `kernel_ir` value names (relative paths from `dir`).
+fn read_ir(raw: &toml::Value, dir: &Path) -> Result<IrFile, String> {
+    let toml::Value::String(given) = raw else {
+        return Err(format!("{KERNEL_IR_KEY}: expected the path of a kernel description file (a string), found {}", type_name(raw)));
+    };
+    let path = if Path::new(given).is_absolute() { PathBuf::from(given) } else { dir.join(given) };
+    let bytes = std::fs::read(&path).map_err(|e| {
+        format!("{KERNEL_IR_KEY} = \"{given}\": cannot read {} ({e}; relative paths resolve from the sweep file's folder)", path.display())
+    })?;
+    let (description, ir_dir) = tpusim_pallas::Description::read(&path).map_err(|e| format!("{KERNEL_IR_KEY} = \"{given}\": {e}"))?;
+    // Side files (prefetch tables as .npy) are part of the kernel.
+    let mut all = bytes;
+    for r in &description.refs {
+        if let Some(tpusim_pallas::desc::Values::File(f)) = &r.values {
+            if let Ok(b) = std::fs::read(ir_dir.join(f)) {
+                all.extend_from_slice(f.as_bytes());
+                all.extend_from_slice(&b);
+            }
+        }
+    }
+    Ok(IrFile { path: path.display().to_string(), description, dir: ir_dir, hash: crate::stable_hash(&all) })
+}
+
+/// One input value: a kernel description for `kernel_ir`, else a partial job ([`value_spec`]).
+fn value_of(key: &str, raw: toml::Value, chip: &ChipModel, dir: &Path) -> Result<Value, String> {
+    if key == KERNEL_IR_KEY {
+        let f = read_ir(&raw, dir)?;
+        return Ok(Value { raw, spec: JobSpec::default(), kernel_ir: Some(Arc::new(f)) });
+    }
+    let spec = value_spec(key, &raw, chip, dir)?;
+    Ok(Value { raw, spec, kernel_ir: None })
 }
 
 /// A parsed, validated sweep file.
@@ -95,6 +161,10 @@ pub struct SweepDef {
     axes: Vec<Vec<Value>>,
     /// Points mode: per point, (input column, value).
     points: Vec<Vec<(usize, Value)>>,
+    /// Whether the points are kernel descriptions (`kernel_ir`, module docs), not jobs.
+    pub kernel_ir: bool,
+    /// The base's kernel description, if it names one.
+    base_ir: Option<Arc<IrFile>>,
     total: u64,
     hash: u64,
 }
@@ -106,8 +176,11 @@ pub struct Point<'a> {
     pub index: u64,
     /// Its input values, one per [`SweepDef::inputs`] column (`None`: not given for this point).
     pub inputs: Vec<Option<&'a toml::Value>>,
-    /// The job: the base overlaid with the point's values.
+    /// The job: the base overlaid with the point's values (in a sweep of kernel descriptions,
+    /// only its `chip` and `set`).
     pub spec: JobSpec,
+    /// The kernel description the point runs (sweeps of kernel descriptions).
+    pub kernel_ir: Option<&'a IrFile>,
 }
 
 fn one_line(s: &str) -> String {
@@ -215,7 +288,11 @@ impl SweepDef {
         // Job fields are named as the file's keys (`block_q`), not as flags: the front end
         // renders any backticked field left in a message as its own flag.
         let fail = |what: String| SweepError::new(format!("sweep file {origin}: {}", render_fields(&what, FieldStyle::Key)));
-        let raw: RawSweep = toml::from_str(text).map_err(|e| fail(one_line(&e.to_string())))?;
+        let mut raw: RawSweep = toml::from_str(text).map_err(|e| fail(one_line(&e.to_string())))?;
+        let base_ir = match raw.base.remove(KERNEL_IR_KEY) {
+            Some(v) => Some(Arc::new(read_ir(&v, dir).map_err(|e| fail(format!("base.{e}")))?)),
+            None => None,
+        };
         let mut base = tpusim_report::fields::spec_from_toml(&raw.base).map_err(|e| fail(format!("base: {e}")))?;
         base.set.extend(set.iter().cloned());
         base.resolve_paths_from(dir).map_err(|e| fail(format!("base.{e}")))?;
@@ -256,8 +333,7 @@ impl SweepDef {
                     }
                     let mut values = Vec::with_capacity(list.len());
                     for (i, raw) in list.into_iter().enumerate() {
-                        let spec = value_spec(&key, &raw, &chip, dir).map_err(|e| fail(format!("axes.{key}[{i}]: {e}")))?;
-                        values.push(Value { raw, spec });
+                        values.push(value_of(&key, raw, &chip, dir).map_err(|e| fail(format!("axes.{key}[{i}]: {e}")))?);
                     }
                     inputs.push(key);
                     axes.push(values);
@@ -286,10 +362,29 @@ impl SweepDef {
                         if point.iter().any(|(c, _)| *c == col) {
                             return Err(fail(format!("points[{pi}].{key} is given twice")));
                         }
-                        let spec = value_spec(&key, &raw, &chip, dir).map_err(|e| fail(format!("points[{pi}].{e}")))?;
-                        point.push((col, Value { raw, spec }));
+                        let v = value_of(&key, raw, &chip, dir).map_err(|e| fail(format!("points[{pi}].{e}")))?;
+                        point.push((col, v));
                     }
                     points.push(point);
+                }
+            }
+        }
+        // A sweep of kernel descriptions crosses files with chip fields only (module docs).
+        let kernel_ir = base_ir.is_some() || inputs.iter().any(|k| k == KERNEL_IR_KEY);
+        if kernel_ir {
+            let why = "not in a sweep of kernel descriptions (kernel_ir): a kernel's lowering fixed its workload, mask and block sizes; only chip, set, chip.SECTION.FIELD and label go with kernel_ir (re-lower with tpusim.jax to change the rest)";
+            if let Some(k) = base.set_fields().keys().find(|k| !KERNEL_IR_KEYS.contains(&k.as_str())) {
+                return Err(fail(format!("base.{k}: {why}")));
+            }
+            let where_ = if mode == Mode::Product { "axes" } else { "points" };
+            if let Some(k) = inputs.iter().find(|k| *k != KERNEL_IR_KEY && !KERNEL_IR_KEYS.contains(&k.as_str()) && !k.starts_with("chip.")) {
+                return Err(fail(format!("{where_}.{k}: {why}")));
+            }
+            if base_ir.is_none() {
+                if let Some(pi) = points.iter().position(|p| !p.iter().any(|(_, v)| v.kernel_ir.is_some())) {
+                    return Err(fail(format!(
+                        "points[{pi}] names no kernel_ir: in a sweep of kernel descriptions every point runs one (give kernel_ir in [base] or in each point)"
+                    )));
                 }
             }
         }
@@ -326,10 +421,16 @@ impl SweepDef {
             .map(|s| serde_json::to_value(s).unwrap_or_default())
             .collect();
         collect_referenced_files(&serde_json::Value::Array(resolved), &mut files);
+        // Kernel descriptions (and their side files) are part of the definition too.
+        for f in base_ir.iter().chain(axes.iter().flatten().filter_map(|v| v.kernel_ir.as_ref())).chain(points.iter().flatten().filter_map(|(_, v)| v.kernel_ir.as_ref())) {
+            if !files.iter().any(|(p, _)| *p == f.path) {
+                files.push((f.path.clone(), f.hash));
+            }
+        }
         let mut canon = canon;
         canon["files"] = serde_json::Value::Array(files.into_iter().map(|(p, h)| serde_json::json!([p, format!("{h:016x}")])).collect());
         let hash = crate::stable_hash(canon.to_string().as_bytes());
-        Ok(SweepDef { origin: origin.to_string(), base, mode, inputs, axes, points, total, hash })
+        Ok(SweepDef { origin: origin.to_string(), base, mode, inputs, axes, points, kernel_ir, base_ir, total, hash })
     }
 
     /// Number of points.
@@ -350,6 +451,7 @@ impl SweepDef {
         assert!(index < self.total, "point {index} of a sweep of {}", self.total);
         let mut inputs: Vec<Option<&toml::Value>> = vec![None; self.inputs.len()];
         let mut spec = self.base.clone();
+        let mut kernel_ir = self.base_ir.as_deref();
         match self.mode {
             Mode::Product => {
                 // Mixed radix, last axis fastest.
@@ -364,16 +466,18 @@ impl SweepDef {
                     let v = &self.axes[a][c];
                     inputs[a] = Some(&v.raw);
                     spec = spec.overlay(&v.spec);
+                    kernel_ir = v.kernel_ir.as_deref().or(kernel_ir);
                 }
             }
             Mode::Points => {
                 for (col, v) in &self.points[index as usize] {
                     inputs[*col] = Some(&v.raw);
                     spec = spec.overlay(&v.spec);
+                    kernel_ir = v.kernel_ir.as_deref().or(kernel_ir);
                 }
             }
         }
-        Point { index, inputs, spec }
+        Point { index, inputs, spec, kernel_ir }
     }
 }
 

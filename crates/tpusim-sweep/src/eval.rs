@@ -80,6 +80,16 @@ pub struct Outcome {
     pub report: Result<Report, String>,
 }
 
+/// What evaluating one point of a sweep of kernel descriptions gave (`kernel_ir`,
+/// [`Evaluator::evaluate_ir`]).
+#[derive(Debug, Clone)]
+pub struct IrOutcome {
+    /// The chip model the point ran on, if it could be read.
+    pub chip: Option<tpusim_chip::ChipIdentity>,
+    /// The IR report, or the error that stopped the point.
+    pub report: Result<tpusim_report::ir::KernelIrReport, String>,
+}
+
 /// A job built for its chip, ready to lower and simulate.
 #[derive(Debug, Clone)]
 pub struct Prepared {
@@ -262,6 +272,26 @@ impl Evaluator {
             Ok(Arc::new(r))
         });
         r.clone().map(|r| SimResult::clone(&r))
+    }
+
+    /// Lowers and simulates a kernel description on the chip `spec` names (its `chip` and `set`;
+    /// the chip cached like a job's), as `tpusim run --kernel-ir` does, and reports it (with the
+    /// what-if table when [`Evaluator::what_if_2x`]). Each point lowers its description anew:
+    /// descriptions are read once per sweep, when its file is.
+    pub fn evaluate_ir(&self, spec: &JobSpec, file: &crate::def::IrFile) -> IrOutcome {
+        let chip = match self.chip(spec) {
+            Ok(c) => c,
+            Err(e) => return IrOutcome { chip: None, report: Err(e) },
+        };
+        let report = tpusim_report::ir::run_kernel_ir(&chip.chip, &file.description, &file.dir).map_err(|e| e.to_string()).map(|run| {
+            let rep = tpusim_report::ir::KernelIrReport::from_run_as(&run, chip.identity.clone());
+            if self.what_if_2x {
+                rep.with_what_if(&run)
+            } else {
+                rep
+            }
+        });
+        IrOutcome { chip: Some(chip.identity.clone()), report }
     }
 
     /// [`tpusim_report::run`] with the dense baseline taken from the cache (one job, no

@@ -29,12 +29,21 @@
 //! 6. `error`: why the point could not be evaluated (empty when it was), naming job fields as
 //!    sweep-file keys.
 //!
+//! A sweep of kernel descriptions (`kernel_ir`, [`crate::def`]) has the IR report's columns
+//! instead ([`tpusim_report::ir::KernelIrReport`]): `index`, the inputs, `kernel_ir` (the file,
+//! resolved from the sweep file's folder; unless an input), `kernel_name`, `chip` (unless an
+//! input), the chip-model columns, then `latency_ms`, `cycles`, `flops`, `mfu`,
+//! `achieved_tflops`, (with `--what-if-2x`: `bottleneck`, `co_bound`, `gain_2x_UNIT`),
+//! `util_UNIT`, `busy_ms_UNIT`, `transcendentals`, `hbm_bytes`, `arithmetic_intensity`,
+//! `grid_steps`, `steps_computed`, `vmem_bytes`, `vmem_limit_bytes`, `smem_bytes`,
+//! `dma_stall_ms`, and `error`.
+//!
 //! Numbers are written in Rust's shortest round-trip form, so equal inputs give equal bytes. CSV
 //! is written and read with the `csv` crate (RFC 4180: a field with a comma, quote or line break
 //! is quoted, so a row may span lines).
 
 use crate::def::{Point, SweepDef};
-use crate::eval::Outcome;
+use crate::eval::{IrOutcome, Outcome};
 use crate::SweepError;
 use tpusim_kernel::Unit;
 use tpusim_report::{Job, JobSpec};
@@ -260,6 +269,8 @@ pub struct Layout {
     inputs: usize,
     job: Vec<usize>,
     what_if: bool,
+    /// A sweep of kernel descriptions: (a `kernel_ir` column, a `chip` column) after the inputs.
+    ir: Option<(bool, bool)>,
 }
 
 impl Layout {
@@ -268,13 +279,61 @@ impl Layout {
     pub fn for_sweep(def: &SweepDef, what_if: bool) -> Layout {
         let mut columns = vec!["index".to_string()];
         columns.extend(def.inputs.iter().cloned());
+        if def.kernel_ir {
+            let file_col = !def.inputs.iter().any(|k| k == crate::def::KERNEL_IR_KEY);
+            let chip_col = !def.inputs.iter().any(|k| k == "chip");
+            if file_col {
+                columns.push(crate::def::KERNEL_IR_KEY.into());
+            }
+            columns.push("kernel_name".into());
+            if chip_col {
+                columns.push("chip".into());
+            }
+            columns.extend(CHIP_COLUMNS.iter().map(|c| c.to_string()));
+            columns.extend(ir_metric_columns(what_if));
+            columns.push("error".into());
+            return Layout { columns, inputs: def.inputs.len(), job: Vec::new(), what_if, ir: Some((file_col, chip_col)) };
+        }
         let all = job_columns();
         let job: Vec<usize> = (0..all.len()).filter(|&i| !def.inputs.iter().any(|k| *k == all[i])).collect();
         columns.extend(job.iter().map(|&i| all[i].clone()));
         columns.extend(CHIP_COLUMNS.iter().map(|c| c.to_string()));
         columns.extend(metric_columns(what_if));
         columns.push("error".into());
-        Layout { columns, inputs: def.inputs.len(), job, what_if }
+        Layout { columns, inputs: def.inputs.len(), job, what_if, ir: None }
+    }
+
+    /// The cells of a row of a sweep of kernel descriptions (module docs).
+    pub fn ir_row(&self, point: &Point<'_>, outcome: &IrOutcome) -> Vec<Cell> {
+        let (file_col, chip_col) = self.ir.unwrap_or((true, true));
+        let mut cells = Vec::with_capacity(self.columns.len());
+        cells.push(Cell::Int(point.index));
+        for i in 0..self.inputs {
+            cells.push(Cell::opt(point.inputs.get(i).copied().flatten().map(|v| Cell::Toml(v.clone()))));
+        }
+        if file_col {
+            cells.push(Cell::opt(point.kernel_ir.map(|f| Cell::Str(f.path.clone()))));
+        }
+        cells.push(Cell::opt(point.kernel_ir.map(|f| Cell::Str(f.description.kernel_name.clone()))));
+        if chip_col {
+            let chip = outcome.report.as_ref().ok().map(|r| r.chip.clone()).or_else(|| point.spec.chip.clone());
+            cells.push(Cell::Str(chip.unwrap_or_else(|| tpusim_report::spec::DEFAULT_CHIP.to_string())));
+        }
+        match &outcome.chip {
+            Some(id) => cells.extend([Cell::Str(id.source.clone()), Cell::Str(id.overrides.join(";")), Cell::Str(id.hash.clone())]),
+            None => cells.extend(std::iter::repeat_n(Cell::Empty, CHIP_COLUMNS.len())),
+        }
+        match &outcome.report {
+            Ok(r) => {
+                cells.extend(ir_metric_cells(r, self.what_if));
+                cells.push(Cell::Empty);
+            }
+            Err(e) => {
+                cells.extend(std::iter::repeat_n(Cell::Empty, ir_metric_columns(self.what_if).len()));
+                cells.push(Cell::Str(e.clone()));
+            }
+        }
+        cells
     }
 
     /// The cells of a point's row.
@@ -432,6 +491,56 @@ fn metric_cells(r: &tpusim_report::Report, what_if: bool) -> Vec<Cell> {
     c
 }
 
+fn ir_metric_columns(what_if: bool) -> Vec<String> {
+    let mut c: Vec<String> = ["latency_ms", "cycles", "flops", "mfu", "achieved_tflops"].iter().map(|s| s.to_string()).collect();
+    if what_if {
+        c.extend(["bottleneck".to_string(), "co_bound".to_string()]);
+        c.extend(Unit::ALL.iter().map(|u| format!("gain_2x_{u}")));
+    }
+    c.extend(Unit::ALL.iter().map(|u| format!("util_{u}")));
+    c.extend(Unit::ALL.iter().map(|u| format!("busy_ms_{u}")));
+    c.extend(
+        [
+            "transcendentals",
+            "hbm_bytes",
+            "arithmetic_intensity",
+            "grid_steps",
+            "steps_computed",
+            "vmem_bytes",
+            "vmem_limit_bytes",
+            "smem_bytes",
+            "dma_stall_ms",
+        ]
+        .iter()
+        .map(|s| s.to_string()),
+    );
+    c
+}
+
+fn ir_metric_cells(r: &tpusim_report::ir::KernelIrReport, what_if: bool) -> Vec<Cell> {
+    let mut c = vec![Cell::Float(r.latency_ms), Cell::Float(r.cycles), Cell::Float(r.flops), Cell::Float(r.mfu), Cell::Float(r.achieved_tflops)];
+    if what_if {
+        let co: Vec<&str> = r.co_bound.iter().map(|u| u.word()).collect();
+        c.extend([Cell::Str(r.bottleneck.to_string()), Cell::Str(co.join(";"))]);
+        let table = r.what_if_2x.as_deref().unwrap_or_default();
+        c.extend(Unit::ALL.iter().map(|u| Cell::opt(table.iter().find(|w| w.unit == u.word()).map(|w| Cell::Float(w.gain)))));
+    }
+    c.extend(r.utilization.iter().map(|(_, v)| Cell::Float(v)));
+    c.extend(r.busy_ms.iter().map(|(_, v)| Cell::Float(v)));
+    c.extend([
+        Cell::Float(r.transcendentals),
+        Cell::Int(r.hbm_bytes),
+        Cell::Float(r.arithmetic_intensity),
+        Cell::Int(r.grid_steps),
+        Cell::Int(r.steps_computed),
+        Cell::Int(r.vmem_bytes),
+        Cell::Int(r.vmem_limit_bytes),
+        Cell::Int(r.smem_bytes),
+        Cell::Float(r.dma_stall_ms),
+    ]);
+    c
+}
+
 /// Cells of [`job_columns`] for a built job: its [`Job::to_spec`] field by field.
 fn job_cells(job: Option<&Job>, chip: Option<String>) -> Vec<Cell> {
     let mut spec = job.map(Job::to_spec).unwrap_or_default();
@@ -499,7 +608,7 @@ pub fn read_back(path: &str, layout: Option<&Layout>) -> Result<ReadBack, SweepE
             }
             let columns = columns.map_err(|e| bad(2, &format!("malformed column names: {e}")))?;
             header_text.push_str(&body[range.clone()]);
-            let own = Layout { columns, inputs: 0, job: Vec::new(), what_if: false };
+            let own = Layout { columns, inputs: 0, job: Vec::new(), what_if: false, ir: None };
             let layout = layout.unwrap_or(&own);
             let records: Vec<_> = records.collect();
             let n = records.len();

@@ -95,6 +95,26 @@ pub struct TableArgs {
     pub filters: Vec<String>,
 }
 
+/// `--kernel-ir` on a kind that needs an attention workload: accepted by the parser only to be
+/// refused with the reason ([`NoKernelIr::refuse`]).
+#[derive(Args, Debug)]
+pub struct NoKernelIr {
+    /// Not for this kind (it needs an attention workload, which a kernel's IR does not state).
+    #[arg(long, value_name = "FILE.json", hide = true)]
+    pub kernel_ir: Option<String>,
+}
+
+impl NoKernelIr {
+    fn refuse(&self, kind: &str, why: &str) -> Result<(), CliError> {
+        match &self.kernel_ir {
+            Some(f) => Err(CliError::input(format!(
+                "--kernel-ir {f}: not with plot {kind}: {why}; the figures of a kernel read from its IR are plot timeline, breakdown and roofline --kernel-ir FILE"
+            ))),
+            None => Ok(()),
+        }
+    }
+}
+
 /// Flags of `tpusim plot sweep`.
 #[derive(Args, Debug)]
 pub struct SweepPlotArgs {
@@ -133,6 +153,8 @@ pub enum Best {
 pub struct HeatmapArgs {
     #[command(flatten)]
     pub figure: FigureArgs,
+    #[command(flatten)]
+    pub no_kernel_ir: NoKernelIr,
     #[command(flatten)]
     pub table: TableArgs,
     /// Column for the x axis.
@@ -182,6 +204,11 @@ pub struct MultiJobArgs {
     /// [default: the built-in video case].
     #[arg(long, value_name = "FILE")]
     pub trace: Vec<String>,
+    /// A Pallas kernel read from its Mosaic IR: a kernel description file (`tpusim.jax.describe`;
+    /// as `tpusim run --kernel-ir`); repeatable, one bar or point per file after the --trace jobs.
+    /// Its lowering fixed workload, mask and blocks: only --chip, --chips and --set apply to it.
+    #[arg(long, value_name = "FILE.json")]
+    pub kernel_ir: Vec<String>,
     /// Run every job on each of these chips (comma-separated presets or TOML paths).
     #[arg(long, value_delimiter = ',', value_name = "LIST")]
     pub chips: Vec<String>,
@@ -195,7 +222,7 @@ pub struct MultiJobArgs {
 
 impl MultiJobArgs {
     fn runs(&self) -> Result<Vec<JobRun>, CliError> {
-        let specs = jobs::expand(&self.trace, &self.job, &self.chips, &self.label)?;
+        let specs = jobs::expand_with(&self.trace, &self.kernel_ir, &self.job, &self.chips, &self.label)?;
         Ok(jobs::run_all(&specs)?)
     }
 }
@@ -237,6 +264,8 @@ pub struct LayerAxes {
 pub struct SpeedupArgs {
     #[command(flatten)]
     pub figure: FigureArgs,
+    #[command(flatten)]
+    pub no_kernel_ir: NoKernelIr,
     /// Chip of every device: preset or path [default: v6e].
     #[arg(long)]
     pub chip: Option<String>,
@@ -263,6 +292,8 @@ pub struct TilesArgs {
     #[command(flatten)]
     pub figure: FigureArgs,
     #[command(flatten)]
+    pub no_kernel_ir: NoKernelIr,
+    #[command(flatten)]
     pub job: JobArgs,
     /// q head whose mask the map shows.
     #[arg(long, value_name = "H", default_value_t = 0)]
@@ -278,8 +309,13 @@ pub struct TimelineArgs {
     #[command(flatten)]
     pub figure: FigureArgs,
     /// A Chrome trace written by `tpusim run --timeline` to draw instead of simulating a job.
-    #[arg(long, value_name = "TRACE.json", conflicts_with_all = ["trace"])]
+    #[arg(long, value_name = "TRACE.json", conflicts_with_all = ["trace", "kernel_ir"])]
     pub input: Option<String>,
+    /// Draw a Pallas kernel read from its Mosaic IR (a kernel description file, as `tpusim run
+    /// --kernel-ir`) instead of a job; only --chip and --set apply; --head is its grid index of
+    /// dimension 0.
+    #[arg(long, value_name = "FILE.json", conflicts_with_all = ["trace"])]
+    pub kernel_ir: Option<String>,
     #[command(flatten)]
     pub job: JobArgs,
     /// Grid steps START:END (END exclusive) [default: 0:4; with --head, that head's first four
@@ -295,7 +331,7 @@ fn one_run(job: &JobArgs, kind: &str) -> Result<JobRun, CliError> {
     let spec = job.spec()?;
     let label =
         job.trace.as_deref().and_then(|t| std::path::Path::new(t).file_stem().and_then(|s| s.to_str())).unwrap_or("default").to_string();
-    jobs::run_one(&jobs::LabelledSpec { label, spec }).map_err(|e| match e {
+    jobs::run_one(&jobs::LabelledSpec { label, spec, kernel_ir: None }).map_err(|e| match e {
         tpusim_plot::PlotError::Spec { source, .. } => job.error(format!("plot {kind}: {source}")),
         other => other.into(),
     })
@@ -327,6 +363,10 @@ pub fn cmd_plot(a: &PlotArgs) -> Result<String, CliError> {
             done(&f, &out, &f.title)
         }
         PlotKind::Heatmap(p) => {
+            p.no_kernel_ir.refuse(
+                "heatmap",
+                "it draws a sweep CSV's metric over block_q x block_kv, and a kernel read from its IR has the block sizes its lowering fixed (describe one kernel per block size, sweep the files with kernel_ir = [...] in a sweep file, and draw the CSV with plot sweep)",
+            )?;
             let out = p.figure.output(WIDE)?;
             let t = Table::read(&p.table.input, "--input")?;
             let spec = HeatmapSpec {
@@ -387,6 +427,10 @@ pub fn cmd_plot(a: &PlotArgs) -> Result<String, CliError> {
         }
         PlotKind::Speedup(p) => speedup_plot(p),
         PlotKind::Tiles(p) => {
+            p.no_kernel_ir.refuse(
+                "tiles",
+                "the tile map is an attention mask's empty / partial / full tiles at a block_q x block_kv tiling, and a kernel's IR states its grid, not a mask",
+            )?;
             let out = p.figure.output((1150, 900))?;
             // The tile map needs the workload and the tiling only: the job is built (its
             // fields checked), not lowered or simulated.
@@ -460,21 +504,43 @@ fn timeline_plot(p: &TimelineArgs) -> Result<String, CliError> {
             let head_first = p.head.is_some();
             // One step more than asked: its input DMA is prefetched inside the window.
             let window = Window { steps: if head_first { None } else { Some((steps.0, steps.1.saturating_add(1))) }, head: p.head };
-            let r = one_run(&p.job, "timeline")?;
-            if let (Some(h), tpusim_report::Job::Attention { workload: w, .. }) = (p.head, &r.run.job) {
+            let r = match &p.kernel_ir {
+                Some(f) => {
+                    if let Some(k) = p.job.job.set_fields().keys().find(|k| !matches!(k.as_str(), "chip" | "set")) {
+                        return Err(CliError::input(format!(
+                            "--{}: not with --kernel-ir: the kernel's lowering fixed its workload, mask and block sizes (only --chip and --set apply)",
+                            k.replace('_', "-")
+                        )));
+                    }
+                    let chip = p.job.job.chip().map_err(|e| p.job.error(e))?;
+                    let label = std::path::Path::new(f).file_stem().and_then(|s| s.to_str()).unwrap_or(f).to_string();
+                    JobRun { label, ran: jobs::run_kernel_ir(&chip, f)? }
+                }
+                None => one_run(&p.job, "timeline")?,
+            };
+            if let (Some(h), Some(tpusim_report::Job::Attention { workload: w, .. })) = (p.head, r.job()) {
                 let n = w.batch * w.q_heads;
                 if u64::from(h) >= n {
                     return Err(CliError::input(format!("--head {h}: the job has {n} batch x heads (0 to {})", n - 1)));
                 }
             }
-            let mut ev = timeline::collect_us(&r.run, &window);
+            let mut ev = match &r.ran {
+                jobs::Ran::Job(run, _) => timeline::collect_us(run, &window),
+                jobs::Ran::KernelIr(run, _, _) => {
+                    let n = run.description.grid.first().copied().unwrap_or(1);
+                    if let Some(h) = p.head.filter(|&h| u64::from(h) >= n) {
+                        return Err(CliError::input(format!("--head {h}: the kernel's grid dimension 0 has {n} indices (0 to {})", n - 1)));
+                    }
+                    timeline::collect_us_of(&run.chip, &run.program, &window, timeline::StepArgs::Grid { dims: run.description.grid.len().min(255) as u8 })
+                }
+            };
             if head_first {
                 if let Some(first) = ev.iter().map(|e| e.step).min() {
                     steps = (first + steps.0, first + steps.1);
                     ev.retain(|e| e.step >= steps.0 && e.step <= steps.1);
                 }
             }
-            (ev, format!("{} on {}", r.label, r.report.chip), Some(jobs::describe(&r)))
+            (ev, format!("{} on {}", r.label, r.chip().name), Some(jobs::describe(&r)))
         }
     };
     let f = GanttFigure::new(events, steps, &what, job, p.figure.title.as_deref())?;
@@ -502,6 +568,10 @@ fn layer_breakdown(b: &BreakdownArgs) -> Result<String, CliError> {
 }
 
 fn speedup_plot(p: &SpeedupArgs) -> Result<String, CliError> {
+    p.no_kernel_ir.refuse(
+        "speedup",
+        "the curve is sparse over dense attention in a transformer layer (tpusim layer), and a kernel read from its IR has no dense baseline or layer around it",
+    )?;
     let out = p.figure.output(WIDE)?;
     if p.spec.attention == Some(tpusim_layer::AttentionMode::Dense) {
         return Err(CliError::input("--attention dense: the speedup plot compares sparse attention with dense"));

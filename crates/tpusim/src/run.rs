@@ -35,7 +35,8 @@ pub struct RunArgs {
     pub job: JobArgs,
     /// Simulate a Pallas kernel read from its Mosaic IR: a kernel description file written by
     /// `tpusim.jax.describe` (format: crates/tpusim-pallas/DESCRIPTION.md). The lowering fixed
-    /// the workload, mask and blocks, so only --chip and --set apply.
+    /// the workload, mask and blocks, so of the job flags only --chip and --set apply (--timeline
+    /// and its window flags too: its steps carry their grid indices).
     #[arg(long, value_name = "FILE.json")]
     pub kernel_ir: Option<String>,
     /// With --kernel-ir: the values of a runtime operand of the kernel (sequence lengths, page
@@ -49,7 +50,8 @@ pub struct RunArgs {
     pub format: Format,
     /// Also write the simulated execution as a Chrome trace (open in Perfetto or
     /// chrome://tracing): one track per unit, one event per tile operation, DMA and step
-    /// overhead, with head, q block, kv block and tile kind as arguments. A run of more than a
+    /// overhead, with head, q block, kv block and tile kind as arguments (with --kernel-ir: the
+    /// grid indices and whether the body runs). A run of more than a
     /// million events is written only for a window (--timeline-steps, --timeline-head); without
     /// one, the report is printed and the timeline refused with the sizes to choose from.
     #[arg(long, value_name = "FILE.json")]
@@ -57,7 +59,8 @@ pub struct RunArgs {
     /// Only grid steps START..END (END exclusive) in the timeline, e.g. 0:16.
     #[arg(long, value_name = "START:END", requires = "timeline")]
     pub timeline_steps: Option<String>,
-    /// Only the steps of one batch x head index (grid coordinate 0) in the timeline.
+    /// Only the steps of one batch x head index (grid coordinate 0) in the timeline (with
+    /// --kernel-ir: one index of grid dimension 0).
     #[arg(long, value_name = "H", requires = "timeline")]
     pub timeline_head: Option<u32>,
     /// Show a measured profiler trace (XProf / Perfetto Chrome trace JSON, gzip or not) beside
@@ -163,14 +166,16 @@ fn cmd_run_kernel_ir(a: &RunArgs, path: &str) -> Result<String, CliError> {
         .filter(|k| !matches!(k.as_str(), "chip" | "set"))
         .map(|k| format!("--{}", k.replace('_', "-")))
         .chain(a.job.trace.iter().map(|_| "--trace".to_string()))
-        .chain(a.timeline.iter().map(|_| "--timeline".to_string()))
         .collect();
     if !given.is_empty() {
         return Err(CliError::input(format!(
-            "{}: not with --kernel-ir: the kernel's lowering fixed its workload, mask and block sizes (only --chip and --set apply; re-lower with tpusim.jax to change them{})",
+            "{}: not with --kernel-ir: the kernel's lowering fixed its workload, mask and block sizes (only --chip and --set apply; re-lower with tpusim.jax to change them)",
             given.join(", "),
-            if given.iter().any(|g| g == "--timeline") { "; timelines of IR kernels are not written yet" } else { "" }
         )));
+    }
+    if let Some(t) = &a.timeline {
+        // Refuse an unwritable timeline before the simulation, not after it.
+        tpusim_io::check_replace(std::path::Path::new(t), "run --timeline", a.force).map_err(|e| CliError::input(format!("--timeline {e}")))?;
     }
     let spec = a.job.spec()?;
     let chip = spec.chip().map_err(|e| a.job.error(e))?;
@@ -184,9 +189,70 @@ fn cmd_run_kernel_ir(a: &RunArgs, path: &str) -> Result<String, CliError> {
     tpusim_pallas::runtime::bind_runtime(&mut desc, &given).map_err(|e| CliError::input(e.to_string()))?;
     let run = tpusim_report::ir::run_kernel_ir(&chip, &desc, &dir).map_err(|e| CliError::input(format!("--kernel-ir {path}: {e}")))?;
     let rep = tpusim_report::ir::KernelIrReport::from_run(&run);
-    Ok(match a.format {
+    let text = match a.format {
         Format::Json => rep.to_json(),
         Format::Table => rep.to_table(),
+    };
+    match &a.timeline {
+        None => Ok(text),
+        Some(t) => {
+            let timed = tpusim_plot::timeline::Timed::of_program(
+                &run.chip,
+                &run.program,
+                &run.result,
+                "from its Mosaic IR",
+                tpusim_plot::timeline::StepArgs::Grid { dims: run.description.grid.len().min(255) as u8 },
+            );
+            with_timeline(a, &timed, t, text)
+        }
+    }
+}
+
+/// Writes the `--timeline` file of a run (either front end) and appends what it holds to the
+/// report `text`; when the timeline cannot be written, prints the report first and returns why.
+fn with_timeline(a: &RunArgs, timed: &tpusim_plot::timeline::Timed<'_>, path: &str, text: String) -> Result<String, CliError> {
+    let window = tpusim_plot::timeline::Window {
+        steps: a.timeline_steps.as_deref().map(|s| tpusim_plot::timeline::Window::parse_steps(s, "--timeline-steps")).transpose()?,
+        head: a.timeline_head,
+    };
+    let measured = match (&a.compare_trace, &a.kernel_pattern) {
+        (Some(t), Some(p)) => {
+            let trace = tpusim_calib::read_trace(t).map_err(|e| CliError::input(format!("--compare-trace {e}")))?;
+            let ops =
+                tpusim_calib::select_ops(&trace, &tpusim_calib::Selection::xprof(p), t).map_err(|e| CliError::input(e.to_string()))?;
+            let name = std::path::Path::new(t).file_name().map(|f| f.to_string_lossy().to_string()).unwrap_or_else(|| t.clone());
+            Some(tpusim_plot::timeline::MeasuredTrack {
+                process: format!("measured: {name}"),
+                ops: ops.into_iter().map(|o| (format!("{} {}", o.device, o.line), o.name, o.ts_us, o.dur_us)).collect(),
+            })
+        }
+        _ => None,
+    };
+    let sum = match tpusim_plot::timeline::write_chrome_trace_with(timed, &window, std::path::Path::new(path), "--timeline", measured.as_ref())
+    {
+        Ok(sum) => sum,
+        Err(e) => {
+            // The run itself succeeded: print its report, then say why the timeline was not
+            // written (for a run too large to trace whole, how to window it).
+            print_now(&text);
+            return Err(CliError::from(e));
+        }
+    };
+    Ok(match a.format {
+        Format::Json => text,
+        Format::Table => {
+            let steps = match sum.step_range {
+                Some((f, l)) => format!("steps {f} to {l}"),
+                None => "no steps".into(),
+            };
+            format!(
+                "{}\n  timeline     {path}: {} events, {} of {} grid steps ({steps}); open in Perfetto or chrome://tracing\n",
+                text.trim_end(),
+                sum.events,
+                sum.steps,
+                sum.run_steps
+            )
+        }
     })
 }
 
@@ -215,59 +281,14 @@ pub fn cmd_run(a: &RunArgs) -> Result<String, CliError> {
     let mut rep = Report::from_run(&r);
     rep.render_notes(&mut |f, v| a.job.describe_setting(&spec, f, v, case_study));
     rep.measured = tpusim_calib::shipped_measurement(&chip, &job, rep.latency_ms);
-    let Some(path) = &a.timeline else {
-        return Ok(match a.format {
-            Format::Json => rep.to_json(),
-            Format::Table => rep.to_table(),
-        });
-    };
-    let window = tpusim_plot::timeline::Window {
-        steps: a.timeline_steps.as_deref().map(|s| tpusim_plot::timeline::Window::parse_steps(s, "--timeline-steps")).transpose()?,
-        head: a.timeline_head,
-    };
-    let measured = match (&a.compare_trace, &a.kernel_pattern) {
-        (Some(t), Some(p)) => {
-            let trace = tpusim_calib::read_trace(t).map_err(|e| CliError::input(format!("--compare-trace {e}")))?;
-            let ops =
-                tpusim_calib::select_ops(&trace, &tpusim_calib::Selection::xprof(p), t).map_err(|e| CliError::input(e.to_string()))?;
-            let name = std::path::Path::new(t).file_name().map(|f| f.to_string_lossy().to_string()).unwrap_or_else(|| t.clone());
-            Some(tpusim_plot::timeline::MeasuredTrack {
-                process: format!("measured: {name}"),
-                ops: ops.into_iter().map(|o| (format!("{} {}", o.device, o.line), o.name, o.ts_us, o.dur_us)).collect(),
-            })
-        }
-        _ => None,
-    };
-    let sum = match tpusim_plot::timeline::write_chrome_trace_with(&r, &window, std::path::Path::new(path), "--timeline", measured.as_ref())
-    {
-        Ok(sum) => sum,
-        Err(e) => {
-            // The run itself succeeded: print its report, then say why the timeline was not
-            // written (for a run too large to trace whole, how to window it).
-            let text = match a.format {
-                Format::Json => rep.to_json(),
-                Format::Table => rep.to_table(),
-            };
-            print_now(&text);
-            return Err(CliError::from(e));
-        }
-    };
-    Ok(match a.format {
+    let text = match a.format {
         Format::Json => rep.to_json(),
-        Format::Table => {
-            let steps = match sum.step_range {
-                Some((f, l)) => format!("steps {f} to {l}"),
-                None => "no steps".into(),
-            };
-            format!(
-                "{}\n  timeline     {path}: {} events, {} of {} grid steps ({steps}); open in Perfetto or chrome://tracing\n",
-                rep.to_table().trim_end(),
-                sum.events,
-                sum.steps,
-                sum.run_steps
-            )
-        }
-    })
+        Format::Table => rep.to_table(),
+    };
+    match &a.timeline {
+        None => Ok(text),
+        Some(path) => with_timeline(a, &tpusim_plot::timeline::Timed::of_run(&r), path, text),
+    }
 }
 
 /// Writes `text` (with a final newline) to stdout at once, before an error follows on stderr.

@@ -19,7 +19,8 @@ pub enum SweepFormat {
 /// Flags of `tpusim sweep`.
 #[derive(Args, Debug)]
 pub struct SweepArgs {
-    /// Sweep file (TOML: [base] job, [axes] value lists or [[points]]; see studies/README.md).
+    /// Sweep file (TOML: [base] job, [axes] value lists or [[points]]; or kernel description
+    /// files, `kernel_ir = [...]`, over chips and chip fields; see studies/README.md).
     pub file: String,
     /// Output file [default: the sweep file's name with .csv or .jsonl in the current folder;
     /// shards add .shard-I-of-N].
@@ -80,6 +81,10 @@ pub struct MergeArgs {
 pub struct TuneArgs {
     #[command(flatten)]
     pub job: crate::run::JobArgs,
+    /// Refused: a kernel read from its Mosaic IR has the block sizes its lowering fixed; rank
+    /// candidates with `tpusim.jax.tune(make_fn, candidates, *args)` (the message says how).
+    #[arg(long, value_name = "FILE.json")]
+    pub kernel_ir: Option<String>,
     /// Configurations to list.
     #[arg(long, default_value_t = 10, allow_negative_numbers = true, value_parser = at_least_one)]
     pub top: usize,
@@ -209,7 +214,13 @@ fn on_interrupt_say_where(out: &str) {
     });
 }
 
+/// Why `tpusim tune --kernel-ir` is refused, and what to run instead.
+pub const TUNE_KERNEL_IR: &str = "not with tpusim tune: a kernel read from its Mosaic IR has the block sizes its lowering fixed (block sizes live in the lowering, so each candidate is another lowering); rank candidates in Python with tpusim.jax.tune(make_fn, candidates, *args, chip=\"v6e\"), which lowers make_fn(candidate) for each and returns [(candidate, latency_ms, report)] fastest first, e.g. tpusim.jax.tune(lambda bq: make_kernel(block_q=bq), [256, 512, 1024], q, k, v)";
+
 pub fn cmd_tune(a: &TuneArgs) -> Result<String, CliError> {
+    if let Some(f) = &a.kernel_ir {
+        return Err(CliError::input(format!("--kernel-ir {f}: {TUNE_KERNEL_IR}")));
+    }
     let spec = a.job.spec()?;
     let opts = TuneOptions {
         top: a.top,

@@ -1,0 +1,259 @@
+//! `tpusim run`, `plot`, `sweep` and `tune` with kernels read from their Mosaic IR
+//! (`--kernel-ir FILE`), on a hand-written description fixture (`tests/data/kernel-ir/`: a
+//! tiled bf16 matmul, 1024 x 1024 x 1024 in 256 x 256 x 512 blocks, f32 output accumulated over
+//! the k dimension), and their bad input.
+
+use serde_json::Value;
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_tpusim"))
+}
+
+fn fixture() -> String {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/kernel-ir/matmul.json").to_string_lossy().into_owned()
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("tpusim-kernel-ir-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn tpusim(args: &[&str]) -> Output {
+    bin().args(args).output().unwrap()
+}
+
+fn ok(args: &[&str]) -> String {
+    let out = tpusim(args);
+    assert!(out.status.success(), "tpusim {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Runs `tpusim ARGS`, expecting exit code 2 and an error containing every `needle`.
+fn input_error(args: &[&str], needles: &[&str]) -> String {
+    let out = tpusim(args);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(2), "tpusim {args:?} should exit 2; stderr: {err}");
+    for n in needles {
+        assert!(err.contains(n), "tpusim {args:?}: error should mention {n:?}: {err}");
+    }
+    err
+}
+
+fn run_json(extra: &[&str]) -> Value {
+    let f = fixture();
+    let mut a = vec!["run", "--kernel-ir", f.as_str(), "--format", "json"];
+    a.extend(extra);
+    serde_json::from_str(&ok(&a)).unwrap()
+}
+
+#[test]
+fn bound_by_is_the_what_if_table_and_each_row_is_the_run_with_its_overrides() {
+    let j = run_json(&[]);
+    let table = j["what_if_2x"].as_array().expect("a what-if table");
+    assert_eq!(table.len(), 6, "{table:?}");
+    let gain = |u: &str| table.iter().find(|w| w["unit"] == u).unwrap()["gain"].as_f64().unwrap();
+    // The bottleneck is the unit with the largest gain.
+    let best = table.iter().max_by(|a, b| a["gain"].as_f64().unwrap().total_cmp(&b["gain"].as_f64().unwrap())).unwrap();
+    assert_eq!(j["bottleneck"], best["unit"]);
+    assert!(j["co_bound"].is_array());
+    // Each row is `tpusim run --kernel-ir F --set ...` of its overrides.
+    for u in ["hbm", "mxu"] {
+        let row = table.iter().find(|w| w["unit"] == u).unwrap();
+        let mut extra = Vec::new();
+        for s in row["set"].as_array().unwrap() {
+            extra.extend(["--set", s.as_str().unwrap()]);
+        }
+        let again = run_json(&extra);
+        let (a, b) = (again["latency_ms"].as_f64().unwrap(), row["latency_ms"].as_f64().unwrap());
+        assert!((a - b).abs() <= 1e-9 * b, "{u}: {a} vs {b}");
+        assert!((gain(u) - (1.0 - b / j["latency_ms"].as_f64().unwrap())).abs() < 1e-12);
+    }
+    // The band line says the run is not covered, in the hand-model report's words.
+    assert_eq!(j["band"]["covered"], false);
+    assert!(j["band"]["text"].as_str().unwrap().starts_with("not covered by measurements: chip v6e, family kernel-ir"), "{}", j["band"]);
+    let f = fixture();
+    let table = ok(&["run", "--kernel-ir", &f]);
+    assert!(table.contains("  band         not covered by measurements: chip v6e"), "{table}");
+    assert!(table.contains(&format!("  bound by     {}", j["bottleneck"].as_str().unwrap())) && table.contains("  what if 2x   mxu -"), "{table}");
+}
+
+#[test]
+fn timeline_of_an_ir_kernel_adds_up_to_its_report() {
+    let d = scratch("timeline");
+    let t = d.join("t.json");
+    let f = fixture();
+    let out = ok(&["run", "--kernel-ir", &f, "--timeline", t.to_str().unwrap()]);
+    assert!(out.contains("timeline     ") && out.contains("32 of 32 grid steps"), "{out}");
+    let rep = run_json(&[]);
+    let trace: Value = serde_json::from_slice(&std::fs::read(&t).unwrap()).unwrap();
+    let events: Vec<&Value> = trace["traceEvents"].as_array().unwrap().iter().filter(|e| e["ph"] == "X").collect();
+    assert!(!events.is_empty());
+    // Per unit, the events' durations add up to the report's busy time.
+    for (cat, unit) in [("mxu", "mxu"), ("vpu", "vpu"), ("step_control", "step_control")] {
+        let us: f64 = events.iter().filter(|e| e["cat"] == cat).map(|e| e["dur"].as_f64().unwrap()).sum();
+        let ms = rep["busy_ms"][unit].as_f64().unwrap();
+        assert!((us / 1e3 - ms).abs() <= 1e-6 * ms.max(1e-9), "{cat}: {us} us vs {ms} ms");
+    }
+    let dma: f64 = events.iter().filter(|e| e["cat"] == "dma_in" || e["cat"] == "dma_out").map(|e| e["dur"].as_f64().unwrap()).sum();
+    assert!((dma / 1e3 - rep["busy_ms"]["hbm"].as_f64().unwrap()).abs() < 1e-6);
+    // Steps carry their grid indices, not attention blocks.
+    let a = &events[0]["args"];
+    assert!(a.get("index_first").is_some() && a.get("computed").is_some() && a.get("q_block").is_none(), "{a}");
+    // A window: steps 8..16 of grid index 1 of dimension 0 (4 x 2 steps each: steps 8..15).
+    let w = d.join("w.json");
+    let out = ok(&["run", "--kernel-ir", &f, "--timeline", w.to_str().unwrap(), "--timeline-steps", "0:12", "--timeline-head", "1"]);
+    assert!(out.contains("4 of 32 grid steps (steps 8 to 11)"), "{out}");
+    let trace: Value = serde_json::from_slice(&std::fs::read(&w).unwrap()).unwrap();
+    assert!(trace["traceEvents"].as_array().unwrap().iter().filter(|e| e["ph"] == "X").all(|e| e["args"]["index_first"] == 1));
+    // plot timeline --input draws the written trace, with the steps' grid indices as labels.
+    let png = d.join("from-trace.png");
+    let text = ok(&["plot", "timeline", "--input", t.to_str().unwrap(), "--steps", "0:4", "--out", png.to_str().unwrap()]);
+    assert!(text.contains("grid steps 0 to 3") && std::fs::metadata(&png).unwrap().len() > 10_000, "{text}");
+    // An empty window is refused in the IR's words; the report is printed first.
+    let out = tpusim(&["run", "--kernel-ir", &f, "--timeline", d.join("e.json").to_str().unwrap(), "--timeline-head", "9"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("holds no grid step") && err.contains("4 indices of grid dimension 0"), "{err}");
+    assert!(!d.join("e.json").exists());
+    // A file tpusim did not write is not replaced.
+    let foreign = d.join("mine.json");
+    std::fs::write(&foreign, "{}").unwrap();
+    input_error(&["run", "--kernel-ir", &f, "--timeline", foreign.to_str().unwrap()], &["--timeline", "--force"]);
+    assert_eq!(std::fs::read_to_string(&foreign).unwrap(), "{}");
+}
+
+#[test]
+fn bad_kernel_ir_input_is_refused_by_name() {
+    let f = fixture();
+    input_error(&["run", "--kernel-ir", "/nonexistent/k.json"], &["--kernel-ir", "/nonexistent/k.json"]);
+    input_error(&["run", "--kernel-ir", &f, "--block-q", "256"], &["--block-q", "not with --kernel-ir"]);
+    // tune says to use tpusim.jax.tune, and how.
+    input_error(&["tune", "--kernel-ir", &f], &["--kernel-ir", "tpusim.jax.tune(make_fn, candidates", "lowers make_fn(candidate)"]);
+}
+
+#[test]
+fn plots_of_an_ir_kernel_render_and_kinds_that_need_attention_refuse_it() {
+    let d = scratch("plot");
+    let f = fixture();
+    let dense = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../plots/jobs/dense.toml").to_string_lossy().into_owned();
+    let png = |name: &str| d.join(name).to_string_lossy().into_owned();
+    for (args, what) in [
+        (vec!["plot", "timeline", "--kernel-ir", &f, "--steps", "0:6"], "grid steps 0 to 5"),
+        // --head is the grid index of dimension 0: index 2 holds steps 16..23.
+        (vec!["plot", "timeline", "--kernel-ir", &f, "--head", "2"], "grid steps 16 to 19"),
+        (vec!["plot", "roofline", "--kernel-ir", &f, "--trace", &dense], "Roofline on v6e"),
+        (vec!["plot", "breakdown", "--kernel-ir", &f, "--kernel-ir", &f, "--chips", "v6e,v5e"], "Busy time per unit"),
+    ] {
+        let out = png(&format!("{}.png", args[1..].join("_").replace(['/', '.', ','], "-")));
+        let mut a = args.clone();
+        a.extend(["--out", out.as_str()]);
+        let text = ok(&a);
+        assert!(text.contains(what), "{a:?}: {text}");
+        let bytes = std::fs::read(&out).unwrap();
+        assert!(bytes.starts_with(b"\x89PNG") && bytes.len() > 10_000, "{a:?}: {} bytes", bytes.len());
+    }
+    let out = png("x.png");
+    for kind in ["tiles", "heatmap", "speedup"] {
+        let mut a = vec!["plot", kind, "--kernel-ir", f.as_str(), "--out", out.as_str()];
+        if kind == "heatmap" {
+            a.extend(["--input", "sweep.csv"]);
+        }
+        input_error(&a, &["--kernel-ir", &format!("not with plot {kind}"), "plot timeline, breakdown and roofline --kernel-ir"]);
+    }
+    input_error(&["plot", "roofline", "--kernel-ir", &f, "--heads", "4", "--out", &out], &["--heads", "not with --kernel-ir"]);
+    input_error(&["plot", "roofline", "--kernel-ir", "/nonexistent/k.json", "--out", &out], &["--kernel-ir /nonexistent/k.json"]);
+    input_error(&["plot", "timeline", "--kernel-ir", &f, "--head", "4", "--out", &out], &["--head 4", "4 indices (0 to 3)"]);
+    input_error(&["plot", "timeline", "--kernel-ir", &f, "--block-q", "256", "--out", &out], &["--block-q", "not with --kernel-ir"]);
+    assert!(!d.join("x.png").exists());
+}
+
+/// A sweep file over the fixture (copied beside it) in a fresh folder.
+fn sweep_dir(name: &str, sweep: &str) -> PathBuf {
+    let d = scratch(name);
+    std::fs::copy(fixture(), d.join("k.json")).unwrap();
+    std::fs::write(d.join("s.toml"), sweep).unwrap();
+    d
+}
+
+fn csv_rows(path: &std::path::Path) -> Vec<std::collections::BTreeMap<String, String>> {
+    let text = std::fs::read_to_string(path).unwrap();
+    let mut lines = text.lines().filter(|l| !l.starts_with('#'));
+    let header: Vec<String> = lines.next().unwrap().split(',').map(String::from).collect();
+    lines.map(|l| header.iter().cloned().zip(l.split(',').map(String::from)).collect()).collect()
+}
+
+#[test]
+fn a_sweep_over_description_files_and_chip_fields_has_the_ir_reports_rows() {
+    let d = sweep_dir(
+        "sweep",
+        "[base]\nchip = \"v6e\"\n[axes]\nkernel_ir = [\"k.json\"]\nchip = [\"v6e\", \"v5e\"]\n\"chip.hbm.bandwidth_gb_per_s\" = [800, 1600]\n",
+    );
+    let s = d.join("s.toml").to_string_lossy().into_owned();
+    let out = d.join("s.csv").to_string_lossy().into_owned();
+    let text = ok(&["sweep", &s, "--out", &out, "--no-progress", "--jobs", "2"]);
+    assert!(text.contains("4 points") && text.contains("4 computed, 0 resumed, 0 with errors"), "{text}");
+    let rows = csv_rows(std::path::Path::new(&out));
+    assert_eq!(rows.len(), 4);
+    assert!(rows.iter().all(|r| r["kernel_name"] == "tiled_matmul" && r["error"].is_empty() && r["grid_steps"] == "32"), "{rows:?}");
+    // Each row is `tpusim run --kernel-ir` of its chip and override.
+    for r in &rows {
+        let set = format!("hbm.bandwidth_gb_per_s={}", r["chip.hbm.bandwidth_gb_per_s"]);
+        let j = run_json(&["--chip", &r["chip"], "--set", &set]);
+        assert_eq!(r["latency_ms"].parse::<f64>().unwrap(), j["latency_ms"].as_f64().unwrap(), "{r:?}");
+        assert_eq!(r["hbm_bytes"], j["hbm_bytes"].to_string());
+    }
+    // More HBM bandwidth is never slower.
+    let lat = |i: usize| rows[i]["latency_ms"].parse::<f64>().unwrap();
+    assert!(lat(1) < lat(0) && lat(3) <= lat(2), "{rows:?}");
+    // A second run resumes every row; the bytes do not change.
+    let before = std::fs::read(&out).unwrap();
+    let text = ok(&["sweep", &s, "--out", &out, "--no-progress"]);
+    assert!(text.contains("0 computed, 4 resumed"), "{text}");
+    assert_eq!(std::fs::read(&out).unwrap(), before);
+    // Editing the description makes it another sweep: refused without --force, replaced with it.
+    let k = d.join("k.json");
+    let edited = std::fs::read_to_string(&k).unwrap().replace("\"tiled_matmul\"", "\"tiled_matmul_2\"");
+    std::fs::write(&k, edited).unwrap();
+    input_error(&["sweep", &s, "--out", &out, "--no-progress"], &["another sweep", "--force"]);
+    let text = ok(&["sweep", &s, "--out", &out, "--no-progress", "--force"]);
+    assert!(text.contains("4 computed"), "{text}");
+    assert!(csv_rows(std::path::Path::new(&out)).iter().all(|r| r["kernel_name"] == "tiled_matmul_2"));
+    // Shards merge into the whole sweep's bytes.
+    let whole = std::fs::read(&out).unwrap();
+    let (a, b, m) = (d.join("a.csv"), d.join("b.csv"), d.join("m.csv"));
+    ok(&["sweep", &s, "--out", a.to_str().unwrap(), "--no-progress", "--shard", "0/2"]);
+    ok(&["sweep", &s, "--out", b.to_str().unwrap(), "--no-progress", "--shard", "1/2"]);
+    ok(&["merge", b.to_str().unwrap(), a.to_str().unwrap(), "--out", m.to_str().unwrap()]);
+    assert_eq!(std::fs::read(&m).unwrap(), whole);
+    // --what-if-2x adds the bottleneck and gains; the bound unit is the run's.
+    let w = d.join("w.csv").to_string_lossy().into_owned();
+    ok(&["sweep", &s, "--out", &w, "--no-progress", "--what-if-2x"]);
+    let rows = csv_rows(std::path::Path::new(&w));
+    assert_eq!(rows[0]["bottleneck"], run_json(&["--set", "hbm.bandwidth_gb_per_s=800"])["bottleneck"].as_str().unwrap());
+    assert!(rows[0]["gain_2x_hbm"].parse::<f64>().unwrap() > 0.1, "{:?}", rows[0]);
+}
+
+#[test]
+fn bad_sweeps_of_description_files_name_the_key_and_the_file() {
+    for (sweep, needles) in [
+        ("[axes]\nkernel_ir = [\"k.json\", \"missing.json\"]\n", vec!["axes.kernel_ir[1]", "missing.json", "cannot read"]),
+        ("[base]\nkernel_ir = \"nope.json\"\n[axes]\nchip = [\"v6e\"]\n", vec!["base.kernel_ir", "nope.json"]),
+        ("[axes]\nkernel_ir = [\"k.json\"]\nblock_q = [256]\n", vec!["axes.block_q", "not in a sweep of kernel descriptions"]),
+        ("[base]\nheads = 4\n[axes]\nkernel_ir = [\"k.json\"]\n", vec!["base.heads", "not in a sweep of kernel descriptions"]),
+        ("[[points]]\nkernel_ir = \"k.json\"\n[[points]]\nchip = \"v5e\"\n", vec!["points[1] names no kernel_ir"]),
+        ("[axes]\nkernel_ir = [3]\n", vec!["axes.kernel_ir[0]", "expected the path of a kernel description file"]),
+        ("[axes]\nkernel_ir = [\"s.toml\"]\n", vec!["axes.kernel_ir[0]", "s.toml"]),
+    ] {
+        let d = sweep_dir("bad-sweep", sweep);
+        let s = d.join("s.toml").to_string_lossy().into_owned();
+        let out = d.join("o.csv").to_string_lossy().into_owned();
+        let mut n = needles.clone();
+        n.push("s.toml");
+        input_error(&["sweep", &s, "--out", &out, "--no-progress"], &n);
+        assert!(!d.join("o.csv").exists() && !d.join("o.csv.partial").exists(), "{sweep}: nothing written");
+    }
+}

@@ -200,8 +200,10 @@ pub struct TileOp {
 /// [`Memo`] valid (a simulator's schedules of the body are dropped when it changes).
 #[derive(Debug, Clone, Default)]
 pub struct StepBody {
-    /// Operations and dependency edges (from producer to consumer).
-    pub graph: DiGraph<TileOp, ()>,
+    /// Operations and dependency edges (from producer to consumer). Shared by clones of the
+    /// body (bodies of one shape are clones of a prototype; a large body's graph is megabytes),
+    /// copied on the first change of a shared one.
+    pub graph: std::sync::Arc<DiGraph<TileOp, ()>>,
     /// Number of carried-state slots the body's operations name (slots are `0..carries`).
     pub carries: u16,
     /// What a simulator derived from this body once per compiled chip (its issue order and
@@ -302,9 +304,10 @@ impl StepBody {
     ) -> NodeIndex {
         // The body changes: what a simulator derived from it no longer holds.
         self.memo.invalidate();
-        let n = self.graph.add_node(TileOp { name, work, issue, carry_in, carry_out });
+        let graph = std::sync::Arc::make_mut(&mut self.graph);
+        let n = graph.add_node(TileOp { name, work, issue, carry_in, carry_out });
         for &d in deps {
-            self.graph.add_edge(d, n, ());
+            graph.add_edge(d, n, ());
         }
         for c in carry_in.iter().chain(carry_out.iter()) {
             self.carries = self.carries.max(c + 1);

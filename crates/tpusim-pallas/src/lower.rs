@@ -896,7 +896,7 @@ impl<'a> Builder<'a> {
         for ((r, s), w) in writes {
             let slot = self.slot(r, s);
             if let Some(&(n, _)) = w.iter().max_by_key(|x| x.1) {
-                let op = &mut self.body.graph[n];
+                let op = &mut std::sync::Arc::make_mut(&mut self.body.graph)[n];
                 if op.carry_out.is_none() {
                     op.carry_out = Some(slot);
                     self.body.carries = self.body.carries.max(slot + 1);

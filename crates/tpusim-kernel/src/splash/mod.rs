@@ -26,6 +26,13 @@
 //! residuals also log(l) on the EUP and m + log(l) on the VPU) on its last. m and l are
 //! lane-replicated (r x 128), so per-row work is r / 8 registers.
 //!
+//! JAX's older flash attention (`_flash_attention_kernel_single_batch`) normalizes o_acc on
+//! every sub-tile instead: `l_next_inv_safe = where(l_next == 0, 1, 1 / l_next)` (a `recip` of
+//! r / 8 registers on the EUP per sub-tile), `acc *= l_corr * l_next_inv_safe` and
+//! `acc += pv * l_next_inv_safe`: its `acc` is 4 r dv / 1024 (pop pv, scale o_acc, scale pv,
+//! add) + 5 r / 8 (alpha x l_prev, the compare, the division's VPU part, the select,
+//! l_corr x inv), and its `finalize` only casts o_acc (r dv / 1024).
+//!
 //! **Carried state.** Each slab's running max (m) and its o_acc / l are VMEM scratch that
 //! consecutive steps of a row update in turn: a step's first `rowmax_xlu` and `acc` of a slab
 //! wait for the previous step's last ones (carried slots 2 s and 2 s + 1), and a row's `init`
@@ -234,6 +241,8 @@ struct BodyShape {
     /// widened, and rounded back to bf16 for the MXU ([`crate::mxu`]: one pass at the default
     /// precision).
     f32_v: bool,
+    /// JAX's older flash attention: o_acc normalized on every sub-tile (module docs).
+    flash: bool,
 }
 
 pub(crate) fn vregs(rows: u64, cols: u64) -> f64 {
@@ -252,7 +261,7 @@ fn attention_body(s: &BodyShape) -> StepBody {
     const CAPACITY: usize = 64;
     let mask = s.mask.map_or([u64::MAX; 2], |m| [m.ops.to_bits(), u64::from(m.loaded)]);
     let flags =
-        u64::from(s.base2) | u64::from(s.residuals) << 1 | u64::from(s.first) << 2 | u64::from(s.last) << 3 | u64::from(s.f32_v) << 4;
+        u64::from(s.base2) | u64::from(s.residuals) << 1 | u64::from(s.first) << 2 | u64::from(s.last) << 3 | u64::from(s.f32_v) << 4 | u64::from(s.flash) << 5;
     let key: Key = [s.block_q, s.block_kv, s.compute, s.d, s.dv, mask[0], mask[1], flags];
     let cache = CACHE.get_or_init(Default::default);
     if let Some(b) = cache.lock().unwrap_or_else(PoisonError::into_inner).get(&key) {
@@ -336,20 +345,30 @@ fn build_attention_body(s: &BodyShape) -> StepBody {
             pv_deps.extend(v_cast.filter(|_| s.f32_v));
             let pv = b.add("pv", Work::Matmul { m: r, k: c, n: s.dv, m_total: s.block_q }, &pv_deps, slot(g, 9));
             let mut deps = vec![pv, rowsum];
+            let acc_ops = if s.flash {
+                // 1 / l_next on every sub-tile (module docs).
+                deps.push(b.add("recip", Work::Transcendental { vregs: rv }, &[rowsum], slot(g, 9)));
+                4.0 * vregs(r, s.dv) + 5.0 * rv
+            } else {
+                3.0 * vregs(r, s.dv) + 2.0 * rv
+            };
             deps.extend(prev_acc[i]);
             let reads_acc = (prev_acc[i].is_none()).then(|| acc_slot(si));
             let finalizes = s.last && j == chunks - 1;
             let writes_acc = (j == chunks - 1 && !finalizes).then(|| acc_slot(si));
-            let acc = b.add_carried(
-                "acc",
-                Work::Vector { ops: 3.0 * vregs(r, s.dv) + 2.0 * rv, loaded_mask_vregs: 0.0 },
-                &deps,
-                slot(g, 10),
-                reads_acc,
-                writes_acc,
-            );
+            let acc = b.add_carried("acc", Work::Vector { ops: acc_ops, loaded_mask_vregs: 0.0 }, &deps, slot(g, 10), reads_acc, writes_acc);
             prev_acc[i] = Some(acc);
-            if finalizes {
+            if finalizes && s.flash {
+                // o_acc is normalized already: the cast alone.
+                b.add_carried(
+                    "finalize",
+                    Work::Vector { ops: vregs(r, s.dv), loaded_mask_vregs: 0.0 },
+                    &[acc],
+                    slot(g, 12),
+                    None,
+                    Some(acc_slot(si)),
+                );
+            } else if finalizes {
                 let eup = if s.residuals { 2.0 * rv } else { rv };
                 let recip = b.add("recip", Work::Transcendental { vregs: eup }, &[acc], slot(g, 11));
                 let vpu = 1.5 * vregs(r, s.dv) + if s.residuals { rv } else { 0.0 };
@@ -381,6 +400,18 @@ fn finalize_body(block_q: u64, dv: u64, residuals: bool) -> StepBody {
         let recip = b.add_carried("recip", Work::Transcendental { vregs: eup }, &[], si * 16 + 11, Some(acc_slot), None);
         let vpu = 1.5 * vregs(r, dv) + if residuals { rv } else { 0.0 };
         b.add_carried("finalize", Work::Vector { ops: vpu, loaded_mask_vregs: 0.0 }, &[recip], si * 16 + 12, None, Some(acc_slot));
+    }
+    b
+}
+
+/// The finalize of a row alone for JAX's older flash attention: o_acc (normalized on every
+/// sub-tile) cast, per slab; it reads the row's carried o_acc.
+fn flash_finalize_body(block_q: u64, dv: u64) -> StepBody {
+    let mut b = StepBody::default();
+    for si in 0..block_q.div_ceil(SLAB_ROWS) {
+        let r = SLAB_ROWS.min(block_q - si * SLAB_ROWS);
+        let acc_slot = (2 * si + 1) as u16;
+        b.add_carried("finalize", Work::Vector { ops: vregs(r, dv), loaded_mask_vregs: 0.0 }, &[], si * 16 + 12, Some(acc_slot), Some(acc_slot));
     }
     b
 }
@@ -799,6 +830,7 @@ pub fn lower(chip: &ChipModel, w: &AttentionCall, cfg: &SplashConfig) -> Result<
                     first,
                     last,
                     f32_v: cfg.kernel == Kernel::Splash,
+                    flash: cfg.kernel == Kernel::FlashAttention,
                 };
                 class_of[k][usize::from(first)][usize::from(last)] = classes.len() as u32;
                 classes.push(StepClass {
@@ -808,11 +840,13 @@ pub fn lower(chip: &ChipModel, w: &AttentionCall, cfg: &SplashConfig) -> Result<
             }
         }
     }
-    // JAX's Splash finalizes at the row's last grid step, which may be empty (steps.rs).
-    let finalize_class = (cfg.kernel == Kernel::Splash && cfg.traversal == Traversal::FullGrid).then(|| {
+    // JAX's Splash finalizes at the row's last grid step, which may be empty (steps.rs); so does
+    // JAX's older flash attention (`store_output` at the last kv index, causal rows included).
+    let flash = cfg.kernel == Kernel::FlashAttention;
+    let finalize_class = ((cfg.kernel == Kernel::Splash || flash) && cfg.traversal == Traversal::FullGrid).then(|| {
         classes.push(StepClass {
             key: ClassKey { tile: "empty", masked: false, first: false, last: true },
-            body: finalize_body(cfg.block_q, w.head_dim_v, cfg.return_residuals),
+            body: if flash { flash_finalize_body(cfg.block_q, w.head_dim_v) } else { finalize_body(cfg.block_q, w.head_dim_v, cfg.return_residuals) },
         });
         classes.len() as u32 - 1
     });
@@ -859,7 +893,9 @@ pub fn lower(chip: &ChipModel, w: &AttentionCall, cfg: &SplashConfig) -> Result<
         class_of,
         empty_class: 0,
         finalize_class,
-        pad_to_block0: cfg.kernel == Kernel::Splash && cfg.traversal == Traversal::FullGrid,
+        // JAX's older flash attention points skipped causal steps at kv block 0 too (its
+        // `kv_index_map`: "prefetch the next valid kv block, i.e. the 0th one").
+        pad_to_block0: (cfg.kernel == Kernel::Splash || flash) && cfg.traversal == Traversal::FullGrid,
         q_bytes: cfg.block_q * w.head_dim * 2,
         kv_bytes: cfg.block_kv * (w.head_dim + w.head_dim_v) * 2,
         mask_bytes: if source == MaskSource::Loaded { cfg.block_q * cfg.block_kv } else { 0 },

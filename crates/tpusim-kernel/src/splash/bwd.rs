@@ -333,7 +333,8 @@ pub fn dkv_vmem_buffers(w: &AttentionCall, b: &BwdBlocks, kernel: Kernel, o: Bwd
         v.extend([win("q segment ids", &[8, bq], I32), win("kv segment ids", &[bkv, 128], I32)]);
     }
     if o.loaded {
-        v.push(win("mask", &[bkv, bq], I8));
+        // JAX's kernels hold the (bool) mask blocks as int32, tokamax as int8.
+        v.push(win("mask", &[bkv, bq], if kernel == Kernel::TokamaxSplash { I8 } else { I32 }));
     }
     if o.computed {
         v.push(win("q positions", &[8, bq], I32));
@@ -371,7 +372,7 @@ pub fn dkv_vmem(w: &AttentionCall, b: &BwdBlocks, kernel: Kernel, o: BwdVmemOpti
 /// outputs the f32 dq accumulator (a constant block index: double-buffered) and dq (bf16); in
 /// the body the score tiles (block_q_dq x block_kv_dq f32).
 pub fn dq_vmem_buffers(w: &AttentionCall, b: &BwdBlocks, o: BwdVmemOptions) -> Vec<VmemBuffer> {
-    use crate::dtype::Dtype::{Bf16, F32, I32, I8};
+    use crate::dtype::Dtype::{Bf16, F32, I32};
     let (bq, bkv, d, dv) = (b.block_q_dq, b.block_kv_dq, w.head_dim, w.head_dim_v);
     let win = VmemBuffer::window;
     let mut v = vec![
@@ -386,7 +387,8 @@ pub fn dq_vmem_buffers(w: &AttentionCall, b: &BwdBlocks, o: BwdVmemOptions) -> V
         v.extend([win("q segment ids", &[bq, 128], I32), win("kv segment ids", &[8, bkv], I32)]);
     }
     if o.loaded {
-        v.push(win("mask", &[bq, bkv], I8));
+        // The (bool) mask blocks held as int32.
+        v.push(win("mask", &[bq, bkv], I32));
     }
     if o.computed {
         v.push(win("q positions", &[bq, 128], I32));
@@ -657,6 +659,8 @@ pub fn lower_dkv(chip: &ChipModel, w: &AttentionCall, cfg: &super::SplashConfig)
         partials + (w.batch * w.q_heads * w.q_len + w.batch * w.kv_heads * w.kv_len) * (w.head_dim + w.head_dim_v) * 2,
     )?;
     let mask_cost = worst_mask_cost(&cl.distinct, source, cl.padded);
+    // JAX's kernels: int32 mask blocks, compare / OR / select (splash::jax_loaded_mask_cost).
+    let mask_cost = if static_grid(cfg.kernel) { mask_cost } else { super::jax_loaded_mask_cost(mask_cost) };
     let masked = masked_fn(cfg.kernel, cfg.masking, any_not_full);
     let n_sub = b.block_kv_dkv / b.block_kv_dkv_compute;
     let mut classes = vec![StepClass {
@@ -735,7 +739,8 @@ pub fn lower_dkv(chip: &ChipModel, w: &AttentionCall, cfg: &super::SplashConfig)
         q_side: b.block_q_dkv * (w.head_dim + w.head_dim_v) * 2 + lse_di,
         qpos_bytes: if static_g { 0 } else { qpos },
         kv_bytes: b.block_kv_dkv * (w.head_dim + w.head_dim_v) * 2,
-        mask_bytes: if loaded { b.block_q_dkv * b.block_kv_dkv } else { 0 },
+        // JAX's kernels hold the (bool) mask blocks as int32; tokamax int8.
+        mask_bytes: if loaded { b.block_q_dkv * b.block_kv_dkv * if static_g { 1 } else { 4 } } else { 0 },
         dq_out: if b.fused { b.block_q_dkv * w.head_dim * dq_elem } else { 0 },
         kv_out: b.block_kv_dkv * (w.head_dim + w.head_dim_v) * 2,
         final_out_bytes,
@@ -847,7 +852,8 @@ pub fn lower_dq(chip: &ChipModel, w: &AttentionCall, cfg: &super::SplashConfig) 
     let opts = BwdVmemOptions { dq_elem: 2, computed, loaded, padded: padded_lengths(w, b.block_q_dq, b.block_kv_dq) };
     let vmem = dq_vmem(w, &b, opts, cfg.vmem_limit(chip));
     vmem.check(chip)?;
-    let mask_cost = worst_mask_cost(&cl.distinct, source, cl.padded);
+    // JAX's dq kernel: int32 mask blocks, compare / OR / select (splash::jax_loaded_mask_cost).
+    let mask_cost = super::jax_loaded_mask_cost(worst_mask_cost(&cl.distinct, source, cl.padded));
     let masked = masked_fn(cfg.kernel, cfg.masking, any_not_full);
     let mut classes =
         vec![StepClass { key: ClassKey { tile: "empty", masked: false, first: false, last: false }, body: StepBody::default() }];
@@ -890,13 +896,16 @@ pub fn lower_dq(chip: &ChipModel, w: &AttentionCall, cfg: &super::SplashConfig) 
         pad_to_block0: true,
         q_bytes: b.block_q_dq * (w.head_dim + w.head_dim_v) * 2 + 2 * b.block_q_dq * 4,
         kv_bytes: b.block_kv_dq * (w.head_dim + w.head_dim_v) * 2,
-        mask_bytes: if loaded { b.block_q_dq * b.block_kv_dq } else { 0 },
+        // The (bool) mask blocks held as int32.
+        mask_bytes: if loaded { b.block_q_dq * b.block_kv_dq * 4 } else { 0 },
         o_bytes: b.block_q_dq * w.head_dim * 2,
         // The q positions of a computed mask (block_q_dq x 128 int32, index map `(i, 0)`).
         qpos_bytes: if computed { b.block_q_dq * 128 * 4 } else { 0 },
         // The f32 dq accumulator is an output of constant block index: written back once.
         final_out_bytes: b.block_q_dq * w.head_dim * 4,
         masked_partial: cfg.masking != Masking::None,
+        // JAX dedups identical partial mask blocks (splash::steps).
+        mask_dedup: cl.distinct.iter().all(super::diagonal_invariant).then_some((b.block_q_dq, b.block_kv_dq)),
         unit_span: w.q_heads,
     };
     let info = ProgramInfo {

@@ -211,6 +211,20 @@ pub fn mask_cost(mask: &Mask, source: MaskSource, padded: bool) -> MaskCost {
     }
 }
 
+/// A loaded mask as JAX's Splash kernels apply it: their partial mask blocks are bool arrays,
+/// which the `pallas_call` passes as int32 (the kernel's memref is `i32`), and
+/// `_apply_mask_and_soft_cap` compares the block to bool, ORs in `should_not_mask` and selects:
+/// 3 VPU operations per score register (its Mosaic IR: `arith.cmpi`, `arith.ori`,
+/// `arith.select`), no int8 unpack, so not the chip's fitted loaded-mask cost (fitted to an int8
+/// mask kernel). Other costs pass through.
+pub(crate) fn jax_loaded_mask_cost(c: MaskCost) -> MaskCost {
+    if c.loaded {
+        MaskCost { ops: c.ops + 3.0, loaded: false }
+    } else {
+        c
+    }
+}
+
 /// The costliest of the distinct masks' costs (every head's steps share one body).
 pub(crate) fn worst_mask_cost(masks: &[Mask], source: MaskSource, padded: bool) -> MaskCost {
     masks
@@ -404,6 +418,16 @@ fn finalize_body(block_q: u64, dv: u64, residuals: bool) -> StepBody {
     b
 }
 
+/// Whether a mask keeps a pair by q - k alone, so that blocks at equal q0 - k0 are identical
+/// (what lets [`steps`] name a deduplicated mask block by its offset).
+pub(crate) fn diagonal_invariant(m: &Mask) -> bool {
+    match m {
+        Mask::Full | Mask::Causal { .. } | Mask::Local { .. } | Mask::Band { .. } => true,
+        Mask::Union(p) | Mask::Intersect(p) => p.iter().all(diagonal_invariant),
+        _ => false,
+    }
+}
+
 /// The finalize of a row alone for JAX's older flash attention: o_acc (normalized on every
 /// sub-tile) cast, per slab; it reads the row's carried o_acc.
 fn flash_finalize_body(block_q: u64, dv: u64) -> StepBody {
@@ -471,7 +495,8 @@ pub fn vmem_buffers(w: &AttentionCall, cfg: &SplashConfig) -> Vec<VmemBuffer> {
         b.extend([win("q segment ids", &[bq, 128], I32), win("kv segment ids", &[8, bkv], I32)]);
     }
     if loaded {
-        b.push(win("mask", &[bq, bkv], I8));
+        // JAX's Splash: bool mask blocks passed as int32 (the kernel's memref is `i32`).
+        b.push(win("mask", &[bq, bkv], if cfg.kernel == Kernel::Splash { I32 } else { I8 }));
     }
     if computed && cfg.kernel != Kernel::FlashAttention {
         b.push(win("q positions", &[bq, 128], I32));
@@ -806,6 +831,7 @@ pub fn lower(chip: &ChipModel, w: &AttentionCall, cfg: &SplashConfig) -> Result<
     }
     // Stage 4: one body per (tile kind, first, last), the mask cost the costliest distinct mask's.
     let mask_cost = worst_mask_cost(&cl.distinct, source, cl.padded);
+    let mask_cost = if cfg.kernel == Kernel::Splash { jax_loaded_mask_cost(mask_cost) } else { mask_cost };
     let masked_kind = |partial: bool| match cfg.masking {
         Masking::None => false,
         Masking::Partial => partial,
@@ -898,11 +924,14 @@ pub fn lower(chip: &ChipModel, w: &AttentionCall, cfg: &SplashConfig) -> Result<
         pad_to_block0: (cfg.kernel == Kernel::Splash || flash) && cfg.traversal == Traversal::FullGrid,
         q_bytes: cfg.block_q * w.head_dim * 2,
         kv_bytes: cfg.block_kv * (w.head_dim + w.head_dim_v) * 2,
-        mask_bytes: if source == MaskSource::Loaded { cfg.block_q * cfg.block_kv } else { 0 },
+        // JAX's Splash keeps its partial mask blocks as bool, which its `pallas_call` passes as
+        // int32 (the kernel's memref is `i32`): 4 bytes per element; int8 for the others.
+        mask_bytes: if source == MaskSource::Loaded { cfg.block_q * cfg.block_kv * if jax_splash { 4 } else { 1 } } else { 0 },
         o_bytes: cfg.block_q * w.head_dim_v * 2 + residual_bytes,
         qpos_bytes,
         final_out_bytes,
         masked_partial: cfg.masking != Masking::None,
+        mask_dedup: (jax_splash && cl.distinct.iter().all(diagonal_invariant)).then_some((cfg.block_q, cfg.block_kv)),
         unit_span: 1,
     };
     let rows_generated = steps.emitted_heads().saturating_mul(cl.grid.q_tiles());

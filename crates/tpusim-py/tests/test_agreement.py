@@ -36,7 +36,7 @@ def _params():
 @pytest.mark.parametrize("name,chip,ir,kw", _params())
 def test_ir_path_agrees_with_the_hand_model(name, chip, ir, kw):
     r = ir()
-    hand = tpusim.simulate(**kw)
+    hand = agreement.hand(kw)
     for f in agreement.FIELDS:
         assert getattr(r, f) == agreement.hand_value(hand, f), (f, getattr(r, f), agreement.hand_value(hand, f))
     assert abs(r.latency_ms / hand.latency_ms - 1) <= agreement.BAND, (r.latency_ms, hand.latency_ms)

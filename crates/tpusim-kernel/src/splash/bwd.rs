@@ -19,30 +19,40 @@
 //!   | `dp` | MXU | c x dv x bq (v_s dO^T) |
 //!   | `ds` | VPU | 3 E / 1024 (pop, dp - di, x p) + E / 1024 (cast) |
 //!   | `dk` | MXU | c x bq x d (ds q) |
-//!   | `ds_t` | XLU | E / 1024 (the transpose of ds for dq; fused only) |
-//!   | `dq` | MXU | bq x c x d (ds^T k_s; fused only) |
+//!   | `ds_t` | XLU | E / 1024 (the transpose of ds for dq, per slab of ds^T's rows, each after every ds slab; fused only) |
+//!   | `dq` | MXU | bq x c x d (ds^T k_s, streamed per slab of ds^T; fused only) |
 //!   | `dv_acc`, `dk_acc`, `dq_acc` | VPU | 2 c dv / 1024, 2 c d / 1024, 2 bq d / 1024 (pop and add into f32 scratch) |
 //!
 //!   The dk / dv scratch of a sub-tile is carried from one q step to the next (carried slots);
 //!   the dq scratch is zeroed and stored every step. tokamax runs its static grid: empty blocks
 //!   skip the compute but still fetch q, dO, logsumexp and di (and write a zero dq partial);
-//!   JAX's dkv kernel points empty steps at the next non-empty block, so their copies are elided,
-//!   and without fusion its grid is shrunk to each kv column's non-empty blocks (padded at the
-//!   front). DMAs per step: q and dO (bf16), logsumexp and di (f32, sublane-broadcast to 8 rows)
+//!   JAX's dkv kernel follows its `data_next` (below) and without fusion its grid is shrunk to
+//!   each kv column's non-empty blocks (padded at the front). DMAs per step: q and dO (bf16), logsumexp and di (f32, sublane-broadcast to 8 rows)
 //!   and, for computed masks, the q positions (int32, 8 rows); k and v when the (kv block, kv
 //!   head) changes; the dq partial (q's dtype when there are at most 4 kv blocks, else f32) every
 //!   step (fused); dk and dv when the kv block's last q step of its head group is done.
 //! * **dq kernel** (JAX's unfused path): grid (q heads, q blocks, kv steps), kv innermost, shrunk
 //!   to each q row's non-empty blocks; per computed step: qk (bq x d x bkv), mask, p (exp),
 //!   dp = dO v^T (bq x dv x bkv), ds, dq += ds k (bq x bkv x d) into an f32 scratch carried over
-//!   the row. q, dO, logsumexp and di are fetched once per row, k and v per step, dq written at
-//!   the row's end.
+//!   the row. q, dO, logsumexp and di (and a computed mask's q positions, block_q_dq x 128
+//!   int32) are fetched once per row, k and v per step, dq written at the row's end; the f32
+//!   accumulator is an output of constant block index, written back once after the last step.
+//!   The row finalizes at its last grid step (an empty padding step when the row is short),
+//!   and padding steps point at kv block 0 (JAX's `data_next`), as the forward's.
+//!
+//! JAX's dkv grid (JAX 0.10.2, checked against the kernels' Mosaic IR): unfused, the grid is
+//! shrunk per kv column with the padding at the front pointing at q block 0; fused, the grid is
+//! not shrunk and an empty step points at the next non-empty block in (kv, q) order of one
+//! head's mask (past a column's last block: the next column's first), fetched with the current
+//! head. The q positions' index map has no head (a copy when the q block alone changes); the
+//! f32 dk and dv accumulators (and the fused dq accumulator when the kv block is sub-tiled) are
+//! outputs written back once. Loaded (bool) mask blocks are int32 in JAX's kernels.
 //!
 //! FLOPs: the fused kernel runs five matmuls of the forward's size per visited tile (qk, dv, dp,
 //! dk, dq) where the forward runs two; the two-kernel path recomputes qk and dp in the dq kernel:
 //! seven.
 
-use super::{check_blocks_named, classify, mask_work, padded_lengths, vregs, worst_mask_cost, Classified, MaskCost, Seg, Steps};
+use super::{add_mask, check_blocks_named, classify, padded_lengths, vregs, worst_mask_cost, Classified, MaskCost, Seg, Steps};
 use crate::vmem::VmemBuffer;
 use crate::ir::{ClassKey, Step, StepBody, StepClass, Work};
 use crate::options::{Exp, Kernel, MaskSource, Masking, Traversal};
@@ -201,7 +211,7 @@ fn dkv_body(s: &DkvShape) -> StepBody {
             let er = vregs(r, s.bq);
             let qk = b.add("qk", Work::Matmul { m: r, k: s.d, n: s.bq, m_total: s.bkv }, &[], slot(g, 1));
             let scores = match s.mask {
-                Some(c) => b.add("mask", mask_work(er, c), &[qk], slot(g, 2)),
+                Some(c) => add_mask(&mut b, er, r as f64 / 8.0, false, c, qk, slot(g, 2)),
                 None => qk,
             };
             let sub_ops = if s.base2 { 2.0 } else { 3.0 };
@@ -787,10 +797,12 @@ fn dq_body(bq: u64, bkv: u64, d: u64, dv: u64, mask: Option<MaskCost>, first: bo
         });
         let qk = b.add("qk", Work::Matmul { m: r, k: d, n: bkv, m_total: bq }, &[], slot(si, 1));
         let scores = match mask {
-            Some(c) => b.add("mask", mask_work(e, c), &[qk], slot(si, 2)),
+            Some(c) => add_mask(&mut b, e, r as f64 / 8.0, true, c, qk, slot(si, 2)),
             None => qk,
         };
-        let pre = b.add("p_sub", Work::Vector { ops: 2.0 * e, loaded_mask_vregs: 0.0 }, &[scores], slot(si, 3));
+        // Pop, subtract logsumexp, and the natural exp's scale by log2(e) before the EUP's exp2
+        // (`jnp.exp`, as the forward's and the dkv kernel's natural exp).
+        let pre = b.add("p_sub", Work::Vector { ops: 3.0 * e, loaded_mask_vregs: 0.0 }, &[scores], slot(si, 3));
         let p = b.add("exp", Work::Transcendental { vregs: e }, &[pre], slot(si, 4));
         let dp = b.add("dp", Work::Matmul { m: r, k: dv, n: bkv, m_total: bq }, &[], slot(si, 5));
         let ds = b.add("ds", Work::Vector { ops: 4.0 * e, loaded_mask_vregs: 0.0 }, &[dp, p], slot(si, 6));

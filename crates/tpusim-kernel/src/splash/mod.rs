@@ -190,6 +190,12 @@ pub struct MaskCost {
     pub ops: f64,
     /// The mask is read from int8 blocks.
     pub loaded: bool,
+    /// VPU operations per register of the q positions when q runs along the score tile's rows
+    /// (forward, dq): the mask function's arithmetic on a lane-replicated (rows, 128) array,
+    /// r / 8 registers per slab of r rows.
+    pub q_row_ops: f64,
+    /// The same for the kv positions when kv runs along the rows (the dkv kernel).
+    pub kv_row_ops: f64,
 }
 
 /// The cost of applying `mask` per (8,128) register of scores ([`MaskCost`]).
@@ -201,13 +207,50 @@ pub struct MaskCost {
 /// lane-replicated (block_q, 128) array) the same for every lane chunk, so the compiler forms them
 /// once per sub-tile column or row group (tokamax `_apply_mask_and_soft_cap`). Loaded masks (and
 /// masks that can only be loaded, block files): the loaded-mask cost, + 2 when padded.
+///
+/// Splash's computable masks evaluate their mask function (JAX's `splash_attention_mask.py`) on
+/// a q-position array and a kv-position array of the tile's shape, one of them constant along
+/// the lanes (the side laid along the rows) and the other along the sublanes; arithmetic on a
+/// position alone runs on one register per row group or lane group, not per score register
+/// ([`MaskCost::q_row_ops`], [`MaskCost::kv_row_ops`]; the lane-side work, a few registers
+/// per step, is not counted). Per score register: the comparisons, their combination and the
+/// select. Position arithmetic, per position register: `CausalMask` q + offset (1, when the
+/// offset is not 0); `LocalMask` (a band is a symmetric one) q + offset, q - left, q + right;
+/// `ChunkedCausalMask` `q // chunk` and `kv // chunk`, each JAX's floor division (`arith.divsi`
+/// with the sign correction: 15 operations counted as the IR path counts them). The dkv
+/// kernel's kv positions are `k_offset + iota` along the rows (1 more per kv register).
 pub fn mask_cost(mask: &Mask, source: MaskSource, padded: bool) -> MaskCost {
     let t = mask.expression_terms();
     let pad = if padded { 2.0 } else { 0.0 };
+    let loaded = |ops| MaskCost { ops, loaded: true, q_row_ops: 0.0, kv_row_ops: 0.0 };
     match source {
-        MaskSource::Loaded => MaskCost { ops: pad, loaded: true },
-        MaskSource::Computed if t.loaded_only => MaskCost { ops: pad, loaded: true },
-        MaskSource::Computed => MaskCost { ops: (t.compares + t.arith + t.combines) as f64 + 1.0 + pad, loaded: false },
+        MaskSource::Loaded => loaded(pad),
+        MaskSource::Computed if t.loaded_only => loaded(pad),
+        MaskSource::Computed => match computed_mask_ops(mask) {
+            Some((full, q_row, kv_row)) => {
+                let kv_offset = if mask.is_full() { 0.0 } else { 1.0 };
+                MaskCost { ops: full + pad, loaded: false, q_row_ops: q_row, kv_row_ops: kv_row + kv_offset }
+            }
+            None => MaskCost { ops: (t.compares + t.arith + t.combines) as f64 + 1.0 + pad, loaded: false, q_row_ops: 0.0, kv_row_ops: 0.0 },
+        },
+    }
+}
+
+/// (ops per score register, per q-position register, per kv-position register) of a
+/// computable mask's function ([`mask_cost`]); `None` for other masks.
+fn computed_mask_ops(mask: &Mask) -> Option<(f64, f64, f64)> {
+    /// JAX's floor division of int32 positions by a constant, as its IR counts it.
+    const FLOOR_DIV: f64 = 15.0;
+    let off = |o: i64| if o != 0 { 1.0 } else { 0.0 };
+    match mask {
+        // Nothing to compute but the select (when padding or tile alignment masks it).
+        Mask::Full => Some((1.0, 0.0, 0.0)),
+        Mask::Causal { offset } => Some((2.0, off(*offset), 0.0)),
+        Mask::Local { offset, .. } => Some((4.0, 2.0 + off(*offset), 0.0)),
+        Mask::Band { .. } => Some((4.0, 2.0, 0.0)),
+        Mask::Chunked { .. } => Some((4.0, FLOOR_DIV, FLOOR_DIV)),
+        Mask::PerHead(p) if p.windows(2).all(|w| w[0] == w[1]) => p.first().and_then(computed_mask_ops),
+        _ => None,
     }
 }
 
@@ -219,7 +262,7 @@ pub fn mask_cost(mask: &Mask, source: MaskSource, padded: bool) -> MaskCost {
 /// mask kernel). Other costs pass through.
 pub(crate) fn jax_loaded_mask_cost(c: MaskCost) -> MaskCost {
     if c.loaded {
-        MaskCost { ops: c.ops + 3.0, loaded: false }
+        MaskCost { ops: c.ops + 3.0, loaded: false, ..c }
     } else {
         c
     }
@@ -230,12 +273,29 @@ pub(crate) fn worst_mask_cost(masks: &[Mask], source: MaskSource, padded: bool) 
     masks
         .iter()
         .map(|m| mask_cost(m, source, padded))
-        .fold(MaskCost { ops: 0.0, loaded: false }, |a, b| MaskCost { ops: a.ops.max(b.ops), loaded: a.loaded || b.loaded })
+        .fold(MaskCost { ops: 0.0, loaded: false, q_row_ops: 0.0, kv_row_ops: 0.0 }, |a, b| MaskCost {
+            ops: a.ops.max(b.ops),
+            loaded: a.loaded || b.loaded,
+            q_row_ops: a.q_row_ops.max(b.q_row_ops),
+            kv_row_ops: a.kv_row_ops.max(b.kv_row_ops),
+        })
 }
 
 /// The mask operation of a slab: `sv` score registers at cost `c`.
 pub(crate) fn mask_work(sv: f64, c: MaskCost) -> Work {
     Work::Vector { ops: sv * c.ops, loaded_mask_vregs: if c.loaded { sv } else { 0.0 } }
+}
+
+/// Adds a slab's mask to `b` after `qk`: the position arithmetic of the row side (`rv`
+/// registers of q positions when `q_rows`, else kv positions; it needs no scores, so it waits
+/// for nothing) and the per-score-register work ([`mask_work`]) after both.
+pub(crate) fn add_mask(b: &mut StepBody, sv: f64, rv: f64, q_rows: bool, c: MaskCost, qk: NodeIndex, issue: u64) -> NodeIndex {
+    let row = if q_rows { c.q_row_ops } else { c.kv_row_ops };
+    let mut deps = vec![qk];
+    if row > 0.0 {
+        deps.push(b.add("mask_positions", Work::Vector { ops: rv * row, loaded_mask_vregs: 0.0 }, &[], issue));
+    }
+    b.add("mask", mask_work(sv, c), &deps, issue)
 }
 
 /// Shapes and options of one attention step body.
@@ -269,14 +329,14 @@ pub(crate) fn vregs(rows: u64, cols: u64) -> f64 {
 /// configurations with a few distinct bodies each).
 fn attention_body(s: &BodyShape) -> StepBody {
     use std::sync::{Mutex, OnceLock, PoisonError};
-    type Key = [u64; 8];
+    type Key = [u64; 9];
     static CACHE: OnceLock<Mutex<HashMap<Key, StepBody>>> = OnceLock::new();
     /// Prototypes kept before the cache starts over (a tiling has up to 8 distinct bodies).
     const CAPACITY: usize = 64;
-    let mask = s.mask.map_or([u64::MAX; 2], |m| [m.ops.to_bits(), u64::from(m.loaded)]);
+    let mask = s.mask.map_or([u64::MAX; 3], |m| [m.ops.to_bits(), u64::from(m.loaded), m.q_row_ops.to_bits()]);
     let flags =
         u64::from(s.base2) | u64::from(s.residuals) << 1 | u64::from(s.first) << 2 | u64::from(s.last) << 3 | u64::from(s.f32_v) << 4 | u64::from(s.flash) << 5;
-    let key: Key = [s.block_q, s.block_kv, s.compute, s.d, s.dv, mask[0], mask[1], flags];
+    let key: Key = [s.block_q, s.block_kv, s.compute, s.d, s.dv, mask[0], mask[1], mask[2], flags];
     let cache = CACHE.get_or_init(Default::default);
     if let Some(b) = cache.lock().unwrap_or_else(PoisonError::into_inner).get(&key) {
         return b.clone();
@@ -334,7 +394,7 @@ fn build_attention_body(s: &BodyShape) -> StepBody {
             }
             let qk = b.add("qk", Work::Matmul { m: r, k: s.d, n: c, m_total: s.block_q }, &[], slot(g, 1));
             let scores = match s.mask {
-                Some(c) => b.add("mask", mask_work(sv, c), &[qk], slot(g, 2)),
+                Some(c) => add_mask(&mut b, sv, rv, true, c, qk, slot(g, 2)),
                 None => qk,
             };
             // Pop the f32 scores from the MXU result buffer, then the element-wise max.
@@ -831,7 +891,13 @@ pub fn lower(chip: &ChipModel, w: &AttentionCall, cfg: &SplashConfig) -> Result<
     }
     // Stage 4: one body per (tile kind, first, last), the mask cost the costliest distinct mask's.
     let mask_cost = worst_mask_cost(&cl.distinct, source, cl.padded);
-    let mask_cost = if cfg.kernel == Kernel::Splash { jax_loaded_mask_cost(mask_cost) } else { mask_cost };
+    let mask_cost = match cfg.kernel {
+        Kernel::Splash => jax_loaded_mask_cost(mask_cost),
+        // JAX's older flash attention adds the mask as a bias, `s + where(mask, 0, mask_value)`:
+        // one more operation per score register than a select alone.
+        Kernel::FlashAttention => MaskCost { ops: mask_cost.ops + 1.0, ..mask_cost },
+        _ => mask_cost,
+    };
     let masked_kind = |partial: bool| match cfg.masking {
         Masking::None => false,
         Masking::Partial => partial,

@@ -10,7 +10,7 @@
 //! |---|---|---|
 //! | `q_scale` | VPU | r d / 1024 (base-2 exp only, once per step: q x log2(e)) |
 //! | `qk` | MXU | r x d x c matmul (k^T chunk stationary) |
-//! | `mask` | VPU | (r c / 1024) x mask ops (masked steps only; see [`mask_cost`]) |
+//! | `mask` | VPU | (r c / 1024) x mask ops (masked steps only; see [`mask_cost`]), after `mask_positions` (r / 8 x the mask function's position arithmetic, waiting for nothing) |
 //! | `rowmax` | VPU | 2 r c / 1024 (pop scores from the MXU result buffer; element-wise max across lane chunks) |
 //! | `rowmax_xlu` | XLU | r / 8 cross-lane reductions |
 //! | `sub` | VPU | r c / 1024 (s - m; natural exp adds r c / 1024: the scale by log2(e) before the EUP's exp2) + 2 r / 8 (m update, alpha argument) |
@@ -42,7 +42,8 @@
 //! DMAs: q block (block_q x d bf16) when the (batch, head, q block) index changes; k and v blocks
 //! (block_kv x d and block_kv x dv bf16) when the (batch, kv head, kv block) index changes (GQA
 //! heads of one group share them); an int8 mask block per masked partial step when masks are
-//! loaded; the o block (block_q x dv bf16) after a row's last step, with the residuals
+//! loaded (JAX's Splash: int32 blocks, copied when `mask_next` changes, `steps.rs`); the o block
+//! (block_q x dv bf16) after a row's last step, with the residuals
 //! (logsumexp and max logits, f32, lane-replicated to 128 per q row) when they are returned.
 //!
 //! Traversals: `full-grid` (JAX Splash after grid shrinking: every row has as many steps as the

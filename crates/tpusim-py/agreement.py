@@ -7,6 +7,7 @@ Counts (grid steps, steps computed, FLOPs, EUP ops, HBM bytes) must be equal, la
 Run: target/py-venv/bin/python crates/tpusim-py/agreement.py  (after ./test.sh installed the wheel)
 """
 
+import functools
 import os
 import sys
 
@@ -14,7 +15,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "tests"))
 
 import tpusim  # noqa: E402
 import tpusim.jax as tj  # noqa: E402
-from kernels import bf16, splash, tutorial_matmul  # noqa: E402
+from kernels import bf16, flash, splash, splash_bwd, tutorial_matmul  # noqa: E402
 
 FIELDS = ("grid_steps", "steps_computed", "flops", "transcendentals", "hbm_bytes")
 
@@ -36,6 +37,44 @@ def configs():
                 lambda mask=mask, b=b: tj.simulate(splash(mask, H, S, b), bf16(H, S, D), bf16(H, S, D), bf16(H, S, D), chip="v6e")[0],
                 dict(kernel="splash", heads=H, seq_len=S, head_dim=D, mask=hand_mask, block_q=b, block_kv=b, block_kv_compute=b, **extra),
             )
+    # JAX Splash backward: the dq and dkv kernels of the unfused path and the fused dkv kernel,
+    # each against the hand model's phase of the same kernel.
+    for mask in ("full", "causal", "local:512,0", "chunked:1024"):
+        for b in (512, 1024):
+            for fused in (False, True):
+                bw = dict(block_q_dkv=b, block_kv_dkv=b, block_kv_dkv_compute=b)
+                if fused:
+                    bw["use_fused_bwd_kernel"] = True
+                else:
+                    bw.update(block_q_dq=b, block_kv_dq=b)
+                hand = dict(kernel="splash", direction="bwd", heads=H, seq_len=S, head_dim=D, mask=mask, block_q=b, block_kv=b, block_kv_compute=b, **bw)
+                for kern, part in ((("dkv", "fused_backward"),) if fused else (("dq", "dq"), ("dkv", "dkv"))):
+                    label = "fused dq/dk/dv" if fused else kern
+                    yield (
+                        f"JAX Splash bwd {label} {mask}, {H} x {S} x {D}, blocks {b}",
+                        "v6e",
+                        lambda mask=mask, b=b, fused=fused, kern=kern: _bwd_kernel(mask, b, fused, kern),
+                        dict(hand, _phase=part),
+                    )
+    # The fused kernel with sub-tiled kv blocks (its f32 dq accumulator).
+    for mask in ("full", "causal"):
+        b, c = 1024, 512
+        yield (
+            f"JAX Splash bwd fused dq/dk/dv {mask}, {H} x {S} x {D}, blocks {b}, block_kv_dkv_compute {c}",
+            "v6e",
+            lambda mask=mask, b=b, c=c: _bwd_kernel(mask, b, True, "dkv", c),
+            dict(kernel="splash", direction="bwd", heads=H, seq_len=S, head_dim=D, mask=mask, block_q=b, block_kv=b, block_kv_compute=b,
+                 block_q_dkv=b, block_kv_dkv=b, block_kv_dkv_compute=c, use_fused_bwd_kernel=True, _phase="fused_backward"),
+        )
+    # JAX's older flash attention forward (block_q, block_k_major, block_k).
+    for causal in (False, True):
+        for bq, bk, bkc in ((512, 512, 512), (1024, 1024, 1024), (512, 1024, 512)):
+            yield (
+                f"JAX flash attention fwd {'causal' if causal else 'full'}, 1 x {H} x {S} x {D}, blocks {bq} / {bk} / {bkc}",
+                "v6e",
+                lambda causal=causal, bq=bq, bk=bk, bkc=bkc: tj.simulate(flash(causal, bq, bk, bkc), bf16(1, H, S, D), bf16(1, H, S, D), bf16(1, H, S, D), chip="v6e")[0],
+                dict(kernel="flash-attention", batch=1, heads=H, seq_len=S, head_dim=D, mask="causal" if causal else "full", block_q=bq, block_kv=bk, block_kv_compute=bkc),
+            )
     for chip in ("v6e", "v5e"):
         for b in (256, 512):
             n = 2048
@@ -45,6 +84,40 @@ def configs():
                 lambda b=b, chip=chip, n=n: tj.simulate(tutorial_matmul(b, b, b), bf16(n, n), bf16(n, n), chip=chip)[0],
                 dict(kernel="pallas-matmul", m=n, n=n, k=n, block_m=b, block_n=b, block_k=b, chip=chip),
             )
+
+
+@functools.lru_cache(maxsize=None)
+def _bwd_call(mask, b, fused, c):
+    return tj.simulate(splash_bwd(mask, H, S, b, fused, c), bf16(H, S, D), bf16(H, S, D), bf16(H, S, D), chip="v6e")
+
+
+def _bwd_kernel(mask, b, fused, kern, c=None):
+    """The report of one backward kernel (`dq` or `dkv`) of a lowered `jax.grad` of Splash."""
+    tag = "_dq_" if kern == "dq" else "_dkv_"
+    return next(k for k in _bwd_call(mask, b, fused, c) if tag in k.to_dict()["kernel_name"] + "_")
+
+
+class Phase:
+    """One kernel phase of a hand-model report, with a report's count fields."""
+
+    def __init__(self, p):
+        self.grid_steps = p["grid_steps"]
+        self.tiles = p.get("tiles")
+        self.flops = p["flops"]
+        self.transcendentals = p["transcendentals"]
+        self.hbm_bytes = p["hbm_bytes"]
+        self.latency_ms = p["latency_ms"]
+
+
+def hand(kw):
+    """The hand model's report for a row's keywords: the whole call, or (`_phase`) the phase of
+    the kernel the row compares (the backward's dq, dkv or fused kernel)."""
+    kw = dict(kw)
+    part = kw.pop("_phase", None)
+    r = tpusim.simulate(**kw)
+    if part is None:
+        return r
+    return Phase(next(p for p in r.phases if p["kernel"] and p["part"] == part))
 
 
 def hand_value(hand, f):
@@ -61,7 +134,7 @@ def rows():
         except tpusim.InputError as e:
             yield name, chip, None, str(e)
             continue
-        yield name, chip, r, tpusim.simulate(**kw)
+        yield name, chip, r, hand(kw)
 
 
 def main():

@@ -666,6 +666,17 @@ impl<'a> Builder<'a> {
             }
             OpCost::Xlu => {
                 let src_vr = ins.first().map(|v| cost::vregs(&v.shape, &v.varies, self.chip)).unwrap_or(vr);
+                // A transpose (of the two minor dimensions, the ones Mosaic transposes): a slab
+                // of the result's rows is a slab of the source's columns, so it needs every
+                // slab of the source.
+                let whole: Vec<Val> = if name.ends_with(".transpose") {
+                    ins.iter()
+                        .map(|v| Val { shape: Vec::new(), varies: Vec::new(), deps: vec![v.deps.concat()], carry: v.carry.clone(), unit: v.unit })
+                        .collect()
+                } else {
+                    Vec::new()
+                };
+                let in_refs: Vec<&Val> = if whole.is_empty() { in_refs } else { whole.iter().collect() };
                 for s in 0..ns {
                     let share = slab_share(&shape, s, ns);
                     let (n, sl) = self.node(static_name, Work::CrossLane { vregs: src_vr * share }, &in_refs, &[], s, ns);

@@ -154,6 +154,14 @@ def rms_norm(block_rows=256, eps=1e-6):
 def splash(mask_name, heads=4, seq=2048, block=512):
     """JAX's Splash attention forward over `heads` identical masks (full, causal, local, chunked)."""
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
+
+    mask = _multi_head_mask(mask_name, heads, seq)
+    bs = sk.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block)
+    return sk.make_splash_mha(mask, block_sizes=bs, head_shards=1, q_seq_shards=1)
+
+
+def _multi_head_mask(mask_name, heads, seq):
+    """`heads` copies of a JAX Splash mask (full, causal, local, chunked, a NumPy causal array)."""
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
 
     masks = {
@@ -161,12 +169,45 @@ def splash(mask_name, heads=4, seq=2048, block=512):
         "causal": lambda: sm.CausalMask((seq, seq)),
         "local:512,0": lambda: sm.LocalMask((seq, seq), window_size=(512, 0), offset=0),
         "chunked:1024": lambda: sm.ChunkedCausalMask((seq, seq), chunk_size=1024),
-        # A NumPy mask (loaded from int8 blocks by the kernel): the causal pattern as an array.
+        # A NumPy mask (its partial blocks loaded by the kernel): the causal pattern as an array.
         "numpy-causal": lambda: sm.NumpyMask(np.tril(np.ones((seq, seq), dtype=np.bool_))),
     }
-    mask = sm.MultiHeadMask([masks[mask_name]() for _ in range(heads)])
-    bs = sk.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block)
-    return sk.make_splash_mha(mask, block_sizes=bs, head_shards=1, q_seq_shards=1)
+    return sm.MultiHeadMask([masks[mask_name]() for _ in range(heads)])
+
+
+def splash_bwd(mask_name, heads=4, seq=2048, block=512, fused=False, block_kv_compute=None):
+    """`jax.grad` of JAX's Splash attention (a sum of its output) with respect to q, k and v:
+    the forward with residuals, then the dq and dkv kernels (`fused`: one dkv kernel that also
+    writes dq). Every block `block`; the dkv kernel's compute sub-tile `block_kv_compute`."""
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
+
+    m = _multi_head_mask(mask_name, heads, seq)
+    bs = sk.BlockSizes(
+        block_q=block,
+        block_kv=block,
+        block_kv_compute=block,
+        block_q_dkv=block,
+        block_kv_dkv=block,
+        block_kv_dkv_compute=block_kv_compute or block,
+        block_q_dq=None if fused else block,
+        block_kv_dq=None if fused else block,
+        use_fused_bwd_kernel=fused,
+    )
+    kernel = sk.make_splash_mha(m, block_sizes=bs, head_shards=1, q_seq_shards=1)
+
+    def loss(q, k, v):
+        return kernel(q, k, v).astype(jnp.float32).sum()
+
+    return jax.grad(loss, argnums=(0, 1, 2))
+
+
+def flash(causal, block_q, block_k_major, block_k):
+    """JAX's older Pallas TPU flash attention forward (`flash_attention.flash_attention`) with
+    `block_b` 1."""
+    from jax.experimental.pallas.ops.tpu import flash_attention as fa
+
+    bs = fa.BlockSizes(block_q=block_q, block_k_major=block_k_major, block_k=block_k, block_b=1)
+    return lambda q, k, v: fa.flash_attention(q, k, v, causal=causal, block_sizes=bs)
 
 
 def bf16(*shape):

@@ -13,15 +13,32 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import agreement  # noqa: E402
 import tpusim  # noqa: E402
 
-#: Rows that miss, with the side that is wrong (VALIDATION.md says the same).
+#: Rows that miss, with the side that is wrong or why it is open (VALIDATION.md says the same).
+#: Every count of every row is equal; these miss on latency only.
+_FUSED = (
+    "counts equal; the IR path pipelines the fused dkv kernel's dq transpose and matmul per "
+    "slab, the hand body keeps them whole (per-slab pipelining there moves tokamax's measured "
+    "fused backward rows 4-8% faster, off the backward check): open"
+)
+
 KNOWN_MISSES = {
-    # JAX's process_mask dedups identical partial mask blocks and mask_next repeats the block
-    # index, so the IR's copies are elided; the hand model copies one int8 block per partial
-    # step (hand model wrong on bytes; its fitted loaded-mask cost is far above the IR's ops).
-    "JAX Splash fwd numpy-causal, 4 x 2048 x 128, blocks 512": "hand model: mask block copies not elided",
-    "JAX Splash fwd numpy-causal, 4 x 2048 x 128, blocks 1024": "hand model: mask block copies not elided",
-    # Counts equal; latency +4.6%: open (the two bodies' schedules differ).
-    "JAX Splash fwd chunked:1024, 4 x 2048 x 128, blocks 512": "latency +4.6%: open",
+    "JAX Splash bwd fused dq/dk/dv full, 4 x 2048 x 128, blocks 512": _FUSED,
+    "JAX Splash bwd fused dq/dk/dv full, 4 x 2048 x 128, blocks 1024": _FUSED,
+    "JAX Splash bwd fused dq/dk/dv causal, 4 x 2048 x 128, blocks 512": _FUSED,
+    "JAX Splash bwd fused dq/dk/dv causal, 4 x 2048 x 128, blocks 1024": _FUSED,
+    "JAX Splash bwd fused dq/dk/dv local:512,0, 4 x 2048 x 128, blocks 512": _FUSED,
+    "JAX Splash bwd fused dq/dk/dv local:512,0, 4 x 2048 x 128, blocks 1024": _FUSED,
+    "JAX Splash bwd fused dq/dk/dv chunked:1024, 4 x 2048 x 128, blocks 512": _FUSED,
+    "JAX Splash bwd fused dq/dk/dv chunked:1024, 4 x 2048 x 128, blocks 1024": _FUSED,
+    "JAX Splash bwd fused dq/dk/dv full, 4 x 2048 x 128, blocks 1024, block_kv_dkv_compute 512": _FUSED,
+    "JAX Splash bwd fused dq/dk/dv causal, 4 x 2048 x 128, blocks 1024, block_kv_dkv_compute 512": _FUSED,
+    "JAX Splash fwd local:512,0, 4 x 2048 x 128, blocks 512": "counts equal; latency -3.2%: the two bodies' schedules differ (open)",
+    "JAX Splash bwd dkv causal, 4 x 2048 x 128, blocks 512": "counts equal; latency -4.3%: the two bodies' schedules differ (open)",
+    "JAX Splash bwd dq local:512,0, 4 x 2048 x 128, blocks 512": "counts equal; latency -3.3%: the two bodies' schedules differ (open)",
+    "JAX Splash bwd dkv local:512,0, 4 x 2048 x 128, blocks 512": "counts equal; latency -5.3%: the two bodies' schedules differ (open)",
+    "JAX Splash bwd dq chunked:1024, 4 x 2048 x 128, blocks 512": "counts equal; latency +3.2%: the two bodies' schedules differ (open)",
+    "JAX flash attention fwd causal, 1 x 4 x 2048 x 128, blocks 1024 / 1024 / 1024": "counts equal; latency -3.3%: the two bodies' schedules differ (open)",
+    "JAX flash attention fwd causal, 1 x 4 x 2048 x 128, blocks 512 / 1024 / 512": "counts equal; latency -4.5%: the two bodies' schedules differ (open)",
 }
 
 
@@ -36,7 +53,7 @@ def _params():
 @pytest.mark.parametrize("name,chip,ir,kw", _params())
 def test_ir_path_agrees_with_the_hand_model(name, chip, ir, kw):
     r = ir()
-    hand = tpusim.simulate(**kw)
+    hand = agreement.hand(kw)
     for f in agreement.FIELDS:
         assert getattr(r, f) == agreement.hand_value(hand, f), (f, getattr(r, f), agreement.hand_value(hand, f))
     assert abs(r.latency_ms / hand.latency_ms - 1) <= agreement.BAND, (r.latency_ms, hand.latency_ms)

@@ -435,6 +435,8 @@ pub struct PhaseSummary {
     pub latency_ms: f64,
     /// Matmul FLOPs executed.
     pub flops: f64,
+    /// Transcendental (EUP) element operations executed.
+    pub transcendentals: f64,
     /// Bytes moved between HBM and VMEM.
     pub hbm_bytes: u64,
     /// Grid steps.
@@ -512,6 +514,7 @@ impl Report {
                     kernel: l.is_some_and(|l| matches!(l.work, PhaseWork::Kernel(_))),
                     latency_ms: p.result.seconds * 1e3,
                     flops: p.result.flops,
+                    transcendentals: p.result.transcendentals,
                     hbm_bytes: p.result.hbm_bytes,
                     grid_steps: p.result.grid_steps,
                     bottleneck: p.result.bottleneck(),

@@ -19,30 +19,40 @@
 //!   | `dp` | MXU | c x dv x bq (v_s dO^T) |
 //!   | `ds` | VPU | 3 E / 1024 (pop, dp - di, x p) + E / 1024 (cast) |
 //!   | `dk` | MXU | c x bq x d (ds q) |
-//!   | `ds_t` | XLU | E / 1024 (the transpose of ds for dq; fused only) |
+//!   | `ds_t` | XLU | E / 1024 (the transpose of ds for dq, after every ds slab; fused only) |
 //!   | `dq` | MXU | bq x c x d (ds^T k_s; fused only) |
 //!   | `dv_acc`, `dk_acc`, `dq_acc` | VPU | 2 c dv / 1024, 2 c d / 1024, 2 bq d / 1024 (pop and add into f32 scratch) |
 //!
 //!   The dk / dv scratch of a sub-tile is carried from one q step to the next (carried slots);
 //!   the dq scratch is zeroed and stored every step. tokamax runs its static grid: empty blocks
 //!   skip the compute but still fetch q, dO, logsumexp and di (and write a zero dq partial);
-//!   JAX's dkv kernel points empty steps at the next non-empty block, so their copies are elided,
-//!   and without fusion its grid is shrunk to each kv column's non-empty blocks (padded at the
-//!   front). DMAs per step: q and dO (bf16), logsumexp and di (f32, sublane-broadcast to 8 rows)
+//!   JAX's dkv kernel follows its `data_next` (below) and without fusion its grid is shrunk to
+//!   each kv column's non-empty blocks (padded at the front). DMAs per step: q and dO (bf16), logsumexp and di (f32, sublane-broadcast to 8 rows)
 //!   and, for computed masks, the q positions (int32, 8 rows); k and v when the (kv block, kv
 //!   head) changes; the dq partial (q's dtype when there are at most 4 kv blocks, else f32) every
 //!   step (fused); dk and dv when the kv block's last q step of its head group is done.
 //! * **dq kernel** (JAX's unfused path): grid (q heads, q blocks, kv steps), kv innermost, shrunk
 //!   to each q row's non-empty blocks; per computed step: qk (bq x d x bkv), mask, p (exp),
 //!   dp = dO v^T (bq x dv x bkv), ds, dq += ds k (bq x bkv x d) into an f32 scratch carried over
-//!   the row. q, dO, logsumexp and di are fetched once per row, k and v per step, dq written at
-//!   the row's end.
+//!   the row. q, dO, logsumexp and di (and a computed mask's q positions, block_q_dq x 128
+//!   int32) are fetched once per row, k and v per step, dq written at the row's end; the f32
+//!   accumulator is an output of constant block index, written back once after the last step.
+//!   The row finalizes at its last grid step (an empty padding step when the row is short),
+//!   and padding steps point at kv block 0 (JAX's `data_next`), as the forward's.
+//!
+//! JAX's dkv grid (JAX 0.10.2, checked against the kernels' Mosaic IR): unfused, the grid is
+//! shrunk per kv column with the padding at the front pointing at q block 0; fused, the grid is
+//! not shrunk and an empty step points at the next non-empty block in (kv, q) order of one
+//! head's mask (past a column's last block: the next column's first), fetched with the current
+//! head. The q positions' index map has no head (a copy when the q block alone changes); the
+//! f32 dk and dv accumulators (and the fused dq accumulator when the kv block is sub-tiled) are
+//! outputs written back once. Loaded (bool) mask blocks are int32 in JAX's kernels.
 //!
 //! FLOPs: the fused kernel runs five matmuls of the forward's size per visited tile (qk, dv, dp,
 //! dk, dq) where the forward runs two; the two-kernel path recomputes qk and dp in the dq kernel:
 //! seven.
 
-use super::{check_blocks_named, classify, mask_work, padded_lengths, vregs, worst_mask_cost, Classified, MaskCost, Seg, Steps};
+use super::{add_mask, check_blocks_named, classify, padded_lengths, vregs, worst_mask_cost, Classified, MaskCost, Seg, Steps};
 use crate::vmem::VmemBuffer;
 use crate::ir::{ClassKey, Step, StepBody, StepClass, Work};
 use crate::options::{Exp, Kernel, MaskSource, Masking, Traversal};
@@ -199,7 +209,7 @@ fn dkv_body(s: &DkvShape) -> StepBody {
             let er = vregs(r, s.bq);
             let qk = b.add("qk", Work::Matmul { m: r, k: s.d, n: s.bq, m_total: s.bkv }, &[], slot(g, 1));
             let scores = match s.mask {
-                Some(c) => b.add("mask", mask_work(er, c), &[qk], slot(g, 2)),
+                Some(c) => add_mask(&mut b, er, r as f64 / 8.0, false, c, qk, slot(g, 2)),
                 None => qk,
             };
             let sub_ops = if s.base2 { 2.0 } else { 3.0 };
@@ -238,8 +248,11 @@ fn dkv_body(s: &DkvShape) -> StepBody {
         }
         let g_last = g0 + slabs - 1;
         if s.fused {
-            // dq += ds^T k_s: the (c, bq) ds tile transposed through the XLU, then bq rows stream
-            // through k_s.
+            // dq += ds^T k_s: the (c, bq) ds tile transposed through the XLU once every ds slab
+            // is done (a row of ds^T is a column of ds), then bq rows stream through k_s. Kept as
+            // one transpose and one matmul: pipelining them per slab (as the IR path schedules
+            // it) takes 4-8% off tokamax's measured fused backward rows, already predicted fast
+            // (the `backward` check's worst row 13.1% -> 16.3%).
             let t = b.add("ds_t", Work::CrossLane { vregs: vregs(s.c, s.bq) }, &ds_parts, slot(g_last, 12));
             let dq = b.add("dq", Work::Matmul { m: s.bq, k: s.c, n: s.d, m_total: s.bq }, &[t], slot(g_last, 13));
             let mut deps = vec![dq];
@@ -325,7 +338,8 @@ pub fn dkv_vmem_buffers(w: &AttentionCall, b: &BwdBlocks, kernel: Kernel, o: Bwd
         v.extend([win("q segment ids", &[8, bq], I32), win("kv segment ids", &[bkv, 128], I32)]);
     }
     if o.loaded {
-        v.push(win("mask", &[bkv, bq], I8));
+        // JAX's kernels hold the (bool) mask blocks as int32, tokamax as int8.
+        v.push(win("mask", &[bkv, bq], if kernel == Kernel::TokamaxSplash { I8 } else { I32 }));
     }
     if o.computed {
         v.push(win("q positions", &[8, bq], I32));
@@ -363,7 +377,7 @@ pub fn dkv_vmem(w: &AttentionCall, b: &BwdBlocks, kernel: Kernel, o: BwdVmemOpti
 /// outputs the f32 dq accumulator (a constant block index: double-buffered) and dq (bf16); in
 /// the body the score tiles (block_q_dq x block_kv_dq f32).
 pub fn dq_vmem_buffers(w: &AttentionCall, b: &BwdBlocks, o: BwdVmemOptions) -> Vec<VmemBuffer> {
-    use crate::dtype::Dtype::{Bf16, F32, I32, I8};
+    use crate::dtype::Dtype::{Bf16, F32, I32};
     let (bq, bkv, d, dv) = (b.block_q_dq, b.block_kv_dq, w.head_dim, w.head_dim_v);
     let win = VmemBuffer::window;
     let mut v = vec![
@@ -378,7 +392,8 @@ pub fn dq_vmem_buffers(w: &AttentionCall, b: &BwdBlocks, o: BwdVmemOptions) -> V
         v.extend([win("q segment ids", &[bq, 128], I32), win("kv segment ids", &[8, bkv], I32)]);
     }
     if o.loaded {
-        v.push(win("mask", &[bq, bkv], I8));
+        // The (bool) mask blocks held as int32.
+        v.push(win("mask", &[bq, bkv], I32));
     }
     if o.computed {
         v.push(win("q positions", &[bq, 128], I32));
@@ -404,6 +419,11 @@ pub(crate) struct ColumnSteps {
     /// Per distinct mask, per kv block: its non-empty q blocks as runs of one kind (`kj0` holds
     /// the q block).
     cols: Vec<Vec<Vec<Seg>>>,
+    /// JAX's unshrunk grid (fused): per distinct mask, per kv block, the q block a trailing
+    /// empty step of that column points at (`MaskInfo.data_next`: the next non-empty block in
+    /// (kv, q) order, the first one after the last; with one mask per head shard the mask info
+    /// is one head's, so the current head's q-side windows of that block are fetched).
+    trail: Vec<Vec<u64>>,
     head_mask: Vec<usize>,
     /// Grid width in q steps per column: q_blocks (static / fused) or the longest column (shrunk).
     width: u64,
@@ -414,17 +434,50 @@ pub(crate) struct ColumnSteps {
     /// class id by [kind: 0 partial, 1 full][first][last]; empty steps `empty_class`.
     class_of: [[[u32; 2]; 2]; 2],
     empty_class: u32,
+    /// Bytes of the q-side windows of one q block: q, dO, logsumexp and di (and, for tokamax,
+    /// the q positions of a computed mask).
     q_side: u64,
+    /// JAX: the q positions block of a computed mask (8 x block_q_dkv int32), copied when the q
+    /// block alone changes (index map `(0, next_i)`); 0 for tokamax (in `q_side`).
+    qpos_bytes: u64,
     kv_bytes: u64,
     mask_bytes: u64,
     dq_out: u64,
     kv_out: u64,
+    /// Bytes written back once, after the grid's last step: JAX's f32 dk and dv accumulators
+    /// (and the fused kernel's dq accumulator when the kv block has sub-tiles) are outputs of
+    /// constant block index.
+    final_out_bytes: u64,
+}
+
+/// What the dkv kernel's q-side windows hold in VMEM, carried from one step to the next (copy
+/// elision across lines).
+#[derive(Debug, Clone, Copy, Default)]
+struct QSide {
+    /// (batch x head, q block) of q, dO, logsumexp and di.
+    block: Option<(u32, u64)>,
+    /// q block of the q positions (JAX: index map `(0, next_i)`, no head).
+    qpos: Option<u64>,
 }
 
 impl ColumnSteps {
+    /// Bytes a step pointing its q-side windows at (`bh`, q block `qi`) copies, and the new state.
+    fn q_fetch(&self, st: &mut QSide, bh: u32, qi: u64) -> u64 {
+        let mut bytes = 0;
+        if st.block != Some((bh, qi)) {
+            bytes += self.q_side;
+            st.block = Some((bh, qi));
+        }
+        if st.qpos != Some(qi) {
+            bytes += self.qpos_bytes;
+            st.qpos = Some(qi);
+        }
+        bytes
+    }
+
     /// The steps of one (kv block, head) line. Coordinates are (batch x head, kv block, q block):
     /// the q block varies along a run.
-    fn line(&self, j: u64, h: u64, b: u64, f: &mut dyn FnMut(&Step, u64)) {
+    fn line(&self, j: u64, h: u64, b: u64, st: &mut QSide, f: &mut dyn FnMut(&Step, u64)) {
         let col = &self.cols[self.head_mask[h as usize]][j as usize];
         let len: u64 = col.iter().map(|s| s.n as u64).sum();
         let first_head = h.is_multiple_of(self.group);
@@ -452,26 +505,47 @@ impl ColumnSteps {
         }
         let total: u64 = items.iter().map(|t| t.2).sum();
         let mut idx = 0u64;
-        for (q0, kind, n) in items {
+        let n_items = items.len();
+        for (it, (q0, kind, n)) in items.into_iter().enumerate() {
+            // JAX's unshrunk grid: an empty stretch points at the next non-empty q block of the
+            // column, or past the column's last at `trail` (copied on the stretch's first step).
+            let target = if it + 1 < n_items { q0 + n } else { self.trail[self.head_mask[h as usize]][j as usize] };
             let mut k = 0;
             while k < n {
                 let i = idx + k;
-                // The line's first and last steps stand alone; the rest run in stretches.
-                let run = if i == 0 || i + 1 == total { 1 } else { (n - k).min(total - 1 - i) };
+                // The line's first and last steps stand alone; so does the first step of a
+                // stretch (its copies may be elided); the rest run in stretches.
+                let run = if i == 0 || i + 1 == total || k == 0 { 1 } else { (n - k).min(total - 1 - i) };
                 // k and v change with the (kv block, kv head): the first head of a group loads them.
                 let load_kv = i == 0 && first_head;
                 let last = i + 1 == total && last_head;
                 let (class, q_in) = match kind {
-                    None => (self.empty_class, if self.fetch_empty { self.q_side } else { 0 }),
+                    None if self.fetch_empty => (self.empty_class, self.q_side + self.qpos_bytes),
+                    // JAX's shrunk grid: padding steps point at q block 0 (data_next = 0).
+                    None if self.shrunk && k == 0 => (self.empty_class, self.q_fetch(st, bh, 0)),
+                    // JAX's full grid: empty steps point at the next non-empty block.
+                    None if !self.shrunk && k == 0 => (self.empty_class, self.q_fetch(st, bh, target)),
+                    None => (self.empty_class, 0),
                     Some(kd) => {
                         let ki = usize::from(kd == TileKind::Full);
                         let mask = if kd == TileKind::Partial { self.mask_bytes } else { 0 };
-                        (self.class_of[ki][usize::from(load_kv)][usize::from(last)], self.q_side + mask)
+                        let q = if self.fetch_empty {
+                            self.q_side + self.qpos_bytes
+                        } else if k == 0 {
+                            self.q_fetch(st, bh, q0)
+                        } else {
+                            // Inside a stretch the q block changes every step.
+                            st.block = Some((bh, q0 + k + run - 1));
+                            st.qpos = Some(q0 + k + run - 1);
+                            self.q_side + self.qpos_bytes
+                        };
+                        (self.class_of[ki][usize::from(load_kv)][usize::from(last)], q + mask)
                     }
                 };
                 let in_bytes = q_in + if load_kv { self.kv_bytes } else { 0 };
                 let dq = if kind.is_some() || !self.shrunk { self.dq_out } else { 0 };
-                let out_bytes = dq + if last { self.kv_out } else { 0 };
+                let final_out = if last && j + 1 == self.cols[0].len() as u64 && h + 1 == self.q_heads { self.final_out_bytes } else { 0 };
+                let out_bytes = dq + if last { self.kv_out } else { 0 } + final_out;
                 f(&Step { class, in_bytes, out_bytes, coords: [bh, j as u32, (q0 + k) as u32, 0] }, run);
                 k += run;
             }
@@ -500,9 +574,10 @@ impl ColumnSteps {
     }
 
     fn element(&self, b: u64, f: &mut dyn FnMut(&Step, u64)) {
+        let mut st = QSide::default();
         for j in 0..self.cols[0].len() as u64 {
             for h in 0..self.q_heads {
-                self.line(j, h, b, f);
+                self.line(j, h, b, &mut st, f);
             }
         }
     }
@@ -589,6 +664,8 @@ pub fn lower_dkv(chip: &ChipModel, w: &AttentionCall, cfg: &super::SplashConfig)
         partials + (w.batch * w.q_heads * w.q_len + w.batch * w.kv_heads * w.kv_len) * (w.head_dim + w.head_dim_v) * 2,
     )?;
     let mask_cost = worst_mask_cost(&cl.distinct, source, cl.padded);
+    // JAX's kernels: int32 mask blocks, compare / OR / select (splash::jax_loaded_mask_cost).
+    let mask_cost = if static_grid(cfg.kernel) { mask_cost } else { super::jax_loaded_mask_cost(mask_cost) };
     let masked = masked_fn(cfg.kernel, cfg.masking, any_not_full);
     let n_sub = b.block_kv_dkv / b.block_kv_dkv_compute;
     let mut classes = vec![StepClass {
@@ -624,15 +701,40 @@ pub fn lower_dkv(chip: &ChipModel, w: &AttentionCall, cfg: &super::SplashConfig)
     let static_g = static_grid(cfg.kernel);
     let shrunk = !b.fused && !static_g;
     let cols: Vec<Vec<Vec<Seg>>> = cl.rows.iter().map(|rows| columns(rows, kb)).collect();
+    let trail: Vec<Vec<u64>> = cols
+        .iter()
+        .map(|c| {
+            let first = |j: usize| c[j].first().map(|s| s.kj0 as u64);
+            let wrap = (0..c.len()).find_map(first).unwrap_or(0);
+            let mut t = vec![wrap; c.len()];
+            let mut next = wrap;
+            for j in (0..c.len()).rev() {
+                t[j] = next;
+                next = first(j).unwrap_or(next);
+            }
+            t
+        })
+        .collect();
     let col_width = cols.iter().flat_map(|c| c.iter().map(|segs| segs.iter().map(|s| s.n as u64).sum::<u64>())).max().unwrap_or(0);
     let width = if shrunk { col_width } else { qb };
-    let lse_di = 2 * 8 * b.block_q_dkv * 4 + if computed { 8 * b.block_q_dkv * 4 } else { 0 };
+    // q positions (8 x block_q_dkv int32) of a computed mask: JAX's index map has no head, so
+    // they are kept apart from the q side there.
+    let qpos = if computed { 8 * b.block_q_dkv * 4 } else { 0 };
+    let lse_di = 2 * 8 * b.block_q_dkv * 4 + if static_g { qpos } else { 0 };
+    // JAX: dk and dv accumulators (f32) and the fused dq accumulator (sub-tiled kv blocks) are
+    // outputs of constant block index, written back once after the last step.
+    let final_out_bytes = if static_g {
+        0
+    } else {
+        b.block_kv_dkv * (w.head_dim + w.head_dim_v) * 4 + if b.fused && n_sub > 1 { b.block_q_dkv * w.head_dim * 4 } else { 0 }
+    };
     let steps = ColumnSteps {
         batch: w.batch,
         q_heads: w.q_heads,
         group: w.q_heads / w.kv_heads,
         q_blocks: qb,
         cols,
+        trail,
         head_mask: cl.head_mask.clone(),
         width,
         fetch_empty: static_g,
@@ -640,10 +742,13 @@ pub fn lower_dkv(chip: &ChipModel, w: &AttentionCall, cfg: &super::SplashConfig)
         class_of,
         empty_class: 0,
         q_side: b.block_q_dkv * (w.head_dim + w.head_dim_v) * 2 + lse_di,
+        qpos_bytes: if static_g { 0 } else { qpos },
         kv_bytes: b.block_kv_dkv * (w.head_dim + w.head_dim_v) * 2,
-        mask_bytes: if loaded { b.block_q_dkv * b.block_kv_dkv } else { 0 },
+        // JAX's kernels hold the (bool) mask blocks as int32; tokamax int8.
+        mask_bytes: if loaded { b.block_q_dkv * b.block_kv_dkv * if static_g { 1 } else { 4 } } else { 0 },
         dq_out: if b.fused { b.block_q_dkv * w.head_dim * dq_elem } else { 0 },
         kv_out: b.block_kv_dkv * (w.head_dim + w.head_dim_v) * 2,
+        final_out_bytes,
     };
     let grid_steps = w.batch * kb * w.q_heads * width;
     let info = ProgramInfo {
@@ -687,10 +792,12 @@ fn dq_body(bq: u64, bkv: u64, d: u64, dv: u64, mask: Option<MaskCost>, first: bo
         });
         let qk = b.add("qk", Work::Matmul { m: r, k: d, n: bkv, m_total: bq }, &[], slot(si, 1));
         let scores = match mask {
-            Some(c) => b.add("mask", mask_work(e, c), &[qk], slot(si, 2)),
+            Some(c) => add_mask(&mut b, e, r as f64 / 8.0, true, c, qk, slot(si, 2)),
             None => qk,
         };
-        let pre = b.add("p_sub", Work::Vector { ops: 2.0 * e, loaded_mask_vregs: 0.0 }, &[scores], slot(si, 3));
+        // Pop, subtract logsumexp, and the natural exp's scale by log2(e) before the EUP's exp2
+        // (`jnp.exp`, as the forward's and the dkv kernel's natural exp).
+        let pre = b.add("p_sub", Work::Vector { ops: 3.0 * e, loaded_mask_vregs: 0.0 }, &[scores], slot(si, 3));
         let p = b.add("exp", Work::Transcendental { vregs: e }, &[pre], slot(si, 4));
         let dp = b.add("dp", Work::Matmul { m: r, k: dv, n: bkv, m_total: bq }, &[], slot(si, 5));
         let ds = b.add("ds", Work::Vector { ops: 4.0 * e, loaded_mask_vregs: 0.0 }, &[dp, p], slot(si, 6));
@@ -720,6 +827,17 @@ fn dq_body(bq: u64, bkv: u64, d: u64, dv: u64, mask: Option<MaskCost>, first: bo
     b
 }
 
+/// The body of a dq-kernel step that only finalizes (an empty padding step at the row's last
+/// grid step): the f32 accumulator cast and stored, per slab.
+fn dq_finalize_body(bq: u64, d: u64) -> StepBody {
+    let mut b = StepBody::default();
+    for si in 0..bq.div_ceil(SLAB_ROWS) {
+        let r = SLAB_ROWS.min(bq - si * SLAB_ROWS);
+        b.add_carried("dq_store", Work::Vector { ops: vregs(r, d), loaded_mask_vregs: 0.0 }, &[], si * 16, Some(si as u16), Some(si as u16));
+    }
+    b
+}
+
 /// Lowers JAX's dq kernel (the unfused backward's first kernel; module docs).
 ///
 /// # Errors
@@ -741,7 +859,8 @@ pub fn lower_dq(chip: &ChipModel, w: &AttentionCall, cfg: &super::SplashConfig) 
     let opts = BwdVmemOptions { dq_elem: 2, computed, loaded, padded: padded_lengths(w, b.block_q_dq, b.block_kv_dq) };
     let vmem = dq_vmem(w, &b, opts, cfg.vmem_limit(chip));
     vmem.check(chip)?;
-    let mask_cost = worst_mask_cost(&cl.distinct, source, cl.padded);
+    // JAX's dq kernel: int32 mask blocks, compare / OR / select (splash::jax_loaded_mask_cost).
+    let mask_cost = super::jax_loaded_mask_cost(worst_mask_cost(&cl.distinct, source, cl.padded));
     let masked = masked_fn(cfg.kernel, cfg.masking, any_not_full);
     let mut classes =
         vec![StepClass { key: ClassKey { tile: "empty", masked: false, first: false, last: false }, body: StepBody::default() }];
@@ -758,6 +877,15 @@ pub fn lower_dq(chip: &ChipModel, w: &AttentionCall, cfg: &super::SplashConfig) 
             }
         }
     }
+    // `end()` runs at the row's last grid step (`j == grid_width - 1`), an empty padding step
+    // when the row is shorter than the grid: a finalize-only class (the dq cast and store).
+    let finalize_class = {
+        classes.push(StepClass {
+            key: ClassKey { tile: "empty", masked: false, first: false, last: true },
+            body: dq_finalize_body(b.block_q_dq, w.head_dim),
+        });
+        Some(classes.len() as u32 - 1)
+    };
     let (tiles, kept, exact, visited_pairs) = tile_counts(w, &cl, &masked);
     let width = cl.width;
     let steps = Steps {
@@ -770,15 +898,21 @@ pub fn lower_dq(chip: &ChipModel, w: &AttentionCall, cfg: &super::SplashConfig) 
         width,
         class_of,
         empty_class: 0,
-        finalize_class: None,
-        pad_to_block0: false,
+        finalize_class,
+        // Padding steps point at kv block 0 (the dq MaskInfo's data_next, as the forward's).
+        pad_to_block0: true,
         q_bytes: b.block_q_dq * (w.head_dim + w.head_dim_v) * 2 + 2 * b.block_q_dq * 4,
         kv_bytes: b.block_kv_dq * (w.head_dim + w.head_dim_v) * 2,
-        mask_bytes: if loaded { b.block_q_dq * b.block_kv_dq } else { 0 },
+        // The (bool) mask blocks held as int32.
+        mask_bytes: if loaded { b.block_q_dq * b.block_kv_dq * 4 } else { 0 },
         o_bytes: b.block_q_dq * w.head_dim * 2,
-        qpos_bytes: 0,
-        final_out_bytes: 0,
+        // The q positions of a computed mask (block_q_dq x 128 int32, index map `(i, 0)`).
+        qpos_bytes: if computed { b.block_q_dq * 128 * 4 } else { 0 },
+        // The f32 dq accumulator is an output of constant block index: written back once.
+        final_out_bytes: b.block_q_dq * w.head_dim * 4,
         masked_partial: cfg.masking != Masking::None,
+        // JAX dedups identical partial mask blocks (splash::steps).
+        mask_dedup: cl.distinct.iter().all(super::diagonal_invariant).then_some((b.block_q_dq, b.block_kv_dq)),
         unit_span: w.q_heads,
     };
     let info = ProgramInfo {

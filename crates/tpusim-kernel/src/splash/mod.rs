@@ -10,7 +10,7 @@
 //! |---|---|---|
 //! | `q_scale` | VPU | r d / 1024 (base-2 exp only, once per step: q x log2(e)) |
 //! | `qk` | MXU | r x d x c matmul (k^T chunk stationary) |
-//! | `mask` | VPU | (r c / 1024) x mask ops (masked steps only; see [`mask_cost`]) |
+//! | `mask` | VPU | (r c / 1024) x mask ops (masked steps only; see [`mask_cost`]), after `mask_positions` (r / 8 x the mask function's position arithmetic, waiting for nothing) |
 //! | `rowmax` | VPU | 2 r c / 1024 (pop scores from the MXU result buffer; element-wise max across lane chunks) |
 //! | `rowmax_xlu` | XLU | r / 8 cross-lane reductions |
 //! | `sub` | VPU | r c / 1024 (s - m; natural exp adds r c / 1024: the scale by log2(e) before the EUP's exp2) + 2 r / 8 (m update, alpha argument) |
@@ -26,6 +26,13 @@
 //! residuals also log(l) on the EUP and m + log(l) on the VPU) on its last. m and l are
 //! lane-replicated (r x 128), so per-row work is r / 8 registers.
 //!
+//! JAX's older flash attention (`_flash_attention_kernel_single_batch`) normalizes o_acc on
+//! every sub-tile instead: `l_next_inv_safe = where(l_next == 0, 1, 1 / l_next)` (a `recip` of
+//! r / 8 registers on the EUP per sub-tile), `acc *= l_corr * l_next_inv_safe` and
+//! `acc += pv * l_next_inv_safe`: its `acc` is 4 r dv / 1024 (pop pv, scale o_acc, scale pv,
+//! add) + 5 r / 8 (alpha x l_prev, the compare, the division's VPU part, the select,
+//! l_corr x inv), and its `finalize` only casts o_acc (r dv / 1024).
+//!
 //! **Carried state.** Each slab's running max (m) and its o_acc / l are VMEM scratch that
 //! consecutive steps of a row update in turn: a step's first `rowmax_xlu` and `acc` of a slab
 //! wait for the previous step's last ones (carried slots 2 s and 2 s + 1), and a row's `init`
@@ -35,7 +42,8 @@
 //! DMAs: q block (block_q x d bf16) when the (batch, head, q block) index changes; k and v blocks
 //! (block_kv x d and block_kv x dv bf16) when the (batch, kv head, kv block) index changes (GQA
 //! heads of one group share them); an int8 mask block per masked partial step when masks are
-//! loaded; the o block (block_q x dv bf16) after a row's last step, with the residuals
+//! loaded (JAX's Splash: int32 blocks, copied when `mask_next` changes, `steps.rs`); the o block
+//! (block_q x dv bf16) after a row's last step, with the residuals
 //! (logsumexp and max logits, f32, lane-replicated to 128 per q row) when they are returned.
 //!
 //! Traversals: `full-grid` (JAX Splash after grid shrinking: every row has as many steps as the
@@ -183,6 +191,12 @@ pub struct MaskCost {
     pub ops: f64,
     /// The mask is read from int8 blocks.
     pub loaded: bool,
+    /// VPU operations per register of the q positions when q runs along the score tile's rows
+    /// (forward, dq): the mask function's arithmetic on a lane-replicated (rows, 128) array,
+    /// r / 8 registers per slab of r rows.
+    pub q_row_ops: f64,
+    /// The same for the kv positions when kv runs along the rows (the dkv kernel).
+    pub kv_row_ops: f64,
 }
 
 /// The cost of applying `mask` per (8,128) register of scores ([`MaskCost`]).
@@ -194,13 +208,64 @@ pub struct MaskCost {
 /// lane-replicated (block_q, 128) array) the same for every lane chunk, so the compiler forms them
 /// once per sub-tile column or row group (tokamax `_apply_mask_and_soft_cap`). Loaded masks (and
 /// masks that can only be loaded, block files): the loaded-mask cost, + 2 when padded.
+///
+/// Splash's computable masks evaluate their mask function (JAX's `splash_attention_mask.py`) on
+/// a q-position array and a kv-position array of the tile's shape, one of them constant along
+/// the lanes (the side laid along the rows) and the other along the sublanes; arithmetic on a
+/// position alone runs on one register per row group or lane group, not per score register
+/// ([`MaskCost::q_row_ops`], [`MaskCost::kv_row_ops`]; the lane-side work, a few registers
+/// per step, is not counted). Per score register: the comparisons, their combination and the
+/// select. Position arithmetic, per position register: `CausalMask` q + offset (1, when the
+/// offset is not 0); `LocalMask` (a band is a symmetric one) q + offset, q - left, q + right;
+/// `ChunkedCausalMask` `q // chunk` and `kv // chunk`, each JAX's floor division (`arith.divsi`
+/// with the sign correction: 15 operations counted as the IR path counts them). The dkv
+/// kernel's kv positions are `k_offset + iota` along the rows (1 more per kv register).
 pub fn mask_cost(mask: &Mask, source: MaskSource, padded: bool) -> MaskCost {
     let t = mask.expression_terms();
     let pad = if padded { 2.0 } else { 0.0 };
+    let loaded = |ops| MaskCost { ops, loaded: true, q_row_ops: 0.0, kv_row_ops: 0.0 };
     match source {
-        MaskSource::Loaded => MaskCost { ops: pad, loaded: true },
-        MaskSource::Computed if t.loaded_only => MaskCost { ops: pad, loaded: true },
-        MaskSource::Computed => MaskCost { ops: (t.compares + t.arith + t.combines) as f64 + 1.0 + pad, loaded: false },
+        MaskSource::Loaded => loaded(pad),
+        MaskSource::Computed if t.loaded_only => loaded(pad),
+        MaskSource::Computed => match computed_mask_ops(mask) {
+            Some((full, q_row, kv_row)) => {
+                let kv_offset = if mask.is_full() { 0.0 } else { 1.0 };
+                MaskCost { ops: full + pad, loaded: false, q_row_ops: q_row, kv_row_ops: kv_row + kv_offset }
+            }
+            None => MaskCost { ops: (t.compares + t.arith + t.combines) as f64 + 1.0 + pad, loaded: false, q_row_ops: 0.0, kv_row_ops: 0.0 },
+        },
+    }
+}
+
+/// (ops per score register, per q-position register, per kv-position register) of a
+/// computable mask's function ([`mask_cost`]); `None` for other masks.
+fn computed_mask_ops(mask: &Mask) -> Option<(f64, f64, f64)> {
+    /// JAX's floor division of int32 positions by a constant, as its IR counts it.
+    const FLOOR_DIV: f64 = 15.0;
+    let off = |o: i64| if o != 0 { 1.0 } else { 0.0 };
+    match mask {
+        // Nothing to compute but the select (when padding or tile alignment masks it).
+        Mask::Full => Some((1.0, 0.0, 0.0)),
+        Mask::Causal { offset } => Some((2.0, off(*offset), 0.0)),
+        Mask::Local { offset, .. } => Some((4.0, 2.0 + off(*offset), 0.0)),
+        Mask::Band { .. } => Some((4.0, 2.0, 0.0)),
+        Mask::Chunked { .. } => Some((4.0, FLOOR_DIV, FLOOR_DIV)),
+        Mask::PerHead(p) if p.windows(2).all(|w| w[0] == w[1]) => p.first().and_then(computed_mask_ops),
+        _ => None,
+    }
+}
+
+/// A loaded mask as JAX's Splash kernels apply it: their partial mask blocks are bool arrays,
+/// which the `pallas_call` passes as int32 (the kernel's memref is `i32`), and
+/// `_apply_mask_and_soft_cap` compares the block to bool, ORs in `should_not_mask` and selects:
+/// 3 VPU operations per score register (its Mosaic IR: `arith.cmpi`, `arith.ori`,
+/// `arith.select`), no int8 unpack, so not the chip's fitted loaded-mask cost (fitted to an int8
+/// mask kernel). Other costs pass through.
+pub(crate) fn jax_loaded_mask_cost(c: MaskCost) -> MaskCost {
+    if c.loaded {
+        MaskCost { ops: c.ops + 3.0, loaded: false, ..c }
+    } else {
+        c
     }
 }
 
@@ -209,12 +274,29 @@ pub(crate) fn worst_mask_cost(masks: &[Mask], source: MaskSource, padded: bool) 
     masks
         .iter()
         .map(|m| mask_cost(m, source, padded))
-        .fold(MaskCost { ops: 0.0, loaded: false }, |a, b| MaskCost { ops: a.ops.max(b.ops), loaded: a.loaded || b.loaded })
+        .fold(MaskCost { ops: 0.0, loaded: false, q_row_ops: 0.0, kv_row_ops: 0.0 }, |a, b| MaskCost {
+            ops: a.ops.max(b.ops),
+            loaded: a.loaded || b.loaded,
+            q_row_ops: a.q_row_ops.max(b.q_row_ops),
+            kv_row_ops: a.kv_row_ops.max(b.kv_row_ops),
+        })
 }
 
 /// The mask operation of a slab: `sv` score registers at cost `c`.
 pub(crate) fn mask_work(sv: f64, c: MaskCost) -> Work {
     Work::Vector { ops: sv * c.ops, loaded_mask_vregs: if c.loaded { sv } else { 0.0 } }
+}
+
+/// Adds a slab's mask to `b` after `qk`: the position arithmetic of the row side (`rv`
+/// registers of q positions when `q_rows`, else kv positions; it needs no scores, so it waits
+/// for nothing) and the per-score-register work ([`mask_work`]) after both.
+pub(crate) fn add_mask(b: &mut StepBody, sv: f64, rv: f64, q_rows: bool, c: MaskCost, qk: NodeIndex, issue: u64) -> NodeIndex {
+    let row = if q_rows { c.q_row_ops } else { c.kv_row_ops };
+    let mut deps = vec![qk];
+    if row > 0.0 {
+        deps.push(b.add("mask_positions", Work::Vector { ops: rv * row, loaded_mask_vregs: 0.0 }, &[], issue));
+    }
+    b.add("mask", mask_work(sv, c), &deps, issue)
 }
 
 /// Shapes and options of one attention step body.
@@ -234,6 +316,8 @@ struct BodyShape {
     /// widened, and rounded back to bf16 for the MXU ([`crate::mxu`]: one pass at the default
     /// precision).
     f32_v: bool,
+    /// JAX's older flash attention: o_acc normalized on every sub-tile (module docs).
+    flash: bool,
 }
 
 pub(crate) fn vregs(rows: u64, cols: u64) -> f64 {
@@ -246,14 +330,14 @@ pub(crate) fn vregs(rows: u64, cols: u64) -> f64 {
 /// configurations with a few distinct bodies each).
 fn attention_body(s: &BodyShape) -> StepBody {
     use std::sync::{Mutex, OnceLock, PoisonError};
-    type Key = [u64; 8];
+    type Key = [u64; 9];
     static CACHE: OnceLock<Mutex<HashMap<Key, StepBody>>> = OnceLock::new();
     /// Prototypes kept before the cache starts over (a tiling has up to 8 distinct bodies).
     const CAPACITY: usize = 64;
-    let mask = s.mask.map_or([u64::MAX; 2], |m| [m.ops.to_bits(), u64::from(m.loaded)]);
+    let mask = s.mask.map_or([u64::MAX; 3], |m| [m.ops.to_bits(), u64::from(m.loaded), m.q_row_ops.to_bits()]);
     let flags =
-        u64::from(s.base2) | u64::from(s.residuals) << 1 | u64::from(s.first) << 2 | u64::from(s.last) << 3 | u64::from(s.f32_v) << 4;
-    let key: Key = [s.block_q, s.block_kv, s.compute, s.d, s.dv, mask[0], mask[1], flags];
+        u64::from(s.base2) | u64::from(s.residuals) << 1 | u64::from(s.first) << 2 | u64::from(s.last) << 3 | u64::from(s.f32_v) << 4 | u64::from(s.flash) << 5;
+    let key: Key = [s.block_q, s.block_kv, s.compute, s.d, s.dv, mask[0], mask[1], mask[2], flags];
     let cache = CACHE.get_or_init(Default::default);
     if let Some(b) = cache.lock().unwrap_or_else(PoisonError::into_inner).get(&key) {
         return b.clone();
@@ -311,7 +395,7 @@ fn build_attention_body(s: &BodyShape) -> StepBody {
             }
             let qk = b.add("qk", Work::Matmul { m: r, k: s.d, n: c, m_total: s.block_q }, &[], slot(g, 1));
             let scores = match s.mask {
-                Some(c) => b.add("mask", mask_work(sv, c), &[qk], slot(g, 2)),
+                Some(c) => add_mask(&mut b, sv, rv, true, c, qk, slot(g, 2)),
                 None => qk,
             };
             // Pop the f32 scores from the MXU result buffer, then the element-wise max.
@@ -336,20 +420,30 @@ fn build_attention_body(s: &BodyShape) -> StepBody {
             pv_deps.extend(v_cast.filter(|_| s.f32_v));
             let pv = b.add("pv", Work::Matmul { m: r, k: c, n: s.dv, m_total: s.block_q }, &pv_deps, slot(g, 9));
             let mut deps = vec![pv, rowsum];
+            let acc_ops = if s.flash {
+                // 1 / l_next on every sub-tile (module docs).
+                deps.push(b.add("recip", Work::Transcendental { vregs: rv }, &[rowsum], slot(g, 9)));
+                4.0 * vregs(r, s.dv) + 5.0 * rv
+            } else {
+                3.0 * vregs(r, s.dv) + 2.0 * rv
+            };
             deps.extend(prev_acc[i]);
             let reads_acc = (prev_acc[i].is_none()).then(|| acc_slot(si));
             let finalizes = s.last && j == chunks - 1;
             let writes_acc = (j == chunks - 1 && !finalizes).then(|| acc_slot(si));
-            let acc = b.add_carried(
-                "acc",
-                Work::Vector { ops: 3.0 * vregs(r, s.dv) + 2.0 * rv, loaded_mask_vregs: 0.0 },
-                &deps,
-                slot(g, 10),
-                reads_acc,
-                writes_acc,
-            );
+            let acc = b.add_carried("acc", Work::Vector { ops: acc_ops, loaded_mask_vregs: 0.0 }, &deps, slot(g, 10), reads_acc, writes_acc);
             prev_acc[i] = Some(acc);
-            if finalizes {
+            if finalizes && s.flash {
+                // o_acc is normalized already: the cast alone.
+                b.add_carried(
+                    "finalize",
+                    Work::Vector { ops: vregs(r, s.dv), loaded_mask_vregs: 0.0 },
+                    &[acc],
+                    slot(g, 12),
+                    None,
+                    Some(acc_slot(si)),
+                );
+            } else if finalizes {
                 let eup = if s.residuals { 2.0 * rv } else { rv };
                 let recip = b.add("recip", Work::Transcendental { vregs: eup }, &[acc], slot(g, 11));
                 let vpu = 1.5 * vregs(r, s.dv) + if s.residuals { rv } else { 0.0 };
@@ -381,6 +475,28 @@ fn finalize_body(block_q: u64, dv: u64, residuals: bool) -> StepBody {
         let recip = b.add_carried("recip", Work::Transcendental { vregs: eup }, &[], si * 16 + 11, Some(acc_slot), None);
         let vpu = 1.5 * vregs(r, dv) + if residuals { rv } else { 0.0 };
         b.add_carried("finalize", Work::Vector { ops: vpu, loaded_mask_vregs: 0.0 }, &[recip], si * 16 + 12, None, Some(acc_slot));
+    }
+    b
+}
+
+/// Whether a mask keeps a pair by q - k alone, so that blocks at equal q0 - k0 are identical
+/// (what lets [`steps`] name a deduplicated mask block by its offset).
+pub(crate) fn diagonal_invariant(m: &Mask) -> bool {
+    match m {
+        Mask::Full | Mask::Causal { .. } | Mask::Local { .. } | Mask::Band { .. } => true,
+        Mask::Union(p) | Mask::Intersect(p) => p.iter().all(diagonal_invariant),
+        _ => false,
+    }
+}
+
+/// The finalize of a row alone for JAX's older flash attention: o_acc (normalized on every
+/// sub-tile) cast, per slab; it reads the row's carried o_acc.
+fn flash_finalize_body(block_q: u64, dv: u64) -> StepBody {
+    let mut b = StepBody::default();
+    for si in 0..block_q.div_ceil(SLAB_ROWS) {
+        let r = SLAB_ROWS.min(block_q - si * SLAB_ROWS);
+        let acc_slot = (2 * si + 1) as u16;
+        b.add_carried("finalize", Work::Vector { ops: vregs(r, dv), loaded_mask_vregs: 0.0 }, &[], si * 16 + 12, Some(acc_slot), Some(acc_slot));
     }
     b
 }
@@ -440,7 +556,8 @@ pub fn vmem_buffers(w: &AttentionCall, cfg: &SplashConfig) -> Vec<VmemBuffer> {
         b.extend([win("q segment ids", &[bq, 128], I32), win("kv segment ids", &[8, bkv], I32)]);
     }
     if loaded {
-        b.push(win("mask", &[bq, bkv], I8));
+        // JAX's Splash: bool mask blocks passed as int32 (the kernel's memref is `i32`).
+        b.push(win("mask", &[bq, bkv], if cfg.kernel == Kernel::Splash { I32 } else { I8 }));
     }
     if computed && cfg.kernel != Kernel::FlashAttention {
         b.push(win("q positions", &[bq, 128], I32));
@@ -775,6 +892,13 @@ pub fn lower(chip: &ChipModel, w: &AttentionCall, cfg: &SplashConfig) -> Result<
     }
     // Stage 4: one body per (tile kind, first, last), the mask cost the costliest distinct mask's.
     let mask_cost = worst_mask_cost(&cl.distinct, source, cl.padded);
+    let mask_cost = match cfg.kernel {
+        Kernel::Splash => jax_loaded_mask_cost(mask_cost),
+        // JAX's older flash attention adds the mask as a bias, `s + where(mask, 0, mask_value)`:
+        // one more operation per score register than a select alone.
+        Kernel::FlashAttention => MaskCost { ops: mask_cost.ops + 1.0, ..mask_cost },
+        _ => mask_cost,
+    };
     let masked_kind = |partial: bool| match cfg.masking {
         Masking::None => false,
         Masking::Partial => partial,
@@ -799,6 +923,7 @@ pub fn lower(chip: &ChipModel, w: &AttentionCall, cfg: &SplashConfig) -> Result<
                     first,
                     last,
                     f32_v: cfg.kernel == Kernel::Splash,
+                    flash: cfg.kernel == Kernel::FlashAttention,
                 };
                 class_of[k][usize::from(first)][usize::from(last)] = classes.len() as u32;
                 classes.push(StepClass {
@@ -808,11 +933,13 @@ pub fn lower(chip: &ChipModel, w: &AttentionCall, cfg: &SplashConfig) -> Result<
             }
         }
     }
-    // JAX's Splash finalizes at the row's last grid step, which may be empty (steps.rs).
-    let finalize_class = (cfg.kernel == Kernel::Splash && cfg.traversal == Traversal::FullGrid).then(|| {
+    // JAX's Splash finalizes at the row's last grid step, which may be empty (steps.rs); so does
+    // JAX's older flash attention (`store_output` at the last kv index, causal rows included).
+    let flash = cfg.kernel == Kernel::FlashAttention;
+    let finalize_class = ((cfg.kernel == Kernel::Splash || flash) && cfg.traversal == Traversal::FullGrid).then(|| {
         classes.push(StepClass {
             key: ClassKey { tile: "empty", masked: false, first: false, last: true },
-            body: finalize_body(cfg.block_q, w.head_dim_v, cfg.return_residuals),
+            body: if flash { flash_finalize_body(cfg.block_q, w.head_dim_v) } else { finalize_body(cfg.block_q, w.head_dim_v, cfg.return_residuals) },
         });
         classes.len() as u32 - 1
     });
@@ -859,14 +986,19 @@ pub fn lower(chip: &ChipModel, w: &AttentionCall, cfg: &SplashConfig) -> Result<
         class_of,
         empty_class: 0,
         finalize_class,
-        pad_to_block0: cfg.kernel == Kernel::Splash && cfg.traversal == Traversal::FullGrid,
+        // JAX's older flash attention points skipped causal steps at kv block 0 too (its
+        // `kv_index_map`: "prefetch the next valid kv block, i.e. the 0th one").
+        pad_to_block0: (cfg.kernel == Kernel::Splash || flash) && cfg.traversal == Traversal::FullGrid,
         q_bytes: cfg.block_q * w.head_dim * 2,
         kv_bytes: cfg.block_kv * (w.head_dim + w.head_dim_v) * 2,
-        mask_bytes: if source == MaskSource::Loaded { cfg.block_q * cfg.block_kv } else { 0 },
+        // JAX's Splash keeps its partial mask blocks as bool, which its `pallas_call` passes as
+        // int32 (the kernel's memref is `i32`): 4 bytes per element; int8 for the others.
+        mask_bytes: if source == MaskSource::Loaded { cfg.block_q * cfg.block_kv * if jax_splash { 4 } else { 1 } } else { 0 },
         o_bytes: cfg.block_q * w.head_dim_v * 2 + residual_bytes,
         qpos_bytes,
         final_out_bytes,
         masked_partial: cfg.masking != Masking::None,
+        mask_dedup: (jax_splash && cl.distinct.iter().all(diagonal_invariant)).then_some((cfg.block_q, cfg.block_kv)),
         unit_span: 1,
     };
     let rows_generated = steps.emitted_heads().saturating_mul(cl.grid.q_tiles());

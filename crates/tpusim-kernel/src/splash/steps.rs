@@ -15,6 +15,11 @@ pub enum RunItem<'a> {
     RepeatHead(u64),
 }
 
+/// What a step stream carries from one step to the next for copy elision: the (batch x head,
+/// q block) of the q window, the (batch, kv head, kv block) of the kv windows and the key of the
+/// mask block in VMEM.
+type ElisionState<'a> = (&'a mut Option<(u32, u32)>, &'a mut Option<(u64, u64, u32)>, &'a mut Option<i64>);
+
 /// A run of consecutive non-empty tiles of one kind in a q row: kv blocks `kj0 .. kj0 + n`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Seg {
@@ -59,6 +64,12 @@ pub(crate) struct Steps {
     /// changes (JAX's Splash keeps m, l and o_scratch as such outputs).
     pub(crate) final_out_bytes: u64,
     pub(crate) masked_partial: bool,
+    /// JAX's Splash with a loaded mask: `process_mask` stores each distinct partial block once
+    /// and `mask_next` names the block a step reads, so a mask block is copied only when that
+    /// index changes. Some((block_q, block_kv)) when the mask is a function of q - k alone
+    /// (causal, local, band): a partial block is then identified by q0 - k0. `None`: one copy
+    /// per partial step.
+    pub(crate) mask_dedup: Option<(u64, u64)>,
     /// (batch, head) streams per parallel unit: 1 when heads are parallel (the forward), the
     /// head count when only the batch is (JAX's dq kernel).
     pub(crate) unit_span: u64,
@@ -77,9 +88,10 @@ impl Steps {
     pub(crate) fn for_each_run_range(&self, lo: u64, hi: u64, f: &mut dyn FnMut(&Step, u64)) {
         let mut last_q: Option<(u32, u32)> = None;
         let mut last_kv: Option<(u64, u64, u32)> = None;
+        let mut last_mask: Option<i64> = None;
         let (lo, hi) = (lo.saturating_mul(self.unit_span), hi.saturating_mul(self.unit_span));
         for i in lo..hi.min(self.batch * self.q_heads) {
-            self.head_runs(i / self.q_heads, i % self.q_heads, &mut last_q, &mut last_kv, f);
+            self.head_runs(i / self.q_heads, i % self.q_heads, (&mut last_q, &mut last_kv, &mut last_mask), f);
         }
     }
 
@@ -90,6 +102,7 @@ impl Steps {
     pub(crate) fn for_each_run_block(&self, lo: u64, hi: u64, f: &mut dyn FnMut(RunItem<'_>)) {
         let mut last_q: Option<(u32, u32)> = None;
         let mut last_kv: Option<(u64, u64, u32)> = None;
+        let mut last_mask: Option<i64> = None;
         let (lo, hi) = (lo.saturating_mul(self.unit_span), hi.saturating_mul(self.unit_span));
         let total = hi.min(self.batch * self.q_heads);
         // Per distinct mask: may consecutive heads elide the kv copy at their boundary?
@@ -99,7 +112,7 @@ impl Steps {
             let (b, h) = (i / self.q_heads, i % self.q_heads);
             let id = self.head_mask[h as usize];
             f(RunItem::HeadStart);
-            self.head_runs(b, h, &mut last_q, &mut last_kv, &mut |s, n| f(RunItem::Run(s, n)));
+            self.head_runs(b, h, (&mut last_q, &mut last_kv, &mut last_mask), &mut |s, n| f(RunItem::Run(s, n)));
             i += 1;
             if !reloads[id] {
                 continue;
@@ -110,19 +123,21 @@ impl Steps {
             if j - i >= 3 {
                 let (b, h) = (i / self.q_heads, i % self.q_heads);
                 f(RunItem::HeadStart);
-                self.head_runs(b, h, &mut last_q, &mut last_kv, &mut |s, n| f(RunItem::Run(s, n)));
+                self.head_runs(b, h, (&mut last_q, &mut last_kv, &mut last_mask), &mut |s, n| f(RunItem::Run(s, n)));
                 f(RunItem::RepeatHead(j - i - 1));
                 // Leave the elision state as the last repeated head would.
                 let (bl, hl) = ((j - 1) / self.q_heads, (j - 1) % self.q_heads);
                 let mut q = None;
                 let mut kv = None;
-                self.head_runs(bl, hl, &mut q, &mut kv, &mut |_, _| {});
+                let mut m = last_mask;
+                self.head_runs(bl, hl, (&mut q, &mut kv, &mut m), &mut |_, _| {});
                 if q.is_some() {
                     last_q = q;
                 }
                 if kv.is_some() {
                     last_kv = kv;
                 }
+                last_mask = m;
                 i = j;
             }
         }
@@ -188,14 +203,8 @@ impl Steps {
     }
 
     /// The runs of one (batch, head), updating the copy-elision state.
-    fn head_runs(
-        &self,
-        b: u64,
-        h: u64,
-        last_q: &mut Option<(u32, u32)>,
-        last_kv: &mut Option<(u64, u64, u32)>,
-        f: &mut dyn FnMut(&Step, u64),
-    ) {
+    fn head_runs(&self, b: u64, h: u64, state: ElisionState<'_>, f: &mut dyn FnMut(&Step, u64)) {
+        let (last_q, last_kv, last_mask) = state;
         let rows = &self.rows[self.head_mask[h as usize]];
         let bh = (b * self.q_heads + h) as u32;
         let kvh = b * (self.q_heads / self.group) + h / self.group;
@@ -216,6 +225,7 @@ impl Steps {
                           j: u64,
                           last_q: &mut Option<(u32, u32)>,
                           last_kv: &mut Option<(u64, u64, u32)>,
+                          last_mask: &mut Option<i64>,
                           f: &mut dyn FnMut(&Step, u64)| {
                 let mut in_bytes = 0;
                 if *last_q != Some((bh, qi)) {
@@ -230,7 +240,7 @@ impl Steps {
                     *last_kv = Some((b, kvh, kj));
                 }
                 if kind == TileKind::Partial && self.masked_partial {
-                    in_bytes += self.mask_bytes;
+                    in_bytes += self.mask_fetch(last_mask, qi, kj);
                 }
                 let k = usize::from(kind == TileKind::Full);
                 let first = usize::from(j == 0);
@@ -241,7 +251,7 @@ impl Steps {
             let mut j = 0u64;
             for seg in row {
                 let n = seg.n as u64;
-                single(seg.kj0, seg.kind, j, last_q, last_kv, f);
+                single(seg.kj0, seg.kind, j, last_q, last_kv, last_mask, f);
                 if n >= 3 {
                     // Interior steps: a new kv block each, neither first nor last of the row.
                     let k = usize::from(seg.kind == TileKind::Full);
@@ -254,9 +264,13 @@ impl Steps {
                     };
                     f(&step, n - 2);
                     *last_kv = Some((b, kvh, seg.kj0 + seg.n - 2));
+                    if mask > 0 {
+                        // Inside a run of partial blocks each is another block (q0 - k0 moves).
+                        *last_mask = Some(self.mask_key(qi, seg.kj0 + seg.n - 2));
+                    }
                 }
                 if n >= 2 {
-                    single(seg.kj0 + seg.n - 1, seg.kind, j + n - 1, last_q, last_kv, f);
+                    single(seg.kj0 + seg.n - 1, seg.kind, j + n - 1, last_q, last_kv, last_mask, f);
                 }
                 j += n;
             }
@@ -265,9 +279,31 @@ impl Steps {
                 let empty =
                     |j: u64, out_bytes: u64| Step { class: self.empty_class, in_bytes: 0, out_bytes, coords: [bh, qi, j as u32, 0] };
                 let mut pad = len;
-                if self.pad_to_block0 && *last_kv != Some((b, kvh, 0)) {
+                // With deduplicated mask blocks, padding steps read mask block 0 (mask_next = 0).
+                let mask_pad = if self.pad_to_block0 && self.masked_partial && self.mask_bytes > 0 && self.mask_dedup.is_some() {
+                    let key = self.first_mask_key(rows);
+                    if *last_mask != Some(key) {
+                        *last_mask = Some(key);
+                        self.mask_bytes
+                    } else {
+                        0
+                    }
+                } else {
+                    0
+                };
+                if mask_pad > 0 && *last_kv == Some((b, kvh, 0)) {
+                    let mut first_pad = Step { in_bytes: mask_pad, ..empty(len, 0) };
+                    if n_steps - len == 1 {
+                        first_pad.out_bytes = row_out;
+                        first_pad.class = self.finalize_class.unwrap_or(self.empty_class);
+                        f(&first_pad, 1);
+                        continue;
+                    }
+                    f(&first_pad, 1);
+                    pad += 1;
+                } else if self.pad_to_block0 && *last_kv != Some((b, kvh, 0)) {
                     // The first padding step fetches kv block 0 (data_next = 0).
-                    let first_pad = Step { in_bytes: self.kv_bytes, ..empty(len, 0) };
+                    let first_pad = Step { in_bytes: self.kv_bytes + mask_pad, ..empty(len, 0) };
                     *last_kv = Some((b, kvh, 0));
                     if n_steps - len == 1 {
                         let mut fin = Step { out_bytes: row_out, ..first_pad };
@@ -286,6 +322,36 @@ impl Steps {
                 f(&fin, 1);
             }
         }
+    }
+
+    /// The key of the partial block at (q block `qi`, kv block `kj`) for mask-block elision.
+    fn mask_key(&self, qi: u32, kj: u32) -> i64 {
+        match self.mask_dedup {
+            Some((bq, bkv)) => qi as i64 * bq as i64 - kj as i64 * bkv as i64,
+            // Every block its own: a key no other block has.
+            None => -((qi as i64) << 32 | kj as i64) - 1,
+        }
+    }
+
+    /// Bytes a partial step copies for its mask block, updating the elision state.
+    fn mask_fetch(&self, last_mask: &mut Option<i64>, qi: u32, kj: u32) -> u64 {
+        if self.mask_dedup.is_none() {
+            return self.mask_bytes;
+        }
+        let key = self.mask_key(qi, kj);
+        if *last_mask == Some(key) {
+            return 0;
+        }
+        *last_mask = Some(key);
+        self.mask_bytes
+    }
+
+    /// The key of a mask's first partial block in grid order (mask block 0 of `process_mask`).
+    fn first_mask_key(&self, rows: &[Vec<Seg>]) -> i64 {
+        rows.iter()
+            .enumerate()
+            .find_map(|(qi, r)| r.iter().find(|s| s.kind == TileKind::Partial).map(|s| self.mask_key(qi as u32, s.kj0)))
+            .unwrap_or(0)
     }
 
     /// Emits every grid step in order (runs expanded).

@@ -26,6 +26,24 @@
 //!    distinct value it takes from outside (arguments, shards, other groups' results,
 //!    constants) once, and writes each of its results that an op outside it, or the program's
 //!    output, uses.
+//! 6. Producer fusion of per-row work on reductions: an element-wise or transcendental op whose
+//!    operands are all reduce results, values made by this rule, or constant-like values (a
+//!    mean `sum / n`, `rsqrt(var + eps)`) is not a group: each reader recomputes it, reading
+//!    only the reduce results and constants (XLA fuses such cheap producers into the consumer
+//!    that broadcasts them), unless it is a program output.
+//! 7. An element-wise (not transcendental) intermediate of a fusion a reduce closed, read by a
+//!    later op (`x - mean` feeding both the variance's reduce and the normalisation), is
+//!    recomputed by that reader from what it was made of (XLA duplicates cheap element-wise
+//!    producers into each consumer): the closed fusion does not write it.
+//! 8. Multi-output fusion of reductions: a fusion closed by a reduce merges into an earlier
+//!    fusion closed by a reduce with the same result shape when both read one value larger than
+//!    that result from outside (the same input, so the merged fusion reads it once) and the later
+//!    one waits for no group created after the earlier one. This covers sibling reductions
+//!    (XLA's sibling multi-output fusion: `sum(x)` and `sum(x * x)`) and a reduction of the same
+//!    input that reads the earlier one's row result (the two-pass variance `sum((x - mean)^2)`,
+//!    one pass over x with the row on chip, as XLA's TPU reduction fusions keep a row in VMEM).
+//!    A LayerNorm is then two fusions (statistics: read x, write two row vectors; normalise:
+//!    read x and the rows, write y) and an RMSNorm two (x, one row; x and the row, y).
 
 use crate::desc::{dtype_bytes, ProgramDescription, ValueKind};
 use crate::ops::{classify, counts, OpClass, OpCounts};
@@ -98,7 +116,15 @@ enum Source {
 pub fn group(d: &ProgramDescription) -> Result<Grouped, ProgramError> {
     let n = d.values.len();
     let mut source: Vec<Source> = d.values.iter().map(|_| Source::Memory).collect();
-    let mut alias: Vec<usize> = (0..n).collect();
+    // What reading a value reads in HBM: itself, or (a bitcast, a producer each reader fuses, a
+    // row statistic, a recomputed intermediate: rules 2, 3, 6, 7) the values it is made from.
+    let mut reads: Vec<Vec<usize>> = (0..n).map(|v| vec![v]).collect();
+    // A reduce's result, or a value computed from such results and constants (rule 6).
+    let mut row: Vec<bool> = vec![false; n];
+    // The values an element-wise op in a fusion read, by its result (rule 7).
+    let mut made_from: Vec<Option<Vec<usize>>> = vec![None; n];
+    // Each op's operands as it reads them (after rules 2, 3, 6, 7).
+    let mut op_reads: Vec<Vec<usize>> = vec![Vec::new(); d.ops.len()];
     // Constant bytes behind a constant-like value (rule 3).
     let mut const_bytes: Vec<u64> = vec![0; n];
     for (i, v) in d.values.iter().enumerate() {
@@ -144,7 +170,20 @@ pub fn group(d: &ProgramDescription) -> Result<Grouped, ProgramError> {
         let c = counts(d, op, class)?;
         classes.push(class);
         all_counts.push(c);
-        let operands: Vec<usize> = op.operands.iter().map(|&v| alias[v]).collect();
+        // Rule 7: an element-wise intermediate of a closed fusion is recomputed by its reader.
+        let mut operands: Vec<usize> = Vec::new();
+        let mut stack: Vec<usize> = op.operands.iter().rev().flat_map(|&v| reads[v].iter().rev().copied()).collect();
+        while let Some(u) = stack.pop() {
+            let recompute = match (source[u], &made_from[u]) {
+                (Source::Group(g), Some(_)) => groups[g].kind == GroupKind::Fusion && groups[g].closed,
+                _ => false,
+            };
+            if recompute {
+                stack.extend(made_from[u].iter().flatten().rev().copied());
+            } else if !operands.contains(&u) {
+                operands.push(u);
+            }
+        }
         let producer_groups: BTreeSet<usize> = operands
             .iter()
             .filter_map(|&v| match source[v] {
@@ -157,8 +196,8 @@ pub fn group(d: &ProgramDescription) -> Result<Grouped, ProgramError> {
         let fusible = matches!(class, OpClass::Elementwise | OpClass::Transcendental | OpClass::Movement | OpClass::Reduce);
         match class {
             OpClass::Bitcast => {
-                if let (Some(&src), Some(&dst)) = (operands.first(), op.results.first()) {
-                    alias[dst] = src;
+                if let Some(&dst) = op.results.first() {
+                    reads[dst] = operands.clone();
                 }
                 continue;
             }
@@ -182,6 +221,18 @@ pub fn group(d: &ProgramDescription) -> Result<Grouped, ProgramError> {
             }
             continue;
         }
+        // Rule 6: a per-row computation on reduce results is recomputed by each reader.
+        let on_rows = operands.iter().all(|&v| row[v] || source[v] == Source::ConstantLike) && operands.iter().any(|&v| row[v]);
+        if matches!(class, OpClass::Elementwise | OpClass::Transcendental) && on_rows && !op.results.iter().any(|r| is_output[*r]) {
+            for &r in &op.results {
+                reads[r] = operands.clone();
+                row[r] = true;
+                for &u in &operands {
+                    elementwise_users[u] &= elementwise_users[r];
+                }
+            }
+            continue;
+        }
         let latest = producer_groups.iter().next_back().copied();
         // A result wider per element than the dot's own would make the dot write more bytes.
         let widens = |g: usize| -> bool {
@@ -202,12 +253,14 @@ pub fn group(d: &ProgramDescription) -> Result<Grouped, ProgramError> {
         });
         // Rule 3: a broadcast or convert that would start a fusion of its own is fused into each
         // of its readers instead (they read its operand), unless it is a program output.
-        let fused_into_readers = (op.op == "broadcast_in_dim" || (!joins && op.op == "convert")) && operands.len() == 1;
+        let fused_into_readers = (op.op == "broadcast_in_dim" || (!joins && op.op == "convert")) && op.operands.len() == 1;
         if fused_into_readers && !op.results.iter().any(|r| is_output[*r]) {
             for &r in &op.results {
-                alias[r] = operands[0];
+                reads[r] = operands.clone();
                 // Its readers now read the operand.
-                elementwise_users[operands[0]] &= elementwise_users[r];
+                for &u in &operands {
+                    elementwise_users[u] &= elementwise_users[r];
+                }
             }
             continue;
         }
@@ -237,23 +290,127 @@ pub fn group(d: &ProgramDescription) -> Result<Grouped, ProgramError> {
         if class == OpClass::Reduce {
             grp.closed = true;
         }
+        let kind = grp.kind;
         group_of_op[i] = Some(g);
         for &r in &op.results {
             source[r] = Source::Group(g);
+            row[r] = class == OpClass::Reduce;
+            if kind == GroupKind::Fusion && class == OpClass::Elementwise {
+                made_from[r] = Some(operands.clone());
+            }
         }
+        op_reads[i] = operands;
+    }
+    // Rule 8: reductions over the same input merge into one multi-output fusion.
+    let mut into: Vec<usize> = (0..groups.len()).collect();
+    let root = |grp: &Group| grp.ops.last().and_then(|&i| d.ops[i].results.first()).map(|&r| &d.values[r]);
+    for g2 in 0..groups.len() {
+        if !(groups[g2].kind == GroupKind::Fusion && groups[g2].closed) {
+            continue;
+        }
+        let outside = |g: usize, source: &[Source]| -> BTreeSet<usize> {
+            groups[g].ops.iter().flat_map(|&i| op_reads[i].iter().copied()).filter(|&u| source[u] != Source::Group(g)).collect()
+        };
+        let r2 = root(&groups[g2]).map(|v| (v.shape.clone(), v.bytes()));
+        let reads2 = outside(g2, &source);
+        let deps2: Vec<usize> = groups[g2].deps.iter().map(|&x| into[x]).collect();
+        let mut target = None;
+        for g1 in (0..g2).rev() {
+            if into[g1] != g1 || !(groups[g1].kind == GroupKind::Fusion && groups[g1].closed) || deps2.iter().any(|&x| x > g1) {
+                continue;
+            }
+            let r1 = root(&groups[g1]).map(|v| (v.shape.clone(), v.bytes()));
+            let (Some((s1, Ok(b1))), Some((s2, _))) = (&r1, &r2) else { continue };
+            if s1 != s2 {
+                continue;
+            }
+            let shared = outside(g1, &source)
+                .intersection(&reads2)
+                .any(|&u| source[u] != Source::ConstantLike && d.values[u].bytes().is_ok_and(|b| b > *b1));
+            if shared {
+                target = Some(g1);
+                break;
+            }
+        }
+        let Some(g1) = target else { continue };
+        into[g2] = g1;
+        let moved = std::mem::take(&mut groups[g2].ops);
+        for &i in &moved {
+            for &r in &d.ops[i].results {
+                if source[r] == Source::Group(g2) {
+                    source[r] = Source::Group(g1);
+                }
+            }
+        }
+        let c2 = groups[g2].counts;
+        let g1m = &mut groups[g1];
+        g1m.ops.extend(moved);
+        g1m.ops.sort_unstable();
+        g1m.counts.flops += c2.flops;
+        g1m.counts.transcendentals += c2.transcendentals;
+        g1m.counts.bytes += c2.bytes;
+        for x in deps2 {
+            if x != g1 && !g1m.deps.contains(&x) {
+                g1m.deps.push(x);
+            }
+        }
+    }
+    // Drop the merged groups and renumber.
+    let mut new_index: Vec<usize> = vec![0; groups.len()];
+    let mut next = 0;
+    for g in 0..groups.len() {
+        if into[g] == g {
+            new_index[g] = next;
+            next += 1;
+        }
+    }
+    let renumber = |g: usize| new_index[into[g]];
+    let mut kept = Vec::with_capacity(next);
+    for (g, mut grp) in groups.into_iter().enumerate() {
+        if into[g] != g {
+            continue;
+        }
+        let me = new_index[g];
+        let mut deps: Vec<usize> = Vec::new();
+        for x in grp.deps.iter().map(|&x| renumber(x)) {
+            if x != me && !deps.contains(&x) {
+                deps.push(x);
+            }
+        }
+        grp.deps = deps;
+        kept.push(grp);
+    }
+    let mut groups = kept;
+    for s in source.iter_mut() {
+        match *s {
+            Source::Group(g) => *s = Source::Group(renumber(g)),
+            Source::After(g) => *s = Source::After(renumber(g)),
+            _ => {}
+        }
+    }
+    for g in group_of_op.iter_mut().flatten() {
+        *g = renumber(*g);
     }
     // Rule 5: bytes after fusion.
     let mut used_outside: Vec<bool> = vec![false; n];
     for &o in &d.outputs {
-        used_outside[alias[o]] = true;
+        for &u in &reads[o] {
+            used_outside[u] = true;
+        }
     }
     for (i, op) in d.ops.iter().enumerate() {
         // Bitcasts and producers fused into their readers (rule 3) read nothing themselves.
         if group_of_op[i].is_none() && classes[i] != OpClass::Boundary {
             continue;
         }
-        for &v in &op.operands {
-            let v = alias[v];
+        let boundary_reads: Vec<usize>;
+        let rd = if classes[i] == OpClass::Boundary {
+            boundary_reads = op.operands.iter().flat_map(|&v| reads[v].iter().copied()).collect();
+            &boundary_reads
+        } else {
+            &op_reads[i]
+        };
+        for &v in rd {
             if let Source::Group(p) = source[v] {
                 if group_of_op[i] != Some(p) {
                     used_outside[v] = true;
@@ -268,8 +425,7 @@ pub fn group(d: &ProgramDescription) -> Result<Grouped, ProgramError> {
         let mut read: BTreeSet<usize> = BTreeSet::new();
         let mut written: BTreeSet<usize> = BTreeSet::new();
         for &i in &grp.ops {
-            for &v in &d.ops[i].operands {
-                let v = alias[v];
+            for &v in &op_reads[i] {
                 if source[v] != Source::Group(g) {
                     read.insert(v);
                 }

@@ -250,3 +250,108 @@ fn all_gather_and_all_reduce_on_neighbour_pairs() {
     assert!((ar.seconds - 2.0 * (bytes as f64 / 2.0 / bw + hop)).abs() < 1e-15, "{}", ar.seconds);
     assert_eq!(r.xla_flops, (bytes / 4) as f64, "the all-reduce's adds");
 }
+
+/// Reduce over the last axis of an [m, n] f32 value: an [m] f32 row vector.
+fn row_sum(b: &mut B, v: usize, m: u64) -> usize {
+    let init = b.val(&[], "f32", "constant");
+    b.op("reduce", &[v, init], &[m], "f32", json!({"dimensions": [1], "computation": ["add"]}))
+}
+
+/// `s / n` on a row vector, as `jnp.mean` writes it (a broadcast scalar constant).
+fn row_mean(b: &mut B, s: usize, m: u64) -> usize {
+    let c = b.val(&[], "f32", "constant");
+    let cb = b.op("broadcast_in_dim", &[c], &[m], "f32", json!({"broadcast_dimensions": []}));
+    b.op("divide", &[s, cb], &[m], "f32", json!({}))
+}
+
+/// `rsqrt(v + eps)` on a row vector.
+fn row_rsqrt_eps(b: &mut B, v: usize, m: u64) -> usize {
+    let eps = b.val(&[], "f32", "constant");
+    let eb = b.op("broadcast_in_dim", &[eps], &[m], "f32", json!({"broadcast_dimensions": []}));
+    let ve = b.op("add", &[v, eb], &[m], "f32", json!({}));
+    b.op("rsqrt", &[ve], &[m], "f32", json!({}))
+}
+
+/// A LayerNorm as `jnp` writes it (two-pass: mean, then the mean of (x - mean)^2) on a bf16
+/// [m, n] input: two fusions (rules 6 to 8). The stats fusion reads x once (and the three scalar
+/// constants its reduce inits and mean need) and writes the two [m] f32 row sums; the normalise
+/// fusion recomputes x - mean and rsqrt(var + eps) from x and the row sums and writes y. Before
+/// rules 6 to 8 this was four fusions, one of them writing x - mean in f32.
+#[test]
+fn a_layer_norm_is_a_stats_fusion_and_a_normalise_fusion() {
+    let (m, n) = (512u64, 1024u64);
+    let mut b = B::new();
+    let x = b.val(&[m, n], "bf16", "argument");
+    let xf = b.op("convert", &[x], &[m, n], "f32", json!({}));
+    let s = row_sum(&mut b, xf, m);
+    let mu = row_mean(&mut b, s, m);
+    let mub = b.op("broadcast_in_dim", &[mu], &[m, n], "f32", json!({"broadcast_dimensions": [0]}));
+    let xc = b.op("subtract", &[xf, mub], &[m, n], "f32", json!({}));
+    let sq = b.op("multiply", &[xc, xc], &[m, n], "f32", json!({}));
+    let s2 = row_sum(&mut b, sq, m);
+    let var = row_mean(&mut b, s2, m);
+    let rs = row_rsqrt_eps(&mut b, var, m);
+    let rsb = b.op("broadcast_in_dim", &[rs], &[m, n], "f32", json!({"broadcast_dimensions": [0]}));
+    let y = b.op("multiply", &[xc, rsb], &[m, n], "f32", json!({}));
+    let yo = b.op("convert", &[y], &[m, n], "bf16", json!({}));
+    let d = b.build(&[x], &[yo]);
+    let g = group(&d).unwrap();
+    assert_eq!(g.groups.iter().map(|g| g.kind).collect::<Vec<_>>(), vec![GroupKind::Fusion, GroupKind::Fusion]);
+    let (stats, norm) = (&g.groups[0], &g.groups[1]);
+    assert_eq!(norm.deps, vec![0]);
+    // Stats: x (bf16) once, the two reduce inits and the first mean's divisor; two row sums out.
+    assert_eq!((stats.read_bytes, stats.write_bytes), (m * n * 2 + 3 * 4, 2 * m * 4));
+    // Normalise: x, both row sums, the two divisors and eps; y (bf16) out.
+    assert_eq!((norm.read_bytes, norm.write_bytes), (m * n * 2 + 2 * m * 4 + 3 * 4, m * n * 2));
+    let r = simulate_program(&v6e(), &d, None, Path::new(".")).unwrap();
+    assert_eq!(r.fusions, 2);
+    assert_eq!(r.xla_bytes_fused, 3 * m * n * 2 + 4 * m * 4 + 6 * 4);
+}
+
+/// An RMSNorm with a weight, `(x * rsqrt(mean(x * x) + eps) * g)` on a bf16 [m, n] input with an
+/// f32 [n] weight: a stats fusion (x in, one row sum out) and a normalise fusion that recomputes
+/// rsqrt(mean + eps) from the row sum (x, the row sum, the weight in; y out).
+#[test]
+fn an_rms_norm_is_a_stats_fusion_and_a_normalise_fusion() {
+    let (m, n) = (384u64, 2048u64);
+    let mut b = B::new();
+    let x = b.val(&[m, n], "bf16", "argument");
+    let w = b.val(&[n], "f32", "argument");
+    let xf = b.op("convert", &[x], &[m, n], "f32", json!({}));
+    let sq = b.op("multiply", &[xf, xf], &[m, n], "f32", json!({}));
+    let s = row_sum(&mut b, sq, m);
+    let ms = row_mean(&mut b, s, m);
+    let rs = row_rsqrt_eps(&mut b, ms, m);
+    let rsb = b.op("broadcast_in_dim", &[rs], &[m, n], "f32", json!({"broadcast_dimensions": [0]}));
+    let y = b.op("multiply", &[xf, rsb], &[m, n], "f32", json!({}));
+    let wb = b.op("broadcast_in_dim", &[w], &[m, n], "f32", json!({"broadcast_dimensions": [1]}));
+    let yw = b.op("multiply", &[y, wb], &[m, n], "f32", json!({}));
+    let yo = b.op("convert", &[yw], &[m, n], "bf16", json!({}));
+    let d = b.build(&[x, w], &[yo]);
+    let g = group(&d).unwrap();
+    assert_eq!(g.groups.iter().map(|g| g.kind).collect::<Vec<_>>(), vec![GroupKind::Fusion, GroupKind::Fusion]);
+    assert_eq!((g.groups[0].read_bytes, g.groups[0].write_bytes), (m * n * 2 + 4, m * 4));
+    assert_eq!((g.groups[1].read_bytes, g.groups[1].write_bytes), (m * n * 2 + m * 4 + 2 * 4 + n * 4, m * n * 2));
+    let r = simulate_program(&v6e(), &d, None, Path::new(".")).unwrap();
+    assert_eq!(r.fusions, 2);
+    assert_eq!(r.xla_bytes_fused, 3 * m * n * 2 + 2 * m * 4 + 3 * 4 + n * 4);
+}
+
+/// Two reductions of the same input that do not read each other (sibling multi-output fusion,
+/// rule 8) merge and read it once; a reduction of another input of the same shape does not.
+#[test]
+fn sibling_reductions_of_one_input_read_it_once() {
+    let (m, n) = (256u64, 512u64);
+    let mut b = B::new();
+    let x = b.val(&[m, n], "f32", "argument");
+    let z = b.val(&[m, n], "f32", "argument");
+    let s = row_sum(&mut b, x, m);
+    let sq = b.op("multiply", &[x, x], &[m, n], "f32", json!({}));
+    let s2 = row_sum(&mut b, sq, m);
+    let sz = row_sum(&mut b, z, m);
+    let d = b.build(&[x, z], &[s, s2, sz]);
+    let g = group(&d).unwrap();
+    assert_eq!(g.groups.len(), 2);
+    assert_eq!((g.groups[0].ops.clone(), g.groups[0].read_bytes, g.groups[0].write_bytes), (vec![0, 1, 2], m * n * 4 + 2 * 4, 2 * m * 4));
+    assert_eq!((g.groups[1].read_bytes, g.groups[1].write_bytes), (m * n * 4 + 4, m * 4));
+}

@@ -416,7 +416,9 @@ impl ChipModel {
 
     /// Returns a copy with one field's value replaced: `key` is a dotted path such as
     /// `hbm.bandwidth_gb_per_s` or `device.clock_ghz`, `value` is parsed as that field's type.
-    /// The result is validated like a TOML file.
+    /// The result is validated like a TOML file. `hbm.bandwidth_gb_per_s` (the HBM's peak) moves
+    /// `hbm.dma_bandwidth_gb_per_s` (the sustained HBM-to-VMEM rate) by the same ratio unless
+    /// an earlier override set that rate: copies run at the lower of the two.
     ///
     /// # Errors
     /// [`ChipError::Field`] naming the key if it does not exist or the value has the wrong type
@@ -464,6 +466,16 @@ impl ChipModel {
         param.insert("value".into(), new);
         param.insert("note".into(), toml::Value::String(format!("overridden with --set {key}={value}")));
         let mut chip: ChipModel = doc.try_into().map_err(|e: toml::de::Error| bad(one_line(&e.to_string())))?;
+        // A faster (or slower) HBM moves its sustained HBM-to-VMEM rate with it: unless an
+        // override of its own set that rate, it keeps its share of the peak (a kernel's copies
+        // run at the lower of the two, so the peak alone would change nothing above the rate).
+        let dma_key = "hbm.dma_bandwidth_gb_per_s";
+        if key.trim() == "hbm.bandwidth_gb_per_s" && !self.provenance.overrides.iter().any(|o| o.split('=').next() == Some(dma_key)) {
+            let ratio = chip.hbm.bandwidth_gb_per_s.value / self.hbm.bandwidth_gb_per_s.value;
+            chip.hbm.dma_bandwidth_gb_per_s.value = self.hbm.dma_bandwidth_gb_per_s.value * ratio;
+            chip.hbm.dma_bandwidth_gb_per_s.note =
+                Some(format!("scaled with --set {key}={value} (its share of the peak kept; set {dma_key} to choose it)"));
+        }
         chip.validate(origin).map_err(|e| match e {
             // Name the value as the user typed it, not as it was parsed.
             ChipError::Field { origin, field, allowed, .. } if field == key => {
@@ -853,6 +865,20 @@ impl Validator<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_faster_hbm_moves_its_sustained_rate_unless_that_was_set() {
+        let v6e = ChipModel::preset("v6e").unwrap();
+        let (bw, dma) = (v6e.hbm.bandwidth_gb_per_s.value, v6e.hbm.dma_bandwidth_gb_per_s.value);
+        let fast = v6e.with_override("hbm.bandwidth_gb_per_s", &format!("{}", 2.0 * bw)).unwrap();
+        assert!((fast.hbm.dma_bandwidth_gb_per_s.value - 2.0 * dma).abs() < 1e-9);
+        assert!((fast.hbm_bytes_per_cycle() / v6e.hbm_bytes_per_cycle() - 2.0).abs() < 1e-12);
+        // A rate set by its own override stays as set, before or after the peak's.
+        let set = v6e.with_override("hbm.dma_bandwidth_gb_per_s", "1000").unwrap().with_override("hbm.bandwidth_gb_per_s", "3000").unwrap();
+        assert_eq!(set.hbm.dma_bandwidth_gb_per_s.value, 1000.0);
+        let after = v6e.with_override("hbm.bandwidth_gb_per_s", "3000").unwrap().with_override("hbm.dma_bandwidth_gb_per_s", "1000").unwrap();
+        assert_eq!(after.hbm.dma_bandwidth_gb_per_s.value, 1000.0);
+    }
 
     #[test]
     fn every_preset_loads_and_validates() {

@@ -150,18 +150,36 @@ impl RooflineFigure {
                 roofs.push(c);
             }
         }
-        let points: Vec<Point> = runs.iter().map(Point::of).collect();
-        if points.iter().all(|p| p.intensity <= 0.0) {
-            return Err(PlotError::Input("roofline: no job moved HBM bytes, so there is no arithmetic intensity to plot".into()));
+        // A point needs executed matmul FLOPs and HBM bytes: both axes are logarithmic.
+        let mut points: Vec<Point> = Vec::new();
+        let mut left_out: Vec<String> = Vec::new();
+        for r in runs {
+            let res = r.result();
+            if res.flops <= 0.0 || res.hbm_bytes == 0 {
+                let why = if res.flops <= 0.0 { "it executes no matmul FLOPs (the roofline's FLOPs are the MXU's)" } else { "it moves no HBM bytes" };
+                left_out.push(format!("{}: not drawn: {why}", r.label));
+            } else {
+                points.push(Point::of(r));
+            }
+        }
+        if points.is_empty() {
+            return Err(PlotError::Input(format!(
+                "roofline: no job can be placed on the log axes ({}); plot breakdown or timeline shows such a kernel",
+                left_out.join("; ")
+            )));
         }
         let chips = roofs.iter().map(|r| r.chip.as_str()).collect::<Vec<_>>().join(", ");
-        let mut notes = vec![
-            "Roofs: HBM = peak bandwidth x fitted efficiency; MXU peak = 2 x MXUs x rows x columns x passes x clock.".to_string(),
-            "MXU ceiling at head_dim: peak x (d + dv) / (d / e_qk + dv / e_pv), e_qk = d / (rows ceil(d/rows)), e_pv = dv / (cols ceil(dv/cols)).".to_string(),
-            "Softmax ceiling (dashed, per workload): executed FLOPs / VPU busy time = 2(d+dv) FLOP per score / VPU cycles per score x clock (EUP likewise; lower drawn)."
-                .to_string(),
-        ];
+        let mut notes = vec!["Roofs: HBM = peak bandwidth x fitted efficiency; MXU peak = 2 x MXUs x rows x columns x passes x clock.".to_string()];
+        // The attention ceilings' notes only when an attention workload is drawn.
+        if points.iter().any(|p| p.mxu_head_dim.is_some() || p.softmax.is_some()) {
+            notes.push("MXU ceiling at head_dim: peak x (d + dv) / (d / e_qk + dv / e_pv), e_qk = d / (rows ceil(d/rows)), e_pv = dv / (cols ceil(dv/cols)).".to_string());
+            notes.push(
+                "Softmax ceiling (dashed, per workload): executed FLOPs / VPU busy time = 2(d+dv) FLOP per score / VPU cycles per score x clock (EUP likewise; lower drawn)."
+                    .to_string(),
+            );
+        }
         notes.extend(runs.iter().map(describe));
+        notes.extend(left_out);
         Ok(RooflineFigure { title: title.map(str::to_string).unwrap_or_else(|| format!("Roofline on {chips}")), roofs, points, notes })
     }
 }
@@ -189,7 +207,7 @@ impl Figure for RooflineFigure {
             .flat_map(|p| [Some(p.achieved), p.softmax.map(|s| s.1), p.mxu_head_dim.map(|m| m.1)])
             .flatten()
             .chain(self.roofs.iter().map(|r| r.peak));
-        let ymin = ys.fold(f64::INFINITY, f64::min);
+        let ymin = ys.filter(|v| *v > 0.0).fold(f64::INFINITY, f64::min);
         let ylo = ymin / 2.5 / t;
         let yhi = peak_max * 1.6 / t;
         let mut chart = ChartBuilder::on(&area)

@@ -200,6 +200,10 @@ pub fn text_width<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, text: &str,
 /// Tick values for a log axis from `lo` to `hi`: the powers of ten inside (and 2x, 5x when there
 /// are at most three decades).
 pub fn log_ticks(lo: f64, hi: f64) -> Vec<f64> {
+    // A log axis needs a positive, finite range (a zero would give 2^31 decades).
+    if !(lo > 0.0 && hi >= lo && hi.is_finite()) {
+        return Vec::new();
+    }
     let (a, b) = (lo.log10().floor() as i32, hi.log10().ceil() as i32);
     let decades = (hi / lo).log10();
     let mut out = Vec::new();
@@ -441,6 +445,10 @@ mod tests {
     fn log_ticks_cover_range() {
         assert_eq!(log_ticks(1.0, 10000.0), vec![1.0, 10.0, 100.0, 1000.0, 10000.0]);
         assert_eq!(log_ticks(0.3, 3.0), vec![0.5, 1.0, 2.0]);
+        // A range a log axis cannot have gives no ticks (a zero once meant 2^31 decades).
+        assert!(log_ticks(0.0, 10.0).is_empty());
+        assert!(log_ticks(-1.0, 10.0).is_empty());
+        assert!(log_ticks(1.0, f64::INFINITY).is_empty());
     }
 
     #[test]

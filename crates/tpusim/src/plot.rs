@@ -313,9 +313,9 @@ pub struct TimelineArgs {
     pub input: Option<String>,
     /// Draw a Pallas kernel read from its Mosaic IR (a kernel description file, as `tpusim run
     /// --kernel-ir`) instead of a job; only --chip and --set apply; --head is its grid index of
-    /// dimension 0.
+    /// dimension 0. One file: a timeline draws one kernel.
     #[arg(long, value_name = "FILE.json", conflicts_with_all = ["trace"])]
-    pub kernel_ir: Option<String>,
+    pub kernel_ir: Vec<String>,
     #[command(flatten)]
     pub job: JobArgs,
     /// Grid steps START:END (END exclusive) [default: 0:4; with --head, that head's first four
@@ -504,11 +504,17 @@ fn timeline_plot(p: &TimelineArgs) -> Result<String, CliError> {
             let head_first = p.head.is_some();
             // One step more than asked: its input DMA is prefetched inside the window.
             let window = Window { steps: if head_first { None } else { Some((steps.0, steps.1.saturating_add(1))) }, head: p.head };
-            let r = match &p.kernel_ir {
+            if p.kernel_ir.len() > 1 {
+                return Err(CliError::input(format!(
+                    "--kernel-ir given {} times: a timeline draws one kernel (plot roofline or breakdown compare several)",
+                    p.kernel_ir.len()
+                )));
+            }
+            let r = match p.kernel_ir.first() {
                 Some(f) => {
                     if let Some(k) = p.job.job.set_fields().keys().find(|k| !matches!(k.as_str(), "chip" | "set")) {
                         return Err(CliError::input(format!(
-                            "--{}: not with --kernel-ir: the kernel's lowering fixed its workload, mask and block sizes (only --chip and --set apply)",
+                            "--{}: not with --kernel-ir: the kernel's lowering fixed its workload, mask and block sizes (of the job flags only --chip and --set apply)",
                             k.replace('_', "-")
                         )));
                     }

@@ -169,7 +169,7 @@ fn cmd_run_kernel_ir(a: &RunArgs, path: &str) -> Result<String, CliError> {
         .collect();
     if !given.is_empty() {
         return Err(CliError::input(format!(
-            "{}: not with --kernel-ir: the kernel's lowering fixed its workload, mask and block sizes (only --chip and --set apply; re-lower with tpusim.jax to change them)",
+            "{}: not with --kernel-ir: the kernel's lowering fixed its workload, mask and block sizes (of the job flags only --chip and --set apply; output flags such as --format and --timeline do too; re-lower with tpusim.jax to change them)",
             given.join(", "),
         )));
     }

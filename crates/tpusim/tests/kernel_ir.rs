@@ -257,3 +257,22 @@ fn bad_sweeps_of_description_files_name_the_key_and_the_file() {
         assert!(!d.join("o.csv").exists() && !d.join("o.csv.partial").exists(), "{sweep}: nothing written");
     }
 }
+
+/// A kernel without matmul FLOPs (an element-wise `tanh(x) * y + 1`, fixture
+/// `elementwise.json`) cannot sit on the roofline's log axes: alone it is refused saying why
+/// (it once spun forever on a zero axis range), beside another kernel it is left out with a note;
+/// a timeline takes one description.
+#[test]
+fn a_kernel_without_matmul_flops_is_left_off_the_roofline_and_a_timeline_takes_one_file() {
+    let ew = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/kernel-ir/elementwise.json").to_string_lossy().into_owned();
+    let d = scratch("roofline-zero");
+    let alone = d.join("alone.svg");
+    input_error(&["plot", "roofline", "--kernel-ir", &ew, "--out", alone.to_str().unwrap()], &["no matmul FLOPs", "breakdown or timeline"]);
+    assert!(!alone.exists());
+    let both = d.join("both.svg");
+    ok(&["plot", "roofline", "--kernel-ir", &ew, "--kernel-ir", &fixture(), "--out", both.to_str().unwrap()]);
+    let svg = std::fs::read_to_string(&both).unwrap();
+    assert!(svg.contains("elementwise: not drawn"), "the left-out kernel is named in the notes");
+    let t = d.join("t.svg");
+    input_error(&["plot", "timeline", "--kernel-ir", &fixture(), "--kernel-ir", &ew, "--out", t.to_str().unwrap()], &["given 2 times", "one kernel"]);
+}

@@ -75,8 +75,8 @@ def _device_kind(chip, device_kind):
         return DEVICE_KINDS[chip]
     kinds = ", ".join(f"{k}: {v[0]!r}" for k, v in DEVICE_KINDS.items())
     raise InputError(
-        f"chip = {chip!r}: not a preset whose JAX device kind is known; pass device_kind= with the kind "
-        f"to lower for (the presets' kinds: {kinds})"
+        f"chip = {chip!r}: not a chip preset (the presets are {', '.join(DEVICE_KINDS)}); for a chip model "
+        f"file, pass device_kind= with the JAX device kind to lower for (the presets' kinds: {kinds})"
     )
 
 

@@ -224,20 +224,16 @@ pub fn splice_all<'a>(path: &Path, parts: &[(&'a str, &str)]) -> Result<Vec<&'a 
         }
     }
     if written.is_empty() {
-        let lines: Vec<String> = parts
-            .iter()
-            .map(|(tag, _)| {
-                let (b, e) = splice_markers(tag);
-                format!("{b} ... {e}")
-            })
-            .collect();
+        let (begin, end) = splice_markers(parts.first().map_or("validate", |p| p.0));
+        let others = if parts.len() > 1 {
+            let all: Vec<String> = parts.iter().map(|(tag, _)| splice_markers(tag)).map(|(b, e)| format!("{b} ... {e}")).collect();
+            format!(" (this command writes any of: {})", all.join(", "))
+        } else {
+            String::new()
+        };
         return Err(crate::refused(
             path,
-            format!(
-                "has no generated part: add a line {} and, below it, a line {} where tpusim writes; the rest of the file is never touched",
-                splice_markers(parts.first().map_or("validate", |p| p.0)).0,
-                splice_markers(parts.first().map_or("validate", |p| p.0)).1
-            ) + &if parts.len() > 1 { format!(" (this command writes any of: {})", lines.join(", ")) } else { String::new() },
+            format!("has no generated part: add a line {begin} and, below it, a line {end} where tpusim writes; the rest of the file is never touched{others}"),
         ));
     }
     crate::write_atomic(path, text.as_bytes())?;

@@ -279,9 +279,7 @@ pub fn group(d: &ProgramDescription) -> Result<Grouped, ProgramError> {
         };
         let grp = &mut groups[g];
         grp.ops.push(i);
-        grp.counts.flops += c.flops;
-        grp.counts.transcendentals += c.transcendentals;
-        grp.counts.bytes += c.bytes;
+        grp.counts += c;
         for p in producer_groups {
             if p != g && !grp.deps.contains(&p) {
                 grp.deps.push(p);
@@ -346,9 +344,7 @@ pub fn group(d: &ProgramDescription) -> Result<Grouped, ProgramError> {
         let g1m = &mut groups[g1];
         g1m.ops.extend(moved);
         g1m.ops.sort_unstable();
-        g1m.counts.flops += c2.flops;
-        g1m.counts.transcendentals += c2.transcendentals;
-        g1m.counts.bytes += c2.bytes;
+        g1m.counts += c2;
         for x in deps2 {
             if x != g1 && !g1m.deps.contains(&x) {
                 g1m.deps.push(x);

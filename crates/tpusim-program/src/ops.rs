@@ -123,6 +123,14 @@ pub struct OpCounts {
     pub bytes: u64,
 }
 
+impl std::ops::AddAssign for OpCounts {
+    fn add_assign(&mut self, o: OpCounts) {
+        self.flops += o.flops;
+        self.transcendentals += o.transcendentals;
+        self.bytes += o.bytes;
+    }
+}
+
 /// (batch, M, N, K) of a `dot_general` from its operand shapes and dimension numbers.
 ///
 /// # Errors

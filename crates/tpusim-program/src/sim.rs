@@ -317,9 +317,7 @@ pub fn simulate_program(chip: &ChipModel, d: &ProgramDescription, slice: Option<
     let mut xla = crate::ops::OpCounts::default();
     for (c, cl) in counts.iter().zip(&classes) {
         if !matches!(cl, OpClass::Kernel(_) | OpClass::Boundary) {
-            xla.flops += c.flops;
-            xla.transcendentals += c.transcendentals;
-            xla.bytes += c.bytes;
+            xla += *c;
         }
     }
     Ok(ProgramReport {

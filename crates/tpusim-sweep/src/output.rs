@@ -422,7 +422,9 @@ impl Layout {
 /// The chip-model columns (module docs).
 const CHIP_COLUMNS: &[&str] = &["chip_source", "chip_set", "chip_hash"];
 
-fn metric_columns(what_if: bool) -> Vec<String> {
+/// The metric columns both front ends' rows begin with: latency, FLOPs, MFU, the what-if
+/// table (when asked) and per-unit utilisation and busy time.
+fn head_columns(what_if: bool) -> Vec<String> {
     let mut c: Vec<String> = ["latency_ms", "cycles", "flops", "mfu", "achieved_tflops"].iter().map(|s| s.to_string()).collect();
     if what_if {
         c.extend(["bottleneck".to_string(), "co_bound".to_string()]);
@@ -430,6 +432,38 @@ fn metric_columns(what_if: bool) -> Vec<String> {
     }
     c.extend(Unit::ALL.iter().map(|u| format!("util_{u}")));
     c.extend(Unit::ALL.iter().map(|u| format!("busy_ms_{u}")));
+    c
+}
+
+/// The cells of [`head_columns`] for a report's fields.
+struct Head<'a> {
+    latency_ms: f64,
+    cycles: f64,
+    flops: f64,
+    mfu: f64,
+    achieved_tflops: f64,
+    bottleneck: Unit,
+    co_bound: &'a [Unit],
+    what_if_2x: Option<&'a [tpusim_report::whatif::WhatIf]>,
+    utilization: &'a tpusim_kernel::PerUnit<f64>,
+    busy_ms: &'a tpusim_kernel::PerUnit<f64>,
+}
+
+fn head_cells(h: &Head<'_>, what_if: bool) -> Vec<Cell> {
+    let mut c = vec![Cell::Float(h.latency_ms), Cell::Float(h.cycles), Cell::Float(h.flops), Cell::Float(h.mfu), Cell::Float(h.achieved_tflops)];
+    if what_if {
+        let co: Vec<&str> = h.co_bound.iter().map(|u| u.word()).collect();
+        c.extend([Cell::Str(h.bottleneck.to_string()), Cell::Str(co.join(";"))]);
+        let table = h.what_if_2x.unwrap_or_default();
+        c.extend(Unit::ALL.iter().map(|u| Cell::opt(table.iter().find(|w| w.unit == u.word()).map(|w| Cell::Float(w.gain)))));
+    }
+    c.extend(h.utilization.iter().map(|(_, v)| Cell::Float(v)));
+    c.extend(h.busy_ms.iter().map(|(_, v)| Cell::Float(v)));
+    c
+}
+
+fn metric_columns(what_if: bool) -> Vec<String> {
+    let mut c = head_columns(what_if);
     c.extend(
         [
             "hbm_bytes",
@@ -458,15 +492,21 @@ fn metric_columns(what_if: bool) -> Vec<String> {
 }
 
 fn metric_cells(r: &tpusim_report::Report, what_if: bool) -> Vec<Cell> {
-    let mut c = vec![Cell::Float(r.latency_ms), Cell::Float(r.cycles), Cell::Float(r.flops), Cell::Float(r.mfu), Cell::Float(r.achieved_tflops)];
-    if what_if {
-        let co: Vec<&str> = r.co_bound.iter().map(|u| u.word()).collect();
-        c.extend([Cell::Str(r.bottleneck.to_string()), Cell::Str(co.join(";"))]);
-        let table = r.what_if_2x.as_deref().unwrap_or_default();
-        c.extend(Unit::ALL.iter().map(|u| Cell::opt(table.iter().find(|w| w.unit == u.word()).map(|w| Cell::Float(w.gain)))));
-    }
-    c.extend(r.utilization.iter().map(|(_, v)| Cell::Float(v)));
-    c.extend(r.busy_ms.iter().map(|(_, v)| Cell::Float(v)));
+    let mut c = head_cells(
+        &Head {
+            latency_ms: r.latency_ms,
+            cycles: r.cycles,
+            flops: r.flops,
+            mfu: r.mfu,
+            achieved_tflops: r.achieved_tflops,
+            bottleneck: r.bottleneck,
+            co_bound: &r.co_bound,
+            what_if_2x: r.what_if_2x.as_deref(),
+            utilization: &r.utilization,
+            busy_ms: &r.busy_ms,
+        },
+        what_if,
+    );
     let t = r.tiles;
     c.extend([
         Cell::Int(r.hbm_bytes),
@@ -492,13 +532,7 @@ fn metric_cells(r: &tpusim_report::Report, what_if: bool) -> Vec<Cell> {
 }
 
 fn ir_metric_columns(what_if: bool) -> Vec<String> {
-    let mut c: Vec<String> = ["latency_ms", "cycles", "flops", "mfu", "achieved_tflops"].iter().map(|s| s.to_string()).collect();
-    if what_if {
-        c.extend(["bottleneck".to_string(), "co_bound".to_string()]);
-        c.extend(Unit::ALL.iter().map(|u| format!("gain_2x_{u}")));
-    }
-    c.extend(Unit::ALL.iter().map(|u| format!("util_{u}")));
-    c.extend(Unit::ALL.iter().map(|u| format!("busy_ms_{u}")));
+    let mut c = head_columns(what_if);
     c.extend(
         [
             "transcendentals",
@@ -518,15 +552,21 @@ fn ir_metric_columns(what_if: bool) -> Vec<String> {
 }
 
 fn ir_metric_cells(r: &tpusim_report::ir::KernelIrReport, what_if: bool) -> Vec<Cell> {
-    let mut c = vec![Cell::Float(r.latency_ms), Cell::Float(r.cycles), Cell::Float(r.flops), Cell::Float(r.mfu), Cell::Float(r.achieved_tflops)];
-    if what_if {
-        let co: Vec<&str> = r.co_bound.iter().map(|u| u.word()).collect();
-        c.extend([Cell::Str(r.bottleneck.to_string()), Cell::Str(co.join(";"))]);
-        let table = r.what_if_2x.as_deref().unwrap_or_default();
-        c.extend(Unit::ALL.iter().map(|u| Cell::opt(table.iter().find(|w| w.unit == u.word()).map(|w| Cell::Float(w.gain)))));
-    }
-    c.extend(r.utilization.iter().map(|(_, v)| Cell::Float(v)));
-    c.extend(r.busy_ms.iter().map(|(_, v)| Cell::Float(v)));
+    let mut c = head_cells(
+        &Head {
+            latency_ms: r.latency_ms,
+            cycles: r.cycles,
+            flops: r.flops,
+            mfu: r.mfu,
+            achieved_tflops: r.achieved_tflops,
+            bottleneck: r.bottleneck,
+            co_bound: &r.co_bound,
+            what_if_2x: r.what_if_2x.as_deref(),
+            utilization: &r.utilization,
+            busy_ms: &r.busy_ms,
+        },
+        what_if,
+    );
     c.extend([
         Cell::Float(r.transcendentals),
         Cell::Int(r.hbm_bytes),

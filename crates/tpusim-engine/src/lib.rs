@@ -197,6 +197,68 @@ pub fn simulate_observed(chip: &ChipModel, program: &Program, observe: &mut dyn 
     run_cores(chip, program, observe, true)
 }
 
+/// A lower bound on [`simulate`]`(chip, program).cycles`, computed without scheduling any body:
+/// the largest, over cores, of
+///
+/// * the grid-step overhead of every step plus the MXU occupancy of every step (a step begins
+///   issuing no earlier than the previous step's front plus the overhead, and its matmuls run
+///   one after another on the MXU from then on, so fronts advance by at least both; the run ends
+///   no earlier than its last front);
+/// * each of the VPU, EUP and XLU's total occupancy (each unit runs one operation at a time);
+/// * the DMA engines' total transfer time (one DMA at a time at the core's sustained rate).
+///
+/// Occupancies are [`op_cycles`] quantised as the engine quantises them. Cost: one pass over
+/// each class body's operations and over the program's runs (heads folded), O(operations +
+/// runs); no list schedule, no transfer. Used by `tpusim tune` to skip configurations that
+/// cannot rank (tested against [`simulate`] on every kernel family and megacore).
+pub fn cycles_lower_bound(chip: &ChipModel, program: &Program) -> f64 {
+    let busy: Vec<[f64; 4]> = program
+        .classes
+        .iter()
+        .map(|c| {
+            let mut b = [0.0; 4];
+            for op in c.body.graph.node_weights() {
+                b[op.work.unit().index()] += quantize(op_cycles(chip, &op.work).0);
+            }
+            b
+        })
+        .collect();
+    let overhead = quantize(chip.fitted.grid_step_overhead_cycles.value);
+    let ranges = program.core_ranges(chip.tensorcores());
+    let bpc = chip.dma_bytes_per_cycle(ranges.len() as u32);
+    // Per core: steps, unit occupancies (MXU, VPU, EUP, XLU) and DMA time.
+    type Tally = (f64, [f64; 4], f64);
+    let add = |t: &mut Tally, s: &Step, n: f64| {
+        t.0 += n;
+        for (a, b) in t.1.iter_mut().zip(busy[s.class as usize]) {
+            *a += n * b;
+        }
+        t.2 += n * (quantize(s.in_bytes as f64 / bpc) + quantize(s.out_bytes as f64 / bpc));
+    };
+    let mut bound = 0.0f64;
+    for &(lo, hi) in &ranges {
+        let (mut total, mut head): (Tally, Tally) = Default::default();
+        program.for_each_run_block_range(lo, hi, &mut |item| match item {
+            RunItem::HeadStart => head = Tally::default(),
+            RunItem::Run(s, n) => {
+                add(&mut total, s, n as f64);
+                add(&mut head, s, n as f64);
+            }
+            RunItem::RepeatHead(k) => {
+                let k = k as f64;
+                total.0 += k * head.0;
+                for (a, b) in total.1.iter_mut().zip(head.1) {
+                    *a += k * b;
+                }
+                total.2 += k * head.2;
+            }
+        });
+        let (steps, units, dma) = total;
+        bound = bound.max(steps * overhead + units[0]).max(units[1]).max(units[2]).max(units[3]).max(dma);
+    }
+    bound
+}
+
 /// An observer of steps, and whether it watches (observed runs are simulated step by step).
 type Observer<'o> = (&'o mut dyn FnMut(&Step, &StepTiming), bool);
 

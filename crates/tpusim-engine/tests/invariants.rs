@@ -172,3 +172,39 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// [`tpusim_engine::cycles_lower_bound`] is a lower bound of the simulated cycles and no
+    /// looser than any one unit's busy time on a core, on random workloads, masks, tilings and
+    /// chips (two TensorCores, slow HBM, a large step overhead, a fast EUP).
+    #[test]
+    fn lower_bound_holds(
+        (len, d, bq, bkv) in tiling(),
+        mask in masks(),
+        t in traversal(),
+        m in masking(),
+        heads in 1u64..6,
+        which in 0usize..5,
+    ) {
+        let base = ChipModel::preset("v6e").unwrap();
+        let chip = match which {
+            0 => base,
+            1 => base.with_override("hbm.bandwidth_gb_per_s", "200").unwrap(),
+            2 => base.with_override("fitted.eup_vregs_per_cycle", "4").unwrap(),
+            3 => base.with_override("fitted.grid_step_overhead_cycles", "3000").unwrap(),
+            _ => base.with_override("device.tensorcores", "2").unwrap(),
+        };
+        let (w, c) = case(len, heads, d, bq, bkv, &mask, t, m);
+        let p = splash::lower(&chip, &w, &c).unwrap();
+        let r = simulate(&chip, &p);
+        let lb = tpusim_engine::cycles_lower_bound(&chip, &p);
+        prop_assert!(lb <= r.cycles * (1.0 + 1e-12), "bound {lb} > {} for {mask} {len} {bq}x{bkv} {t:?} {m:?} chip {which}", r.cycles);
+        for core in &r.cores {
+            for u in [Unit::Mxu, Unit::Vpu, Unit::Eup, Unit::Xlu, Unit::Hbm] {
+                prop_assert!(lb >= core.busy[u] * (1.0 - 1e-9), "bound {lb} below {u} busy {}", core.busy[u]);
+            }
+        }
+    }
+}

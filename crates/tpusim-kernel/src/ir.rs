@@ -265,8 +265,10 @@ impl Memo {
     /// Forgets every entry for this holder only (clones keep theirs): called when what the
     /// values were derived from changes.
     pub fn invalidate(&mut self) {
-        if std::sync::Arc::strong_count(&self.0) > 1 || !self.lock().is_empty() {
-            *self = Memo::with_capacity(self.0.capacity);
+        // Unshared (a body being built): clear in place, without locking.
+        match std::sync::Arc::get_mut(&mut self.0) {
+            Some(slot) => slot.entries.get_mut().unwrap_or_else(std::sync::PoisonError::into_inner).clear(),
+            None => *self = Memo::with_capacity(self.0.capacity),
         }
     }
 
@@ -285,6 +287,12 @@ impl std::fmt::Debug for Memo {
 }
 
 impl StepBody {
+    /// An empty body with room for `nodes` operations and `edges` dependencies (a builder that
+    /// knows its size saves the graph's reallocations).
+    pub fn with_capacity(nodes: usize, edges: usize) -> Self {
+        StepBody { graph: std::sync::Arc::new(DiGraph::with_capacity(nodes, edges)), ..StepBody::default() }
+    }
+
     /// Adds an operation issued at slot `issue`, depending on `deps`, and returns its index.
     /// Every dependency must have an issue slot no later than the operation's.
     pub fn add(&mut self, name: &'static str, work: Work, deps: &[NodeIndex], issue: u64) -> NodeIndex {

@@ -648,14 +648,18 @@ fn simulate(py: Python<'_>, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<PyRe
 /// returns the ranking as a dict: `top` is a list of configurations, best first, each with
 /// `latency_ms`, `bottleneck`, `flags` (for `tpusim run`), `block_sizes` (text ready to paste,
 /// `BlockSizes(block_q=..., ...)`) and `block_sizes_kwargs` (a dict for `BlockSizes(**kw)`).
+/// `pruned` counts the valid configurations not simulated because their latency lower bound
+/// showed they cannot rank; `exhaustive=True` simulates them too (the same ranking).
 #[pyfunction]
-#[pyo3(signature = (top = None, allow_inexact = None, allow_approximate = None, refine = None, **kwargs))]
+#[pyo3(signature = (top = None, allow_inexact = None, allow_approximate = None, refine = None, exhaustive = None, **kwargs))]
+#[allow(clippy::too_many_arguments)]
 fn tune<'py>(
     py: Python<'py>,
     top: Option<&Bound<'py, PyAny>>,
     allow_inexact: Option<&Bound<'py, PyAny>>,
     allow_approximate: Option<&Bound<'py, PyAny>>,
     refine: Option<&Bound<'py, PyAny>>,
+    exhaustive: Option<&Bound<'py, PyAny>>,
     kwargs: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<Bound<'py, PyAny>> {
     let d = tpusim_sweep::TuneOptions::default();
@@ -663,9 +667,10 @@ fn tune<'py>(
     let refine = refine.map(|v| count_arg("refine", v)).transpose()?.unwrap_or(d.refine);
     let allow_inexact = allow_inexact.map(|v| bool_arg("allow_inexact", v)).transpose()?.unwrap_or(false);
     let allow_approximate = allow_approximate.map(|v| bool_arg("allow_approximate", v)).transpose()?.unwrap_or(false);
+    let exhaustive = exhaustive.map(|v| bool_arg("exhaustive", v)).transpose()?.unwrap_or(false);
     let (spec, given) = job_spec(py, kwargs, &[])?;
     let cancel = Arc::new(AtomicBool::new(false));
-    let opts = tpusim_sweep::TuneOptions { top, allow_inexact, allow_approximate, refine, cancel: Some(cancel.clone()), ..d };
+    let opts = tpusim_sweep::TuneOptions { top, allow_inexact, allow_approximate, refine, exhaustive, cancel: Some(cancel.clone()), ..d };
     let r = interruptible(py, &cancel, || tpusim_sweep::tune(&spec, &opts))?.map_err(|e| input_err(given.fix(as_given(&spec, e))))?;
     let out = from_json(py, &r.to_json())?;
     let list = out.get_item("top")?;

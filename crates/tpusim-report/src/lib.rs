@@ -130,6 +130,23 @@ pub fn simulate_call(chip: &ChipModel, lowered: &Lowered) -> Vec<PhaseResult> {
     phases
 }
 
+/// A lower bound on the latency, seconds, that [`simulate_call`] gives `lowered` (the
+/// [`Report::latency_ms`] of its run, in seconds), without scheduling any kernel: each kernel
+/// phase's [`tpusim_engine::cycles_lower_bound`], plus the exact time of its XLA fusions and of
+/// the host's dispatch (phases run one after another, so their times add).
+pub fn latency_lower_bound_s(chip: &ChipModel, lowered: &Lowered) -> f64 {
+    let kernels: f64 = lowered
+        .phases
+        .iter()
+        .map(|p| match &p.work {
+            PhaseWork::Kernel(prog) => tpusim_engine::cycles_lower_bound(chip, prog) / chip.clock_hz(),
+            PhaseWork::Fusion(f) => tpusim_engine::simulate_fusion(chip, f).seconds,
+        })
+        .sum();
+    let host = if lowered.host_calls > 0 { host_phase(chip, lowered.host_calls).result.seconds } else { 0.0 };
+    kernels + host
+}
+
 /// The host's dispatch and sync of `calls` jitted calls (scope `call`), as a phase of the call:
 /// `calls x host.dispatch_us` of time on no unit of the device (its busy time and critical path
 /// are zero; [`Report::host_ms`] names it).

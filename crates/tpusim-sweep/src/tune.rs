@@ -30,6 +30,17 @@
 //! `fwd+bwd` job searches the forward's blocks with the backward's held at the given or default
 //! values.
 //!
+//! **Pruning.** Stages 2 and 3 lower every candidate first (which also finds the ones the block
+//! rules or VMEM refuse) and bound its latency from below without scheduling any body
+//! ([`tpusim_report::latency_lower_bound_s`]: per core, the grid-step overheads plus the MXU's
+//! occupancy, each other unit's occupancy, the DMA time; plus the exact XLA and host phases).
+//! They then simulate candidates in order of that bound, [`PRUNE_CHUNK`] at a time, and stop
+//! once the next bound is above the latency of `top` distinct simulated jobs (and, in stage 2,
+//! of the best of `refine` distinct block pairs): every candidate left has a latency at least
+//! its bound, so it could enter neither the ranking nor the pairs stage 3 refines. The ranking
+//! is exactly the exhaustive search's ([`TuneOptions::exhaustive`] turns pruning off; a test
+//! compares both); [`TuneResult::pruned`] says how many were not simulated.
+//!
 //! Configurations are ranked by predicted latency (ties broken by the configuration's text, so
 //! the ranking is deterministic). Matmul jobs search `block_m` (multiples of 8), `block_n` and
 //! `block_k` (multiples of 128) over {128, 256, 512, 1024, 2048} and the full dimension,
@@ -39,7 +50,7 @@ use crate::eval::Evaluator;
 use crate::SweepError;
 use rayon::prelude::*;
 use serde::Serialize;
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fmt::Write as _;
 use std::time::Instant;
 use tpusim_chip::ChipModel;
@@ -64,11 +75,15 @@ pub struct TuneOptions {
     /// Set by another thread to stop the search (a Python caller's Ctrl-C): candidates not yet
     /// evaluated are skipped and [`tune`] returns an error.
     pub cancel: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
+    /// Simulate every valid configuration: no configuration is skipped for its lower bound
+    /// (module docs, "Pruning"). The ranking is the same; only the count of configurations
+    /// simulated differs.
+    pub exhaustive: bool,
 }
 
 impl Default for TuneOptions {
     fn default() -> Self {
-        TuneOptions { top: 10, allow_inexact: false, allow_approximate: false, refine: 12, jobs: None, progress: false, cancel: None }
+        TuneOptions { top: 10, allow_inexact: false, allow_approximate: false, refine: 12, jobs: None, progress: false, cancel: None, exhaustive: false }
     }
 }
 
@@ -138,6 +153,10 @@ pub struct TuneResult {
     /// Valid evaluations that resolved to the same job as another (e.g. a block size clamped to
     /// the sequence), counted once in `valid`.
     pub duplicates: usize,
+    /// Valid configurations lowered but not simulated: a lower bound on their latency
+    /// ([`tpusim_report::latency_lower_bound_s`]) was above the latency of enough simulated ones
+    /// that they could not rank (module docs, "Pruning"). 0 with [`TuneOptions::exhaustive`].
+    pub pruned: usize,
     /// Wall time, seconds.
     pub seconds: f64,
     /// The best configurations, best first.
@@ -152,6 +171,9 @@ pub struct TuneResult {
 #[derive(Debug, Clone)]
 enum Eval {
     Ok(Box<(Report, Job)>),
+    /// Lowered, valid, not simulated: enough simulated configurations beat its latency lower
+    /// bound.
+    Pruned(Box<Job>),
     Rules(String),
     Vmem,
     Inexact,
@@ -176,6 +198,58 @@ fn cand_key(c: &Cand) -> String {
 
 /// Stage 1 keeps option combinations within this factor of the best latency.
 const OPTION_WINDOW: f64 = 1.05;
+
+/// Candidates simulated between two pruning checks (module docs, "Pruning"). Fixed, so that
+/// which candidates are simulated does not depend on the machine's cores.
+const PRUNE_CHUNK: usize = 8;
+
+/// What the results of a stage decide: the `jobs` fastest distinct jobs (the final ranking) and,
+/// for stage 2, the `pairs.1` fastest distinct (q, kv) block pairs of the searched kernel
+/// (the pairs stage 3 refines).
+#[derive(Debug, Clone, Copy)]
+struct Need {
+    jobs: usize,
+    pairs: Option<(Target, usize)>,
+}
+
+/// The simulated latencies a pruning check compares bounds with: per distinct job, and the best
+/// per distinct block pair.
+struct Board {
+    need: Need,
+    jobs: HashMap<String, f64>,
+    pairs: HashMap<(u64, u64), f64>,
+}
+
+impl Board {
+    fn new(results: &[(Cand, Eval)], need: Need) -> Self {
+        let mut b = Board { need, jobs: HashMap::new(), pairs: HashMap::new() };
+        for (_, e) in results {
+            b.add(e);
+        }
+        b
+    }
+
+    fn add(&mut self, e: &Eval) {
+        let Eval::Ok(rj) = e else { return };
+        let (l, job) = (rj.0.latency_ms, &rj.1);
+        self.jobs.insert(serde_json::to_string(job).unwrap_or_default(), l);
+        if let (Some((target, _)), Job::Attention { config, .. }) = (self.need.pairs, job) {
+            let (q, kv, _) = target.of_config(config);
+            let best = self.pairs.entry((q, kv)).or_insert(l);
+            *best = best.min(l);
+        }
+    }
+
+    /// Whether a configuration whose latency is at least `bound` ms can no longer change what the
+    /// stage decides: at least `need.jobs` distinct jobs, and `need.pairs` distinct pairs, are
+    /// strictly faster than it could be (so it ranks below all of them, and its pair, whatever
+    /// its best, comes after theirs).
+    fn settled(&self, bound: f64) -> bool {
+        let faster = |m: &mut dyn Iterator<Item = f64>| m.filter(|&l| l < bound).count();
+        faster(&mut self.jobs.values().copied()) >= self.need.jobs
+            && self.need.pairs.is_none_or(|(_, n)| faster(&mut self.pairs.values().copied()) >= n)
+    }
+}
 
 /// Which kernel's blocks an attention search moves (module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -386,25 +460,82 @@ impl<'a> Search<'a> {
     }
 
     /// Evaluates the candidates not seen before; returns the index of the first new result.
-    fn stage(&mut self, cands: Vec<Cand>, what: &str) -> usize {
+    /// With `need` (and not [`TuneOptions::exhaustive`]) candidates are lowered and bounded
+    /// first, then simulated in order of their bound, a chunk at a time, until the rest cannot
+    /// change what the search keeps (module docs, "Pruning").
+    fn stage(&mut self, cands: Vec<Cand>, what: &str, need: Option<Need>) -> usize {
         let fresh: Vec<Cand> = cands.into_iter().filter(|c| self.seen.insert(cand_key(c))).collect();
         let pb = crate::progress_bar(self.opts.progress, fresh.len() as u64, what);
         let (ev, chip_key, chip, spec, opts) = (&self.ev, &self.chip_key, &self.chip, self.spec, self.opts);
-        let evals: Vec<Eval> = self.pool.install(|| {
-            fresh
-                .par_iter()
-                .map(|c| {
-                    if opts.cancelled() {
-                        return Eval::Other("interrupted".into());
+        let tick = || {
+            if let Some(pb) = &pb {
+                pb.inc(1);
+            }
+        };
+        let evals: Vec<Eval> = match need.filter(|_| !opts.exhaustive) {
+            None => self.pool.install(|| {
+                fresh
+                    .par_iter()
+                    .map(|c| {
+                        if opts.cancelled() {
+                            return Eval::Other("interrupted".into());
+                        }
+                        let e = evaluate(ev, chip_key, chip, spec, c, opts);
+                        tick();
+                        e
+                    })
+                    .collect()
+            }),
+            Some(need) => {
+                let pre: Vec<Pre> = self.pool.install(|| {
+                    fresh
+                        .par_iter()
+                        .map(|c| if opts.cancelled() { Pre::Done(Eval::Other("interrupted".into())) } else { prepare(chip, spec, c, opts) })
+                        .collect()
+                });
+                let mut evals: Vec<Option<Eval>> = Vec::with_capacity(fresh.len());
+                let mut order: Vec<(f64, usize)> = Vec::new();
+                for (i, p) in pre.into_iter().enumerate() {
+                    match p {
+                        Pre::Done(e) => {
+                            tick();
+                            evals.push(Some(e));
+                        }
+                        Pre::Lowered(job, bound) => {
+                            order.push((bound, i));
+                            evals.push(Some(Eval::Pruned(job)));
+                        }
                     }
-                    let e = evaluate(ev, chip_key, chip, spec, c, opts);
-                    if let Some(pb) = &pb {
-                        pb.inc(1);
+                }
+                // Lowest bound first (ties in candidate order, so the outcome is deterministic).
+                order.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+                let mut board = Board::new(&self.results, need);
+                for chunk in order.chunks(PRUNE_CHUNK) {
+                    // Sorted by bound: once the chunk's lowest cannot rank, nothing after it can.
+                    if board.settled(chunk[0].0) {
+                        break;
                     }
-                    e
-                })
-                .collect()
-        });
+                    let done: Vec<(usize, Eval)> = self.pool.install(|| {
+                        chunk
+                            .par_iter()
+                            .map(|&(_, i)| {
+                                if opts.cancelled() {
+                                    return (i, Eval::Other("interrupted".into()));
+                                }
+                                let e = evaluate(ev, chip_key, chip, spec, &fresh[i], opts);
+                                tick();
+                                (i, e)
+                            })
+                            .collect()
+                    });
+                    for (i, e) in done {
+                        board.add(&e);
+                        evals[i] = Some(e);
+                    }
+                }
+                evals.into_iter().map(|e| e.expect("every candidate has an outcome")).collect()
+            }
+        };
         if let Some(pb) = pb {
             pb.finish_and_clear();
         }
@@ -417,7 +548,8 @@ impl<'a> Search<'a> {
     /// the options within [`OPTION_WINDOW`] of the best; the best pairs over every compute width.
     fn attention(&mut self, sp: &Space) {
         let target = sp.target.unwrap_or(Target::Forward);
-        let s1 = self.stage(sp.combos.clone(), "tune: options");
+        // Stage 1 decides which options go on by a window around the best: all are simulated.
+        let s1 = self.stage(sp.combos.clone(), "tune: options", None);
         let kept = self.kept_options(s1, &sp.combos);
         let mut s2 = Vec::new();
         for c in &kept {
@@ -427,7 +559,7 @@ impl<'a> Search<'a> {
                 }
             }
         }
-        self.stage(s2, "tune: blocks");
+        self.stage(s2, "tune: blocks", Some(Need { jobs: self.opts.top, pairs: Some((target, self.opts.refine)) }));
         let mut s3 = Vec::new();
         for (bq, bkv) in self.best_pairs(target, self.opts.refine) {
             let computes: Vec<Option<u64>> = if sp.search_compute {
@@ -441,7 +573,7 @@ impl<'a> Search<'a> {
                 }
             }
         }
-        self.stage(s3, "tune: refine");
+        self.stage(s3, "tune: refine", Some(Need { jobs: self.opts.top, pairs: None }));
     }
 
     /// Option combinations within the window of the best from `start` on, plus those the probe
@@ -518,7 +650,7 @@ pub fn tune(spec: &JobSpec, opts: &TuneOptions) -> Result<TuneResult, SweepError
         }
         Job::Matmul { workload: mm, .. } => {
             let (sp, cands) = Space::matmul(spec, mm);
-            search.stage(cands, "tune: blocks");
+            search.stage(cands, "tune: blocks", Some(Need { jobs: opts.top, pairs: None }));
             sp
         }
     };
@@ -570,7 +702,7 @@ fn rank(
         Eval::Ok(rj) => (Some(rj.0.latency_ms), None),
         Eval::Other(e) | Eval::Rules(e) => (None, Some(e.clone())),
         Eval::Vmem => (None, Some("the given blocks overflow the VMEM limit".into())),
-        Eval::Inexact => (None, None),
+        Eval::Inexact | Eval::Pruned(..) => (None, None),
     };
     let count = |f: fn(&Eval) -> bool| results.iter().filter(|(_, e)| f(e)).count();
     let rejected_rules = count(|e| matches!(e, Eval::Rules(_) | Eval::Other(_)));
@@ -587,7 +719,16 @@ fn rank(
             }
         }
     }
-    let ok_evals = results.iter().filter(|(_, e)| matches!(e, Eval::Ok(..))).count();
+    // Pruned jobs are valid but not ranked: enough simulated ones are faster (module docs).
+    let mut pruned = 0;
+    for (_, e) in results {
+        if let Eval::Pruned(job) = e {
+            if jobs_seen.insert(serde_json::to_string(job).unwrap_or_default()) {
+                pruned += 1;
+            }
+        }
+    }
+    let ok_evals = results.iter().filter(|(_, e)| matches!(e, Eval::Ok(..) | Eval::Pruned(..))).count();
     if valid.is_empty() {
         if matches!(given_eval, Eval::Rules(_)) {
             held_fixed_rules(spec, &given, chip)?;
@@ -644,8 +785,9 @@ fn rank(
         rejected_rules,
         rejected_vmem,
         rejected_inexact,
-        valid: valid.len(),
-        duplicates: ok_evals - valid.len(),
+        valid: valid.len() + pruned,
+        duplicates: ok_evals - valid.len() - pruned,
+        pruned,
         seconds: start.elapsed().as_secs_f64(),
         best_command: top.first().map(|r: &Ranked| {
             let full = JobSpec { chip: spec.chip.clone(), set: spec.set.clone(), ..r.job.to_spec() };
@@ -653,6 +795,43 @@ fn rank(
         }),
         top,
     })
+}
+
+/// A candidate lowered, before simulation: its job and a lower bound on its latency (ms), or
+/// what it gave without simulation (refused, inexact).
+enum Pre {
+    Lowered(Box<Job>, f64),
+    Done(Eval),
+}
+
+/// Builds and lowers a candidate and bounds its latency from below
+/// ([`tpusim_report::latency_lower_bound_s`]); the outcome [`evaluate`] would give for a
+/// candidate that does not run, or is dropped as inexact, without simulating it.
+fn prepare(chip: &ChipModel, spec: &JobSpec, cand: &Cand, opts: &TuneOptions) -> Pre {
+    let s = spec.overlay(cand);
+    let render = |e: &dyn std::fmt::Display| s.render_error(&e.to_string(), tpusim_report::FieldStyle::Flag);
+    let job = match s.build(chip) {
+        Ok(j) => j,
+        Err(e) => return Pre::Done(Eval::Other(render(&e))),
+    };
+    match job.lower(chip) {
+        Ok(lowered) => {
+            // As `evaluate` judges it from the report's tiles (the first kernel's).
+            let partial = lowered.phases.iter().find_map(|p| match &p.work {
+                tpusim_kernel::PhaseWork::Kernel(k) => Some(k.info.tiles.is_some_and(|t| t.partial > 0)),
+                tpusim_kernel::PhaseWork::Fusion(_) => None,
+            });
+            let tuner_chose_none = spec.masking.is_none() && cand.masking == Some(Masking::None);
+            if tuner_chose_none && !opts.allow_inexact && partial == Some(true) {
+                return Pre::Done(Eval::Inexact);
+            }
+            let bound_ms = tpusim_report::latency_lower_bound_s(chip, &lowered) * 1e3;
+            Pre::Lowered(Box::new(job), bound_ms)
+        }
+        Err(KernelError::Vmem { .. }) => Pre::Done(Eval::Vmem),
+        Err(e @ KernelError::Config { .. }) => Pre::Done(Eval::Rules(render(&e))),
+        Err(e) => Pre::Done(Eval::Other(render(&e))),
+    }
 }
 
 fn evaluate(ev: &Evaluator, chip_key: &str, chip: &ChipModel, spec: &JobSpec, cand: &Cand, opts: &TuneOptions) -> Eval {
@@ -762,6 +941,14 @@ impl TuneResult {
             "  evaluated    {} configurations in {:.1} s: {} valid, {} duplicates of a valid one, {} over the VMEM limit, {} breaking block rules, {} inexact (masking none on partial tiles)",
             self.evaluated, self.seconds, self.valid, self.duplicates, self.rejected_vmem, self.rejected_rules, self.rejected_inexact
         );
+        if self.pruned > 0 {
+            let _ = writeln!(
+                s,
+                "  simulated    {} of the valid ones; {} skipped: a lower bound on each one's latency is slower than enough simulated ones for it to rank (--exhaustive simulates them; the ranking is the same)",
+                self.valid - self.pruned,
+                self.pruned
+            );
+        }
         match (self.given_latency_ms, &self.given_error, &self.given_job) {
             (Some(l), _, Some(job)) => {
                 let _ = writeln!(s, "  given        {l:.3} ms with {}", job.config_spec().to_flags());
@@ -869,6 +1056,44 @@ mod tests {
         assert!(kv.iter().all(|b| b % 128 == 0));
         assert_eq!(block_q_candidates(100), vec![104]);
         assert_eq!(block_kv_candidates(1000), vec![512, 640, 768, 896, 1024]);
+    }
+
+    /// Pruning by the latency lower bound changes nothing but the count simulated: the ranking,
+    /// the counts and the best command equal the exhaustive search's, forward, backward and
+    /// matmul; and it does skip configurations.
+    #[test]
+    fn pruned_search_equals_exhaustive_search() {
+        let cases = [
+            JobSpec { heads: Some(2), seq_len: Some(4096), mask: Some("causal".into()), ..Default::default() },
+            JobSpec {
+                heads: Some(2),
+                seq_len: Some(4000),
+                mask: Some("band:1500+sink:256".into()),
+                kernel: Some(tpusim_kernel::Kernel::SparseSplash),
+                ..Default::default()
+            },
+            JobSpec { heads: Some(2), seq_len: Some(2048), direction: Some(Direction::Bwd), ..Default::default() },
+            JobSpec { kernel: Some(tpusim_kernel::Kernel::PallasMatmul), m: Some(1024), n: Some(1024), k: Some(1024), ..Default::default() },
+        ];
+        let mut pruned = 0;
+        for spec in &cases {
+            for top in [1, 5] {
+                let opts = TuneOptions { top, refine: 4, ..Default::default() };
+                let fast = tune(spec, &opts).unwrap();
+                let all = tune(spec, &TuneOptions { exhaustive: true, ..opts }).unwrap();
+                assert_eq!(all.pruned, 0);
+                let rows = |r: &TuneResult| r.top.iter().map(|x| (x.latency_ms, x.flags.clone(), x.bottleneck)).collect::<Vec<_>>();
+                assert_eq!(rows(&fast), rows(&all), "{spec:?} top {top}");
+                assert_eq!(fast.best_command, all.best_command);
+                assert_eq!(
+                    (fast.evaluated, fast.valid, fast.duplicates, fast.rejected_vmem, fast.rejected_rules, fast.rejected_inexact),
+                    (all.evaluated, all.valid, all.duplicates, all.rejected_vmem, all.rejected_rules, all.rejected_inexact),
+                    "{spec:?}"
+                );
+                pruned += fast.pruned;
+            }
+        }
+        assert!(pruned > 0, "no configuration was pruned");
     }
 
     #[test]

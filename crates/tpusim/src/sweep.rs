@@ -100,6 +100,11 @@ pub struct TuneArgs {
     /// Worker threads [default: one per core].
     #[arg(long, short, allow_negative_numbers = true, value_parser = at_least_one)]
     pub jobs: Option<usize>,
+    /// Simulate every valid configuration, also those whose latency lower bound (per-unit busy
+    /// time and grid-step overhead, no scheduling) shows they cannot rank: the same ranking,
+    /// slower.
+    #[arg(long)]
+    pub exhaustive: bool,
     /// Print no progress on stderr (bars on a terminal; otherwise a plain line every 10 s, or
     /// every TPUSIM_PROGRESS_SECS seconds).
     #[arg(long)]
@@ -230,6 +235,7 @@ pub fn cmd_tune(a: &TuneArgs) -> Result<String, CliError> {
         jobs: a.jobs,
         progress: !a.no_progress,
         cancel: None,
+        exhaustive: a.exhaustive,
     };
     let r = tpusim_sweep::tune(&spec, &opts).map_err(|e| match e {
         tpusim_sweep::SweepError::Spec(e) => a.job.error(e),

@@ -352,9 +352,11 @@ fn attention_body(s: &BodyShape) -> StepBody {
 
 /// Builds the dependency graph of one computed attention step (module docs).
 fn build_attention_body(s: &BodyShape) -> StepBody {
-    let mut b = StepBody::default();
     let slabs = s.block_q.div_ceil(SLAB_ROWS);
     let chunks = s.block_kv / s.compute;
+    // About 13 operations and 14 dependencies per slab and sub-tile (a little more with a mask).
+    let g = (slabs * chunks) as usize;
+    let mut b = StepBody::with_capacity(16 * g + 8, 18 * g + 8);
     let c = s.compute;
     let mut prev_max: Vec<Option<NodeIndex>> = vec![None; slabs as usize];
     let mut prev_acc: Vec<Option<NodeIndex>> = vec![None; slabs as usize];

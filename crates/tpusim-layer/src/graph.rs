@@ -8,8 +8,9 @@
 //! * **modulation** and **norm1 + modulate**: the block's table plus the time embedding, then
 //!   LayerNorm x (1 + scale) + shift (HBM-bound fusions);
 //! * **q, k, v projections** (T x D -> H d, bias fused into the dot's output), **q/k RMSNorm +
-//!   RoPE** (one fusion per tensor; the RoPE tables are read as f32 cos and sin per token and
-//!   head-dim element);
+//!   RoPE** (per tensor a statistics fusion and a normalising one that applies RoPE; the RoPE
+//!   tables are read as f32 cos and sin per token and head-dim element), on one chip a **v
+//!   transpose** to the kernel's layout;
 //! * **all-to-all q, k, v** (each chip sends each other chip of its group T x H d / P elements);
 //! * sparse attention only: **routing** (the SVG head router: `routing_rows` sampled queries
 //!   of each local head against all keys under three candidate masks, modelled as a small
@@ -20,14 +21,26 @@
 //!   all-to-all;
 //! * **self-attention**: the Splash kernel (dense, or sparse on the band + sink mask) over the
 //!   local batch x H / P heads of length L;
-//! * **all-to-all o**, **o projection**, **gate + residual**;
+//! * on one chip an **o transpose** back to token-major, **all-to-all o**, **o projection**,
+//!   **gate + residual**;
 //! * **norm3** (affine LayerNorm), **cross q projection** and **q RMSNorm**, the **text k, v
 //!   projections** of the 512 text tokens (each chip projects its sequences' text; no exchange:
-//!   queries stay sequence-sharded and every chip holds all heads), **text k RMSNorm**,
-//!   **cross-attention** (all H heads, T / local batch queries, 512 keys), **cross o
-//!   projection**, **residual add**;
+//!   queries stay sequence-sharded and every chip holds all heads), **text k RMSNorm**, **text
+//!   v transpose**, **cross-attention** (all H heads, T / local batch queries, 512 keys), **cross
+//!   o transpose**, **cross o projection** with the **residual add** fused into its output;
 //! * **norm2 + modulate**, **FFN up** (GELU fused into the dot's output), **FFN down**, **gate
 //!   + residual**.
+//!
+//! Fusions follow the rule of the whole-program path (`tpusim-program`'s `fuse` module, as XLA
+//! fuses): element-wise chains that widen nothing fuse into a dot's output (bias, GELU, the
+//! ungated residual add; a gate multiplies in f32, so the gated residuals stay fusions of their
+//! own); a reduction is its fusion's root, so every norm (LayerNorm, RMSNorm) is two HBM round
+//! trips, its **statistics** (read the input, write f32 row values: mean and variance, or the
+//! mean square) and its normalising fusion (read the input and the rows, write the output). The
+//! kernels read head-major [H, L, d] and the projections write token-major [L, H d]: a fusion
+//! over the whole tensor (norm + RoPE, a norm) or an all-to-all writes the other layout as it
+//! goes, while a dot's output (v, text v) and a kernel's (o, cross o) change layout in a
+//! **transpose** fusion of their own (data movement joins neither a dot nor a kernel).
 //!
 //! With weights `gathered`, each matmul first all-gathers its weight over the group (no data
 //! dependence on the activations, so the gathers can run ahead on the ICI).
@@ -206,7 +219,12 @@ pub fn build(plan: &LayerPlan) -> LayerGraph {
     // Self-attention.
     let mv = m.modulation_vectors;
     let modulation = g.add("modulation", Category::Elementwise, fusion(b * 2 * mv * d * f32, b * mv * d * f32), &[]);
-    let norm1 = g.add("norm1 + modulate", Category::Elementwise, fusion(t * d * a + b * 2 * d * f32, t * d * a), &[modulation]);
+    // A norm's statistics pass (module docs): reads its input, writes `rows` f32 values per row.
+    let stats = |g: &mut Builder, name: &str, bytes: u64, row_values: u64, deps: &[NodeIndex]| {
+        g.add(format!("{name} statistics"), Category::Elementwise, fusion(bytes, row_values * f32), deps)
+    };
+    let s1 = stats(&mut g, "norm1", t * d * a, 2 * t, &[]);
+    let norm1 = g.add("norm1 + modulate", Category::Elementwise, fusion(t * d * a + 2 * t * f32 + b * 2 * d * f32, t * d * a), &[modulation, s1]);
     let proj = |g: &mut Builder, name: &str, wdeps: &[NodeIndex], input: NodeIndex| {
         g.add(format!("{name} proj"), Category::Projections, Work::Matmul { m: t, n: w, k: d }, &with(wdeps.to_vec(), &[input]))
     };
@@ -214,10 +232,26 @@ pub fn build(plan: &LayerPlan) -> LayerGraph {
     let k = proj(&mut g, "k", &wk, norm1);
     let v = proj(&mut g, "v", &wv, norm1);
     let rope_table = t * hd * f32;
-    let norm_name = if m.qk_norm { "norm + RoPE" } else { "RoPE" };
-    let q = g.add(format!("q {norm_name}"), Category::Elementwise, fusion(t * w * a + rope_table, t * w * a), &[q]);
-    let k = g.add(format!("k {norm_name}"), Category::Elementwise, fusion(t * w * a + rope_table, t * w * a), &[k]);
+    // q and k: RMSNorm (statistics, then normalise) with RoPE in the normalising fusion, which
+    // also writes the kernel's head-major layout.
+    let rope = |g: &mut Builder, name: &str, x: NodeIndex| {
+        if m.qk_norm {
+            let st = stats(g, &format!("{name} norm"), t * w * a, t, &[x]);
+            g.add(format!("{name} norm + RoPE"), Category::Elementwise, fusion(t * w * a + t * f32 + rope_table, t * w * a), &[x, st])
+        } else {
+            g.add(format!("{name} RoPE"), Category::Elementwise, fusion(t * w * a + rope_table, t * w * a), &[x])
+        }
+    };
+    let q = rope(&mut g, "q", q);
+    let k = rope(&mut g, "k", k);
     let tensor = t * w * a;
+    // A dot's output, or a kernel's, changes layout (token-major [L, H d] to the kernel's
+    // head-major [H, L, d], or back) in a transpose fusion of its own; an element-wise fusion of
+    // the whole tensor or an all-to-all writes the new layout as it goes (module docs).
+    let transpose = |g: &mut Builder, name: &str, bytes: u64, x: NodeIndex| {
+        g.add(format!("{name} transpose"), Category::Elementwise, fusion(bytes, bytes), &[x])
+    };
+    let v = if p == 1 { transpose(&mut g, "v", tensor, v) } else { v };
     let permuted = (plan.permuted_heads * tensor as f64).round() as u64;
     // The permutation before the all-to-all: exchange the permuted heads' tokens across the
     // group, then gather them into the permuted order.
@@ -298,6 +332,9 @@ pub fn build(plan: &LayerPlan) -> LayerGraph {
     if perm_after {
         o = g.add("unpermute o", Category::Permutation, fusion(permuted, permuted), &[o]);
     }
+    if p == 1 {
+        o = transpose(&mut g, "o", tensor, o);
+    }
     let mut o = a2a(&mut g, "o", o);
     if perm_before {
         o = before(&mut g, "o", o, true);
@@ -307,16 +344,24 @@ pub fn build(plan: &LayerPlan) -> LayerGraph {
 
     // Cross-attention.
     let norm3_w = if m.cross_attn_norm { 2 * d * f32 } else { 0 };
-    let n3 = g.add("norm3", Category::Elementwise, fusion(t * d * a + norm3_w, t * d * a), &[x1]);
-    let mut cq = g.add("cross q proj", Category::Projections, Work::Matmul { m: t, n: w, k: d }, &with(wcq, &[n3]));
-    if m.qk_norm {
-        cq = g.add("cross q norm", Category::Elementwise, fusion(t * w * a, t * w * a), &[cq]);
-    }
-    let mut ck = g.add("text k proj", Category::Projections, Work::Matmul { m: text, n: w, k: d }, &wck);
+    let s3 = stats(&mut g, "norm3", t * d * a, 2 * t, &[x1]);
+    let n3 = g.add("norm3", Category::Elementwise, fusion(t * d * a + 2 * t * f32 + norm3_w, t * d * a), &[x1, s3]);
+    let cq = g.add("cross q proj", Category::Projections, Work::Matmul { m: t, n: w, k: d }, &with(wcq, &[n3]));
+    // The cross-attention's q, k and v in the kernel's layout: normalised (RMSNorm) on the way,
+    // or transposed.
+    let rms_or_transpose = |g: &mut Builder, name: &str, rows: u64, x: NodeIndex| {
+        if m.qk_norm {
+            let st = stats(g, &format!("{name} norm"), rows * w * a, rows, &[x]);
+            g.add(format!("{name} norm"), Category::Elementwise, fusion(rows * w * a + rows * f32, rows * w * a), &[x, st])
+        } else {
+            transpose(g, name, rows * w * a, x)
+        }
+    };
+    let cq = rms_or_transpose(&mut g, "cross q", t, cq);
+    let ck = g.add("text k proj", Category::Projections, Work::Matmul { m: text, n: w, k: d }, &wck);
     let cv = g.add("text v proj", Category::Projections, Work::Matmul { m: text, n: w, k: d }, &wcv);
-    if m.qk_norm {
-        ck = g.add("text k norm", Category::Elementwise, fusion(text * w * a, text * w * a), &[ck]);
-    }
+    let ck = rms_or_transpose(&mut g, "text k", text, ck);
+    let cv = transpose(&mut g, "text v", text * w * a, cv);
     let dk = &plan.dense_kernel;
     let cross_kernel = JobSpec {
         block_q: dk.block_q.map(|x| x.min((t / b).next_multiple_of(8))),
@@ -330,11 +375,13 @@ pub fn build(plan: &LayerPlan) -> LayerGraph {
         Work::Attention { call: Box::new(full_call(b, h, t / b, m.text_tokens, Mask::Full)), kernel: Box::new(cross_kernel) },
         &[cq, ck, cv],
     );
-    let co = g.add("cross o proj", Category::Projections, Work::Matmul { m: t, n: d, k: w }, &with(wco, &[co]));
-    let x2 = g.add("residual add", Category::Elementwise, fusion(2 * t * d * a, t * d * a), &[co, x1]);
+    let co = transpose(&mut g, "cross o", t * w * a, co);
+    // The ungated residual add fuses into the dot's output (it widens nothing): the dot writes x2.
+    let x2 = g.add("cross o proj (+ residual)", Category::Projections, Work::Matmul { m: t, n: d, k: w }, &with(wco, &[co, x1]));
 
     // Feed-forward.
-    let n2 = g.add("norm2 + modulate", Category::Elementwise, fusion(t * d * a + b * 2 * d * f32, t * d * a), &[x2, modulation]);
+    let s2 = stats(&mut g, "norm2", t * d * a, 2 * t, &[x2]);
+    let n2 = g.add("norm2 + modulate", Category::Elementwise, fusion(t * d * a + 2 * t * f32 + b * 2 * d * f32, t * d * a), &[x2, modulation, s2]);
     let up = g.add("ffn up (+ GELU)", Category::FeedForward, Work::Matmul { m: t, n: f, k: d }, &with(wup, &[n2]));
     let down = g.add("ffn down", Category::FeedForward, Work::Matmul { m: t, n: d, k: f }, &with(wdown, &[up]));
     g.add("gate + residual", Category::Elementwise, fusion(2 * t * d * a + b * d * f32, t * d * a), &[down, x2, modulation]);

@@ -193,3 +193,40 @@ fn what_if_gains_are_independent_runs_and_never_negative() {
         assert!(base.result.ici_exposed <= 0.0 || table.iter().find(|w| w.unit == "ici").unwrap().gain > 0.0);
     }
 }
+
+/// The fusion rule of the whole-program path (graph module docs), written out for Wan's block:
+/// every norm is a statistics fusion (read its input, write f32 rows) and a normalising one that
+/// reads both; on one chip the v and o tensors change layout in transposes of their own and
+/// the all-to-alls do it on a slice; text v and cross o always; the ungated residual add rides
+/// on the cross o projection.
+#[test]
+fn norms_are_two_passes_and_layout_changes_are_transposes() {
+    let chip = v6e();
+    for (slice, transposes) in [("1", vec!["v transpose", "o transpose", "text v transpose", "cross o transpose"]), ("8", vec!["text v transpose", "cross o transpose"])] {
+        let plan = spec("720p", slice, AttentionMode::Dense).build(&chip).unwrap();
+        let g = tpusim_layer::graph::build(&plan);
+        let names: Vec<&str> = g.ops().map(|(_, o)| o.name.as_str()).collect();
+        let found: Vec<&str> = names.iter().copied().filter(|n| n.ends_with("transpose")).collect();
+        assert_eq!(found, transposes, "slice {slice}");
+        let (t, a) = (plan.tokens_per_chip(), plan.model.activation_bytes);
+        let (d, w) = (plan.model.hidden, plan.model.qkv_width());
+        // norm1, q, k, norm3, cross q, text k, norm2: seven statistics passes.
+        let stats: Vec<_> = g.ops().filter(|(_, o)| o.name.ends_with("statistics")).collect();
+        assert_eq!(stats.len(), 7, "slice {slice}: {names:?}");
+        for (i, o) in &stats {
+            let Work::Fusion { read_bytes, write_bytes } = o.work else { panic!("{} is not a fusion", o.name) };
+            let rows = if o.name.starts_with("norm") { 2 } else { 1 };
+            let tokens = if o.name.starts_with("text") { plan.local_batch * plan.model.text_tokens } else { t };
+            let width = if o.name.starts_with("norm") { d } else { w };
+            assert_eq!((read_bytes, write_bytes), (tokens * width * a, rows * tokens * 4), "{}", o.name);
+            // Its one reader is the normalising fusion, which also reads the input.
+            let readers: Vec<_> = g.graph.neighbors_directed(*i, petgraph::Direction::Outgoing).collect();
+            assert_eq!(readers.len(), 1, "{}", o.name);
+            let Work::Fusion { read_bytes: r2, .. } = g.graph[readers[0]].work else { panic!() };
+            assert!(r2 >= tokens * width * a + rows * tokens * 4, "{} reader reads {r2}", o.name);
+        }
+        assert!(!names.contains(&"residual add"), "slice {slice}: the residual add is fused");
+        let co = g.ops().find(|(_, o)| o.name == "cross o proj (+ residual)").expect("the cross o projection carries the residual");
+        assert_eq!(g.deps(co.0).len(), 2, "it reads the cross-attention output and the residual stream");
+    }
+}

@@ -22,6 +22,55 @@ pub const TAG_CV: &str = "validate-cv";
 pub const TAG_BANDS: &str = "validate-bands";
 /// The tag of README.md's summary: the case-study rows and the per-chip figures.
 pub const TAG_SUMMARY: &str = "accuracy";
+/// Marker tag of VALIDATION.md's table of the chips' `[fitted]` parameters.
+pub const TAG_PARAMS: &str = "fitted-params";
+
+/// The chips of the fitted-parameter table, in its order.
+pub const PARAM_CHIPS: &[&str] = &["v6e", "v7x", "v5p", "v5e", "v4"];
+
+/// A Markdown table of every chip's `[fitted]` parameters as its model file states them: a value
+/// fitted to the chip's own rows in bold with the 95% interval its note records, a value carried
+/// from another chip's fit named so, any other value with where its note says it comes from
+/// (the first sentence after a "No rows" / "Not fitted" lead). `rows` counts the calibration rows
+/// the chip's fitted values were fitted to.
+///
+/// # Errors
+/// The chip's error when a model cannot be loaded.
+pub fn params_table(chips: &ChipSet) -> Result<String, String> {
+    let mut s = String::from(
+        "| chip | rows | VALU (8,128)-register ops / cycle | EUP registers / cycle | XLU cycles / register | loaded-mask ops / register | grid-step overhead, cycles |\n|---|---:|---|---|---|---|---|\n",
+    );
+    let num = |v: f64| {
+        let t = format!("{v:.4}");
+        let t = t.trim_end_matches('0').trim_end_matches('.').to_string();
+        if t.is_empty() { "0".to_string() } else { t }
+    };
+    for name in PARAM_CHIPS {
+        let chip = chips.chip_for(name)?;
+        let f = &chip.fitted;
+        let params = [&f.valu_vreg_ops_per_cycle, &f.eup_vregs_per_cycle, &f.xlu_cycles_per_vreg, &f.loaded_mask_ops_per_vreg, &f.grid_step_overhead_cycles];
+        let rows = params.iter().filter_map(|p| p.fitted_to.as_ref()).map(Vec::len).max().unwrap_or(0);
+        let cells: Vec<String> = params
+            .iter()
+            .map(|p| {
+                let note = p.note.as_deref().unwrap_or("");
+                if p.fitted_to.as_ref().is_some_and(|r| !r.is_empty()) {
+                    let ci = note.split("95% confidence interval ").nth(1).and_then(|r| r.split(';').next()).map(|r| format!(" ({r})")).unwrap_or_default();
+                    format!("**{}**{ci}", num(p.value))
+                } else if let Some(from) = note.split("Carried from ").nth(1).and_then(|r| r.split("'s").next()) {
+                    format!("{} carried from {from}", num(p.value))
+                } else {
+                    // The reason: the note's sentence after its "No v4 rows." / "Not fitted: ..." lead.
+                    let why = note.strip_prefix(&format!("No {name} rows. ")).unwrap_or(note);
+                    let why = why.split(". ").next().unwrap_or("").trim_end_matches('.');
+                    if why.is_empty() { num(p.value) } else { format!("{}: {why}", num(p.value)) }
+                }
+            })
+            .collect();
+        let _ = writeln!(s, "| {name} | {rows} | {} |", cells.join(" | "));
+    }
+    Ok(s)
+}
 
 /// The rows README.md's summary shows one by one (the video-diffusion case study's), with the
 /// words it shows them under, and the pair whose ratio it quotes as the sparse kernel's speedup.
@@ -130,13 +179,14 @@ pub fn summary(file: &MeasurementFile, v: &Validation, cv: &CrossValidation) -> 
 
 /// Every generated part, `(tag, Markdown)`: the in-sample table, the cross-validation tables,
 /// the band tables and README.md's summary.
-pub fn parts(file: &MeasurementFile, v: &Validation, cv: &CrossValidation, bands: &BandFile) -> Vec<(&'static str, String)> {
-    vec![
+pub fn parts(file: &MeasurementFile, v: &Validation, cv: &CrossValidation, bands: &BandFile, chips: &ChipSet) -> Result<Vec<(&'static str, String)>, crate::CalibError> {
+    Ok(vec![
         (TAG_IN_SAMPLE, v.to_markdown()),
         (TAG_CV, cv.to_table(true)),
         (TAG_BANDS, crate::bands::to_markdown(bands, file, cv)),
         (TAG_SUMMARY, summary(file, v, cv)),
-    ]
+        (TAG_PARAMS, params_table(chips).map_err(crate::CalibError::Input)?),
+    ])
 }
 
 /// The parts the shipped band file and a fresh validation give, as [`parts`] (what the docs
@@ -147,5 +197,5 @@ pub fn parts(file: &MeasurementFile, v: &Validation, cv: &CrossValidation, bands
 pub fn parts_from_band_file(file: &MeasurementFile, chips: &ChipSet, bands: &BandFile) -> Result<Vec<(&'static str, String)>, crate::CalibError> {
     let cv = CrossValidation::from_band_file(file, chips, bands)?;
     let v = crate::validate::validate(file, chips);
-    Ok(parts(file, &v, &cv, bands))
+    parts(file, &v, &cv, bands, chips)
 }

@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 use tpusim_calib::bands::stale;
-use tpusim_calib::docs::{command, parts_from_band_file, TAG_BANDS, TAG_CV, TAG_IN_SAMPLE, TAG_SUMMARY};
+use tpusim_calib::docs::{command, parts_from_band_file, TAG_BANDS, TAG_CV, TAG_IN_SAMPLE, TAG_PARAMS, TAG_SUMMARY};
 use tpusim_calib::{read_file, ChipSet};
 use tpusim_io::mark::spliced_part;
 use tpusim_report::bands::BandFile;
@@ -29,7 +29,7 @@ fn the_docs_hold_the_generated_accuracy_tables() {
         panic!("traces/measured/bands.json is stale ({why}): regenerate it and the tables with `{regenerate}`");
     }
     let parts = parts_from_band_file(&file, &ChipSet::default(), &bands).unwrap();
-    let docs = [("README.md", vec![TAG_SUMMARY]), ("traces/measured/VALIDATION.md", vec![TAG_IN_SAMPLE, TAG_CV, TAG_BANDS])];
+    let docs = [("README.md", vec![TAG_SUMMARY]), ("traces/measured/VALIDATION.md", vec![TAG_IN_SAMPLE, TAG_CV, TAG_BANDS, TAG_PARAMS])];
     for (doc, tags) in docs {
         let text = std::fs::read_to_string(root().join(doc)).unwrap();
         for tag in tags {

@@ -23,7 +23,7 @@
 //!   local batch x H / P heads of length L;
 //! * on one chip an **o transpose** back to token-major, **all-to-all o**, **o projection**,
 //!   **gate + residual**;
-//! * **norm3** (affine LayerNorm), **cross q projection** and **q RMSNorm**, the **text k, v
+//! * **norm3** (affine LayerNorm; none without `cross_attn_norm`), **cross q projection** and **q RMSNorm**, the **text k, v
 //!   projections** of the 512 text tokens (each chip projects its sequences' text; no exchange:
 //!   queries stay sequence-sharded and every chip holds all heads), **text k RMSNorm**, **text
 //!   v transpose**, **cross-attention** (all H heads, T / local batch queries, 512 keys), **cross
@@ -343,9 +343,13 @@ pub fn build(plan: &LayerPlan) -> LayerGraph {
     let x1 = g.add("gate + residual", Category::Elementwise, fusion(2 * t * d * a + b * d * f32, t * d * a), &[o, modulation]);
 
     // Cross-attention.
-    let norm3_w = if m.cross_attn_norm { 2 * d * f32 } else { 0 };
-    let s3 = stats(&mut g, "norm3", t * d * a, 2 * t, &[x1]);
-    let n3 = g.add("norm3", Category::Elementwise, fusion(t * d * a + 2 * t * f32 + norm3_w, t * d * a), &[x1, s3]);
+    // norm3: an affine LayerNorm, or none (Wan's `nn.Identity` when `cross_attn_norm` is off).
+    let n3 = if m.cross_attn_norm {
+        let s3 = stats(&mut g, "norm3", t * d * a, 2 * t, &[x1]);
+        g.add("norm3", Category::Elementwise, fusion(t * d * a + 2 * t * f32 + 2 * d * f32, t * d * a), &[x1, s3])
+    } else {
+        x1
+    };
     let cq = g.add("cross q proj", Category::Projections, Work::Matmul { m: t, n: w, k: d }, &with(wcq, &[n3]));
     // The cross-attention's q, k and v in the kernel's layout: normalised (RMSNorm) on the way,
     // or transposed.

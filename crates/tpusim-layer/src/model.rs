@@ -122,11 +122,17 @@ impl DitModel {
             ("ffn", self.ffn, 1),
             ("layers", self.layers, 1),
             ("text_tokens", self.text_tokens, 1),
-            ("modulation_vectors", self.modulation_vectors, 0),
         ] {
             if v < lo || v > max {
                 return Err(LayerError::field(k, v, format!("expected a whole number from {lo} to {max}")));
             }
+        }
+        if self.modulation_vectors != 6 {
+            return Err(LayerError::field(
+                "modulation_vectors",
+                self.modulation_vectors,
+                "expected 6: the block's graph applies adaLN modulation as Wan does (shift, scale and gate for the attention and for the FFN)",
+            ));
         }
         for (k, v) in [("activation_bytes", self.activation_bytes), ("weight_bytes", self.weight_bytes)] {
             if ![1, 2, 4].contains(&v) {

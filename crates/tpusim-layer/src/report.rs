@@ -293,7 +293,7 @@ impl LayerReport {
         if p.overlap && p.ulysses > 1 {
             notes.push("collectives overlap independent compute (XLA's asynchronous collectives); --overlap=false serialises them".into());
         }
-        notes.push("bias adds and GELU are assumed fused into their matmuls' output; norms, modulation, RoPE, gates and residuals run as separate HBM-bound fusions".into());
+        notes.push("bias adds, GELU and the ungated residual after cross-attention are fused into their matmuls' output; each norm is a statistics and a normalising fusion (with its modulation or RoPE), gated residuals and layout transposes separate HBM-bound fusions".into());
         if p.attention == AttentionMode::Sparse {
             notes.push("routing is modelled as a small attention call (the SVG profiler's sampled queries against all keys, three candidate masks)".into());
         }

@@ -296,7 +296,8 @@ impl LayerSpec {
         if !(permuted_heads.is_finite() && (0.0..=1.0).contains(&permuted_heads)) {
             return Err(LayerError::field("permuted_heads", permuted_heads, "expected a fraction from 0 to 1"));
         }
-        let routing_rows = self.routing_rows.unwrap_or(DEFAULT_ROUTING_ROWS);
+        // The default is clamped to short sequences (dense attention does no routing at all).
+        let routing_rows = self.routing_rows.unwrap_or(DEFAULT_ROUTING_ROWS.min(padded_len));
         if routing_rows == 0 || routing_rows > padded_len {
             return Err(LayerError::field(
                 "routing_rows",

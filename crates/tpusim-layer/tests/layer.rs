@@ -226,6 +226,12 @@ fn norms_are_two_passes_and_layout_changes_are_transposes() {
             assert!(r2 >= tokens * width * a + rows * tokens * 4, "{} reader reads {r2}", o.name);
         }
         assert!(!names.contains(&"residual add"), "slice {slice}: the residual add is fused");
+        // Without the cross-attention norm (Wan's `nn.Identity`) norm3 and its statistics go.
+        let mut plain = plan.clone();
+        plain.model.cross_attn_norm = false;
+        let gp = tpusim_layer::graph::build(&plain);
+        assert!(gp.ops().all(|(_, o)| !o.name.starts_with("norm3")), "slice {slice}");
+        assert_eq!(gp.ops().count(), g.ops().count() - 2);
         let co = g.ops().find(|(_, o)| o.name == "cross o proj (+ residual)").expect("the cross o projection carries the residual");
         assert_eq!(g.deps(co.0).len(), 2, "it reads the cross-attention output and the residual stream");
     }

@@ -967,6 +967,41 @@ fn block_bytes(r: &Ref) -> Result<u64, PallasError> {
     Ok(r.shape.iter().product::<u64>() * dtype_bytes(&r.dtype, "dtype")?)
 }
 
+/// Mosaic's block rule for a VMEM window (JAX Pallas TPU docs, "BlockSpecs and grid
+/// iteration"): the block's last dimension is a multiple of the chip's lanes (128) and its
+/// second-to-last a multiple of its sublanes (8), unless it equals the array's dimension; a
+/// dimension of 1 is a squeezed one (`None` in the BlockSpec) and always allowed. A description
+/// that `tpusim.jax` wrote always holds it (Mosaic refused anything else); a hand-edited one may
+/// not.
+///
+/// # Errors
+/// [`PallasError::Field`] naming the ref's `shape`, the value and the rule.
+fn check_block_shapes(chip: &ChipModel, d: &Description) -> Result<(), PallasError> {
+    let (sub, lanes) = (chip.vpu.sublanes.value as u64, chip.vpu.lanes.value as u64);
+    for (i, r) in d.refs.iter().enumerate() {
+        let windowed = matches!(r.kind, RefKind::Input | RefKind::Output) && r.memory_space == MemorySpace::Vmem;
+        let Some(array) = r.array_shape.as_ref().filter(|a| windowed && a.len() == r.shape.len()) else { continue };
+        let n = r.shape.len();
+        for (k, unit, what) in [(1usize, lanes, "lanes"), (2, sub, "sublanes")] {
+            if n < k {
+                continue;
+            }
+            let (b, a) = (r.shape[n - k], array[n - k]);
+            if b != 1 && b != a && b % unit != 0 {
+                return Err(PallasError::field(
+                    &format!("refs[{i}] ({}).shape[{}]", r.name, n - k),
+                    b,
+                    format!(
+                        "a block's {} dimension must be a multiple of the chip's {unit} {what} or equal the array's ({a}) ((8, 128) block rule)",
+                        if k == 1 { "last" } else { "second-to-last" }
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Lowers a description to a program on `chip`; `dir` resolves `.npy` side files.
 ///
 /// # Errors
@@ -995,6 +1030,7 @@ pub fn lower(chip: &ChipModel, d: &Description, dir: &Path) -> Result<(Program, 
             message: format!("its scalar-prefetch tables and SMEM buffers need {smem} bytes but SMEM holds {} bytes", chip.smem_bytes()),
         });
     }
+    check_block_shapes(chip, d)?;
     let tables = Tables { tables, refs: &d.refs };
     let windows: Vec<usize> =
         d.refs.iter().enumerate().filter(|(_, r)| matches!(r.kind, RefKind::Input | RefKind::Output) && r.memory_space != MemorySpace::Any).map(|(i, _)| i).collect();

@@ -77,6 +77,13 @@ def test_missing_lengths_and_bad_page_tables_are_errors(tmp_path):
     bad[1, 0] = 99
     with pytest.raises(tj.InputError, match="out of range"):
         tj.paged_attention_step(q, kv, kv, np.array([40, 128], np.int32), bad, pages_per_compute_block=2)
+    # Lengths below 0 or beyond the page table's row (8 pages of 16 tokens) are named.
+    with pytest.raises(tj.InputError, match=r"lengths\[0\] = -5: expected a whole number of tokens from 0"):
+        tj.paged_attention_step(q, kv, kv, np.array([-5, 128], np.int32), table, pages_per_compute_block=2)
+    with pytest.raises(tj.InputError, match=r"lengths\[1\] = 1000000: expected at most 128 tokens \(the page table holds 8 pages of 16"):
+        tj.paged_attention_step(q, kv, kv, np.array([40, 10**6], np.int32), table, pages_per_compute_block=2)
+    with pytest.raises(tj.InputError, match="whole numbers of tokens"):
+        tj.paged_attention_step(q, kv, kv, np.array([40.5, 128.0]), table, pages_per_compute_block=2)
     # The CLI: a description whose lengths are a runtime input, given with --runtime.
     from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention
 

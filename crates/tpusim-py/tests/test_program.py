@@ -254,6 +254,12 @@ def test_ops_not_modelled_are_errors_naming_op_and_line():
         tj.simulate_program(g, jax.ShapeDtypeStruct((8, 128), jnp.float32))
 
 
+def test_a_mesh_built_for_another_chip_is_refused():
+    f, args, mesh = collective_program()
+    with pytest.raises(tpusim.InputError, match=r"mesh: built for device kind 'TPU v6 lite', but chip 'v5e' lowers as"):
+        tj.simulate_program(f, *args, chip="v5e", mesh=mesh)
+
+
 def test_readme_whole_program_example_runs(root):
     text = (root / "README.md").read_text()
     section = text.split("## Whole programs: the XLA ops, collectives and kernels of a jitted function", 1)[1]

@@ -68,11 +68,15 @@ impl SweepError {
 }
 
 /// Builds the rayon pool for `jobs` threads (`None`: one per core).
+/// Most worker threads a sweep or a tune takes (`--jobs`): a pool of many thousands of threads
+/// exhausts the machine before it computes anything.
+pub const MAX_JOBS: usize = 1024;
+
 pub(crate) fn pool(jobs: Option<usize>) -> Result<rayon::ThreadPool, SweepError> {
     let mut b = rayon::ThreadPoolBuilder::new();
     if let Some(j) = jobs {
-        if j == 0 {
-            return Err(SweepError::new("--jobs 0: expected at least 1 thread"));
+        if j == 0 || j > MAX_JOBS {
+            return Err(SweepError::new(format!("--jobs {j}: expected a whole number of threads from 1 to {MAX_JOBS}")));
         }
         b = b.num_threads(j);
     }

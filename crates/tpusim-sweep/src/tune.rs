@@ -936,15 +936,19 @@ impl TuneResult {
         if !self.fixed.is_empty() {
             let _ = writeln!(s, "  fixed        {}", self.fixed.join("; "));
         }
+        let inexact = match &self.given_job {
+            Some(Job::Matmul { .. }) => String::new(),
+            _ => format!(", {} inexact (masking none on partial tiles)", self.rejected_inexact),
+        };
         let _ = writeln!(
             s,
-            "  evaluated    {} configurations in {:.1} s: {} valid, {} duplicates of a valid one, {} over the VMEM limit, {} breaking block rules, {} inexact (masking none on partial tiles)",
-            self.evaluated, self.seconds, self.valid, self.duplicates, self.rejected_vmem, self.rejected_rules, self.rejected_inexact
+            "  evaluated    {} configurations in {:.1} s: {} valid, {} duplicates of a valid one, {} over the VMEM limit, {} breaking block rules{inexact}",
+            self.evaluated, self.seconds, self.valid, self.duplicates, self.rejected_vmem, self.rejected_rules
         );
         if self.pruned > 0 {
             let _ = writeln!(
                 s,
-                "  simulated    {} of the valid ones; {} skipped: a lower bound on each one's latency is slower than enough simulated ones for it to rank (--exhaustive simulates them; the ranking is the same)",
+                "  simulated    {} of the valid ones; {} skipped, as they cannot rank: a lower bound on each one's latency is already slower than enough simulated ones (--exhaustive simulates them; the ranking is the same)",
                 self.valid - self.pruned,
                 self.pruned
             );
@@ -1034,6 +1038,21 @@ impl TuneResult {
                     );
                 }
             }
+        }
+        // Ranked rows with the same blocks and the same latency differ only in options that
+        // change nothing for this job (masking a full mask without padding, say): say so.
+        let same = |a: &Ranked, b: &Ranked| a.latency_ms.to_bits() == b.latency_ms.to_bits() && a.block_sizes == b.block_sizes && a.block_sizes.is_some();
+        let mut i = 0;
+        while i < self.top.len() {
+            let j = (i + 1..self.top.len()).take_while(|&j| same(&self.top[i], &self.top[j])).last().unwrap_or(i);
+            if j > i {
+                let _ = writeln!(
+                    s,
+                    "  note: ranks {} to {} have the same blocks and latency: their other options change nothing for this job",
+                    self.top[i].rank, self.top[j].rank
+                );
+            }
+            i = j + 1;
         }
         if let Some(cmd) = &self.best_command {
             let _ = writeln!(s, "\n  best: {cmd}");

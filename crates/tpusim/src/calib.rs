@@ -116,9 +116,9 @@ fn splice_parts(into: &[String], parts: &[(&str, String)]) -> Result<String, Cli
 
 /// The tags a validate command with these flags writes (`--into`).
 fn tags_of(a: &ValidateArgs) -> Vec<&'static str> {
-    use tpusim_calib::docs::{TAG_BANDS, TAG_CV, TAG_IN_SAMPLE, TAG_SUMMARY};
+    use tpusim_calib::docs::{TAG_BANDS, TAG_CV, TAG_IN_SAMPLE, TAG_PARAMS, TAG_SUMMARY};
     if a.bands {
-        vec![TAG_IN_SAMPLE, TAG_CV, TAG_BANDS, TAG_SUMMARY]
+        vec![TAG_IN_SAMPLE, TAG_CV, TAG_BANDS, TAG_SUMMARY, TAG_PARAMS]
     } else if a.cv {
         vec![TAG_CV]
     } else {
@@ -162,7 +162,7 @@ pub fn cmd_validate(a: &ValidateArgs) -> Result<String, CliError> {
         }
         if !a.into.is_empty() {
             let v = validate(&file, &chips);
-            out.push_str(&splice_parts(&a.into, &tpusim_calib::docs::parts(&file, &v, &cv, &bands))?);
+            out.push_str(&splice_parts(&a.into, &tpusim_calib::docs::parts(&file, &v, &cv, &bands, &chips)?)?);
         }
         return Ok(if out.is_empty() { text } else { out });
     }

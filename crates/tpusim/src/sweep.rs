@@ -40,7 +40,7 @@ pub struct SweepArgs {
     #[arg(long = "set", value_name = "SECTION.FIELD=VALUE")]
     pub set: Vec<String>,
     /// Worker threads [default: one per core].
-    #[arg(long, short, allow_negative_numbers = true, value_parser = at_least_one)]
+    #[arg(long, short, allow_negative_numbers = true, value_parser = thread_count)]
     pub jobs: Option<usize>,
     /// Print no progress on stderr (a bar on a terminal; otherwise a plain line every 10 s, or
     /// every TPUSIM_PROGRESS_SECS seconds).
@@ -98,13 +98,13 @@ pub struct TuneArgs {
     #[arg(long, default_value_t = 12, allow_negative_numbers = true, value_parser = at_least_one)]
     pub refine: usize,
     /// Worker threads [default: one per core].
-    #[arg(long, short, allow_negative_numbers = true, value_parser = at_least_one)]
+    #[arg(long, short, allow_negative_numbers = true, value_parser = thread_count)]
     pub jobs: Option<usize>,
     /// Simulate every valid configuration, also those whose latency lower bound (per-unit busy
     /// time and grid-step overhead, no scheduling) shows they cannot rank: the same ranking,
     /// slower.
-    #[arg(long)]
-    pub exhaustive: bool,
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", value_name = "BOOL")]
+    pub exhaustive: Option<bool>,
     /// Print no progress on stderr (bars on a terminal; otherwise a plain line every 10 s, or
     /// every TPUSIM_PROGRESS_SECS seconds).
     #[arg(long)]
@@ -122,6 +122,15 @@ pub struct TuneArgs {
 /// The value parser of a count flag (`--jobs`, `--top`, `--refine`): a whole number of at least 1,
 /// or an error saying so (`-1` included: the flag takes negative numbers as values so that they
 /// are named, not mistaken for flags).
+/// The value parser of `--jobs`: a whole number from 1 to [`tpusim_sweep::MAX_JOBS`].
+pub fn thread_count(s: &str) -> Result<usize, String> {
+    let max = tpusim_sweep::MAX_JOBS;
+    match s.trim().parse::<usize>() {
+        Ok(v) if (1..=max).contains(&v) => Ok(v),
+        _ => Err(format!("expected a whole number of threads from 1 to {max}")),
+    }
+}
+
 pub fn at_least_one(s: &str) -> Result<usize, String> {
     match s.trim().parse::<usize>() {
         Ok(v) if v >= 1 => Ok(v),
@@ -235,7 +244,7 @@ pub fn cmd_tune(a: &TuneArgs) -> Result<String, CliError> {
         jobs: a.jobs,
         progress: !a.no_progress,
         cancel: None,
-        exhaustive: a.exhaustive,
+        exhaustive: a.exhaustive.unwrap_or(false),
     };
     let r = tpusim_sweep::tune(&spec, &opts).map_err(|e| match e {
         tpusim_sweep::SweepError::Spec(e) => a.job.error(e),

@@ -133,6 +133,18 @@ fn bad_kernel_ir_input_is_refused_by_name() {
     input_error(&["run", "--kernel-ir", &f, "--block-q", "256"], &["--block-q", "not with --kernel-ir"]);
     // tune says to use tpusim.jax.tune, and how.
     input_error(&["tune", "--kernel-ir", &f], &["--kernel-ir", "tpusim.jax.tune(make_fn, candidates", "lowers make_fn(candidate)"]);
+    // A hand-edited window that breaks the (8, 128) block rule: 250 rows of a 1024-row array.
+    let dir = scratch("bad-block");
+    let mut d: Value = serde_json::from_str(&std::fs::read_to_string(&f).unwrap()).unwrap();
+    d["refs"][0]["shape"][0] = 250.into();
+    let bad = dir.join("bad.json");
+    std::fs::write(&bad, serde_json::to_string(&d).unwrap()).unwrap();
+    input_error(&["run", "--kernel-ir", bad.to_str().unwrap()], &["refs[0] (input 0).shape[0] = 250", "multiple of the chip's 8 sublanes", "(1024)"]);
+    // Lanes: 200 columns.
+    d["refs"][0]["shape"][0] = 256.into();
+    d["refs"][0]["shape"][1] = 200.into();
+    std::fs::write(&bad, serde_json::to_string(&d).unwrap()).unwrap();
+    input_error(&["run", "--kernel-ir", bad.to_str().unwrap()], &["refs[0] (input 0).shape[1] = 200", "128 lanes"]);
 }
 
 #[test]

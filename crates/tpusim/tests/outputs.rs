@@ -281,5 +281,5 @@ fn a_generator_writes_into_a_hand_written_file_between_its_markers_only() {
     std::fs::write(&bare, "Write between `<!-- tpusim accuracy: begin -->` and `<!-- tpusim accuracy: end -->`.\n").unwrap();
     // (The check before the work words it "or the markers of"; the one at writing time does not.)
     let e = refused(bin().args(["validate", s(&csv), "--bands", "--into", s(&bare)]).output().unwrap(), "no markers with --bands");
-    assert!(e.contains("(or the markers of tpusim validate-cv, tpusim validate-bands, tpusim accuracy)"), "{e}");
+    assert!(e.contains("(or the markers of tpusim validate-cv, tpusim validate-bands, tpusim accuracy, tpusim fitted-params)"), "{e}");
 }

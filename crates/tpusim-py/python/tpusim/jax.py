@@ -116,6 +116,13 @@ def lower(fn, *args, chip="v6e", device_kind=None, mesh=None):
 
     if mesh is None:
         mesh = AbstractMesh((1,), ("x",), abstract_device=AbstractDevice(device_kind=kind, num_cores=cores, platform="tpu"))
+    else:
+        mesh_kind = getattr(getattr(mesh, "abstract_device", None), "device_kind", None)
+        if mesh_kind is not None and mesh_kind != kind:
+            raise InputError(
+                f"mesh: built for device kind {mesh_kind!r}, but chip {chip!r} lowers as {kind!r}: build the mesh with "
+                f"tpusim.jax.mesh(shape, axis_names, chip={chip!r})"
+            )
     # Arguments may be pytrees (dicts of weights): their leaves are arrays or ShapeDtypeStructs.
     specs = jax.tree.map(lambda a: a if isinstance(a, jax.ShapeDtypeStruct) else jax.ShapeDtypeStruct(a.shape, a.dtype), list(args))
     try:
@@ -1105,6 +1112,29 @@ def _runtime_array(name, value):
     return np.asarray(value)
 
 
+def _check_lengths(name, lengths, page_indices=None, page_size=None):
+    """Sequence lengths as whole numbers from 0, and (with a page table of one row of pages per
+    sequence) at most the tokens the table's row holds; an error names the operand, the entry
+    and the bound."""
+    import numpy as np
+
+    flat = np.asarray(lengths).reshape(-1)
+    if flat.size and not np.issubdtype(flat.dtype, np.integer):
+        raise InputError(f"{name}: expected whole numbers of tokens, got dtype {flat.dtype}")
+    for i, v in enumerate(flat.tolist()):
+        if v < 0:
+            raise InputError(f"{name}[{i}] = {v}: expected a whole number of tokens from 0")
+    if page_indices is not None and page_size is not None:
+        pages_per_seq = int(np.asarray(page_indices).shape[-1])
+        most = pages_per_seq * int(page_size)
+        for i, v in enumerate(flat.tolist()):
+            if v > most:
+                raise InputError(
+                    f"{name}[{i}] = {v}: expected at most {most} tokens (the page table holds {pages_per_seq} pages of "
+                    f"{int(page_size)} tokens per sequence)"
+                )
+
+
 def decode(fn, *args, lengths, page_size, kv_bytes_per_page, pages_per_block=None, chip="v6e", device_kind=None, set=None):
     """Simulates the decode kernel in `fn(*args)` (one Pallas kernel; its runtime operands, such as
     sequence lengths and page tables, given as concrete arrays in `args`) and reports it against
@@ -1114,6 +1144,7 @@ def decode(fn, *args, lengths, page_size, kv_bytes_per_page, pages_per_block=Non
     import numpy as np
 
     lengths = _runtime_array("lengths", lengths)
+    _check_lengths("lengths", lengths)
     descs, _ = describe_all(fn, *args, chip=chip, device_kind=device_kind)
     if len(descs) != 1:
         raise InputError(f"the function has {len(descs)} Pallas kernels; a decode step is one kernel")
@@ -1144,6 +1175,7 @@ def paged_attention_step(q, k_pages, v_pages, lengths, page_indices, *, pages_pe
     lengths = _runtime_array("lengths", lengths)
     page_indices = _runtime_array("page_indices", page_indices)
     kv_heads, _, page_size, head_dim = k_pages.shape
+    _check_lengths("lengths", lengths, page_indices, page_size)
     item = np.dtype(k_pages.dtype).itemsize
 
     def step(q, k_pages, v_pages, lengths, page_indices):
@@ -1177,6 +1209,9 @@ def ragged_paged_attention_step(q, kv_pages, kv_lens, page_indices, cu_q_lens, n
         )
 
     n = int(num_seqs.reshape(-1)[0])
+    if not 0 <= n <= kv_lens.size:
+        raise InputError(f"num_seqs = {n}: expected a whole number from 0 to the {kv_lens.size} entries of kv_lens")
+    _check_lengths("kv_lens", kv_lens.reshape(-1)[:n], page_indices, page_size)
     return decode(
         step, q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs, lengths=kv_lens.reshape(-1)[:n], page_size=page_size,
         kv_bytes_per_page=page_size * combined * head_dim * item, pages_per_block=num_kv_pages_per_block, chip=chip, set=set,

@@ -34,7 +34,7 @@
 //! rules or VMEM refuse) and bound its latency from below without scheduling any body
 //! ([`tpusim_report::latency_lower_bound_s`]: per core, the grid-step overheads plus the MXU's
 //! occupancy, each other unit's occupancy, the DMA time; plus the exact XLA and host phases).
-//! They then simulate candidates in order of that bound, [`PRUNE_CHUNK`] at a time, and stop
+//! They then simulate candidates in order of that bound, eight (`PRUNE_CHUNK`) at a time, and stop
 //! once the next bound is above the latency of `top` distinct simulated jobs (and, in stage 2,
 //! of the best of `refine` distinct block pairs): every candidate left has a latency at least
 //! its bound, so it could enter neither the ranking nor the pairs stage 3 refines. The ranking

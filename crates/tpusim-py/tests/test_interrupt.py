@@ -9,7 +9,11 @@ import sys
 import time
 
 SCRIPT = r"""
-import sys, time
+import signal, sys, time
+# Python raises KeyboardInterrupt only where SIGINT has its default handler; a process started
+# with SIGINT ignored (a background job of a non-interactive shell, some CI runners) inherits
+# the ignore. Install the handler, as a notebook kernel does.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 import tpusim
 print("ready", flush=True)
 try:

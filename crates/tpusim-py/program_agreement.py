@@ -15,10 +15,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "tests"))
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-import tpusim  # noqa: E402
 import tpusim.jax as tj  # noqa: E402
 import test_program as T  # noqa: E402
-from kernels import splash, tutorial_matmul  # noqa: E402
+from kernels import tutorial_matmul  # noqa: E402
 
 
 def _pct(a, b):
@@ -49,22 +48,9 @@ def main():
     print()
     print("| JAX Splash fwd behind a [B, S, H, D] wrapper, v6e | program ms | `--scope call --input-layout bshd` ms (no dispatch) | error | wrapper fusions ms program / call |")
     print("|---|---|---|---|---|")
-    h, s, d, b = 4, 2048, 128, 512
+    h, s, d, b = T.BSHD
     for mask in ("full", "causal"):
-        kernel = splash(mask, h, s, b)
-
-        def wrapper(q, k, v, kernel=kernel):
-            qh = jnp.einsum("bshd->bhsd", q * d**-0.5)
-            kh = jnp.einsum("bshd->bhsd", k)
-            vh = jnp.einsum("bshd->bhsd", v)
-            return jnp.einsum("bhsd->bshd", kernel(qh[0], kh[0], vh[0])[None])
-
-        x = jax.ShapeDtypeStruct((1, s, h, d), jnp.bfloat16)
-        r = tj.simulate_program(wrapper, x, x, x)
-        hand = tpusim.simulate(
-            kernel="splash", heads=h, seq_len=s, head_dim=d, mask=mask, block_q=b, block_kv=b, block_kv_compute=b,
-            scope="call", input_layout="bshd",
-        )
+        r, hand = T._bshd_runs(mask)
         call = hand.latency_ms - hand.host_ms
         fus = [e["seconds"] * 1e3 for e in r.by_kind("fusion")]
         wrap = [p["latency_ms"] for p in hand.phases if p["part"] == "wrapper"]

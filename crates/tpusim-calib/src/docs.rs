@@ -40,11 +40,8 @@ pub fn params_table(chips: &ChipSet) -> Result<String, String> {
     let mut s = String::from(
         "| chip | rows | VALU (8,128)-register ops / cycle | EUP registers / cycle | XLU cycles / register | loaded-mask ops / register | grid-step overhead, cycles |\n|---|---:|---|---|---|---|---|\n",
     );
-    let num = |v: f64| {
-        let t = format!("{v:.4}");
-        let t = t.trim_end_matches('0').trim_end_matches('.').to_string();
-        if t.is_empty() { "0".to_string() } else { t }
-    };
+    // Values as the model file writes them (the shortest text that reads back the same number).
+    let num = |v: f64| v.to_string();
     for name in PARAM_CHIPS {
         let chip = chips.chip_for(name)?;
         let f = &chip.fitted;

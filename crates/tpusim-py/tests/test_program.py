@@ -276,15 +276,17 @@ def test_readme_whole_program_example_runs(root):
     assert r.ici_hidden_ms == pytest.approx(0, abs=1e-12)
 
 
-@pytest.mark.parametrize("mask", ["full", "causal"])
-def test_splash_behind_a_bshd_wrapper_agrees_with_scope_call(mask):
+#: Shape and blocks of the [B, S, H, D] wrapper case: heads, tokens, head_dim, blocks.
+BSHD = (4, 2048, 128, 512)
+
+
+def _bshd_runs(mask):
     """JAX Splash behind an axlearn-style wrapper ([B, S, H, D] in and out: q scaled and
-    transposed, k and v transposed, o transposed back) simulated from its export agrees within
-    3% with `--scope call --input-layout bshd` without the host's dispatch cost; the wrapper's
-    four transposes agree phase by phase."""
+    transposed, k and v transposed, o transposed back), simulated from its export, and the hand
+    model of the same call under `--scope call --input-layout bshd`: (program report, Report)."""
     from kernels import splash
 
-    h, s, d, b = 4, 2048, 128, 512
+    h, s, d, b = BSHD
     kernel = splash(mask, h, s, b)
     scale = d**-0.5
 
@@ -300,6 +302,15 @@ def test_splash_behind_a_bshd_wrapper_agrees_with_scope_call(mask):
         kernel="splash", heads=h, seq_len=s, head_dim=d, mask=mask, block_q=b, block_kv=b, block_kv_compute=b,
         scope="call", input_layout="bshd",
     )
+    return r, hand
+
+
+@pytest.mark.parametrize("mask", ["full", "causal"])
+def test_splash_behind_a_bshd_wrapper_agrees_with_scope_call(mask):
+    """The [B, S, H, D] wrapper case (`_bshd_runs`) simulated from its export agrees within 3%
+    with `--scope call --input-layout bshd` without the host's dispatch cost; the wrapper's four
+    transposes agree phase by phase."""
+    r, hand = _bshd_runs(mask)
     assert r.latency_ms == pytest.approx(hand.latency_ms - hand.host_ms, rel=0.03)
     wrap = [p["latency_ms"] for p in hand.phases if p["part"] == "wrapper"]
     fusions = [e["seconds"] * 1e3 for e in r.by_kind("fusion")]

@@ -472,20 +472,17 @@ impl<'a> Search<'a> {
                 pb.inc(1);
             }
         };
+        // One candidate simulated (or skipped once the search is cancelled).
+        let run = |c: &Cand| {
+            if opts.cancelled() {
+                return Eval::Other("interrupted".into());
+            }
+            let e = evaluate(ev, chip_key, chip, spec, c, opts);
+            tick();
+            e
+        };
         let evals: Vec<Eval> = match need.filter(|_| !opts.exhaustive) {
-            None => self.pool.install(|| {
-                fresh
-                    .par_iter()
-                    .map(|c| {
-                        if opts.cancelled() {
-                            return Eval::Other("interrupted".into());
-                        }
-                        let e = evaluate(ev, chip_key, chip, spec, c, opts);
-                        tick();
-                        e
-                    })
-                    .collect()
-            }),
+            None => self.pool.install(|| fresh.par_iter().map(run).collect()),
             Some(need) => {
                 let pre: Vec<Pre> = self.pool.install(|| {
                     fresh
@@ -493,20 +490,22 @@ impl<'a> Search<'a> {
                         .map(|c| if opts.cancelled() { Pre::Done(Eval::Other("interrupted".into())) } else { prepare(chip, spec, c, opts) })
                         .collect()
                 });
-                let mut evals: Vec<Option<Eval>> = Vec::with_capacity(fresh.len());
+                // Every lowered candidate is pruned until it is simulated.
                 let mut order: Vec<(f64, usize)> = Vec::new();
-                for (i, p) in pre.into_iter().enumerate() {
-                    match p {
+                let mut evals: Vec<Eval> = pre
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, p)| match p {
                         Pre::Done(e) => {
                             tick();
-                            evals.push(Some(e));
+                            e
                         }
                         Pre::Lowered(job, bound) => {
                             order.push((bound, i));
-                            evals.push(Some(Eval::Pruned(job)));
+                            Eval::Pruned(job)
                         }
-                    }
-                }
+                    })
+                    .collect();
                 // Lowest bound first (ties in candidate order, so the outcome is deterministic).
                 order.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
                 let mut board = Board::new(&self.results, need);
@@ -515,25 +514,13 @@ impl<'a> Search<'a> {
                     if board.settled(chunk[0].0) {
                         break;
                     }
-                    let done: Vec<(usize, Eval)> = self.pool.install(|| {
-                        chunk
-                            .par_iter()
-                            .map(|&(_, i)| {
-                                if opts.cancelled() {
-                                    return (i, Eval::Other("interrupted".into()));
-                                }
-                                let e = evaluate(ev, chip_key, chip, spec, &fresh[i], opts);
-                                tick();
-                                (i, e)
-                            })
-                            .collect()
-                    });
+                    let done: Vec<(usize, Eval)> = self.pool.install(|| chunk.par_iter().map(|&(_, i)| (i, run(&fresh[i]))).collect());
                     for (i, e) in done {
                         board.add(&e);
-                        evals[i] = Some(e);
+                        evals[i] = e;
                     }
                 }
-                evals.into_iter().map(|e| e.expect("every candidate has an outcome")).collect()
+                evals
             }
         };
         if let Some(pb) = pb {
@@ -797,6 +784,12 @@ fn rank(
     })
 }
 
+/// Whether a candidate is dropped as inexact: the tuner (not the user) chose masking `none` and
+/// the tiling has partial tiles (`partial`), which then give wrong results.
+fn inexact(spec: &JobSpec, cand: &Cand, opts: &TuneOptions, partial: bool) -> bool {
+    spec.masking.is_none() && cand.masking == Some(Masking::None) && !opts.allow_inexact && partial
+}
+
 /// A candidate lowered, before simulation: its job and a lower bound on its latency (ms), or
 /// what it gave without simulation (refused, inexact).
 enum Pre {
@@ -821,8 +814,7 @@ fn prepare(chip: &ChipModel, spec: &JobSpec, cand: &Cand, opts: &TuneOptions) ->
                 tpusim_kernel::PhaseWork::Kernel(k) => Some(k.info.tiles.is_some_and(|t| t.partial > 0)),
                 tpusim_kernel::PhaseWork::Fusion(_) => None,
             });
-            let tuner_chose_none = spec.masking.is_none() && cand.masking == Some(Masking::None);
-            if tuner_chose_none && !opts.allow_inexact && partial == Some(true) {
+            if inexact(spec, cand, opts, partial == Some(true)) {
                 return Pre::Done(Eval::Inexact);
             }
             let bound_ms = tpusim_report::latency_lower_bound_s(chip, &lowered) * 1e3;
@@ -845,8 +837,7 @@ fn evaluate(ev: &Evaluator, chip_key: &str, chip: &ChipModel, spec: &JobSpec, ca
         Ok(run) => {
             // No what-if table per candidate: the ranked ones get theirs (six re-timings each).
             let r = tpusim_report::Report::from_run_as(&run, run.chip.identity());
-            let tuner_chose_none = spec.masking.is_none() && cand.masking == Some(Masking::None);
-            if tuner_chose_none && !opts.allow_inexact && r.tiles.is_some_and(|t| t.partial > 0) {
+            if inexact(spec, cand, opts, r.tiles.is_some_and(|t| t.partial > 0)) {
                 return Eval::Inexact;
             }
             Eval::Ok(Box::new((r, job)))

@@ -22,23 +22,20 @@ _FUSED = (
 )
 
 KNOWN_MISSES = {
+    "JAX Splash fwd local:512,0, 4 x 2048 x 128, blocks 1024": "counts and per-unit busy time equal; latency +5.6%: the two schedules differ (the IR path lists ops in program order, the hand body by software-pipelined stage; open)",
+    "JAX Splash fwd chunked:1024, 4 x 2048 x 128, blocks 1024": "counts and per-unit busy time equal; latency +3.4%: the two schedules differ (the IR path lists ops in program order, the hand body by software-pipelined stage; open)",
     "JAX Splash bwd fused dq/dk/dv full, 4 x 2048 x 128, blocks 512": _FUSED,
     "JAX Splash bwd fused dq/dk/dv full, 4 x 2048 x 128, blocks 1024": _FUSED,
     "JAX Splash bwd fused dq/dk/dv causal, 4 x 2048 x 128, blocks 512": _FUSED,
     "JAX Splash bwd fused dq/dk/dv causal, 4 x 2048 x 128, blocks 1024": _FUSED,
+    "JAX Splash bwd dkv local:512,0, 4 x 2048 x 128, blocks 512": "counts equal, VPU busy 1.6% higher in the hand body (it charges the dk / dv scratch zeroing to the VPU, the IR path does not); latency -4.7%: the two schedules differ (the IR path lists ops in program order, the hand body by software-pipelined stage; open)",
     "JAX Splash bwd fused dq/dk/dv local:512,0, 4 x 2048 x 128, blocks 512": _FUSED,
     "JAX Splash bwd fused dq/dk/dv local:512,0, 4 x 2048 x 128, blocks 1024": _FUSED,
     "JAX Splash bwd fused dq/dk/dv chunked:1024, 4 x 2048 x 128, blocks 512": _FUSED,
+    "JAX Splash bwd dkv chunked:1024, 4 x 2048 x 128, blocks 1024": "counts equal, VPU busy 1.6% higher in the hand body (it charges the dk / dv scratch zeroing to the VPU, the IR path does not); latency -3.1%: the two schedules differ (the IR path lists ops in program order, the hand body by software-pipelined stage; open)",
     "JAX Splash bwd fused dq/dk/dv chunked:1024, 4 x 2048 x 128, blocks 1024": _FUSED,
     "JAX Splash bwd fused dq/dk/dv full, 4 x 2048 x 128, blocks 1024, block_kv_dkv_compute 512": _FUSED,
     "JAX Splash bwd fused dq/dk/dv causal, 4 x 2048 x 128, blocks 1024, block_kv_dkv_compute 512": _FUSED,
-    "JAX Splash fwd local:512,0, 4 x 2048 x 128, blocks 512": "counts equal; latency -3.2%: the two bodies' schedules differ (open)",
-    "JAX Splash bwd dkv causal, 4 x 2048 x 128, blocks 512": "counts equal; latency -4.3%: the two bodies' schedules differ (open)",
-    "JAX Splash bwd dq local:512,0, 4 x 2048 x 128, blocks 512": "counts equal; latency -3.3%: the two bodies' schedules differ (open)",
-    "JAX Splash bwd dkv local:512,0, 4 x 2048 x 128, blocks 512": "counts equal; latency -5.3%: the two bodies' schedules differ (open)",
-    "JAX Splash bwd dq chunked:1024, 4 x 2048 x 128, blocks 512": "counts equal; latency +3.2%: the two bodies' schedules differ (open)",
-    "JAX flash attention fwd causal, 1 x 4 x 2048 x 128, blocks 1024 / 1024 / 1024": "counts equal; latency -3.3%: the two bodies' schedules differ (open)",
-    "JAX flash attention fwd causal, 1 x 4 x 2048 x 128, blocks 512 / 1024 / 512": "counts equal; latency -4.5%: the two bodies' schedules differ (open)",
 }
 
 

@@ -67,9 +67,13 @@ fn every_shipped_trace_is_bound_by_its_largest_what_if_gain() {
 
 #[test]
 fn a_run_no_rate_shortens_is_called_latency_bound() {
-    // 8192-row blocks over 128-wide sub-tiles: chains of XLU row reductions, each waiting its
-    // result latency; the XLU is busy nearly all the run yet a 2x XLU rate saves under 1%.
-    let rep = check(&spec("kernel = 'tokamax-splash'\nheads = 1\nseq_len = 16384\nblock_q = 8192\nblock_kv = 8192\nblock_kv_compute = 128\nvmem_limit_mib = 128\n"), "xlu chains");
+    // 8192-row blocks over 256-wide sub-tiles on v5e: chains of XLU row reductions, each
+    // waiting its result latency; the XLU is busy nearly all the run yet a 2x XLU rate saves
+    // under 1%.
+    let rep = check(
+        &spec("chip = 'v5e'\nkernel = 'tokamax-splash'\nheads = 1\nseq_len = 16384\nblock_q = 8192\nblock_kv = 8192\nblock_kv_compute = 256\nvmem_limit_mib = 128\n"),
+        "xlu chains",
+    );
     assert!(tpusim_report::whatif::latency_bound(rep.what_if_2x.as_ref().unwrap()), "{:?}", rep.what_if_2x);
     assert_eq!(rep.bottleneck, tpusim_kernel::Unit::Xlu);
 }

@@ -52,7 +52,7 @@
 //! dk, dq) where the forward runs two; the two-kernel path recomputes qk and dp in the dq kernel:
 //! seven.
 
-use super::{add_mask, check_blocks_named, classify, padded_lengths, vregs, worst_mask_cost, Classified, MaskCost, Seg, Steps};
+use super::{add_mask, check_blocks_named, classify, lane_regs, padded_lengths, vregs, worst_mask_cost, Classified, MaskCost, Seg, Steps};
 use crate::vmem::VmemBuffer;
 use crate::ir::{ClassKey, Step, StepBody, StepClass, Work};
 use crate::options::{Exp, Kernel, MaskSource, Masking, Traversal};
@@ -209,7 +209,7 @@ fn dkv_body(s: &DkvShape) -> StepBody {
             let er = vregs(r, s.bq);
             let qk = b.add("qk", Work::Matmul { m: r, k: s.d, n: s.bq, m_total: s.bkv }, &[], slot(g, 1));
             let scores = match s.mask {
-                Some(c) => add_mask(&mut b, er, r as f64 / 8.0, false, c, qk, slot(g, 2)),
+                Some(c) => add_mask(&mut b, er, r as f64 / 8.0, if si == 0 { lane_regs(s.bq) } else { 0.0 }, false, c, qk, slot(g, 2)),
                 None => qk,
             };
             let sub_ops = if s.base2 { 2.0 } else { 3.0 };
@@ -792,7 +792,7 @@ fn dq_body(bq: u64, bkv: u64, d: u64, dv: u64, mask: Option<MaskCost>, first: bo
         });
         let qk = b.add("qk", Work::Matmul { m: r, k: d, n: bkv, m_total: bq }, &[], slot(si, 1));
         let scores = match mask {
-            Some(c) => add_mask(&mut b, e, r as f64 / 8.0, true, c, qk, slot(si, 2)),
+            Some(c) => add_mask(&mut b, e, r as f64 / 8.0, if si == 0 { lane_regs(bkv) } else { 0.0 }, true, c, qk, slot(si, 2)),
             None => qk,
         };
         // Pop, subtract logsumexp, and the natural exp's scale by log2(e) before the EUP's exp2

@@ -10,12 +10,12 @@
 //! |---|---|---|
 //! | `q_scale` | VPU | r d / 1024 (base-2 exp only, once per step: q x log2(e)) |
 //! | `qk` | MXU | r x d x c matmul (k^T chunk stationary) |
-//! | `mask` | VPU | (r c / 1024) x mask ops (masked steps only; see [`mask_cost`]), after `mask_positions` (r / 8 x the mask function's position arithmetic, waiting for nothing) |
-//! | `rowmax` | VPU | 2 r c / 1024 (pop scores from the MXU result buffer; element-wise max across lane chunks) |
+//! | `mask` | VPU | r c / 1024 (the select, after `qk` and `mask_compare`: (r c / 1024) x (mask ops - 1), the comparisons and their combination, after `mask_positions`: r / 8 x the mask function's position arithmetic on the row side plus c / 128 x the lane side's on a tile's first slab, waiting for nothing); masked steps only, see [`mask_cost`]; a loaded int8 mask is one op of r c / 1024 x its fitted cost after `qk` |
+//! | `rowmax` | VPU | (2 - 128 / c) r c / 1024 (pop scores from the MXU result buffer; the c / 128 registers of a row folded by c / 128 - 1 element-wise maxima) |
 //! | `rowmax_xlu` | XLU | r / 8 cross-lane reductions |
 //! | `sub` | VPU | r c / 1024 (s - m; natural exp adds r c / 1024: the scale by log2(e) before the EUP's exp2) + 2 r / 8 (m update, alpha argument) |
 //! | `exp` | EUP | r c / 1024 + r / 8 (p and alpha) |
-//! | `sum_cast` | VPU | 2 r c / 1024 (row-sum accumulate, cast p to bf16) |
+//! | `sum_cast` | VPU | (2 - 128 / c) r c / 1024 (row-sum fold as the max's, cast p to bf16) |
 //! | `rowsum_xlu` | XLU | r / 8 |
 //! | `v_cast` | VPU | 2 c dv / 1024, once per sub-tile (JAX's Splash only: v widened to f32 and rounded back to bf16 for the MXU, [`crate::mxu`]) |
 //! | `pv` | MXU | r x c x dv matmul (v chunk stationary) |
@@ -213,12 +213,12 @@ pub struct MaskCost {
 /// a q-position array and a kv-position array of the tile's shape, one of them constant along
 /// the lanes (the side laid along the rows) and the other along the sublanes; arithmetic on a
 /// position alone runs on one register per row group or lane group, not per score register
-/// ([`MaskCost::q_row_ops`], [`MaskCost::kv_row_ops`]; the lane-side work, a few registers
-/// per step, is not counted). Per score register: the comparisons, their combination and the
+/// ([`MaskCost::q_row_ops`], [`MaskCost::kv_row_ops`]; the side along the lanes is
+/// sublane-replicated, one register per 128 columns of a tile, counted once per tile). Per score register: the comparisons, their combination and the
 /// select. Position arithmetic, per position register: `CausalMask` q + offset (1, when the
 /// offset is not 0); `LocalMask` (a band is a symmetric one) q + offset, q - left, q + right;
 /// `ChunkedCausalMask` `q // chunk` and `kv // chunk`, each JAX's floor division (`arith.divsi`
-/// with the sign correction: 15 operations counted as the IR path counts them). The dkv
+/// with the sign correction: 17 operations counted as the IR path counts them). The dkv
 /// kernel's kv positions are `k_offset + iota` along the rows (1 more per kv register).
 pub fn mask_cost(mask: &Mask, source: MaskSource, padded: bool) -> MaskCost {
     let t = mask.expression_terms();
@@ -240,8 +240,10 @@ pub fn mask_cost(mask: &Mask, source: MaskSource, padded: bool) -> MaskCost {
 /// (ops per score register, per q-position register, per kv-position register) of a
 /// computable mask's function ([`mask_cost`]); `None` for other masks.
 fn computed_mask_ops(mask: &Mask) -> Option<(f64, f64, f64)> {
-    /// JAX's floor division of int32 positions by a constant, as its IR counts it.
-    const FLOOR_DIV: f64 = 15.0;
+    /// JAX's floor division of int32 positions by a constant, as its IR counts it
+    /// (`tpusim-pallas`'s op costs): `arith.divsi` (3) and `arith.remsi` (4), four compares,
+    /// two zero-extensions, two subtractions, an and and a select (10).
+    const FLOOR_DIV: f64 = 17.0;
     let off = |o: i64| if o != 0 { 1.0 } else { 0.0 };
     match mask {
         // Nothing to compute but the select (when padding or tile alignment masks it).
@@ -287,16 +289,27 @@ pub(crate) fn mask_work(sv: f64, c: MaskCost) -> Work {
     Work::Vector { ops: sv * c.ops, loaded_mask_vregs: if c.loaded { sv } else { 0.0 } }
 }
 
-/// Adds a slab's mask to `b` after `qk`: the position arithmetic of the row side (`rv`
-/// registers of q positions when `q_rows`, else kv positions; it needs no scores, so it waits
-/// for nothing) and the per-score-register work ([`mask_work`]) after both.
-pub(crate) fn add_mask(b: &mut StepBody, sv: f64, rv: f64, q_rows: bool, c: MaskCost, qk: NodeIndex, issue: u64) -> NodeIndex {
-    let row = if q_rows { c.q_row_ops } else { c.kv_row_ops };
-    let mut deps = vec![qk];
-    if row > 0.0 {
-        deps.push(b.add("mask_positions", Work::Vector { ops: rv * row, loaded_mask_vregs: 0.0 }, &[], issue));
+/// Adds a slab's mask to `b` after `qk`. Position arithmetic needs no scores, so it waits for
+/// nothing: the row side's (`rv` registers of q positions when `q_rows`, else kv positions) and
+/// the lane side's (`lane_regs` registers of the other side's positions, sublane-replicated: one
+/// register per 128 columns of the tile, given with the first slab of a tile and 0 after). Then
+/// the per-score-register work ([`mask_work`]): of a computed mask's work only the select reads
+/// the scores; the comparisons and their combination (of positions, segment ids or a JAX mask
+/// block) wait for the positions alone, so the VPU runs them while the MXU computes `qk`, as the
+/// kernel's dataflow allows. A chip-costed loaded int8 mask stays one operation after `qk` (its
+/// fitted cost was fitted so).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn add_mask(b: &mut StepBody, sv: f64, rv: f64, lane_regs: f64, q_rows: bool, c: MaskCost, qk: NodeIndex, issue: u64) -> NodeIndex {
+    let (row, lane) = if q_rows { (c.q_row_ops, c.kv_row_ops) } else { (c.kv_row_ops, c.q_row_ops) };
+    let ops = rv * row + lane_regs * lane;
+    let positions = (ops > 0.0).then(|| b.add("mask_positions", Work::Vector { ops, loaded_mask_vregs: 0.0 }, &[], issue));
+    if c.loaded || c.ops <= 1.0 {
+        let deps: Vec<NodeIndex> = std::iter::once(qk).chain(positions).collect();
+        return b.add("mask", mask_work(sv, c), &deps, issue);
     }
-    b.add("mask", mask_work(sv, c), &deps, issue)
+    let pre: Vec<NodeIndex> = positions.into_iter().collect();
+    let compare = b.add("mask_compare", Work::Vector { ops: sv * (c.ops - 1.0), loaded_mask_vregs: 0.0 }, &pre, issue);
+    b.add("mask", Work::Vector { ops: sv, loaded_mask_vregs: 0.0 }, &[qk, compare], issue)
 }
 
 /// Shapes and options of one attention step body.
@@ -318,6 +331,12 @@ struct BodyShape {
     f32_v: bool,
     /// JAX's older flash attention: o_acc normalized on every sub-tile (module docs).
     flash: bool,
+}
+
+/// Registers of a sublane-replicated (lane-side) position array over `cols` columns: one per 128
+/// lanes.
+pub(crate) fn lane_regs(cols: u64) -> f64 {
+    cols.div_ceil(128) as f64
 }
 
 pub(crate) fn vregs(rows: u64, cols: u64) -> f64 {
@@ -397,11 +416,14 @@ fn build_attention_body(s: &BodyShape) -> StepBody {
             }
             let qk = b.add("qk", Work::Matmul { m: r, k: s.d, n: c, m_total: s.block_q }, &[], slot(g, 1));
             let scores = match s.mask {
-                Some(c) => add_mask(&mut b, sv, rv, true, c, qk, slot(g, 2)),
+                Some(c) => add_mask(&mut b, sv, rv, if si == 0 { lane_regs(s.compute) } else { 0.0 }, true, c, qk, slot(g, 2)),
                 None => qk,
             };
-            // Pop the f32 scores from the MXU result buffer, then the element-wise max.
-            let rowmax = b.add("rowmax", Work::Vector { ops: 2.0 * sv, loaded_mask_vregs: 0.0 }, &[scores], slot(g, 3));
+            // Pop the f32 scores from the MXU result buffer, then the row max's element-wise
+            // part: a row of c columns spans c / 128 registers, folded into one by c / 128 - 1
+            // maxima before the XLU reduces across its lanes.
+            let fold = 1.0 - lane_regs(c).recip();
+            let rowmax = b.add("rowmax", Work::Vector { ops: (1.0 + fold) * sv, loaded_mask_vregs: 0.0 }, &[scores], slot(g, 3));
             let mut deps = vec![rowmax];
             deps.extend(prev_max[i]);
             let reads_m = (prev_max[i].is_none()).then(|| m_slot(si));
@@ -411,7 +433,8 @@ fn build_attention_body(s: &BodyShape) -> StepBody {
             let scale = if s.base2 { 1.0 } else { 2.0 };
             let sub = b.add("sub", Work::Vector { ops: scale * sv + 2.0 * rv, loaded_mask_vregs: 0.0 }, &[rowmax_x], slot(g, 5));
             let exp = b.add("exp", Work::Transcendental { vregs: sv + rv }, &[sub], slot(g, 6));
-            let post = b.add("sum_cast", Work::Vector { ops: 2.0 * sv, loaded_mask_vregs: 0.0 }, &[exp], slot(g, 7));
+            // The row sum's element-wise part (as the max's) and p rounded to bf16 for the MXU.
+            let post = b.add("sum_cast", Work::Vector { ops: (1.0 + fold) * sv, loaded_mask_vregs: 0.0 }, &[exp], slot(g, 7));
             let rowsum = b.add("rowsum_xlu", Work::CrossLane { vregs: rv }, &[post], slot(g, 8));
             let mut pv_deps = vec![post];
             if s.f32_v && si == 0 {

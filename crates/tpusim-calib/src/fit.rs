@@ -823,7 +823,7 @@ pub fn calibrate(
             p.checked_against = None;
             p.source = None;
             p.note = Some(format!(
-                "fitted by tpusim calibrate on {date} to {} ({} rows): {objective}; 95% confidence interval {}; jointly with: {}",
+                "fitted by tpusim calibrate on {date} to {} ({} rows): {objective}; 95% confidence interval {}; {}",
                 file.path,
                 ids.len(),
                 match interval {
@@ -831,8 +831,8 @@ pub fn calibrate(
                     None => "not available".to_string(),
                 },
                 match fitted_names.iter().filter(|n| *n != name).copied().collect::<Vec<_>>().join(", ") {
-                    others if others.is_empty() => "alone".to_string(),
-                    others => others,
+                    others if others.is_empty() => "fitted alone".to_string(),
+                    others => format!("jointly with: {others}"),
                 }
             ));
         }

@@ -17,7 +17,9 @@ use tpusim_chip::ChipModel;
 pub enum OpCost {
     /// No unit time: layout-preserving reshapes and casts, broadcasts, concatenations of whole
     /// registers, constants, iota (formed once per kernel), loads and stores (the vector
-    /// load/store slots issue beside the ALUs), semaphores and DMA waits.
+    /// load/store slots issue beside the ALUs), semaphores and DMA waits. One exception, made
+    /// where the store is lowered: a store of a constant fills its buffer at one VPU operation
+    /// per register (the hand-written lowerings' zero-fill rule).
     Free,
     /// `ops` VPU operations per result register.
     Vpu(f64),

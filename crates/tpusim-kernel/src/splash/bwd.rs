@@ -19,9 +19,10 @@
 //!   | `dp` | MXU | c x dv x bq (v_s dO^T) |
 //!   | `ds` | VPU | 3 E / 1024 (pop, dp - di, x p) + E / 1024 (cast) |
 //!   | `dk` | MXU | c x bq x d (ds q) |
-//!   | `ds_t` | XLU | E / 1024 (the transpose of ds for dq, after every ds slab; fused only) |
-//!   | `dq` | MXU | bq x c x d (ds^T k_s; fused only) |
-//!   | `dv_acc`, `dk_acc`, `dq_acc` | VPU | 2 c dv / 1024, 2 c d / 1024, 2 bq d / 1024 (pop and add into f32 scratch) |
+//!   | `ds_t` | XLU | E / 1024 (the transpose of the f32 ds for dq, after every ds slab, its result handed on whole; fused only) |
+//!   | `ds_t_cast` | VPU | E / 1024 (ds^T rounded to bf16 for the MXU, per bq row slab; fused only) |
+//!   | `dq` | MXU | bq x c x d (ds^T k_s, streamed by bq row slab; fused only) |
+//!   | `dv_acc`, `dk_acc`, `dq_acc` | VPU | 2 c dv / 1024, 2 c d / 1024, 2 bq d / 1024 (pop and add into f32 scratch; dq per bq row slab as it comes out) |
 //!
 //!   The dk / dv scratch of a sub-tile is carried from one q step to the next (carried slots);
 //!   the dq scratch is zeroed and stored every step. tokamax runs its static grid: empty blocks
@@ -165,13 +166,20 @@ struct DkvShape {
 /// The body of one dkv (or fused) step (module docs). Carried slots: per sub-tile s, dv at 2 s
 /// and dk at 2 s + 1; the dq scratch at 2 n_sub.
 ///
-/// Issue order is software-pipelined as the forward's: stage k of slab g (g counts slabs over
-/// all sub-tiles) issues at slot g + SKEW[k], so the MXU streams later slabs' qk and dp while the
-/// VPU and EUP finish earlier slabs' p and ds.
+/// Issue order is software-pipelined as the forward's: stage k of slab g issues at slot
+/// g + SKEW[k], so the MXU streams later slabs' qk and dp while the VPU and EUP finish earlier
+/// slabs' p and ds. The skews are the data flow's (as the IR path assigns slots: an op a few
+/// slots after its producers, three after an MXU producer), so the qk and dp matmuls of all
+/// slabs lead, and dv and dk follow once p and ds are ready. The sub-tiles of a step (the
+/// kernel's unrolled loop over `block_kv_dkv_compute` slices) depend on each other only
+/// through the dq accumulator, so their slabs share slots (g counts slabs within a sub-tile)
+/// and the schedule interleaves them, as the kernel's IR reads: with each sub-tile's slabs
+/// issued after the previous sub-tile's, tokamax's measured fused backward rows of 4,096-wide
+/// kv blocks in 512-wide sub-tiles (TK-v7x-1tc-078, -079, -096, -103) came out 3-16% fast.
 fn dkv_body(s: &DkvShape) -> StepBody {
     // Stages: 0 per-step setup, 1 qk, 2 mask, 3 p_sub, 4 exp, 5 p_cast, 6 dv, 7 dp, 8 ds, 9 dk,
     // 10 dv_acc, 11 dk_acc, 12 ds_t, 13 dq, 14 dq_acc, 15 stores.
-    const SKEW: [u64; 16] = [0, 0, 2, 2, 3, 3, 4, 1, 4, 5, 6, 7, 5, 6, 7, 8];
+    const SKEW: [u64; 16] = [0, 0, 2, 3, 4, 4, 6, 1, 4, 6, 9, 9, 5, 6, 9, 10];
     let slot = |g: u64, stage: usize| (g + SKEW[stage]) * 16 + stage as u64;
     let mut b = StepBody::default();
     let n_sub = s.bkv / s.c;
@@ -186,25 +194,25 @@ fn dkv_body(s: &DkvShape) -> StepBody {
     if s.base2 {
         b.add("q_scale", Work::Vector { ops: vregs(s.bq, s.d), loaded_mask_vregs: 0.0 }, &[], slot(0, 0));
     }
-    let mut dq_prev: Option<NodeIndex> = dq_zero;
+    // The dq accumulator's last update per bq row slab (fused).
+    let mut dq_prev: Vec<Option<NodeIndex>> = vec![dq_zero; if s.fused { s.bq.div_ceil(SLAB_ROWS) as usize } else { 0 }];
     for sub in 0..n_sub {
         let (dv_slot, dk_slot) = ((2 * sub) as u16, (2 * sub + 1) as u16);
         let mut ds_parts = Vec::new();
         let mut last_dv = None;
         let mut last_dk = None;
-        let g0 = sub * slabs;
         let init = s.first.then(|| {
             b.add_carried(
                 "kv_init",
                 Work::Vector { ops: vregs(s.c, s.d + s.dv), loaded_mask_vregs: 0.0 },
                 &[],
-                slot(g0, 0),
+                slot(0, 0),
                 Some(dk_slot),
                 None,
             )
         });
         for si in 0..slabs {
-            let g = g0 + si;
+            let g = si;
             let r = SLAB_ROWS.min(s.c - si * SLAB_ROWS);
             let er = vregs(r, s.bq);
             let qk = b.add("qk", Work::Matmul { m: r, k: s.d, n: s.bq, m_total: s.bkv }, &[], slot(g, 1));
@@ -246,18 +254,26 @@ fn dkv_body(s: &DkvShape) -> StepBody {
             ));
             ds_parts.push(ds);
         }
-        let g_last = g0 + slabs - 1;
+        let g_last = slabs - 1;
         if s.fused {
             // dq += ds^T k_s: the (c, bq) ds tile transposed through the XLU once every ds slab
-            // is done (a row of ds^T is a column of ds), then bq rows stream through k_s. Kept as
-            // one transpose and one matmul: pipelining them per slab (as the IR path schedules
-            // it) takes 4-8% off tokamax's measured fused backward rows, already predicted fast
-            // (the `backward` check's worst row 13.1% -> 16.3%).
+            // is done (a row of ds^T is a column of ds), handed on whole, then bq rows stream
+            // through k_s slab by slab, each slab's result popped and added as it comes out (as
+            // the forward's pv and acc). The IR path reads the same: a `tpu.transpose` whose
+            // consumers wait for all of it, then a matmul split into row slabs. (Pipelining dq
+            // behind the transpose slab by slab takes 4-8% off tokamax's measured fused
+            // backward rows, which the model already predicts fast.)
             let t = b.add("ds_t", Work::CrossLane { vregs: vregs(s.c, s.bq) }, &ds_parts, slot(g_last, 12));
-            let dq = b.add("dq", Work::Matmul { m: s.bq, k: s.c, n: s.d, m_total: s.bq }, &[t], slot(g_last, 13));
-            let mut deps = vec![dq];
-            deps.extend(dq_prev);
-            dq_prev = Some(b.add("dq_acc", Work::Vector { ops: 2.0 * vregs(s.bq, s.d), loaded_mask_vregs: 0.0 }, &deps, slot(g_last, 14)));
+            for (qs, prev) in dq_prev.iter_mut().enumerate() {
+                let r = SLAB_ROWS.min(s.bq - qs as u64 * SLAB_ROWS);
+                // The transposed f32 ds rounded to bf16 for the MXU (the kernel transposes
+                // before it casts: `tpu.transpose` of f32, then `arith.truncf`).
+                let cast = b.add("ds_t_cast", Work::Vector { ops: vregs(r, s.c), loaded_mask_vregs: 0.0 }, &[t], slot(g_last + qs as u64, 12));
+                let dq = b.add("dq", Work::Matmul { m: r, k: s.c, n: s.d, m_total: s.bq }, &[cast], slot(g_last + qs as u64, 13));
+                let mut deps = vec![dq];
+                deps.extend(*prev);
+                *prev = Some(b.add("dq_acc", Work::Vector { ops: 2.0 * vregs(r, s.d), loaded_mask_vregs: 0.0 }, &deps, slot(g_last + qs as u64, 14)));
+            }
         }
         if s.last {
             // dk and dv cast and stored once the head group's last q step is done.
@@ -272,11 +288,12 @@ fn dkv_body(s: &DkvShape) -> StepBody {
             );
         }
     }
-    if let Some(prev) = dq_prev.filter(|_| s.fused) {
+    let dq_last: Vec<NodeIndex> = dq_prev.iter().flatten().copied().collect();
+    if s.fused && !dq_last.is_empty() {
         b.add_carried(
             "dq_store",
             Work::Vector { ops: vregs(s.bq, s.d), loaded_mask_vregs: 0.0 },
-            &[prev],
+            &dq_last,
             slot(n_sub * slabs, 15),
             None,
             Some(dq_slot),

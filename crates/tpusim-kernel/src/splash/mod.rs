@@ -13,7 +13,7 @@
 //! | `mask` | VPU | r c / 1024 (the select, after `qk` and `mask_compare`: (r c / 1024) x (mask ops - 1), the comparisons and their combination, after `mask_positions`: r / 8 x the mask function's position arithmetic on the row side plus c / 128 x the lane side's on a tile's first slab, waiting for nothing); masked steps only, see [`mask_cost`]; a loaded int8 mask is one op of r c / 1024 x its fitted cost after `qk` |
 //! | `rowmax` | VPU | (2 - 128 / c) r c / 1024 (pop scores from the MXU result buffer; the c / 128 registers of a row folded by c / 128 - 1 element-wise maxima) |
 //! | `rowmax_xlu` | XLU | r / 8 cross-lane reductions |
-//! | `sub` | VPU | r c / 1024 (s - m; natural exp adds r c / 1024: the scale by log2(e) before the EUP's exp2) + 2 r / 8 (m update, alpha argument) |
+//! | `sub` | VPU | r c / 1024 (s - m; natural exp adds r c / 1024: the scale by log2(e) before the EUP's exp2) + 2 r / 8 (m update, alpha argument; natural exp scales the alpha argument too: + r / 8) |
 //! | `exp` | EUP | r c / 1024 + r / 8 (p and alpha) |
 //! | `sum_cast` | VPU | (2 - 128 / c) r c / 1024 (row-sum fold as the max's, cast p to bf16) |
 //! | `rowsum_xlu` | XLU | r / 8 |
@@ -21,9 +21,14 @@
 //! | `pv` | MXU | r x c x dv matmul (v chunk stationary) |
 //! | `acc` | VPU | 3 r dv / 1024 + 2 r / 8 (pop pv; o_acc = alpha o_acc + pv; l update) |
 //!
-//! plus `init` (zero m, l, o_acc: r (256 + dv) / 1024 register stores) on a row's first step and
-//! `finalize` (reciprocal of l on the EUP, o = o_acc / l and cast: 1.5 r dv / 1024 VPU ops; with
-//! residuals also log(l) on the EUP and m + log(l) on the VPU) on its last. m and l are
+//! plus `init` (zero m, l, o_acc: r (256 + dv) / 1024 register stores, counted as VPU
+//! operations: the model has no vector store slot, and with these stores free the refit
+//! tokamax rows' median |error| rose from 3.3% to 4.1%; the IR path, which cannot tell a
+//! zero-fill from any other store, counts stores free) on a row's first step and `finalize`
+//! (1 / l: a reciprocal on the EUP
+//! and the division's VPU operation, r / 8; o = o_acc x (1 / l) and its cast, 2 r dv / 1024; with
+//! residuals also log(l) on the EUP and m + log(l) on the VPU; JAX's Splash then fills m, l
+//! and o_scratch with zeros, r (256 + dv) / 1024 more) on its last. m and l are
 //! lane-replicated (r x 128), so per-row work is r / 8 registers.
 //!
 //! JAX's older flash attention (`_flash_attention_kernel_single_batch`) normalizes o_acc on
@@ -331,6 +336,9 @@ struct BodyShape {
     f32_v: bool,
     /// JAX's older flash attention: o_acc normalized on every sub-tile (module docs).
     flash: bool,
+    /// JAX's Splash: `end()` fills m, l and o_scratch (outputs of constant block index) with
+    /// zeros after writing o, r (256 + dv) / 1024 fill operations per slab (the kernel's IR).
+    resets_scratch: bool,
 }
 
 /// Registers of a sublane-replicated (lane-side) position array over `cols` columns: one per 128
@@ -355,7 +363,7 @@ fn attention_body(s: &BodyShape) -> StepBody {
     const CAPACITY: usize = 64;
     let mask = s.mask.map_or([u64::MAX; 3], |m| [m.ops.to_bits(), u64::from(m.loaded), m.q_row_ops.to_bits()]);
     let flags =
-        u64::from(s.base2) | u64::from(s.residuals) << 1 | u64::from(s.first) << 2 | u64::from(s.last) << 3 | u64::from(s.f32_v) << 4 | u64::from(s.flash) << 5;
+        u64::from(s.base2) | u64::from(s.residuals) << 1 | u64::from(s.first) << 2 | u64::from(s.last) << 3 | u64::from(s.f32_v) << 4 | u64::from(s.flash) << 5 | u64::from(s.resets_scratch) << 6;
     let key: Key = [s.block_q, s.block_kv, s.compute, s.d, s.dv, mask[0], mask[1], mask[2], flags];
     let cache = CACHE.get_or_init(Default::default);
     if let Some(b) = cache.lock().unwrap_or_else(PoisonError::into_inner).get(&key) {
@@ -431,7 +439,7 @@ fn build_attention_body(s: &BodyShape) -> StepBody {
             let rowmax_x = b.add_carried("rowmax_xlu", Work::CrossLane { vregs: rv }, &deps, slot(g, 4), reads_m, writes_m);
             prev_max[i] = Some(rowmax_x);
             let scale = if s.base2 { 1.0 } else { 2.0 };
-            let sub = b.add("sub", Work::Vector { ops: scale * sv + 2.0 * rv, loaded_mask_vregs: 0.0 }, &[rowmax_x], slot(g, 5));
+            let sub = b.add("sub", Work::Vector { ops: scale * sv + (1.0 + scale) * rv, loaded_mask_vregs: 0.0 }, &[rowmax_x], slot(g, 5));
             let exp = b.add("exp", Work::Transcendental { vregs: sv + rv }, &[sub], slot(g, 6));
             // The row sum's element-wise part (as the max's) and p rounded to bf16 for the MXU.
             let post = b.add("sum_cast", Work::Vector { ops: (1.0 + fold) * sv, loaded_mask_vregs: 0.0 }, &[exp], slot(g, 7));
@@ -471,7 +479,7 @@ fn build_attention_body(s: &BodyShape) -> StepBody {
             } else if finalizes {
                 let eup = if s.residuals { 2.0 * rv } else { rv };
                 let recip = b.add("recip", Work::Transcendental { vregs: eup }, &[acc], slot(g, 11));
-                let vpu = 1.5 * vregs(r, s.dv) + if s.residuals { rv } else { 0.0 };
+                let vpu = rv + 2.0 * vregs(r, s.dv) + if s.residuals { rv } else { 0.0 } + if s.resets_scratch { vregs(r, 256 + s.dv) } else { 0.0 };
                 b.add_carried(
                     "finalize",
                     Work::Vector { ops: vpu, loaded_mask_vregs: 0.0 },
@@ -487,8 +495,9 @@ fn build_attention_body(s: &BodyShape) -> StepBody {
 }
 
 /// The finalize of a row alone (JAX's Splash on an empty last grid step): per slab the
-/// reciprocal of l (and log(l) with residuals) on the EUP and o = o_acc / l on the VPU, as in
-/// [`build_attention_body`]; it reads the row's carried o_acc.
+/// reciprocal of l (and log(l) with residuals) on the EUP and o = o_acc / l on the VPU, then
+/// the scratch filled with zeros, as in [`build_attention_body`]; it reads the row's carried
+/// o_acc.
 fn finalize_body(block_q: u64, dv: u64, residuals: bool) -> StepBody {
     let mut b = StepBody::default();
     let slabs = block_q.div_ceil(SLAB_ROWS);
@@ -498,7 +507,8 @@ fn finalize_body(block_q: u64, dv: u64, residuals: bool) -> StepBody {
         let acc_slot = (2 * si + 1) as u16;
         let eup = if residuals { 2.0 * rv } else { rv };
         let recip = b.add_carried("recip", Work::Transcendental { vregs: eup }, &[], si * 16 + 11, Some(acc_slot), None);
-        let vpu = 1.5 * vregs(r, dv) + if residuals { rv } else { 0.0 };
+        // JAX's `end()`: then m, l and o_scratch filled with zeros.
+        let vpu = rv + 2.0 * vregs(r, dv) + if residuals { rv } else { 0.0 } + vregs(r, 256 + dv);
         b.add_carried("finalize", Work::Vector { ops: vpu, loaded_mask_vregs: 0.0 }, &[recip], si * 16 + 12, None, Some(acc_slot));
     }
     b
@@ -949,6 +959,7 @@ pub fn lower(chip: &ChipModel, w: &AttentionCall, cfg: &SplashConfig) -> Result<
                     last,
                     f32_v: cfg.kernel == Kernel::Splash,
                     flash: cfg.kernel == Kernel::FlashAttention,
+                    resets_scratch: cfg.kernel == Kernel::Splash,
                 };
                 class_of[k][usize::from(first)][usize::from(last)] = classes.len() as u32;
                 classes.push(StepClass {

@@ -739,6 +739,7 @@ impl<'a> Builder<'a> {
             "tpu.vector_store" | "vector.store" | "tpu.store" | "tpu.strided_store" => {
                 if let (Some(r), Some(v)) = (self.ref_index(op), ins.first()) {
                     let fill = !v.shape.is_empty() && v.varies.iter().all(|x| !x) && v.deps.iter().all(Vec::is_empty);
+                    let carried = self.carried.get(r).copied().unwrap_or(false);
                     if fill {
                         // A buffer filled with a constant (an accumulator zeroed, a running max
                         // set to the mask value): one VPU operation per register written, the
@@ -747,7 +748,6 @@ impl<'a> Builder<'a> {
                         let all = vec![true; v.shape.len()];
                         let regs = cost::vregs(&v.shape, &all, self.chip);
                         let ns = nslabs(&v.shape, &all);
-                        let carried = self.carried.get(r).copied().unwrap_or(false);
                         for s in 0..ns {
                             let share = slab_share(&v.shape, s, ns);
                             let (n, sl) = self.node("fill", Work::Vector { ops: regs * share, loaded_mask_vregs: 0.0 }, &[], &[], s, ns);
@@ -755,7 +755,7 @@ impl<'a> Builder<'a> {
                                 self.writers.insert((r, s), vec![(n, sl)]);
                             }
                         }
-                    } else if self.carried.get(r).copied().unwrap_or(false) {
+                    } else if carried {
                         let vs = v.deps.len();
                         for s in 0..vs {
                             if !v.deps[s].is_empty() {
@@ -885,21 +885,17 @@ impl<'a> Builder<'a> {
                 let producers: Vec<(NodeIdx, u64)> = rv.deps.concat();
                 let graph = std::sync::Arc::make_mut(&mut self.body.graph);
                 let loaded_only = producers.iter().all(|&(n, _)| graph.neighbors_directed(n, petgraph::Direction::Incoming).next().is_none());
-                if loaded_only {
-                    if let Some(first) = producers.iter().map(|p| p.1).min() {
+                let hoisted;
+                let rv = match producers.iter().map(|p| p.1).min().filter(|_| loaded_only) {
+                    Some(first) => {
                         for &(n, _) in &producers {
                             let op = &mut graph[n];
                             op.issue = first * SLOT + op.issue % SLOT;
                         }
+                        hoisted = Val { deps: vec![producers.iter().map(|&(n, _)| (n, first)).collect()], ..rv.clone() };
+                        &hoisted
                     }
-                }
-                let hoisted;
-                let rv = if loaded_only {
-                    let first = producers.iter().map(|p| p.1).min().unwrap_or(0);
-                    hoisted = Val { deps: vec![producers.iter().map(|&(n, _)| (n, first)).collect()], ..rv.clone() };
-                    &hoisted
-                } else {
-                    rv
+                    None => rv,
                 };
                 let (nd, sl) = self.node("round_rhs", Work::Vector { ops, loaded_mask_vregs: 0.0 }, &[rv], &[], 0, 1);
                 Some(Val { shape: Vec::new(), varies: Vec::new(), deps: vec![vec![(nd, sl)]], carry: None, unit: Some(tpusim_kernel::Unit::Vpu) })

@@ -212,22 +212,21 @@ fn dkv_body(s: &DkvShape) -> StepBody {
             )
         });
         for si in 0..slabs {
-            let g = si;
             let r = SLAB_ROWS.min(s.c - si * SLAB_ROWS);
             let er = vregs(r, s.bq);
-            let qk = b.add("qk", Work::Matmul { m: r, k: s.d, n: s.bq, m_total: s.bkv }, &[], slot(g, 1));
+            let qk = b.add("qk", Work::Matmul { m: r, k: s.d, n: s.bq, m_total: s.bkv }, &[], slot(si, 1));
             let scores = match s.mask {
-                Some(c) => add_mask(&mut b, er, r as f64 / 8.0, if si == 0 { lane_regs(s.bq) } else { 0.0 }, false, c, qk, slot(g, 2)),
+                Some(c) => add_mask(&mut b, er, r as f64 / 8.0, if si == 0 { lane_regs(s.bq) } else { 0.0 }, false, c, qk, slot(si, 2)),
                 None => qk,
             };
             let sub_ops = if s.base2 { 2.0 } else { 3.0 };
-            let pre = b.add("p_sub", Work::Vector { ops: sub_ops * er, loaded_mask_vregs: 0.0 }, &[scores], slot(g, 3));
-            let p = b.add("exp", Work::Transcendental { vregs: er }, &[pre], slot(g, 4));
-            let cast = b.add("p_cast", Work::Vector { ops: er, loaded_mask_vregs: 0.0 }, &[p], slot(g, 5));
-            let dv = b.add("dv", Work::Matmul { m: r, k: s.bq, n: s.dv, m_total: s.bkv }, &[cast], slot(g, 6));
-            let dp = b.add("dp", Work::Matmul { m: r, k: s.dv, n: s.bq, m_total: s.bkv }, &[], slot(g, 7));
-            let ds = b.add("ds", Work::Vector { ops: 4.0 * er, loaded_mask_vregs: 0.0 }, &[dp, p], slot(g, 8));
-            let dk = b.add("dk", Work::Matmul { m: r, k: s.bq, n: s.d, m_total: s.bkv }, &[ds], slot(g, 9));
+            let pre = b.add("p_sub", Work::Vector { ops: sub_ops * er, loaded_mask_vregs: 0.0 }, &[scores], slot(si, 3));
+            let p = b.add("exp", Work::Transcendental { vregs: er }, &[pre], slot(si, 4));
+            let cast = b.add("p_cast", Work::Vector { ops: er, loaded_mask_vregs: 0.0 }, &[p], slot(si, 5));
+            let dv = b.add("dv", Work::Matmul { m: r, k: s.bq, n: s.dv, m_total: s.bkv }, &[cast], slot(si, 6));
+            let dp = b.add("dp", Work::Matmul { m: r, k: s.dv, n: s.bq, m_total: s.bkv }, &[], slot(si, 7));
+            let ds = b.add("ds", Work::Vector { ops: 4.0 * er, loaded_mask_vregs: 0.0 }, &[dp, p], slot(si, 8));
+            let dk = b.add("dk", Work::Matmul { m: r, k: s.bq, n: s.d, m_total: s.bkv }, &[ds], slot(si, 9));
             let mut dv_deps = vec![dv];
             dv_deps.extend(last_dv.or(init));
             let dv_in = (last_dv.is_none() && init.is_none()).then_some(dv_slot);
@@ -236,7 +235,7 @@ fn dkv_body(s: &DkvShape) -> StepBody {
                 "dv_acc",
                 Work::Vector { ops: 2.0 * vregs(r, s.dv), loaded_mask_vregs: 0.0 },
                 &dv_deps,
-                slot(g, 10),
+                slot(si, 10),
                 dv_in,
                 dv_out,
             ));
@@ -248,7 +247,7 @@ fn dkv_body(s: &DkvShape) -> StepBody {
                 "dk_acc",
                 Work::Vector { ops: 2.0 * vregs(r, s.d), loaded_mask_vregs: 0.0 },
                 &dk_deps,
-                slot(g, 11),
+                slot(si, 11),
                 dk_in,
                 dk_out,
             ));

@@ -479,7 +479,7 @@ fn build_attention_body(s: &BodyShape) -> StepBody {
             } else if finalizes {
                 let eup = if s.residuals { 2.0 * rv } else { rv };
                 let recip = b.add("recip", Work::Transcendental { vregs: eup }, &[acc], slot(g, 11));
-                let vpu = rv + 2.0 * vregs(r, s.dv) + if s.residuals { rv } else { 0.0 } + if s.resets_scratch { vregs(r, 256 + s.dv) } else { 0.0 };
+                let vpu = finalize_vpu_ops(r, s.dv, s.residuals, s.resets_scratch);
                 b.add_carried(
                     "finalize",
                     Work::Vector { ops: vpu, loaded_mask_vregs: 0.0 },
@@ -492,6 +492,14 @@ fn build_attention_body(s: &BodyShape) -> StepBody {
         }
     }
     b
+}
+
+/// VPU operations of a row slab's finalize (r rows, dv columns; module docs): the division's
+/// VPU part on l's r / 8 registers, o_acc x (1 / l) and its cast, with residuals m + log(l),
+/// and JAX's `end()` filling m, l and o_scratch with zeros after writing o (`resets_scratch`).
+fn finalize_vpu_ops(r: u64, dv: u64, residuals: bool, resets_scratch: bool) -> f64 {
+    let rv = r as f64 / 8.0;
+    rv + 2.0 * vregs(r, dv) + if residuals { rv } else { 0.0 } + if resets_scratch { vregs(r, 256 + dv) } else { 0.0 }
 }
 
 /// The finalize of a row alone (JAX's Splash on an empty last grid step): per slab the
@@ -507,8 +515,7 @@ fn finalize_body(block_q: u64, dv: u64, residuals: bool) -> StepBody {
         let acc_slot = (2 * si + 1) as u16;
         let eup = if residuals { 2.0 * rv } else { rv };
         let recip = b.add_carried("recip", Work::Transcendental { vregs: eup }, &[], si * 16 + 11, Some(acc_slot), None);
-        // JAX's `end()`: then m, l and o_scratch filled with zeros.
-        let vpu = rv + 2.0 * vregs(r, dv) + if residuals { rv } else { 0.0 } + vregs(r, 256 + dv);
+        let vpu = finalize_vpu_ops(r, dv, residuals, true);
         b.add_carried("finalize", Work::Vector { ops: vpu, loaded_mask_vregs: 0.0 }, &[recip], si * 16 + 12, None, Some(acc_slot));
     }
     b

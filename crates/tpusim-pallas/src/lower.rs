@@ -466,6 +466,13 @@ impl<'a> Builder<'a> {
     /// Adds a node for slab `s` of a value with `ns` slabs, depending on `inputs`' slab-aligned
     /// (or whole) dependencies; returns (node, slot).
     fn node(&mut self, name: &'static str, work: Work, inputs: &[&Val], extra: &[(NodeIdx, u64)], s: usize, ns: usize) -> (NodeIdx, u64) {
+        self.node_from(name, work, inputs, extra, s, ns, self.base + s as u64)
+    }
+
+    /// [`Self::node`] issuing no earlier than slot `floor` (a slab-split op's slab s: the
+    /// iteration's base + s; every slab of an op that needs its whole input: the base).
+    #[allow(clippy::too_many_arguments)]
+    fn node_from(&mut self, name: &'static str, work: Work, inputs: &[&Val], extra: &[(NodeIdx, u64)], s: usize, ns: usize, floor: u64) -> (NodeIdx, u64) {
         let unit = unit_of(&work);
         let mut deps: Vec<(NodeIdx, u64, Option<tpusim_kernel::Unit>)> = Vec::new();
         let mut carry_in = None;
@@ -485,7 +492,7 @@ impl<'a> Builder<'a> {
         for &(n, sl) in extra {
             deps.push((n, sl, None));
         }
-        let slot = deps.iter().map(|&(_, sl, u)| sl + skew(u, unit)).max().unwrap_or(0).max(self.base + s as u64);
+        let slot = deps.iter().map(|&(_, sl, u)| sl + skew(u, unit)).max().unwrap_or(0).max(floor);
         self.seq += 1;
         let issue = slot * SLOT + self.seq;
         let mut nodes: Vec<NodeIdx> = deps.iter().map(|d| d.0).collect();
@@ -679,7 +686,12 @@ impl<'a> Builder<'a> {
                 let in_refs: Vec<&Val> = if whole.is_empty() { in_refs } else { whole.iter().collect() };
                 for s in 0..ns {
                     let share = slab_share(&shape, s, ns);
-                    let (n, sl) = self.node(static_name, Work::CrossLane { vregs: src_vr * share }, &in_refs, &[], s, ns);
+                    // A transpose's slabs all need the whole source, so they issue together
+                    // (one op on the XLU, as the hand model's ds^T): a later slab does not wait
+                    // for a later slot, and two transposes of equal depth run one after the
+                    // other rather than slab by slab in turn (which delayed both results).
+                    let floor = if whole.is_empty() { self.base + s as u64 } else { self.base };
+                    let (n, sl) = self.node_from(static_name, Work::CrossLane { vregs: src_vr * share }, &in_refs, &[], s, ns, floor);
                     out.deps[s] = vec![(n, sl)];
                 }
                 if !whole.is_empty() {

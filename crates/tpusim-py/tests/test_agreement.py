@@ -15,14 +15,7 @@ import tpusim  # noqa: E402
 
 #: Rows that miss, with the side that is wrong or why it is open (VALIDATION.md says the same).
 #: Every count of every row is equal; these miss on latency only.
-KNOWN_MISSES = {
-    "JAX Splash bwd fused dq/dk/dv causal, 4 x 2048 x 128, blocks 1024, block_kv_dkv_compute 512": (
-        "counts equal; latency +4.8%: with two kv sub-tiles per step the "
-        "IR path's data-flow issue slots interleave the sub-tiles' qk matmuls and masked softmax "
-        "differently from the hand body's stages (the same kernel at the full mask agrees to "
-        "1.4%); open"
-    ),
-}
+KNOWN_MISSES: dict = {}
 
 
 def _params():

@@ -170,7 +170,8 @@ struct DkvShape {
 /// g + SKEW[k], so the MXU streams later slabs' qk and dp while the VPU and EUP finish earlier
 /// slabs' p and ds. The skews are the data flow's (as the IR path assigns slots: an op a few
 /// slots after its producers, three after an MXU producer), so the qk and dp matmuls of all
-/// slabs lead, and dv and dk follow once p and ds are ready. The sub-tiles of a step (the
+/// slabs lead (both read only loaded windows, so slab g's issue at slot g), and dv and dk
+/// follow once p and ds are ready. The sub-tiles of a step (the
 /// kernel's unrolled loop over `block_kv_dkv_compute` slices) depend on each other only
 /// through the dq accumulator, so their slabs share slots (g counts slabs within a sub-tile)
 /// and the schedule interleaves them, as the kernel's IR reads: with each sub-tile's slabs
@@ -179,7 +180,7 @@ struct DkvShape {
 fn dkv_body(s: &DkvShape) -> StepBody {
     // Stages: 0 per-step setup, 1 qk, 2 mask, 3 p_sub, 4 exp, 5 p_cast, 6 dv, 7 dp, 8 ds, 9 dk,
     // 10 dv_acc, 11 dk_acc, 12 ds_t, 13 dq, 14 dq_acc, 15 stores.
-    const SKEW: [u64; 16] = [0, 0, 2, 3, 4, 4, 6, 1, 4, 6, 9, 9, 5, 6, 9, 10];
+    const SKEW: [u64; 16] = [0, 0, 2, 3, 4, 4, 6, 0, 4, 6, 9, 9, 5, 6, 9, 10];
     let slot = |g: u64, stage: usize| (g + SKEW[stage]) * 16 + stage as u64;
     let mut b = StepBody::default();
     let n_sub = s.bkv / s.c;

@@ -15,7 +15,8 @@
 //!   [`SLAB_ROWS`]-row slabs when its rows vary and exceed a slab (as the hand-written lowerings
 //!   do: the MXU streams slab s + 1 while the vector units work on slab s). Issue slots follow
 //!   the data flow (software pipelining: an op issues a few slabs after its producers, more
-//!   after an MXU producer to cover its latency). Refs the body both loads and stores (scratch
+//!   after an MXU producer to cover its latency); the slabs of a transpose, each of which needs
+//!   its whole source, issue together. Refs the body both loads and stores (scratch
 //!   accumulators, output blocks accumulated in place) are carried state: the next step's load
 //!   of a slab waits for this step's last store of it.
 

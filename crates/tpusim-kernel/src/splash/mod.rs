@@ -23,8 +23,8 @@
 //!
 //! plus `init` (zero m, l, o_acc: r (256 + dv) / 1024 register stores, counted as VPU
 //! operations: the model has no vector store slot, and with these stores free the refit
-//! tokamax rows' median |error| rose from 3.3% to 4.1%; the IR path, which cannot tell a
-//! zero-fill from any other store, counts stores free) on a row's first step and `finalize`
+//! tokamax rows' median |error| rose from 3.3% to 4.1%; the IR path charges a store of a
+//! constant the same) on a row's first step and `finalize`
 //! (1 / l: a reciprocal on the EUP
 //! and the division's VPU operation, r / 8; o = o_acc x (1 / l) and its cast, 2 r dv / 1024; with
 //! residuals also log(l) on the EUP and m + log(l) on the VPU; JAX's Splash then fills m, l

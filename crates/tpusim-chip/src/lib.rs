@@ -481,6 +481,18 @@ impl ChipModel {
             ChipError::Field { origin, field, allowed, .. } if field == key => {
                 ChipError::Field { origin, field, value: value.trim().to_string(), allowed }
             }
+            // The sustained rate this override scaled: say so, and what the peak may be.
+            ChipError::Field { origin, field, value: v, allowed } if field == dma_key && key.trim() == "hbm.bandwidth_gb_per_s" => {
+                ChipError::Field {
+                    origin,
+                    field: key.trim().to_string(),
+                    value: value.trim().to_string(),
+                    allowed: format!(
+                        "it scales {dma_key} (its share of the peak kept) to {v}, which must be {}; set both to choose each",
+                        allowed.strip_prefix("expected ").unwrap_or(&allowed)
+                    ),
+                }
+            }
             other => other,
         })?;
         chip.provenance = self.provenance.clone();
@@ -876,7 +888,8 @@ mod tests {
         // A rate set by its own override stays as set, before or after the peak's.
         let set = v6e.with_override("hbm.dma_bandwidth_gb_per_s", "1000").unwrap().with_override("hbm.bandwidth_gb_per_s", "3000").unwrap();
         assert_eq!(set.hbm.dma_bandwidth_gb_per_s.value, 1000.0);
-        let after = v6e.with_override("hbm.bandwidth_gb_per_s", "3000").unwrap().with_override("hbm.dma_bandwidth_gb_per_s", "1000").unwrap();
+        let after =
+            v6e.with_override("hbm.bandwidth_gb_per_s", "3000").unwrap().with_override("hbm.dma_bandwidth_gb_per_s", "1000").unwrap();
         assert_eq!(after.hbm.dma_bandwidth_gb_per_s.value, 1000.0);
     }
 

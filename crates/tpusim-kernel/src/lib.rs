@@ -99,7 +99,7 @@ pub enum KernelError {
         block_kv: u64,
     },
     /// The call's tensors do not fit the device's HBM.
-    #[error("the tensors need {needed} bytes of HBM but the device holds {capacity} bytes ({capacity_gib} GiB): use a smaller `batch` or shorter sequences")]
+    #[error("the tensors need {needed} bytes of HBM but the device holds {capacity} bytes ({capacity_gib} GiB): {advice}")]
     Hbm {
         /// Bytes needed.
         needed: u64,
@@ -107,6 +107,8 @@ pub enum KernelError {
         capacity: u64,
         /// Device HBM, GiB.
         capacity_gib: f64,
+        /// What would make it fit (the largest share's field first).
+        advice: String,
     },
     /// The workload itself is invalid.
     #[error(transparent)]

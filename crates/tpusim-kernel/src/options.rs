@@ -20,7 +20,7 @@ crate::word_enum! {
         PallasMatmul = "pallas-matmul" | "matmul",
         /// XLA's own dot (not a Pallas kernel): modelled as a blocked matmul with 2048 x 2048 output tiles and 512-deep contraction chunks in all of VMEM (XLA's tiling is not public).
         XlaMatmul = "xla-matmul",
-        /// An XLA fusion that only moves data (a copy, transpose or element-wise op): HBM bytes read and written at the sustained copy bandwidth.
+        /// An XLA fusion that only moves data (a copy, transpose or element-wise op): HBM bytes read and written at the sustained copy bandwidth. Names calibration-CSV rows of a bare copy; `run`, `tune` and `sweep` refuse it (no kernel to simulate: the copies around a kernel are timed in --scope op and call).
         HbmCopy = "hbm-copy",
     }
 }

@@ -299,8 +299,7 @@ impl Description {
                 })
             }
         }
-        let d: Description =
-            serde_json::from_value(v).map_err(|e| PallasError::Json { path: path.to_string(), message: e.to_string() })?;
+        let d: Description = serde_json::from_value(v).map_err(|e| PallasError::Json { path: path.to_string(), message: e.to_string() })?;
         d.check()?;
         Ok(d)
     }
@@ -310,7 +309,8 @@ impl Description {
     /// # Errors
     /// [`PallasError::Io`] when it cannot be read, else as [`Description::from_json`].
     pub fn read(path: &Path) -> Result<(Description, PathBuf), PallasError> {
-        let text = std::fs::read_to_string(path).map_err(|e| PallasError::Io { path: path.display().to_string(), message: e.to_string() })?;
+        let text =
+            std::fs::read_to_string(path).map_err(|e| PallasError::Io { path: path.display().to_string(), message: e.to_string() })?;
         let d = Description::from_json(&text, &path.display().to_string())?;
         let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
         Ok((d, dir))
@@ -335,7 +335,10 @@ impl Description {
             dtype_bytes(&r.dtype, &format!("{f}.dtype"))?;
             let windowed = matches!(r.kind, RefKind::Input | RefKind::Output) && r.memory_space != MemorySpace::Any;
             if windowed {
-                let im = r.index_map.as_ref().ok_or_else(|| PallasError::field(&format!("{f}.index_map"), "(missing)", "a window needs its index map"))?;
+                let im = r
+                    .index_map
+                    .as_ref()
+                    .ok_or_else(|| PallasError::field(&format!("{f}.index_map"), "(missing)", "a window needs its index map"))?;
                 if im.len() != r.shape.len() {
                     return Err(PallasError::field(
                         &format!("{f}.index_map"),
@@ -348,8 +351,109 @@ impl Description {
                 return Err(PallasError::field(&format!("{f}.pipeline_mode"), "buffered 0", "expected at least 1 buffer"));
             }
             if r.kind == RefKind::Prefetch && r.values.is_none() {
-                return Err(PallasError::field(&format!("{f}.values"), "(missing)", "a prefetch table needs its values (inline, file or runtime)"));
+                return Err(PallasError::field(
+                    &format!("{f}.values"),
+                    "(missing)",
+                    "a prefetch table needs its values (inline, file or runtime)",
+                ));
             }
+            if let Some(a) = &r.array_shape {
+                if a.len() != r.shape.len() {
+                    return Err(PallasError::field(
+                        &format!("{f}.array_shape"),
+                        format!("{a:?}"),
+                        format!("expected one dimension per block dimension ({}: the block is {:?})", r.shape.len(), r.shape),
+                    ));
+                }
+                if let Some(k) = a.iter().position(|&x| x == 0) {
+                    return Err(PallasError::field(&format!("{f}.array_shape[{k}]"), 0, "expected a whole number from 1"));
+                }
+            }
+            if let Some(im) = &r.index_map {
+                for (k, e) in im.iter().enumerate() {
+                    self.check_expr(e, &format!("{f}.index_map[{k}]"))?;
+                }
+            }
+        }
+        let mut defined = std::collections::HashSet::new();
+        Self::collect_ids(&self.body, &mut defined);
+        self.check_ops(&self.body, "body", &defined)?;
+        Ok(())
+    }
+
+    /// What a ref index may be, for errors.
+    fn refs_allowed(&self) -> String {
+        match self.refs.len() {
+            0 => "the description lists no refs (`refs` is empty)".to_string(),
+            n => format!("expected a ref from 0 to {} (the description has {n} refs)", n - 1),
+        }
+    }
+
+    /// Checks that an expression reads only what exists: grid dimensions of the grid, prefetch
+    /// tables among the refs.
+    fn check_expr(&self, e: &Expr, field: &str) -> Result<(), PallasError> {
+        match e {
+            Expr::Grid(g) if *g >= self.grid.len() => Err(PallasError::field(
+                field,
+                format!("[\"grid\", {g}]"),
+                format!("expected a grid dimension from 0 to {} (the grid is {:?})", self.grid.len().saturating_sub(1), self.grid),
+            )),
+            Expr::Load(r, idx) => {
+                if *r >= self.refs.len() {
+                    return Err(PallasError::field(field, format!("a load of ref {r}"), self.refs_allowed()));
+                }
+                idx.iter().try_for_each(|x| self.check_expr(x, field))
+            }
+            Expr::Bin(_, a, b) => self.check_expr(a, field).and_then(|_| self.check_expr(b, field)),
+            Expr::Select(c, a, b) => [c, a, b].into_iter().try_for_each(|x| self.check_expr(x, field)),
+            _ => Ok(()),
+        }
+    }
+
+    /// The ids values are bound to anywhere in `ops`: each op's own, and the ids a region op's
+    /// results, loop-carried values and arguments take (`attrs.results`, `carried`, `args`,
+    /// `forward`; an `scf.yield`'s `results`).
+    fn collect_ids(ops: &[Op], ids: &mut std::collections::HashSet<u64>) {
+        for op in ops {
+            ids.insert(op.id);
+            for key in ["results", "carried", "args", "forward"] {
+                if let Some(a) = op.attrs.get(key).and_then(|v| v.as_array()) {
+                    ids.extend(a.iter().filter_map(serde_json::Value::as_u64));
+                }
+            }
+            Self::collect_ids(&op.then, ids);
+            Self::collect_ids(&op.otherwise, ids);
+        }
+    }
+
+    /// Checks that every op's operands exist: refs among the description's, values of the body
+    /// (`defined`: [`Description::collect_ids`]), expressions as [`Description::check_expr`].
+    fn check_ops(&self, ops: &[Op], at: &str, defined: &std::collections::HashSet<u64>) -> Result<(), PallasError> {
+        for (i, op) in ops.iter().enumerate() {
+            let f = format!("{at}[{i}] ({}, id {})", op.op, op.id);
+            for (k, o) in op.operands.iter().enumerate() {
+                match o {
+                    Operand::Ref(r) if *r >= self.refs.len() => {
+                        return Err(PallasError::field(&format!("{f}.operands[{k}]"), format!("{{\"ref\": {r}}}"), self.refs_allowed()))
+                    }
+                    Operand::Op(id) if !defined.contains(id) => {
+                        return Err(PallasError::field(
+                            &format!("{f}.operands[{k}]"),
+                            format!("{{\"op\": {id}}}"),
+                            "expected the id of a value of the body (an op's, or a region op's result or carried value)",
+                        ))
+                    }
+                    Operand::Scalar(e) => self.check_expr(e, &format!("{f}.operands[{k}]"))?,
+                    _ => {}
+                }
+            }
+            for (key, e) in [("cond", &op.cond), ("lower", &op.lower), ("upper", &op.upper), ("step", &op.step)] {
+                if let Some(e) = e {
+                    self.check_expr(e, &format!("{f}.{key}"))?;
+                }
+            }
+            self.check_ops(&op.then, &format!("{f}.then"), defined)?;
+            self.check_ops(&op.otherwise, &format!("{f}.otherwise"), defined)?;
         }
         Ok(())
     }

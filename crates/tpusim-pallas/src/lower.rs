@@ -866,9 +866,14 @@ impl<'a> Builder<'a> {
     }
 
     fn matmul(&mut self, op: &Op, name: &'static str, ins: &[Val], out: &mut Val) -> Result<(), PallasError> {
-        let mkn: Vec<u64> = op.attrs.get("mkn").and_then(|d| d.as_array()).map(|a| a.iter().filter_map(|x| x.as_u64()).collect()).unwrap_or_default();
+        let raw = op.attrs.get("mkn");
+        let mkn: Vec<u64> = raw.and_then(|d| d.as_array()).map(|a| a.iter().filter_map(|x| x.as_u64()).collect()).unwrap_or_default();
         let [m, k, n] = mkn[..] else {
-            return Err(self.kernel_err(op, "a matmul without its `mkn` attribute (rows, contraction, columns)".into()));
+            let why = match raw {
+                None => "a matmul without its `mkn` attribute (rows, contraction, columns)".to_string(),
+                Some(v) => format!("a matmul's `mkn` attribute = {v}: expected three whole numbers (rows, contraction, columns)"),
+            };
+            return Err(self.kernel_err(op, why));
         };
         let batch = op.attrs.get("batch").and_then(|b| b.as_u64()).unwrap_or(1).max(1);
         let lhs_t = op.attrs.get("lhs_dtype").and_then(|x| x.as_str()).unwrap_or("bf16");
@@ -1026,6 +1031,28 @@ fn block_bytes(r: &Ref) -> Result<u64, PallasError> {
     Ok(r.shape.iter().product::<u64>() * dtype_bytes(&r.dtype, "dtype")?)
 }
 
+/// Checks that the kernel's HBM operands (its inputs and outputs outside VMEM and SMEM: the
+/// arrays its windows are cut from, and `ANY` refs whole) fit the device's HBM.
+///
+/// # Errors
+/// [`PallasError::Field`] naming the bytes needed and the device's capacity.
+fn check_hbm(chip: &ChipModel, d: &Description) -> Result<(), PallasError> {
+    let mut need: u128 = 0;
+    for r in d.refs.iter().filter(|r| matches!(r.kind, RefKind::Input | RefKind::Output) && r.memory_space != MemorySpace::Smem) {
+        let shape = r.array_shape.as_ref().unwrap_or(&r.shape);
+        need += shape.iter().map(|&x| u128::from(x)).product::<u128>() * u128::from(dtype_bytes(&r.dtype, "dtype")?);
+    }
+    let cap = u128::from(chip.hbm_capacity_bytes());
+    if need > cap {
+        return Err(PallasError::field(
+            "refs (the kernel's HBM operands)",
+            format!("{need} bytes"),
+            format!("the device holds {cap} bytes ({} GiB of HBM): use smaller arrays", chip.hbm.capacity_gib.value),
+        ));
+    }
+    Ok(())
+}
+
 /// Mosaic's block rule for a VMEM window (JAX Pallas TPU docs, "BlockSpecs and grid
 /// iteration"): the block's last dimension is a multiple of the chip's lanes (128) and its
 /// second-to-last a multiple of its sublanes (8), unless it equals the array's dimension; a
@@ -1090,6 +1117,7 @@ pub fn lower(chip: &ChipModel, d: &Description, dir: &Path) -> Result<(Program, 
         });
     }
     check_block_shapes(chip, d)?;
+    check_hbm(chip, d)?;
     let tables = Tables { tables, refs: &d.refs };
     let windows: Vec<usize> =
         d.refs.iter().enumerate().filter(|(_, r)| matches!(r.kind, RefKind::Input | RefKind::Output) && r.memory_space != MemorySpace::Any).map(|(i, _)| i).collect();
@@ -1112,6 +1140,35 @@ pub fn lower(chip: &ChipModel, d: &Description, dir: &Path) -> Result<(Program, 
     // values instead of evaluating them again.
     let same_as: Vec<Option<usize>> =
         (0..windows.len()).map(|w| (0..w).find(|&e| d.refs[windows[e]].index_map == d.refs[windows[w]].index_map)).collect();
+    // Per window, the number of blocks along each dimension when its array's shape is known
+    // (flat, as the block indices are; u64::MAX when not): a block index outside them (a
+    // scalar-prefetch table pointing past the array) copies memory the array does not have.
+    let limits: Vec<u64> = windows
+        .iter()
+        .flat_map(|&w| {
+            let r = &d.refs[w];
+            let n = r.index_map.as_ref().map_or(0, Vec::len);
+            match r.array_shape.as_ref().filter(|a| a.len() == r.shape.len() && a.len() == n) {
+                Some(a) => a.iter().zip(&r.shape).map(|(&x, &b)| x.div_ceil(b.max(1))).collect::<Vec<_>>(),
+                None => vec![u64::MAX; n],
+            }
+        })
+        .collect();
+    let out_of_array = |idx: &[i64], out: &[i64]| -> PallasError {
+        let at = out.iter().zip(&limits).position(|(&b, &n)| b as u64 >= n).unwrap_or(0);
+        let k = offs.partition_point(|&o| o <= at) - 1;
+        let r = &d.refs[windows[k]];
+        PallasError::field(
+            &format!("the index map of `{}` at grid index {idx:?}: block index {}", r.name, at - offs[k]),
+            out[at],
+            format!(
+                "expected 0 to {} (array {:?} in blocks of {:?}): a block outside the array (a scalar-prefetch table's entry out of range?)",
+                limits[at] - 1,
+                r.array_shape.as_deref().unwrap_or_default(),
+                r.shape
+            ),
+        )
+    };
     let block_indices = |idx: &[i64], out: &mut Vec<i64>| -> Result<(), PallasError> {
         out.clear();
         let env = StepEnv { idx, ivs: Vec::new(), tables: &tables, smem: None };
@@ -1124,6 +1181,10 @@ pub fn lower(chip: &ChipModel, d: &Description, dir: &Path) -> Result<(Program, 
             for e in r.index_map.as_ref().expect("checked") {
                 out.push(e.eval(&env).map_err(|x| eval_err(d, x, &format!("the index map of `{}`", r.name), ""))?);
             }
+        }
+        // A negative index is past every limit as u64.
+        if out.iter().zip(&limits).any(|(&b, &n)| b as u64 >= n) {
+            return Err(out_of_array(idx, out));
         }
         Ok(())
     };

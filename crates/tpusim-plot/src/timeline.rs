@@ -258,7 +258,8 @@ pub struct TraceSummary {
     pub run_us: f64,
 }
 
-/// Largest number of events written without an explicit window (about 180 bytes each).
+/// Largest number of events a timeline file is written with, whole run or window (about 180
+/// bytes each: 180 MB).
 pub const MAX_UNBOUNDED_EVENTS: u64 = 1_000_000;
 
 #[derive(Serialize)]
@@ -457,9 +458,9 @@ impl<'a> Timed<'a> {
 /// streaming (memory does not grow with the number of events).
 ///
 /// # Errors
-/// [`PlotError`] naming `flag` when the file cannot be written, or when the window is unbounded
-/// and the run would produce more than [`MAX_UNBOUNDED_EVENTS`] events (the message suggests
-/// `--timeline-steps` / `--timeline-head`), or when the window holds no step.
+/// [`PlotError`] naming `flag` when the file cannot be written, or when the window (the whole
+/// run when unbounded) would produce more than [`MAX_UNBOUNDED_EVENTS`] events (the message
+/// suggests `--timeline-steps` / `--timeline-head`), or when the window holds no step.
 pub fn write_chrome_trace(run: &Run, window: &Window, path: &Path, flag: &str) -> Result<TraceSummary, PlotError> {
     write_chrome_trace_with(&Timed::of_run(run), window, path, flag, None)
 }
@@ -515,6 +516,14 @@ pub fn write_chrome_trace_with(
             first_steps.div_ceil(heads)
         )));
     }
+    if window.is_bounded() && n > MAX_UNBOUNDED_EVENTS {
+        return Err(PlotError::Input(format!(
+            "{flag} {}: not written: the window holds {n} events (about {} MB, more than {} events) of a run of {run_steps} grid steps; narrow --timeline-steps START:END and/or give --timeline-head H",
+            path.display(),
+            n * 180 / 1_000_000,
+            MAX_UNBOUNDED_EVENTS,
+        )));
+    }
     if n == 0 {
         return Err(PlotError::Input(format!(
             "{flag} {}: the window holds no grid step (the run has {} steps and {} {})",
@@ -538,7 +547,8 @@ pub fn write_chrome_trace_with(
         (s, h) => {
             let mut v = Vec::new();
             if let Some((a, b)) = s {
-                v.push(if b == u64::MAX { format!("steps {a}..") } else { format!("steps {a}..{b}") });
+                // An end past the run is the run's end.
+                v.push(if b == u64::MAX { format!("steps {a}..") } else { format!("steps {a}..{}", b.min(run_steps)) });
             }
             if let Some(h) = h {
                 v.push(format!("head {h}"));

@@ -944,11 +944,22 @@ fn tile_counts<'py>(
     if let Some(h) = heads {
         kw.set_item("heads", h)?;
     }
-    if let (Some(q), Some(k)) = (q_len, kv_len) {
-        kw.set_item("q_len", q)?;
-        kw.set_item("kv_len", k)?;
+    match (q_len, kv_len) {
+        (Some(q), Some(k)) => {
+            kw.set_item("q_len", q)?;
+            kw.set_item("kv_len", k)?;
+        }
+        (None, None) => {}
+        (Some(_), None) | (None, Some(_)) => return Err(input_err("q_len, kv_len: give both or neither (neither: the mask's own shape)")),
     }
     let (spec, _) = job_spec(py, Some(&kw), &[])?;
+    // A text mask has no shape of its own: the lengths must be given, not defaulted.
+    if spec.seq_len.is_none() && spec.q_len.is_none() && spec.kv_len.is_none() {
+        return Err(input_err(format!(
+            "tile_counts: mask = {} has no shape of its own (a text mask): give q_len and kv_len",
+            repr(mask)
+        )));
+    }
     let heads = spec.heads.unwrap_or(1);
     let spec = JobSpec { heads: Some(heads), ..spec };
     let chip = spec.chip().map_err(|e| spec_err_as_given(&spec, e))?;

@@ -508,7 +508,7 @@ impl JobSpec {
                 let config = self.matmul_config(kernel, &workload, vmem_limit_bytes);
                 Ok(Job::Matmul { workload, config, scope: self.scope.unwrap_or(Scope::Kernel) })
             }
-            KernelKind::Copy => Err(SpecError::field("kernel", kernel, "an HBM copy is not a kernel tpusim runs on its own")),
+            KernelKind::Copy => Err(SpecError::field("kernel", kernel, "names calibration-CSV rows of a bare HBM copy, not a kernel to simulate (the copies around a kernel are timed with --scope op or call); choose another kernel family")),
         }
     }
 
@@ -602,6 +602,15 @@ impl JobSpec {
         vmem_limit_bytes: Option<u64>,
     ) -> Result<SplashConfig, SpecError> {
         let d = kernel.defaults();
+        // JAX's flash attention takes `causal` or nothing (segment ids aside): no other mask
+        // has a kernel there.
+        if kernel == Kernel::FlashAttention && !matches!(w.mask.to_string().as_str(), "full" | "causal") {
+            return Err(SpecError::field(
+                "mask",
+                w.mask.to_string(),
+                "flash-attention (jax.experimental.pallas.ops.tpu.flash_attention) takes full or causal only (its `causal` flag); other masks run with splash or tokamax-splash",
+            ));
+        }
         let mut config = SplashConfig::for_family(kernel);
         config.block_q = self.block_q.unwrap_or(d.blocks.q);
         config.block_kv = self.block_kv.unwrap_or(d.blocks.kv);

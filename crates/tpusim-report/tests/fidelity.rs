@@ -134,7 +134,13 @@ fn mask_metadata_larger_than_smem_is_refused() {
 #[test]
 fn tensors_larger_than_hbm_are_refused() {
     let e = refusal("batch = 1000000000\nseq_len = 128\n");
-    assert!(e.contains("HBM") && e.contains("34359738368"), "{e}");
+    assert!(e.contains("HBM") && e.contains("34359738368") && e.contains("smaller `batch`"), "{e}");
+    // The fused backward's dq partials (one per kv block) outgrow q, k, v and the gradients:
+    // the refusal names the block that sets their count, and a larger one runs.
+    let bwd = "kernel = 'tokamax-splash'\nheads = 10\nseq_len = 75600\ndirection = 'bwd'\n";
+    let e = refusal(bwd);
+    assert!(e.contains("dq partials") && e.contains("591 blocks of `block_kv_dkv` = 128") && e.contains("a larger `block_kv_dkv`"), "{e}");
+    report(&format!("{bwd}block_q_dkv = 512\nblock_kv_dkv = 2048\nblock_kv_dkv_compute = 512\n"));
 }
 
 #[test]

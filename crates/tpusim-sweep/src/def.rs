@@ -362,7 +362,12 @@ impl SweepDef {
                         if point.iter().any(|(c, _)| *c == col) {
                             return Err(fail(format!("points[{pi}].{key} is given twice")));
                         }
-                        let v = value_of(&key, raw, &chip, dir).map_err(|e| fail(format!("points[{pi}].{e}")))?;
+                        let v = value_of(&key, raw, &chip, dir).map_err(|e| {
+                            // A field's error begins with the field (`points[0].heads = ...`),
+                            // an unknown key's with what it is.
+                            let sep = if e.starts_with("unknown key") { ": " } else { "." };
+                            fail(format!("points[{pi}]{sep}{e}"))
+                        })?;
                         point.push((col, v));
                     }
                     points.push(point);

@@ -30,7 +30,6 @@
 
 use crate::def::SweepDef;
 use crate::eval::{Evaluator, Outcome, Shared};
-use tpusim_report::JobSpec;
 use crate::output::{check_replaceable, csv_fields, read_back, write_atomic, Format, Header, Layout};
 use crate::SweepError;
 use rayon::prelude::*;
@@ -41,6 +40,7 @@ use std::io::Write;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
+use tpusim_report::JobSpec;
 
 /// A slice of a sweep: the points with `index % count == index_of_shard`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -124,6 +124,10 @@ pub struct SweepOptions {
     /// Part of the output's identity: a file written with it is another sweep's for resuming and
     /// merging (its definition carries `-what-if-2x`).
     pub what_if_2x: bool,
+    /// Set from elsewhere (the CLI's Ctrl-C handler) to stop the sweep: the workers start no
+    /// further point, the rows finished so far are flushed to `OUT.partial`, and [`run_sweep`]
+    /// returns [`SweepError::Interrupted`] saying how many rows that file holds.
+    pub interrupt: Option<std::sync::Arc<AtomicBool>>,
 }
 
 impl SweepOptions {
@@ -138,6 +142,7 @@ impl SweepOptions {
             restart: false,
             force: false,
             flush_every: Duration::from_millis(200),
+            interrupt: None,
             what_if_2x: false,
         }
     }
@@ -252,7 +257,7 @@ pub fn run_sweep(def: &SweepDef, opts: &SweepOptions) -> Result<SweepSummary, Sw
     check_replaceable(&partial, &format!("{partial} (where the sweep to --out {out} keeps its unfinished rows)"), opts.force)?;
     // Two sweeps on one output: an advisory lock (flock), released by the OS when the process
     // holding it ends, however it ends.
-    let _lock = lock_output(out)?;
+    let _lock = LockGuard { _file: lock_output(out)?, path: lock_path(out) };
     if !opts.restart {
         for path in [out, partial.as_str()] {
             if !Path::new(path).exists() {
@@ -344,6 +349,9 @@ pub fn run_sweep(def: &SweepDef, opts: &SweepOptions) -> Result<SweepSummary, Sw
         computed_n = rows.rows.len() as u64;
         errors += rows.errors;
         index.extend(rows.rows);
+        if opts.interrupt.as_ref().is_some_and(|f| f.load(Ordering::Relaxed)) && (index.len() as u64) < expected {
+            return Err(SweepError::Interrupted { partial, rows: index.len() as u64, points: expected });
+        }
         if index.len() as u64 != expected {
             return Err(SweepError::Internal(format!("{} rows for {expected} points", index.len())));
         }
@@ -353,8 +361,6 @@ pub fn run_sweep(def: &SweepDef, opts: &SweepOptions) -> Result<SweepSummary, Sw
     if Path::new(&partial).exists() {
         std::fs::remove_file(&partial).map_err(|e| SweepError::Io(format!("cannot remove {partial}: {e}")))?;
     }
-    // Done: the lock file goes (the lock itself is released when `_lock` drops).
-    let _ = std::fs::remove_file(lock_path(out));
     Ok(SweepSummary {
         origin: def.origin.clone(),
         out: out.to_string(),
@@ -394,6 +400,19 @@ fn lock_output(out: &str) -> Result<std::fs::File, SweepError> {
             "--out {out}: another tpusim sweep is writing it (it holds the lock {path}); wait for it to finish, or choose another --out"
         ))),
         Err(fs4::TryLockError::Error(e)) => Err(SweepError::Io(format!("cannot lock {path}: {e}"))),
+    }
+}
+
+/// The lock this process holds on a sweep's output: when the run ends, however it ends (done,
+/// refused, failed, interrupted), its lock file goes; the lock itself is released with the file.
+struct LockGuard {
+    _file: std::fs::File,
+    path: String,
+}
+
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
     }
 }
 
@@ -463,6 +482,7 @@ fn evaluate_into(
     let mut ev = Evaluator::new();
     ev.what_if_2x = opts.what_if_2x;
     let stop = AtomicBool::new(false);
+    let interrupted = || opts.interrupt.as_ref().is_some_and(|f| f.load(Ordering::Relaxed));
     let (tx, rx) = std::sync::mpsc::channel::<(u64, String, bool)>();
     let flush_every = opts.flush_every;
     let result = std::thread::scope(|s| {
@@ -523,15 +543,21 @@ fn evaluate_into(
             if def.kernel_ir {
                 // Kernel descriptions: each point lowers its description on its chip.
                 todo.par_iter().for_each_with(tx, |tx, &i| {
-                    if stop.load(Ordering::Relaxed) {
+                    if stop.load(Ordering::Relaxed) || interrupted() {
                         return;
                     }
                     let point = def.point(i);
                     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match point.kernel_ir {
                         Some(f) => ev.evaluate_ir(&point.spec, f),
-                        None => crate::eval::IrOutcome { chip: None, report: Err("internal error: a point of a kernel_ir sweep without a file".into()) },
+                        None => crate::eval::IrOutcome {
+                            chip: None,
+                            report: Err("internal error: a point of a kernel_ir sweep without a file".into()),
+                        },
                     }))
-                    .unwrap_or_else(|p| crate::eval::IrOutcome { chip: None, report: Err(format!("internal error: {}", panic_text(p.as_ref()))) });
+                    .unwrap_or_else(|p| crate::eval::IrOutcome {
+                        chip: None,
+                        report: Err(format!("internal error: {}", panic_text(p.as_ref()))),
+                    });
                     let _ = tx.send((i, layout.line(format, &layout.ir_row(&point, &outcome)), outcome.report.is_err()));
                 });
                 return;
@@ -571,14 +597,19 @@ fn evaluate_into(
             // pieces have yet to finish.
             let shared: Vec<Mutex<Option<std::sync::Arc<Option<Shared>>>>> = groups.iter().map(|_| Mutex::new(None)).collect();
             let left: Vec<AtomicUsize> = groups.iter().map(|g| AtomicUsize::new(g.len().div_ceil(chunk))).collect();
-            let work: Vec<(usize, &[usize])> = groups.iter().enumerate().flat_map(|(gi, g)| g.chunks(chunk).map(move |c| (gi, c))).collect();
+            let work: Vec<(usize, &[usize])> =
+                groups.iter().enumerate().flat_map(|(gi, g)| g.chunks(chunk).map(move |c| (gi, c))).collect();
             work.par_iter().for_each_with(tx, |tx, &(gi, members)| {
-                if stop.load(Ordering::Relaxed) {
+                if stop.load(Ordering::Relaxed) || interrupted() {
                     return;
                 }
                 let mut sent = vec![false; members.len()];
                 let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                     for (j, &k) in members.iter().enumerate() {
+                        if interrupted() {
+                            // Unstarted points stay missing (not error rows): a rerun resumes them.
+                            return;
+                        }
                         let point = def.point(todo[k]);
                         let p = ev.prepare(&point.spec);
                         let g = {
@@ -590,12 +621,13 @@ fn evaluate_into(
                         sent[j] = true;
                     }
                 }));
+                let panicked = ran.is_err();
                 let why = match ran {
                     Err(p) => format!("internal error: {}", panic_text(p.as_ref())),
                     Ok(()) => String::new(),
                 };
                 for (j, &k) in members.iter().enumerate() {
-                    if !sent[j] {
+                    if !sent[j] && (panicked || !interrupted()) {
                         let point = def.point(todo[k]);
                         let outcome = Outcome { job: None, chip: None, report: Err(why.clone()) };
                         let _ = tx.send((todo[k], layout.line(format, &layout.row(&point, &outcome)), true));

@@ -20,6 +20,9 @@ pub enum CliError {
         /// What went wrong after.
         error: Box<CliError>,
     },
+    /// Stopped by Ctrl-C, with what was kept and how to go on (exit code 130, the shell's for
+    /// SIGINT).
+    Interrupted(String),
 }
 
 impl CliError {
@@ -28,6 +31,7 @@ impl CliError {
         match self {
             CliError::Input(_) => 2,
             CliError::Internal(_) => 1,
+            CliError::Interrupted(_) => 130,
             CliError::AfterOutput { error, .. } => error.exit_code(),
         }
     }
@@ -41,7 +45,7 @@ impl CliError {
 impl std::fmt::Display for CliError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            CliError::Input(s) | CliError::Internal(s) => f.write_str(s),
+            CliError::Input(s) | CliError::Internal(s) | CliError::Interrupted(s) => f.write_str(s),
             CliError::AfterOutput { error, .. } => error.fmt(f),
         }
     }

@@ -100,7 +100,11 @@ fn main() -> ExitCode {
                 let mut stdout = std::io::stdout().lock();
                 let _ = stdout.write_all(output.as_bytes()).and_then(|_| stdout.flush());
             }
-            eprintln!("error: {e}");
+            if matches!(e, CliError::Interrupted(_)) {
+                eprintln!("{e}");
+            } else {
+                eprintln!("error: {e}");
+            }
             ExitCode::from(e.exit_code())
         }
     }

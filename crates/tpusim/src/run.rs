@@ -51,9 +51,10 @@ pub struct RunArgs {
     /// Also write the simulated execution as a Chrome trace (open in Perfetto or
     /// chrome://tracing): one track per unit, one event per tile operation, DMA and step
     /// overhead, with head, q block, kv block and tile kind as arguments (with --kernel-ir: the
-    /// grid indices and whether the body runs). A run of more than a
-    /// million events is written only for a window (--timeline-steps, --timeline-head); without
-    /// one, the report is printed and the timeline refused with the sizes to choose from.
+    /// grid indices and whether the body runs). At most a million events (about 180 MB) are
+    /// written: a larger run is written only for a window (--timeline-steps, --timeline-head)
+    /// that holds no more; otherwise the report is printed and the timeline refused with the
+    /// sizes to choose from.
     #[arg(long, value_name = "FILE.json")]
     pub timeline: Option<String>,
     /// Only grid steps START..END (END exclusive) in the timeline, e.g. 0:16.

@@ -170,10 +170,13 @@ pub fn cmd_sweep(a: &SweepArgs) -> Result<String, CliError> {
         restart: a.restart,
         force: a.force,
         what_if_2x: a.what_if_2x,
+        interrupt: Some(stop_on_interrupt()),
         ..SweepOptions::new(&out)
     };
-    on_interrupt_say_where(&out);
-    let summary = tpusim_sweep::run_sweep(&def, &opts)?;
+    let summary = tpusim_sweep::run_sweep(&def, &opts).map_err(|e| match e {
+        e @ tpusim_sweep::SweepError::Interrupted { .. } => CliError::Interrupted(e.to_string()),
+        e => e.into(),
+    })?;
     let what_if = what_if_note(&def);
     Ok(match choice.from {
         Some(from) => format!("note: --shard auto: shard {shard} from {from}\n{what_if}{summary}"),
@@ -212,20 +215,22 @@ pub fn cmd_merge(a: &MergeArgs) -> Result<String, CliError> {
     Ok(tpusim_sweep::merge(&a.files, &a.out, a.force)?.to_string())
 }
 
-/// Ctrl-C during a sweep: after the writer's next flush (at most every 200 ms), say where the
-/// finished rows are and how to resume, then exit with 130 (the shell's code for SIGINT).
-fn on_interrupt_say_where(out: &str) {
-    let out = out.to_string();
+/// Ctrl-C during a sweep: the first sets the sweep's interrupt flag (no further point starts;
+/// the points running finish, their rows are flushed to `OUT.partial`, and the sweep ends with
+/// [`tpusim_sweep::SweepError::Interrupted`], which says how many rows that file holds: exit
+/// code 130, the shell's for SIGINT); a second exits at once with 130.
+fn stop_on_interrupt() -> std::sync::Arc<std::sync::atomic::AtomicBool> {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let flag = std::sync::Arc::new(AtomicBool::new(false));
+    let f = flag.clone();
     let _ = ctrlc::set_handler(move || {
-        std::thread::sleep(std::time::Duration::from_millis(300));
-        let partial = format!("{out}.partial");
-        let rows = tpusim_sweep::output::read_back(&partial, None).map(|r| r.rows.len()).unwrap_or(0);
-        let _ = std::fs::remove_file(tpusim_sweep::exec::lock_path(&out));
-        eprintln!(
-            "\ninterrupted: the {rows} rows finished so far are in {partial}; run the same command again to resume from them (only the missing points are evaluated; --restart starts over)"
-        );
-        std::process::exit(130);
+        if f.swap(true, Ordering::Relaxed) {
+            eprintln!("\ninterrupted again: exiting without waiting for the running points");
+            std::process::exit(130);
+        }
+        eprintln!("\ninterrupted: finishing the points running (Ctrl-C again to exit at once)");
     });
+    flag
 }
 
 /// Why `tpusim tune --kernel-ir` is refused, and what to run instead.

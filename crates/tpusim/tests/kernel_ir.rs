@@ -78,7 +78,10 @@ fn bound_by_is_the_what_if_table_and_each_row_is_the_run_with_its_overrides() {
     let f = fixture();
     let table = ok(&["run", "--kernel-ir", &f]);
     assert!(table.contains("  band         not covered by measurements: chip v6e"), "{table}");
-    assert!(table.contains(&format!("  bound by     {}", j["bottleneck"].as_str().unwrap())) && table.contains("  what if 2x   mxu -"), "{table}");
+    assert!(
+        table.contains(&format!("  bound by     {}", j["bottleneck"].as_str().unwrap())) && table.contains("  what if 2x   mxu -"),
+        "{table}"
+    );
 }
 
 #[test]
@@ -126,6 +129,9 @@ fn timeline_of_an_ir_kernel_adds_up_to_its_report() {
     assert_eq!(std::fs::read_to_string(&foreign).unwrap(), "{}");
 }
 
+/// A named edit of the fixture and what the refusal must say.
+type Edit = (&'static str, fn(&mut Value), &'static [&'static str]);
+
 #[test]
 fn bad_kernel_ir_input_is_refused_by_name() {
     let f = fixture();
@@ -139,12 +145,62 @@ fn bad_kernel_ir_input_is_refused_by_name() {
     d["refs"][0]["shape"][0] = 250.into();
     let bad = dir.join("bad.json");
     std::fs::write(&bad, serde_json::to_string(&d).unwrap()).unwrap();
-    input_error(&["run", "--kernel-ir", bad.to_str().unwrap()], &["refs[0] (input 0).shape[0] = 250", "multiple of the chip's 8 sublanes", "(1024)"]);
+    input_error(
+        &["run", "--kernel-ir", bad.to_str().unwrap()],
+        &["refs[0] (input 0).shape[0] = 250", "multiple of the chip's 8 sublanes", "(1024)"],
+    );
     // Lanes: 200 columns.
     d["refs"][0]["shape"][0] = 256.into();
     d["refs"][0]["shape"][1] = 200.into();
     std::fs::write(&bad, serde_json::to_string(&d).unwrap()).unwrap();
     input_error(&["run", "--kernel-ir", bad.to_str().unwrap()], &["refs[0] (input 0).shape[1] = 200", "128 lanes"]);
+    // References to what the description does not hold: each names the field and the range.
+    let base: Value = serde_json::from_str(&std::fs::read_to_string(&f).unwrap()).unwrap();
+    let edits: [Edit; 7] = [
+        (
+            "a ref past the refs",
+            |d| d["body"][0]["operands"][0] = serde_json::json!({"ref": 9}),
+            &["body[0] (vector.load, id 1).operands[0] = {\"ref\": 9}", "a ref from 0 to 2"],
+        ),
+        ("no refs at all", |d| d["refs"] = serde_json::json!([]), &["= {\"ref\": 0}", "lists no refs"]),
+        (
+            "an op that is not there",
+            |d| d["body"][4]["operands"][0] = serde_json::json!({"op": 999}),
+            &["body[4] (vector.store, id 5).operands[0] = {\"op\": 999}", "a value of the body"],
+        ),
+        (
+            "a grid dimension past the grid",
+            |d| d["refs"][0]["index_map"][0] = serde_json::json!(["grid", 7]),
+            &["refs[0] (input 0).index_map[0] = [\"grid\", 7]", "from 0 to 2", "[4, 4, 2]"],
+        ),
+        (
+            "an array of another rank",
+            |d| d["refs"][0]["array_shape"] = serde_json::json!([10]),
+            &["refs[0] (input 0).array_shape = [10]", "one dimension per block dimension (2"],
+        ),
+        (
+            // 4 row blocks of 256 in the 1024-row array: index 4 is past it.
+            "a block index past its array",
+            |d| d["refs"][0]["index_map"][0] = serde_json::json!(["add", ["grid", 0], 4]),
+            &["the index map of `input 0` at grid index [0, 0, 0]: block index 0 = 4", "expected 0 to 3", "[1024, 1024] in blocks of [256, 512]"],
+        ),
+        (
+            "operands larger than HBM",
+            |d| d["refs"][0]["array_shape"] = serde_json::json!([1048576, 1048576]),
+            &["the kernel's HBM operands", "the device holds 34359738368 bytes (32 GiB"],
+        ),
+    ];
+    for (what, edit, says) in edits {
+        let mut d = base.clone();
+        edit(&mut d);
+        std::fs::write(&bad, serde_json::to_string(&d).unwrap()).unwrap();
+        let out = tpusim(&["run", "--kernel-ir", bad.to_str().unwrap()]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{what}: {err}");
+        for s in says {
+            assert!(err.contains(s), "{what}: {err:?} lacks {s:?}");
+        }
+    }
 }
 
 #[test]
@@ -288,5 +344,8 @@ fn a_kernel_without_matmul_flops_is_left_off_the_roofline_and_a_timeline_takes_o
     let svg = std::fs::read_to_string(&both).unwrap();
     assert!(svg.contains("elementwise: not drawn"), "the left-out kernel is named in the notes");
     let t = d.join("t.svg");
-    input_error(&["plot", "timeline", "--kernel-ir", &fixture(), "--kernel-ir", &ew, "--out", t.to_str().unwrap()], &["given 2 times", "one kernel"]);
+    input_error(
+        &["plot", "timeline", "--kernel-ir", &fixture(), "--kernel-ir", &ew, "--out", t.to_str().unwrap()],
+        &["given 2 times", "one kernel"],
+    );
 }

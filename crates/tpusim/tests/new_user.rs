@@ -167,6 +167,12 @@ fn a_timeline_too_large_to_write_still_prints_the_report_and_says_how_to_window_
     let out = bin().args(["run", "--format", "json", "--timeline", file.to_str().unwrap()]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(json(&String::from_utf8_lossy(&out.stdout))["latency_ms"].as_f64().unwrap() > 0.0);
+    // A window that holds the whole run is held to the same size.
+    let out = bin().args(["run", "--timeline", file.to_str().unwrap(), "--timeline-steps", "0:99999999999"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("not written: the window holds") && stderr.contains("narrow --timeline-steps"), "{stderr}");
+    assert!(!file.exists());
 }
 
 #[test]

@@ -186,8 +186,15 @@ fn ctrl_c_on_a_sweep_says_where_the_rows_are_and_resumes() {
     assert!(!out.exists(), "no complete output yet");
     // The message's count is the rows kept in the partial file, which the same command resumes
     // from (interrupted again here: the whole sweep takes minutes).
-    let kept = err.split("the ").nth(1).and_then(|t| t.split(' ').next()).and_then(|n| n.parse::<usize>().ok()).unwrap();
+    let count = |text: &str| {
+        text.split("interrupted: the ").nth(1).and_then(|t| t.split(' ').next()).and_then(|n| n.parse::<usize>().ok())
+    };
+    let kept = count(&err).unwrap_or_else(|| panic!("no row count in: {err}"));
     assert!(kept >= 2, "{err}");
+    // The count is what the file holds (its two header lines aside), every row whole.
+    let text = std::fs::read_to_string(&partial).unwrap();
+    assert!(text.ends_with('\n'), "the partial file ends with a whole row");
+    assert_eq!(text.lines().count() - 2, kept, "{err}");
     // The same command resumes: interrupted again it keeps at least those rows; if it finished
     // first, its summary counts them as resumed.
     let child = bin()
@@ -201,7 +208,7 @@ fn ctrl_c_on_a_sweep_says_where_the_rows_are_and_resumes() {
     let o = child.wait_with_output().unwrap();
     let again = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
     let now = if o.status.code() == Some(130) {
-        again.split("the ").nth(1).and_then(|t| t.split(' ').next()).and_then(|n| n.parse::<usize>().ok())
+        count(&again)
     } else {
         assert!(o.status.success(), "{again}");
         again.split(" resumed").next().and_then(|t| t.rsplit(' ').next()).and_then(|n| n.parse::<usize>().ok())

@@ -674,12 +674,16 @@ pub fn lower_dkv(chip: &ChipModel, w: &AttentionCall, cfg: &super::SplashConfig)
     let vmem = dkv_vmem(w, &b, cfg.kernel, opts, cfg.vmem_limit(chip));
     vmem.check(chip)?;
     let partials = if b.fused { kb * (w.batch * w.q_heads) * cl.grid.padded_q_len() * w.head_dim * dq_elem } else { 0 };
-    super::check_hbm(
-        chip,
-        w,
-        true,
-        partials + (w.batch * w.q_heads * w.q_len + w.batch * w.kv_heads * w.kv_len) * (w.head_dim + w.head_dim_v) * 2,
-    )?;
+    let grads = (w.batch * w.q_heads * w.q_len + w.batch * w.kv_heads * w.kv_len) * (w.head_dim + w.head_dim_v) * 2;
+    // The fused kernel's dq partials (one per kv block) can outgrow everything else: then the
+    // block that sets their count is what to change.
+    let advice = (partials > grads).then(|| {
+        format!(
+            "{partials} of them are the fused backward's dq partials, one per kv block ({kb} blocks of `block_kv_dkv` = {}): a larger `block_kv_dkv` needs fewer; or use a smaller `batch` or shorter sequences",
+            b.block_kv_dkv
+        )
+    });
+    super::check_hbm(chip, w, true, partials + grads, advice)?;
     let mask_cost = worst_mask_cost(&cl.distinct, source, cl.padded);
     // JAX's kernels: int32 mask blocks, compare / OR / select (splash::jax_loaded_mask_cost).
     let mask_cost = if static_grid(cfg.kernel) { mask_cost } else { super::jax_loaded_mask_cost(mask_cost) };

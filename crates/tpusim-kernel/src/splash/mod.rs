@@ -699,8 +699,9 @@ fn check_blocks(w: &AttentionCall, cfg: &SplashConfig, chip: &ChipModel) -> Resu
 }
 
 /// Checks that the call's tensors fit the device's HBM: q, k, v, o (bf16), the residuals when
-/// returned, and `extra` bytes (the backward's gradients and partials).
-pub(crate) fn check_hbm(chip: &ChipModel, w: &AttentionCall, residuals: bool, extra: u64) -> Result<(), KernelError> {
+/// returned, and `extra` bytes (the backward's gradients and partials); `advice` says what
+/// would make them fit (`None`: a smaller batch or shorter sequences).
+pub(crate) fn check_hbm(chip: &ChipModel, w: &AttentionCall, residuals: bool, extra: u64, advice: Option<String>) -> Result<(), KernelError> {
     let bh = (w.batch * w.q_heads) as u128;
     let bkvh = (w.batch * w.kv_heads) as u128;
     let mut need: u128 =
@@ -715,6 +716,7 @@ pub(crate) fn check_hbm(chip: &ChipModel, w: &AttentionCall, residuals: bool, ex
             needed: need.min(u64::MAX as u128) as u64,
             capacity: cap as u64,
             capacity_gib: chip.hbm.capacity_gib.value,
+            advice: advice.unwrap_or_else(|| "use a smaller `batch` or shorter sequences".to_string()),
         });
     }
     Ok(())
@@ -900,7 +902,7 @@ pub fn lower(chip: &ChipModel, w: &AttentionCall, cfg: &SplashConfig) -> Result<
     check_blocks(w, cfg, chip)?;
     let vmem = vmem_budget(w, cfg, cfg.vmem_limit(chip));
     vmem.check(chip)?;
-    check_hbm(chip, w, cfg.return_residuals, 0)?;
+    check_hbm(chip, w, cfg.return_residuals, 0, None)?;
     // Stage 2: the masks at the tiling.
     let cl = classify(w, cfg.block_q, cfg.block_kv, cfg.tile_align, ("`block_q`", "`block_kv`"))?;
     // A mask with no closed form (a block file) can only be loaded, whatever the option says.

@@ -124,7 +124,18 @@ def lower(fn, *args, chip="v6e", device_kind=None, mesh=None):
                 f"tpusim.jax.mesh(shape, axis_names, chip={chip!r})"
             )
     # Arguments may be pytrees (dicts of weights): their leaves are arrays or ShapeDtypeStructs.
-    specs = jax.tree.map(lambda a: a if isinstance(a, jax.ShapeDtypeStruct) else jax.ShapeDtypeStruct(a.shape, a.dtype), list(args))
+    def spec(path, a):
+        if isinstance(a, jax.ShapeDtypeStruct):
+            return a
+        if not (hasattr(a, "shape") and hasattr(a, "dtype")):
+            where = "args" + jax.tree_util.keystr(path)
+            raise InputError(
+                f"{where} = {a!r}: expected an array or a jax.ShapeDtypeStruct (shape and dtype), e.g. "
+                "jax.ShapeDtypeStruct((1024, 1024), jnp.bfloat16); a Python scalar or list has no TPU layout to lower"
+            )
+        return jax.ShapeDtypeStruct(a.shape, a.dtype)
+
+    specs = jax.tree_util.tree_map_with_path(spec, list(args))
     try:
         with jax.sharding.use_abstract_mesh(mesh):
             return jax.export.export(fn if hasattr(fn, "trace") else jax.jit(fn), platforms=("tpu",))(*specs)
@@ -861,7 +872,9 @@ def _kernels_of(module, args):
             for m in bc.get("scoped_memory_configs", []) or []:
                 if int(m.get("memory_space", -1)) == 1 and "size" in m:
                     vmem_limit = int(m["size"])
-            cost = bc.get("cost_estimate")
+            # A kernel's own pl.CostEstimate: in the backend config's custom_call_config (JAX
+            # 0.10) or at its top level (earlier JAX).
+            cost = (bc.get("custom_call_config") or {}).get("cost_estimate") or bc.get("cost_estimate")
             version = None
             if "stable_mosaic.version" in kmod.operation.attributes:
                 version = ir.IntegerAttr(kmod.operation.attributes["stable_mosaic.version"]).value
@@ -946,12 +959,18 @@ def _write(desc, path):
             np.save(os.path.join(folder, side), np.asarray(v["inline"], dtype=np.int64).reshape(r["shape"]))
             r["values"] = {"file": side}
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tpusim-", suffix=".json")
-    with os.fdopen(fd, "w") as f:
-        json.dump(d, f, indent=1)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(d, f, indent=1)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, path)
+    except BaseException:
+        # Written completely or not at all: no temporary file is left behind.
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
     return path
 
 
@@ -959,8 +978,17 @@ def describe(fn, *args, path, chip="v6e", device_kind=None):
     """Writes the kernel description of `fn(*args)` to `path` (JSON; `crates/tpusim-pallas/
     DESCRIPTION.md`). With several kernels, the second and later go to `path` with `.1`, `.2`,
     ... before the extension. Returns the paths written."""
+    # The path first: a bad one is refused before the lowering, naming what the user gave.
+    if not isinstance(path, (str, os.PathLike)):
+        raise InputError(f"path = {path!r}: expected a file path (str or os.PathLike) for the description, e.g. path='kernel.json'")
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        raise InputError(f"path = {path!r}: is a directory; give a file path for the description, e.g. {os.path.join(path, 'kernel.json')!r}")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise InputError(f"path = {path!r}: its directory {folder!r} does not exist; create it first or choose another path")
     descs, _ = describe_all(fn, *args, chip=chip, device_kind=device_kind)
-    base, ext = os.path.splitext(os.fspath(path))
+    base, ext = os.path.splitext(path)
     return [_write(d, path if i == 0 else f"{base}.{i}{ext}") for i, d in enumerate(descs)]
 
 
@@ -1005,11 +1033,20 @@ def simulate_program(fn, *args, chip="v6e", device_kind=None, mesh=None, slice=N
 
 
 def _overrides(s):
+    """`set=` as a list of `SECTION.FIELD=VALUE` strings: None, one such string, a dict
+    {field: value} or a list of strings (as `tpusim.simulate` takes it)."""
     if s is None:
         return []
+    if isinstance(s, str):
+        return [s]
     if isinstance(s, dict):
         return [f"{k}={v}" for k, v in s.items()]
-    return list(s)
+    if isinstance(s, (list, tuple)) and all(isinstance(x, str) for x in s):
+        return list(s)
+    raise InputError(
+        f"set = {s!r}: expected 'SECTION.FIELD=VALUE', a list of them or a dict {{'SECTION.FIELD': value}}, "
+        "e.g. set={'hbm.bandwidth_gb_per_s': 3276}"
+    )
 
 
 class CallReport:
@@ -1044,6 +1081,8 @@ def tune(make_fn, candidates, *args, chip="v6e", device_kind=None, set=None, top
     simulates it; returns [(candidate, latency_ms, CallReport)] fastest first. Candidates that
     fail (a lowering error, VMEM overflow) are left out and listed in the returned list's
     attribute-free companion: call `tune(...)` and read `failures` from `tune.last_failures`."""
+    if top is not None and (isinstance(top, bool) or not isinstance(top, int) or top < 1):
+        raise InputError(f"top = {top!r}: expected a whole number from 1 (how many of the fastest to return), or None for all")
     ranked, failures = [], []
     for c in candidates:
         try:
@@ -1054,6 +1093,8 @@ def tune(make_fn, candidates, *args, chip="v6e", device_kind=None, set=None, top
     ranked.sort(key=lambda x: x[1])
     tune.last_failures = failures
     if not ranked:
+        if not failures:
+            raise InputError("candidates: none given (an empty list); give the block sizes (or other values) make_fn takes")
         raise InputError("no candidate lowered and simulated: " + "; ".join(f"{c!r}: {m}" for c, m in failures[:3]))
     return ranked[:top] if top else ranked
 

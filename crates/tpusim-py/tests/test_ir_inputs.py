@@ -1,0 +1,139 @@
+"""The IR path's inputs a new user gets wrong, and kernels it must read: a loop that carries a
+vector, a kernel's own cost estimate, scalar-prefetch indices outside the array, operands larger
+than HBM, and the Python arguments around them (set=, args, path=, top=)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+import tpusim
+import tpusim.jax as tj
+
+
+def _loop_carried(n=10):
+    """o = sum over n iterations of x, the running sum carried by fori_loop as a vector."""
+
+    def kernel(x_ref, o_ref):
+        o_ref[...] = jax.lax.fori_loop(0, n, lambda i, c: c + x_ref[...], jnp.zeros(o_ref.shape, jnp.float32))
+
+    def f(x):
+        return pl.pallas_call(
+            kernel,
+            grid=(x.shape[0] // 256,),
+            in_specs=[pl.BlockSpec((256, x.shape[1]), lambda i: (i, 0))],
+            out_specs=pl.BlockSpec((256, x.shape[1]), lambda i: (i, 0)),
+            out_shape=jax.ShapeDtypeStruct(x.shape, jnp.float32),
+        )(x)
+
+    return f
+
+
+def _add(cost=None):
+    def kernel(x_ref, y_ref, o_ref):
+        o_ref[...] = x_ref[...] + y_ref[...]
+
+    def f(x, y):
+        spec = pl.BlockSpec((256, 1024), lambda i: (i, 0))
+        return pl.pallas_call(
+            kernel, grid=(x.shape[0] // 256,), in_specs=[spec, spec], out_specs=spec, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), cost_estimate=cost
+        )(x, y)
+
+    return f
+
+
+def _gather(rows=2048, block=256):
+    """Copies the row blocks a scalar-prefetch table names."""
+
+    def kernel(idx_ref, x_ref, o_ref):
+        o_ref[...] = x_ref[...]
+
+    def f(idx, x):
+        return pl.pallas_call(
+            kernel,
+            grid_spec=pltpu.PrefetchScalarGridSpec(
+                num_scalar_prefetch=1,
+                grid=(rows // block,),
+                in_specs=[pl.BlockSpec((block, 1024), lambda i, idx: (idx[i], 0))],
+                out_specs=pl.BlockSpec((block, 1024), lambda i, idx: (i, 0)),
+            ),
+            out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+        )(idx, x)
+
+    return f
+
+
+F32 = jax.ShapeDtypeStruct((1024, 1024), jnp.float32)
+
+
+def test_a_loop_carrying_a_vector_is_read_and_counts_each_iteration():
+    one = tj.simulate(_loop_carried(1), F32).kernels[0]
+    ten = tj.simulate(_loop_carried(10), F32).kernels[0]
+    assert ten.grid_steps == one.grid_steps == 4
+    # Ten adds of every register against one, the same copies.
+    assert ten.hbm_bytes == one.hbm_bytes
+    assert ten.busy_ms["vpu"] > 5 * one.busy_ms["vpu"], (ten.busy_ms, one.busy_ms)
+
+
+def test_a_kernels_own_cost_estimate_is_read():
+    r = tj.simulate(_add(pl.CostEstimate(flops=1, transcendentals=2, bytes_accessed=3)), F32, F32).kernels[0]
+    declared = r.to_dict()["declared_cost_estimate"]
+    assert declared == {"flops": 1.0, "transcendentals": 2.0, "bytes_accessed": 3.0}, declared
+    assert tj.simulate(_add(), F32, F32).kernels[0].to_dict()["declared_cost_estimate"] is None
+
+
+def test_scalar_prefetch_indices_outside_the_array_are_refused():
+    x = jax.ShapeDtypeStruct((2048, 1024), jnp.float32)
+    ok = tj.simulate(_gather(), np.arange(8, dtype=np.int32)[::-1].copy(), x).kernels[0]
+    assert ok.grid_steps == 8
+    for bad, shown in ((np.full(8, 100, dtype=np.int32), "= 100"), (np.full(8, -1, dtype=np.int32), "= -1")):
+        with pytest.raises(tpusim.InputError, match=r"index map of .*block index 0 " + shown + r": expected 0 to 7"):
+            tj.simulate(_gather(), bad, x)
+
+
+def test_operands_larger_than_hbm_are_refused():
+    big = jax.ShapeDtypeStruct((2**20, 2**14), jnp.bfloat16)
+    with pytest.raises(tpusim.InputError, match=r"HBM operands.*the device holds 34359738368 bytes \(32 GiB"):
+        tj.simulate(_add(), big, big)
+
+
+def test_python_arguments_are_checked_by_name(tmp_path):
+    f = _add()
+    # set= takes one string, a list of them or a dict, as tpusim.simulate does.
+    one = tj.simulate(f, F32, F32, set="hbm.dma_bandwidth_gb_per_s=100").latency_ms
+    assert one == tj.simulate(f, F32, F32, set=["hbm.dma_bandwidth_gb_per_s=100"]).latency_ms
+    assert one > tj.simulate(f, F32, F32).latency_ms
+    with pytest.raises(tpusim.InputError, match=r"set = 5: expected 'SECTION.FIELD=VALUE'"):
+        tj.simulate(f, F32, F32, set=5)
+    with pytest.raises(tpusim.InputError, match=r"args\[1\] = 3: expected an array or a jax.ShapeDtypeStruct"):
+        tj.simulate(f, F32, 3)
+    for top in (0, -1, 1.5):
+        with pytest.raises(tpusim.InputError, match=r"top = .*: expected a whole number from 1"):
+            tj.tune(lambda c: f, [1, 2], F32, F32, top=top)
+    with pytest.raises(tpusim.InputError, match="candidates: none given"):
+        tj.tune(lambda c: f, [], F32, F32)
+    # describe(path=): refused before lowering, naming the path given; nothing left behind.
+    with pytest.raises(tpusim.InputError, match="does not exist"):
+        tj.describe(f, F32, F32, path=str(tmp_path / "nodir" / "k.json"))
+    with pytest.raises(tpusim.InputError, match="is a directory"):
+        tj.describe(f, F32, F32, path=str(tmp_path))
+    with pytest.raises(tpusim.InputError, match="expected a file path"):
+        tj.describe(f, F32, F32, path=None)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_tile_counts_of_a_text_mask_needs_its_lengths():
+    with pytest.raises(tpusim.InputError, match="no shape of its own.*give q_len and kv_len"):
+        tpusim.tile_counts("causal", 512, 512)
+    with pytest.raises(tpusim.InputError, match="q_len, kv_len: give both or neither"):
+        tpusim.tile_counts("causal", 512, 512, q_len=4096)
+    (c,) = tpusim.tile_counts("causal", 512, 512, q_len=4096, kv_len=4096)
+    assert (c["empty"], c["partial"], c["full"]) == (28, 8, 28)
+
+
+def test_flash_attention_takes_full_or_causal_only():
+    tpusim.simulate(kernel="flash-attention", heads=2, seq_len=2048, mask="causal")
+    with pytest.raises(tpusim.InputError, match="flash-attention .* takes full or causal only"):
+        tpusim.simulate(kernel="flash-attention", heads=2, seq_len=2048, mask="local:128,0")

@@ -115,6 +115,8 @@ pub fn footprint(buffers: &[VmemBuffer], limit_bytes: u64) -> VmemBudget {
             Role::Window { buffers: n } => {
                 out.push((if n == 1 { b.name.clone() } else { format!("{} x{n}", b.name) }, b.bytes().saturating_mul(n.into())))
             }
+            // A buffer already named as scratch (the IR path's `scratch 0`) is not said twice.
+            Role::Scratch if b.name.starts_with("scratch") => out.push((b.name.clone(), b.bytes())),
             Role::Scratch => out.push((format!("{} scratch", b.name), b.bytes())),
             Role::Internal => {}
         }

@@ -694,16 +694,45 @@ fn tune<'py>(
 
 /// A chip model as a dict (every parameter with its unit in its name and its source): a preset
 /// (`v6e`, `v5e`, `v5p`, `v4`, `v7x`) or a chip TOML path, with `overrides`
-/// (`{"hbm.bandwidth_gb_per_s": 3276}`) applied.
+/// (`{"hbm.bandwidth_gb_per_s": 3276}`) applied; `set` is the same (as `simulate` names it: a
+/// dict, one `SECTION.FIELD=VALUE` string or a list of them).
+///
+/// Raises `InputError` naming the argument for a name that is not text, overrides that are none
+/// of those, and (from the model) an unknown preset, field or value.
 #[pyfunction]
-#[pyo3(signature = (name_or_path = "v6e", overrides = None))]
-fn chip<'py>(py: Python<'py>, name_or_path: &str, overrides: Option<&Bound<'py, PyDict>>) -> PyResult<Bound<'py, PyAny>> {
-    let mut set = Vec::new();
-    if let Some(o) = overrides {
-        for (k, v) in o.iter() {
-            set.push(format!("{}={}", k.str()?, v.str()?));
+#[pyo3(signature = (name_or_path = None, overrides = None, set = None))]
+fn chip<'py>(
+    py: Python<'py>,
+    name_or_path: Option<&Bound<'py, PyAny>>,
+    overrides: Option<&Bound<'py, PyAny>>,
+    set: Option<&Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let name = match name_or_path {
+        None => "v6e".to_string(),
+        Some(n) => n.extract::<String>().map_err(|_| {
+            input_err(format!("name_or_path = {}: expected a preset name (v6e, v5e, v5p, v4, v7x) or a chip TOML path", repr(n)))
+        })?,
+    };
+    let mut list = Vec::new();
+    for (arg, o) in [("overrides", overrides), ("set", set)] {
+        let Some(o) = o else { continue };
+        if let Ok(d) = o.cast::<PyDict>() {
+            for (k, v) in d.iter() {
+                list.push(format!("{}={}", k.str()?, v.str()?));
+            }
+        } else if let Ok(one) = o.extract::<String>() {
+            list.push(one);
+        } else if let Ok(many) = o.extract::<Vec<String>>() {
+            list.extend(many);
+        } else {
+            return Err(input_err(format!(
+                "{arg} = {}: expected a dict {{'SECTION.FIELD': value}}, 'SECTION.FIELD=VALUE' or a list of them",
+                repr(o)
+            )));
         }
     }
+    let set = list;
+    let name_or_path = name.as_str();
     let model = JobSpec { chip: Some(name_or_path.to_string()), set, ..Default::default() }.chip().map_err(spec_err)?;
     from_json(py, &serde_json::to_string(&model).map_err(|e| SimulationError::new_err(e.to_string()))?)
 }

@@ -137,3 +137,14 @@ def test_flash_attention_takes_full_or_causal_only():
     tpusim.simulate(kernel="flash-attention", heads=2, seq_len=2048, mask="causal")
     with pytest.raises(tpusim.InputError, match="flash-attention .* takes full or causal only"):
         tpusim.simulate(kernel="flash-attention", heads=2, seq_len=2048, mask="local:128,0")
+
+
+def test_chip_takes_overrides_as_simulate_does_and_names_bad_arguments():
+    assert tpusim.chip()["name"] == tpusim.chip("v6e")["name"]
+    for o in ("mxu.rows=256", ["mxu.rows=256"], {"mxu.rows": 256}):
+        assert tpusim.chip("v5e", o)["mxu"]["rows"]["value"] == 256
+        assert tpusim.chip("v5e", set=o)["mxu"]["rows"]["value"] == 256
+    with pytest.raises(tpusim.InputError, match=r"name_or_path = 5: expected a preset name"):
+        tpusim.chip(5)
+    with pytest.raises(tpusim.InputError, match=r"overrides = 5: expected a dict"):
+        tpusim.chip("v5e", 5)

@@ -260,7 +260,7 @@ pub struct TraceSummary {
 
 /// Largest number of events a timeline file is written with, whole run or window (about 180
 /// bytes each: 180 MB).
-pub const MAX_UNBOUNDED_EVENTS: u64 = 1_000_000;
+pub const MAX_EVENTS: u64 = 1_000_000;
 
 #[derive(Serialize)]
 struct MetaArgs<'a> {
@@ -459,7 +459,7 @@ impl<'a> Timed<'a> {
 ///
 /// # Errors
 /// [`PlotError`] naming `flag` when the file cannot be written, or when the window (the whole
-/// run when unbounded) would produce more than [`MAX_UNBOUNDED_EVENTS`] events (the message
+/// run when unbounded) would produce more than [`MAX_EVENTS`] events (the message
 /// suggests `--timeline-steps` / `--timeline-head`), or when the window holds no step.
 pub fn write_chrome_trace(run: &Run, window: &Window, path: &Path, flag: &str) -> Result<TraceSummary, PlotError> {
     write_chrome_trace_with(&Timed::of_run(run), window, path, flag, None)
@@ -503,25 +503,21 @@ pub fn write_chrome_trace_with(
     let run_steps: u64 = kernels.iter().map(|(k, _, _)| k.info.grid_steps).sum();
     let n: u64 = kernels.iter().map(|(k, _, _)| count_events(chip, k, window)).sum();
     let first_steps = kernels.first().map_or(0, |(k, _, _)| k.info.grid_steps);
-    if !window.is_bounded() && n > MAX_UNBOUNDED_EVENTS {
-        let heads = timed.first_extent();
+    if n > MAX_EVENTS {
+        let (mb, what) = (n * 180 / 1_000_000, if window.is_bounded() { "the window" } else { "the whole run" });
+        let how = if window.is_bounded() {
+            "narrow --timeline-steps START:END and/or give --timeline-head H".to_string()
+        } else {
+            let heads = timed.first_extent();
+            format!(
+                "window it with --timeline-steps START:END (grid steps, e.g. --timeline-steps 0:16) and/or --timeline-head H (one of {heads} {}, about {} steps each)",
+                timed.first_dim_words(),
+                first_steps.div_ceil(heads)
+            )
+        };
         return Err(PlotError::Input(format!(
-            "{flag} {}: not written: the whole run is {} grid steps and {} events (about {} MB, more than {} events); window it with --timeline-steps START:END (grid steps, e.g. --timeline-steps 0:16) and/or --timeline-head H (one of {heads} {}, about {} steps each)",
-            path.display(),
-            run_steps,
-            n,
-            n * 180 / 1_000_000,
-            MAX_UNBOUNDED_EVENTS,
-            timed.first_dim_words(),
-            first_steps.div_ceil(heads)
-        )));
-    }
-    if window.is_bounded() && n > MAX_UNBOUNDED_EVENTS {
-        return Err(PlotError::Input(format!(
-            "{flag} {}: not written: the window holds {n} events (about {} MB, more than {} events) of a run of {run_steps} grid steps; narrow --timeline-steps START:END and/or give --timeline-head H",
-            path.display(),
-            n * 180 / 1_000_000,
-            MAX_UNBOUNDED_EVENTS,
+            "{flag} {}: not written: {what} holds {n} events of a run of {run_steps} grid steps (about {mb} MB, more than {MAX_EVENTS} events); {how}",
+            path.display()
         )));
     }
     if n == 0 {

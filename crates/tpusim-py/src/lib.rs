@@ -449,15 +449,7 @@ fn job_in(py: Python<'_>, kwargs: Option<&Bound<'_, PyDict>>, skip: &[&str]) -> 
             }
             "block_sizes" => block_sizes = Some(v),
             "set" => {
-                let items: Vec<String> = if let Ok(d) = v.cast::<PyDict>() {
-                    d.iter().map(|(a, b)| Ok(format!("{}={}", a.str()?, b.str()?))).collect::<PyResult<_>>()?
-                } else if let Ok(s) = v.extract::<String>() {
-                    vec![s]
-                } else {
-                    v.extract::<Vec<String>>().map_err(|_| {
-                        input_err(format!("set = {}: expected a dict {{'SECTION.FIELD': value}} or a list of 'SECTION.FIELD=VALUE'", repr(&v)))
-                    })?
-                };
+                let items = set_items("set", &v)?;
                 j.fields.insert("set".into(), Value::Array(items.into_iter().map(Value::String).collect()));
             }
             _ => {
@@ -692,6 +684,21 @@ fn tune<'py>(
     Ok(out)
 }
 
+/// Chip overrides given from Python as `SECTION.FIELD=VALUE` strings: a dict
+/// `{"SECTION.FIELD": value}`, one such string or a list of them; `arg` names the argument in
+/// the error for anything else.
+fn set_items(arg: &str, v: &Bound<'_, PyAny>) -> PyResult<Vec<String>> {
+    if let Ok(d) = v.cast::<PyDict>() {
+        d.iter().map(|(a, b)| Ok(format!("{}={}", a.str()?, b.str()?))).collect()
+    } else if let Ok(s) = v.extract::<String>() {
+        Ok(vec![s])
+    } else {
+        v.extract::<Vec<String>>().map_err(|_| {
+            input_err(format!("{arg} = {}: expected a dict {{'SECTION.FIELD': value}}, 'SECTION.FIELD=VALUE' or a list of them", repr(v)))
+        })
+    }
+}
+
 /// A chip model as a dict (every parameter with its unit in its name and its source): a preset
 /// (`v6e`, `v5e`, `v5p`, `v4`, `v7x`) or a chip TOML path, with `overrides`
 /// (`{"hbm.bandwidth_gb_per_s": 3276}`) applied; `set` is the same (as `simulate` names it: a
@@ -715,20 +722,8 @@ fn chip<'py>(
     };
     let mut list = Vec::new();
     for (arg, o) in [("overrides", overrides), ("set", set)] {
-        let Some(o) = o else { continue };
-        if let Ok(d) = o.cast::<PyDict>() {
-            for (k, v) in d.iter() {
-                list.push(format!("{}={}", k.str()?, v.str()?));
-            }
-        } else if let Ok(one) = o.extract::<String>() {
-            list.push(one);
-        } else if let Ok(many) = o.extract::<Vec<String>>() {
-            list.extend(many);
-        } else {
-            return Err(input_err(format!(
-                "{arg} = {}: expected a dict {{'SECTION.FIELD': value}}, 'SECTION.FIELD=VALUE' or a list of them",
-                repr(o)
-            )));
+        if let Some(o) = o {
+            list.extend(set_items(arg, o)?);
         }
     }
     let set = list;

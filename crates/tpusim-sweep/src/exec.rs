@@ -124,13 +124,19 @@ pub struct SweepOptions {
     /// Part of the output's identity: a file written with it is another sweep's for resuming and
     /// merging (its definition carries `-what-if-2x`).
     pub what_if_2x: bool,
-    /// Set from elsewhere (the CLI's Ctrl-C handler) to stop the sweep: the workers start no
-    /// further point, the rows finished so far are flushed to `OUT.partial`, and [`run_sweep`]
-    /// returns [`SweepError::Interrupted`] saying how many rows that file holds.
-    pub interrupt: Option<std::sync::Arc<AtomicBool>>,
+    /// Set by another thread to stop the sweep (the CLI's Ctrl-C), as
+    /// [`crate::tune::TuneOptions::cancel`]: the workers start no further point, the rows
+    /// finished so far are flushed to `OUT.partial`, and [`run_sweep`] returns
+    /// [`SweepError::Interrupted`] saying how many rows that file holds.
+    pub cancel: Option<std::sync::Arc<AtomicBool>>,
 }
 
 impl SweepOptions {
+    /// Whether [`SweepOptions::cancel`] is set.
+    fn cancelled(&self) -> bool {
+        self.cancel.as_ref().is_some_and(|c| c.load(Ordering::Relaxed))
+    }
+
     /// Options for writing `out` (format from its extension), whole sweep, all cores.
     pub fn new(out: &str) -> Self {
         SweepOptions {
@@ -142,7 +148,7 @@ impl SweepOptions {
             restart: false,
             force: false,
             flush_every: Duration::from_millis(200),
-            interrupt: None,
+            cancel: None,
             what_if_2x: false,
         }
     }
@@ -349,7 +355,7 @@ pub fn run_sweep(def: &SweepDef, opts: &SweepOptions) -> Result<SweepSummary, Sw
         computed_n = rows.rows.len() as u64;
         errors += rows.errors;
         index.extend(rows.rows);
-        if opts.interrupt.as_ref().is_some_and(|f| f.load(Ordering::Relaxed)) && (index.len() as u64) < expected {
+        if opts.cancelled() && (index.len() as u64) < expected {
             return Err(SweepError::Interrupted { partial, rows: index.len() as u64, points: expected });
         }
         if index.len() as u64 != expected {
@@ -482,7 +488,6 @@ fn evaluate_into(
     let mut ev = Evaluator::new();
     ev.what_if_2x = opts.what_if_2x;
     let stop = AtomicBool::new(false);
-    let interrupted = || opts.interrupt.as_ref().is_some_and(|f| f.load(Ordering::Relaxed));
     let (tx, rx) = std::sync::mpsc::channel::<(u64, String, bool)>();
     let flush_every = opts.flush_every;
     let result = std::thread::scope(|s| {
@@ -543,7 +548,7 @@ fn evaluate_into(
             if def.kernel_ir {
                 // Kernel descriptions: each point lowers its description on its chip.
                 todo.par_iter().for_each_with(tx, |tx, &i| {
-                    if stop.load(Ordering::Relaxed) || interrupted() {
+                    if stop.load(Ordering::Relaxed) || opts.cancelled() {
                         return;
                     }
                     let point = def.point(i);
@@ -600,13 +605,13 @@ fn evaluate_into(
             let work: Vec<(usize, &[usize])> =
                 groups.iter().enumerate().flat_map(|(gi, g)| g.chunks(chunk).map(move |c| (gi, c))).collect();
             work.par_iter().for_each_with(tx, |tx, &(gi, members)| {
-                if stop.load(Ordering::Relaxed) || interrupted() {
+                if stop.load(Ordering::Relaxed) || opts.cancelled() {
                     return;
                 }
                 let mut sent = vec![false; members.len()];
                 let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                     for (j, &k) in members.iter().enumerate() {
-                        if interrupted() {
+                        if opts.cancelled() {
                             // Unstarted points stay missing (not error rows): a rerun resumes them.
                             return;
                         }
@@ -627,7 +632,7 @@ fn evaluate_into(
                     Ok(()) => String::new(),
                 };
                 for (j, &k) in members.iter().enumerate() {
-                    if !sent[j] && (panicked || !interrupted()) {
+                    if !sent[j] && (panicked || !opts.cancelled()) {
                         let point = def.point(todo[k]);
                         let outcome = Outcome { job: None, chip: None, report: Err(why.clone()) };
                         let _ = tx.send((todo[k], layout.line(format, &layout.row(&point, &outcome)), true));

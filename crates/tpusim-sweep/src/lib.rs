@@ -54,7 +54,7 @@ pub enum SweepError {
     /// A bug (an inconsistency the code should never reach).
     #[error("internal error: {0}")]
     Internal(String),
-    /// Stopped by [`exec::SweepOptions::interrupt`]: `rows` of the shard's `points` rows are in
+    /// Stopped by [`exec::SweepOptions::cancel`]: `rows` of the shard's `points` rows are in
     /// `partial`; the same command again resumes from them.
     #[error("interrupted: the {rows} of {points} rows finished so far are in {partial}; run the same command again to resume from them (only the missing points are evaluated; --restart starts over)")]
     Interrupted {

@@ -1,4 +1,4 @@
-//! A sweep stopped through its interrupt flag (the CLI's Ctrl-C) keeps the rows it finished in
+//! A sweep stopped through its cancel flag (the CLI's Ctrl-C) keeps the rows it finished in
 //! `OUT.partial`, says how many, leaves no lock file, and the same sweep run again resumes from
 //! them to the output an uninterrupted run writes.
 
@@ -26,7 +26,7 @@ fn an_interrupted_sweep_says_what_it_kept_and_resumes_to_the_same_output() {
     let partial = format!("{out_s}.partial");
     // Interrupted before any point starts: nothing computed, every row still to do.
     let flag = Arc::new(AtomicBool::new(true));
-    let opts = SweepOptions { jobs: Some(2), interrupt: Some(flag.clone()), ..SweepOptions::new(out_s) };
+    let opts = SweepOptions { jobs: Some(2), cancel: Some(flag.clone()), ..SweepOptions::new(out_s) };
     match run_sweep(&def, &opts) {
         Err(SweepError::Interrupted { partial: p, rows, points }) => {
             assert_eq!((p.as_str(), rows, points), (partial.as_str(), 0, 9));

@@ -170,7 +170,7 @@ pub fn cmd_sweep(a: &SweepArgs) -> Result<String, CliError> {
         restart: a.restart,
         force: a.force,
         what_if_2x: a.what_if_2x,
-        interrupt: Some(stop_on_interrupt()),
+        cancel: Some(stop_on_interrupt()),
         ..SweepOptions::new(&out)
     };
     let summary = tpusim_sweep::run_sweep(&def, &opts).map_err(|e| match e {
@@ -215,7 +215,7 @@ pub fn cmd_merge(a: &MergeArgs) -> Result<String, CliError> {
     Ok(tpusim_sweep::merge(&a.files, &a.out, a.force)?.to_string())
 }
 
-/// Ctrl-C during a sweep: the first sets the sweep's interrupt flag (no further point starts;
+/// Ctrl-C during a sweep: the first sets the sweep's cancel flag (no further point starts;
 /// the points running finish, their rows are flushed to `OUT.partial`, and the sweep ends with
 /// [`tpusim_sweep::SweepError::Interrupted`], which says how many rows that file holds: exit
 /// code 130, the shell's for SIGINT); a second exits at once with 130.

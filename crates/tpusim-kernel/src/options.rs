@@ -12,7 +12,7 @@ crate::word_enum! {
         Splash = "splash",
         /// MaxDiffusion's dense Splash kernel (mask-free): every block computed without a mask; default blocks 4864 / 1024 / 1024, scoped VMEM limit 64 MiB (MaxDiffusion's compiler flag); backward: JAX Splash's dq and dkv kernels, mask-free, at the forward's blocks unless given.
         SplashDense = "splash-dense",
-        /// MaxDiffusion's sparse Splash kernel (Sparse VideoGen): compacted grid over non-empty blocks, mask on partial blocks only; default blocks 128 as the Splash it copies, scoped VMEM limit 64 MiB (MaxDiffusion's compiler flag); backward: JAX Splash's dq and dkv kernels at the forward's blocks unless given.
+        /// MaxDiffusion's sparse Splash kernel (Sparse VideoGen): compacted grid over non-empty blocks, mask on partial blocks only; default blocks 128 as the Splash it copies, scoped VMEM limit 64 MiB (MaxDiffusion's compiler flag); backward: JAX Splash's dq and dkv kernels at the forward's blocks unless given. The video case study's own code runs its sparse kernels as two kv-major passes over static tile tables instead (full tiles, then boundary tiles with a computed mask); this one-pass model with loaded mask blocks stands in for them (traces/measured/VALIDATION.md, known misses).
         SparseSplash = "sparse-splash",
         /// JAX's older Pallas TPU flash attention (`jax.experimental.pallas.ops.tpu.flash_attention`): grid (batch, heads, q blocks, kv blocks), blocks above the causal diagonal skipped, the mask applied on every computed block; no mask metadata in SMEM; default blocks 128; a backward needs its blocks given once any block is given; backward modelled as JAX Splash's dq and dkv kernels (its own dq / dkv kernels have the same structure).
         FlashAttention = "flash-attention",
@@ -278,7 +278,7 @@ impl Kernel {
                 ..maxdiffusion
             },
             Kernel::SparseSplash => FamilyDefaults {
-                source: "AI-Hypercomputer/maxdiffusion sparse Splash kernel (Sparse VideoGen, pull request 480; its kernels/splash_attention fork of tokamax's): a compacted grid of active blocks with a mask-free path on full blocks; blocks default as JAX Splash's; scoped VMEM limit 64 MiB (LIBTPU_INIT_ARGS --xla_tpu_scoped_vmem_limit_kib=65536); backward blocks from the forward's (max_utils.py get_flash_block_sizes)",
+                source: "AI-Hypercomputer/maxdiffusion sparse Splash kernel (Sparse VideoGen, pull request 480; its kernels/splash_attention fork of tokamax's): a compacted grid of active blocks with a mask-free path on full blocks; blocks default as JAX Splash's; scoped VMEM limit 64 MiB (LIBTPU_INIT_ARGS --xla_tpu_scoped_vmem_limit_kib=65536); backward blocks from the forward's (max_utils.py get_flash_block_sizes). The same pull request's custom_svg_static_range_attention.py runs the case study's exact kernel as two kv-major pallas_calls (full tiles; boundary tiles with the band predicate computed) over padded static tile tables, block_kv_compute 256 by default: not this structure, whose fitted loaded-mask cost stands in for the boundary pass",
                 traversal: Traversal::Compact,
                 ..maxdiffusion
             },

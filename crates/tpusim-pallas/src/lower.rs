@@ -16,7 +16,11 @@
 //!   do: the MXU streams slab s + 1 while the vector units work on slab s). Issue slots follow
 //!   the data flow (software pipelining: an op issues a few slabs after its producers, more
 //!   after an MXU producer to cover its latency); the slabs of a transpose, each of which needs
-//!   its whole source, issue together. Refs the body both loads and stores (scratch
+//!   its whole source, issue together. A rolled loop's iterations issue one after another; an
+//!   unrolled loop's do too once a reduction has needed every slab of a matmul result (kv-major
+//!   scores, whose softmax reduces over rows): a matmul repeating an earlier one of the body
+//!   (same shape, operands loaded from the same refs) and independent of the matmul before it
+//!   ranks after that one. Refs the body both loads and stores (scratch
 //!   accumulators, output blocks accumulated in place) are carried state: the next step's load
 //!   of a slab waits for this step's last store of it.
 
@@ -428,12 +432,24 @@ struct Builder<'a> {
     writers: HashMap<(usize, usize), Vec<(NodeIdx, u64)>>,
     /// Offset of issue slots for the current loop iteration (slabs of earlier iterations).
     base: u64,
+    /// The previous matmul in program order: its slab nodes and its last slab's issue slot
+    /// ([`Self::matmul`]: the next iteration of an unrolled loop ranks after it).
+    last_matmul: Option<(Vec<NodeIdx>, u64)>,
+    /// Matmuls seen in this body, by (m, k, n, the refs its operands are loaded from).
+    matmul_sigs: std::collections::HashSet<MatmulSig>,
+    /// The ref a value was loaded from (through shape casts), by value id.
+    load_refs: HashMap<u64, usize>,
+    /// A reduction over a slab-split value's rows (which needs every slab) has been lowered.
+    row_reduction: bool,
     seq: u64,
     /// Largest vector value, bytes (tile padded).
     largest: u64,
     f32_matmuls: u64,
     dma_bytes: u64,
 }
+
+/// A matmul's (m, k, n) and the refs its lhs and rhs are loaded from (`None`: computed).
+type MatmulSig = (u64, u64, u64, Option<usize>, Option<usize>);
 
 fn unit_of(w: &Work) -> tpusim_kernel::Unit {
     w.unit()
@@ -731,9 +747,18 @@ impl<'a> Builder<'a> {
 
     fn free(&mut self, op: &Op, name: &str, ins: &[Val], out: &mut Val) -> Result<(), PallasError> {
         let ns = out.deps.len();
+        if matches!(name, "vector.shape_cast" | "tpu.reshape") {
+            // A view of a loaded value reads the same ref (matmul signatures, `Self::matmul`).
+            if let Some(Operand::Op(id)) = op.operands.first() {
+                if let Some(&r) = self.load_refs.get(id) {
+                    self.load_refs.insert(op.id, r);
+                }
+            }
+        }
         match name {
             "vector.load" | "tpu.load" | "tpu.strided_load" => {
                 if let Some(r) = self.ref_index(op) {
+                    self.load_refs.insert(op.id, r);
                     if self.carried.get(r).copied().unwrap_or(false) {
                         // Written earlier in this step: wait for that store; else carried in.
                         let mut carry = Vec::new();
@@ -834,6 +859,7 @@ impl<'a> Builder<'a> {
         // Slabs follow the source's rows when they survive the reduction.
         let ns_src = src.deps.len();
         let ns = if rows_reduced { 1 } else { ns_src };
+        self.row_reduction |= rows_reduced && ns_src > 1;
         out.deps = vec![Vec::new(); ns];
         let srcs = [src];
         for s in 0..ns {
@@ -922,6 +948,33 @@ impl<'a> Builder<'a> {
         };
         let rhs = rounded_rhs.as_ref().or(rhs);
         let lhs_vr = lhs.map(|l| cost::vregs(&l.shape, &l.varies, self.chip) * batch as f64).unwrap_or(0.0);
+        // An unrolled loop's next iteration after a reduction over a matmul result's rows (a
+        // softmax over kv-major scores, k q^T, which needs every slab of them): a matmul of the
+        // same shape on operands loaded from the same refs as an earlier one of this body (the
+        // next sub-tile's k q^T, after this sub-tile's p v), independent of the matmul just
+        // before it, ranks after that matmul on the MXU, as a rolled loop's iterations do
+        // (`scf.for` advances the slot base). Sharing the first iteration's slots would
+        // interleave every iteration's slabs and hold the first reduction until all of them
+        // had streamed. It still runs first whenever the earlier one is not ready (the list
+        // schedule takes the first ready operation). Without such a reduction the iterations
+        // keep sharing slots: each slab's chain is its own (q-major scores, the backward's
+        // sub-tiles, which `tpusim_kernel::splash::bwd` interleaves for the same reason).
+        let refs: Vec<Option<usize>> = op.operands.iter().take(2).map(|o| match o {
+            Operand::Op(id) => self.load_refs.get(id).copied(),
+            _ => None,
+        }).collect();
+        let sig: MatmulSig = (m, k, n, refs.first().copied().flatten(), refs.get(1).copied().flatten());
+        let repeat = sig.3.is_some() && sig.4.is_some() && !self.matmul_sigs.insert(sig);
+        let prev_mm = self.last_matmul.take();
+        let after = prev_mm.filter(|_| repeat && self.row_reduction).and_then(|(nodes, last)| {
+            let mut roots: Vec<NodeIdx> = Vec::new();
+            for v in lhs.iter().chain(rhs.iter()).chain(acc.iter()) {
+                roots.extend(v.deps.iter().flatten().map(|d| d.0));
+            }
+            (!depends_on(&self.body.graph, &roots, &nodes)).then_some(last)
+        });
+        let mut mm_nodes: Vec<NodeIdx> = Vec::new();
+        let mut mm_last = 0u64;
         for s in 0..ns {
             let r = if ns == 1 { m } else { slab_rows(&out.shape, s, ns) };
             let share = r as f64 / m.max(1) as f64;
@@ -948,8 +1001,11 @@ impl<'a> Builder<'a> {
             for _ in 0..batch {
                 let mut ex = extra.clone();
                 ex.extend(prev);
-                let (mm, sl) = self.node(name, Work::Matmul { m: r * passes, k, n, m_total: m * passes }, &inputs, &ex, s, ns);
+                let floor = (self.base + s as u64).max(after.map_or(0, |a| a + 1 + s as u64));
+                let (mm, sl) = self.node_from(name, Work::Matmul { m: r * passes, k, n, m_total: m * passes }, &inputs, &ex, s, ns, floor);
                 prev = Some((mm, sl));
+                mm_nodes.push(mm);
+                mm_last = mm_last.max(sl);
             }
             let mm = prev.expect("batch >= 1");
             let mxu_val = Val { shape: Vec::new(), varies: Vec::new(), deps: vec![vec![mm]], carry: None, unit: Some(tpusim_kernel::Unit::Mxu) };
@@ -961,6 +1017,7 @@ impl<'a> Builder<'a> {
             out.deps[s] = vec![(p, psl)];
         }
         out.unit = Some(tpusim_kernel::Unit::Vpu);
+        self.last_matmul = Some((mm_nodes, mm_last));
         Ok(())
     }
 
@@ -981,6 +1038,21 @@ impl<'a> Builder<'a> {
         self.body.carries = self.body.carries.max(self.slots.len() as u16);
         (self.body, self.largest, self.f32_matmuls, self.dma_bytes)
     }
+}
+
+/// Whether any of `roots` is one of `targets` or reaches one through its inputs.
+fn depends_on(graph: &petgraph::graph::DiGraph<tpusim_kernel::TileOp, ()>, roots: &[NodeIdx], targets: &[NodeIdx]) -> bool {
+    let mut seen = std::collections::HashSet::new();
+    let mut stack: Vec<NodeIdx> = roots.to_vec();
+    while let Some(n) = stack.pop() {
+        if targets.contains(&n) {
+            return true;
+        }
+        if seen.insert(n) {
+            stack.extend(graph.neighbors_directed(n, petgraph::Direction::Incoming));
+        }
+    }
+    false
 }
 
 fn has_matmul(b: &StepBody) -> bool {
@@ -1273,6 +1345,10 @@ pub fn lower(chip: &ChipModel, d: &Description, dir: &Path) -> Result<(Program, 
                     body: StepBody::default(),
                     vals: HashMap::new(),
                     slots: HashMap::new(),
+                    last_matmul: None,
+                    matmul_sigs: Default::default(),
+                    load_refs: HashMap::new(),
+                    row_reduction: false,
                     carried: carried.clone(),
                     writers: HashMap::new(),
                     base: 0,

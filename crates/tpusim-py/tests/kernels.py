@@ -1,6 +1,6 @@
 """Pallas kernels the IR-path tests lower (test helpers, not tests): the Pallas TPU tutorial's
-matmul, a block-sparse matmul and a fused RMSNorm (user kernels no hand model covers), and
-JAX's Splash attention."""
+matmul, a block-sparse matmul and a fused RMSNorm (user kernels no hand model covers), a
+kv-major flash attention forward, and JAX's Splash attention."""
 
 import jax
 import jax.numpy as jnp
@@ -208,6 +208,59 @@ def flash(causal, block_q, block_k_major, block_k):
 
     bs = fa.BlockSizes(block_q=block_q, block_k_major=block_k_major, block_k=block_k, block_b=1)
     return lambda q, k, v: fa.flash_attention(q, k, v, causal=causal, block_sizes=bs)
+
+
+def kv_major_flash(block_q=1024, block_kv=1024, block_kv_compute=256, unroll=True):
+    """A flash attention forward that computes its scores kv-major, s = k q^T (kv along the
+    sublanes, q along the lanes, as MaxDiffusion's Splash kernels lay them out), so the softmax
+    reduces over the score tile's rows; a loop over `block_kv_compute`-row sub-tiles of each kv
+    block, unrolled or not. Grid (heads, q blocks, kv blocks); o is written (heads, dv, q)."""
+    nt = (((1,), (1,)), ((), ()))
+
+    def kernel(q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref):
+        j = pl.program_id(2)
+
+        @pl.when(j == 0)
+        def _():
+            m_ref[...] = jnp.full_like(m_ref, -1e30)
+            l_ref[...] = jnp.zeros_like(l_ref)
+            acc_ref[...] = jnp.zeros_like(acc_ref)
+
+        def sub_tile(c, _):
+            rows = pl.ds(c * block_kv_compute, block_kv_compute)
+            s = jax.lax.dot_general(k_ref[rows, :], q_ref[...], nt, preferred_element_type=jnp.float32)
+            m_old = m_ref[...]
+            m_new = jnp.maximum(m_old, s.max(axis=0, keepdims=True))
+            p = jnp.exp(s - m_new[0:1])
+            alpha = jnp.exp(m_old - m_new)
+            l_ref[...] = alpha * l_ref[...] + p.sum(axis=0, keepdims=True)
+            pv = jax.lax.dot_general(v_ref[rows, :], p.astype(jnp.bfloat16), (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+            acc_ref[...] = alpha[0:1] * acc_ref[...] + pv
+            m_ref[...] = m_new
+
+        jax.lax.fori_loop(0, block_kv // block_kv_compute, sub_tile, None, unroll=unroll)
+
+        @pl.when(j == pl.num_programs(2) - 1)
+        def _():
+            o_ref[...] = (acc_ref[...] / l_ref[0:1]).astype(o_ref.dtype)
+
+    def f(q, k, v):
+        heads, seq, d = q.shape
+        return pl.pallas_call(
+            kernel,
+            grid=(heads, seq // block_q, seq // block_kv),
+            in_specs=[
+                pl.BlockSpec((None, block_q, d), lambda h, i, j: (h, i, 0)),
+                pl.BlockSpec((None, block_kv, d), lambda h, i, j: (h, j, 0)),
+                pl.BlockSpec((None, block_kv, d), lambda h, i, j: (h, j, 0)),
+            ],
+            out_specs=pl.BlockSpec((None, d, block_q), lambda h, i, j: (h, 0, i)),
+            scratch_shapes=[pltpu.VMEM((8, block_q), jnp.float32), pltpu.VMEM((8, block_q), jnp.float32), pltpu.VMEM((d, block_q), jnp.float32)],
+            out_shape=jax.ShapeDtypeStruct((heads, d, seq), q.dtype),
+            compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary", "arbitrary")),
+        )(q, k, v)
+
+    return f
 
 
 def bf16(*shape):

@@ -10,7 +10,7 @@ crate::word_enum! {
         TokamaxSplash = "tokamax-splash",
         /// JAX's Splash attention (`jax.experimental.pallas.ops.tpu.splash_attention`): every grid step after grid shrinking, compute skipped on empty blocks, mask on partial blocks only; default blocks 128 (`BlockSizes.get_default`); dq and dkv backward kernels, whose blocks a backward needs given once any block is given.
         Splash = "splash",
-        /// MaxDiffusion's dense Splash kernel (mask-free): every block computed without a mask; default blocks 4864 / 1024 / 1024, scoped VMEM limit 64 MiB (MaxDiffusion's compiler flag); backward: JAX Splash's dq and dkv kernels, mask-free, at the forward's blocks unless given.
+        /// MaxDiffusion's dense Splash kernel (mask-free, `custom_splash_attention.py`): every block computed without a mask; q along the lanes (o is (head_dim_v, q)), so block_q is a multiple of 128; default blocks 4864 / 1024 / 1024, scoped VMEM limit 64 MiB (MaxDiffusion's compiler flag); backward: JAX Splash's dq and dkv kernels, mask-free, at the forward's blocks unless given.
         SplashDense = "splash-dense",
         /// MaxDiffusion's sparse Splash kernel (Sparse VideoGen): compacted grid over non-empty blocks, mask on partial blocks only; default blocks 128 as the Splash it copies, scoped VMEM limit 64 MiB (MaxDiffusion's compiler flag); backward: JAX Splash's dq and dkv kernels at the forward's blocks unless given. The video case study's own code runs its sparse kernels as two kv-major passes over static tile tables instead (full tiles, then boundary tiles with a computed mask); this one-pass model with loaded mask blocks stands in for them (traces/measured/VALIDATION.md, known misses).
         SparseSplash = "sparse-splash",

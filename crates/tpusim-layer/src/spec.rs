@@ -144,7 +144,7 @@ pub struct LayerSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sparse_sink_frames: Option<u64>,
     /// The dense self-attention kernel: a `tpusim run` trace whose kernel keys apply [default:
-    /// MaxDiffusion's dense Splash, blocks 3024 / 2048 / 1024].
+    /// JAX's Splash at MaxDiffusion's v6e blocks, 3024 / 2048 / 1024].
     #[arg(long, value_name = "TRACE.toml")]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dense_kernel: Option<String>,
@@ -402,12 +402,13 @@ impl LayerSpec {
     }
 }
 
-/// MaxDiffusion's dense Splash kernel with the blocks of its Wan v6e recipes (AI-Hypercomputer/
-/// tpu-recipes `inference/trillium/MaxDiffusion/Wan2.x`: flash blocks q 3024, kv 2048, kv
-/// compute 1024): calibration row VD-B0.
+/// JAX's Splash (the kernel of MaxDiffusion's `attention: flash`) with the blocks of MaxDiffusion's
+/// Wan v6e recipes (AI-Hypercomputer/tpu-recipes `inference/trillium/MaxDiffusion/Wan2.x`: flash
+/// blocks q 3024, kv 2048, kv compute 1024): calibration row VD-B0. (MaxDiffusion's own mask-free
+/// kernel, `splash-dense`, lays q along the lanes and cannot take block_q 3024.)
 pub fn default_dense_kernel() -> JobSpec {
     JobSpec {
-        kernel: Some(Kernel::SplashDense),
+        kernel: Some(Kernel::Splash),
         block_q: Some(3024),
         block_kv: Some(2048),
         block_kv_compute: Some(1024),

@@ -55,7 +55,8 @@
 //! longest row's non-empty tiles; surplus steps are empty: fixed step cost, no compute, no copy)
 //! and `compact` (a grid over non-empty tiles only: tokamax / MaxDiffusion sparse kernels).
 //!
-//! **Limits.** Blocks follow the (8, 128) rules; VMEM holds 32-bit data in (8, 128) tiles, bf16
+//! **Limits.** Blocks follow the (8, 128) rules (MaxDiffusion's mask-free kernel lays q along the
+//! lanes, so its block_q is a multiple of 128 unless one block covers q); VMEM holds 32-bit data in (8, 128) tiles, bf16
 //! in (16, 128) and int8 in (32, 128), each last dimension padded to 128 lanes, and counts as
 //! [`crate::vmem`] says (the family's buffers: [`vmem_buffers`]);
 //! the mask metadata Splash prefetches into SMEM must fit SMEM ([`smem_bytes`]); q, k, v and o
@@ -695,7 +696,27 @@ fn check_blocks(w: &AttentionCall, cfg: &SplashConfig, chip: &ChipModel) -> Resu
         (w.q_len, w.kv_len),
         (cfg.block_q, cfg.block_kv, cfg.block_kv_compute),
         ["`block_q`", "`block_kv`", "`block_kv_compute`"],
-    )
+    )?;
+    // MaxDiffusion's mask-free kernel lays q along the lanes: its o block is (head_dim_v,
+    // block_q) and its m and l blocks (8, block_q) of a q axis padded to a multiple of
+    // block_q, so Pallas's (8, 128) rule wants block_q a multiple of 128 unless one block
+    // covers the (padded) q axis (`custom_splash_attention.py`).
+    let lanes = chip.vpu.lanes.value as u64;
+    if cfg.kernel == Kernel::SplashDense && !cfg.block_q.is_multiple_of(lanes) && cfg.block_q < w.q_len {
+        return Err(KernelError::config(
+            "`block_q`",
+            cfg.block_q,
+            format!(
+                "must be a multiple of {lanes} for splash-dense, MaxDiffusion's mask-free kernel, which lays q along the lanes (its o block is (head_dim_v, block_q)), or cover `q_len` ({}) in one block: e.g. {}; JAX's Splash (`--kernel splash`) takes any multiple of 8",
+                w.q_len,
+                match cfg.block_q / lanes * lanes {
+                    0 => lanes.to_string(),
+                    below => format!("{below} or {}", cfg.block_q.next_multiple_of(lanes)),
+                }
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Checks that the call's tensors fit the device's HBM: q, k, v, o (bf16), the residuals when
@@ -1125,6 +1146,22 @@ mod tests {
         assert!(e.contains("`block_kv_compute`") && e.contains("divide"), "{e}");
         let e = lower(&v6e(), &w, &cfg(8192, 8192, 8192)).unwrap_err().to_string();
         assert!(e.contains("VMEM") && e.contains("bytes"), "{e}");
+    }
+
+    #[test]
+    fn maxdiffusions_kv_major_kernel_needs_block_q_in_whole_lanes() {
+        // Its o block is (head_dim_v, block_q): block_q runs along the lanes.
+        let w = AttentionCall::video_default();
+        let dense = |bq| SplashConfig { kernel: Kernel::SplashDense, ..cfg(bq, 2048, 1024) };
+        let e = lower(&v6e(), &w, &dense(3024)).unwrap_err().to_string();
+        assert!(e.contains("`block_q`") && e.contains("multiple of 128") && e.contains("2944 or 3072"), "{e}");
+        assert!(lower(&v6e(), &w, &dense(3072)).is_ok());
+        // JAX's Splash lays q along the sublanes: 3024 is a whole number of (8, 128) tiles.
+        assert!(lower(&v6e(), &w, &SplashConfig { kernel: Kernel::Splash, ..cfg(3024, 2048, 1024) }).is_ok());
+        // One block over the whole q axis is its own array dimension.
+        let short = AttentionCall { q_len: 1000, kv_len: 1024, ..AttentionCall::video_default() };
+        let one = SplashConfig { kernel: Kernel::SplashDense, ..SplashConfig::with_blocks(&short, &v6e(), 1000, 1024, Some(1024)) };
+        assert!(lower(&v6e(), &short, &one).is_ok(), "{:?}", lower(&v6e(), &short, &one).err());
     }
 
     #[test]

@@ -19,8 +19,9 @@
 //!   its whole source, issue together. A rolled loop's iterations issue one after another; an
 //!   unrolled loop's do too once a reduction has needed every slab of a matmul result (kv-major
 //!   scores, whose softmax reduces over rows): a matmul repeating an earlier one of the body
-//!   (same shape, operands loaded from the same refs) and independent of the matmul before it
-//!   ranks after that one. Refs the body both loads and stores (scratch
+//!   (same shape, operands read from the same refs, directly or through views, casts and
+//!   element-wise ops with constants) and independent of the matmul before it ranks after that
+//!   one. Refs the body both loads and stores (scratch
 //!   accumulators, output blocks accumulated in place) are carried state: the next step's load
 //!   of a slab waits for this step's last store of it.
 
@@ -592,6 +593,7 @@ impl<'a> Builder<'a> {
             ));
         };
         let ins: Vec<Val> = op.operands.iter().filter_map(|o| self.operand_val(o).cloned()).collect();
+        self.note_load_ref(op, name);
         let shape = op.shape.clone();
         let rank = shape.len();
         // Which dimensions the result varies along.
@@ -733,6 +735,34 @@ impl<'a> Builder<'a> {
         Ok(())
     }
 
+    /// Records the ref `op`'s result is computed from, for matmul signatures ([`Self::matmul`]):
+    /// a load's ref, and through a view, cast, transpose or element-wise op the ref of its one
+    /// loaded operand when its other operands are constants (k scaled or cast as it is read).
+    fn note_load_ref(&mut self, op: &Op, name: &str) {
+        if matches!(name, "vector.load" | "tpu.load" | "tpu.strided_load") {
+            if let Some(r) = self.ref_index(op) {
+                self.load_refs.insert(op.id, r);
+            }
+            return;
+        }
+        if matches!(name, "tpu.matmul" | "vector.contract" | "vector.multi_reduction") || name.contains("store") {
+            return;
+        }
+        let mut from: Option<usize> = None;
+        for o in &op.operands {
+            let Operand::Op(id) = o else { continue };
+            match self.load_refs.get(id) {
+                Some(&r) if from.is_none_or(|f| f == r) => from = Some(r),
+                Some(_) => return,
+                None if self.vals.get(id).is_some_and(|v| v.varies.iter().all(|x| !x)) => {}
+                None => return,
+            }
+        }
+        if let Some(r) = from {
+            self.load_refs.insert(op.id, r);
+        }
+    }
+
     fn ref_index(&self, op: &Op) -> Option<usize> {
         op.operands.iter().find_map(|o| match o {
             Operand::Ref(r) => Some(*r),
@@ -747,18 +777,9 @@ impl<'a> Builder<'a> {
 
     fn free(&mut self, op: &Op, name: &str, ins: &[Val], out: &mut Val) -> Result<(), PallasError> {
         let ns = out.deps.len();
-        if matches!(name, "vector.shape_cast" | "tpu.reshape") {
-            // A view of a loaded value reads the same ref (matmul signatures, `Self::matmul`).
-            if let Some(Operand::Op(id)) = op.operands.first() {
-                if let Some(&r) = self.load_refs.get(id) {
-                    self.load_refs.insert(op.id, r);
-                }
-            }
-        }
         match name {
             "vector.load" | "tpu.load" | "tpu.strided_load" => {
                 if let Some(r) = self.ref_index(op) {
-                    self.load_refs.insert(op.id, r);
                     if self.carried.get(r).copied().unwrap_or(false) {
                         // Written earlier in this step: wait for that store; else carried in.
                         let mut carry = Vec::new();

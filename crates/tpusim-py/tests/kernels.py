@@ -210,11 +210,12 @@ def flash(causal, block_q, block_k_major, block_k):
     return lambda q, k, v: fa.flash_attention(q, k, v, causal=causal, block_sizes=bs)
 
 
-def kv_major_flash(block_q=1024, block_kv=1024, block_kv_compute=256, unroll=True):
+def kv_major_flash(block_q=1024, block_kv=1024, block_kv_compute=256, unroll=True, scale_k=False):
     """A flash attention forward that computes its scores kv-major, s = k q^T (kv along the
     sublanes, q along the lanes, as MaxDiffusion's Splash kernels lay them out), so the softmax
     reduces over the score tile's rows; a loop over `block_kv_compute`-row sub-tiles of each kv
-    block, unrolled or not. Grid (heads, q blocks, kv blocks); o is written (heads, dv, q)."""
+    block, unrolled or not; with `scale_k` each k sub-tile is scaled and cast as it is read.
+    Grid (heads, q blocks, kv blocks); o is written (heads, dv, q)."""
     nt = (((1,), (1,)), ((), ()))
 
     def kernel(q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref):
@@ -228,7 +229,8 @@ def kv_major_flash(block_q=1024, block_kv=1024, block_kv_compute=256, unroll=Tru
 
         def sub_tile(c, _):
             rows = pl.ds(c * block_kv_compute, block_kv_compute)
-            s = jax.lax.dot_general(k_ref[rows, :], q_ref[...], nt, preferred_element_type=jnp.float32)
+            k = (k_ref[rows, :] * 0.125).astype(jnp.bfloat16) if scale_k else k_ref[rows, :]
+            s = jax.lax.dot_general(k, q_ref[...], nt, preferred_element_type=jnp.float32)
             m_old = m_ref[...]
             m_new = jnp.maximum(m_old, s.max(axis=0, keepdims=True))
             p = jnp.exp(s - m_new[0:1])

@@ -237,14 +237,15 @@ def test_kernel_report_has_reports_attribute_names_and_what_if_bound(tmp_path):
         ir.tile_skip_efficiency
 
 
-@pytest.mark.parametrize("chip", ["v6e", "v5e"])
-def test_an_unrolled_sub_tile_loop_times_as_the_rolled_loop(chip):
+@pytest.mark.parametrize("chip,scale_k", [("v6e", False), ("v5e", False), ("v6e", True)])
+def test_an_unrolled_sub_tile_loop_times_as_the_rolled_loop(chip, scale_k):
     # kv-major scores (k q^T): each sub-tile's softmax reduces over all rows of its scores, so
     # the next sub-tile's matmul must rank after this one's (as a rolled loop's iterations do),
     # not share its slots and interleave with it slab by slab (which held every reduction until
     # all sub-tiles' scores had streamed: 42.6 against 34.6 ms on the video case's tiles).
     x = bf16(2, 2048, 128)
-    rolled = tj.simulate(kv_major_flash(unroll=False), x, x, x, chip=chip).kernels[0]
-    unrolled = tj.simulate(kv_major_flash(unroll=True), x, x, x, chip=chip).kernels[0]
+    # With `scale_k` the k sub-tile reaches the matmul through a multiply and a cast.
+    rolled = tj.simulate(kv_major_flash(unroll=False, scale_k=scale_k), x, x, x, chip=chip).kernels[0]
+    unrolled = tj.simulate(kv_major_flash(unroll=True, scale_k=scale_k), x, x, x, chip=chip).kernels[0]
     assert unrolled.flops == rolled.flops and unrolled.hbm_bytes == rolled.hbm_bytes
     assert abs(unrolled.latency_ms / rolled.latency_ms - 1) < 0.01, (unrolled.latency_ms, rolled.latency_ms)

@@ -142,6 +142,12 @@ fn dq_partial_bytes(kernel: Kernel, kv_blocks: u64) -> u64 {
     }
 }
 
+/// Why JAX's dq and dkv kernels want their q blocks in whole lanes ([`super::check_q_lanes`]):
+/// their logsumexp and di blocks are (8, block_q) and the dkv kernel's mask block
+/// (block_kv, block_q) (`splash_attention_kernel.py`; Pallas refuses other blocks when it lowers
+/// them).
+const JAX_Q_LANES: &str = "for JAX's Splash backward kernels, which lay q along the lanes (their logsumexp and di blocks are (8, block_q))";
+
 /// Whether the family runs the dkv kernel on its static grid (tokamax: empty blocks still fetch
 /// their q-side blocks) rather than JAX's data_next prefetch (empty blocks fetch nothing).
 fn static_grid(kernel: Kernel) -> bool {
@@ -663,6 +669,9 @@ pub fn lower_dkv(chip: &ChipModel, w: &AttentionCall, cfg: &super::SplashConfig)
         (b.block_q_dkv, b.block_kv_dkv, b.block_kv_dkv_compute),
         ["`block_q_dkv`", "`block_kv_dkv`", "`block_kv_dkv_compute`"],
     )?;
+    if !static_grid(cfg.kernel) {
+        super::check_q_lanes(chip, w.q_len, b.block_q_dkv, "`block_q_dkv`", JAX_Q_LANES)?;
+    }
     let cl = classify(w, b.block_q_dkv, b.block_kv_dkv, cfg.tile_align, ("`block_q_dkv`", "`block_kv_dkv`"))?;
     let (qb, kb) = (cl.grid.q_tiles(), cl.grid.kv_tiles());
     let dq_elem = dq_partial_bytes(cfg.kernel, kb);
@@ -872,6 +881,7 @@ pub fn lower_dq(chip: &ChipModel, w: &AttentionCall, cfg: &super::SplashConfig) 
         (b.block_q_dq, b.block_kv_dq, b.block_kv_dq),
         ["`block_q_dq`", "`block_kv_dq`", "`block_kv_dq`"],
     )?;
+    super::check_q_lanes(chip, w.q_len, b.block_q_dq, "`block_q_dq`", JAX_Q_LANES)?;
     let cl = classify(w, b.block_q_dq, b.block_kv_dq, cfg.tile_align, ("`block_q_dq`", "`block_kv_dq`"))?;
     let source = if cl.distinct.iter().any(|m| m.expression_terms().loaded_only) { MaskSource::Loaded } else { cfg.mask_source };
     let any_not_full = cl.distinct.iter().any(|m| !m.is_full()) || cfg.tile_align;

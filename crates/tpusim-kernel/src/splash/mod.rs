@@ -697,26 +697,43 @@ fn check_blocks(w: &AttentionCall, cfg: &SplashConfig, chip: &ChipModel) -> Resu
         (cfg.block_q, cfg.block_kv, cfg.block_kv_compute),
         ["`block_q`", "`block_kv`", "`block_kv_compute`"],
     )?;
-    // MaxDiffusion's mask-free kernel lays q along the lanes: its o block is (head_dim_v,
-    // block_q) and its m and l blocks (8, block_q) of a q axis padded to a multiple of
-    // block_q, so Pallas's (8, 128) rule wants block_q a multiple of 128 unless one block
-    // covers the (padded) q axis (`custom_splash_attention.py`).
-    let lanes = chip.vpu.lanes.value as u64;
-    if cfg.kernel == Kernel::SplashDense && !cfg.block_q.is_multiple_of(lanes) && cfg.block_q < w.q_len {
-        return Err(KernelError::config(
-            "`block_q`",
+    if cfg.kernel == Kernel::SplashDense {
+        // `custom_splash_attention.py`: o is (heads, head_dim_v, q_len) in (head_dim_v,
+        // block_q) blocks, m and l (8, block_q).
+        check_q_lanes(
+            chip,
+            w.q_len,
             cfg.block_q,
-            format!(
-                "must be a multiple of {lanes} for splash-dense, MaxDiffusion's mask-free kernel, which lays q along the lanes (its o block is (head_dim_v, block_q)), or cover `q_len` ({}) in one block: e.g. {}; JAX's Splash (`--kernel splash`) takes any multiple of 8",
-                w.q_len,
-                match cfg.block_q / lanes * lanes {
-                    0 => lanes.to_string(),
-                    below => format!("{below} or {}", cfg.block_q.next_multiple_of(lanes)),
-                }
-            ),
-        ));
+            "`block_q`",
+            "for splash-dense, MaxDiffusion's mask-free kernel, which lays q along the lanes (its o block is (head_dim_v, block_q)); JAX's Splash (set `kernel` to splash) takes any multiple of 8",
+        )?;
     }
     Ok(())
+}
+
+/// Pallas's (8, 128) rule for a kernel that lays q along the lanes (a block whose last
+/// dimension is `bq` of an array whose last dimension is `q_len`): `bq` a multiple of the
+/// lanes, or `q_len` itself. The error names `field`, the legal values nearest `bq` and `why`.
+pub(crate) fn check_q_lanes(chip: &ChipModel, q_len: u64, bq: u64, field: &str, why: &str) -> Result<(), KernelError> {
+    let lanes = chip.vpu.lanes.value as u64;
+    if bq.is_multiple_of(lanes) || bq == q_len {
+        return Ok(());
+    }
+    let sub = chip.vpu.sublanes.value as u64;
+    let mut legal: Vec<u64> = [bq / lanes * lanes, bq.next_multiple_of(lanes)]
+        .into_iter()
+        .filter(|&v| v > 0 && v <= q_len.next_multiple_of(sub))
+        .collect();
+    // The whole q axis in one block, when no multiple of the lanes is near.
+    if legal.len() < 2 && !legal.contains(&q_len) {
+        legal.push(q_len);
+    }
+    let legal: Vec<String> = legal.iter().map(u64::to_string).collect();
+    Err(KernelError::config(
+        field,
+        bq,
+        format!("must be a multiple of {lanes} or equal `q_len` ({q_len}) {why}: e.g. {}", legal.join(" or ")),
+    ))
 }
 
 /// Checks that the call's tensors fit the device's HBM: q, k, v, o (bf16), the residuals when
@@ -1162,6 +1179,24 @@ mod tests {
         let short = AttentionCall { q_len: 1000, kv_len: 1024, ..AttentionCall::video_default() };
         let one = SplashConfig { kernel: Kernel::SplashDense, ..SplashConfig::with_blocks(&short, &v6e(), 1000, 1024, Some(1024)) };
         assert!(lower(&v6e(), &short, &one).is_ok(), "{:?}", lower(&v6e(), &short, &one).err());
+    }
+
+    #[test]
+    fn jax_backward_kernels_need_q_blocks_in_whole_lanes() {
+        // JAX's dq and dkv kernels: logsumexp and di blocks (8, block_q). Tokamax's fused
+        // kernel keeps its residuals q-major and takes any multiple of 8.
+        let w = AttentionCall { q_len: 384, kv_len: 384, q_heads: 2, kv_heads: 2, ..AttentionCall::video_default() };
+        let with = |kernel, q_dkv, q_dq, fused| {
+            let mut c = SplashConfig { kernel, ..SplashConfig::with_blocks(&w, &v6e(), 128, 128, Some(128)) };
+            c.bwd = bwd::BwdBlocks { block_q_dkv: q_dkv, block_kv_dkv: 128, block_kv_dkv_compute: 128, block_q_dq: q_dq, block_kv_dq: 128, fused, ..c.bwd };
+            c
+        };
+        let e = bwd::lower_dq(&v6e(), &w, &with(Kernel::Splash, 128, 192, false)).unwrap_err().to_string();
+        assert!(e.contains("`block_q_dq`") && e.contains("multiple of 128") && e.contains("128 or 256"), "{e}");
+        let e = bwd::lower_dkv(&v6e(), &w, &with(Kernel::Splash, 192, 128, false)).unwrap_err().to_string();
+        assert!(e.contains("`block_q_dkv`") && e.contains("multiple of 128"), "{e}");
+        assert!(bwd::lower_dkv(&v6e(), &w, &with(Kernel::Splash, 384, 128, false)).is_ok());
+        assert!(bwd::lower_dkv(&v6e(), &w, &with(Kernel::TokamaxSplash, 192, 192, true)).is_ok());
     }
 
     #[test]

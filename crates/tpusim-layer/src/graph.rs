@@ -367,10 +367,14 @@ pub fn build(plan: &LayerPlan) -> LayerGraph {
     let ck = rms_or_transpose(&mut g, "text k", text, ck);
     let cv = transpose(&mut g, "text v", text * w * a, cv);
     let dk = &plan.dense_kernel;
+    // The dense kernel's blocks (given, or its family's defaults) cut to the text's 512 keys
+    // and the chip's queries.
+    let fam = dk.kernel().defaults().blocks;
+    let text_kv = m.text_tokens.next_multiple_of(128);
     let cross_kernel = JobSpec {
-        block_q: dk.block_q.map(|x| x.min((t / b).next_multiple_of(8))),
-        block_kv: dk.block_kv.map(|x| x.min(m.text_tokens.next_multiple_of(128))),
-        block_kv_compute: dk.block_kv_compute.map(|x| x.min(m.text_tokens.next_multiple_of(128))),
+        block_q: Some(dk.block_q.unwrap_or(fam.q).min((t / b).next_multiple_of(8))),
+        block_kv: Some(dk.block_kv.unwrap_or(fam.kv).min(text_kv)),
+        block_kv_compute: dk.block_kv_compute.or(fam.compute).map(|x| x.min(text_kv)),
         ..dk.clone()
     };
     let co = g.add(

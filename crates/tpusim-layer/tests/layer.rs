@@ -236,3 +236,17 @@ fn norms_are_two_passes_and_layout_changes_are_transposes() {
         assert_eq!(g.deps(co.0).len(), 2, "it reads the cross-attention output and the residual stream");
     }
 }
+
+#[test]
+fn a_dense_kernel_that_names_only_its_family_runs_cross_attention_at_its_defaults_cut_to_the_text() {
+    // splash-dense's own blocks (4864 / 1024 / 1024) cut to the 512 text keys in cross-attention.
+    let dir = std::env::temp_dir().join(format!("tpusim-layer-family-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let trace = dir.join("dense.toml");
+    std::fs::write(&trace, "kernel = \"splash-dense\"\n").unwrap();
+    let s = LayerSpec { dense_kernel: Some(trace.to_string_lossy().into_owned()), ..spec("720p", "8", AttentionMode::Dense) };
+    let r = simulate_layer(&s.build(&v6e()).unwrap());
+    std::fs::remove_dir_all(&dir).ok();
+    let r = r.unwrap();
+    assert!(r.seconds > 0.0 && r.breakdown.total() > 0.0);
+}

@@ -438,7 +438,8 @@ struct Builder<'a> {
     last_matmul: Option<(Vec<NodeIdx>, u64)>,
     /// Matmuls seen in this body, by (m, k, n, the refs its operands are loaded from).
     matmul_sigs: std::collections::HashSet<MatmulSig>,
-    /// The ref a value was loaded from (through shape casts), by value id.
+    /// The ref a value is read from (a load, or a view, cast or element-wise op of one load
+    /// with constants: [`Self::note_load_ref`]), by value id.
     load_refs: HashMap<u64, usize>,
     /// A reduction over a slab-split value's rows (which needs every slab) has been lowered.
     row_reduction: bool,
@@ -980,11 +981,11 @@ impl<'a> Builder<'a> {
         // schedule takes the first ready operation). Without such a reduction the iterations
         // keep sharing slots: each slab's chain is its own (q-major scores, the backward's
         // sub-tiles, which `tpusim_kernel::splash::bwd` interleaves for the same reason).
-        let refs: Vec<Option<usize>> = op.operands.iter().take(2).map(|o| match o {
-            Operand::Op(id) => self.load_refs.get(id).copied(),
+        let read_from = |i: usize| match op.operands.get(i) {
+            Some(Operand::Op(id)) => self.load_refs.get(id).copied(),
             _ => None,
-        }).collect();
-        let sig: MatmulSig = (m, k, n, refs.first().copied().flatten(), refs.get(1).copied().flatten());
+        };
+        let sig: MatmulSig = (m, k, n, read_from(0), read_from(1));
         let repeat = sig.3.is_some() && sig.4.is_some() && !self.matmul_sigs.insert(sig);
         let prev_mm = self.last_matmul.take();
         let after = prev_mm.filter(|_| repeat && self.row_reduction).and_then(|(nodes, last)| {
@@ -1061,19 +1062,16 @@ impl<'a> Builder<'a> {
     }
 }
 
-/// Whether any of `roots` is one of `targets` or reaches one through its inputs.
+/// Whether any of `roots` is one of `targets` or reaches one through its inputs (a depth-first
+/// walk of the reversed graph, each node visited once).
 fn depends_on(graph: &petgraph::graph::DiGraph<tpusim_kernel::TileOp, ()>, roots: &[NodeIdx], targets: &[NodeIdx]) -> bool {
-    let mut seen = std::collections::HashSet::new();
-    let mut stack: Vec<NodeIdx> = roots.to_vec();
-    while let Some(n) = stack.pop() {
-        if targets.contains(&n) {
-            return true;
-        }
-        if seen.insert(n) {
-            stack.extend(graph.neighbors_directed(n, petgraph::Direction::Incoming));
-        }
-    }
-    false
+    use petgraph::visit::{Dfs, Reversed};
+    let rev = Reversed(graph);
+    let mut dfs = Dfs::empty(&rev);
+    roots.iter().any(|&r| {
+        dfs.move_to(r);
+        std::iter::from_fn(|| dfs.next(&rev)).any(|n| targets.contains(&n))
+    })
 }
 
 fn has_matmul(b: &StepBody) -> bool {

@@ -55,9 +55,8 @@
 //! longest row's non-empty tiles; surplus steps are empty: fixed step cost, no compute, no copy)
 //! and `compact` (a grid over non-empty tiles only: tokamax / MaxDiffusion sparse kernels).
 //!
-//! **Limits.** Blocks follow the (8, 128) rules (MaxDiffusion's mask-free kernel lays q along the
-//! lanes, so its block_q is a multiple of 128 unless one block covers q); VMEM holds 32-bit data in (8, 128) tiles, bf16
-//! in (16, 128) and int8 in (32, 128), each last dimension padded to 128 lanes, and counts as
+//! **Limits.** Blocks follow the (8, 128) rules (MaxDiffusion's mask-free kernel and JAX's
+//! backward kernels lay q along the lanes: their q blocks are multiples of 128 or q_len); VMEM holds 32-bit data in (8, 128) tiles, bf16 in (16, 128) and int8 in (32, 128), each last dimension padded to 128 lanes, and counts as
 //! [`crate::vmem`] says (the family's buffers: [`vmem_buffers`]);
 //! the mask metadata Splash prefetches into SMEM must fit SMEM ([`smem_bytes`]); q, k, v and o
 //! must fit the device's HBM.

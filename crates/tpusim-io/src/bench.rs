@@ -2,8 +2,8 @@
 //! peak memory, the machine it ran on with the date, and `--splice FILE` arguments naming the
 //! hand-written files whose generated parts ([`crate::mark::splice_into`]) take its tables.
 //!
-//! The benches (`cargo bench -p tpusim-report --bench simulate`, `cargo bench -p tpusim-sweep
-//! --bench sweep_throughput`, or `./bench.sh`, which runs both and splices) print Markdown tables;
+//! The benches (`cargo bench -p tpusim-report --bench simulate`, `cargo bench -p tpusim --bench
+//! commands`, or `./bench.sh`, which runs them and splices) print Markdown tables;
 //! with `-- --splice /abs/path/README.md` they also write them between the file's markers.
 
 use std::path::PathBuf;
@@ -11,11 +11,25 @@ use std::path::PathBuf;
 /// CPU time of this process (user + system), seconds, from `/proc/self/stat` (Linux; `None`
 /// elsewhere). Unlike wall time it does not grow when other processes share the cores.
 pub fn cpu_seconds() -> Option<f64> {
+    // Fields 14 and 15 of stat(5): utime, stime.
+    stat_seconds(11)
+}
+
+/// CPU time (user + system) of this process's waited-for children so far, seconds, from
+/// `/proc/self/stat` (cutime, cstime; Linux; `None` elsewhere): what the commands a bench ran
+/// as processes used.
+pub fn children_cpu_seconds() -> Option<f64> {
+    // Fields 16 and 17 of stat(5): cutime, cstime.
+    stat_seconds(13)
+}
+
+/// The sum of the two `/proc/self/stat` fields from index `i` after the command name (clock
+/// ticks of 1/100 s on Linux), seconds.
+fn stat_seconds(i: usize) -> Option<f64> {
     let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
     let rest = &stat[stat.rfind(')')? + 2..];
     let f: Vec<&str> = rest.split_whitespace().collect();
-    // Fields 14 and 15 of stat(5) (utime, stime), in clock ticks of 1/100 s on Linux.
-    let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+    let ticks: f64 = f.get(i)?.parse::<f64>().ok()? + f.get(i + 1)?.parse::<f64>().ok()?;
     Some(ticks / 100.0)
 }
 

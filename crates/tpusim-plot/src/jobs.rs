@@ -104,8 +104,10 @@ impl JobRun {
 
 /// Expands trace files x chips into labelled job specs.
 ///
-/// With no trace files, one job from `overlay` alone (the built-in video case unless flags say
-/// otherwise), labelled `default`. Each trace file's label is its file stem; with more than one
+/// With no trace files, the default job of `tpusim run` ([`tpusim_report::case_study_or`]: the
+/// built-in case study, labelled `video-720p-dense`, on `overlay`'s chip and overrides) when
+/// `overlay` gives no job field, else one job from `overlay` alone (the family's defaults),
+/// labelled `default`. Each trace file's label is its file stem; with more than one
 /// chip, the chip name is appended. `labels`, when given, replace the automatic labels in order
 /// and must match the number of jobs.
 ///
@@ -143,7 +145,13 @@ pub fn expand_with(
     }
     let mut bases = Vec::new();
     if traces.is_empty() && kernel_irs.is_empty() {
-        bases.push(("default".to_string(), JobSpec::default(), None));
+        // The default job of `tpusim run` (the built-in case study) unless job flags are given.
+        if tpusim_report::gives_no_job(overlay) {
+            let stem = std::path::Path::new(tpusim_report::CASE_STUDY_PATH).file_stem().and_then(|s| s.to_str()).unwrap_or("default");
+            bases.push((stem.to_string(), tpusim_report::case_study(), None));
+        } else {
+            bases.push(("default".to_string(), JobSpec::default(), None));
+        }
     }
     for t in traces {
         let spec = JobSpec::from_toml_file(t).map_err(|source| PlotError::Spec { context: format!("--trace {t}: "), source })?;
@@ -297,7 +305,12 @@ mod tests {
     #[test]
     fn expands_chips_and_labels() {
         let j = expand(&[], &JobSpec::default(), &["v6e".into(), "v5e".into()], &[]).unwrap();
-        assert_eq!(j.iter().map(|j| j.label.as_str()).collect::<Vec<_>>(), ["default (v6e)", "default (v5e)"]);
+        // No trace and no job flag: the default job of `tpusim run`, the case study.
+        assert_eq!(j.iter().map(|j| j.label.as_str()).collect::<Vec<_>>(), ["video-720p-dense (v6e)", "video-720p-dense (v5e)"]);
+        assert_eq!(j[0].spec.kernel, tpusim_report::case_study().kernel);
+        let flagged = JobSpec { heads: Some(4), ..JobSpec::default() };
+        let j2 = expand(&[], &flagged, &[], &[]).unwrap();
+        assert_eq!((j2[0].label.as_str(), j2[0].spec.heads), ("default", Some(4)));
         assert_eq!(j[1].spec.chip.as_deref(), Some("v5e"));
         let e = expand(&[], &JobSpec::default(), &[], &["a".into(), "b".into()]).unwrap_err().to_string();
         assert!(e.contains("--label"), "{e}");

@@ -176,6 +176,18 @@ impl LayerBreakdownFigure {
 }
 
 impl Figure for LayerBreakdownFigure {
+    /// Per bar its latency and attention's share of it: `720p dense: 97.0 ms, attention 79.2%`.
+    fn facts(&self) -> Vec<String> {
+        self.bars
+            .iter()
+            .map(|b| {
+                let att = b.ms.iter().filter(|(c, _)| *c == Category::Attention).map(|(_, v)| v).sum::<f64>();
+                let share = if b.latency_ms > 0.0 { 100.0 * att / b.latency_ms } else { 0.0 };
+                format!("{}: {:.1} ms, attention {share:.1}%", b.label, b.latency_ms)
+            })
+            .collect()
+    }
+
     fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> Result<(), PlotError>
     where
         DB::ErrorType: 'static,
@@ -385,6 +397,22 @@ impl SpeedupFigure {
 }
 
 impl Figure for SpeedupFigure {
+    /// Per curve its all-sparse speedup and the dense fraction meeting its mark: `720p: 1.57x
+    /// all sparse, meets 1.28x at dense fraction 0.45`.
+    fn facts(&self) -> Vec<String> {
+        self.curves
+            .iter()
+            .map(|c| {
+                let meet = match c.mark {
+                    Some((m, Some(f))) => format!(", meets {m:.2}x at dense fraction {f:.2}"),
+                    Some((m, None)) => format!(", never meets {m:.2}x"),
+                    None => String::new(),
+                };
+                format!("{}: {:.2}x all sparse{meet}", c.label, c.at(0.0))
+            })
+            .collect()
+    }
+
     fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> Result<(), PlotError>
     where
         DB::ErrorType: 'static,

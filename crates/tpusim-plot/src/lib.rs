@@ -13,6 +13,8 @@
 //!   chips: its time by part over resolutions, chip counts or attention modes, and the
 //!   end-to-end speedup of sparse attention over the dense fraction).
 //!
+//! [`layout`] checks a finished SVG's text: inside the canvas, no text over another.
+//!
 //! Text is rasterised from a bundled font (DejaVu Sans, `assets/`, Bitstream Vera licence) with
 //! `ab_glyph`, so PNGs render on a machine with no fonts installed; SVGs name the `sans-serif`
 //! family and leave text to the viewer. Output files are written atomically (a temporary file
@@ -27,6 +29,7 @@ pub mod gantt;
 pub mod heatmap;
 pub mod jobs;
 pub mod layer;
+pub mod layout;
 pub mod roofline;
 pub mod style;
 pub mod sweep;
@@ -148,6 +151,13 @@ pub trait Figure {
     fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> Result<(), PlotError>
     where
         DB::ErrorType: 'static;
+
+    /// The figure's key numbers as lines of text (`NAME: VALUE`), computed from the same data it
+    /// draws: what `tpusim plot` prints after writing it, so prose about a figure (plots/README.md,
+    /// written by plots/make.sh) quotes the figure itself. Empty for figures of a CSV's rows.
+    fn facts(&self) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 /// Renders a figure to bytes in a format.

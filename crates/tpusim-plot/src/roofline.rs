@@ -170,6 +170,10 @@ impl RooflineFigure {
         }
         let chips = roofs.iter().map(|r| r.chip.as_str()).collect::<Vec<_>>().join(", ");
         let mut notes = vec!["Roofs: HBM = peak bandwidth x fitted efficiency; MXU peak = 2 x MXUs x rows x columns x passes x clock.".to_string()];
+        // The HBM roofs' terms here, so that the labels on the slopes stay short.
+        let terms: Vec<String> =
+            roofs.iter().map(|r| format!("{} {} GB/s x {} = {} GB/s", r.chip, sig3(r.bw_peak_gbs), sig3(r.efficiency), sig3(r.bw / 1e9))).collect();
+        notes.push(format!("HBM roofs: {}.", terms.join("; ")));
         // The attention ceilings' notes only when an attention workload is drawn.
         if points.iter().any(|p| p.mxu_head_dim.is_some() || p.softmax.is_some()) {
             notes.push("MXU ceiling at head_dim: peak x (d + dv) / (d / e_qk + dv / e_pv), e_qk = d / (rows ceil(d/rows)), e_pv = dv / (cols ceil(dv/cols)).".to_string());
@@ -185,6 +189,17 @@ impl RooflineFigure {
 }
 
 impl Figure for RooflineFigure {
+    /// Per chip its ridge (`ridge v6e: 668 FLOP/B`), per point its intensity, rate, MFU and
+    /// softmax ceiling (`point dense: 2920 FLOP/B, 390 TFLOP/s, 43% MFU, softmax ceiling (EUP) 407 TFLOP/s`).
+    fn facts(&self) -> Vec<String> {
+        let mut f: Vec<String> = self.roofs.iter().map(|r| format!("ridge {}: {:.0} FLOP/B", r.chip, r.peak / r.bw)).collect();
+        for p in &self.points {
+            let ceiling = p.softmax.map_or(String::new(), |(u, v)| format!(", softmax ceiling ({u}) {:.0} TFLOP/s", v / 1e12));
+            f.push(format!("point {}: {:.0} FLOP/B, {:.0} TFLOP/s, {:.0}% MFU{ceiling}", p.label, p.intensity, p.achieved / 1e12, 100.0 * p.mfu));
+        }
+        f
+    }
+
     fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> Result<(), PlotError>
     where
         DB::ErrorType: 'static,
@@ -234,24 +249,28 @@ impl Figure for RooflineFigure {
         let plot = chart.plotting_area();
         // Every annotation goes through one layout, so that no label covers another or a point
         // (two chips' HBM roofs, a roof label and a workload's point, ...).
-        let mut labels = style::Labels::new();
-        let mut hbm_labels: Vec<(String, Vec<(i32, i32)>)> = Vec::new();
+        let mut labels = style::Labels::new().within(style::Labels::area_box(plot));
+        // (text, candidate positions, colour) of each HBM roof's label.
+        type HbmLabel = (String, Vec<(i32, i32)>, RGBColor);
+        let mut hbm_labels: Vec<HbmLabel> = Vec::new();
         // Right-aligned labels on horizontal lines, spread so they do not overlap.
         let mut right_labels: Vec<(String, f64, RGBColor)> = Vec::new();
         for (i, r) in self.roofs.iter().enumerate() {
             let ridge = ridges[i];
-            let roof = BLACK.stroke_width(3);
+            // Each chip's roofs and their labels in the chip's colour (black for one chip).
+            let colour = style::chip_color(i);
+            let roof = colour.stroke_width(3);
             let xs = xlo.max(ylo * t / r.bw);
             plot.draw(&PathElement::new(vec![(xs, xs * r.bw / t), (ridge, r.peak / t), (xhi, r.peak / t)], roof)).map_err(draw_err)?;
             let chip = if self.roofs.len() > 1 { format!("{} ", r.chip) } else { String::new() };
             right_labels.push((
                 format!("{chip}MXU peak {} TFLOP/s (ridge at {} FLOP/B)", sig3(r.peak / t), sig3(ridge)),
                 r.peak / t,
-                BLACK,
+                colour,
             ));
             // HBM label below the slope, near its foot (clear of the workloads' labels); further
             // along the slope, or above it, when that place is taken.
-            let along = [0.12, 0.25, 0.38, 0.5, 0.62];
+            let along = [0.12, 0.25, 0.38, 0.5, 0.62, 0.75, 0.88];
             let below = along.iter().map(|f| {
                 let lx = xs * (ridge / xs).powf(*f);
                 let p = plot.map_coordinate(&(lx, lx * r.bw / t));
@@ -262,15 +281,7 @@ impl Figure for RooflineFigure {
                 let p = plot.map_coordinate(&(lx, lx * r.bw / t));
                 (p.0 - 12, p.1 - (s.tick * 1.6) as i32)
             });
-            hbm_labels.push((
-                format!(
-                    "{chip}HBM roof: {} GB/s sustained ({} GB/s x {} efficiency)",
-                    sig3(r.bw / 1e9),
-                    sig3(r.bw_peak_gbs),
-                    sig3(r.efficiency)
-                ),
-                below.chain(above).collect(),
-            ));
+            hbm_labels.push((format!("{chip}HBM roof {} GB/s", sig3(r.bw / 1e9)), below.chain(above).collect(), colour));
         }
         // MXU ceilings at head_dim (one per distinct (chip, d, value)).
         let mut seen: Vec<(String, u64)> = Vec::new();
@@ -330,8 +341,8 @@ impl Figure for RooflineFigure {
                 root.draw(&PathElement::new(vec![(at.0 + 2, at.1), (px.0 - 8, px.1)], c.stroke_width(1))).map_err(draw_err)?;
             }
         }
-        for (txt, candidates) in &hbm_labels {
-            let st = style::font(s.tick).pos(Pos::new(HPos::Left, VPos::Top));
+        for (txt, candidates, c) in &hbm_labels {
+            let st = style::font_c(s.tick, *c).pos(Pos::new(HPos::Left, VPos::Top));
             labels.place(root, txt, &st, candidates)?;
         }
         Ok(())

@@ -36,6 +36,15 @@ pub const DARK_GREY: RGBColor = RGBColor(80, 80, 80);
 /// Colours for series in order (black first, then the Okabe-Ito hues).
 pub const SERIES: [RGBColor; 8] = [BLUE, VERMILLION, GREEN, ORANGE, PURPLE, SKY, RGBColor(0, 0, 0), RGBColor(140, 100, 40)];
 
+/// Dark colours that tell chips' roofs apart on one figure (black first), distinct from the
+/// [`SERIES`] hues the workloads take.
+pub const CHIPS: [RGBColor; 4] = [RGBColor(0, 0, 0), RGBColor(30, 50, 130), RGBColor(120, 35, 35), RGBColor(85, 85, 20)];
+
+/// Colour of chip `i` (cycling).
+pub fn chip_color(i: usize) -> RGBColor {
+    CHIPS[i % CHIPS.len()]
+}
+
 /// Colour of series `i` (cycling).
 pub fn series(i: usize) -> RGBColor {
     SERIES[i % SERIES.len()]
@@ -165,7 +174,8 @@ where
     area.draw(&Text::new(text.to_string(), pos, st)).map_err(draw_err)
 }
 
-/// A horizontal legend row of coloured squares and labels starting at `pos`; returns its width.
+/// A horizontal legend row of coloured squares and labels starting at `pos`, its text drawn
+/// smaller than `size` when the row would not fit the area's width; returns its width.
 ///
 /// # Errors
 /// [`PlotError`] if drawing fails.
@@ -178,6 +188,16 @@ pub fn legend_row<DB: DrawingBackend>(
 where
     DB::ErrorType: 'static,
 {
+    // The row's width at `size`; a row wider than the area is drawn smaller until it fits.
+    let width_at = |size: f64| -> i32 {
+        let st = font(size).pos(Pos::new(HPos::Left, VPos::Center));
+        items.iter().map(|(l, _)| (size * 0.8) as i32 + (size * 0.4) as i32 + text_width(area, l, &st) + (size * 1.2) as i32).sum()
+    };
+    let room = area.dim_in_pixel().0 as i32 - pos.0;
+    let mut size = size;
+    while width_at(size) > room && size > 4.0 {
+        size *= 0.95;
+    }
     let st = font(size).pos(Pos::new(HPos::Left, VPos::Center));
     let sq = (size * 0.8) as i32;
     let mut x = pos.0;
@@ -317,6 +337,7 @@ pub fn last_labels() -> Vec<(String, LabelBox)> {
 #[derive(Debug)]
 pub struct Labels {
     taken: Vec<LabelBox>,
+    bounds: Option<LabelBox>,
 }
 
 impl Default for Labels {
@@ -330,7 +351,20 @@ impl Labels {
     pub fn new() -> Self {
         LAST_LABELS.with(|l| l.borrow_mut().clear());
         LAST_RESERVED.with(|l| l.borrow_mut().clear());
-        Labels { taken: Vec::new() }
+        Labels { taken: Vec::new(), bounds: None }
+    }
+
+    /// This layout with its labels kept inside `bounds` (root pixels, e.g. a chart's plotting
+    /// area): clear of the tick labels, axis titles and notes around it.
+    pub fn within(mut self, bounds: LabelBox) -> Self {
+        self.bounds = Some(bounds);
+        self
+    }
+
+    /// The pixel box of a drawing area (a chart's plotting area) in the root's pixels.
+    pub fn area_box<DB: DrawingBackend, C: plotters::coord::CoordTranslate>(area: &DrawingArea<DB, C>) -> LabelBox {
+        let (x, y) = area.get_pixel_range();
+        [x.start, y.start, x.end, y.end]
     }
 
     /// Marks an area (root pixels) that labels must not cover.
@@ -408,15 +442,23 @@ impl Labels {
             };
             [x0 - 3, y0 - 2, x0 + w + 3, y0 + h + 3]
         };
-        let inside = |b: &LabelBox| b[0] >= 0 && b[1] >= 0 && b[2] <= aw as i32 && b[3] <= ah as i32;
+        let [bx0, by0, bx1, by1] = self.bounds.unwrap_or([0, 0, aw as i32, ah as i32]);
+        let inside = |b: &LabelBox| b[0] >= bx0 && b[1] >= by0 && b[2] <= bx1 && b[3] <= by1;
         let first = candidates.first().copied().unwrap_or((0, 0));
         let step = h + 4;
         let reach = if slide { 200 } else { 1 };
+        // Moved up and down from the first candidate, then also sideways by quarters of its
+        // width (a long label beside a crowded row).
         let shifted = (1..reach).flat_map(|k| [(first.0, first.1 + k * step / 2), (first.0, first.1 - k * step / 2)]);
+        let quarter = (w / 4).max(1);
+        let sideways = (1..if slide { 5 } else { 1 })
+            .flat_map(|q| [(first.0 - q * quarter), (first.0 + q * quarter)])
+            .flat_map(|x| (0..reach).flat_map(move |k| [(x, first.1 + k * step / 2), (x, first.1 - k * step / 2)]));
         let pos = candidates
             .iter()
             .copied()
             .chain(shifted)
+            .chain(sideways)
             .find(|&p| {
                 let b = box_at(p);
                 inside(&b) && self.free(&b)

@@ -207,6 +207,18 @@ fn kind_color(k: TileKind) -> RGBColor {
 }
 
 impl Figure for TilesFigure {
+    /// The counts and the padding: `tiles: 1234 empty, 146 partial, 300 full (partial 28% of
+    /// visited)`, `padded: q 76544, kv 76800`.
+    fn facts(&self) -> Vec<String> {
+        let c = &self.counts;
+        let visited = c.partial + c.full;
+        let share = if visited > 0 { 100.0 * c.partial as f64 / visited as f64 } else { 0.0 };
+        vec![
+            format!("tiles: {} empty, {} partial, {} full (partial {share:.0}% of visited)", c.empty, c.partial, c.full),
+            format!("padded: q {}, kv {}", self.grid.q_tiles() * self.grid.block_q, self.grid.kv_tiles() * self.grid.block_kv),
+        ]
+    }
+
     fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> Result<(), PlotError>
     where
         DB::ErrorType: 'static,

@@ -48,7 +48,7 @@ fn a_roofline_of_two_chips_keeps_every_label_clear() {
     let labels = labels_of(&fig, "roofline");
     let hbm: Vec<&String> = labels.iter().map(|(t, _)| t).filter(|t| t.contains("HBM roof")).collect();
     assert_eq!(hbm.len(), 2, "one HBM-roof label per chip: {labels:?}");
-    assert!(hbm.iter().all(|t| !t.contains("0000")), "efficiency printed to 3 figures: {hbm:?}");
+    assert!(hbm.iter().all(|t| !t.contains("0000")), "bandwidth printed to 3 figures: {hbm:?}");
     assert_eq!(labels.iter().filter(|(t, _)| t.contains("MFU")).count(), 6, "a label per workload point");
 }
 

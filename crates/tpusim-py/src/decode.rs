@@ -30,12 +30,12 @@ pub(crate) fn decode_kernel_ir(
     let text = description.to_string();
     let dir = std::path::PathBuf::from(folder);
     let shape = tpusim_report::decode::DecodeShape { lengths, page_size, kv_bytes_per_page, q_bytes, o_bytes, pages_per_block };
-    py.detach(move || {
+    crate::interruptible_once(py, move || {
         let d = tpusim_pallas::Description::from_json(&text, "kernel description").map_err(|e| e.to_string())?;
         let run = tpusim_report::ir::run_kernel_ir(&model, &d, &dir).map_err(|e| e.to_string())?;
         let rep = tpusim_report::decode::DecodeReport::from_run(&run, &shape)?;
         let k = tpusim_report::ir::KernelIrReport::from_run(&run);
         Ok::<_, String>((rep.to_json(), rep.to_table(), k.to_json()))
-    })
+    })?
     .map_err(input_err)
 }

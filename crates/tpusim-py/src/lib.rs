@@ -60,33 +60,45 @@ fn as_given(spec: &JobSpec, e: impl std::fmt::Display) -> String {
 const SIGNAL_CHECK_MS: u64 = 20;
 
 /// Runs `work` on another thread without the GIL, checking Python's signals every
-/// [`SIGNAL_CHECK_MS`]: Ctrl-C (or any exception a signal handler raises) sets `cancel`, waits
-/// for `work` to stop (cooperative work such as `tune` reads `cancel`; a single simulation ends
-/// on its own) and raises.
-fn interruptible<T: Send>(py: Python<'_>, cancel: &AtomicBool, work: impl FnOnce() -> T + Send) -> PyResult<T> {
-    std::thread::scope(|s| {
-        let (tx, rx) = std::sync::mpsc::channel();
-        s.spawn(move || {
+/// [`SIGNAL_CHECK_MS`]: Ctrl-C (or any exception a signal handler raises) sets `cancel` and
+/// raises at once, without waiting for `work`. Cooperative work (`tune`, `sweep`, `validate`)
+/// reads `cancel` and stops starting new pieces; whatever is in flight finishes on its own
+/// thread in the background and its result is dropped. `work` therefore owns what it reads
+/// (`'static`): a NumPy mask it reads stays exported until the work drops it.
+pub(crate) fn interruptible<T: Send + 'static>(
+    py: Python<'_>,
+    cancel: &Arc<AtomicBool>,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> PyResult<T> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("tpusim-work".into())
+        .spawn(move || {
             let _ = tx.send(work());
-        });
-        let mut rx = rx;
-        loop {
-            let (got, back) = py.detach(move || (rx.recv_timeout(Duration::from_millis(SIGNAL_CHECK_MS)), rx));
-            rx = back;
-            match got {
-                Ok(v) => return Ok(v),
-                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
-                    if let Err(e) = py.check_signals() {
-                        cancel.store(true, Ordering::Relaxed);
-                        return Err(e);
-                    }
-                }
-                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
-                    return Err(SimulationError::new_err("the simulation stopped without a result (a tpusim bug; please report it)"))
+        })
+        .map_err(|e| SimulationError::new_err(format!("cannot start the simulation's thread: {e}")))?;
+    let mut rx = rx;
+    loop {
+        let (got, back) = py.detach(move || (rx.recv_timeout(Duration::from_millis(SIGNAL_CHECK_MS)), rx));
+        rx = back;
+        match got {
+            Ok(v) => return Ok(v),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                if let Err(e) = py.check_signals() {
+                    cancel.store(true, Ordering::Relaxed);
+                    return Err(e);
                 }
             }
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                return Err(SimulationError::new_err("the simulation stopped without a result (a tpusim bug; please report it)"))
+            }
         }
-    })
+    }
+}
+
+/// [`interruptible`] for work that cannot stop early (one simulation, one kernel).
+pub(crate) fn interruptible_once<T: Send + 'static>(py: Python<'_>, work: impl FnOnce() -> T + Send + 'static) -> PyResult<T> {
+    interruptible(py, &Arc::new(AtomicBool::new(false)), work)
 }
 
 /// A Python value as `repr()` shows it (what the user typed).
@@ -484,20 +496,21 @@ fn default_job(spec: JobSpec) -> JobSpec {
     tpusim_report::case_study_or(spec)
 }
 
+/// Builds and runs a job (its report with the what-if table, notes and shipped measurement);
+/// errors name fields as the caller gave them (a length given as seq_len is named seq_len).
+fn run_job(spec: &JobSpec) -> Result<Report, String> {
+    let chip = spec.chip().map_err(|e| as_given(spec, e))?;
+    let job = spec.build(&chip).map_err(|e| as_given(spec, e))?;
+    let run = tpusim_report::run(&chip, &job).map_err(|e| as_given(spec, e))?;
+    let mut rep = Report::from_run(&run);
+    rep.render_notes(&mut |f, v| spec.describe_setting(f, v, FieldStyle::Key));
+    rep.measured = tpusim_calib::shipped_measurement(&chip, &job, rep.latency_ms);
+    Ok(rep)
+}
+
 /// Builds and runs a job on another thread without the GIL, Ctrl-C checked meanwhile.
 fn run_spec(py: Python<'_>, spec: JobSpec, given: &Given) -> PyResult<Report> {
-    let cancel = AtomicBool::new(false);
-    interruptible(py, &cancel, move || {
-        // Fields as the caller gave them: a length given as seq_len is named seq_len.
-        let chip = spec.chip().map_err(|e| as_given(&spec, e))?;
-        let job = spec.build(&chip).map_err(|e| as_given(&spec, e))?;
-        let run = tpusim_report::run(&chip, &job).map_err(|e| as_given(&spec, e))?;
-        let mut rep = Report::from_run(&run);
-        rep.render_notes(&mut |f, v| spec.describe_setting(f, v, FieldStyle::Key));
-        rep.measured = tpusim_calib::shipped_measurement(&chip, &job, rep.latency_ms);
-        Ok::<_, String>(rep)
-    })?
-    .map_err(|e| input_err(given.fix(e)))
+    interruptible_once(py, move || run_job(&spec))?.map_err(|e| input_err(given.fix(e)))
 }
 
 /// The result of one simulation. The main metrics are attributes (`latency_ms`, `cycles`,
@@ -543,12 +556,15 @@ impl PyReport {
         self.report.mfu
     }
     /// The unit that bounds the run (mxu, vpu, eup, xlu, hbm, step_control): the one whose 2x
-    /// speed-up gains the most (`what_if_2x`).
+    /// speed-up gains the most (`what_if_2x`) when that gain is 10% or more and untied; otherwise
+    /// the unit with the largest share of the critical path (`critical_path_ms`; of the tied
+    /// units when gains tie). `bound_rule` says which rule named it.
     #[getter]
     fn bottleneck(&self) -> String {
         self.report.bottleneck.to_string()
     }
-    /// Other units whose 2x gain is at least 80% of the bottleneck's and above 1%.
+    /// Other units whose 2x gain ties with the bottleneck's (at least 80% of the largest, above
+    /// 1%, the largest 10% or more).
     #[getter]
     fn co_bound(&self) -> Vec<String> {
         self.report.co_bound.iter().map(|u| u.to_string()).collect()
@@ -636,7 +652,8 @@ fn simulate(py: Python<'_>, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<PyRe
     Ok(PyReport::new(run_spec(py, default_job(spec), &given)?))
 }
 
-/// Searches block sizes and kernel options for one job (the job fields as for `simulate`) and
+/// Searches block sizes and kernel options for one job (the job fields as for `simulate`; with
+/// no job field, the default job's workload and kernel, its blocks searched) and
 /// returns the ranking as a dict: `top` is a list of configurations, best first, each with
 /// `latency_ms`, `bottleneck`, `flags` (for `tpusim run`), `block_sizes` (text ready to paste,
 /// `BlockSizes(block_q=..., ...)`) and `block_sizes_kwargs` (a dict for `BlockSizes(**kw)`).
@@ -661,9 +678,12 @@ fn tune<'py>(
     let allow_approximate = allow_approximate.map(|v| bool_arg("allow_approximate", v)).transpose()?.unwrap_or(false);
     let exhaustive = exhaustive.map(|v| bool_arg("exhaustive", v)).transpose()?.unwrap_or(false);
     let (spec, given) = job_spec(py, kwargs, &[])?;
+    // With no job keyword: the default job's workload and kernel, its blocks searched.
+    let spec = tpusim_report::tune_default_or(spec);
     let cancel = Arc::new(AtomicBool::new(false));
     let opts = tpusim_sweep::TuneOptions { top, allow_inexact, allow_approximate, refine, exhaustive, cancel: Some(cancel.clone()), ..d };
-    let r = interruptible(py, &cancel, || tpusim_sweep::tune(&spec, &opts))?.map_err(|e| input_err(given.fix(as_given(&spec, e))))?;
+    let job = spec.clone();
+    let r = interruptible(py, &cancel, move || tpusim_sweep::tune(&job, &opts))?.map_err(|e| input_err(given.fix(as_given(&spec, e))))?;
     let out = from_json(py, &r.to_json())?;
     let list = out.get_item("top")?;
     for (i, ranked) in r.top.iter().enumerate() {
@@ -792,12 +812,12 @@ fn validate<'py>(py: Python<'py>, rows: &Bound<'py, PyAny>, chips: Option<Vec<St
         let text = rows_csv(rows)?;
         tpusim_calib::parse(&text, "rows", &models).map_err(spec_err)?
     };
-    let cancel = AtomicBool::new(false);
-    let v = interruptible(py, &cancel, || tpusim_calib::validate(&file, &tpusim_calib::ChipSet { models }))?;
+    let v = interruptible_once(py, move || tpusim_calib::validate(&file, &tpusim_calib::ChipSet { models }))?;
     from_json(py, &v.to_json())
 }
 
-/// Runs one simulation per point and returns a list of dicts (ready for `pandas.DataFrame`):
+/// Runs one simulation per point (in parallel over the machine's cores; Ctrl-C stops it) and
+/// returns a list of dicts (ready for `pandas.DataFrame`), in the order of `points`:
 /// each point's fields, then `latency_ms`, `cycles`, `flops`, `mfu`, `hbm_bytes`,
 /// `transcendentals`, `bottleneck`, the tile counts (`tiles_empty`, `tiles_partial`,
 /// `tiles_full`, `tiles_visited`), `pair_density`, `tile_density`, `dense_latency_ms` and
@@ -819,12 +839,25 @@ fn sweep<'py>(py: Python<'py>, points: &Bound<'py, PyAny>, base: Option<&Bound<'
             e
         }
     };
+    // The points read under the GIL (a signal is checked between them: a long generator of
+    // points stops on Ctrl-C), then run together on the worker threads without it.
+    let mut points = Vec::new();
     for (i, p) in iter.enumerate() {
+        py.check_signals()?;
         let p = p?;
-        let d = p.cast::<PyDict>().map_err(|_| input_err(format!("points[{i}] = {}: expected a dict of job fields", repr(&p))))?;
-        let (point, given) = job_spec(py, Some(d), &[]).map_err(|e| in_point(i, e))?;
-        let spec = base_spec.overlay(&point);
-        let r = run_spec(py, spec, &given).map_err(|e| in_point(i, e))?;
+        let d = p.cast::<PyDict>().map_err(|_| input_err(format!("points[{i}] = {}: expected a dict of job fields", repr(&p))))?.clone();
+        let (point, given) = job_spec(py, Some(&d), &[]).map_err(|e| in_point(i, e))?;
+        points.push((d, base_spec.overlay(&point), given));
+    }
+    let specs: Vec<JobSpec> = points.iter().map(|(_, s, _)| s.clone()).collect();
+    let cancel = Arc::new(AtomicBool::new(false));
+    let stop = cancel.clone();
+    let reports = interruptible(py, &cancel, move || {
+        use rayon::prelude::*;
+        specs.par_iter().map(|s| if stop.load(Ordering::Relaxed) { Err(String::new()) } else { run_job(s) }).collect::<Vec<_>>()
+    })?;
+    for (i, ((d, _, given), r)) in points.iter().zip(reports).enumerate() {
+        let r = r.map_err(|e| in_point(i, input_err(given.fix(e))))?;
         let row = PyDict::new(py);
         for (k, v) in d.iter() {
             let key: String = k.extract()?;
@@ -901,13 +934,13 @@ fn measurements_from_trace<'py>(
     let flag_to_arg = |s: String| {
         s.replace("--kernel-pattern", "kernel_pattern").replace("--device", "device").replace("--line", "line").replace("--", "")
     };
-    let rows = py
-        .detach(|| {
-            let t = tpusim_calib::read_trace(trace)?;
-            let ops = tpusim_calib::select_ops(&t, &sel, trace)?;
-            tpusim_calib::measurement_rows(&tpusim_calib::kernel_timings(&ops), &spec, id, &sel, trace)
-        })
-        .map_err(|e| input_err(flag_to_arg(render_fields(&e.to_string(), FieldStyle::Key))))?;
+    let (trace_path, row_id) = (trace.to_string(), id.to_string());
+    let rows = interruptible_once(py, move || {
+        let t = tpusim_calib::read_trace(&trace_path)?;
+        let ops = tpusim_calib::select_ops(&t, &sel, &trace_path)?;
+        tpusim_calib::measurement_rows(&tpusim_calib::kernel_timings(&ops), &spec, &row_id, &sel, &trace_path)
+    })?
+    .map_err(|e| input_err(flag_to_arg(render_fields(&e.to_string(), FieldStyle::Key))))?;
     if let Some(path) = out {
         // The overwrite rule of the command line's `from-trace --out` (tpusim_io::mark).
         tpusim_io::check_replace(std::path::Path::new(path), "from-trace", force).map_err(|e| input_err(format!("out: {e}")))?;
@@ -994,7 +1027,7 @@ fn tile_counts<'py>(
         return Err(input_err(format!("block_q x block_kv = {block_q} x {block_kv}: expected whole numbers from 1")));
     }
     let grid = TileGrid { q_len: w.q_len, kv_len: w.kv_len, block_q, block_kv };
-    let stats: Vec<TileStats> = py.detach(|| (0..w.q_heads).map(|h| TileStats::collect(w.mask_for_head(h), &grid, false)).collect());
+    let stats: Vec<TileStats> = interruptible_once(py, move || (0..w.q_heads).map(|h| TileStats::collect(w.mask_for_head(h), &grid, false)).collect())?;
     let out = PyList::empty(py);
     for s in stats {
         let d = PyDict::new(py);
@@ -1063,7 +1096,8 @@ impl PyKernelReport {
     fn bottleneck(&self) -> String {
         self.report.bottleneck.to_string()
     }
-    /// Other units whose 2x gain is at least 80% of the bottleneck's and above 1%.
+    /// Other units whose 2x gain ties with the bottleneck's (at least 80% of the largest, above
+    /// 1%, the largest 10% or more).
     #[getter]
     fn co_bound(&self) -> Vec<String> {
         self.report.co_bound.iter().map(|u| u.to_string()).collect()
@@ -1147,13 +1181,12 @@ fn simulate_kernel_ir(py: Python<'_>, description: &str, chip: &str, set: Vec<St
     let model = spec.chip().map_err(spec_err)?;
     let text = description.to_string();
     let dir = std::path::PathBuf::from(folder);
-    let rep = py
-        .detach(move || {
-            let d = tpusim_pallas::Description::from_json(&text, "kernel description")?;
-            let run = tpusim_report::ir::run_kernel_ir(&model, &d, &dir)?;
-            Ok::<_, tpusim_pallas::PallasError>(tpusim_report::ir::KernelIrReport::from_run(&run))
-        })
-        .map_err(|e| input_err(e.to_string()))?;
+    let rep = interruptible_once(py, move || {
+        let d = tpusim_pallas::Description::from_json(&text, "kernel description")?;
+        let run = tpusim_report::ir::run_kernel_ir(&model, &d, &dir)?;
+        Ok::<_, tpusim_pallas::PallasError>(tpusim_report::ir::KernelIrReport::from_run(&run))
+    })?
+    .map_err(|e| input_err(e.to_string()))?;
     Ok(PyKernelReport::new(rep))
 }
 

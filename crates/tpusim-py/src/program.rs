@@ -22,10 +22,10 @@ pub(crate) fn simulate_program_description(
     let model = spec.chip().map_err(|e| input_err(e.to_string()))?;
     let text = description.to_string();
     let dir = std::path::PathBuf::from(folder);
-    py.detach(move || {
+    crate::interruptible_once(py, move || {
         let d = tpusim_program::ProgramDescription::from_json(&text, "program description")?;
         let r = tpusim_program::simulate_program(&model, &d, slice.as_deref(), &dir)?;
         Ok::<_, tpusim_program::ProgramError>((r.to_json(), r.to_table()))
-    })
+    })?
     .map_err(|e| input_err(e.to_string()))
 }

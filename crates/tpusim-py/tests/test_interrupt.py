@@ -1,6 +1,7 @@
-"""Ctrl-C works in Python: a long call (tpusim.tune of the 75,600-token sparse video layer runs
-for about 20 s uninterrupted on a 2-core machine) raises KeyboardInterrupt soon after SIGINT,
-and the interpreter is usable afterwards (no restart of a notebook kernel)."""
+"""Ctrl-C works in Python: every long call (tune, sweep, validate, a loop of simulate calls, and
+tpusim.jax.simulate of a large kernel) raises KeyboardInterrupt within a second of SIGINT, prints
+no "Exception ignored" warning, and leaves the interpreter usable (no restart of a notebook
+kernel)."""
 
 import os
 import signal
@@ -8,18 +9,26 @@ import subprocess
 import sys
 import time
 
-SCRIPT = r"""
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
+
+PRELUDE = r"""
 import signal, sys, time
 # Python raises KeyboardInterrupt only where SIGINT has its default handler; a process started
 # with SIGINT ignored (a background job of a non-interactive shell, some CI runners) inherits
 # the ignore. Install the handler, as a notebook kernel does.
 signal.signal(signal.SIGINT, signal.default_int_handler)
+sys.path.insert(0, {here!r})
 import tpusim
+"""
+
+EPILOGUE = r"""
 print("ready", flush=True)
 try:
-    tpusim.tune(heads=10, seq_len=75600, mask="band:15000+sink:3600")
+    long_call()
 except KeyboardInterrupt:
-    t = time.monotonic()
     print("interrupted", flush=True)
     # The interpreter goes on: a short call runs normally after the interrupt.
     r = tpusim.simulate(heads=2, seq_len=2048, block_q=512, block_kv=512)
@@ -29,17 +38,61 @@ print("finished without interrupt", flush=True)
 sys.exit(1)
 """
 
+# Each long call takes well over the 3 s before the signal on a 2-core machine (measured: tune
+# of the sparse video layer about 20 s, the sweep about 10 s, validate about 9 s, the simulate
+# loop as long as it is let run, the block-sparse kernel of 16.8 million grid steps about 8 s).
+CALLS = {
+    "tune": r"""
+def long_call():
+    tpusim.tune(heads=10, seq_len=75600, mask="band:15000+sink:3600")
+""",
+    "sweep": r"""
+points = [dict(heads=2, seq_len=16384 + 128 * (i % 200), block_q=512, block_kv=512) for i in range(8000)]
+def long_call():
+    tpusim.sweep(points)
+""",
+    "simulate": r"""
+def long_call():
+    # A notebook cell looping over short calls: the signal lands between calls or inside one.
+    while True:
+        tpusim.simulate(heads=8, seq_len=32768, mask="causal", block_q=512, block_kv=512)
+""",
+    "validate": r"""
+import csv
+with open({csv!r}) as f:
+    rows = [{{k: v for k, v in r.items() if v != ""}} for r in csv.DictReader(l for l in f if not l.startswith("#"))]
+rows = [dict(r, id=f"{{r['id']}}-{{i}}") for i in range(30) for r in rows]
+def long_call():
+    tpusim.validate(rows)
+""",
+    "jax.simulate": r"""
+import jax, jax.numpy as jnp, numpy as np
+import tpusim.jax as tj
+import kernels
+mask = np.random.default_rng(0).random((256, 256)) < 0.5
+f = kernels.block_sparse_matmul(mask, bm=128, bk=128, bn=128)
+x = jax.ShapeDtypeStruct((256 * 128, 256 * 128), jnp.bfloat16)
+def long_call():
+    tj.simulate(f, x, x)
+""",
+}
 
-def test_ctrl_c_interrupts_a_long_tune_within_seconds():
-    p = subprocess.Popen([sys.executable, "-c", SCRIPT], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert p.stdout.readline().strip() == "ready"
-    time.sleep(3)  # well inside the search
+
+@pytest.mark.parametrize("call", sorted(CALLS))
+def test_ctrl_c_interrupts_a_long_call_within_a_second(call):
+    csv_path = os.path.join(ROOT, "traces", "measured", "calibration.csv")
+    script = PRELUDE.format(here=HERE) + CALLS[call].format(csv=csv_path) + EPILOGUE
+    p = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "ready", p.communicate(timeout=60)
+    time.sleep(3)  # well inside the call
+    assert p.poll() is None, f"{call} ended before the signal: {p.communicate()}"
     sent = time.monotonic()
     p.send_signal(signal.SIGINT)
     line = p.stdout.readline().strip()
     took = time.monotonic() - sent
-    rest, err = p.communicate(timeout=60)
-    assert line == "interrupted", (line, rest, err)
-    assert took < 5.0, f"KeyboardInterrupt {took:.2f} s after SIGINT"
-    assert "after True" in rest and p.returncode == 0, (rest, err)
-    print(f"KeyboardInterrupt {took:.3f} s after SIGINT")
+    rest, err = p.communicate(timeout=120)
+    assert line == "interrupted", (call, line, rest, err)
+    assert took < 1.0, f"{call}: KeyboardInterrupt {took:.2f} s after SIGINT"
+    assert "Exception ignored" not in err, (call, err)
+    assert "after True" in rest and p.returncode == 0, (call, rest, err)
+    print(f"{call}: KeyboardInterrupt {took:.3f} s after SIGINT")

@@ -102,13 +102,16 @@ pub struct KernelIrReport {
     pub grid: Vec<(String, u64)>,
     /// Tile counts as grid steps: total = grid steps, visited = full = steps computed, empty = the rest.
     pub tiles: Option<tpusim_kernel::TileCounts>,
-    /// The unit that bounds the run: as [`crate::Report::bottleneck`], the one whose 2x speed-up
-    /// gains the most (`what_if_2x`); without the table (sweeps without `--what-if-2x`) the unit
-    /// with the largest critical-path share.
+    /// The unit that bounds the run, by the rule of [`crate::Report::bottleneck`]
+    /// ([`crate::whatif::bottleneck_of`]); without the what-if table (sweeps without
+    /// `--what-if-2x`) the unit with the largest critical-path share.
     pub bottleneck: Unit,
-    /// Other units whose 2x gain is within the margin of the bottleneck's
-    /// ([`crate::whatif::bottleneck_of`]); empty without the what-if table.
+    /// Other units whose 2x gain ties with the bottleneck's ([`crate::whatif::bottleneck_of`]);
+    /// empty without the what-if table.
     pub co_bound: Vec<Unit>,
+    /// Which rule named the bottleneck; `None` without the what-if table.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bound_rule: Option<crate::whatif::BoundRule>,
     /// Per unit, the latency with that unit alone twice as fast, re-timing this kernel's
     /// lowering on the derived chip ([`crate::whatif::what_if_2x_program`]); `None` when not
     /// computed.
@@ -152,9 +155,10 @@ impl KernelIrReport {
     /// [`crate::Report::with_what_if`]).
     pub fn with_what_if(mut self, run: &IrRun) -> Self {
         let table = crate::whatif::what_if_2x_program(&run.chip, &run.program, run.result.seconds);
-        let (b, co) = crate::whatif::bottleneck_of(&table, self.bottleneck);
+        let (b, co, rule) = crate::whatif::bottleneck_of(&table, &self.critical_path_ms, self.bottleneck);
         self.bottleneck = b;
         self.co_bound = co;
+        self.bound_rule = Some(rule);
         self.what_if_2x = Some(table);
         self
     }
@@ -191,6 +195,7 @@ impl KernelIrReport {
             tiles: run.program.info.tiles,
             bottleneck: r.bottleneck(),
             co_bound: Vec::new(),
+            bound_rule: None,
             what_if_2x: None,
             utilization: r.utilization(),
             busy_ms: PerUnit(r.busy.0.map(ms)),
@@ -274,6 +279,7 @@ impl KernelIrReport {
             &crate::BoundBy {
                 bottleneck: self.bottleneck,
                 co_bound: &self.co_bound,
+                rule: self.bound_rule,
                 what_if_2x: self.what_if_2x.as_deref(),
                 utilization: &self.utilization,
                 critical_path_ms: &self.critical_path_ms,

@@ -281,14 +281,19 @@ pub struct Report {
     pub arithmetic_intensity: f64,
     /// Grid steps run.
     pub grid_steps: u64,
-    /// The unit that bounds the run: the one whose 2x speed-up gains the most
-    /// ([`whatif`]: `what_if_2x`'s largest gain). A report built without the what-if table
-    /// ([`Report::from_run_as`], as sweeps without `--what-if-2x` do) names the unit with the
-    /// largest critical-path share instead ([`SimResult::bottleneck`]).
+    /// The unit that bounds the run ([`whatif::bottleneck_of`]): the one whose 2x speed-up gains
+    /// the most when that gain is large (10% or more) and untied; otherwise the unit with the
+    /// largest critical-path share (of the tied units, when gains tie). A report built without
+    /// the what-if table ([`Report::from_run_as`], as sweeps without `--what-if-2x` do) names the
+    /// unit with the largest critical-path share ([`SimResult::bottleneck`]).
     pub bottleneck: Unit,
-    /// Other units whose 2x gain is within the margin of the bottleneck's ([`whatif`]: at least
-    /// 80% of it and above 1%); empty without the what-if table.
+    /// Other units whose 2x gain ties with the bottleneck's ([`whatif`]: at least 80% of the
+    /// largest and above 1%, the largest 10% or more); empty without the what-if table.
     pub co_bound: Vec<Unit>,
+    /// Which rule named the bottleneck (`gain`, `tied`, `critical_path`); `None` without the
+    /// what-if table (the critical-path rule then).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bound_rule: Option<whatif::BoundRule>,
     /// Per unit, what it buys to make it alone twice as fast, re-timing this run's lowering
     /// ([`whatif::what_if_2x`]); `None` when not computed.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -406,21 +411,61 @@ pub fn gives_no_job(spec: &JobSpec) -> bool {
 }
 
 /// The built-in case study's job: what `traces/video-720p-dense.toml` runs (row VD-B0 of the
-/// shipped measurements: MaxDiffusion's mask-free Splash at its blocks on the 720p video layer).
+/// shipped measurements: JAX's Splash at MaxDiffusion's v6e blocks on the 720p video layer).
 pub fn case_study() -> JobSpec {
-    JobSpec::from_toml_str(include_str!("../../../traces/video-720p-dense.toml"), "traces/video-720p-dense.toml")
-        .expect("the shipped case-study trace is valid")
+    JobSpec::from_toml_str(CASE_STUDY_TOML, CASE_STUDY_PATH).expect("the shipped case-study trace is valid")
 }
+
+/// The case study's trace file, as the repository names it.
+pub const CASE_STUDY_PATH: &str = "traces/video-720p-dense.toml";
+const CASE_STUDY_TOML: &str = include_str!("../../../traces/video-720p-dense.toml");
 
 /// `spec` itself, or, when it gives no job field at all (only `chip` and `set`, which choose the
 /// hardware), the built-in case study ([`case_study`]) on that hardware: the first run of a new
-/// user is the case study, not the families' 128-block defaults.
+/// user is the case study, not the families' 128-block defaults. The one default job of every
+/// front end (`tpusim run`, `tune`, `plot`; Python's `simulate`, `tune`), described by
+/// [`default_job_text`].
 pub fn case_study_or(spec: JobSpec) -> JobSpec {
     if gives_no_job(&spec) {
         case_study().overlay(&spec)
     } else {
         spec
     }
+}
+
+/// The job `tune` searches when given no job field: the default job ([`case_study_or`]) with its
+/// block sizes left to the search (its workload, kernel family and options kept).
+pub fn tune_default_or(spec: JobSpec) -> JobSpec {
+    if gives_no_job(&spec) {
+        JobSpec { block_q: None, block_kv: None, block_kv_compute: None, ..case_study_or(spec) }
+    } else {
+        spec
+    }
+}
+
+/// The default job in words, from [`case_study`]'s fields (so the help text cannot drift from
+/// what runs): "the built-in case study (traces/video-720p-dense.toml): 1 x 10 heads x 75600
+/// tokens, head_dim 128, mask full, on v6e with JAX's Splash attention (--kernel splash) at block_q 3024,
+/// block_kv 2048, block_kv_compute 1024; any job flag starts from the kernel family's defaults
+/// instead (--chip, --set and output flags do not count)".
+pub fn default_job_text() -> String {
+    let c = case_study();
+    let kernel = c.kernel();
+    let n = |v: Option<u64>| v.map_or_else(|| "?".into(), |v| v.to_string());
+    format!(
+        "the built-in case study ({CASE_STUDY_PATH}): {} x {} heads x {} tokens, head_dim {}, mask {}, on {} with {} (--kernel {}) at block_q {}, block_kv {}, block_kv_compute {}; any job flag starts from the kernel family's defaults instead (--chip, --set and output flags do not count)",
+        n(c.batch),
+        n(c.heads),
+        n(c.seq_len),
+        n(c.head_dim),
+        c.mask.as_deref().unwrap_or("full"),
+        c.chip.as_deref().unwrap_or("v6e"),
+        kernel.help().split(" (").next().unwrap_or(kernel.word()),
+        kernel.word(),
+        n(c.block_q),
+        n(c.block_kv),
+        n(c.block_kv_compute),
+    )
 }
 
 /// A run's totals named as the fields of Pallas' `pl.CostEstimate` (`jax.experimental.pallas`),
@@ -503,9 +548,10 @@ impl Report {
     /// unit) and the bottleneck and co-bound units it gives.
     pub fn with_what_if(mut self, run: &Run) -> Self {
         let table = whatif::what_if_2x(run);
-        let (b, co) = whatif::bottleneck_of(&table, self.bottleneck);
+        let (b, co, rule) = whatif::bottleneck_of(&table, &self.critical_path_ms, self.bottleneck);
         self.bottleneck = b;
         self.co_bound = co;
+        self.bound_rule = Some(rule);
         self.what_if_2x = Some(table);
         self
     }
@@ -568,6 +614,7 @@ impl Report {
             grid_steps: r.grid_steps,
             bottleneck: r.bottleneck(),
             co_bound: Vec::new(),
+            bound_rule: None,
             what_if_2x: None,
             utilization: r.utilization(),
             busy_ms: PerUnit(r.busy.0.map(ms)),
@@ -769,6 +816,7 @@ impl Report {
             &BoundBy {
                 bottleneck: self.bottleneck,
                 co_bound: &self.co_bound,
+                rule: self.bound_rule,
                 what_if_2x: self.what_if_2x.as_deref(),
                 utilization: &self.utilization,
                 critical_path_ms: &self.critical_path_ms,
@@ -902,73 +950,76 @@ pub(crate) fn bar(u: f64) -> String {
 pub(crate) struct BoundBy<'a> {
     pub bottleneck: Unit,
     pub co_bound: &'a [Unit],
+    pub rule: Option<whatif::BoundRule>,
     pub what_if_2x: Option<&'a [whatif::WhatIf]>,
     pub utilization: &'a PerUnit<f64>,
     pub critical_path_ms: &'a PerUnit<f64>,
     pub latency_ms: f64,
 }
 
-/// Writes the "bound by" line (and, with a what-if table, the "what if 2x" line) to `s`.
+/// Writes the "bound by" line (and, with a what-if table, the "what if 2x" line) to `s`: the
+/// bottleneck with the rule that named it ([`whatif::bottleneck_of`]), its critical-path share
+/// and busy time, and the figures a kernel engineer checks against a profile.
 pub(crate) fn write_bound_by(s: &mut String, b: &BoundBy<'_>) {
+    let share = |u: Unit| if b.latency_ms > 0.0 { 100.0 * b.critical_path_ms[u] / b.latency_ms } else { 0.0 };
     let crit = b.critical_path_ms[b.bottleneck];
     let busy = b.utilization[b.bottleneck];
     // Throughput-bound when the unit is busy for (nearly) all of its critical-path share: it
     // could not finish sooner without more throughput; latency-bound otherwise.
     let how = if busy * b.latency_ms >= 0.98 * crit { "throughput" } else { "latency" };
-    // A busier unit whose work overlaps the bottleneck's does not bound the run; say so, so
-    // that the label and the busy column do not read as a contradiction.
-    let busiest = Unit::ALL
-        .iter()
-        .copied()
-        .filter(|&u| u != b.bottleneck)
-        .max_by(|&x, &y| b.utilization[x].total_cmp(&b.utilization[y]));
-    let busier = match busiest {
-        Some(u) if b.utilization[u] > busy + 0.005 => format!(
-            "; {u} is busier ({:.0}% of the run) but overlaps it, {:.0}% of the critical path",
-            100.0 * b.utilization[u],
-            if b.latency_ms > 0.0 { 100.0 * b.critical_path_ms[u] / b.latency_ms } else { 0.0 }
-        ),
-        _ => String::new(),
+    let unit = b.bottleneck;
+    let (sh, bz) = (share(unit), busy * 100.0);
+    // The other units busier than a few percent, busiest first: what overlaps the bottleneck.
+    let mut others: Vec<Unit> = Unit::ALL.iter().copied().filter(|&u| u != unit && b.utilization[u] >= 0.05).collect();
+    others.sort_by(|&x, &y| b.utilization[y].total_cmp(&b.utilization[x]));
+    let overlapping = |n: usize| -> String {
+        let cells: Vec<String> = others.iter().take(n).map(|&u| format!("{u} busy {:.0}%", 100.0 * b.utilization[u])).collect();
+        if cells.is_empty() {
+            String::new()
+        } else {
+            format!("; overlapping it: {}", cells.join(", "))
+        }
     };
-    match b.what_if_2x {
-        Some(table) => {
+    match (b.what_if_2x, b.rule) {
+        (Some(table), Some(rule)) => {
             let gain = |u: &str| table.iter().find(|w| w.unit == u).map_or(0.0, |w| w.gain);
-            let co = if b.co_bound.is_empty() {
-                String::new()
-            } else {
-                let names: Vec<String> = b.co_bound.iter().map(|u| format!("{u} -{:.1}%", 100.0 * gain(u.word()))).collect();
-                format!("; co-bound: {}", names.join(", "))
+            let largest = table.iter().filter(|w| w.unit != "host").max_by(|x, y| x.gain.total_cmp(&y.gain));
+            let co: Vec<String> = b.co_bound.iter().map(|u| format!("{u} -{:.1}%, {:.0}% of the critical path", 100.0 * gain(u.word()), share(*u))).collect();
+            let line = match rule {
+                whatif::BoundRule::Gain => format!(
+                    "{unit} (2x faster: -{:.1}% latency, the largest gain; {how}: {sh:.0}% of the critical path, busy {bz:.0}% of the run)",
+                    100.0 * gain(unit.word())
+                ),
+                whatif::BoundRule::Tied => format!(
+                    "{unit} ({sh:.0}% of the critical path, busy {bz:.0}%; 2x faster: -{:.1}%, tied with {}: speeding one alone leaves the other)",
+                    100.0 * gain(unit.word()),
+                    co.join("; ")
+                ),
+                whatif::BoundRule::CriticalPath if whatif::latency_bound(table) => format!(
+                    "{unit} (latency: no unit twice as fast saves 1% or more; the critical path waits on {unit} for {sh:.0}% of the run, busy {bz:.0}%)"
+                ),
+                whatif::BoundRule::CriticalPath => format!(
+                    "{unit} ({sh:.0}% of the critical path, busy {bz:.0}% of the run{}; no unit twice as fast saves {:.0}%: the largest gain is {} -{:.1}%)",
+                    overlapping(3),
+                    100.0 * whatif::DECISIVE_GAIN,
+                    largest.map_or("none", |w| w.unit.as_str()),
+                    100.0 * largest.map_or(0.0, |w| w.gain)
+                ),
             };
-            if whatif::latency_bound(table) {
-                let _ = writeln!(
-                    s,
-                    "  bound by     {} (latency: no unit twice as fast saves 1% or more; the critical path waits on {} for {:.0}% of the run, busy {:.0}%)",
-                    b.bottleneck,
-                    b.bottleneck,
-                    if b.latency_ms > 0.0 { 100.0 * crit / b.latency_ms } else { 0.0 },
-                    busy * 100.0
-                );
-            } else {
-                let _ = writeln!(
-                    s,
-                    "  bound by     {} (2x faster: -{:.1}% latency, the largest gain{co}; {how}: {:.0}% of the critical path, busy {:.0}% of the run)",
-                    b.bottleneck,
-                    100.0 * gain(b.bottleneck.word()),
-                    if b.latency_ms > 0.0 { 100.0 * crit / b.latency_ms } else { 0.0 },
-                    busy * 100.0
-                );
-            }
+            let _ = writeln!(s, "  bound by     {line}");
             let cells: Vec<String> = table.iter().map(|w| format!("{} -{:.1}%", w.unit, 100.0 * w.gain)).collect();
             let _ = writeln!(s, "  what if 2x   {} (latency saved with one unit twice as fast, same schedule)", cells.join(", "));
         }
-        None => {
-            let _ = writeln!(
-                s,
-                "  bound by     {} ({how}: {:.0}% of the critical path, busy {:.0}% of the run{busier})",
-                b.bottleneck,
-                if b.latency_ms > 0.0 { 100.0 * crit / b.latency_ms } else { 0.0 },
-                busy * 100.0
-            );
+        _ => {
+            // A busier unit whose work overlaps the bottleneck's does not bound the run; say so,
+            // so that the label and the busy column do not read as a contradiction.
+            let busier = match others.first() {
+                Some(&u) if b.utilization[u] > busy + 0.005 => {
+                    format!("; {u} is busier ({:.0}% of the run) but overlaps it, {:.0}% of the critical path", 100.0 * b.utilization[u], share(u))
+                }
+                _ => String::new(),
+            };
+            let _ = writeln!(s, "  bound by     {unit} ({how}: {sh:.0}% of the critical path, busy {bz:.0}% of the run{busier})");
         }
     }
 }

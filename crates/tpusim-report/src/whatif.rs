@@ -16,14 +16,15 @@
 //! | host (scope `call` only) | `host.dispatch_us` | /2 |
 //!
 //! A what-if model keeps the issue order of the model it was derived from (`compiled_for`), so a
-//! faster unit never lengthens a run: every gain is >= 0. `co_bound` lists the other units whose
-//! gain is at least [`CO_BOUND_FRACTION`] of the largest and above [`CO_BOUND_MIN_GAIN`]: a run
-//! that two units hold to the same time gains little from either alone, and says so.
+//! faster unit never lengthens a run: every gain is >= 0. A gain decides "bound by" only when it
+//! is large ([`DECISIVE_GAIN`]) and untied; tied units (within [`CO_BOUND_FRACTION`]) are
+//! co-bound, and a run whose gains are all small is bound by the unit its critical path waits on
+//! longest ([`bottleneck_of`]).
 
 use crate::{run_lowered, Run};
 use serde::Serialize;
 use tpusim_chip::ChipModel;
-use tpusim_kernel::{Program, Scope, Unit};
+use tpusim_kernel::{PerUnit, Program, Scope, Unit};
 
 /// A unit whose 2x gain is at least this fraction of the largest gain is co-bound.
 pub const CO_BOUND_FRACTION: f64 = 0.8;
@@ -119,12 +120,34 @@ pub fn what_if_2x_by(chip: &ChipModel, seconds: f64, host: bool, retime: &dyn Fn
         .collect()
 }
 
-/// The bottleneck by the what-if table: the chip unit with the largest gain (ties: `fallback`,
-/// the critical-path rule's unit, first, then [`Unit::ALL`] order), and the co-bound units.
-/// When no unit's gain reaches [`CO_BOUND_MIN_GAIN`] the run is bound by latency (chains of
-/// result latencies no rate shortens): the bottleneck is then `fallback`, the unit the critical
-/// path waits on longest, and no unit is co-bound ([`latency_bound`] tells this case apart).
-pub fn bottleneck_of(table: &[WhatIf], fallback: Unit) -> (Unit, Vec<Unit>) {
+/// A largest 2x gain at or above this (10%), with no unit tied to it, decides "bound by" by
+/// itself. Below it the units' work overlaps so that speeding any one alone buys little (the
+/// next unit takes over): the run is bound by what its critical path waits on, which a kernel
+/// engineer checks against a profile, not by the largest of small gains.
+pub const DECISIVE_GAIN: f64 = 0.10;
+
+/// How the what-if table decided "bound by" ([`bottleneck_of`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BoundRule {
+    /// One unit's 2x gain is at least [`DECISIVE_GAIN`] and no other is within
+    /// [`CO_BOUND_FRACTION`] of it: that unit.
+    Gain,
+    /// Two or more units' 2x gains are tied (within [`CO_BOUND_FRACTION`], at least
+    /// [`DECISIVE_GAIN`]): of the tied units, the one with the largest critical-path share.
+    Tied,
+    /// Every 2x gain is below [`DECISIVE_GAIN`]: the unit with the largest critical-path share.
+    CriticalPath,
+}
+
+/// The bottleneck by the what-if table and the critical path (`critical`, per unit, any unit of
+/// time): the unit with the largest gain when that gain decides ([`BoundRule::Gain`]); of tied
+/// units the one the critical path waits on longest ([`BoundRule::Tied`], the others co-bound);
+/// when every gain is below [`DECISIVE_GAIN`], the unit the critical path waits on longest
+/// (`fallback` on equal shares: the engine's rule, ties broken by busy time) and none co-bound
+/// ([`BoundRule::CriticalPath`]; [`latency_bound`] tells apart the case where no gain reaches
+/// even [`CO_BOUND_MIN_GAIN`]).
+pub fn bottleneck_of(table: &[WhatIf], critical: &PerUnit<f64>, fallback: Unit) -> (Unit, Vec<Unit>, BoundRule) {
     let gain = |u: Unit| table.iter().find(|w| w.unit == u.word()).map_or(0.0, |w| w.gain);
     let mut best = fallback;
     for &u in Unit::ALL {
@@ -133,11 +156,25 @@ pub fn bottleneck_of(table: &[WhatIf], fallback: Unit) -> (Unit, Vec<Unit>) {
         }
     }
     let top = gain(best);
-    if top < CO_BOUND_MIN_GAIN {
-        return (fallback, Vec::new());
+    let tied: Vec<Unit> = Unit::ALL.iter().copied().filter(|&u| gain(u) >= CO_BOUND_FRACTION * top && gain(u) > CO_BOUND_MIN_GAIN).collect();
+    // The unit of `among` the critical path waits on longest (`fallback` first on equal shares).
+    let longest = |among: &[Unit]| {
+        let mut b = if among.contains(&fallback) { fallback } else { among[0] };
+        for &u in among {
+            if critical[u] > critical[b] {
+                b = u;
+            }
+        }
+        b
+    };
+    if top < DECISIVE_GAIN {
+        return (longest(Unit::ALL), Vec::new(), BoundRule::CriticalPath);
     }
-    let co = Unit::ALL.iter().copied().filter(|&u| u != best && gain(u) >= CO_BOUND_FRACTION * top && gain(u) > CO_BOUND_MIN_GAIN).collect();
-    (best, co)
+    if tied.len() > 1 {
+        let b = longest(&tied);
+        return (b, tied.into_iter().filter(|&u| u != b).collect(), BoundRule::Tied);
+    }
+    (best, Vec::new(), BoundRule::Gain)
 }
 
 /// True when no chip unit twice as fast saves [`CO_BOUND_MIN_GAIN`] of the latency: the run is

@@ -37,7 +37,7 @@ pub use exec::{run_sweep, Shard, SweepOptions, SweepSummary};
 pub use merge::{merge, MergeSummary};
 pub use output::Format;
 pub use shard_env::ShardChoice;
-pub use tune::{tune, TuneOptions, TuneResult};
+pub use tune::{tune, Stage, TuneOptions, TuneResult};
 
 /// An error of a sweep, merge or search. Messages name the file and the key or line.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

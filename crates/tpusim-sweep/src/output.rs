@@ -653,7 +653,8 @@ pub fn read_back(path: &str, layout: Option<&Layout>) -> Result<ReadBack, SweepE
             let records: Vec<_> = records.collect();
             let n = records.len();
             for (i, (fields, range, complete)) in records.into_iter().enumerate() {
-                let line = line_of(first_len + range.start);
+                // Counted only for an error: counting every row's line is quadratic in the file.
+                let line = || line_of(first_len + range.start);
                 let checked = fields.and_then(|f| {
                     if f.len() != layout.columns.len() {
                         return Err(format!("{} fields, expected {}", f.len(), layout.columns.len()));
@@ -664,16 +665,14 @@ pub fn read_back(path: &str, layout: Option<&Layout>) -> Result<ReadBack, SweepE
                     Ok(index) if complete => rows.push((index, body[range].to_string())),
                     // The last record cut short by an interrupted write is dropped.
                     _ if i + 1 == n => truncated_tail = true,
-                    Err(e) => return Err(bad(line, &format!("malformed row: {e}"))),
-                    Ok(_) => return Err(bad(line, "malformed row: incomplete")),
+                    Err(e) => return Err(bad(line(), &format!("malformed row: {e}"))),
+                    Ok(_) => return Err(bad(line(), "malformed row: incomplete")),
                 }
             }
         }
         Format::Jsonl => {
-            let mut offset = first_len;
-            for l in text[first_len..].split_inclusive('\n') {
-                let line = line_of(offset);
-                offset += l.len();
+            for (i, l) in text[first_len..].split_inclusive('\n').enumerate() {
+                let line = i + 2;
                 if !l.ends_with('\n') {
                     truncated_tail = true;
                     break;

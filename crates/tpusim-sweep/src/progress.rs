@@ -3,7 +3,7 @@
 //! `TPUSIM_PROGRESS_SECS` seconds), so that long sweeps and searches are never silent:
 //!
 //! ```text
-//! tpusim tune: blocks: 412/923 (44%), 37s elapsed, about 45s left
+//! tpusim tune: blocks (stage 2 of 3), lowering: 412/923 (44%), 37s elapsed, about 45s left
 //! ```
 //!
 //! `--no-progress` turns both off.
@@ -96,7 +96,7 @@ pub fn bar(show: bool, len: u64, what: &str) -> Option<ProgressBar> {
     if std::io::stderr().is_terminal() {
         let pb = ProgressBar::with_draw_target(Some(len), ProgressDrawTarget::stderr());
         let style = ProgressStyle::with_template(&format!(
-            "{{spinner}} {what} [{{elapsed_precise}}] {{wide_bar}} {{pos}}/{{len}} ({{per_sec}}, eta {{eta}})"
+            "{{spinner}} {what}{{msg}} [{{elapsed_precise}}] {{wide_bar}} {{pos}}/{{len}} ({{per_sec}}, eta {{eta}})"
         ))
         .unwrap_or_else(|_| ProgressStyle::default_bar());
         pb.set_style(style);
@@ -107,7 +107,7 @@ pub fn bar(show: bool, len: u64, what: &str) -> Option<ProgressBar> {
     let term = PlainLines { every, last: Mutex::new(Some(Instant::now())) };
     let pb = ProgressBar::with_draw_target(Some(len), ProgressDrawTarget::term_like(Box::new(term)));
     let style =
-        ProgressStyle::with_template(&format!("tpusim {what}: {{pos}}/{{len}} ({{percent}}%), {{elapsed}} elapsed, about {{eta}} left"))
+        ProgressStyle::with_template(&format!("tpusim {what}{{msg}}: {{pos}}/{{len}} ({{percent}}%), {{elapsed}} elapsed, about {{eta}} left"))
             .unwrap_or_else(|_| ProgressStyle::default_bar());
     pb.set_style(style);
     // Redraw on a timer too, so that a line comes even while no item finishes.

@@ -142,6 +142,10 @@ pub struct TuneResult {
     pub fixed: Vec<String>,
     /// Configurations evaluated (distinct).
     pub evaluated: usize,
+    /// The search's stages in order (options, blocks, compute widths; a matmul's blocks): the
+    /// configurations each evaluated, which add up to `evaluated` (a progress line counts one
+    /// stage's).
+    pub stages: Vec<Stage>,
     /// Of those, rejected by the block rules.
     pub rejected_rules: usize,
     /// Of those, over the VMEM limit.
@@ -441,6 +445,10 @@ struct Search<'a> {
     ev: Evaluator,
     seen: HashSet<String>,
     results: Vec<(Cand, Eval)>,
+    /// Each stage's name and the configurations it evaluated (they add up to the total).
+    stages: Vec<(String, usize)>,
+    /// How many stages the search runs (for the progress lines).
+    stage_count: usize,
 }
 
 impl<'a> Search<'a> {
@@ -456,6 +464,8 @@ impl<'a> Search<'a> {
             ev,
             seen: HashSet::new(),
             results: Vec::new(),
+            stages: Vec::new(),
+            stage_count: 1,
         })
     }
 
@@ -465,7 +475,9 @@ impl<'a> Search<'a> {
     /// change what the search keeps (module docs, "Pruning").
     fn stage(&mut self, cands: Vec<Cand>, what: &str, need: Option<Need>) -> usize {
         let fresh: Vec<Cand> = cands.into_iter().filter(|c| self.seen.insert(cand_key(c))).collect();
-        let pb = crate::progress_bar(self.opts.progress, fresh.len() as u64, what);
+        self.stages.push((what.to_string(), fresh.len()));
+        let label = format!("tune: {what} (stage {} of {})", self.stages.len(), self.stage_count.max(self.stages.len()));
+        let pb = crate::progress_bar(self.opts.progress, fresh.len() as u64, &label);
         let (ev, chip_key, chip, spec, opts) = (&self.ev, &self.chip_key, &self.chip, self.spec, self.opts);
         let tick = || {
             if let Some(pb) = &pb {
@@ -484,10 +496,19 @@ impl<'a> Search<'a> {
         let evals: Vec<Eval> = match need.filter(|_| !opts.exhaustive) {
             None => self.pool.install(|| fresh.par_iter().map(run).collect()),
             Some(need) => {
+                // Lowering every candidate first (counted as it goes), then simulating the
+                // lowered ones by their bound (counted anew: the rest may be pruned).
+                if let Some(pb) = &pb {
+                    pb.set_message(", lowering");
+                }
                 let pre: Vec<Pre> = self.pool.install(|| {
                     fresh
                         .par_iter()
-                        .map(|c| if opts.cancelled() { Pre::Done(Eval::Other("interrupted".into())) } else { prepare(chip, spec, c, opts) })
+                        .map(|c| {
+                            let p = if opts.cancelled() { Pre::Done(Eval::Other("interrupted".into())) } else { prepare(chip, spec, c, opts) };
+                            tick();
+                            p
+                        })
                         .collect()
                 });
                 // Every lowered candidate is pruned until it is simulated.
@@ -496,16 +517,19 @@ impl<'a> Search<'a> {
                     .into_iter()
                     .enumerate()
                     .map(|(i, p)| match p {
-                        Pre::Done(e) => {
-                            tick();
-                            e
-                        }
+                        Pre::Done(e) => e,
                         Pre::Lowered(job, bound) => {
                             order.push((bound, i));
                             Eval::Pruned(job)
                         }
                     })
                     .collect();
+                if let Some(pb) = &pb {
+                    pb.set_message(", simulating the lowered ones, lowest latency bound first (the rest pruned once they cannot rank)");
+                    pb.set_length(order.len() as u64);
+                    pb.set_position(0);
+                    pb.reset_eta();
+                }
                 // Lowest bound first (ties in candidate order, so the outcome is deterministic).
                 order.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
                 let mut board = Board::new(&self.results, need);
@@ -536,7 +560,8 @@ impl<'a> Search<'a> {
     fn attention(&mut self, sp: &Space) {
         let target = sp.target.unwrap_or(Target::Forward);
         // Stage 1 decides which options go on by a window around the best: all are simulated.
-        let s1 = self.stage(sp.combos.clone(), "tune: options", None);
+        self.stage_count = 3;
+        let s1 = self.stage(sp.combos.clone(), "options", None);
         let kept = self.kept_options(s1, &sp.combos);
         let mut s2 = Vec::new();
         for c in &kept {
@@ -546,7 +571,7 @@ impl<'a> Search<'a> {
                 }
             }
         }
-        self.stage(s2, "tune: blocks", Some(Need { jobs: self.opts.top, pairs: Some((target, self.opts.refine)) }));
+        self.stage(s2, "blocks", Some(Need { jobs: self.opts.top, pairs: Some((target, self.opts.refine)) }));
         let mut s3 = Vec::new();
         for (bq, bkv) in self.best_pairs(target, self.opts.refine) {
             let computes: Vec<Option<u64>> = if sp.search_compute {
@@ -560,7 +585,7 @@ impl<'a> Search<'a> {
                 }
             }
         }
-        self.stage(s3, "tune: refine", Some(Need { jobs: self.opts.top, pairs: None }));
+        self.stage(s3, "compute widths", Some(Need { jobs: self.opts.top, pairs: None }));
     }
 
     /// Option combinations within the window of the best from `start` on, plus those the probe
@@ -637,7 +662,7 @@ pub fn tune(spec: &JobSpec, opts: &TuneOptions) -> Result<TuneResult, SweepError
         }
         Job::Matmul { workload: mm, .. } => {
             let (sp, cands) = Space::matmul(spec, mm);
-            search.stage(cands, "tune: blocks", Some(Need { jobs: opts.top, pairs: None }));
+            search.stage(cands, "blocks", Some(Need { jobs: opts.top, pairs: None }));
             sp
         }
     };
@@ -646,7 +671,9 @@ pub fn tune(spec: &JobSpec, opts: &TuneOptions) -> Result<TuneResult, SweepError
     }
     let given_eval =
         evaluate(&search.ev, &search.chip_key, &chip, spec, &JobSpec::default(), &TuneOptions { allow_inexact: true, ..opts.clone() });
-    rank(&chip, given, given_eval, &search.results, space, opts, spec, start)
+    let mut r = rank(&chip, given, given_eval, &search.results, space, opts, spec, start)?;
+    r.stages = search.stages.iter().map(|(name, configurations)| Stage { name: name.clone(), configurations: *configurations }).collect();
+    Ok(r)
 }
 
 /// When no configuration is valid and the given job breaks a rule of a field it gives (a field
@@ -670,6 +697,16 @@ fn held_fixed_rules(spec: &JobSpec, given: &Job, chip: &ChipModel) -> Result<(),
             "{allowed} (tune holds `{name}` fixed because it was given, and no configuration around it runs: change it, or leave it out to search it)"
         ),
     }))
+}
+
+/// One stage of a search and the configurations it evaluated ([`TuneResult::stages`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Stage {
+    /// `options`, `blocks` or `compute widths`.
+    pub name: String,
+    /// Configurations it evaluated (new ones: a configuration an earlier stage evaluated is not
+    /// evaluated again).
+    pub configurations: usize,
 }
 
 /// Stage 3: distinct valid jobs ranked by latency (ties by the job's text), with the counts of
@@ -769,6 +806,7 @@ fn rank(
         searched: space.searched,
         fixed: space.fixed,
         evaluated: results.len(),
+        stages: Vec::new(),
         rejected_rules,
         rejected_vmem,
         rejected_inexact,
@@ -931,9 +969,15 @@ impl TuneResult {
             Some(Job::Matmul { .. }) => String::new(),
             _ => format!(", {} inexact (masking none on partial tiles)", self.rejected_inexact),
         };
+        let stages = if self.stages.len() > 1 {
+            let parts: Vec<String> = self.stages.iter().map(|st| format!("{} {}", st.name, st.configurations)).collect();
+            format!(" ({})", parts.join(" + "))
+        } else {
+            String::new()
+        };
         let _ = writeln!(
             s,
-            "  evaluated    {} configurations in {:.1} s: {} valid, {} duplicates of a valid one, {} over the VMEM limit, {} breaking block rules{inexact}",
+            "  evaluated    {} configurations{stages} in {:.1} s: {} valid, {} duplicates of a valid one, {} over the VMEM limit, {} breaking block rules{inexact}",
             self.evaluated, self.seconds, self.valid, self.duplicates, self.rejected_vmem, self.rejected_rules
         );
         if self.pruned > 0 {

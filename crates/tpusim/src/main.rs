@@ -26,9 +26,8 @@ struct Cli {
 enum Command {
     /// Simulate one kernel call and report latency, utilisation and the bounding unit.
     ///
-    /// With no flags it runs the built-in default: Wan 2.1 720p attention (1 x 10 heads x
-    /// 75,600 tokens, head_dim 128, full mask) with tokamax's Splash kernel and its default
-    /// blocks on v6e. Every option not given takes the kernel family's default (--kernel).
+    /// (The long help's second paragraph, the default job, is written at run time from the
+    /// case study's trace: `with_default_job`.)
     Run(run::RunArgs),
     /// Simulate one transformer block of a video diffusion model on a slice of chips: its ops
     /// (projections, attention, feed-forward, element-wise fusions, all-to-alls, permutation),
@@ -60,8 +59,34 @@ enum Command {
     Plot(plot::PlotArgs),
 }
 
+/// The CLI with the default job stated in the long help of the commands that run it (`run`,
+/// `tune`, the job plots), from [`tpusim_report::default_job_text`]: the help says what runs.
+fn cli_command() -> clap::Command {
+    use clap::CommandFactory;
+    let text = tpusim_report::default_job_text();
+    let run = format!(
+        "Simulate one kernel call and report latency, utilisation and the bounding unit.\n\nWith no job flag it runs the default job: {text}. Every option not given takes the kernel family's default (--kernel)."
+    );
+    let tune = format!(
+        "Search block sizes and kernel options for one workload and rank them.\n\nWith no job flag it ranks block sizes for the default job, {text}: its workload, kernel and options kept, its blocks searched."
+    );
+    let plot_job = format!("With no --trace and no job flag: the default job, {text}.");
+    Cli::command()
+        .mut_subcommand("run", |c| c.long_about(run))
+        .mut_subcommand("tune", |c| c.long_about(tune))
+        .mut_subcommand("plot", |p| {
+            ["roofline", "breakdown", "tiles", "timeline"].iter().fold(p, |p, k| {
+                p.mut_subcommand(*k, |c| {
+                    let about = c.get_about().map(|a| a.to_string()).unwrap_or_default();
+                    c.long_about(format!("{about}\n\n{plot_job}"))
+                })
+            })
+        })
+}
+
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    use clap::FromArgMatches;
+    let cli = match cli_command().try_get_matches().and_then(|m| Cli::from_arg_matches(&m)) {
         Ok(cli) => cli,
         Err(e) => match value_error(&e) {
             Some(msg) => {

@@ -201,7 +201,8 @@ pub struct MultiJobArgs {
     #[command(flatten)]
     pub figure: FigureArgs,
     /// Job file (TOML with `tpusim run` keys); repeatable: one bar, point or line per file
-    /// [default: the built-in video case].
+    /// [default: the default job of `tpusim run`, the built-in case study, unless job flags are
+    /// given].
     #[arg(long, value_name = "FILE")]
     pub trace: Vec<String>,
     /// A Pallas kernel read from its Mosaic IR: a kernel description file (`tpusim.jax.describe`;
@@ -328,9 +329,9 @@ pub struct TimelineArgs {
 }
 
 fn one_run(job: &JobArgs, kind: &str) -> Result<JobRun, CliError> {
-    let spec = job.spec()?;
-    let label =
-        job.trace.as_deref().and_then(|t| std::path::Path::new(t).file_stem().and_then(|s| s.to_str())).unwrap_or("default").to_string();
+    let spec = job.spec_or_default()?;
+    let trace = if job.is_default() { Some(tpusim_report::CASE_STUDY_PATH) } else { job.trace.as_deref() };
+    let label = trace.and_then(|t| std::path::Path::new(t).file_stem().and_then(|s| s.to_str())).unwrap_or("default").to_string();
     jobs::run_one(&jobs::LabelledSpec { label, spec, kernel_ir: None }).map_err(|e| match e {
         tpusim_plot::PlotError::Spec { source, .. } => job.error(format!("plot {kind}: {source}")),
         other => other.into(),
@@ -340,7 +341,11 @@ fn one_run(job: &JobArgs, kind: &str) -> Result<JobRun, CliError> {
 fn done<F: Figure>(fig: &F, out: &Output, what: &str) -> Result<String, CliError> {
     render(fig, out)?;
     let size = std::fs::metadata(&out.path).map(|m| m.len()).unwrap_or(0);
-    Ok(format!("wrote {} ({} x {} px, {} bytes): {what}\n", out.path.display(), out.width, out.height, size))
+    let mut msg = format!("wrote {} ({} x {} px, {} bytes): {what}\n", out.path.display(), out.width, out.height, size);
+    for f in fig.facts() {
+        msg.push_str(&format!("  {f}\n"));
+    }
+    Ok(msg)
 }
 
 const WIDE: (u32, u32) = (1400, 860);
@@ -434,7 +439,7 @@ pub fn cmd_plot(a: &PlotArgs) -> Result<String, CliError> {
             let out = p.figure.output((1150, 900))?;
             // The tile map needs the workload and the tiling only: the job is built (its
             // fields checked), not lowered or simulated.
-            let spec = p.job.spec()?;
+            let spec = p.job.spec_or_default()?;
             let chip = spec.chip().map_err(|e| p.job.error(format!("plot tiles: {e}")))?;
             let job = spec.build(&chip).map_err(|e| p.job.error(format!("plot tiles: {e}")))?;
             let tpusim_report::Job::Attention { workload: w, config: c, .. } = &job else {

@@ -91,6 +91,23 @@ pub struct JobArgs {
 }
 
 impl JobArgs {
+    /// Whether these flags give no job (no trace and no job field: only --chip and --set), so
+    /// that the default job runs ([`JobArgs::spec_or_default`]).
+    pub fn is_default(&self) -> bool {
+        self.trace.is_none() && tpusim_report::gives_no_job(&self.job)
+    }
+
+    /// The job these flags describe, or with no job flag the default job: the built-in case
+    /// study on the chip and overrides given ([`tpusim_report::case_study_or`], described by
+    /// [`tpusim_report::default_job_text`]), the one default of `run`, `tune` and `plot`.
+    pub fn spec_or_default(&self) -> Result<JobSpec, CliError> {
+        if self.is_default() {
+            Ok(tpusim_report::case_study_or(self.job.clone()))
+        } else {
+            self.spec()
+        }
+    }
+
     /// The job these flags describe (a trace file, if given, overlaid by the flags).
     pub fn spec(&self) -> Result<JobSpec, CliError> {
         Ok(match &self.trace {
@@ -109,7 +126,7 @@ impl JobArgs {
         } else if let (Some(t), true) = (&self.trace, spec.set_fields().contains_key(field)) {
             format!("{field} = {value} (in --trace {t})")
         } else if case_study && spec.set_fields().contains_key(field) {
-            format!("{field} {value} (the built-in case study's, traces/video-720p-dense.toml)")
+            format!("{field} {value} (the built-in case study's, {})", tpusim_report::CASE_STUDY_PATH)
         } else {
             format!("{field} {value} (the default of --kernel {})", spec.kernel())
         }
@@ -269,13 +286,14 @@ pub fn cmd_run(a: &RunArgs) -> Result<String, CliError> {
         tpusim_io::check_replace(std::path::Path::new(path), "run --timeline", a.force).map_err(|e| CliError::input(format!("--timeline {e}")))?;
     }
     // With no job flag at all (only --chip and --set), the built-in case study.
-    let case_study = a.job.trace.is_none() && tpusim_report::gives_no_job(&a.job.job);
-    let spec = if case_study { tpusim_report::case_study_or(a.job.job.clone()) } else { a.job.spec()? };
+    let case_study = a.job.is_default();
+    let spec = a.job.spec_or_default()?;
     let chip = spec.chip().map_err(|e| a.job.error(e))?;
     let job = spec.build(&chip).map_err(|e| a.job.error(e))?;
     let r = run(&chip, &job).map_err(|e| match a.job.error(e) {
         CliError::Input(m) if case_study => CliError::Input(format!(
-            "{m} (this is the built-in case study, traces/video-720p-dense.toml, whose blocks are MaxDiffusion's for v6e; give a job flag, e.g. --kernel tokamax-splash, to start from a family's defaults)"
+            "{m} (this is the default job, {})",
+            tpusim_report::default_job_text()
         )),
         other => other,
     })?;

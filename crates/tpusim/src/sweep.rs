@@ -240,7 +240,8 @@ pub fn cmd_tune(a: &TuneArgs) -> Result<String, CliError> {
     if let Some(f) = &a.kernel_ir {
         return Err(CliError::input(format!("--kernel-ir {f}: {TUNE_KERNEL_IR}")));
     }
-    let spec = a.job.spec()?;
+    // With no job flag: the default job's workload and kernel, its block sizes searched.
+    let spec = if a.job.is_default() { tpusim_report::tune_default_or(a.job.job.clone()) } else { a.job.spec()? };
     let opts = TuneOptions {
         top: a.top,
         allow_inexact: a.allow_inexact,

@@ -424,6 +424,56 @@ fn file_errors_name_their_keys_in_plain_words() {
     }
 }
 
+/// One default job, stated once: the long help of `run`, `tune` and the job plots states the job
+/// `tpusim run` runs with no flag (its kernel and blocks read off the run's own report, not typed
+/// here), and the plots without --trace draw that job; with a job flag they start from the
+/// family's defaults, as `run` does.
+#[test]
+fn help_text_and_plot_defaults_equal_the_run_default() {
+    let ran = run_json(&[]);
+    let c = &ran["job"]["config"];
+    let w = &ran["job"]["workload"];
+    let (kernel, bq, bkv, bkvc) = (c["kernel"].as_str().unwrap(), &c["block_q"], &c["block_kv"], &c["block_kv_compute"]);
+    let stated = [
+        format!("(--kernel {kernel}) at block_q {bq}, block_kv {bkv}, block_kv_compute {bkvc}"),
+        format!("{} x {} heads x {} tokens, head_dim {}, mask {}", w["batch"], w["q_heads"], w["q_len"], w["head_dim"], w["mask"].as_str().unwrap()),
+        format!("on {}", ran["chip"].as_str().unwrap()),
+    ];
+    for cmd in [vec!["run"], vec!["tune"], vec!["plot", "roofline"], vec!["plot", "breakdown"], vec!["plot", "tiles"], vec!["plot", "timeline"]] {
+        let out = bin().args(&cmd).arg("--help").output().unwrap();
+        let help = String::from_utf8_lossy(&out.stdout).split_whitespace().collect::<Vec<_>>().join(" ");
+        for st in &stated {
+            assert!(help.contains(st.as_str()), "tpusim {cmd:?} --help should state the default job ({st}): {help}");
+        }
+        assert!(!help.contains("tokamax's Splash kernel and its default blocks"), "{cmd:?}");
+    }
+    // The plots without --trace draw the run's default job.
+    let dir = std::env::temp_dir().join(format!("tpusim-cli-default-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let svg = |kind: &str, extra: &[&str]| {
+        let path = dir.join(format!("{kind}.svg"));
+        let out = bin().args(["plot", kind, "--out", path.to_str().unwrap()]).args(extra).output().unwrap();
+        assert!(out.status.success(), "plot {kind}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let tiles = svg("tiles", &[]);
+    assert!(tiles.contains(&format!("at {bq} x {bkv} tiles")), "{tiles}");
+    assert!(svg("timeline", &[]).contains("Timeline of video-720p-dense"));
+    let tiles_flag = svg("tiles", &["--heads", "10"]);
+    assert!(!tiles_flag.contains(&format!("at {bq} x {bkv} tiles")), "a job flag starts from the family's defaults: {tiles_flag}");
+    // Roofline and breakdown expand their jobs through the plot crate: the default is the run's.
+    let none = tpusim_report::JobSpec::default();
+    let jobs = tpusim_plot::jobs::expand(&[], &none, &[], &[]).unwrap();
+    assert_eq!(jobs.len(), 1);
+    assert_eq!(jobs[0].spec, tpusim_report::case_study_or(none.clone()));
+    let chip = jobs[0].spec.chip().unwrap();
+    let built = serde_json::to_value(jobs[0].spec.build(&chip).unwrap()).unwrap();
+    assert_eq!(built, ran["job"], "the roofline's default job is the run's");
+    let flagged = tpusim_report::JobSpec { heads: Some(10), ..Default::default() };
+    assert_eq!(tpusim_plot::jobs::expand(&[], &flagged, &[], &[]).unwrap()[0].spec, flagged);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// `tpusim run` with no job flag (output format, --chip and --set do not count) runs the built-in
 /// case study (traces/video-720p-dense.toml's job) and shows its measured time, found by a lookup
 /// of the shipped calibration rows; any job flag starts from the family defaults instead.

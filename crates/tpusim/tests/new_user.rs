@@ -227,6 +227,51 @@ fn long_work_without_a_terminal_prints_plain_progress_lines() {
     assert!(input_error(out, "bad interval").contains("TPUSIM_PROGRESS_SECS=soon"));
 }
 
+/// A tune's progress lines count what the search is doing: each line names its stage, the
+/// lowering of a stage's candidates counts up (it once showed 0/N until the stage ended), each
+/// line's total is its stage's count in the summary, and the stages' counts add up to the
+/// configurations evaluated.
+#[test]
+fn tune_progress_counts_each_stage_and_adds_up() {
+    let out = bin()
+        .args(["tune", "--heads", "8", "--head-dim", "128", "--mask", "causal", "--seq-len", "262144", "--top", "3", "--refine", "3"])
+        .env("TPUSIM_PROGRESS_SECS", "0.01")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    let text = ok(out, "tune with progress");
+    let summary = text.lines().find(|l| l.trim_start().starts_with("evaluated")).unwrap_or_else(|| panic!("{text}"));
+    // "evaluated    N configurations (options a + blocks b + compute widths c) in ..."
+    let total: usize = summary.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let parts = &summary[summary.find('(').unwrap() + 1..summary.find(')').unwrap()];
+    let stages: Vec<(String, usize)> = parts
+        .split(" + ")
+        .map(|p| {
+            let (name, n) = p.rsplit_once(' ').unwrap();
+            (name.to_string(), n.parse().unwrap())
+        })
+        .collect();
+    assert_eq!(stages.iter().map(|s| s.0.as_str()).collect::<Vec<_>>(), ["options", "blocks", "compute widths"], "{summary}");
+    assert_eq!(stages.iter().map(|s| s.1).sum::<usize>(), total, "{summary}");
+    let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("tpusim tune: ")).collect();
+    assert!(!lines.is_empty(), "{err}");
+    let mut lowered_counts = false;
+    for l in &lines {
+        let (stage, rest) = l["tpusim tune: ".len()..].split_once(" (stage ").unwrap_or_else(|| panic!("no stage named: {l}"));
+        let n = stages.iter().find(|s| s.0 == stage).unwrap_or_else(|| panic!("{l}: no such stage in {summary}")).1;
+        let counts = rest.split(": ").nth(1).unwrap_or_else(|| panic!("{l}")).split_whitespace().next().unwrap();
+        let (pos, len) = counts.split_once('/').unwrap();
+        let (pos, len): (usize, usize) = (pos.parse().unwrap(), len.parse().unwrap());
+        if rest.contains("lowering") {
+            assert_eq!(len, n, "{l}: a stage's lowering counts its configurations ({summary})");
+            lowered_counts |= pos > 0 && pos < len;
+        } else {
+            assert!(len <= n && pos <= len, "{l}");
+        }
+    }
+    assert!(lowered_counts, "the lowering's count moves while it runs: {err}");
+}
+
 // ---- item 15: --shard auto from a batch system's environment ----
 
 /// A 12-point sweep, quick to run in shards.

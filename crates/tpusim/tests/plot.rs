@@ -112,6 +112,88 @@ fn every_plot_kind_renders_png_and_svg() {
     let _ = std::fs::remove_dir_all(d);
 }
 
+/// No text of a generated SVG leaves the canvas or covers another text (tick labels, axis titles,
+/// notes and every annotation, measured with the bundled font: `tpusim_plot::layout`): the
+/// figures of plots/make.sh, a roofline of four chips and a 64-step timeline, at the default size
+/// and at 800 x 600.
+#[test]
+fn no_text_leaves_the_canvas_or_covers_other_text() {
+    let d = tmpdir("layout");
+    let mut figures = kinds();
+    figures.extend([
+        ("breakdown", vec!["--trace", "plots/jobs/dense.toml", "--block-kv-compute", "256", "--chips", "v6e,v5e,v5p"]),
+        ("tiles", vec!["--trace", "plots/jobs/aligned.toml"]),
+        ("timeline", vec!["--trace", "plots/jobs/sparse.toml", "--steps", "0:64"]),
+        ("roofline", vec!["--chips", "v6e,v5e,v5p,v7x"]),
+        ("roofline", vec!["--chips", "v6e,v5e,v5p,v7x", "--heads", "10"]),
+        ("breakdown", vec!["--layer", "--share", "--resolutions", "720p,1080p,1440p", "--attentions", "dense,sparse"]),
+        ("breakdown", vec!["--layer", "--slices", "1,4,8,16", "--attentions", "dense,sparse"]),
+        ("speedup", vec!["--resolutions", "720p,1080p,1440p", "--mark", "720p=1.28", "--mark", "1080p=1.49", "--mark", "1440p=1.69"]),
+    ]);
+    let mut problems = Vec::new();
+    for (i, (kind, args)) in figures.iter().enumerate() {
+        for size in [None, Some(("800", "600"))] {
+            let out = d.join(format!("{i}-{kind}.svg"));
+            let out_s = out.to_str().unwrap().to_string();
+            let mut a = vec!["plot", kind, "--out", &out_s];
+            a.extend(args.iter().copied());
+            if let Some((w, h)) = size {
+                a.extend(["--width", w, "--height", h]);
+            }
+            ok(&a);
+            let svg = std::fs::read_to_string(&out).unwrap();
+            assert!(tpusim_plot::layout::svg_texts(&svg).len() > 5, "{a:?}: the check found no text");
+            for p in tpusim_plot::layout::text_problems(&svg, 1.0) {
+                problems.push(format!("{a:?}: {p}"));
+            }
+        }
+    }
+    assert!(problems.is_empty(), "{} text problems:\n{}", problems.len(), problems.join("\n"));
+    let _ = std::fs::remove_dir_all(d);
+}
+
+/// plots/README.md's prose quotes the figures it shows: every number between `<!--f:NAME-->`
+/// markers, blanked in a copy, comes back as committed when `plots/make.sh --prose-only` makes
+/// the figures again and fills them from what `tpusim plot` printed (so the committed numbers
+/// are those of the current model; a stale one fails here).
+#[test]
+fn plots_readme_quotes_the_figures_it_shows() {
+    let d = tmpdir("prose");
+    let committed = std::fs::read_to_string(root().join("plots/README.md")).unwrap();
+    let mut blank = String::new();
+    let mut rest = committed.as_str();
+    let mut markers = 0;
+    while let Some(i) = rest.find("<!--f:") {
+        let close = rest[i..].find("-->").unwrap() + i + 3;
+        let end = rest[close..].find("<!--/f-->").unwrap() + close;
+        blank.push_str(&rest[..close]);
+        blank.push('?');
+        rest = &rest[end..];
+        markers += 1;
+    }
+    blank.push_str(rest);
+    assert!(markers >= 12, "{markers} markers");
+    let copy = d.join("README.md");
+    std::fs::write(&copy, &blank).unwrap();
+    let o = Command::new("bash")
+        .arg(root().join("plots/make.sh"))
+        .arg("--prose-only")
+        .env("TPUSIM", env!("CARGO_BIN_EXE_tpusim"))
+        .env("PLOTS_OUT", &d)
+        .env("PLOTS_README", &copy)
+        .current_dir(root())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "plots/make.sh --prose-only: {}", String::from_utf8_lossy(&o.stderr));
+    let filled = std::fs::read_to_string(&copy).unwrap();
+    for (a, b) in committed.lines().zip(filled.lines()) {
+        assert_eq!(a, b, "plots/README.md quotes a figure's number that the figure no longer shows; run plots/make.sh");
+    }
+    assert_eq!(committed, filled);
+    check_png(&d.join("roofline.png"), 1400, 860);
+    let _ = std::fs::remove_dir_all(d);
+}
+
 #[test]
 fn timeline_plot_reads_a_chrome_trace_and_sizes_apply() {
     let d = tmpdir("gantt");

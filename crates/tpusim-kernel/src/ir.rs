@@ -343,6 +343,23 @@ impl StepBody {
     pub fn is_empty(&self) -> bool {
         self.graph.node_count() == 0
     }
+
+    /// A stable 64-bit hash of the body's meaning (FNV-1a over every operation in node order:
+    /// its name, unit work, issue key and carried slots, and its inputs): two bodies with equal
+    /// signatures schedule alike on every chip. What the agreement suite compares between a
+    /// hand-written kernel and the same kernel read from its IR.
+    pub fn signature(&self) -> u64 {
+        use std::fmt::Write as _;
+        let mut text = String::new();
+        for n in self.graph.node_indices() {
+            let op = &self.graph[n];
+            let mut deps: Vec<usize> = self.graph.neighbors_directed(n, petgraph::Direction::Incoming).map(|d| d.index()).collect();
+            deps.sort_unstable();
+            let _ = write!(text, "{}|{:?}|{}|{:?}|{:?}|{deps:?};", op.name, op.work, op.issue, op.carry_in, op.carry_out);
+        }
+        let _ = write!(text, "carries {}", self.carries);
+        text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3))
+    }
 }
 
 /// What a step class stands for, for reports and timelines.

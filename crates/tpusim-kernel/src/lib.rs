@@ -4,6 +4,8 @@
 //!   (dense, full-grid with skipped empty steps, compacted grid; masked on every tile, on partial
 //!   tiles only, or never; masks computed from iota or loaded as int8 blocks; tile alignment).
 //! * [`matmul`]: a blocked Pallas matmul (the Pallas TPU matmul tutorial's kernel).
+//! * [`body`]: the one body builder and op-cost table: a step's ops (a kernel's IR, or the op
+//!   sequence a hand-written kernel emits) become its dependency graph of tile operations.
 //!
 //! The result is a [`Program`]: step classes (distinct step bodies, each a dependency graph of
 //! [`ir::TileOp`]s) and a stream of [`ir::Step`]s in grid order with their DMA bytes. Lowering
@@ -12,6 +14,7 @@
 //! Depends on `tpusim-chip` (block rules, VMEM limits) and `tpusim-workload` (shapes, masks,
 //! tile classification); never on the engine or anything above it.
 
+pub mod body;
 pub mod dtype;
 pub mod ir;
 pub mod library;

@@ -7,8 +7,8 @@
 //! `mm` (MXU) then `acc` (VPU), so the two units overlap across slabs. Sizes that are not a
 //! multiple of their block are padded up.
 
-use crate::ir::{ClassKey, Step, StepBody, StepClass, Work};
-use crate::{Kernel, KernelError, Program, ProgramInfo, StepSource, SLAB_ROWS};
+use crate::ir::{ClassKey, Step, StepBody, StepClass};
+use crate::{Kernel, KernelError, Program, ProgramInfo, StepSource};
 use serde::Serialize;
 use tpusim_chip::ChipModel;
 use tpusim_workload::MatmulCall;
@@ -128,23 +128,40 @@ impl Steps {
     }
 }
 
+/// One grid step of the Pallas TPU matmul tutorial's kernel as its Mosaic IR has it (JAX 0.10.2),
+/// through the one body builder ([`crate::body`]): at the first k step the f32 accumulator is
+/// zeroed, every step adds `x @ y` to it, the last k step writes it out as bf16. Refs: x, y, z
+/// (the output) and the accumulator (scratch); the accumulator and z are read before they are
+/// written (`ref[...] = v`), so both are carried.
 fn body(bm: u64, bn: u64, bk: u64, first: bool, last: bool) -> StepBody {
-    let mut b = StepBody::default();
-    // Issue slots: the accumulate of slab s issues two slabs after its matmul (covers MXU latency).
-    let slot = |g: u64, skew: u64, stage: u64| (g + skew) * 4 + stage;
-    for si in 0..bm.div_ceil(SLAB_ROWS) {
-        let r = SLAB_ROWS.min(bm - si * SLAB_ROWS);
-        let v = (r * bn) as f64 / 1024.0;
-        let init = first.then(|| b.add("init", Work::Vector { ops: v, loaded_mask_vregs: 0.0 }, &[], slot(si, 0, 0)));
-        let mm = b.add("mm", Work::Matmul { m: r, k: bk, n: bn, m_total: bm }, &[], slot(si, 0, 1));
-        let mut deps = vec![mm];
-        deps.extend(init);
-        let acc = b.add("acc", Work::Vector { ops: 2.0 * v, loaded_mask_vregs: 0.0 }, &deps, slot(si, 2, 2));
-        if last {
-            b.add("cast", Work::Vector { ops: v, loaded_mask_vregs: 0.0 }, &[acc], slot(si, 2, 3));
-        }
+    use crate::body::Emitter;
+    let (x, y, z, acc) = (0, 1, 2, 3);
+    let mut e = Emitter::new(vec![false, false, true, true]);
+    let tile = [bm, bn];
+    if first {
+        let zero = e.splat(&tile, "f32");
+        let old = e.load(acc, &tile, "f32");
+        e.shape_cast(&old, &tile);
+        let zero = e.shape_cast(&zero, &tile);
+        e.store(&zero, acc);
     }
-    b
+    let a = e.load(acc, &tile, "f32");
+    let xv = e.load(x, &[bm, bk], "bf16");
+    let yv = e.load(y, &[bk, bn], "bf16");
+    let c = e.constant(&tile, "f32");
+    let prod = e.matmul(&xv, &yv, &c, [bm, bk, bn]);
+    let sum = e.same("arith.addf", &[&a, &prod]);
+    let old = e.load(acc, &tile, "f32");
+    e.shape_cast(&old, &tile);
+    let sum = e.shape_cast(&sum, &tile);
+    e.store(&sum, acc);
+    if last {
+        let a = e.load(acc, &tile, "f32");
+        let out = e.ew("arith.truncf", &[&a], "bf16");
+        e.load(z, &tile, "bf16");
+        e.store(&out, z);
+    }
+    e.finish().0.body
 }
 
 /// Lowers a matmul with block sizes.

@@ -2,13 +2,13 @@
 //! `tpusim.jax` writes from a kernel's Mosaic IR; format and version rule in
 //! `crates/tpusim-pallas/DESCRIPTION.md`), read and checked ([`desc`]), with its index maps and
 //! branch conditions as expressions over grid indices and prefetch values ([`expr`]), lowered to
-//! the same [`tpusim_kernel::Program`] the hand-written lowerings produce ([`lower()`]), the ops
-//! costed on the units by one table ([`cost`]).
+//! the same [`tpusim_kernel::Program`] the hand-written lowerings produce ([`lower()`]): each
+//! step's path through the body fed op by op to the kernel crate's one body builder and op-cost
+//! table ([`tpusim_kernel::body`]), which the hand-written kernels' bodies go through too.
 //!
 //! `kernel_name` and `kernel_metadata` are labels: nothing dispatches on them. Depends on chip,
 //! workload and kernel; never on the engine or above.
 
-pub mod cost;
 pub mod desc;
 pub mod expr;
 pub mod lower;

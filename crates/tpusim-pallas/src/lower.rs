@@ -25,17 +25,15 @@
 //!   accumulators, output blocks accumulated in place) are carried state: the next step's load
 //!   of a slab waits for this step's last store of it.
 
-use crate::cost::{self, OpCost, VmemBuffer};
 use crate::desc::{dtype_bytes, Description, DimSemantics, MemorySpace, Op, Operand, Ref, RefKind, Values};
 use crate::expr::{Env, EvalError, Expr};
 use crate::runtime::{DmaTally, SmemState};
 use crate::PallasError;
-use petgraph::graph::NodeIndex as NodeIdx;
 use std::collections::HashMap;
 use std::path::Path;
 use tpusim_chip::ChipModel;
 use tpusim_kernel::listed::ListedSteps;
-use tpusim_kernel::{ClassKey, KernelKind, Program, ProgramInfo, Step, StepBody, StepClass, TileCounts, VmemBudget, Work, SLAB_ROWS};
+use tpusim_kernel::{ClassKey, KernelKind, Program, ProgramInfo, Step, StepBody, StepClass, TileCounts, VmemBudget};
 
 /// Most `scf.for` iterations lowered per step body (they are unrolled).
 pub const MAX_UNROLL: i64 = 512;
@@ -374,153 +372,57 @@ fn for_bounds(d: &Description, op: &Op, env: &StepEnv<'_>) -> Result<(i64, i64, 
     Ok((lo, hi, st))
 }
 
-/// A value in the body: its shape, the dimensions along which it varies, and what its
-/// consumers wait for per slab.
-#[derive(Debug, Clone)]
-struct Val {
-    shape: Vec<u64>,
-    varies: Vec<bool>,
-    /// Per slab (len 1 when not split): (nodes to depend on, their issue slot).
-    deps: Vec<Vec<(NodeIdx, u64)>>,
-    /// Carried state this value was loaded from (per slab carry slot), before any store of it
-    /// in this step.
-    carry: Option<Vec<u16>>,
-    /// The unit of the producing node (for issue skews).
-    unit: Option<tpusim_kernel::Unit>,
-}
-
-fn nslabs(shape: &[u64], varies: &[bool]) -> usize {
-    let n = shape.len();
-    if n < 2 || !varies.get(n - 2).copied().unwrap_or(true) {
-        return 1;
-    }
-    shape[n - 2].div_ceil(SLAB_ROWS).max(1) as usize
-}
-
-fn slab_rows(shape: &[u64], s: usize, ns: usize) -> u64 {
-    if ns == 1 {
-        return shape.get(shape.len().wrapping_sub(2)).copied().unwrap_or(1);
-    }
-    let r = shape[shape.len() - 2];
-    SLAB_ROWS.min(r - s as u64 * SLAB_ROWS)
-}
-
-/// A (ref, slab) pair naming one slab of carried state.
-type RefSlab = (usize, usize);
-/// Nodes to wait for, with their issue slots.
-type Deps = Vec<(NodeIdx, u64)>;
-
-/// The share of a value's work in slab `s` of `ns`.
-fn slab_share(shape: &[u64], s: usize, ns: usize) -> f64 {
-    if ns == 1 {
-        1.0
-    } else {
-        slab_rows(shape, s, ns) as f64 / shape[shape.len() - 2] as f64
-    }
-}
-
-/// Builds one class's body.
-struct Builder<'a> {
+/// Walks a step's path through the body (control flow evaluated at the step), feeding its ops
+/// to the kernel crate's one body builder ([`tpusim_kernel::body::Builder`]).
+struct Walker<'a> {
     d: &'a Description,
-    chip: &'a ChipModel,
-    body: StepBody,
-    vals: HashMap<u64, Val>,
-    /// Carry slot per (ref, slab).
-    slots: HashMap<(usize, usize), u16>,
-    /// Refs that are carried (loaded and stored by the body).
-    carried: Vec<bool>,
-    /// Last writer in this step per (ref, slab).
-    writers: HashMap<(usize, usize), Vec<(NodeIdx, u64)>>,
-    /// Offset of issue slots for the current loop iteration (slabs of earlier iterations).
-    base: u64,
-    /// The previous matmul in program order: its slab nodes and its last slab's issue slot
-    /// ([`Self::matmul`]: the next iteration of an unrolled loop ranks after it).
-    last_matmul: Option<(Vec<NodeIdx>, u64)>,
-    /// Matmuls seen in this body, by (m, k, n, the refs its operands are loaded from).
-    matmul_sigs: std::collections::HashSet<MatmulSig>,
-    /// The ref a value is read from (a load, or a view, cast or element-wise op of one load
-    /// with constants: [`Self::note_load_ref`]), by value id.
-    load_refs: HashMap<u64, usize>,
-    /// A reduction over a slab-split value's rows (which needs every slab) has been lowered.
-    row_reduction: bool,
-    seq: u64,
-    /// Largest vector value, bytes (tile padded).
-    largest: u64,
-    f32_matmuls: u64,
-    dma_bytes: u64,
+    b: tpusim_kernel::body::Builder,
 }
 
-/// A matmul's (m, k, n) and the refs its lhs and rhs are loaded from (`None`: computed).
-type MatmulSig = (u64, u64, u64, Option<usize>, Option<usize>);
-
-fn unit_of(w: &Work) -> tpusim_kernel::Unit {
-    w.unit()
-}
-
-/// The skew from a producer on `from` to a consumer on `to` (module docs).
-fn skew(from: Option<tpusim_kernel::Unit>, to: tpusim_kernel::Unit) -> u64 {
-    use tpusim_kernel::Unit as U;
-    match (from, to) {
-        (Some(U::Mxu), _) => 3,
-        (_, U::Eup) | (_, U::Xlu) => 1,
-        (_, U::Mxu) => 2,
-        _ => 0,
-    }
-}
-
-const SLOT: u64 = 1 << 20;
-
-impl<'a> Builder<'a> {
-    fn kernel_err(&self, op: &Op, message: String) -> PallasError {
-        PallasError::Kernel { kernel: self.d.kernel_name.clone(), message: format!("`{}` at {}: {message}", op.op, if op.loc.is_empty() { "(no location)" } else { &op.loc }) }
-    }
-
-    fn operand_val(&self, o: &Operand) -> Option<&Val> {
-        match o {
-            Operand::Op(id) => self.vals.get(id),
-            _ => None,
-        }
-    }
-
-    /// Adds a node for slab `s` of a value with `ns` slabs, depending on `inputs`' slab-aligned
-    /// (or whole) dependencies; returns (node, slot).
-    fn node(&mut self, name: &'static str, work: Work, inputs: &[&Val], extra: &[(NodeIdx, u64)], s: usize, ns: usize) -> (NodeIdx, u64) {
-        self.node_from(name, work, inputs, extra, s, ns, self.base + s as u64)
-    }
-
-    /// [`Self::node`] issuing no earlier than slot `floor` (a slab-split op's slab s: the
-    /// iteration's base + s; every slab of an op that needs its whole input: the base).
-    #[allow(clippy::too_many_arguments)]
-    fn node_from(&mut self, name: &'static str, work: Work, inputs: &[&Val], extra: &[(NodeIdx, u64)], s: usize, ns: usize, floor: u64) -> (NodeIdx, u64) {
-        let unit = unit_of(&work);
-        let mut deps: Vec<(NodeIdx, u64, Option<tpusim_kernel::Unit>)> = Vec::new();
-        let mut carry_in = None;
-        for v in inputs {
-            let list: Vec<&Vec<(NodeIdx, u64)>> = if v.deps.len() == ns { vec![&v.deps[s]] } else { v.deps.iter().collect() };
-            for l in list {
-                for &(n, sl) in l {
-                    deps.push((n, sl, v.unit));
-                }
+/// A description op as the body builder reads it.
+fn body_op(d: &Description, op: &Op) -> Result<tpusim_kernel::body::BodyOp, PallasError> {
+    use tpusim_kernel::body::{Arg, Attrs, BodyOp};
+    let ints = |k: &str| -> Vec<u64> { op.attrs.get(k).and_then(|v| v.as_array()).map(|a| a.iter().filter_map(|x| x.as_u64()).collect()).unwrap_or_default() };
+    let text = |k: &str| op.attrs.get(k).and_then(|x| x.as_str()).map(str::to_string);
+    let mkn = match op.attrs.get("mkn") {
+        None => None,
+        Some(v) => match ints("mkn")[..] {
+            [m, k, n] if v.as_array().is_some_and(|a| a.len() == 3) => Some([m, k, n]),
+            _ => {
+                return Err(kernel_err(d, op, format!("a matmul's `mkn` attribute = {v}: expected three whole numbers (rows, contraction, columns)")));
             }
-            if carry_in.is_none() {
-                if let Some(c) = &v.carry {
-                    carry_in = Some(if c.len() == ns { c[s] } else { c[c.len() - 1] });
-                }
-            }
-        }
-        for &(n, sl) in extra {
-            deps.push((n, sl, None));
-        }
-        let slot = deps.iter().map(|&(_, sl, u)| sl + skew(u, unit)).max().unwrap_or(0).max(floor);
-        self.seq += 1;
-        let issue = slot * SLOT + self.seq;
-        let mut nodes: Vec<NodeIdx> = deps.iter().map(|d| d.0).collect();
-        nodes.sort();
-        nodes.dedup();
-        let n = self.body.add_carried(name, work, &nodes, issue, carry_in, None);
-        (n, slot)
+        },
+    };
+    if !op.dtype.is_empty() {
+        dtype_bytes(&op.dtype, &format!("{} at {}: dtype", op.op, op.loc))?;
     }
+    let attrs = Attrs {
+        dims: ints("dims"),
+        dimension: op.attrs.get("dimension").and_then(|x| x.as_u64()),
+        mkn,
+        batch: op.attrs.get("batch").and_then(|b| b.as_u64()),
+        lhs_dtype: text("lhs_dtype"),
+        rhs_dtype: text("rhs_dtype"),
+        precision: text("precision"),
+        bytes: op.attrs.get("bytes").and_then(|b| b.as_u64()),
+    };
+    let args = op
+        .operands
+        .iter()
+        .map(|o| match o {
+            Operand::Op(id) => Arg::Op(*id),
+            Operand::Ref(r) => Arg::Ref(*r),
+            Operand::Scalar(_) | Operand::Other => Arg::Scalar,
+        })
+        .collect();
+    Ok(BodyOp { id: op.id, name: op.op.clone(), shape: op.shape.clone(), dtype: op.dtype.clone(), args, attrs, loc: op.loc.clone() })
+}
 
+fn kernel_err(d: &Description, op: &Op, message: String) -> PallasError {
+    PallasError::Kernel { kernel: d.kernel_name.clone(), message: format!("`{}` at {}: {message}", op.op, if op.loc.is_empty() { "(no location)" } else { &op.loc }) }
+}
+
+impl Walker<'_> {
     fn walk(&mut self, ops: &[Op], env: &mut StepEnv<'_>) -> Result<(), PallasError> {
         for op in ops {
             match op.op.as_str() {
@@ -529,7 +431,7 @@ impl<'a> Builder<'a> {
                     let v = c.eval(env).map_err(|e| eval_err(self.d, e, "the `scf.if` condition", &op.loc))?;
                     let region = if v != 0 { &op.then } else { &op.otherwise };
                     self.walk(region, env)?;
-                    self.bind_results(op, region);
+                    self.bind_results(region);
                 }
                 "scf.for" | "scf.while" => {
                     let d = self.d;
@@ -538,7 +440,8 @@ impl<'a> Builder<'a> {
                         self.walk(ops, env)?;
                         if body {
                             // The next iteration's slabs issue after this one's (slab-major order).
-                            self.base += self.max_slabs(ops) as u64;
+                            let slabs = ops.iter().map(|o| tpusim_kernel::body::slabs_of(&o.shape)).max().unwrap_or(1);
+                            self.b.advance(slabs);
                         }
                         Ok(())
                     };
@@ -547,7 +450,7 @@ impl<'a> Builder<'a> {
                     } else {
                         run_while(d, op, env, &mut region, &mut trips)?;
                     }
-                    self.bind_results(op, &op.then);
+                    self.bind_results(&op.then);
                 }
                 "scf.yield" | "func.return" => {}
                 "memref.load" | "memref.store" => {
@@ -556,526 +459,30 @@ impl<'a> Builder<'a> {
                         crate::runtime::run_scalar_op(d, op, env, s, &|e, what| eval_err(d, e, what, &op.loc))?;
                     }
                 }
-                name => self.leaf(op, name)?,
+                _ => {
+                    let bop = body_op(self.d, op)?;
+                    self.b.op(&bop).map_err(|e| kernel_err(self.d, op, e.0))?;
+                }
             }
         }
         Ok(())
-    }
-
-    fn max_slabs(&self, ops: &[Op]) -> usize {
-        ops.iter().map(|o| if o.shape.len() >= 2 { nslabs(&o.shape, &vec![true; o.shape.len()]) } else { 1 }).max().unwrap_or(1)
     }
 
     /// Results of a region op take the values its region yields (the `then` region's yield).
-    fn bind_results(&mut self, op: &Op, region: &[Op]) {
+    fn bind_results(&mut self, region: &[Op]) {
         if let Some(y) = region.iter().rev().find(|o| o.op == "scf.yield") {
             let ids: Vec<u64> = y.attrs.get("results").and_then(|r| r.as_array()).map(|a| a.iter().filter_map(|x| x.as_u64()).collect()).unwrap_or_default();
             for (k, o) in y.operands.iter().enumerate() {
-                if let (Some(v), Some(id)) = (self.operand_val(o).cloned(), ids.get(k)) {
-                    self.vals.insert(*id, v);
+                if let (Operand::Op(from), Some(id)) = (o, ids.get(k)) {
+                    self.b.bind(*id, &tpusim_kernel::body::Arg::Op(*from));
                 }
             }
-        }
-        let _ = op;
-    }
-
-    fn elem(&self, op: &Op) -> Result<u64, PallasError> {
-        if op.dtype.is_empty() {
-            return Ok(4);
-        }
-        dtype_bytes(&op.dtype, &format!("{} at {}: dtype", op.op, op.loc))
-    }
-
-    fn leaf(&mut self, op: &Op, name: &str) -> Result<(), PallasError> {
-        let Some((static_name, c)) = cost::lookup(name) else {
-            return Err(self.kernel_err(
-                op,
-                "an op this simulator does not model (its cost on the units is unknown; it is never taken as free): see crates/tpusim-pallas/DESCRIPTION.md for the ops it knows".into(),
-            ));
-        };
-        let ins: Vec<Val> = op.operands.iter().filter_map(|o| self.operand_val(o).cloned()).collect();
-        self.note_load_ref(op, name);
-        let shape = op.shape.clone();
-        let rank = shape.len();
-        // Which dimensions the result varies along.
-        let varies: Vec<bool> = match name {
-            "tpu.iota" => {
-                let dims: Vec<u64> = op.attrs.get("dims").and_then(|d| d.as_array()).map(|a| a.iter().filter_map(|x| x.as_u64()).collect()).unwrap_or_default();
-                (0..rank).map(|i| dims.contains(&(i as u64))).collect()
-            }
-            "arith.constant" | "vector.splat" => vec![false; rank],
-            "vector.broadcast" => {
-                let src = ins.first();
-                match src {
-                    None => vec![false; rank],
-                    Some(s) => {
-                        let off = rank.saturating_sub(s.shape.len());
-                        (0..rank).map(|i| i >= off && s.shape[i - off] == shape[i] && s.varies[i - off]).collect()
-                    }
-                }
-            }
-            "vector.load" | "tpu.load" | "tpu.strided_load" | "tpu.matmul" | "vector.contract" => vec![true; rank],
-            "vector.multi_reduction" => {
-                // The source's dimensions that survive the reduction.
-                let dims: Vec<u64> = op.attrs.get("dims").and_then(|d| d.as_array()).map(|a| a.iter().filter_map(|x| x.as_u64()).collect()).unwrap_or_default();
-                match ins.first() {
-                    Some(src) => {
-                        let kept: Vec<bool> = src.varies.iter().enumerate().filter(|(i, _)| !dims.contains(&(*i as u64))).map(|(_, v)| *v).collect();
-                        if kept.len() == rank {
-                            kept
-                        } else {
-                            vec![true; rank]
-                        }
-                    }
-                    None => vec![true; rank],
-                }
-            }
-            "vector.shape_cast" | "tpu.reshape" => {
-                // Constant along every dimension if the source is; else varies (conservative).
-                let all_const = ins.first().is_some_and(|s| s.varies.iter().all(|v| !v));
-                vec![!all_const; rank]
-            }
-            "tpu.concatenate" => {
-                let dim = op.attrs.get("dimension").and_then(|x| x.as_u64()).unwrap_or(0) as usize;
-                // Copies of one value at most one register wide along `dim` (`jnp.tile` of a
-                // lane-replicated (rows, 128) array, as Splash's q positions): every register of
-                // the result is a register of the source, so the result counts as constant
-                // along `dim` (the compiler computes on the source's registers once).
-                let reg = if dim + 1 == rank { self.chip.vpu.lanes.value as u64 } else { self.chip.vpu.sublanes.value as u64 };
-                let ids: Vec<&Operand> = op.operands.iter().collect();
-                let same = ids.len() > 1 && ids.windows(2).all(|w| w[0] == w[1]) && matches!(ids[0], Operand::Op(_));
-                let tiled = same && (dim + 2 >= rank) && ins.first().is_some_and(|v| v.shape.len() == rank && v.shape[dim] <= reg);
-                (0..rank).map(|i| (i == dim && !tiled) || ins.iter().any(|v| v.varies.get(i).copied().unwrap_or(true) && !(tiled && i == dim))).collect()
-            }
-            _ => {
-                if ins.iter().any(|v| v.shape.len() == rank) {
-                    (0..rank).map(|i| ins.iter().any(|v| v.shape.len() == rank && v.varies[i])).collect()
-                } else {
-                    vec![true; rank]
-                }
-            }
-        };
-        let elem = self.elem(op)?;
-        if rank >= 2 {
-            let vals_bytes = cost::vmem_buffers_bytes(&[VmemBuffer { name: String::new(), shape: shape.clone(), elem_bytes: elem, count: 1 }]);
-            self.largest = self.largest.max(vals_bytes[0].1);
-        }
-        let ns = nslabs(&shape, &varies);
-        let vr = cost::vregs(&shape, &varies, self.chip);
-        let in_refs: Vec<&Val> = ins.iter().collect();
-        let mut out = Val { shape: shape.clone(), varies: varies.clone(), deps: vec![Vec::new(); ns], carry: None, unit: None };
-        match c {
-            OpCost::Free => {
-                self.free(op, name, &ins, &mut out)?;
-            }
-            OpCost::Vpu(k) => {
-                for s in 0..ns {
-                    let share = slab_share(&shape, s, ns);
-                    let (n, sl) = self.node(static_name, Work::Vector { ops: k * vr * share, loaded_mask_vregs: 0.0 }, &in_refs, &[], s, ns);
-                    out.deps[s] = vec![(n, sl)];
-                }
-                out.unit = Some(tpusim_kernel::Unit::Vpu);
-            }
-            OpCost::Eup { eup, vpu } => {
-                for s in 0..ns {
-                    let share = slab_share(&shape, s, ns);
-                    if vpu > 0.0 {
-                        let (n, sl) = self.node(static_name, Work::Vector { ops: vpu * vr * share, loaded_mask_vregs: 0.0 }, &in_refs, &[], s, ns);
-                        let scaled = Val { shape: Vec::new(), varies: Vec::new(), deps: vec![vec![(n, sl)]], carry: None, unit: Some(tpusim_kernel::Unit::Vpu) };
-                        let (e, esl) = self.node(static_name, Work::Transcendental { vregs: eup * vr * share }, &[&scaled], &[], 0, 1);
-                        out.deps[s] = vec![(e, esl)];
-                    } else {
-                        let (e, esl) = self.node(static_name, Work::Transcendental { vregs: eup * vr * share }, &in_refs, &[], s, ns);
-                        out.deps[s] = vec![(e, esl)];
-                    }
-                }
-                out.unit = Some(tpusim_kernel::Unit::Eup);
-            }
-            OpCost::Xlu => {
-                let src_vr = ins.first().map(|v| cost::vregs(&v.shape, &v.varies, self.chip)).unwrap_or(vr);
-                // A transpose (of the two minor dimensions, the ones Mosaic transposes): a slab
-                // of the result's rows is a slab of the source's columns, so it needs every
-                // slab of the source.
-                let whole: Vec<Val> = if name.ends_with(".transpose") {
-                    ins.iter()
-                        .map(|v| Val { shape: Vec::new(), varies: Vec::new(), deps: vec![v.deps.concat()], carry: v.carry.clone(), unit: v.unit })
-                        .collect()
-                } else {
-                    Vec::new()
-                };
-                let in_refs: Vec<&Val> = if whole.is_empty() { in_refs } else { whole.iter().collect() };
-                for s in 0..ns {
-                    let share = slab_share(&shape, s, ns);
-                    // A transpose's slabs all need the whole source, so they issue together
-                    // (one op on the XLU, as the hand model's ds^T): a later slab does not wait
-                    // for a later slot, and two transposes of equal depth run one after the
-                    // other rather than slab by slab in turn (which delayed both results).
-                    let floor = if whole.is_empty() { self.base + s as u64 } else { self.base };
-                    let (n, sl) = self.node_from(static_name, Work::CrossLane { vregs: src_vr * share }, &in_refs, &[], s, ns, floor);
-                    out.deps[s] = vec![(n, sl)];
-                }
-                if !whole.is_empty() {
-                    // A transpose hands its result on whole: its consumers wait for every slab
-                    // of it (the hand model's rule for the fused backward's ds^T; pipelining
-                    // dq behind it slab by slab takes 4-8% off tokamax's measured fused
-                    // backward rows, which the model already predicts fast).
-                    let all = out.deps.concat();
-                    for d in out.deps.iter_mut() {
-                        d.clone_from(&all);
-                    }
-                }
-                out.unit = Some(tpusim_kernel::Unit::Xlu);
-            }
-            OpCost::Reduce => self.reduce(op, static_name, &ins, &mut out)?,
-            OpCost::Matmul => self.matmul(op, static_name, &ins, &mut out)?,
-            OpCost::Dma => {
-                self.dma_bytes += op.attrs.get("bytes").and_then(|b| b.as_u64()).unwrap_or(0);
-            }
-        }
-        self.vals.insert(op.id, out);
-        Ok(())
-    }
-
-    /// Records the ref `op`'s result is computed from, for matmul signatures ([`Self::matmul`]):
-    /// a load's ref, and through a view, cast, transpose or element-wise op the ref of its one
-    /// loaded operand when its other operands are constants (k scaled or cast as it is read).
-    fn note_load_ref(&mut self, op: &Op, name: &str) {
-        if matches!(name, "vector.load" | "tpu.load" | "tpu.strided_load") {
-            if let Some(r) = self.ref_index(op) {
-                self.load_refs.insert(op.id, r);
-            }
-            return;
-        }
-        if matches!(name, "tpu.matmul" | "vector.contract" | "vector.multi_reduction") || name.contains("store") {
-            return;
-        }
-        let mut from: Option<usize> = None;
-        for o in &op.operands {
-            let Operand::Op(id) = o else { continue };
-            match self.load_refs.get(id) {
-                Some(&r) if from.is_none_or(|f| f == r) => from = Some(r),
-                Some(_) => return,
-                None if self.vals.get(id).is_some_and(|v| v.varies.iter().all(|x| !x)) => {}
-                None => return,
-            }
-        }
-        if let Some(r) = from {
-            self.load_refs.insert(op.id, r);
         }
     }
-
-    fn ref_index(&self, op: &Op) -> Option<usize> {
-        op.operands.iter().find_map(|o| match o {
-            Operand::Ref(r) => Some(*r),
-            _ => None,
-        })
-    }
-
-    fn slot(&mut self, r: usize, s: usize) -> u16 {
-        let n = self.slots.len() as u16;
-        *self.slots.entry((r, s)).or_insert(n)
-    }
-
-    fn free(&mut self, op: &Op, name: &str, ins: &[Val], out: &mut Val) -> Result<(), PallasError> {
-        let ns = out.deps.len();
-        match name {
-            "vector.load" | "tpu.load" | "tpu.strided_load" => {
-                if let Some(r) = self.ref_index(op) {
-                    if self.carried.get(r).copied().unwrap_or(false) {
-                        // Written earlier in this step: wait for that store; else carried in.
-                        let mut carry = Vec::new();
-                        for s in 0..ns {
-                            match self.writers.get(&(r, s)).or_else(|| self.writers.get(&(r, 0))) {
-                                Some(w) => out.deps[s] = w.clone(),
-                                None => carry.push(self.slot(r, s)),
-                            }
-                        }
-                        if carry.len() == ns {
-                            out.carry = Some(carry);
-                        }
-                    }
-                }
-            }
-            "tpu.vector_store" | "vector.store" | "tpu.store" | "tpu.strided_store" => {
-                if let (Some(r), Some(v)) = (self.ref_index(op), ins.first()) {
-                    let fill = !v.shape.is_empty() && v.varies.iter().all(|x| !x) && v.deps.iter().all(Vec::is_empty);
-                    let carried = self.carried.get(r).copied().unwrap_or(false);
-                    if fill {
-                        // A buffer filled with a constant (an accumulator zeroed, a running max
-                        // set to the mask value): one VPU operation per register written, the
-                        // hand-written lowerings' rule for a zero-fill (the model has no vector
-                        // store slot; other stores ride with the op that computed their value).
-                        let all = vec![true; v.shape.len()];
-                        let regs = cost::vregs(&v.shape, &all, self.chip);
-                        let ns = nslabs(&v.shape, &all);
-                        for s in 0..ns {
-                            let share = slab_share(&v.shape, s, ns);
-                            let (n, sl) = self.node("fill", Work::Vector { ops: regs * share, loaded_mask_vregs: 0.0 }, &[], &[], s, ns);
-                            if carried {
-                                self.writers.insert((r, s), vec![(n, sl)]);
-                            }
-                        }
-                    } else if carried {
-                        let vs = v.deps.len();
-                        for s in 0..vs {
-                            if !v.deps[s].is_empty() {
-                                self.writers.insert((r, s), v.deps[s].clone());
-                            }
-                        }
-                    }
-                }
-            }
-            _ => {
-                // Pass-through: slab-aligned dependencies of every operand.
-                for v in ins {
-                    for s in 0..ns {
-                        if v.deps.len() == ns {
-                            out.deps[s].extend(v.deps[s].iter().copied());
-                        } else {
-                            for l in &v.deps {
-                                out.deps[s].extend(l.iter().copied());
-                            }
-                        }
-                    }
-                    if out.carry.is_none() && v.deps.iter().all(Vec::is_empty) {
-                        if let Some(c) = &v.carry {
-                            out.carry = Some(if c.len() == ns { c.clone() } else { vec![c[c.len() - 1]; ns] });
-                        }
-                    }
-                    if out.unit.is_none() {
-                        out.unit = v.unit;
-                    }
-                }
-            }
-        }
-        Ok(())
-    }
-
-    fn reduce(&mut self, op: &Op, name: &'static str, ins: &[Val], out: &mut Val) -> Result<(), PallasError> {
-        let src = ins.first().ok_or_else(|| self.kernel_err(op, "a reduction without its source".into()))?;
-        let dims: Vec<usize> = op.attrs.get("dims").and_then(|d| d.as_array()).map(|a| a.iter().filter_map(|x| x.as_u64().map(|u| u as usize)).collect()).unwrap_or_default();
-        let n = src.shape.len();
-        let src_vr = cost::vregs(&src.shape, &src.varies, self.chip);
-        let lanes_reduced = n >= 1 && dims.contains(&(n - 1)) && src.varies[n - 1];
-        let rows_reduced = n >= 2 && dims.contains(&(n - 2)) && src.varies[n - 2];
-        // The source reduced to one register along each reduced dimension.
-        let mut tile_shape = src.shape.clone();
-        for &dd in &dims {
-            if dd + 2 < n {
-                tile_shape[dd] = 1;
-            }
-        }
-        if lanes_reduced {
-            tile_shape[n - 1] = tile_shape[n - 1].min(self.chip.vpu.lanes.value as u64);
-        }
-        if rows_reduced {
-            tile_shape[n - 2] = tile_shape[n - 2].min(self.chip.vpu.sublanes.value as u64);
-        }
-        let tile_vr = cost::vregs(&tile_shape, &src.varies, self.chip);
-        let mut vpu = (src_vr - tile_vr).max(0.0);
-        if rows_reduced {
-            // Within a register: log2(8) sublane rotations and combines.
-            vpu += 3.0 * tile_vr;
-        }
-        let xlu = if lanes_reduced { tile_vr } else { 0.0 };
-        // Slabs follow the source's rows when they survive the reduction.
-        let ns_src = src.deps.len();
-        let ns = if rows_reduced { 1 } else { ns_src };
-        self.row_reduction |= rows_reduced && ns_src > 1;
-        out.deps = vec![Vec::new(); ns];
-        let srcs = [src];
-        for s in 0..ns {
-            let share = slab_share(&src.shape, s, ns);
-            let mut last: Vec<(NodeIdx, u64)> = Vec::new();
-            let mut unit = None;
-            let v = if vpu > 0.0 {
-                let (a, sl) = self.node(name, Work::Vector { ops: vpu * share, loaded_mask_vregs: 0.0 }, &srcs, &[], s, ns);
-                unit = Some(tpusim_kernel::Unit::Vpu);
-                Some(Val { shape: Vec::new(), varies: Vec::new(), deps: vec![vec![(a, sl)]], carry: None, unit })
-            } else {
-                None
-            };
-            if xlu > 0.0 {
-                let inputs: Vec<&Val> = match &v {
-                    Some(v) => vec![v],
-                    None => vec![src],
-                };
-                let (s0, n0) = if v.is_some() { (0, 1) } else { (s, ns) };
-                let (b, sl) = self.node(name, Work::CrossLane { vregs: xlu * share }, &inputs, &[], s0, n0);
-                last.push((b, sl));
-                unit = Some(tpusim_kernel::Unit::Xlu);
-            } else if let Some(v) = &v {
-                last = v.deps[0].clone();
-            }
-            out.deps[s] = last;
-            out.unit = unit;
-        }
-        Ok(())
-    }
-
-    fn matmul(&mut self, op: &Op, name: &'static str, ins: &[Val], out: &mut Val) -> Result<(), PallasError> {
-        let raw = op.attrs.get("mkn");
-        let mkn: Vec<u64> = raw.and_then(|d| d.as_array()).map(|a| a.iter().filter_map(|x| x.as_u64()).collect()).unwrap_or_default();
-        let [m, k, n] = mkn[..] else {
-            let why = match raw {
-                None => "a matmul without its `mkn` attribute (rows, contraction, columns)".to_string(),
-                Some(v) => format!("a matmul's `mkn` attribute = {v}: expected three whole numbers (rows, contraction, columns)"),
-            };
-            return Err(self.kernel_err(op, why));
-        };
-        let batch = op.attrs.get("batch").and_then(|b| b.as_u64()).unwrap_or(1).max(1);
-        let lhs_t = op.attrs.get("lhs_dtype").and_then(|x| x.as_str()).unwrap_or("bf16");
-        let rhs_t = op.attrs.get("rhs_dtype").and_then(|x| x.as_str()).unwrap_or("bf16");
-        let precision = op.attrs.get("precision").and_then(|x| x.as_str());
-        let passes = cost::mxu_passes_for_operands(lhs_t, rhs_t, precision);
-        if lhs_t == "f32" || rhs_t == "f32" {
-            self.f32_matmuls += 1;
-        }
-        // Rows of the result split into slabs (the lhs streams; the rhs is the stationary weight).
-        let rank = out.shape.len();
-        let ns = out.deps.len();
-        let lhs = ins.first();
-        let rhs = ins.get(1);
-        let acc = ins.get(2);
-        let pop_vr = cost::vregs(&out.shape, &vec![true; rank], self.chip);
-        // f32 operands are rounded to bf16 on the VPU before the MXU, one operation per f32
-        // register of the operand (the kernel crate's rule, `tpusim_kernel::mxu`): the
-        // stationary rhs once, the streamed lhs per slab.
-        let rounded_rhs: Option<Val> = match rhs {
-            Some(rv) if rhs_t == "f32" => {
-                let ops = cost::vregs(&rv.shape, &rv.varies, self.chip) * batch as f64;
-                // The weights are latched before the first row streams, so their preparation
-                // from a loaded window (a widening such as JAX Splash's v to f32, with no
-                // producer in the step) issues at the earliest of its slots rather than slab
-                // by slab behind the streamed work: the hand-written lowerings' rule.
-                let producers: Vec<(NodeIdx, u64)> = rv.deps.concat();
-                let graph = std::sync::Arc::make_mut(&mut self.body.graph);
-                let loaded_only = producers.iter().all(|&(n, _)| graph.neighbors_directed(n, petgraph::Direction::Incoming).next().is_none());
-                let hoisted;
-                let rv = match producers.iter().map(|p| p.1).min().filter(|_| loaded_only) {
-                    Some(first) => {
-                        for &(n, _) in &producers {
-                            let op = &mut graph[n];
-                            op.issue = first * SLOT + op.issue % SLOT;
-                        }
-                        hoisted = Val { deps: vec![producers.iter().map(|&(n, _)| (n, first)).collect()], ..rv.clone() };
-                        &hoisted
-                    }
-                    None => rv,
-                };
-                let (nd, sl) = self.node("round_rhs", Work::Vector { ops, loaded_mask_vregs: 0.0 }, &[rv], &[], 0, 1);
-                Some(Val { shape: Vec::new(), varies: Vec::new(), deps: vec![vec![(nd, sl)]], carry: None, unit: Some(tpusim_kernel::Unit::Vpu) })
-            }
-            _ => None,
-        };
-        let rhs = rounded_rhs.as_ref().or(rhs);
-        let lhs_vr = lhs.map(|l| cost::vregs(&l.shape, &l.varies, self.chip) * batch as f64).unwrap_or(0.0);
-        // An unrolled loop's next iteration after a reduction over a matmul result's rows (a
-        // softmax over kv-major scores, k q^T, which needs every slab of them): a matmul of the
-        // same shape on operands loaded from the same refs as an earlier one of this body (the
-        // next sub-tile's k q^T, after this sub-tile's p v), independent of the matmul just
-        // before it, ranks after that matmul on the MXU, as a rolled loop's iterations do
-        // (`scf.for` advances the slot base). Sharing the first iteration's slots would
-        // interleave every iteration's slabs and hold the first reduction until all of them
-        // had streamed. It still runs first whenever the earlier one is not ready (the list
-        // schedule takes the first ready operation). Without such a reduction the iterations
-        // keep sharing slots: each slab's chain is its own (q-major scores, the backward's
-        // sub-tiles, which `tpusim_kernel::splash::bwd` interleaves for the same reason).
-        let read_from = |i: usize| match op.operands.get(i) {
-            Some(Operand::Op(id)) => self.load_refs.get(id).copied(),
-            _ => None,
-        };
-        let sig: MatmulSig = (m, k, n, read_from(0), read_from(1));
-        let repeat = sig.3.is_some() && sig.4.is_some() && !self.matmul_sigs.insert(sig);
-        let prev_mm = self.last_matmul.take();
-        let after = prev_mm.filter(|_| repeat && self.row_reduction).and_then(|(nodes, last)| {
-            let mut roots: Vec<NodeIdx> = Vec::new();
-            for v in lhs.iter().chain(rhs.iter()).chain(acc.iter()) {
-                roots.extend(v.deps.iter().flatten().map(|d| d.0));
-            }
-            (!depends_on(&self.body.graph, &roots, &nodes)).then_some(last)
-        });
-        let mut mm_nodes: Vec<NodeIdx> = Vec::new();
-        let mut mm_last = 0u64;
-        for s in 0..ns {
-            let r = if ns == 1 { m } else { slab_rows(&out.shape, s, ns) };
-            let share = r as f64 / m.max(1) as f64;
-            let mut inputs: Vec<&Val> = Vec::new();
-            let rounded_lhs;
-            if let Some(l) = lhs {
-                if lhs_t == "f32" {
-                    let (nd, sl) = self.node("round_lhs", Work::Vector { ops: lhs_vr * share, loaded_mask_vregs: 0.0 }, &[l], &[], s, ns);
-                    rounded_lhs = Val { shape: Vec::new(), varies: Vec::new(), deps: vec![vec![(nd, sl)]], carry: None, unit: Some(tpusim_kernel::Unit::Vpu) };
-                    inputs.push(&rounded_lhs);
-                } else {
-                    inputs.push(l);
-                }
-            }
-            // The weights: every slab of the rhs.
-            let mut extra: Vec<(NodeIdx, u64)> = Vec::new();
-            if let Some(rv) = rhs {
-                // Weights are latched ahead of the stream: no issue skew beyond their producers'.
-                for l in &rv.deps {
-                    extra.extend(l.iter().copied());
-                }
-            }
-            let mut prev: Option<(NodeIdx, u64)> = None;
-            for _ in 0..batch {
-                let mut ex = extra.clone();
-                ex.extend(prev);
-                let floor = (self.base + s as u64).max(after.map_or(0, |a| a + 1 + s as u64));
-                let (mm, sl) = self.node_from(name, Work::Matmul { m: r * passes, k, n, m_total: m * passes }, &inputs, &ex, s, ns, floor);
-                prev = Some((mm, sl));
-                mm_nodes.push(mm);
-                mm_last = mm_last.max(sl);
-            }
-            let mm = prev.expect("batch >= 1");
-            let mxu_val = Val { shape: Vec::new(), varies: Vec::new(), deps: vec![vec![mm]], carry: None, unit: Some(tpusim_kernel::Unit::Mxu) };
-            let mut pop_in: Vec<&Val> = vec![&mxu_val];
-            if let Some(a) = acc {
-                pop_in.push(a);
-            }
-            let (p, psl) = self.node("matmul_pop", Work::Vector { ops: pop_vr * share, loaded_mask_vregs: 0.0 }, &pop_in, &[], 0, 1);
-            out.deps[s] = vec![(p, psl)];
-        }
-        out.unit = Some(tpusim_kernel::Unit::Vpu);
-        self.last_matmul = Some((mm_nodes, mm_last));
-        Ok(())
-    }
-
-    fn finish(mut self) -> (StepBody, u64, u64, u64) {
-        // The last store of each carried slab writes its slot.
-        let mut writes: Vec<(RefSlab, Deps)> = self.writers.drain().collect();
-        writes.sort_by_key(|w| w.0);
-        for ((r, s), w) in writes {
-            let slot = self.slot(r, s);
-            if let Some(&(n, _)) = w.iter().max_by_key(|x| x.1) {
-                let op = &mut std::sync::Arc::make_mut(&mut self.body.graph)[n];
-                if op.carry_out.is_none() {
-                    op.carry_out = Some(slot);
-                    self.body.carries = self.body.carries.max(slot + 1);
-                }
-            }
-        }
-        self.body.carries = self.body.carries.max(self.slots.len() as u16);
-        (self.body, self.largest, self.f32_matmuls, self.dma_bytes)
-    }
-}
-
-/// Whether any of `roots` is one of `targets` or reaches one through its inputs (a depth-first
-/// walk of the reversed graph, each node visited once).
-fn depends_on(graph: &petgraph::graph::DiGraph<tpusim_kernel::TileOp, ()>, roots: &[NodeIdx], targets: &[NodeIdx]) -> bool {
-    use petgraph::visit::{Dfs, Reversed};
-    let rev = Reversed(graph);
-    let mut dfs = Dfs::empty(&rev);
-    roots.iter().any(|&r| {
-        dfs.move_to(r);
-        std::iter::from_fn(|| dfs.next(&rev)).any(|n| targets.contains(&n))
-    })
 }
 
 fn has_matmul(b: &StepBody) -> bool {
-    b.graph.node_weights().any(|op| matches!(op.work, Work::Matmul { .. }))
+    b.graph.node_weights().any(|op| matches!(op.work, tpusim_kernel::Work::Matmul { .. }))
 }
 
 /// Calls `f(class, steps)` for every run of the stream.
@@ -1092,29 +499,20 @@ fn stores_smem(ops: &[Op]) -> bool {
 
 /// Which refs the body both loads and stores (carried across steps).
 fn carried_refs(d: &Description) -> Vec<bool> {
-    let mut loads = vec![false; d.refs.len()];
-    let mut stores = vec![false; d.refs.len()];
-    fn visit(ops: &[Op], loads: &mut [bool], stores: &mut [bool]) {
+    fn visit<'a>(ops: &'a [Op], out: &mut Vec<(&'a str, Option<usize>)>) {
         for op in ops {
             let r = op.operands.iter().find_map(|o| match o {
                 Operand::Ref(r) => Some(*r),
                 _ => None,
             });
-            if let Some(r) = r {
-                if r < loads.len() {
-                    match op.op.as_str() {
-                        "vector.load" | "tpu.load" | "tpu.strided_load" => loads[r] = true,
-                        "tpu.vector_store" | "vector.store" | "tpu.store" | "tpu.strided_store" => stores[r] = true,
-                        _ => {}
-                    }
-                }
-            }
-            visit(&op.then, loads, stores);
-            visit(&op.otherwise, loads, stores);
+            out.push((op.op.as_str(), r));
+            visit(&op.then, out);
+            visit(&op.otherwise, out);
         }
     }
-    visit(&d.body, &mut loads, &mut stores);
-    loads.iter().zip(&stores).map(|(a, b)| *a && *b).collect()
+    let mut ops = Vec::new();
+    visit(&d.body, &mut ops);
+    tpusim_kernel::body::carried_refs(d.refs.len(), ops)
 }
 
 /// Bytes of a window's block.
@@ -1358,34 +756,17 @@ pub fn lower(chip: &ChipModel, d: &Description, dir: &Path) -> Result<(Program, 
                         message: format!("its steps take more than {MAX_CLASSES} distinct paths through the body"),
                     });
                 }
-                let mut b = Builder {
-                    d,
-                    chip,
-                    body: StepBody::default(),
-                    vals: HashMap::new(),
-                    slots: HashMap::new(),
-                    last_matmul: None,
-                    matmul_sigs: Default::default(),
-                    load_refs: HashMap::new(),
-                    row_reduction: false,
-                    carried: carried.clone(),
-                    writers: HashMap::new(),
-                    base: 0,
-                    seq: 0,
-                    largest: 0,
-                    f32_matmuls: 0,
-                    dma_bytes: 0,
-                };
+                let mut b = Walker { d, b: tpusim_kernel::body::Builder::new(carried.clone()) };
                 let cell = std::cell::RefCell::new(before.clone().unwrap_or_default());
                 let mut env = StepEnv { idx: &idx, ivs: Vec::new(), tables: &tables, smem: Some(&cell) };
                 b.walk(&d.body, &mut env)?;
-                let (body, big, f32n, dmab) = b.finish();
-                largest = largest.max(big);
-                f32_mm += f32n;
+                let built = b.b.finish();
+                let body = built.body;
+                largest = largest.max(built.largest_bytes);
+                f32_mm += built.f32_matmuls;
                 let tile = if body.is_empty() { "empty" } else { "full" };
                 let id = classes.len() as u32;
                 classes.push(StepClass { key: ClassKey { tile, masked: false, first, last }, body });
-                let _ = dmab;
                 class_ids.insert(key.clone(), id);
                 id
             }
@@ -1442,8 +823,10 @@ pub fn lower(chip: &ChipModel, d: &Description, dir: &Path) -> Result<(Program, 
             RefKind::Prefetch => 0,
         };
         if count > 0 {
-            let b = VmemBuffer { name: r.name.clone(), shape: r.shape.clone(), elem_bytes: dtype_bytes(&r.dtype, "dtype")?, count };
-            buffers.push(b.to_kernel(r.kind == RefKind::Scratch));
+            use tpusim_kernel::vmem::Role;
+            let dtype = tpusim_kernel::dtype::Dtype::of_bytes(dtype_bytes(&r.dtype, "dtype")?).unwrap_or(tpusim_kernel::dtype::Dtype::F32);
+            let role = if r.kind == RefKind::Scratch { Role::Scratch } else { Role::Window { buffers: count as u32 } };
+            buffers.push(tpusim_kernel::VmemBuffer { name: r.name.clone(), shape: r.shape.clone(), dtype, role });
         }
     }
     let limit = d.vmem_limit_bytes.unwrap_or_else(|| chip.vmem_limit_bytes());
@@ -1464,7 +847,7 @@ pub fn lower(chip: &ChipModel, d: &Description, dir: &Path) -> Result<(Program, 
         });
     }
     let mut assumptions = vec![
-        "body ops cost (8,128) 32-bit registers on their unit (crates/tpusim-pallas/src/cost.rs); loads, stores, broadcasts and reshapes are free".to_string(),
+        "body ops cost (8,128) 32-bit registers on their unit (the kernel crate's one table, crates/tpusim-kernel/src/body/cost.rs); loads, stores, broadcasts and reshapes are free".to_string(),
         "windows follow Pallas's pipeline rule (copy when the block index changes, write back when it will change); every window is timed double-buffered".to_string(),
         "scalar-unit work (index arithmetic, SMEM loads) is part of the fixed grid-step overhead".to_string(),
         "VMEM: windows x their buffer counts, scratch, and the largest intermediate twice (Mosaic's internal scratch is not in the IR)".to_string(),

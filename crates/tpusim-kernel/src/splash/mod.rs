@@ -62,6 +62,7 @@
 //! must fit the device's HBM.
 
 pub mod bwd;
+pub(crate) mod ops;
 mod steps;
 
 use crate::ir::{ClassKey, StepBody, StepClass, Work};
@@ -351,6 +352,25 @@ pub(crate) fn vregs(rows: u64, cols: u64) -> f64 {
     (rows * cols) as f64 / 1024.0
 }
 
+/// The body of one step of a kernel whose body is an op program ([`ops`]: JAX's Splash, JAX's
+/// flash attention), shared between lowerings as [`attention_body`]'s are.
+fn op_body(kernel: Kernel, s: &ops::FwdStep<'_>) -> StepBody {
+    use std::sync::{Mutex, OnceLock, PoisonError};
+    static CACHE: OnceLock<Mutex<HashMap<String, StepBody>>> = OnceLock::new();
+    const CAPACITY: usize = 64;
+    let key = format!("{kernel:?}{s:?}");
+    let cache = CACHE.get_or_init(Default::default);
+    if let Some(b) = cache.lock().unwrap_or_else(PoisonError::into_inner).get(&key) {
+        return b.clone();
+    }
+    let body = if kernel == Kernel::FlashAttention { ops::jax_flash_fwd(s) } else { ops::jax_splash_fwd(s) };
+    let mut c = cache.lock().unwrap_or_else(PoisonError::into_inner);
+    if c.len() >= CAPACITY {
+        c.clear();
+    }
+    c.entry(key).or_insert(body).clone()
+}
+
 /// The body of one computed attention step (module docs), shared between lowerings: bodies of
 /// equal shape are clones of one prototype, so they share its [`crate::Memo`] (a simulator's
 /// schedule of the body is derived once, not once per lowering; a tuner lowers thousands of
@@ -502,25 +522,6 @@ fn finalize_vpu_ops(r: u64, dv: u64, residuals: bool, resets_scratch: bool) -> f
     rv + 2.0 * vregs(r, dv) + if residuals { rv } else { 0.0 } + if resets_scratch { vregs(r, 256 + dv) } else { 0.0 }
 }
 
-/// The finalize of a row alone (JAX's Splash on an empty last grid step): per slab the
-/// reciprocal of l (and log(l) with residuals) on the EUP and o = o_acc / l on the VPU, then
-/// the scratch filled with zeros, as in [`build_attention_body`]; it reads the row's carried
-/// o_acc.
-fn finalize_body(block_q: u64, dv: u64, residuals: bool) -> StepBody {
-    let mut b = StepBody::default();
-    let slabs = block_q.div_ceil(SLAB_ROWS);
-    for si in 0..slabs {
-        let r = SLAB_ROWS.min(block_q - si * SLAB_ROWS);
-        let rv = r as f64 / 8.0;
-        let acc_slot = (2 * si + 1) as u16;
-        let eup = if residuals { 2.0 * rv } else { rv };
-        let recip = b.add_carried("recip", Work::Transcendental { vregs: eup }, &[], si * 16 + 11, Some(acc_slot), None);
-        let vpu = finalize_vpu_ops(r, dv, residuals, true);
-        b.add_carried("finalize", Work::Vector { ops: vpu, loaded_mask_vregs: 0.0 }, &[recip], si * 16 + 12, None, Some(acc_slot));
-    }
-    b
-}
-
 /// Whether a mask keeps a pair by q - k alone, so that blocks at equal q0 - k0 are identical
 /// (what lets [`steps`] name a deduplicated mask block by its offset).
 pub(crate) fn diagonal_invariant(m: &Mask) -> bool {
@@ -529,18 +530,6 @@ pub(crate) fn diagonal_invariant(m: &Mask) -> bool {
         Mask::Union(p) | Mask::Intersect(p) => p.iter().all(diagonal_invariant),
         _ => false,
     }
-}
-
-/// The finalize of a row alone for JAX's older flash attention: o_acc (normalized on every
-/// sub-tile) cast, per slab; it reads the row's carried o_acc.
-fn flash_finalize_body(block_q: u64, dv: u64) -> StepBody {
-    let mut b = StepBody::default();
-    for si in 0..block_q.div_ceil(SLAB_ROWS) {
-        let r = SLAB_ROWS.min(block_q - si * SLAB_ROWS);
-        let acc_slot = (2 * si + 1) as u16;
-        b.add_carried("finalize", Work::Vector { ops: vregs(r, dv), loaded_mask_vregs: 0.0 }, &[], si * 16 + 12, Some(acc_slot), Some(acc_slot));
-    }
-    b
 }
 
 /// Whether the lengths are padded to the blocks (the padding is masked with segment ids, whose
@@ -985,6 +974,15 @@ pub fn lower(chip: &ChipModel, w: &AttentionCall, cfg: &SplashConfig) -> Result<
         Masking::Partial => partial,
         Masking::All => partial || any_not_full,
     };
+    // The op programs' mask (JAX's Splash and flash attention, `ops`): the costliest distinct
+    // mask's function, the partial block loaded, segment ids for padded lengths.
+    let plan = ops::MaskPlan {
+        function: (source == MaskSource::Computed)
+            .then(|| cl.distinct.iter().filter(|m| !m.is_full()).max_by_key(|m| { let t = m.expression_terms(); t.compares + t.arith + t.combines }).cloned())
+            .flatten(),
+        loaded: source == MaskSource::Loaded && any_not_full,
+        segments: cl.padded,
+    };
     let mut classes =
         vec![StepClass { key: ClassKey { tile: "empty", masked: false, first: false, last: false }, body: StepBody::default() }];
     let mut class_of = [[[0u32; 2]; 2]; 2];
@@ -1008,10 +1006,25 @@ pub fn lower(chip: &ChipModel, w: &AttentionCall, cfg: &SplashConfig) -> Result<
                     resets_scratch: cfg.kernel == Kernel::Splash,
                 };
                 class_of[k][usize::from(first)][usize::from(last)] = classes.len() as u32;
-                classes.push(StepClass {
-                    key: ClassKey { tile: if k == 0 { "partial" } else { "full" }, masked: is_masked, first, last },
-                    body: attention_body(&shape),
-                });
+                let body = match cfg.kernel {
+                    Kernel::Splash | Kernel::FlashAttention => op_body(
+                        cfg.kernel,
+                        &ops::FwdStep {
+                            block_q: cfg.block_q,
+                            block_kv: cfg.block_kv,
+                            compute: cfg.block_kv_compute,
+                            d: w.head_dim,
+                            dv: w.head_dim_v,
+                            mask: is_masked.then_some(&plan),
+                            residuals: cfg.return_residuals,
+                            first,
+                            runs: true,
+                            last,
+                        },
+                    ),
+                    _ => attention_body(&shape),
+                };
+                classes.push(StepClass { key: ClassKey { tile: if k == 0 { "partial" } else { "full" }, masked: is_masked, first, last }, body });
             }
         }
     }
@@ -1021,7 +1034,21 @@ pub fn lower(chip: &ChipModel, w: &AttentionCall, cfg: &SplashConfig) -> Result<
     let finalize_class = ((cfg.kernel == Kernel::Splash || flash) && cfg.traversal == Traversal::FullGrid).then(|| {
         classes.push(StepClass {
             key: ClassKey { tile: "empty", masked: false, first: false, last: true },
-            body: if flash { flash_finalize_body(cfg.block_q, w.head_dim_v) } else { finalize_body(cfg.block_q, w.head_dim_v, cfg.return_residuals) },
+            body: op_body(
+                cfg.kernel,
+                &ops::FwdStep {
+                    block_q: cfg.block_q,
+                    block_kv: cfg.block_kv,
+                    compute: cfg.block_kv_compute,
+                    d: w.head_dim,
+                    dv: w.head_dim_v,
+                    mask: None,
+                    residuals: cfg.return_residuals,
+                    first: false,
+                    runs: false,
+                    last: true,
+                },
+            ),
         });
         classes.len() as u32 - 1
     });

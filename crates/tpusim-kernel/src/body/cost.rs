@@ -1,16 +1,23 @@
-//! What each Mosaic op costs on the TensorCore's units, in (8,128) 32-bit register units, and
-//! the two rules shared with the hand-written lowerings (the VMEM a kernel keeps at once and the
-//! MXU passes of a matmul by its operand types).
+//! What each Mosaic op costs on the TensorCore's units, in (8,128) 32-bit register units: the
+//! one table both front ends use (a kernel read from its IR, crate `tpusim-pallas`, and the
+//! hand-written kernels of this crate, whose bodies are op sequences through the same
+//! [`super::Builder`]).
 //!
 //! Register counting (the IR's logical shapes include lane replication, so work is counted in
 //! registers, not elements): a value of shape `[..., R, C]` takes `lead x ceil(R / 8) x
-//! ceil(C / 128)` registers, where a dimension along which the value is constant (a broadcast,
-//! an iota along another dimension, a splat constant) counts as 1: the compiler forms such a
-//! value once per register row or column (Splash's kv positions are the same for every 8-row
-//! group). Work is counted in 32-bit units whatever the element type (16-bit data is computed
-//! in 32-bit on the VPU: an assumption, named in reports).
+//! ceil(C / 128)` (8,128) register units, where a dimension along which the value is constant (a
+//! broadcast, an iota along another dimension, a splat constant) counts as 1: the compiler forms
+//! such a value once per register row or column (Splash's kv positions are the same for every
+//! 8-row group). Units are 1024 elements whatever the chip's register shape: the engine turns
+//! them into the chip's registers (`tpusim_engine::op_cycles`), so a what-if register shape
+//! (`--set vpu.lanes=256`) scales both front ends alike. Work is counted in 32-bit units
+//! whatever the element type (16-bit data is computed in 32-bit on the VPU: an assumption, named
+//! in reports).
 
-use tpusim_chip::ChipModel;
+/// Sublanes of the (8, 128) register unit work is counted in (module docs).
+pub const UNIT_SUBLANES: u64 = 8;
+/// Lanes of the (8, 128) register unit work is counted in (module docs).
+pub const UNIT_LANES: u64 = 128;
 
 /// How an op uses the units.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -170,12 +177,10 @@ pub fn lookup(op: &str) -> Option<(&'static str, OpCost)> {
 }
 
 /// MXU passes of one matmul by its operand element types and the precision the IR names
-/// (`tpu.matmul`'s `precision`): the kernel crate's one rule ([`tpusim_kernel::mxu`]), which
-/// the hand-written kernels share. Named as an assumption in reports when an f32-operand matmul
-/// runs.
+/// (`tpu.matmul`'s `precision`): the one rule of [`crate::mxu`].
 pub fn mxu_passes_for_operands(lhs_dtype: &str, rhs_dtype: &str, precision: Option<&str>) -> u64 {
-    use tpusim_kernel::dtype::Dtype;
-    use tpusim_kernel::mxu::{matmul_passes, Precision};
+    use crate::dtype::Dtype;
+    use crate::mxu::{matmul_passes, Precision};
     // Only f32 is a 32-bit MXU operand here; other types are taken as the MXU's own.
     let dt = |s: &str| if s == "f32" { Dtype::F32 } else { Dtype::Bf16 };
     let p = match precision.map(|p| p.to_ascii_lowercase()) {
@@ -186,56 +191,17 @@ pub fn mxu_passes_for_operands(lhs_dtype: &str, rhs_dtype: &str, precision: Opti
     matmul_passes(dt(lhs_dtype), dt(rhs_dtype), p)
 }
 
-/// One buffer Mosaic keeps in VMEM: shape, element bytes and how many copies.
-#[derive(Debug, Clone, PartialEq)]
-pub struct VmemBuffer {
-    /// Name for the budget's breakdown.
-    pub name: String,
-    /// Shape (the last two dimensions are tiled).
-    pub shape: Vec<u64>,
-    /// Bytes per element.
-    pub elem_bytes: u64,
-    /// Copies held at once (a window's buffer count; 1 for scratch and intermediates).
-    pub count: u64,
-}
-
-impl VmemBuffer {
-    /// The kernel crate's description of this buffer ([`tpusim_kernel::vmem`]): a window of
-    /// `count` buffers, or (count 1, `scratch`) a scratch operand.
-    pub fn to_kernel(&self, scratch: bool) -> tpusim_kernel::VmemBuffer {
-        use tpusim_kernel::vmem::Role;
-        let dtype = tpusim_kernel::dtype::Dtype::of_bytes(self.elem_bytes).unwrap_or(tpusim_kernel::dtype::Dtype::F32);
-        let role = if scratch { Role::Scratch } else { Role::Window { buffers: self.count as u32 } };
-        tpusim_kernel::VmemBuffer { name: self.name.clone(), shape: self.shape.clone(), dtype, role }
-    }
-}
-
-/// VMEM the buffers occupy at once, bytes, by the kernel crate's one rule
-/// ([`tpusim_kernel::vmem::tiled_bytes`]: the last dimension padded to 128 lanes, the second
-/// last to the tile height of the element type) times the leading dimensions and the count.
-pub fn vmem_buffers_bytes(buffers: &[VmemBuffer]) -> Vec<(String, u64)> {
-    buffers
-        .iter()
-        .map(|b| {
-            let name = if b.count == 1 { b.name.clone() } else { format!("{} x{}", b.name, b.count) };
-            (name, b.count * b.to_kernel(true).bytes())
-        })
-        .collect()
-}
-
-/// Registers of a value: `[..., R, C]` as `lead x ceil(R / sublanes) x ceil(C / lanes)`, a
+/// (8,128) register units of a value: `[..., R, C]` as `lead x ceil(R / 8) x ceil(C / 128)`, a
 /// dimension along which the value is constant counting as 1 (module docs).
-pub fn vregs(shape: &[u64], varies: &[bool], chip: &ChipModel) -> f64 {
-    let sub = chip.vpu.sublanes.value as u64;
-    let lanes = chip.vpu.lanes.value as u64;
+pub fn vregs(shape: &[u64], varies: &[bool]) -> f64 {
     let eff = |i: usize| if varies.get(i).copied().unwrap_or(true) { shape[i] } else { 1 };
     let n = shape.len();
     match n {
         0 => 1.0,
-        1 => eff(0).div_ceil(lanes) as f64,
+        1 => eff(0).div_ceil(UNIT_LANES) as f64,
         _ => {
             let lead: u64 = (0..n - 2).map(eff).product();
-            (lead * eff(n - 2).div_ceil(sub) * eff(n - 1).div_ceil(lanes)) as f64
+            (lead * eff(n - 2).div_ceil(UNIT_SUBLANES) * eff(n - 1).div_ceil(UNIT_LANES)) as f64
         }
     }
 }
@@ -246,11 +212,10 @@ mod tests {
 
     #[test]
     fn registers_count_replication_once() {
-        let chip = ChipModel::preset("v6e").unwrap();
-        assert_eq!(vregs(&[512, 512], &[true, true], &chip), 256.0);
+        assert_eq!(vregs(&[512, 512], &[true, true]), 256.0);
         // Constant along rows (kv positions): one register row.
-        assert_eq!(vregs(&[512, 512], &[false, true], &chip), 4.0);
-        assert_eq!(vregs(&[2, 7, 200], &[true, true, true], &chip), 4.0);
+        assert_eq!(vregs(&[512, 512], &[false, true]), 4.0);
+        assert_eq!(vregs(&[2, 7, 200], &[true, true, true]), 4.0);
     }
 
     #[test]
@@ -262,8 +227,13 @@ mod tests {
     }
 
     #[test]
-    fn vmem_pads_to_tiles() {
-        let b = vmem_buffers_bytes(&[VmemBuffer { name: "q".into(), shape: vec![1, 500, 100], elem_bytes: 2, count: 2 }]);
-        assert_eq!(b[0], ("q x2".to_string(), 2 * 512 * 128 * 2));
+    fn every_op_is_listed_once() {
+        let mut names: Vec<&str> = OPS.iter().map(|(n, _)| *n).collect();
+        names.sort_unstable();
+        let n = names.len();
+        names.dedup();
+        assert_eq!(names.len(), n);
+        assert_eq!(lookup("tpu.matmul").map(|(_, c)| c), Some(OpCost::Matmul));
+        assert!(lookup("tpu.unknown").is_none());
     }
 }

@@ -1,0 +1,783 @@
+//! The one body builder: a grid step's body given as ops (Mosaic's vector ops, with result
+//! shapes, operands and the attributes that matter) becomes a [`StepBody`] of tile operations
+//! on the units. A kernel read from its IR (crate `tpusim-pallas`) feeds it the ops of the path
+//! a step takes; the hand-written kernels of this crate feed it the op sequence their kernel
+//! runs ([`Emitter`]). One op-cost table ([`cost`]) prices both.
+//!
+//! * **Units.** Each op becomes tile operations on its unit ([`cost::OpCost`]), counted in (8,128)
+//!   register units ([`cost::vregs`]).
+//! * **Slabs.** An op whose rows vary is split into [`SLAB_ROWS`]-row slabs (the MXU streams slab
+//!   s + 1 while the vector units work on slab s).
+//! * **Issue slots** follow the data flow (software pipelining: an op issues a few slabs after its
+//!   producers, more after an MXU producer to cover its latency); the slabs of a transpose, each
+//!   of which needs its whole source, issue together. A rolled loop's iterations issue one after
+//!   another ([`Builder::advance`]); an unrolled loop's do too once a reduction has needed every
+//!   slab of a matmul result (kv-major scores, whose softmax reduces over rows): a matmul
+//!   repeating an earlier one of the body (same shape, operands read from the same refs,
+//!   directly or through views, casts and element-wise ops with constants) and independent of
+//!   the matmul before it ranks after that one.
+//! * **Carried state.** Refs the body both loads and stores (scratch accumulators, output blocks
+//!   accumulated in place) are carried: the next step's load of a slab waits for this step's
+//!   last store of it. A store of a constant fills its buffer at one VPU operation per register.
+
+pub mod cost;
+pub mod emit;
+
+pub use emit::{Emitter, V};
+
+use crate::{StepBody, Unit, Work, SLAB_ROWS};
+use cost::OpCost;
+use petgraph::graph::NodeIndex as NodeIdx;
+use std::collections::HashMap;
+
+/// An operand of a body op.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Arg {
+    /// The result of the op with this id.
+    Op(u64),
+    /// A kernel ref (an index into the kernel's refs), for loads and stores.
+    Ref(usize),
+    /// A scalar (an index, a constant): no unit time, no dependency.
+    Scalar,
+}
+
+/// The attributes of an op the builder reads.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Attrs {
+    /// Iota: the dimensions it counts along; reduction: the dimensions reduced.
+    pub dims: Vec<u64>,
+    /// Concatenation: the dimension joined.
+    pub dimension: Option<u64>,
+    /// Matmul: rows, contraction and columns.
+    pub mkn: Option<[u64; 3]>,
+    /// Matmul: the batch (1 when absent).
+    pub batch: Option<u64>,
+    /// Matmul: the operands' element types (`bf16` when absent).
+    pub lhs_dtype: Option<String>,
+    /// Matmul: the rhs's element type.
+    pub rhs_dtype: Option<String>,
+    /// Matmul: the precision it asks for.
+    pub precision: Option<String>,
+    /// A DMA the kernel starts itself: its bytes.
+    pub bytes: Option<u64>,
+}
+
+/// One op of a body: its name (`arith.addf`, `tpu.matmul`, ...), result id, shape and element
+/// type, operands and attributes, and where it comes from (for messages).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct BodyOp {
+    /// Result id (operands refer to it).
+    pub id: u64,
+    /// The MLIR op name.
+    pub name: String,
+    /// Result shape (empty for ops without a vector result).
+    pub shape: Vec<u64>,
+    /// Result element type (`f32`, `bf16`, `i32`, `i1`, ...; empty: 4 bytes).
+    pub dtype: String,
+    /// Operands.
+    pub args: Vec<Arg>,
+    /// Attributes.
+    pub attrs: Attrs,
+    /// Source location, for messages.
+    pub loc: String,
+}
+
+/// Why an op cannot be built: the message (the caller names the op, kernel and location).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{0}")]
+pub struct OpError(pub String);
+
+/// A built body with what the front end reports beside it.
+#[derive(Debug, Clone)]
+pub struct Built {
+    /// The body.
+    pub body: StepBody,
+    /// Bytes of the largest vector value (tile padded): VMEM Mosaic materialises at once.
+    pub largest_bytes: u64,
+    /// Matmuls with an f32 operand.
+    pub f32_matmuls: u64,
+    /// Bytes of the DMAs the body starts itself.
+    pub dma_bytes: u64,
+}
+
+/// Bytes of an element type as VMEM holds it (4 for an empty or unknown one, as 32-bit
+/// registers hold them; sub-byte and mask types take a byte).
+pub fn elem_bytes(dtype: &str) -> u64 {
+    match dtype {
+        "f64" | "i64" | "ui64" | "index" => 8,
+        "bf16" | "f16" | "i16" | "ui16" => 2,
+        "i8" | "ui8" | "f8E4M3FN" | "f8E5M2" | "f8E4M3B11FNUZ" | "f8E4M3FNUZ" | "f8E5M2FNUZ" | "i1" | "i4" | "ui4" | "f4E2M1FN" => 1,
+        _ => 4,
+    }
+}
+
+/// A value in the body: its shape, the dimensions along which it varies, and what its
+/// consumers wait for per slab.
+#[derive(Debug, Clone)]
+struct Val {
+    shape: Vec<u64>,
+    varies: Vec<bool>,
+    /// Per slab (len 1 when not split): (nodes to depend on, their issue slot).
+    deps: Vec<Deps>,
+    /// Carried state this value was loaded from (per slab carry slot), before any store of it
+    /// in this step.
+    carry: Option<Vec<u16>>,
+    /// The unit of the producing node (for issue skews).
+    unit: Option<Unit>,
+}
+
+impl Val {
+    /// A value that only carries dependencies (an op's intermediate node).
+    fn after(deps: Deps, unit: Unit) -> Val {
+        Val { shape: Vec::new(), varies: Vec::new(), deps: vec![deps], carry: None, unit: Some(unit) }
+    }
+}
+
+/// Slabs of a value of `shape` varying along `varies`: its rows in [`SLAB_ROWS`]-row slabs when
+/// they vary, else 1.
+fn nslabs(shape: &[u64], varies: &[bool]) -> usize {
+    let n = shape.len();
+    if n < 2 || !varies.get(n - 2).copied().unwrap_or(true) {
+        return 1;
+    }
+    shape[n - 2].div_ceil(SLAB_ROWS).max(1) as usize
+}
+
+/// Slabs of a value of `shape` varying along every dimension: how far a loop iteration of ops
+/// of this shape advances the issue slots ([`Builder::advance`]).
+pub fn slabs_of(shape: &[u64]) -> usize {
+    if shape.len() >= 2 {
+        nslabs(shape, &vec![true; shape.len()])
+    } else {
+        1
+    }
+}
+
+fn slab_rows(shape: &[u64], s: usize, ns: usize) -> u64 {
+    if ns == 1 {
+        return shape.get(shape.len().wrapping_sub(2)).copied().unwrap_or(1);
+    }
+    let r = shape[shape.len() - 2];
+    SLAB_ROWS.min(r - s as u64 * SLAB_ROWS)
+}
+
+/// A (ref, slab) pair naming one slab of carried state.
+type RefSlab = (usize, usize);
+/// Nodes to wait for, with their issue slots.
+type Deps = Vec<(NodeIdx, u64)>;
+/// A matmul's (m, k, n) and the refs its lhs and rhs are loaded from (`None`: computed).
+type MatmulSig = (u64, u64, u64, Option<usize>, Option<usize>);
+
+/// The share of a value's work in slab `s` of `ns`.
+fn slab_share(shape: &[u64], s: usize, ns: usize) -> f64 {
+    if ns == 1 {
+        1.0
+    } else {
+        slab_rows(shape, s, ns) as f64 / shape[shape.len() - 2] as f64
+    }
+}
+
+/// The skew from a producer on `from` to a consumer on `to` (module docs).
+fn skew(from: Option<Unit>, to: Unit) -> u64 {
+    match (from, to) {
+        (Some(Unit::Mxu), _) => 3,
+        (_, Unit::Eup) | (_, Unit::Xlu) => 1,
+        (_, Unit::Mxu) => 2,
+        _ => 0,
+    }
+}
+
+/// Issue keys: slot x SLOT + sequence number (program order within a slot).
+const SLOT: u64 = 1 << 20;
+
+fn is_load(name: &str) -> bool {
+    matches!(name, "vector.load" | "tpu.load" | "tpu.strided_load")
+}
+
+fn is_store(name: &str) -> bool {
+    matches!(name, "tpu.vector_store" | "vector.store" | "tpu.store" | "tpu.strided_store")
+}
+
+/// Which refs the ops both load and store: carried across steps ([`Builder::new`]).
+pub fn carried_refs<'a>(refs: usize, ops: impl IntoIterator<Item = (&'a str, Option<usize>)>) -> Vec<bool> {
+    let mut loads = vec![false; refs];
+    let mut stores = vec![false; refs];
+    for (name, r) in ops {
+        if let Some(r) = r.filter(|&r| r < refs) {
+            if is_load(name) {
+                loads[r] = true;
+            } else if is_store(name) {
+                stores[r] = true;
+            }
+        }
+    }
+    loads.iter().zip(&stores).map(|(a, b)| *a && *b).collect()
+}
+
+/// Builds one step body from its ops in program order (module docs).
+#[derive(Debug)]
+pub struct Builder {
+    body: StepBody,
+    vals: HashMap<u64, Val>,
+    /// Carry slot per (ref, slab).
+    slots: HashMap<(usize, usize), u16>,
+    /// Refs that are carried (loaded and stored by the body).
+    carried: Vec<bool>,
+    /// Last writer in this step per (ref, slab).
+    writers: HashMap<(usize, usize), Deps>,
+    /// Offset of issue slots for the current loop iteration (slabs of earlier iterations).
+    base: u64,
+    /// The previous matmul in program order: its slab nodes and its last slab's issue slot.
+    last_matmul: Option<(Vec<NodeIdx>, u64)>,
+    /// Matmuls seen in this body, by (m, k, n, the refs its operands are loaded from).
+    matmul_sigs: std::collections::HashSet<MatmulSig>,
+    /// The ref a value is read from (a load, or a view, cast or element-wise op of one load
+    /// with constants), by value id.
+    load_refs: HashMap<u64, usize>,
+    /// A reduction over a slab-split value's rows (which needs every slab) has been lowered.
+    row_reduction: bool,
+    seq: u64,
+    largest: u64,
+    f32_matmuls: u64,
+    dma_bytes: u64,
+}
+
+impl Builder {
+    /// A builder for a body whose refs `carried` (by ref index) are loaded and stored by it
+    /// ([`carried_refs`]).
+    pub fn new(carried: Vec<bool>) -> Self {
+        Builder {
+            body: StepBody::default(),
+            vals: HashMap::new(),
+            slots: HashMap::new(),
+            carried,
+            writers: HashMap::new(),
+            base: 0,
+            last_matmul: None,
+            matmul_sigs: Default::default(),
+            load_refs: HashMap::new(),
+            row_reduction: false,
+            seq: 0,
+            largest: 0,
+            f32_matmuls: 0,
+            dma_bytes: 0,
+        }
+    }
+
+    /// After an iteration of a rolled loop whose ops span `slabs` slabs: the next iteration's
+    /// slabs issue after this one's (slab-major order).
+    pub fn advance(&mut self, slabs: usize) {
+        self.base += slabs as u64;
+    }
+
+    /// A region op's result `to` takes the value of `from` (what its region yields).
+    pub fn bind(&mut self, to: u64, from: &Arg) {
+        if let Some(v) = self.arg_val(from).cloned() {
+            self.vals.insert(to, v);
+        }
+    }
+
+    fn arg_val(&self, o: &Arg) -> Option<&Val> {
+        match o {
+            Arg::Op(id) => self.vals.get(id),
+            _ => None,
+        }
+    }
+
+    /// Adds a node for slab `s` of a value with `ns` slabs, depending on `inputs`' slab-aligned
+    /// (or whole) dependencies; returns (node, slot).
+    fn node(&mut self, name: &'static str, work: Work, inputs: &[&Val], extra: &[(NodeIdx, u64)], s: usize, ns: usize) -> (NodeIdx, u64) {
+        self.node_from(name, work, inputs, extra, s, ns, self.base + s as u64)
+    }
+
+    /// [`Self::node`] issuing no earlier than slot `floor` (a slab-split op's slab s: the
+    /// iteration's base + s; every slab of an op that needs its whole input: the base).
+    #[allow(clippy::too_many_arguments)]
+    fn node_from(&mut self, name: &'static str, work: Work, inputs: &[&Val], extra: &[(NodeIdx, u64)], s: usize, ns: usize, floor: u64) -> (NodeIdx, u64) {
+        let unit = work.unit();
+        let mut deps: Vec<(NodeIdx, u64, Option<Unit>)> = Vec::new();
+        let mut carry_in = None;
+        for v in inputs {
+            let list: Vec<&Deps> = if v.deps.len() == ns { vec![&v.deps[s]] } else { v.deps.iter().collect() };
+            for l in list {
+                for &(n, sl) in l {
+                    deps.push((n, sl, v.unit));
+                }
+            }
+            if carry_in.is_none() {
+                if let Some(c) = &v.carry {
+                    carry_in = Some(if c.len() == ns { c[s] } else { c[c.len() - 1] });
+                }
+            }
+        }
+        for &(n, sl) in extra {
+            deps.push((n, sl, None));
+        }
+        let slot = deps.iter().map(|&(_, sl, u)| sl + skew(u, unit)).max().unwrap_or(0).max(floor);
+        self.seq += 1;
+        let issue = slot * SLOT + self.seq;
+        let mut nodes: Vec<NodeIdx> = deps.iter().map(|d| d.0).collect();
+        nodes.sort();
+        nodes.dedup();
+        let n = self.body.add_carried(name, work, &nodes, issue, carry_in, None);
+        (n, slot)
+    }
+
+    /// Builds one op (module docs).
+    ///
+    /// # Errors
+    /// [`OpError`] for an op the cost table does not list (its cost on the units is unknown; it
+    /// is never taken as free), a matmul without its shape, a reduction without its source.
+    pub fn op(&mut self, op: &BodyOp) -> Result<(), OpError> {
+        let name = op.name.as_str();
+        let Some((static_name, c)) = cost::lookup(name) else {
+            return Err(OpError(
+                "an op this simulator does not model (its cost on the units is unknown; it is never taken as free): see crates/tpusim-pallas/DESCRIPTION.md for the ops it knows".into(),
+            ));
+        };
+        let ins: Vec<Val> = op.args.iter().filter_map(|o| self.arg_val(o).cloned()).collect();
+        self.note_load_ref(op);
+        let shape = op.shape.clone();
+        let rank = shape.len();
+        let varies = self.varies(op, &ins);
+        if rank >= 2 {
+            let dtype = crate::dtype::Dtype::of_bytes(elem_bytes(&op.dtype)).unwrap_or(crate::dtype::Dtype::F32);
+            self.largest = self.largest.max(crate::vmem::tiled_bytes(&shape, dtype));
+        }
+        let ns = nslabs(&shape, &varies);
+        let vr = cost::vregs(&shape, &varies);
+        let in_refs: Vec<&Val> = ins.iter().collect();
+        let mut out = Val { shape: shape.clone(), varies, deps: vec![Vec::new(); ns], carry: None, unit: None };
+        match c {
+            OpCost::Free => self.free(op, &ins, &mut out),
+            OpCost::Vpu(k) => {
+                for s in 0..ns {
+                    let share = slab_share(&shape, s, ns);
+                    let (n, sl) = self.node(static_name, Work::Vector { ops: k * vr * share, loaded_mask_vregs: 0.0 }, &in_refs, &[], s, ns);
+                    out.deps[s] = vec![(n, sl)];
+                }
+                out.unit = Some(Unit::Vpu);
+            }
+            OpCost::Eup { eup, vpu } => {
+                for s in 0..ns {
+                    let share = slab_share(&shape, s, ns);
+                    if vpu > 0.0 {
+                        let (n, sl) = self.node(static_name, Work::Vector { ops: vpu * vr * share, loaded_mask_vregs: 0.0 }, &in_refs, &[], s, ns);
+                        let scaled = Val::after(vec![(n, sl)], Unit::Vpu);
+                        let (e, esl) = self.node(static_name, Work::Transcendental { vregs: eup * vr * share }, &[&scaled], &[], 0, 1);
+                        out.deps[s] = vec![(e, esl)];
+                    } else {
+                        let (e, esl) = self.node(static_name, Work::Transcendental { vregs: eup * vr * share }, &in_refs, &[], s, ns);
+                        out.deps[s] = vec![(e, esl)];
+                    }
+                }
+                out.unit = Some(Unit::Eup);
+            }
+            OpCost::Xlu => self.cross_lane(name, static_name, &ins, &mut out, vr),
+            OpCost::Reduce => self.reduce(op, static_name, &ins, &mut out)?,
+            OpCost::Matmul => self.matmul(op, static_name, &ins, &mut out)?,
+            OpCost::Dma => self.dma_bytes += op.attrs.bytes.unwrap_or(0),
+        }
+        self.vals.insert(op.id, out);
+        Ok(())
+    }
+
+    /// Which dimensions an op's result varies along.
+    fn varies(&self, op: &BodyOp, ins: &[Val]) -> Vec<bool> {
+        let (shape, rank) = (&op.shape, op.shape.len());
+        match op.name.as_str() {
+            "tpu.iota" => (0..rank).map(|i| op.attrs.dims.contains(&(i as u64))).collect(),
+            "arith.constant" | "vector.splat" => vec![false; rank],
+            "vector.broadcast" => match ins.first() {
+                None => vec![false; rank],
+                Some(s) => {
+                    let off = rank.saturating_sub(s.shape.len());
+                    (0..rank).map(|i| i >= off && s.shape[i - off] == shape[i] && s.varies[i - off]).collect()
+                }
+            },
+            "vector.load" | "tpu.load" | "tpu.strided_load" | "tpu.matmul" | "vector.contract" => vec![true; rank],
+            "vector.multi_reduction" => match ins.first() {
+                // The source's dimensions that survive the reduction.
+                Some(src) => {
+                    let kept: Vec<bool> = src.varies.iter().enumerate().filter(|(i, _)| !op.attrs.dims.contains(&(*i as u64))).map(|(_, v)| *v).collect();
+                    if kept.len() == rank {
+                        kept
+                    } else {
+                        vec![true; rank]
+                    }
+                }
+                None => vec![true; rank],
+            },
+            "vector.shape_cast" | "tpu.reshape" => {
+                // Constant along every dimension if the source is; else varies (conservative).
+                let all_const = ins.first().is_some_and(|s| s.varies.iter().all(|v| !v));
+                vec![!all_const; rank]
+            }
+            "tpu.concatenate" => {
+                let dim = op.attrs.dimension.unwrap_or(0) as usize;
+                // Copies of one value at most one register wide along `dim` (`jnp.tile` of a
+                // lane-replicated (rows, 128) array, as Splash's q positions): every register of
+                // the result is a register of the source, so the result counts as constant
+                // along `dim` (the compiler computes on the source's registers once).
+                let reg = if dim + 1 == rank { cost::UNIT_LANES } else { cost::UNIT_SUBLANES };
+                let same = op.args.len() > 1 && op.args.windows(2).all(|w| w[0] == w[1]) && matches!(op.args[0], Arg::Op(_));
+                let tiled = same && (dim + 2 >= rank) && ins.first().is_some_and(|v| v.shape.len() == rank && v.shape[dim] <= reg);
+                (0..rank).map(|i| (i == dim && !tiled) || ins.iter().any(|v| v.varies.get(i).copied().unwrap_or(true) && !(tiled && i == dim))).collect()
+            }
+            _ => {
+                if ins.iter().any(|v| v.shape.len() == rank) {
+                    (0..rank).map(|i| ins.iter().any(|v| v.shape.len() == rank && v.varies[i])).collect()
+                } else {
+                    vec![true; rank]
+                }
+            }
+        }
+    }
+
+    /// A cross-lane op: one XLU pass per source register unit. A transpose (of the two minor
+    /// dimensions, the ones Mosaic transposes): a slab of the result's rows is a slab of the
+    /// source's columns, so it needs every slab of the source; its slabs issue together (one op
+    /// on the XLU) and it hands its result on whole (the fused backward's ds^T: pipelining dq
+    /// behind it slab by slab takes 4-8% off tokamax's measured fused backward rows, which the
+    /// model already predicts fast).
+    fn cross_lane(&mut self, name: &str, static_name: &'static str, ins: &[Val], out: &mut Val, vr: f64) {
+        let shape = out.shape.clone();
+        let ns = out.deps.len();
+        let src_vr = ins.first().map(|v| cost::vregs(&v.shape, &v.varies)).unwrap_or(vr);
+        let transpose = name.ends_with(".transpose");
+        let whole: Vec<Val> = if transpose {
+            ins.iter().map(|v| Val { shape: Vec::new(), varies: Vec::new(), deps: vec![v.deps.concat()], carry: v.carry.clone(), unit: v.unit }).collect()
+        } else {
+            Vec::new()
+        };
+        let in_refs: Vec<&Val> = if transpose { whole.iter().collect() } else { ins.iter().collect() };
+        for s in 0..ns {
+            let share = slab_share(&shape, s, ns);
+            let floor = if transpose { self.base } else { self.base + s as u64 };
+            let (n, sl) = self.node_from(static_name, Work::CrossLane { vregs: src_vr * share }, &in_refs, &[], s, ns, floor);
+            out.deps[s] = vec![(n, sl)];
+        }
+        if transpose {
+            let all = out.deps.concat();
+            for d in out.deps.iter_mut() {
+                d.clone_from(&all);
+            }
+        }
+        out.unit = Some(Unit::Xlu);
+    }
+
+    /// Records the ref `op`'s result is computed from, for matmul signatures ([`Self::matmul`]):
+    /// a load's ref, and through a view, cast, transpose or element-wise op the ref of its one
+    /// loaded operand when its other operands are constants (k scaled or cast as it is read).
+    fn note_load_ref(&mut self, op: &BodyOp) {
+        let name = op.name.as_str();
+        if is_load(name) {
+            if let Some(r) = ref_index(op) {
+                self.load_refs.insert(op.id, r);
+            }
+            return;
+        }
+        if matches!(name, "tpu.matmul" | "vector.contract" | "vector.multi_reduction") || name.contains("store") {
+            return;
+        }
+        let mut from: Option<usize> = None;
+        for o in &op.args {
+            let Arg::Op(id) = o else { continue };
+            match self.load_refs.get(id) {
+                Some(&r) if from.is_none_or(|f| f == r) => from = Some(r),
+                Some(_) => return,
+                None if self.vals.get(id).is_some_and(|v| v.varies.iter().all(|x| !x)) => {}
+                None => return,
+            }
+        }
+        if let Some(r) = from {
+            self.load_refs.insert(op.id, r);
+        }
+    }
+
+    fn slot(&mut self, r: usize, s: usize) -> u16 {
+        let n = self.slots.len() as u16;
+        *self.slots.entry((r, s)).or_insert(n)
+    }
+
+    fn free(&mut self, op: &BodyOp, ins: &[Val], out: &mut Val) {
+        let ns = out.deps.len();
+        let name = op.name.as_str();
+        if is_load(name) {
+            if let Some(r) = ref_index(op) {
+                if self.carried.get(r).copied().unwrap_or(false) {
+                    // Written earlier in this step: wait for that store; else carried in.
+                    let mut carry = Vec::new();
+                    for s in 0..ns {
+                        match self.writers.get(&(r, s)).or_else(|| self.writers.get(&(r, 0))) {
+                            Some(w) => out.deps[s] = w.clone(),
+                            None => carry.push(self.slot(r, s)),
+                        }
+                    }
+                    if carry.len() == ns {
+                        out.carry = Some(carry);
+                    }
+                }
+            }
+            return;
+        }
+        if is_store(name) {
+            if let (Some(r), Some(v)) = (ref_index(op), ins.first()) {
+                let fill = !v.shape.is_empty() && v.varies.iter().all(|x| !x) && v.deps.iter().all(Vec::is_empty);
+                let carried = self.carried.get(r).copied().unwrap_or(false);
+                if fill {
+                    // A buffer filled with a constant (an accumulator zeroed, a running max set to
+                    // the mask value): one VPU operation per register written (the model has no
+                    // vector store slot; other stores ride with the op that computed their value).
+                    let all = vec![true; v.shape.len()];
+                    let regs = cost::vregs(&v.shape, &all);
+                    let ns = nslabs(&v.shape, &all);
+                    for s in 0..ns {
+                        let share = slab_share(&v.shape, s, ns);
+                        let (n, sl) = self.node("fill", Work::Vector { ops: regs * share, loaded_mask_vregs: 0.0 }, &[], &[], s, ns);
+                        if carried {
+                            self.writers.insert((r, s), vec![(n, sl)]);
+                        }
+                    }
+                } else if carried {
+                    for s in 0..v.deps.len() {
+                        if !v.deps[s].is_empty() {
+                            self.writers.insert((r, s), v.deps[s].clone());
+                        }
+                    }
+                }
+            }
+            return;
+        }
+        // Pass-through: slab-aligned dependencies of every operand.
+        for v in ins {
+            for s in 0..ns {
+                if v.deps.len() == ns {
+                    out.deps[s].extend(v.deps[s].iter().copied());
+                } else {
+                    for l in &v.deps {
+                        out.deps[s].extend(l.iter().copied());
+                    }
+                }
+            }
+            if out.carry.is_none() && v.deps.iter().all(Vec::is_empty) {
+                if let Some(c) = &v.carry {
+                    out.carry = Some(if c.len() == ns { c.clone() } else { vec![c[c.len() - 1]; ns] });
+                }
+            }
+            if out.unit.is_none() {
+                out.unit = v.unit;
+            }
+        }
+    }
+
+    fn reduce(&mut self, op: &BodyOp, name: &'static str, ins: &[Val], out: &mut Val) -> Result<(), OpError> {
+        let src = ins.first().ok_or_else(|| OpError("a reduction without its source".into()))?;
+        let dims: Vec<usize> = op.attrs.dims.iter().map(|&d| d as usize).collect();
+        let n = src.shape.len();
+        let src_vr = cost::vregs(&src.shape, &src.varies);
+        let lanes_reduced = n >= 1 && dims.contains(&(n - 1)) && src.varies[n - 1];
+        let rows_reduced = n >= 2 && dims.contains(&(n - 2)) && src.varies[n - 2];
+        // The source reduced to one register along each reduced dimension.
+        let mut tile_shape = src.shape.clone();
+        for &dd in &dims {
+            if dd + 2 < n {
+                tile_shape[dd] = 1;
+            }
+        }
+        if lanes_reduced {
+            tile_shape[n - 1] = tile_shape[n - 1].min(cost::UNIT_LANES);
+        }
+        if rows_reduced {
+            tile_shape[n - 2] = tile_shape[n - 2].min(cost::UNIT_SUBLANES);
+        }
+        let tile_vr = cost::vregs(&tile_shape, &src.varies);
+        let mut vpu = (src_vr - tile_vr).max(0.0);
+        if rows_reduced {
+            // Within a register: log2(8) sublane rotations and combines.
+            vpu += 3.0 * tile_vr;
+        }
+        let xlu = if lanes_reduced { tile_vr } else { 0.0 };
+        // Slabs follow the source's rows when they survive the reduction.
+        let ns_src = src.deps.len();
+        let ns = if rows_reduced { 1 } else { ns_src };
+        self.row_reduction |= rows_reduced && ns_src > 1;
+        out.deps = vec![Vec::new(); ns];
+        let srcs = [src];
+        for s in 0..ns {
+            let share = slab_share(&src.shape, s, ns);
+            let mut last: Deps = Vec::new();
+            let mut unit = None;
+            let v = if vpu > 0.0 {
+                let (a, sl) = self.node(name, Work::Vector { ops: vpu * share, loaded_mask_vregs: 0.0 }, &srcs, &[], s, ns);
+                unit = Some(Unit::Vpu);
+                Some(Val::after(vec![(a, sl)], Unit::Vpu))
+            } else {
+                None
+            };
+            if xlu > 0.0 {
+                let inputs: Vec<&Val> = match &v {
+                    Some(v) => vec![v],
+                    None => vec![src],
+                };
+                let (s0, n0) = if v.is_some() { (0, 1) } else { (s, ns) };
+                let (b, sl) = self.node(name, Work::CrossLane { vregs: xlu * share }, &inputs, &[], s0, n0);
+                last.push((b, sl));
+                unit = Some(Unit::Xlu);
+            } else if let Some(v) = &v {
+                last = v.deps[0].clone();
+            }
+            out.deps[s] = last;
+            out.unit = unit;
+        }
+        Ok(())
+    }
+
+    fn matmul(&mut self, op: &BodyOp, name: &'static str, ins: &[Val], out: &mut Val) -> Result<(), OpError> {
+        let Some([m, k, n]) = op.attrs.mkn else {
+            return Err(OpError("a matmul without its `mkn` attribute (rows, contraction, columns)".into()));
+        };
+        let batch = op.attrs.batch.unwrap_or(1).max(1);
+        let lhs_t = op.attrs.lhs_dtype.as_deref().unwrap_or("bf16");
+        let rhs_t = op.attrs.rhs_dtype.as_deref().unwrap_or("bf16");
+        let passes = cost::mxu_passes_for_operands(lhs_t, rhs_t, op.attrs.precision.as_deref());
+        if lhs_t == "f32" || rhs_t == "f32" {
+            self.f32_matmuls += 1;
+        }
+        // Rows of the result split into slabs (the lhs streams; the rhs is the stationary weight).
+        let rank = out.shape.len();
+        let ns = out.deps.len();
+        let (lhs, rhs, acc) = (ins.first(), ins.get(1), ins.get(2));
+        let pop_vr = cost::vregs(&out.shape, &vec![true; rank]);
+        // f32 operands are rounded to bf16 on the VPU before the MXU, one operation per f32
+        // register of the operand ([`crate::mxu`]): the stationary rhs once, the streamed lhs
+        // per slab.
+        let rounded_rhs: Option<Val> = match rhs {
+            Some(rv) if rhs_t == "f32" => {
+                let ops = cost::vregs(&rv.shape, &rv.varies) * batch as f64;
+                // The weights are latched before the first row streams, so their preparation
+                // from a loaded window (a widening such as JAX Splash's v to f32, with no
+                // producer in the step) issues at the earliest of its slots rather than slab by
+                // slab behind the streamed work.
+                let producers: Deps = rv.deps.concat();
+                let graph = std::sync::Arc::make_mut(&mut self.body.graph);
+                let loaded_only = producers.iter().all(|&(n, _)| graph.neighbors_directed(n, petgraph::Direction::Incoming).next().is_none());
+                let hoisted;
+                let rv = match producers.iter().map(|p| p.1).min().filter(|_| loaded_only) {
+                    Some(first) => {
+                        for &(n, _) in &producers {
+                            let op = &mut graph[n];
+                            op.issue = first * SLOT + op.issue % SLOT;
+                        }
+                        hoisted = Val { deps: vec![producers.iter().map(|&(n, _)| (n, first)).collect()], ..rv.clone() };
+                        &hoisted
+                    }
+                    None => rv,
+                };
+                let (nd, sl) = self.node("round_rhs", Work::Vector { ops, loaded_mask_vregs: 0.0 }, &[rv], &[], 0, 1);
+                Some(Val::after(vec![(nd, sl)], Unit::Vpu))
+            }
+            _ => None,
+        };
+        let rhs = rounded_rhs.as_ref().or(rhs);
+        let lhs_vr = lhs.map(|l| cost::vregs(&l.shape, &l.varies) * batch as f64).unwrap_or(0.0);
+        // An unrolled loop's next iteration after a reduction over a matmul result's rows (a
+        // softmax over kv-major scores, k q^T, which needs every slab of them): a matmul of the
+        // same shape on operands loaded from the same refs as an earlier one of this body,
+        // independent of the matmul just before it, ranks after that matmul on the MXU, as a
+        // rolled loop's iterations do. Without such a reduction the iterations keep sharing
+        // slots: each slab's chain is its own (q-major scores, the backward's sub-tiles).
+        let read_from = |i: usize| match op.args.get(i) {
+            Some(Arg::Op(id)) => self.load_refs.get(id).copied(),
+            _ => None,
+        };
+        let sig: MatmulSig = (m, k, n, read_from(0), read_from(1));
+        let repeat = sig.3.is_some() && sig.4.is_some() && !self.matmul_sigs.insert(sig);
+        let prev_mm = self.last_matmul.take();
+        let after = prev_mm.filter(|_| repeat && self.row_reduction).and_then(|(nodes, last)| {
+            let mut roots: Vec<NodeIdx> = Vec::new();
+            for v in lhs.iter().chain(rhs.iter()).chain(acc.iter()) {
+                roots.extend(v.deps.iter().flatten().map(|d| d.0));
+            }
+            (!depends_on(&self.body.graph, &roots, &nodes)).then_some(last)
+        });
+        let mut mm_nodes: Vec<NodeIdx> = Vec::new();
+        let mut mm_last = 0u64;
+        for s in 0..ns {
+            let r = if ns == 1 { m } else { slab_rows(&out.shape, s, ns) };
+            let share = r as f64 / m.max(1) as f64;
+            let mut inputs: Vec<&Val> = Vec::new();
+            let rounded_lhs;
+            if let Some(l) = lhs {
+                if lhs_t == "f32" {
+                    let (nd, sl) = self.node("round_lhs", Work::Vector { ops: lhs_vr * share, loaded_mask_vregs: 0.0 }, &[l], &[], s, ns);
+                    rounded_lhs = Val::after(vec![(nd, sl)], Unit::Vpu);
+                    inputs.push(&rounded_lhs);
+                } else {
+                    inputs.push(l);
+                }
+            }
+            // The weights: every slab of the rhs, latched ahead of the stream (no issue skew
+            // beyond their producers').
+            let extra: Deps = rhs.map(|rv| rv.deps.concat()).unwrap_or_default();
+            let mut prev: Option<(NodeIdx, u64)> = None;
+            for _ in 0..batch {
+                let mut ex = extra.clone();
+                ex.extend(prev);
+                let floor = (self.base + s as u64).max(after.map_or(0, |a| a + 1 + s as u64));
+                let (mm, sl) = self.node_from(name, Work::Matmul { m: r * passes, k, n, m_total: m * passes }, &inputs, &ex, s, ns, floor);
+                prev = Some((mm, sl));
+                mm_nodes.push(mm);
+                mm_last = mm_last.max(sl);
+            }
+            let mm = prev.expect("batch >= 1");
+            let mxu_val = Val::after(vec![mm], Unit::Mxu);
+            let mut pop_in: Vec<&Val> = vec![&mxu_val];
+            if let Some(a) = acc {
+                pop_in.push(a);
+            }
+            let (p, psl) = self.node("matmul_pop", Work::Vector { ops: pop_vr * share, loaded_mask_vregs: 0.0 }, &pop_in, &[], 0, 1);
+            out.deps[s] = vec![(p, psl)];
+        }
+        out.unit = Some(Unit::Vpu);
+        self.last_matmul = Some((mm_nodes, mm_last));
+        Ok(())
+    }
+
+    /// The body, with the last store of each carried slab writing its slot.
+    pub fn finish(mut self) -> Built {
+        let mut writes: Vec<(RefSlab, Deps)> = self.writers.drain().collect();
+        writes.sort_by_key(|w| w.0);
+        for ((r, s), w) in writes {
+            let slot = self.slot(r, s);
+            if let Some(&(n, _)) = w.iter().max_by_key(|x| x.1) {
+                let op = &mut std::sync::Arc::make_mut(&mut self.body.graph)[n];
+                if op.carry_out.is_none() {
+                    op.carry_out = Some(slot);
+                    self.body.carries = self.body.carries.max(slot + 1);
+                }
+            }
+        }
+        self.body.carries = self.body.carries.max(self.slots.len() as u16);
+        Built { body: self.body, largest_bytes: self.largest, f32_matmuls: self.f32_matmuls, dma_bytes: self.dma_bytes }
+    }
+}
+
+fn ref_index(op: &BodyOp) -> Option<usize> {
+    op.args.iter().find_map(|o| match o {
+        Arg::Ref(r) => Some(*r),
+        _ => None,
+    })
+}
+
+/// Whether any of `roots` is one of `targets` or reaches one through its inputs (a depth-first
+/// walk of the reversed graph, each node visited once).
+fn depends_on(graph: &petgraph::graph::DiGraph<crate::TileOp, ()>, roots: &[NodeIdx], targets: &[NodeIdx]) -> bool {
+    use petgraph::visit::{Dfs, Reversed};
+    let rev = Reversed(graph);
+    let mut dfs = Dfs::empty(&rev);
+    roots.iter().any(|&r| {
+        dfs.move_to(r);
+        std::iter::from_fn(|| dfs.next(&rev)).any(|n| targets.contains(&n))
+    })
+}

@@ -48,6 +48,11 @@ pub enum OpCost {
     Matmul,
     /// A DMA the kernel starts itself (`tpu.enqueue_dma`): its `bytes` move over HBM.
     Dma,
+    /// Packed int8 data widened to 32-bit lanes (`tpu.unpack_subelements`): an int8 mask block
+    /// read for the scores it masks, at the chip's fitted cost per register
+    /// (`fitted.loaded_mask_ops_per_vreg`, which covers the widening and the comparison; the
+    /// select that applies the mask is its own op).
+    LoadedMask,
 }
 
 /// Static names of the ops this lowering knows, with their cost. An op not listed is an error
@@ -169,6 +174,8 @@ pub const OPS: &[(&str, OpCost)] = &[
     ("vector.contract", OpCost::Matmul),
     // DMA.
     ("tpu.enqueue_dma", OpCost::Dma),
+    // Packed sub-32-bit data widened (an int8 mask block).
+    ("tpu.unpack_subelements", OpCost::LoadedMask),
 ];
 
 /// The cost and static name of an op, if known.

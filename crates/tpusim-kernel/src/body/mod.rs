@@ -373,6 +373,14 @@ impl Builder {
                 }
                 out.unit = Some(Unit::Eup);
             }
+            OpCost::LoadedMask => {
+                for s in 0..ns {
+                    let share = slab_share(&shape, s, ns);
+                    let (n, sl) = self.node(static_name, Work::Vector { ops: 0.0, loaded_mask_vregs: vr * share }, &in_refs, &[], s, ns);
+                    out.deps[s] = vec![(n, sl)];
+                }
+                out.unit = Some(Unit::Vpu);
+            }
             OpCost::Xlu => self.cross_lane(name, static_name, &ins, &mut out, vr),
             OpCost::Reduce => self.reduce(op, static_name, &ins, &mut out)?,
             OpCost::Matmul => self.matmul(op, static_name, &ins, &mut out)?,

@@ -53,12 +53,12 @@
 //! dk, dq) where the forward runs two; the two-kernel path recomputes qk and dp in the dq kernel:
 //! seven.
 
-use super::{add_mask, check_blocks_named, classify, lane_regs, padded_lengths, vregs, worst_mask_cost, Classified, MaskCost, Seg, Steps};
-use crate::vmem::VmemBuffer;
-use crate::ir::{ClassKey, Step, StepBody, StepClass, Work};
+use super::bwd_ops::BwdStep;
+use super::{check_blocks_named, classify, padded_lengths, Classified, Seg, Steps};
+use crate::ir::{ClassKey, Step, StepBody, StepClass};
 use crate::options::{Exp, Kernel, MaskSource, Masking, Traversal};
-use crate::{KernelError, Program, ProgramInfo, StepSource, TileCounts, VmemBudget, SLAB_ROWS};
-use petgraph::graph::NodeIndex;
+use crate::vmem::VmemBuffer;
+use crate::{KernelError, Program, ProgramInfo, StepSource, TileCounts, VmemBudget};
 use serde::Serialize;
 use tpusim_chip::ChipModel;
 use tpusim_workload::tiles::TileKind;
@@ -152,171 +152,6 @@ const JAX_Q_LANES: &str = "for JAX's Splash backward kernels, which lay q along 
 /// their q-side blocks) rather than JAX's data_next prefetch (empty blocks fetch nothing).
 fn static_grid(kernel: Kernel) -> bool {
     kernel == Kernel::TokamaxSplash
-}
-
-/// Shapes and options of one dkv step body.
-#[derive(Debug, Clone, Copy)]
-struct DkvShape {
-    bq: u64,
-    bkv: u64,
-    c: u64,
-    d: u64,
-    dv: u64,
-    mask: Option<MaskCost>,
-    base2: bool,
-    fused: bool,
-    first: bool,
-    last: bool,
-}
-
-/// The body of one dkv (or fused) step (module docs). Carried slots: per sub-tile s, dv at 2 s
-/// and dk at 2 s + 1; the dq scratch at 2 n_sub.
-///
-/// Issue order is software-pipelined as the forward's: stage k of slab g issues at slot
-/// g + SKEW[k], so the MXU streams later slabs' qk and dp while the VPU and EUP finish earlier
-/// slabs' p and ds. The skews are the data flow's (as the IR path assigns slots: an op a few
-/// slots after its producers, three after an MXU producer), so the qk and dp matmuls of all
-/// slabs lead (both read only loaded windows, so slab g's issue at slot g), and dv and dk
-/// follow once p and ds are ready. The sub-tiles of a step (the
-/// kernel's unrolled loop over `block_kv_dkv_compute` slices) depend on each other only
-/// through the dq accumulator, so their slabs share slots (g counts slabs within a sub-tile)
-/// and the schedule interleaves them, as the kernel's IR reads: with each sub-tile's slabs
-/// issued after the previous sub-tile's, tokamax's measured fused backward rows of 4,096-wide
-/// kv blocks in 512-wide sub-tiles (TK-v7x-1tc-078, -079, -096, -103) came out 3-16% fast.
-fn dkv_body(s: &DkvShape) -> StepBody {
-    // Stages: 0 per-step setup, 1 qk, 2 mask, 3 p_sub, 4 exp, 5 p_cast, 6 dv, 7 dp, 8 ds, 9 dk,
-    // 10 dv_acc, 11 dk_acc, 12 ds_t, 13 dq, 14 dq_acc, 15 stores.
-    const SKEW: [u64; 16] = [0, 0, 2, 3, 4, 4, 6, 0, 4, 6, 9, 9, 5, 6, 9, 10];
-    let slot = |g: u64, stage: usize| (g + SKEW[stage]) * 16 + stage as u64;
-    let mut b = StepBody::default();
-    let n_sub = s.bkv / s.c;
-    let dq_slot = (2 * n_sub) as u16;
-    let slabs = s.c.div_ceil(SLAB_ROWS);
-    // Per step: dq scratch zeroed (after the previous step stored it), q scaled for base-2 exp.
-    let dq_zero = s.fused.then(|| {
-        b.add_carried("dq_zero", Work::Vector { ops: vregs(s.bq, s.d), loaded_mask_vregs: 0.0 }, &[], slot(0, 0), Some(dq_slot), None)
-    });
-    // q x log2(e) takes VPU time but is not a dependency of the QK recompute: the compiler
-    // scales the block while the previous step drains (as in the forward).
-    if s.base2 {
-        b.add("q_scale", Work::Vector { ops: vregs(s.bq, s.d), loaded_mask_vregs: 0.0 }, &[], slot(0, 0));
-    }
-    // The dq accumulator's last update per bq row slab (fused).
-    let mut dq_prev: Vec<Option<NodeIndex>> = vec![dq_zero; if s.fused { s.bq.div_ceil(SLAB_ROWS) as usize } else { 0 }];
-    for sub in 0..n_sub {
-        let (dv_slot, dk_slot) = ((2 * sub) as u16, (2 * sub + 1) as u16);
-        let mut ds_parts = Vec::new();
-        let mut last_dv = None;
-        let mut last_dk = None;
-        let init = s.first.then(|| {
-            b.add_carried(
-                "kv_init",
-                Work::Vector { ops: vregs(s.c, s.d + s.dv), loaded_mask_vregs: 0.0 },
-                &[],
-                slot(0, 0),
-                Some(dk_slot),
-                None,
-            )
-        });
-        for si in 0..slabs {
-            let r = SLAB_ROWS.min(s.c - si * SLAB_ROWS);
-            let er = vregs(r, s.bq);
-            let qk = b.add("qk", Work::Matmul { m: r, k: s.d, n: s.bq, m_total: s.bkv }, &[], slot(si, 1));
-            let scores = match s.mask {
-                Some(c) => add_mask(&mut b, er, r as f64 / 8.0, if si == 0 { lane_regs(s.bq) } else { 0.0 }, false, c, qk, slot(si, 2)),
-                None => qk,
-            };
-            let sub_ops = if s.base2 { 2.0 } else { 3.0 };
-            let pre = b.add("p_sub", Work::Vector { ops: sub_ops * er, loaded_mask_vregs: 0.0 }, &[scores], slot(si, 3));
-            let p = b.add("exp", Work::Transcendental { vregs: er }, &[pre], slot(si, 4));
-            let cast = b.add("p_cast", Work::Vector { ops: er, loaded_mask_vregs: 0.0 }, &[p], slot(si, 5));
-            let dv = b.add("dv", Work::Matmul { m: r, k: s.bq, n: s.dv, m_total: s.bkv }, &[cast], slot(si, 6));
-            let dp = b.add("dp", Work::Matmul { m: r, k: s.dv, n: s.bq, m_total: s.bkv }, &[], slot(si, 7));
-            let ds = b.add("ds", Work::Vector { ops: 4.0 * er, loaded_mask_vregs: 0.0 }, &[dp, p], slot(si, 8));
-            let dk = b.add("dk", Work::Matmul { m: r, k: s.bq, n: s.d, m_total: s.bkv }, &[ds], slot(si, 9));
-            let mut dv_deps = vec![dv];
-            dv_deps.extend(last_dv.or(init));
-            let dv_in = (last_dv.is_none() && init.is_none()).then_some(dv_slot);
-            let dv_out = (si == slabs - 1).then_some(dv_slot);
-            last_dv = Some(b.add_carried(
-                "dv_acc",
-                Work::Vector { ops: 2.0 * vregs(r, s.dv), loaded_mask_vregs: 0.0 },
-                &dv_deps,
-                slot(si, 10),
-                dv_in,
-                dv_out,
-            ));
-            let mut dk_deps = vec![dk];
-            dk_deps.extend(last_dk.or(init));
-            let dk_in = (last_dk.is_none() && init.is_none()).then_some(dk_slot);
-            let dk_out = (si == slabs - 1 && !s.last).then_some(dk_slot);
-            last_dk = Some(b.add_carried(
-                "dk_acc",
-                Work::Vector { ops: 2.0 * vregs(r, s.d), loaded_mask_vregs: 0.0 },
-                &dk_deps,
-                slot(si, 11),
-                dk_in,
-                dk_out,
-            ));
-            ds_parts.push(ds);
-        }
-        let g_last = slabs - 1;
-        if s.fused {
-            // dq += ds^T k_s: the (c, bq) ds tile transposed through the XLU once every ds slab
-            // is done (a row of ds^T is a column of ds), handed on whole, then bq rows stream
-            // through k_s slab by slab, each slab's result popped and added as it comes out (as
-            // the forward's pv and acc). The IR path reads the same: a `tpu.transpose` whose
-            // consumers wait for all of it, then a matmul split into row slabs. (Pipelining dq
-            // behind the transpose slab by slab takes 4-8% off tokamax's measured fused
-            // backward rows, which the model already predicts fast.)
-            let t = b.add("ds_t", Work::CrossLane { vregs: vregs(s.c, s.bq) }, &ds_parts, slot(g_last, 12));
-            for (qs, prev) in dq_prev.iter_mut().enumerate() {
-                let r = SLAB_ROWS.min(s.bq - qs as u64 * SLAB_ROWS);
-                // The transposed f32 ds rounded to bf16 for the MXU (the kernel transposes
-                // before it casts: `tpu.transpose` of f32, then `arith.truncf`).
-                let cast = b.add("ds_t_cast", Work::Vector { ops: vregs(r, s.c), loaded_mask_vregs: 0.0 }, &[t], slot(g_last + qs as u64, 12));
-                let dq = b.add("dq", Work::Matmul { m: r, k: s.c, n: s.d, m_total: s.bq }, &[cast], slot(g_last + qs as u64, 13));
-                let mut deps = vec![dq];
-                deps.extend(*prev);
-                *prev = Some(b.add("dq_acc", Work::Vector { ops: 2.0 * vregs(r, s.d), loaded_mask_vregs: 0.0 }, &deps, slot(g_last + qs as u64, 14)));
-            }
-        }
-        if s.last {
-            // dk and dv cast and stored once the head group's last q step is done.
-            let deps: Vec<NodeIndex> = last_dk.into_iter().chain(last_dv).collect();
-            b.add_carried(
-                "kv_store",
-                Work::Vector { ops: vregs(s.c, s.d + s.dv), loaded_mask_vregs: 0.0 },
-                &deps,
-                slot(g_last, 15),
-                None,
-                Some(dk_slot),
-            );
-        }
-    }
-    let dq_last: Vec<NodeIndex> = dq_prev.iter().flatten().copied().collect();
-    if s.fused && !dq_last.is_empty() {
-        b.add_carried(
-            "dq_store",
-            Work::Vector { ops: vregs(s.bq, s.d), loaded_mask_vregs: 0.0 },
-            &dq_last,
-            slot(n_sub * slabs, 15),
-            None,
-            Some(dq_slot),
-        );
-    }
-    b
-}
-
-/// The body of an empty dkv step: nothing (JAX), or the dq partial zeroed and stored (tokamax's
-/// fused kernel writes one every step).
-fn dkv_empty_body(fused: bool, bq: u64, d: u64, dq_slot: u16) -> StepBody {
-    let mut b = StepBody::default();
-    if fused {
-        let z = b.add_carried("dq_zero", Work::Vector { ops: vregs(bq, d), loaded_mask_vregs: 0.0 }, &[], 0, Some(dq_slot), None);
-        b.add_carried("dq_store", Work::Vector { ops: vregs(bq, d), loaded_mask_vregs: 0.0 }, &[z], 1, None, Some(dq_slot));
-    }
-    b
 }
 
 /// What a backward kernel's VMEM depends on besides its blocks.
@@ -454,9 +289,10 @@ pub(crate) struct ColumnSteps {
     fetch_empty: bool,
     /// Whether the grid is shrunk per column, padding at the front (JAX unfused).
     shrunk: bool,
-    /// class id by [kind: 0 partial, 1 full][first][last]; empty steps `empty_class`.
+    /// class id by [kind: 0 partial, 1 full][first][last]; empty steps by [first][last] (an
+    /// empty step still runs the kernel's `init` and `end` branches).
     class_of: [[[u32; 2]; 2]; 2],
-    empty_class: u32,
+    empty_of: [[u32; 2]; 2],
     /// Bytes of the q-side windows of one q block: q, dO, logsumexp and di (and, for tokamax,
     /// the q positions of a computed mask).
     q_side: u64,
@@ -542,13 +378,14 @@ impl ColumnSteps {
                 // k and v change with the (kv block, kv head): the first head of a group loads them.
                 let load_kv = i == 0 && first_head;
                 let last = i + 1 == total && last_head;
+                let empty = self.empty_of[usize::from(load_kv)][usize::from(last)];
                 let (class, q_in) = match kind {
-                    None if self.fetch_empty => (self.empty_class, self.q_side + self.qpos_bytes),
+                    None if self.fetch_empty => (empty, self.q_side + self.qpos_bytes),
                     // JAX's shrunk grid: padding steps point at q block 0 (data_next = 0).
-                    None if self.shrunk && k == 0 => (self.empty_class, self.q_fetch(st, bh, 0)),
+                    None if self.shrunk && k == 0 => (empty, self.q_fetch(st, bh, 0)),
                     // JAX's full grid: empty steps point at the next non-empty block.
-                    None if !self.shrunk && k == 0 => (self.empty_class, self.q_fetch(st, bh, target)),
-                    None => (self.empty_class, 0),
+                    None if !self.shrunk && k == 0 => (empty, self.q_fetch(st, bh, target)),
+                    None => (empty, 0),
                     Some(kd) => {
                         let ki = usize::from(kd == TileKind::Full);
                         let mask = if kd == TileKind::Partial { self.mask_bytes } else { 0 };
@@ -693,36 +530,44 @@ pub fn lower_dkv(chip: &ChipModel, w: &AttentionCall, cfg: &super::SplashConfig)
         )
     });
     super::check_hbm(chip, w, true, partials + grads, advice)?;
-    let mask_cost = worst_mask_cost(&cl.distinct, source, cl.padded);
-    // JAX's kernels: int32 mask blocks, compare / OR / select (splash::jax_loaded_mask_cost).
-    let mask_cost = if static_grid(cfg.kernel) { mask_cost } else { super::jax_loaded_mask_cost(mask_cost) };
+    // The op program's mask (`bwd_ops`): the costliest distinct mask's function, the partial
+    // block loaded (JAX's int32, tokamax's int8), segment ids for padded lengths.
+    let plan = super::mask_plan(&cl, source, any_not_full, static_grid(cfg.kernel));
     let masked = masked_fn(cfg.kernel, cfg.masking, any_not_full);
     let n_sub = b.block_kv_dkv / b.block_kv_dkv_compute;
-    let mut classes = vec![StepClass {
-        key: ClassKey { tile: "empty", masked: false, first: false, last: false },
-        body: dkv_empty_body(b.fused && static_grid(cfg.kernel), b.block_q_dkv, w.head_dim, (2 * n_sub) as u16),
-    }];
+    let step = |m: bool, first: bool, runs: bool, last: bool| BwdStep {
+        block_q: b.block_q_dkv,
+        block_kv: b.block_kv_dkv,
+        compute: b.block_kv_dkv_compute,
+        d: w.head_dim,
+        dv: w.head_dim_v,
+        mask: m.then_some(&plan),
+        base2: cfg.exp == Exp::Base2,
+        fused: b.fused,
+        first,
+        runs,
+        last,
+    };
+    // An empty step runs what the kernel runs outside its compute branch: the fused kernel's dq
+    // partial zeroed (tokamax writes one every step; JAX zeroes it every step), and `init` or
+    // `end` at the line's first or last step.
+    let mut classes = Vec::new();
+    let mut empty_of = [[0u32; 2]; 2];
+    for first in [false, true] {
+        for last in [false, true] {
+            empty_of[usize::from(first)][usize::from(last)] = classes.len() as u32;
+            classes.push(StepClass { key: ClassKey { tile: "empty", masked: false, first, last }, body: bwd_body(true, &step(false, first, false, last)) });
+        }
+    }
     let mut class_of = [[[0u32; 2]; 2]; 2];
     for (k, kind) in [TileKind::Partial, TileKind::Full].into_iter().enumerate() {
         for first in [false, true] {
             for last in [false, true] {
                 let m = masked(kind);
-                let shape = DkvShape {
-                    bq: b.block_q_dkv,
-                    bkv: b.block_kv_dkv,
-                    c: b.block_kv_dkv_compute,
-                    d: w.head_dim,
-                    dv: w.head_dim_v,
-                    mask: m.then_some(mask_cost),
-                    base2: cfg.exp == Exp::Base2,
-                    fused: b.fused,
-                    first,
-                    last,
-                };
                 class_of[k][usize::from(first)][usize::from(last)] = classes.len() as u32;
                 classes.push(StepClass {
                     key: ClassKey { tile: if k == 0 { "partial" } else { "full" }, masked: m, first, last },
-                    body: dkv_body(&shape),
+                    body: bwd_body(true, &step(m, first, true, last)),
                 });
             }
         }
@@ -770,7 +615,7 @@ pub fn lower_dkv(chip: &ChipModel, w: &AttentionCall, cfg: &super::SplashConfig)
         fetch_empty: static_g,
         shrunk,
         class_of,
-        empty_class: 0,
+        empty_of,
         q_side: b.block_q_dkv * (w.head_dim + w.head_dim_v) * 2 + lse_di,
         qpos_bytes: if static_g { 0 } else { qpos },
         kv_bytes: b.block_kv_dkv * (w.head_dim + w.head_dim_v) * 2,
@@ -806,66 +651,23 @@ pub fn lower_dkv(chip: &ChipModel, w: &AttentionCall, cfg: &super::SplashConfig)
     Ok(Program { classes, parallel_units: w.batch, vmem, info, steps: StepSource::Columns(steps) })
 }
 
-/// The body of one dq-kernel step (module docs): like a forward step with dq in place of o,
-/// software-pipelined over its slabs as the forward's.
-fn dq_body(bq: u64, bkv: u64, d: u64, dv: u64, mask: Option<MaskCost>, first: bool, last: bool) -> StepBody {
-    // Stages: 0 init, 1 qk, 2 mask, 3 p_sub, 4 exp, 5 dp, 6 ds, 7 dq, 8 dq_acc, 9 store.
-    const SKEW: [u64; 10] = [0, 0, 2, 2, 3, 1, 4, 5, 6, 7];
-    let slot = |g: u64, stage: usize| (g + SKEW[stage]) * 16 + stage as u64;
-    let mut b = StepBody::default();
-    let slabs = bq.div_ceil(SLAB_ROWS);
-    for si in 0..slabs {
-        let r = SLAB_ROWS.min(bq - si * SLAB_ROWS);
-        let e = vregs(r, bkv);
-        let init = first.then(|| {
-            b.add_carried("dq_init", Work::Vector { ops: vregs(r, d), loaded_mask_vregs: 0.0 }, &[], slot(si, 0), Some(si as u16), None)
-        });
-        let qk = b.add("qk", Work::Matmul { m: r, k: d, n: bkv, m_total: bq }, &[], slot(si, 1));
-        let scores = match mask {
-            Some(c) => add_mask(&mut b, e, r as f64 / 8.0, if si == 0 { lane_regs(bkv) } else { 0.0 }, true, c, qk, slot(si, 2)),
-            None => qk,
-        };
-        // Pop, subtract logsumexp, and the natural exp's scale by log2(e) before the EUP's exp2
-        // (`jnp.exp`, as the forward's and the dkv kernel's natural exp).
-        let pre = b.add("p_sub", Work::Vector { ops: 3.0 * e, loaded_mask_vregs: 0.0 }, &[scores], slot(si, 3));
-        let p = b.add("exp", Work::Transcendental { vregs: e }, &[pre], slot(si, 4));
-        let dp = b.add("dp", Work::Matmul { m: r, k: dv, n: bkv, m_total: bq }, &[], slot(si, 5));
-        let ds = b.add("ds", Work::Vector { ops: 4.0 * e, loaded_mask_vregs: 0.0 }, &[dp, p], slot(si, 6));
-        let dq = b.add("dq", Work::Matmul { m: r, k: bkv, n: d, m_total: bq }, &[ds], slot(si, 7));
-        let mut deps = vec![dq];
-        deps.extend(init);
-        let reads = init.is_none().then_some(si as u16);
-        let acc = b.add_carried(
-            "dq_acc",
-            Work::Vector { ops: 2.0 * vregs(r, d), loaded_mask_vregs: 0.0 },
-            &deps,
-            slot(si, 8),
-            reads,
-            (!last).then_some(si as u16),
-        );
-        if last {
-            b.add_carried(
-                "dq_store",
-                Work::Vector { ops: vregs(r, d), loaded_mask_vregs: 0.0 },
-                &[acc],
-                slot(si, 9),
-                None,
-                Some(si as u16),
-            );
-        }
+/// A backward step's body (`dkv`: the dkv kernel's, else the dq kernel's) from its op program
+/// ([`super::bwd_ops`]), shared between lowerings as the forward's are.
+fn bwd_body(dkv: bool, s: &BwdStep<'_>) -> StepBody {
+    use std::sync::{Mutex, OnceLock, PoisonError};
+    static CACHE: OnceLock<Mutex<std::collections::HashMap<String, StepBody>>> = OnceLock::new();
+    const CAPACITY: usize = 64;
+    let key = format!("{dkv}{s:?}");
+    let cache = CACHE.get_or_init(Default::default);
+    if let Some(b) = cache.lock().unwrap_or_else(PoisonError::into_inner).get(&key) {
+        return b.clone();
     }
-    b
-}
-
-/// The body of a dq-kernel step that only finalizes (an empty padding step at the row's last
-/// grid step): the f32 accumulator cast and stored, per slab.
-fn dq_finalize_body(bq: u64, d: u64) -> StepBody {
-    let mut b = StepBody::default();
-    for si in 0..bq.div_ceil(SLAB_ROWS) {
-        let r = SLAB_ROWS.min(bq - si * SLAB_ROWS);
-        b.add_carried("dq_store", Work::Vector { ops: vregs(r, d), loaded_mask_vregs: 0.0 }, &[], si * 16, Some(si as u16), Some(si as u16));
+    let body = if dkv { super::bwd_ops::dkv_step(s) } else { super::bwd_ops::dq_step(s) };
+    let mut c = cache.lock().unwrap_or_else(PoisonError::into_inner);
+    if c.len() >= CAPACITY {
+        c.clear();
     }
-    b
+    c.entry(key).or_insert(body).clone()
 }
 
 /// Lowers JAX's dq kernel (the unfused backward's first kernel; module docs).
@@ -890,9 +692,21 @@ pub fn lower_dq(chip: &ChipModel, w: &AttentionCall, cfg: &super::SplashConfig) 
     let opts = BwdVmemOptions { dq_elem: 2, computed, loaded, padded: padded_lengths(w, b.block_q_dq, b.block_kv_dq) };
     let vmem = dq_vmem(w, &b, opts, cfg.vmem_limit(chip));
     vmem.check(chip)?;
-    // JAX's dq kernel: int32 mask blocks, compare / OR / select (splash::jax_loaded_mask_cost).
-    let mask_cost = super::jax_loaded_mask_cost(worst_mask_cost(&cl.distinct, source, cl.padded));
+    let plan = super::mask_plan(&cl, source, any_not_full, false);
     let masked = masked_fn(cfg.kernel, cfg.masking, any_not_full);
+    let step = |m: bool, first: bool, runs: bool, last: bool| BwdStep {
+        block_q: b.block_q_dq,
+        block_kv: b.block_kv_dq,
+        compute: b.block_kv_dq,
+        d: w.head_dim,
+        dv: w.head_dim_v,
+        mask: m.then_some(&plan),
+        base2: false,
+        fused: false,
+        first,
+        runs,
+        last,
+    };
     let mut classes =
         vec![StepClass { key: ClassKey { tile: "empty", masked: false, first: false, last: false }, body: StepBody::default() }];
     let mut class_of = [[[0u32; 2]; 2]; 2];
@@ -903,7 +717,7 @@ pub fn lower_dq(chip: &ChipModel, w: &AttentionCall, cfg: &super::SplashConfig) 
                 class_of[k][usize::from(first)][usize::from(last)] = classes.len() as u32;
                 classes.push(StepClass {
                     key: ClassKey { tile: if k == 0 { "partial" } else { "full" }, masked: m, first, last },
-                    body: dq_body(b.block_q_dq, b.block_kv_dq, w.head_dim, w.head_dim_v, m.then_some(mask_cost), first, last),
+                    body: bwd_body(false, &step(m, first, true, last)),
                 });
             }
         }
@@ -913,7 +727,7 @@ pub fn lower_dq(chip: &ChipModel, w: &AttentionCall, cfg: &super::SplashConfig) 
     let finalize_class = {
         classes.push(StepClass {
             key: ClassKey { tile: "empty", masked: false, first: false, last: true },
-            body: dq_finalize_body(b.block_q_dq, w.head_dim),
+            body: bwd_body(false, &step(false, false, false, true)),
         });
         Some(classes.len() as u32 - 1)
     };

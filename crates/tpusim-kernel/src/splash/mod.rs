@@ -62,14 +62,14 @@
 //! must fit the device's HBM.
 
 pub mod bwd;
+pub(crate) mod bwd_ops;
 pub(crate) mod ops;
 mod steps;
 
-use crate::ir::{ClassKey, StepBody, StepClass, Work};
+use crate::ir::{ClassKey, StepBody, StepClass};
 pub use crate::options::{Exp, Kernel, MaskSource, Masking, Traversal};
 use crate::vmem::VmemBuffer;
-use crate::{KernelError, Program, ProgramInfo, StepSource, TileCounts, VmemBudget, SLAB_ROWS};
-use petgraph::graph::NodeIndex;
+use crate::{KernelError, Program, ProgramInfo, StepSource, TileCounts, VmemBudget};
 use serde::Serialize;
 use std::collections::HashMap;
 pub use steps::RunItem;
@@ -188,168 +188,20 @@ pub fn computable(mask: &Mask) -> bool {
     }
 }
 
-/// What applying a mask costs per (8,128) register of scores: VPU operations counted by lowering,
-/// and whether the register also reads a loaded int8 mask block, whose unpack, compare and select
-/// cost the chip's `fitted.loaded_mask_ops_per_vreg` (charged by the engine).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct MaskCost {
-    /// VPU register operations per score register.
-    pub ops: f64,
-    /// The mask is read from int8 blocks.
-    pub loaded: bool,
-    /// VPU operations per register of the q positions when q runs along the score tile's rows
-    /// (forward, dq): the mask function's arithmetic on a lane-replicated (rows, 128) array,
-    /// r / 8 registers per slab of r rows.
-    pub q_row_ops: f64,
-    /// The same for the kv positions when kv runs along the rows (the dkv kernel).
-    pub kv_row_ops: f64,
-}
-
-/// The cost of applying `mask` per (8,128) register of scores ([`MaskCost`]).
-///
-/// Computed masks: one operation per comparison, position arithmetic and boolean combination in
-/// the mask expression + 1 (the select), + 2 when the sequence is padded (segment-id compare and
-/// combine). The positions themselves cost nothing per register: the kv positions (an iota along
-/// lanes plus the sub-tile's offset) are the same for every 8-row group and the q positions (a
-/// lane-replicated (block_q, 128) array) the same for every lane chunk, so the compiler forms them
-/// once per sub-tile column or row group (tokamax `_apply_mask_and_soft_cap`). Loaded masks (and
-/// masks that can only be loaded, block files): the loaded-mask cost, + 2 when padded.
-///
-/// Splash's computable masks evaluate their mask function (JAX's `splash_attention_mask.py`) on
-/// a q-position array and a kv-position array of the tile's shape, one of them constant along
-/// the lanes (the side laid along the rows) and the other along the sublanes; arithmetic on a
-/// position alone runs on one register per row group or lane group, not per score register
-/// ([`MaskCost::q_row_ops`], [`MaskCost::kv_row_ops`]; the side along the lanes is
-/// sublane-replicated, one register per 128 columns of a tile, counted once per tile). Per score register: the comparisons, their combination and the
-/// select. Position arithmetic, per position register: `CausalMask` q + offset (1, when the
-/// offset is not 0); `LocalMask` (a band is a symmetric one) q + offset, q - left, q + right;
-/// `ChunkedCausalMask` `q // chunk` and `kv // chunk`, each JAX's floor division (`arith.divsi`
-/// with the sign correction: 17 operations counted as the IR path counts them). The dkv
-/// kernel's kv positions are `k_offset + iota` along the rows (1 more per kv register).
-pub fn mask_cost(mask: &Mask, source: MaskSource, padded: bool) -> MaskCost {
-    let t = mask.expression_terms();
-    let pad = if padded { 2.0 } else { 0.0 };
-    let loaded = |ops| MaskCost { ops, loaded: true, q_row_ops: 0.0, kv_row_ops: 0.0 };
-    match source {
-        MaskSource::Loaded => loaded(pad),
-        MaskSource::Computed if t.loaded_only => loaded(pad),
-        MaskSource::Computed => match computed_mask_ops(mask) {
-            Some((full, q_row, kv_row)) => {
-                let kv_offset = if mask.is_full() { 0.0 } else { 1.0 };
-                MaskCost { ops: full + pad, loaded: false, q_row_ops: q_row, kv_row_ops: kv_row + kv_offset }
-            }
-            None => MaskCost { ops: (t.compares + t.arith + t.combines) as f64 + 1.0 + pad, loaded: false, q_row_ops: 0.0, kv_row_ops: 0.0 },
-        },
+/// How an op program masks a masked step of tiling `cl` ([`ops::MaskPlan`]): the costliest
+/// distinct mask's function when the mask is computed, the partial block when it is loaded
+/// (`int8`: the family's blocks are int8), segment ids when the lengths are padded.
+pub(crate) fn mask_plan(cl: &Classified, source: MaskSource, any_not_full: bool, int8: bool) -> ops::MaskPlan {
+    let terms = |m: &Mask| {
+        let t = m.expression_terms();
+        t.compares + t.arith + t.combines
+    };
+    ops::MaskPlan {
+        function: (source == MaskSource::Computed).then(|| cl.distinct.iter().filter(|m| !m.is_full()).max_by_key(|m| terms(m)).cloned()).flatten(),
+        loaded: source == MaskSource::Loaded && any_not_full,
+        int8,
+        segments: cl.padded,
     }
-}
-
-/// (ops per score register, per q-position register, per kv-position register) of a
-/// computable mask's function ([`mask_cost`]); `None` for other masks.
-fn computed_mask_ops(mask: &Mask) -> Option<(f64, f64, f64)> {
-    /// JAX's floor division of int32 positions by a constant, as its IR counts it
-    /// (`tpusim-pallas`'s op costs): `arith.divsi` (3) and `arith.remsi` (4), four compares,
-    /// two zero-extensions, two subtractions, an and and a select (10).
-    const FLOOR_DIV: f64 = 17.0;
-    let off = |o: i64| if o != 0 { 1.0 } else { 0.0 };
-    match mask {
-        // Nothing to compute but the select (when padding or tile alignment masks it).
-        Mask::Full => Some((1.0, 0.0, 0.0)),
-        Mask::Causal { offset } => Some((2.0, off(*offset), 0.0)),
-        Mask::Local { offset, .. } => Some((4.0, 2.0 + off(*offset), 0.0)),
-        Mask::Band { .. } => Some((4.0, 2.0, 0.0)),
-        Mask::Chunked { .. } => Some((4.0, FLOOR_DIV, FLOOR_DIV)),
-        Mask::PerHead(p) if p.windows(2).all(|w| w[0] == w[1]) => p.first().and_then(computed_mask_ops),
-        _ => None,
-    }
-}
-
-/// A loaded mask as JAX's Splash kernels apply it: their partial mask blocks are bool arrays,
-/// which the `pallas_call` passes as int32 (the kernel's memref is `i32`), and
-/// `_apply_mask_and_soft_cap` compares the block to bool, ORs in `should_not_mask` and selects:
-/// 3 VPU operations per score register (its Mosaic IR: `arith.cmpi`, `arith.ori`,
-/// `arith.select`), no int8 unpack, so not the chip's fitted loaded-mask cost (fitted to an int8
-/// mask kernel). Other costs pass through.
-pub(crate) fn jax_loaded_mask_cost(c: MaskCost) -> MaskCost {
-    if c.loaded {
-        MaskCost { ops: c.ops + 3.0, loaded: false, ..c }
-    } else {
-        c
-    }
-}
-
-/// The costliest of the distinct masks' costs (every head's steps share one body).
-pub(crate) fn worst_mask_cost(masks: &[Mask], source: MaskSource, padded: bool) -> MaskCost {
-    masks
-        .iter()
-        .map(|m| mask_cost(m, source, padded))
-        .fold(MaskCost { ops: 0.0, loaded: false, q_row_ops: 0.0, kv_row_ops: 0.0 }, |a, b| MaskCost {
-            ops: a.ops.max(b.ops),
-            loaded: a.loaded || b.loaded,
-            q_row_ops: a.q_row_ops.max(b.q_row_ops),
-            kv_row_ops: a.kv_row_ops.max(b.kv_row_ops),
-        })
-}
-
-/// The mask operation of a slab: `sv` score registers at cost `c`.
-pub(crate) fn mask_work(sv: f64, c: MaskCost) -> Work {
-    Work::Vector { ops: sv * c.ops, loaded_mask_vregs: if c.loaded { sv } else { 0.0 } }
-}
-
-/// Adds a slab's mask to `b` after `qk`. Position arithmetic needs no scores, so it waits for
-/// nothing: the row side's (`rv` registers of q positions when `q_rows`, else kv positions) and
-/// the lane side's (`lane_regs` registers of the other side's positions, sublane-replicated: one
-/// register per 128 columns of the tile, given with the first slab of a tile and 0 after). Then
-/// the per-score-register work ([`mask_work`]): of a computed mask's work only the select reads
-/// the scores; the comparisons and their combination (of positions, segment ids or a JAX mask
-/// block) wait for the positions alone, so the VPU runs them while the MXU computes `qk`, as the
-/// kernel's dataflow allows. A chip-costed loaded int8 mask stays one operation after `qk` (its
-/// fitted cost was fitted so).
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn add_mask(b: &mut StepBody, sv: f64, rv: f64, lane_regs: f64, q_rows: bool, c: MaskCost, qk: NodeIndex, issue: u64) -> NodeIndex {
-    let (row, lane) = if q_rows { (c.q_row_ops, c.kv_row_ops) } else { (c.kv_row_ops, c.q_row_ops) };
-    let ops = rv * row + lane_regs * lane;
-    let positions = (ops > 0.0).then(|| b.add("mask_positions", Work::Vector { ops, loaded_mask_vregs: 0.0 }, &[], issue));
-    if c.loaded || c.ops <= 1.0 {
-        let deps: Vec<NodeIndex> = std::iter::once(qk).chain(positions).collect();
-        return b.add("mask", mask_work(sv, c), &deps, issue);
-    }
-    let pre: Vec<NodeIndex> = positions.into_iter().collect();
-    let compare = b.add("mask_compare", Work::Vector { ops: sv * (c.ops - 1.0), loaded_mask_vregs: 0.0 }, &pre, issue);
-    b.add("mask", Work::Vector { ops: sv, loaded_mask_vregs: 0.0 }, &[qk, compare], issue)
-}
-
-/// Shapes and options of one attention step body.
-#[derive(Debug, Clone, Copy, PartialEq)]
-struct BodyShape {
-    block_q: u64,
-    block_kv: u64,
-    compute: u64,
-    d: u64,
-    dv: u64,
-    mask: Option<MaskCost>,
-    base2: bool,
-    residuals: bool,
-    first: bool,
-    last: bool,
-    /// The p.v matmul takes v as f32 (JAX's Splash: `v.astype(float32)`): v's sub-tile is
-    /// widened, and rounded back to bf16 for the MXU ([`crate::mxu`]: one pass at the default
-    /// precision).
-    f32_v: bool,
-    /// JAX's older flash attention: o_acc normalized on every sub-tile (module docs).
-    flash: bool,
-    /// JAX's Splash: `end()` fills m, l and o_scratch (outputs of constant block index) with
-    /// zeros after writing o, r (256 + dv) / 1024 fill operations per slab (the kernel's IR).
-    resets_scratch: bool,
-}
-
-/// Registers of a sublane-replicated (lane-side) position array over `cols` columns: one per 128
-/// lanes.
-pub(crate) fn lane_regs(cols: u64) -> f64 {
-    cols.div_ceil(128) as f64
-}
-
-pub(crate) fn vregs(rows: u64, cols: u64) -> f64 {
-    (rows * cols) as f64 / 1024.0
 }
 
 /// The body of one step of a kernel whose body is an op program ([`ops`]: JAX's Splash, JAX's
@@ -363,163 +215,12 @@ fn op_body(kernel: Kernel, s: &ops::FwdStep<'_>) -> StepBody {
     if let Some(b) = cache.lock().unwrap_or_else(PoisonError::into_inner).get(&key) {
         return b.clone();
     }
-    let body = if kernel == Kernel::FlashAttention { ops::jax_flash_fwd(s) } else { ops::jax_splash_fwd(s) };
+    let body = if kernel == Kernel::FlashAttention { ops::jax_flash_fwd(s) } else { ops::splash_fwd(s) };
     let mut c = cache.lock().unwrap_or_else(PoisonError::into_inner);
     if c.len() >= CAPACITY {
         c.clear();
     }
     c.entry(key).or_insert(body).clone()
-}
-
-/// The body of one computed attention step (module docs), shared between lowerings: bodies of
-/// equal shape are clones of one prototype, so they share its [`crate::Memo`] (a simulator's
-/// schedule of the body is derived once, not once per lowering; a tuner lowers thousands of
-/// configurations with a few distinct bodies each).
-fn attention_body(s: &BodyShape) -> StepBody {
-    use std::sync::{Mutex, OnceLock, PoisonError};
-    type Key = [u64; 9];
-    static CACHE: OnceLock<Mutex<HashMap<Key, StepBody>>> = OnceLock::new();
-    /// Prototypes kept before the cache starts over (a tiling has up to 8 distinct bodies).
-    const CAPACITY: usize = 64;
-    let mask = s.mask.map_or([u64::MAX; 3], |m| [m.ops.to_bits(), u64::from(m.loaded), m.q_row_ops.to_bits()]);
-    let flags =
-        u64::from(s.base2) | u64::from(s.residuals) << 1 | u64::from(s.first) << 2 | u64::from(s.last) << 3 | u64::from(s.f32_v) << 4 | u64::from(s.flash) << 5 | u64::from(s.resets_scratch) << 6;
-    let key: Key = [s.block_q, s.block_kv, s.compute, s.d, s.dv, mask[0], mask[1], mask[2], flags];
-    let cache = CACHE.get_or_init(Default::default);
-    if let Some(b) = cache.lock().unwrap_or_else(PoisonError::into_inner).get(&key) {
-        return b.clone();
-    }
-    let body = build_attention_body(s);
-    let mut c = cache.lock().unwrap_or_else(PoisonError::into_inner);
-    if c.len() >= CAPACITY {
-        c.clear();
-    }
-    c.entry(key).or_insert(body).clone()
-}
-
-/// Builds the dependency graph of one computed attention step (module docs).
-fn build_attention_body(s: &BodyShape) -> StepBody {
-    let slabs = s.block_q.div_ceil(SLAB_ROWS);
-    let chunks = s.block_kv / s.compute;
-    // About 13 operations and 14 dependencies per slab and sub-tile (a little more with a mask).
-    let g = (slabs * chunks) as usize;
-    let mut b = StepBody::with_capacity(16 * g + 8, 18 * g + 8);
-    let c = s.compute;
-    let mut prev_max: Vec<Option<NodeIndex>> = vec![None; slabs as usize];
-    let mut prev_acc: Vec<Option<NodeIndex>> = vec![None; slabs as usize];
-    // Software-pipelined issue slots: stage k of slab g (g counts slabs over all sub-tiles) issues
-    // at slot g + SKEW[k], so each unit interleaves stages of successive slabs and an operation's
-    // input was produced a few slabs' worth of work earlier (covering MXU, XLU and EUP latency).
-    // Stages: init, qk, mask, rowmax, rowmax_xlu, sub, exp, sum_cast, rowsum_xlu, pv, acc, recip,
-    // finalize.
-    const SKEW: [u64; 13] = [0, 0, 3, 3, 4, 4, 5, 5, 6, 7, 9, 10, 10];
-    let slot = |g: u64, stage: usize| (g + SKEW[stage]) * 16 + stage as u64;
-    let (m_slot, acc_slot) = (|i: u64| (2 * i) as u16, |i: u64| (2 * i + 1) as u16);
-    let mut v_cast: Option<NodeIndex> = None;
-    for j in 0..chunks {
-        for si in 0..slabs {
-            let g = j * slabs + si;
-            let r = SLAB_ROWS.min(s.block_q - si * SLAB_ROWS);
-            let sv = vregs(r, c);
-            let rv = r as f64 / 8.0;
-            let i = si as usize;
-            if s.first && j == 0 {
-                // Zeroing the scratch waits for the previous row's last write of it.
-                let init = b.add_carried(
-                    "init",
-                    Work::Vector { ops: vregs(r, 256 + s.dv), loaded_mask_vregs: 0.0 },
-                    &[],
-                    slot(g, 0),
-                    Some(acc_slot(si)),
-                    None,
-                );
-                prev_max[i] = Some(init);
-                prev_acc[i] = Some(init);
-            }
-            if s.base2 && j == 0 {
-                // log2(e) folded into q once per step (hoisted out of the sub-tile loop). Not a
-                // dependency of the QK matmul: the compiler scales the block while the previous
-                // step's softmax drains, so it only takes VPU time.
-                b.add("q_scale", Work::Vector { ops: vregs(r, s.d), loaded_mask_vregs: 0.0 }, &[], slot(g, 0));
-            }
-            let qk = b.add("qk", Work::Matmul { m: r, k: s.d, n: c, m_total: s.block_q }, &[], slot(g, 1));
-            let scores = match s.mask {
-                Some(c) => add_mask(&mut b, sv, rv, if si == 0 { lane_regs(s.compute) } else { 0.0 }, true, c, qk, slot(g, 2)),
-                None => qk,
-            };
-            // Pop the f32 scores from the MXU result buffer, then the row max's element-wise
-            // part: a row of c columns spans c / 128 registers, folded into one by c / 128 - 1
-            // maxima before the XLU reduces across its lanes.
-            let fold = 1.0 - lane_regs(c).recip();
-            let rowmax = b.add("rowmax", Work::Vector { ops: (1.0 + fold) * sv, loaded_mask_vregs: 0.0 }, &[scores], slot(g, 3));
-            let mut deps = vec![rowmax];
-            deps.extend(prev_max[i]);
-            let reads_m = (prev_max[i].is_none()).then(|| m_slot(si));
-            let writes_m = (j == chunks - 1).then(|| m_slot(si));
-            let rowmax_x = b.add_carried("rowmax_xlu", Work::CrossLane { vregs: rv }, &deps, slot(g, 4), reads_m, writes_m);
-            prev_max[i] = Some(rowmax_x);
-            let scale = if s.base2 { 1.0 } else { 2.0 };
-            let sub = b.add("sub", Work::Vector { ops: scale * sv + (1.0 + scale) * rv, loaded_mask_vregs: 0.0 }, &[rowmax_x], slot(g, 5));
-            let exp = b.add("exp", Work::Transcendental { vregs: sv + rv }, &[sub], slot(g, 6));
-            // The row sum's element-wise part (as the max's) and p rounded to bf16 for the MXU.
-            let post = b.add("sum_cast", Work::Vector { ops: (1.0 + fold) * sv, loaded_mask_vregs: 0.0 }, &[exp], slot(g, 7));
-            let rowsum = b.add("rowsum_xlu", Work::CrossLane { vregs: rv }, &[post], slot(g, 8));
-            let mut pv_deps = vec![post];
-            if s.f32_v && si == 0 {
-                // Once per sub-tile: v widened to f32 and rounded back to bf16 for the MXU (one
-                // VPU operation per f32 register each way), before the sub-tile's first p.v.
-                v_cast = Some(b.add("v_cast", Work::Vector { ops: 2.0 * vregs(c, s.dv), loaded_mask_vregs: 0.0 }, &[], slot(g, 0)));
-            }
-            pv_deps.extend(v_cast.filter(|_| s.f32_v));
-            let pv = b.add("pv", Work::Matmul { m: r, k: c, n: s.dv, m_total: s.block_q }, &pv_deps, slot(g, 9));
-            let mut deps = vec![pv, rowsum];
-            let acc_ops = if s.flash {
-                // 1 / l_next on every sub-tile (module docs).
-                deps.push(b.add("recip", Work::Transcendental { vregs: rv }, &[rowsum], slot(g, 9)));
-                4.0 * vregs(r, s.dv) + 5.0 * rv
-            } else {
-                3.0 * vregs(r, s.dv) + 2.0 * rv
-            };
-            deps.extend(prev_acc[i]);
-            let reads_acc = (prev_acc[i].is_none()).then(|| acc_slot(si));
-            let finalizes = s.last && j == chunks - 1;
-            let writes_acc = (j == chunks - 1 && !finalizes).then(|| acc_slot(si));
-            let acc = b.add_carried("acc", Work::Vector { ops: acc_ops, loaded_mask_vregs: 0.0 }, &deps, slot(g, 10), reads_acc, writes_acc);
-            prev_acc[i] = Some(acc);
-            if finalizes && s.flash {
-                // o_acc is normalized already: the cast alone.
-                b.add_carried(
-                    "finalize",
-                    Work::Vector { ops: vregs(r, s.dv), loaded_mask_vregs: 0.0 },
-                    &[acc],
-                    slot(g, 12),
-                    None,
-                    Some(acc_slot(si)),
-                );
-            } else if finalizes {
-                let eup = if s.residuals { 2.0 * rv } else { rv };
-                let recip = b.add("recip", Work::Transcendental { vregs: eup }, &[acc], slot(g, 11));
-                let vpu = finalize_vpu_ops(r, s.dv, s.residuals, s.resets_scratch);
-                b.add_carried(
-                    "finalize",
-                    Work::Vector { ops: vpu, loaded_mask_vregs: 0.0 },
-                    &[recip],
-                    slot(g, 12),
-                    None,
-                    Some(acc_slot(si)),
-                );
-            }
-        }
-    }
-    b
-}
-
-/// VPU operations of a row slab's finalize (r rows, dv columns; module docs): the division's
-/// VPU part on l's r / 8 registers, o_acc x (1 / l) and its cast, with residuals m + log(l),
-/// and JAX's `end()` filling m, l and o_scratch with zeros after writing o (`resets_scratch`).
-fn finalize_vpu_ops(r: u64, dv: u64, residuals: bool, resets_scratch: bool) -> f64 {
-    let rv = r as f64 / 8.0;
-    rv + 2.0 * vregs(r, dv) + if residuals { rv } else { 0.0 } + if resets_scratch { vregs(r, 256 + dv) } else { 0.0 }
 }
 
 /// Whether a mask keeps a pair by q - k alone, so that blocks at equal q0 - k0 are identical
@@ -960,28 +661,21 @@ pub fn lower(chip: &ChipModel, w: &AttentionCall, cfg: &SplashConfig) -> Result<
     if smem > chip.smem_bytes() {
         return Err(KernelError::Smem { needed: smem, limit: chip.smem_bytes(), block_q: cfg.block_q, block_kv: cfg.block_kv });
     }
-    // Stage 4: one body per (tile kind, first, last), the mask cost the costliest distinct mask's.
-    let mask_cost = worst_mask_cost(&cl.distinct, source, cl.padded);
-    let mask_cost = match cfg.kernel {
-        Kernel::Splash => jax_loaded_mask_cost(mask_cost),
-        // JAX's older flash attention adds the mask as a bias, `s + where(mask, 0, mask_value)`:
-        // one more operation per score register than a select alone.
-        Kernel::FlashAttention => MaskCost { ops: mask_cost.ops + 1.0, ..mask_cost },
-        _ => mask_cost,
-    };
+    // Stage 4: one body per (tile kind, first, last), an op program ([`ops`]) masked by the
+    // costliest distinct mask's function.
     let masked_kind = |partial: bool| match cfg.masking {
         Masking::None => false,
         Masking::Partial => partial,
         Masking::All => partial || any_not_full,
     };
-    // The op programs' mask (JAX's Splash and flash attention, `ops`): the costliest distinct
-    // mask's function, the partial block loaded, segment ids for padded lengths.
-    let plan = ops::MaskPlan {
-        function: (source == MaskSource::Computed)
-            .then(|| cl.distinct.iter().filter(|m| !m.is_full()).max_by_key(|m| { let t = m.expression_terms(); t.compares + t.arith + t.combines }).cloned())
-            .flatten(),
-        loaded: source == MaskSource::Loaded && any_not_full,
-        segments: cl.padded,
+    // The op program's mask ([`ops`]): the costliest distinct mask's function, the partial
+    // block loaded (JAX's int32, the others' int8), segment ids for padded lengths.
+    let plan = mask_plan(&cl, source, any_not_full, cfg.kernel != Kernel::Splash);
+    let flavor = ops::Flavor {
+        base2: cfg.exp == Exp::Base2,
+        f32_v: cfg.kernel == Kernel::Splash,
+        resets_scratch: cfg.kernel == Kernel::Splash,
+        max_logits: cfg.kernel != Kernel::Splash,
     };
     let mut classes =
         vec![StepClass { key: ClassKey { tile: "empty", masked: false, first: false, last: false }, body: StepBody::default() }];
@@ -990,26 +684,11 @@ pub fn lower(chip: &ChipModel, w: &AttentionCall, cfg: &SplashConfig) -> Result<
         for first in [false, true] {
             for last in [false, true] {
                 let is_masked = masked_kind(kind == TileKind::Partial);
-                let shape = BodyShape {
-                    block_q: cfg.block_q,
-                    block_kv: cfg.block_kv,
-                    compute: cfg.block_kv_compute,
-                    d: w.head_dim,
-                    dv: w.head_dim_v,
-                    mask: is_masked.then_some(mask_cost),
-                    base2: cfg.exp == Exp::Base2,
-                    residuals: cfg.return_residuals,
-                    first,
-                    last,
-                    f32_v: cfg.kernel == Kernel::Splash,
-                    flash: cfg.kernel == Kernel::FlashAttention,
-                    resets_scratch: cfg.kernel == Kernel::Splash,
-                };
                 class_of[k][usize::from(first)][usize::from(last)] = classes.len() as u32;
-                let body = match cfg.kernel {
-                    Kernel::Splash | Kernel::FlashAttention => op_body(
+                let body = op_body(
                         cfg.kernel,
                         &ops::FwdStep {
+                            flavor,
                             block_q: cfg.block_q,
                             block_kv: cfg.block_kv,
                             compute: cfg.block_kv_compute,
@@ -1021,9 +700,7 @@ pub fn lower(chip: &ChipModel, w: &AttentionCall, cfg: &SplashConfig) -> Result<
                             runs: true,
                             last,
                         },
-                    ),
-                    _ => attention_body(&shape),
-                };
+                    );
                 classes.push(StepClass { key: ClassKey { tile: if k == 0 { "partial" } else { "full" }, masked: is_masked, first, last }, body });
             }
         }
@@ -1037,6 +714,7 @@ pub fn lower(chip: &ChipModel, w: &AttentionCall, cfg: &SplashConfig) -> Result<
             body: op_body(
                 cfg.kernel,
                 &ops::FwdStep {
+                    flavor,
                     block_q: cfg.block_q,
                     block_kv: cfg.block_kv,
                     compute: cfg.block_kv_compute,

@@ -16,7 +16,7 @@ use tpusim_workload::Mask;
 
 /// Lanes of a vector register: the width of Splash's lane-replicated row statistics (m, l) and
 /// of its q positions (`NUM_LANES`).
-const LANES: u64 = 128;
+pub(crate) const LANES: u64 = 128;
 
 /// How a masked step masks its scores.
 #[derive(Debug, Clone, PartialEq)]
@@ -24,15 +24,35 @@ pub(crate) struct MaskPlan {
     /// The mask function evaluated from positions (JAX's `_ComputableMask`; a union or
     /// intersection of position masks is traced as their combination), if any.
     pub function: Option<Mask>,
-    /// The partial mask block loaded (JAX's `NumpyMask`: a bool block passed as int32).
+    /// The partial mask block loaded (JAX's `NumpyMask`: a bool block passed as int32; the
+    /// other families' int8 blocks, `int8`).
     pub loaded: bool,
+    /// The loaded block is int8 (tokamax's and MaxDiffusion's `partial_mask_blocks`): widened
+    /// at the chip's fitted cost ([`crate::body::cost::OpCost::LoadedMask`]) rather than
+    /// compared as JAX's int32 block is.
+    pub int8: bool,
     /// Segment ids compared (the sequence padded to the blocks).
     pub segments: bool,
+}
+
+/// How a family's forward kernel differs from JAX's Splash (whose IR the program follows).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct Flavor {
+    /// Base-2 exp (tokamax's `use_base2_exp`): q scaled by log2(e) once per step, `exp2`.
+    pub base2: bool,
+    /// The p.v matmul takes v as f32 (JAX's `v.astype(float32)`); otherwise p is cast to bf16.
+    pub f32_v: bool,
+    /// `end()` refills m, l and o_scratch (JAX's Splash, whose scratch are outputs).
+    pub resets_scratch: bool,
+    /// The residuals are the logsumexp and the max logits (tokamax); JAX writes the logsumexp.
+    pub max_logits: bool,
 }
 
 /// One forward step's shape and branches.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct FwdStep<'a> {
+    /// The family's differences from JAX's Splash.
+    pub flavor: Flavor,
     pub block_q: u64,
     pub block_kv: u64,
     pub compute: u64,
@@ -82,7 +102,7 @@ fn plus(e: &mut Emitter, x: &V, op: &str) -> V {
 
 /// A mask function of q and kv positions as JAX traces it (`splash_attention_mask.py`): i1 of the
 /// positions' shape. `q` varies along the rows, `k` along the lanes.
-fn mask_function(e: &mut Emitter, m: &Mask, q: &V, k: &V) -> V {
+pub(crate) fn mask_function(e: &mut Emitter, m: &Mask, q: &V, k: &V) -> V {
     match m {
         Mask::Causal { offset } => {
             let q = if *offset != 0 { plus(e, q, "arith.addi") } else { q.clone() };
@@ -195,37 +215,40 @@ fn tile_lanes(e: &mut Emitter, x: &V, dv: u64) -> V {
 
 /// A load of a 2-D block of ref `r` read through a leading squeezed dimension (`[1, rows, cols]`
 /// then a shape cast to `[rows, cols]`).
-fn load3(e: &mut Emitter, r: usize, rows: u64, cols: u64, dtype: &'static str) -> V {
+pub(crate) fn load3(e: &mut Emitter, r: usize, rows: u64, cols: u64, dtype: &'static str) -> V {
     let x = e.load(r, &[1, rows, cols], dtype);
     e.shape_cast(&x, &[rows, cols])
 }
 
 /// A load of a 2-D ref and its shape cast (how Mosaic reads `ref[...]`).
-fn load2(e: &mut Emitter, r: usize, shape: &[u64], dtype: &'static str) -> V {
+pub(crate) fn load2(e: &mut Emitter, r: usize, shape: &[u64], dtype: &'static str) -> V {
     let x = e.load(r, shape, dtype);
     e.shape_cast(&x, shape)
 }
 
 /// `ref[...] = x`: the ref read first (Mosaic's store of a whole ref), then the store.
-fn store(e: &mut Emitter, x: &V, r: usize, shape: &[u64], dtype: &'static str) {
+pub(crate) fn store(e: &mut Emitter, x: &V, r: usize, shape: &[u64], dtype: &'static str) {
     e.load(r, shape, dtype);
     e.store(x, r);
 }
 
-/// JAX's Splash forward step (module docs): `flash_attention_kernel`'s `init`, `body` per
-/// sub-tile and `end`.
-pub(crate) fn jax_splash_fwd(s: &FwdStep<'_>) -> StepBody {
+/// A Splash forward step (module docs): `flash_attention_kernel`'s `init`, `body` per sub-tile
+/// and `end`, as JAX's Splash runs them, with the family's differences ([`Flavor`]).
+pub(crate) fn splash_fwd(s: &FwdStep<'_>) -> StepBody {
+    let f = s.flavor;
     let refs = JaxRefs::new(s.mask);
     // Carried: the refs the body loads and stores (the row statistics, the accumulator, and o
     // and the logsumexp, which `ref[...] = x` reads before it writes).
-    let mut carried = vec![false; refs.count];
-    for r in [refs.m, refs.l, refs.o_scratch, refs.o, refs.lse] {
+    let mut carried = vec![false; refs.count + 1];
+    let max_ref = refs.count;
+    for r in [refs.m, refs.l, refs.o_scratch, refs.o, refs.lse, max_ref] {
         carried[r] = true;
     }
     let mut e = Emitter::new(carried);
     let (bq, c, d, dv) = (s.block_q, s.compute, s.d, s.dv);
     let stat = [bq, LANES];
     let acc = [bq, dv];
+    let exp = if f.base2 { "math.exp2" } else { "math.exp" };
     if s.first {
         let z = e.splat(&acc, "f32");
         store(&mut e, &z, refs.o_scratch, &acc, "f32");
@@ -238,12 +261,16 @@ pub(crate) fn jax_splash_fwd(s: &FwdStep<'_>) -> StepBody {
         for _ in 0..s.block_kv / c {
             let m_prev = load2(&mut e, refs.m, &stat, "f32");
             let l_prev = load2(&mut e, refs.l, &stat, "f32");
-            let q = load3(&mut e, refs.q, bq, d, "bf16");
+            let mut q = load3(&mut e, refs.q, bq, d, "bf16");
+            if f.base2 {
+                let log2e = e.splat(&q.shape, "bf16");
+                q = e.same("arith.mulf", &[&q, &log2e]);
+            }
             let k = load3(&mut e, refs.k, c, d, "bf16");
             let zero = e.constant(&[bq, c], "f32");
             let mut qk = e.matmul(&q, &k, &zero, [bq, d, c]);
             if let Some(plan) = s.mask {
-                qk = jax_mask(&mut e, plan, &refs, &qk, bq, c);
+                qk = apply_mask(&mut e, plan, &refs, &qk, bq, c);
             }
             let m_curr = e.reduce(&qk, &[1]);
             let m_col = e.shape_cast(&m_curr, &[bq, 1]);
@@ -251,20 +278,20 @@ pub(crate) fn jax_splash_fwd(s: &FwdStep<'_>) -> StepBody {
             let m_next = e.same("arith.maximumf", &[&m_prev, &m_b]);
             let m_tiled = if c > LANES { e.tile(&m_next, (c / LANES) as usize, 1) } else { m_next.clone() };
             let centred = e.same("arith.subf", &[&qk, &m_tiled]);
-            let s_curr = e.same("math.exp", &[&centred]);
+            let s_curr = e.same(exp, &[&centred]);
             let l_sum = e.reduce(&s_curr, &[1]);
             let l_col = e.shape_cast(&l_sum, &[bq, 1]);
             let l_curr = e.broadcast(&l_col, &stat);
             let dm = e.same("arith.subf", &[&m_prev, &m_next]);
-            let alpha = e.same("math.exp", &[&dm]);
+            let alpha = e.same(exp, &[&dm]);
             let al = e.same("arith.mulf", &[&alpha, &l_prev]);
             let l_next = e.same("arith.addf", &[&l_curr, &al]);
             store(&mut e, &m_next, refs.m, &stat, "f32");
             store(&mut e, &l_next, refs.l, &stat, "f32");
             let v = load3(&mut e, refs.v, c, dv, "bf16");
-            let v32 = e.ew("arith.extf", &[&v], "f32");
+            let (p, v) = if f.f32_v { (s_curr, e.ew("arith.extf", &[&v], "f32")) } else { (e.ew("arith.truncf", &[&s_curr], "bf16"), v) };
             let zero_o = e.constant(&acc, "f32");
-            let o_curr = e.matmul(&s_curr, &v32, &zero_o, [bq, c, dv]);
+            let o_curr = e.matmul(&p, &v, &zero_o, [bq, c, dv]);
             let alpha_o = tile_lanes(&mut e, &alpha, dv);
             let o_prev = load2(&mut e, refs.o_scratch, &acc, "f32");
             let ao = e.same("arith.mulf", &[&alpha_o, &o_prev]);
@@ -285,31 +312,41 @@ pub(crate) fn jax_splash_fwd(s: &FwdStep<'_>) -> StepBody {
         let o = e.shape_cast(&o, &[1, bq, dv]);
         e.store(&o, refs.o);
         if s.residuals {
-            let log_l = e.same("math.log", &[&l]);
+            let log_l = e.same(if f.base2 { "math.log2" } else { "math.log" }, &[&l]);
             let m = load2(&mut e, refs.m, &stat, "f32");
             let lse = e.same("arith.addf", &[&log_l, &m]);
             let _ = load3(&mut e, refs.lse, bq, LANES, "f32");
             let lse = e.shape_cast(&lse, &[1, bq, LANES]);
             e.store(&lse, refs.lse);
+            if f.max_logits {
+                let _ = load3(&mut e, max_ref, bq, LANES, "f32");
+                let m = e.shape_cast(&m, &[1, bq, LANES]);
+                e.store(&m, max_ref);
+            }
         }
-        let z = e.splat(&stat, "f32");
-        store(&mut e, &z, refs.m, &stat, "f32");
-        let z = e.splat(&stat, "f32");
-        store(&mut e, &z, refs.l, &stat, "f32");
-        let z = e.splat(&acc, "f32");
-        store(&mut e, &z, refs.o_scratch, &acc, "f32");
+        if f.resets_scratch {
+            let z = e.splat(&stat, "f32");
+            store(&mut e, &z, refs.m, &stat, "f32");
+            let z = e.splat(&stat, "f32");
+            store(&mut e, &z, refs.l, &stat, "f32");
+            let z = e.splat(&acc, "f32");
+            store(&mut e, &z, refs.o_scratch, &acc, "f32");
+        }
     }
     let (built, _) = e.finish();
     built.body
 }
 
-/// JAX Splash's `_apply_mask_and_soft_cap` on a `bq` x `c` score tile: the loaded mask block
-/// (or'ed with `should_not_mask`), the mask function of q and kv positions, the segment ids'
-/// equality, and'ed together, then `where(mask, qk, mask_value)`.
-fn jax_mask(e: &mut Emitter, plan: &MaskPlan, refs: &JaxRefs, qk: &V, bq: u64, c: u64) -> V {
+/// Splash's `_apply_mask_and_soft_cap` on a `bq` x `c` score tile: the loaded mask block
+/// (JAX's: or'ed with `should_not_mask`; an int8 block widened), the mask function of q and kv
+/// positions, the segment ids' equality, and'ed together, then `where(mask, qk, mask_value)`.
+fn apply_mask(e: &mut Emitter, plan: &MaskPlan, refs: &JaxRefs, qk: &V, bq: u64, c: u64) -> V {
     let tile = [bq, c];
     let mut masks: Vec<V> = Vec::new();
-    if plan.loaded {
+    if plan.loaded && plan.int8 {
+        let block = load3(e, refs.mask, bq, c, "i8");
+        masks.push(e.ew("tpu.unpack_subelements", &[&block], "i1"));
+    } else if plan.loaded {
         let block = load3(e, refs.mask, bq, c, "i32");
         let zero = e.constant(&tile, "i32");
         let kept = e.ew("arith.cmpi", &[&block, &zero], "i1");

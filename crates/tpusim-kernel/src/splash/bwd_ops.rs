@@ -1,0 +1,338 @@
+//! The backward attention kernels' step bodies as the op sequences they run, through the one
+//! body builder ([`crate::body`]): JAX Splash's dq kernel (`_flash_attention_dq_kernel`) and dkv
+//! kernel (`_flash_attention_dkv_kernel`, fused or not), op by op as their Mosaic IR has them
+//! (JAX 0.10.2), so that the hand model and the kernel read from its IR build the same body.
+//!
+//! The dq kernel runs q-major (q along the score tile's rows, as the forward). The dkv kernel
+//! runs kv-major (s = k q^T: kv along the rows, q along the lanes) over sub-tiles of the kv block;
+//! fused, it also writes dq = ds^T k per step (a partial per kv block, summed outside).
+
+use super::ops::{load2, load3, mask_function, store, MaskPlan, LANES};
+use crate::body::{Emitter, V};
+use crate::StepBody;
+
+/// One backward step's shape and branches.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct BwdStep<'a> {
+    pub block_q: u64,
+    pub block_kv: u64,
+    /// The dkv kernel's kv sub-tile (`block_kv_dkv_compute`); the dq kernel's is `block_kv`.
+    pub compute: u64,
+    pub d: u64,
+    pub dv: u64,
+    /// The mask of a masked step (`None`: no mask ops).
+    pub mask: Option<&'a MaskPlan>,
+    /// Base-2 exp (tokamax): q scaled by log2(e), `exp2`.
+    pub base2: bool,
+    /// The dkv kernel also writes dq.
+    pub fused: bool,
+    /// The first grid step of the output block (`init` runs).
+    pub first: bool,
+    /// The step computes (a non-empty block).
+    pub runs: bool,
+    /// The last grid step of the output block (`end` runs).
+    pub last: bool,
+}
+
+/// The backward kernels' refs in their `pallas_call`'s order (unused ones `usize::MAX`).
+struct Refs {
+    q: usize,
+    k: usize,
+    v: usize,
+    lse: usize,
+    d_o: usize,
+    di: usize,
+    q_seg: usize,
+    kv_seg: usize,
+    mask: usize,
+    q_seq: usize,
+    dq_scratch: usize,
+    dk_scratch: usize,
+    dv_scratch: usize,
+    dq: usize,
+    dk: usize,
+    dv: usize,
+    count: usize,
+}
+
+impl Refs {
+    /// `dkv`: the dkv kernel's refs (`sub_tiled`: its dq scratch), else the dq kernel's.
+    fn new(plan: Option<&MaskPlan>, dkv: bool, fused: bool, sub_tiled: bool) -> Refs {
+        let loaded = plan.is_some_and(|p| p.loaded);
+        let mut n = if loaded { 3 } else { 2 };
+        let mut next = |on: bool| {
+            if on {
+                n += 1;
+                n - 1
+            } else {
+                usize::MAX
+            }
+        };
+        let (q, k, v, lse, d_o, di) = (next(true), next(true), next(true), next(true), next(true), next(true));
+        let segments = plan.is_some_and(|p| p.segments);
+        let (q_seg, kv_seg) = (next(segments), next(segments));
+        let mask = next(loaded);
+        let q_seq = next(plan.is_some_and(|p| p.function.is_some()));
+        let dq_scratch = next(!dkv || (fused && sub_tiled));
+        let (dk_scratch, dv_scratch) = (next(dkv), next(dkv));
+        let dq = next(!dkv || fused);
+        let (dk, dv) = (next(dkv), next(dkv));
+        Refs { q, k, v, lse, d_o, di, q_seg, kv_seg, mask, q_seq, dq_scratch, dk_scratch, dv_scratch, dq, dk, dv, count: n }
+    }
+
+    /// Carried: the refs the body both loads and stores (the scratch and the outputs, which
+    /// `ref[...] = x` reads before it writes).
+    fn carried(&self) -> Vec<bool> {
+        let mut c = vec![false; self.count];
+        for r in [self.dq_scratch, self.dk_scratch, self.dv_scratch, self.dq, self.dk, self.dv] {
+            if r < self.count {
+                c[r] = true;
+            }
+        }
+        c
+    }
+}
+
+/// A `[1, 1, n]` row statistic (logsumexp, di) read as `[n]` then `[n, 1]` (q along the rows) or
+/// as `[1, n]` (q along the lanes).
+fn stat(e: &mut Emitter, r: usize, n: u64, rows: bool) -> V {
+    let x = e.load(r, &[1, 1, n], "f32");
+    if rows {
+        let x = e.shape_cast(&x, &[n]);
+        e.shape_cast(&x, &[n, 1])
+    } else {
+        e.shape_cast(&x, &[1, n])
+    }
+}
+
+/// The masks of a backward score tile and `where(mask, s, mask_value)` (`_apply_mask_and_soft_cap`
+/// with `k_in_lanes` for the dq kernel, kv along the rows for the dkv kernel).
+fn apply_mask(e: &mut Emitter, plan: &MaskPlan, refs: &Refs, s: &V, k_in_lanes: bool) -> V {
+    let tile = s.shape.clone();
+    let (rows, cols) = (tile[0], tile[1]);
+    let mut masks: Vec<V> = Vec::new();
+    if plan.loaded && plan.int8 {
+        let block = load3(e, refs.mask, rows, cols, "i8");
+        masks.push(e.ew("tpu.unpack_subelements", &[&block], "i1"));
+    } else if plan.loaded {
+        let block = load3(e, refs.mask, rows, cols, "i32");
+        let zero = e.constant(&tile, "i32");
+        let kept = e.ew("arith.cmpi", &[&block, &zero], "i1");
+        let always = e.splat(&tile, "i1");
+        masks.push(e.same("arith.ori", &[&kept, &always]));
+    }
+    if let Some(f) = &plan.function {
+        let (q, k) = if k_in_lanes {
+            let iota = e.iota(&tile, &[1]);
+            let off = e.splat(&tile, "i32");
+            let k = e.same("arith.addi", &[&off, &iota]);
+            let q = load2(e, refs.q_seq, &[rows, LANES], "i32");
+            let q = if cols > LANES { e.tile(&q, (cols / LANES) as usize, 1) } else { q };
+            (q, k)
+        } else {
+            let iota = e.iota(&tile, &[0]);
+            let off = e.splat(&tile, "i32");
+            let k = e.same("arith.addi", &[&off, &iota]);
+            let q = load2(e, refs.q_seq, &[1, cols], "i32");
+            let q = e.shape_cast(&q, &[1, cols]);
+            let q = e.broadcast(&q, &tile);
+            (q, k)
+        };
+        masks.push(mask_function(e, f, &q, &k));
+    }
+    if plan.segments {
+        if k_in_lanes {
+            let kv = load2(e, refs.kv_seg, &[1, cols], "i32");
+            let q = load2(e, refs.q_seg, &[rows, LANES], "i32");
+            let q = if cols > LANES { e.tile(&q, (cols / LANES) as usize, 1) } else { q };
+            let kv = e.broadcast(&kv, &tile);
+            masks.push(e.ew("arith.cmpi", &[&q, &kv], "i1"));
+        } else {
+            let kv = load2(e, refs.kv_seg, &[rows, LANES], "i32");
+            let kv = if cols > LANES { e.tile(&kv, (cols / LANES) as usize, 1) } else { kv };
+            let q = load2(e, refs.q_seg, &[1, cols], "i32");
+            let q = e.broadcast(&q, &tile);
+            masks.push(e.ew("arith.cmpi", &[&q, &kv], "i1"));
+        }
+    }
+    let Some(first) = masks.first().cloned() else { return s.clone() };
+    let mut mask = first;
+    for m in &masks[1..] {
+        mask = e.same("arith.andi", &[&mask, m]);
+    }
+    let fill = e.splat(&tile, "f32");
+    e.ew("arith.select", &[&mask, s, &fill], "f32")
+}
+
+/// `q` scaled by log2(e) for base-2 exp (tokamax), else `q`.
+fn scaled(e: &mut Emitter, q: V, base2: bool) -> V {
+    if base2 {
+        let c = e.splat(&q.shape, "bf16");
+        e.same("arith.mulf", &[&q, &c])
+    } else {
+        q
+    }
+}
+
+/// The dq kernel's step (module docs).
+pub(crate) fn dq_step(s: &BwdStep<'_>) -> StepBody {
+    let refs = Refs::new(s.mask, false, false, false);
+    let mut e = Emitter::new(refs.carried());
+    let (bq, bkv, d, dv) = (s.block_q, s.block_kv, s.d, s.dv);
+    let acc = [bq, d];
+    let exp = if s.base2 { "math.exp2" } else { "math.exp" };
+    if s.first {
+        let z = e.splat(&acc, "f32");
+        store(&mut e, &z, refs.dq_scratch, &acc, "f32");
+    }
+    if s.runs {
+        let q = load3(&mut e, refs.q, bq, d, "bf16");
+        let q = scaled(&mut e, q, s.base2);
+        let k = load3(&mut e, refs.k, bkv, d, "bf16");
+        let v = load3(&mut e, refs.v, bkv, dv, "bf16");
+        let lse = stat(&mut e, refs.lse, bq, true);
+        let d_o = load3(&mut e, refs.d_o, bq, dv, "bf16");
+        let di = stat(&mut e, refs.di, bq, true);
+        let zero = e.constant(&[bq, bkv], "f32");
+        let mut qk = e.matmul(&q, &k, &zero, [bq, d, bkv]);
+        if let Some(plan) = s.mask {
+            qk = apply_mask(&mut e, plan, &refs, &qk, true);
+        }
+        let lse = e.broadcast(&lse, &[bq, bkv]);
+        let centred = e.same("arith.subf", &[&qk, &lse]);
+        let p = e.same(exp, &[&centred]);
+        let zero = e.constant(&[bq, bkv], "f32");
+        let dp = e.matmul(&d_o, &v, &zero, [bq, dv, bkv]);
+        let di = e.broadcast(&di, &[bq, bkv]);
+        let dd = e.same("arith.subf", &[&dp, &di]);
+        let ds = e.same("arith.mulf", &[&dd, &p]);
+        let prev = load2(&mut e, refs.dq_scratch, &acc, "f32");
+        let ds16 = e.ew("arith.truncf", &[&ds], "bf16");
+        let zero = e.constant(&acc, "f32");
+        let dq = e.matmul(&ds16, &k, &zero, [bq, bkv, d]);
+        let next = e.same("arith.addf", &[&prev, &dq]);
+        store(&mut e, &next, refs.dq_scratch, &acc, "f32");
+    }
+    if s.last {
+        let dq = load2(&mut e, refs.dq_scratch, &acc, "f32");
+        let dq = e.ew("arith.truncf", &[&dq], "bf16");
+        let _ = load3(&mut e, refs.dq, bq, d, "bf16");
+        let dq = e.shape_cast(&dq, &[1, bq, d]);
+        e.store(&dq, refs.dq);
+        let z = e.splat(&acc, "f32");
+        store(&mut e, &z, refs.dq_scratch, &acc, "f32");
+    }
+    e.finish().0.body
+}
+
+/// `x` ([rows, cols] f32) cast to bf16 and written to `r`, a `[1, 1, rows, cols]` output.
+fn write4(e: &mut Emitter, x: &V, r: usize) {
+    let (rows, cols) = (x.shape[0], x.shape[1]);
+    let l = e.load(r, &[1, 1, rows, cols], "bf16");
+    e.shape_cast(&l, &[rows, cols]);
+    let x = e.shape_cast(x, &[1, 1, rows, cols]);
+    e.store(&x, r);
+}
+
+/// The dkv kernel's step (module docs): per kv sub-tile of `compute` rows, s = k q^T, p, dv += p
+/// dO, dp = v dO^T, ds = (dp - di) p, dk += ds q, and fused dq += ds^T k.
+pub(crate) fn dkv_step(s: &BwdStep<'_>) -> StepBody {
+    let (bq, bkv, c, d, dv) = (s.block_q, s.block_kv, s.compute, s.d, s.dv);
+    let sub_tiled = c < bkv;
+    let refs = Refs::new(s.mask, true, s.fused, sub_tiled);
+    let mut e = Emitter::new(refs.carried());
+    let exp = if s.base2 { "math.exp2" } else { "math.exp" };
+    let (kv_acc, kv_acc_v) = ([bkv, d], [bkv, dv]);
+    let dq_acc = [bq, d];
+    if s.first {
+        let z = e.splat(&kv_acc, "f32");
+        store(&mut e, &z, refs.dk_scratch, &kv_acc, "f32");
+        let z = e.splat(&kv_acc_v, "f32");
+        store(&mut e, &z, refs.dv_scratch, &kv_acc_v, "f32");
+    }
+    if s.fused {
+        // Every step: the dq scratch (several sub-tiles) or the dq partial (one) zeroed.
+        if sub_tiled {
+            let z = e.splat(&dq_acc, "f32");
+            store(&mut e, &z, refs.dq_scratch, &dq_acc, "f32");
+        } else {
+            let z = e.splat(&dq_acc, "bf16");
+            write4(&mut e, &z, refs.dq);
+        }
+    }
+    if s.runs {
+        for _ in 0..bkv / c {
+            let q = load3(&mut e, refs.q, bq, d, "bf16");
+            let q = scaled(&mut e, q, s.base2);
+            let k = load3(&mut e, refs.k, c, d, "bf16");
+            let v = load3(&mut e, refs.v, c, dv, "bf16");
+            let lse = stat(&mut e, refs.lse, bq, false);
+            let d_o = load3(&mut e, refs.d_o, bq, dv, "bf16");
+            let di = stat(&mut e, refs.di, bq, false);
+            let zero = e.constant(&[c, bq], "f32");
+            let mut qk = e.matmul(&k, &q, &zero, [c, d, bq]);
+            if let Some(plan) = s.mask {
+                qk = apply_mask(&mut e, plan, &refs, &qk, false);
+            }
+            let lse = e.broadcast(&lse, &[c, bq]);
+            let centred = e.same("arith.subf", &[&qk, &lse]);
+            let p = e.same(exp, &[&centred]);
+            let p16 = e.ew("arith.truncf", &[&p], "bf16");
+            let zero = e.constant(&[c, dv], "f32");
+            let dv_c = e.matmul(&p16, &d_o, &zero, [c, bq, dv]);
+            let prev = load2(&mut e, refs.dv_scratch, &[c, dv], "f32");
+            let next = e.same("arith.addf", &[&dv_c, &prev]);
+            store(&mut e, &next, refs.dv_scratch, &[c, dv], "f32");
+            let zero = e.constant(&[c, bq], "f32");
+            let dp = e.matmul(&v, &d_o, &zero, [c, dv, bq]);
+            let di = e.broadcast(&di, &[c, bq]);
+            let dd = e.same("arith.subf", &[&dp, &di]);
+            let ds = e.same("arith.mulf", &[&dd, &p]);
+            let ds16 = e.ew("arith.truncf", &[&ds], "bf16");
+            let zero = e.constant(&[c, d], "f32");
+            let dk_c = e.matmul(&ds16, &q, &zero, [c, bq, d]);
+            let prev = load2(&mut e, refs.dk_scratch, &[c, d], "f32");
+            let next = e.same("arith.addf", &[&dk_c, &prev]);
+            store(&mut e, &next, refs.dk_scratch, &[c, d], "f32");
+            if s.fused {
+                let shape = [bq, c];
+                let ds_t = e.op("tpu.transpose", &shape, "f32", vec![crate::body::Arg::Op(ds.id)], Default::default());
+                let ds_t16 = e.ew("arith.truncf", &[&ds_t], "bf16");
+                let zero = e.constant(&dq_acc, "f32");
+                let dq = e.matmul(&ds_t16, &k, &zero, [bq, c, d]);
+                if sub_tiled {
+                    let prev = load2(&mut e, refs.dq_scratch, &dq_acc, "f32");
+                    let next = e.same("arith.addf", &[&prev, &dq]);
+                    store(&mut e, &next, refs.dq_scratch, &dq_acc, "f32");
+                } else {
+                    let dq16 = e.ew("arith.truncf", &[&dq], "bf16");
+                    write4(&mut e, &dq16, refs.dq);
+                }
+            }
+        }
+    }
+    if s.fused && sub_tiled {
+        // Every step: the dq scratch cast and written as this kv block's partial.
+        let dq = load2(&mut e, refs.dq_scratch, &dq_acc, "f32");
+        let dq = e.ew("arith.truncf", &[&dq], "bf16");
+        write4(&mut e, &dq, refs.dq);
+    }
+    if s.last {
+        for (scratch, out, cols) in [(refs.dk_scratch, refs.dk, d), (refs.dv_scratch, refs.dv, dv)] {
+            let x = load2(&mut e, scratch, &[bkv, cols], "f32");
+            let x = e.ew("arith.truncf", &[&x], "bf16");
+            let _ = load3(&mut e, out, bkv, cols, "bf16");
+            let x = e.shape_cast(&x, &[1, bkv, cols]);
+            e.store(&x, out);
+        }
+        if s.fused && sub_tiled {
+            let z = e.splat(&dq_acc, "f32");
+            store(&mut e, &z, refs.dq_scratch, &dq_acc, "f32");
+        }
+        let z = e.splat(&kv_acc, "f32");
+        store(&mut e, &z, refs.dk_scratch, &kv_acc, "f32");
+        let z = e.splat(&kv_acc_v, "f32");
+        store(&mut e, &z, refs.dv_scratch, &kv_acc_v, "f32");
+    }
+    e.finish().0.body
+}

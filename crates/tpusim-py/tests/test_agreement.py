@@ -1,7 +1,9 @@
 """The agreement table of traces/measured/VALIDATION.md holds: every configuration of
 `agreement.py` lowered by JAX, read from its Mosaic IR and simulated, against the hand model of
-its family. Counts equal exactly, latency within 3%. Known misses are strict xfails: each fails
-this test the day it is fixed, so that the table and this list are updated together."""
+its family. Both front ends build their bodies from op sequences through the one body builder:
+the distinct step bodies that ran (op count and signature, with their step counts), the counts
+and the latency are equal exactly. Known misses are strict xfails: each fails this test the day
+it is fixed, so that the table and this list are updated together."""
 
 import os
 import sys
@@ -14,7 +16,7 @@ import agreement  # noqa: E402
 import tpusim  # noqa: E402
 
 #: Rows that miss, with the side that is wrong or why it is open (VALIDATION.md says the same).
-#: Every count of every row is equal; these miss on latency only.
+#: None: every row's bodies, counts and latency are equal.
 KNOWN_MISSES: dict = {}
 
 
@@ -32,7 +34,8 @@ def test_ir_path_agrees_with_the_hand_model(name, chip, ir, kw):
     hand = agreement.hand(kw)
     for f in agreement.FIELDS:
         assert getattr(r, f) == agreement.hand_value(hand, f), (f, getattr(r, f), agreement.hand_value(hand, f))
-    assert abs(r.latency_ms / hand.latency_ms - 1) <= agreement.BAND, (r.latency_ms, hand.latency_ms)
+    assert agreement.bodies(r) == agreement.bodies(hand), (agreement.bodies(r), agreement.bodies(hand))
+    assert r.latency_ms == hand.latency_ms, (r.latency_ms, hand.latency_ms)
 
 
 def test_known_misses_are_rows_of_the_table():

@@ -206,23 +206,7 @@ impl KernelIrReport {
             vmem_buffers: run.program.vmem.buffers.clone(),
             smem_bytes: run.facts.smem_bytes,
             cores: r.cores.iter().map(|c| CoreSummary { grid_steps: c.grid_steps, busy_ms: PerUnit(c.busy.0.map(ms)) }).collect(),
-            step_classes: run
-                .program
-                .classes
-                .iter()
-                .zip(&r.class_timing)
-                .zip(&r.class_steps)
-                .filter(|(_, &n)| n > 0)
-                .map(|((c, t), &n)| ClassSummary {
-                    tile: if c.body.is_empty() { "skipped".into() } else { "computed".into() },
-                    masked: false,
-                    first: c.key.first,
-                    last: c.key.last,
-                    steps: n,
-                    body_cycles: t.cycles,
-                    busy_cycles: Unit::COMPUTE.iter().map(|&u| (u, t.busy[u])).collect(),
-                })
-                .collect(),
+            step_classes: crate::class_summaries(&run.program, r, &|c| (if c.body.is_empty() { "skipped".into() } else { "computed".into() }, false)),
             assumptions: run.facts.assumptions.clone(),
             lacks: LACKS.iter().map(|s| s.to_string()).collect(),
         }

@@ -508,6 +508,9 @@ pub struct PhaseSummary {
     /// Tile counts of a kernel's grid (attention kernels).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tiles: Option<TileCounts>,
+    /// A kernel's distinct step bodies that ran ([`ClassSummary`]); empty for an XLA op.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub step_classes: Vec<ClassSummary>,
 }
 
 /// One TensorCore's share of a call.
@@ -536,6 +539,37 @@ pub struct ClassSummary {
     pub body_cycles: f64,
     /// Busy cycles of one body per compute unit (mxu, vpu, eup, xlu).
     pub busy_cycles: BTreeMap<Unit, f64>,
+    /// Tile operations of the body.
+    pub ops: usize,
+    /// The body's signature (hex, [`tpusim_kernel::StepBody::signature`]): equal signatures,
+    /// equal bodies, whichever front end built them (the agreement suite compares them).
+    pub signature: String,
+}
+
+/// The summaries of a program's step classes that ran (`steps > 0`), in class order; `label`
+/// names a class's tile kind and whether it masks.
+pub(crate) fn class_summaries(program: &Program, r: &SimResult, label: &dyn Fn(&tpusim_kernel::StepClass) -> (String, bool)) -> Vec<ClassSummary> {
+    program
+        .classes
+        .iter()
+        .zip(&r.class_timing)
+        .zip(&r.class_steps)
+        .filter(|(_, &n)| n > 0)
+        .map(|((c, t), &n)| {
+            let (tile, masked) = label(c);
+            ClassSummary {
+                tile,
+                masked,
+                first: c.key.first,
+                last: c.key.last,
+                steps: n,
+                body_cycles: t.cycles,
+                busy_cycles: Unit::COMPUTE.iter().map(|&u| (u, t.busy[u])).collect(),
+                ops: c.body.graph.node_count(),
+                signature: format!("{:016x}", c.body.signature()),
+            }
+        })
+        .collect()
 }
 
 impl Report {
@@ -585,6 +619,13 @@ impl Report {
                         PhaseWork::Kernel(k) => k.info.tiles,
                         PhaseWork::Fusion(_) => None,
                     }),
+                    step_classes: match l.map(|l| &l.work) {
+                        // A one-phase run's classes are the report's own (not repeated here).
+                        Some(PhaseWork::Kernel(k)) if run.lowered.phases.len() > 1 => {
+                            class_summaries(k, &p.result, &|c| (c.key.tile.to_string(), c.key.masked))
+                        }
+                        _ => Vec::new(),
+                    },
                 }
             })
             .collect();
@@ -638,23 +679,7 @@ impl Report {
             host_ms,
             phases,
             cores: r.cores.iter().map(|c| CoreSummary { grid_steps: c.grid_steps, busy_ms: PerUnit(c.busy.0.map(ms)) }).collect(),
-            step_classes: run
-                .program
-                .classes
-                .iter()
-                .zip(&r.class_timing)
-                .zip(&r.class_steps)
-                .filter(|(_, &n)| n > 0)
-                .map(|((c, t), &n)| ClassSummary {
-                    tile: c.key.tile.to_string(),
-                    masked: c.key.masked,
-                    first: c.key.first,
-                    last: c.key.last,
-                    steps: n,
-                    body_cycles: t.cycles,
-                    busy_cycles: Unit::COMPUTE.iter().map(|&u| (u, t.busy[u])).collect(),
-                })
-                .collect(),
+            step_classes: class_summaries(&run.program, r, &|c| (c.key.tile.to_string(), c.key.masked)),
             notes: Vec::new(),
             measured: None,
         };
@@ -1027,6 +1052,24 @@ pub(crate) fn write_bound_by(s: &mut String, b: &BoundBy<'_>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A run no unit twice as fast speeds up by 1% is called latency-bound, naming the unit its
+    /// critical path waits on.
+    #[test]
+    fn tiny_gains_read_as_latency_bound() {
+        let table: Vec<whatif::WhatIf> = Unit::ALL
+            .iter()
+            .map(|u| whatif::WhatIf { unit: u.word().into(), set: Vec::new(), latency_ms: 1.0, gain: if *u == Unit::Xlu { 0.004 } else { 0.0 } })
+            .collect();
+        let critical = PerUnit([0.1, 0.0, 0.0, 0.8, 0.05, 0.05]);
+        let (b, co, rule) = whatif::bottleneck_of(&table, &critical, Unit::Mxu);
+        assert_eq!((b, co.len(), rule), (Unit::Xlu, 0, whatif::BoundRule::CriticalPath));
+        assert!(whatif::latency_bound(&table));
+        let mut s = String::new();
+        let busy = PerUnit([0.5, 0.1, 0.1, 0.8, 0.0, 0.05]);
+        write_bound_by(&mut s, &BoundBy { bottleneck: b, co_bound: &co, rule: Some(rule), what_if_2x: Some(&table), utilization: &busy, critical_path_ms: &critical, latency_ms: 1.0 });
+        assert!(s.contains("bound by     xlu (latency: no unit twice as fast saves 1% or more; the critical path waits on xlu for 80% of the run"), "{s}");
+    }
 
     #[test]
     fn sparse_report_has_dense_baseline_and_metrics() {

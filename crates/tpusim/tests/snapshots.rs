@@ -17,12 +17,13 @@ fn tpusim(args: &[&str]) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
-/// Chip-model hashes, numbers (integers, decimals, exponents, percentages' digits) and bar lengths
+/// Body signatures, chip-model hashes, numbers (integers, decimals, exponents, percentages' digits) and bar lengths
 /// masked, and runs of spaces (column alignment) made one width, so formats are pinned and values
 /// are not.
 macro_rules! assert_format {
     ($name:expr, $text:expr) => {
         insta::with_settings!({ filters => vec![
+            (r#""signature": "[0-9a-f]{16}""#, r#""signature": "[signature]""#),
             (r"([^.\w])[0-9a-f]{12}\b", "$1[hash]"),
             (r"-?\d+(\.\d+)?(e[-+]?\d+)?", "[n]"),
             (r"#+", "[bar]"),

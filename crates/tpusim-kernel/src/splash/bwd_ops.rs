@@ -164,14 +164,14 @@ fn apply_mask(e: &mut Emitter, plan: &MaskPlan, refs: &Refs, s: &V, k_in_lanes: 
     e.ew("arith.select", &[&mask, s, &fill], "f32")
 }
 
-/// `q` scaled by log2(e) for base-2 exp (tokamax), else `q`.
+/// `q` scaled by log2(e) for base-2 exp (tokamax): VPU time, not a dependency of the matmuls
+/// that read q (as the forward's, [`super::ops::splash_fwd`]).
 fn scaled(e: &mut Emitter, q: V, base2: bool) -> V {
     if base2 {
         let c = e.splat(&q.shape, "bf16");
-        e.same("arith.mulf", &[&q, &c])
-    } else {
-        q
+        e.same("arith.mulf", &[&q, &c]);
     }
+    q
 }
 
 /// The dq kernel's step (module docs).

@@ -829,7 +829,7 @@ pub fn lower(chip: &ChipModel, w: &AttentionCall, cfg: &SplashConfig) -> Result<
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Step;
+    use crate::{Step, Work};
 
     fn v6e() -> ChipModel {
         ChipModel::preset("v6e").unwrap()
@@ -969,14 +969,20 @@ mod tests {
     #[test]
     fn jax_splash_widens_v_once_per_sub_tile_and_tokamax_does_not() {
         let w = AttentionCall::video_default();
+        // Per computed step: v widened to f32 (`arith.extf`, one VPU operation per f32 register)
+        // and rounded back to bf16 for the MXU (`round_rhs`) once per sub-tile.
         let casts = |kernel: Kernel| {
             let c = SplashConfig { kernel, ..cfg(3024, 2048, 1024) };
             let p = lower(&v6e(), &w, &c).unwrap();
-            let body = &p.classes.last().unwrap().body;
-            body.graph.node_weights().filter(|op| op.name == "v_cast").count()
+            let body = &p.classes.iter().find(|c| c.key.tile == "full" && !c.key.first && !c.key.last).unwrap().body;
+            let ops = |name: &str| -> f64 {
+                body.graph.node_weights().filter(|op| op.name == name).map(|op| match op.work { Work::Vector { ops, .. } => ops, _ => 0.0 }).sum()
+            };
+            (ops("arith.extf"), body.graph.node_weights().filter(|op| op.name == "round_rhs").count())
         };
-        assert_eq!(casts(Kernel::Splash), 2048 / 1024);
-        assert_eq!(casts(Kernel::TokamaxSplash), 0);
+        let per_sub_tile = (1024 * 128) as f64 / 1024.0;
+        assert_eq!(casts(Kernel::Splash), (2.0 * per_sub_tile, 2048 / 1024));
+        assert_eq!(casts(Kernel::TokamaxSplash), (0.0, 0));
         // At the default precision the f32 p.v is one MXU pass: its FLOPs and matmul shapes are
         // those of the bf16 one.
         assert_eq!(crate::mxu::matmul_passes(crate::dtype::Dtype::F32, crate::dtype::Dtype::F32, crate::mxu::Precision::Default), 1);

@@ -11,19 +11,12 @@
 //!   (`tpu.enqueue_dma`) add their bytes to their step's input copies.
 //! * **Megacore.** The grid's leading dimensions marked parallel form the parallel units a
 //!   two-core device splits over its TensorCores ([`Program::core_ranges`]).
-//! * **Body.** Each vector op becomes tile operations on its unit ([`crate::cost`]), split into
-//!   [`SLAB_ROWS`]-row slabs when its rows vary and exceed a slab (as the hand-written lowerings
-//!   do: the MXU streams slab s + 1 while the vector units work on slab s). Issue slots follow
-//!   the data flow (software pipelining: an op issues a few slabs after its producers, more
-//!   after an MXU producer to cover its latency); the slabs of a transpose, each of which needs
-//!   its whole source, issue together. A rolled loop's iterations issue one after another; an
-//!   unrolled loop's do too once a reduction has needed every slab of a matmul result (kv-major
-//!   scores, whose softmax reduces over rows): a matmul repeating an earlier one of the body
-//!   (same shape, operands read from the same refs, directly or through views, casts and
-//!   element-wise ops with constants) and independent of the matmul before it ranks after that
-//!   one. Refs the body both loads and stores (scratch
-//!   accumulators, output blocks accumulated in place) are carried state: the next step's load
-//!   of a slab waits for this step's last store of it.
+//! * **Body.** The ops of the path a step class takes are handed, one by one, to the body
+//!   builder the hand-written kernels use too ([`tpusim_kernel::body`]): it prices each vector
+//!   op on its unit from one op-cost table ([`tpusim_kernel::body::cost`]), splits it into
+//!   [`tpusim_kernel::SLAB_ROWS`]-row slabs, gives it issue slots that follow the data flow and
+//!   carries the state of refs the body both loads and stores (scratch accumulators, output
+//!   blocks accumulated in place) from one step to the next.
 
 use crate::desc::{dtype_bytes, Description, DimSemantics, MemorySpace, Op, Operand, Ref, RefKind, Values};
 use crate::expr::{Env, EvalError, Expr};

@@ -3,46 +3,27 @@
 //!
 //! Grid: (batch x q heads, q blocks, kv steps), run in lexicographic order; batch and heads are
 //! the grid's parallel units (tokamax's and JAX's Splash mark heads "parallel", and vmapping over
-//! the batch adds a parallel dimension). Per computed step, for each `block_kv_compute`-wide
-//! sub-tile and each [`SLAB_ROWS`]-row slab of the q block, the body issues (op name: unit, work):
+//! the batch adds a parallel dimension).
 //!
-//! | op | unit | work per slab of r rows and c columns |
-//! |---|---|---|
-//! | `q_scale` | VPU | r d / 1024 (base-2 exp only, once per step: q x log2(e)) |
-//! | `qk` | MXU | r x d x c matmul (k^T chunk stationary) |
-//! | `mask` | VPU | r c / 1024 (the select, after `qk` and `mask_compare`: (r c / 1024) x (mask ops - 1), the comparisons and their combination, after `mask_positions`: r / 8 x the mask function's position arithmetic on the row side plus c / 128 x the lane side's on a tile's first slab, waiting for nothing); masked steps only, see [`mask_cost`]; a loaded int8 mask is one op of r c / 1024 x its fitted cost after `qk` |
-//! | `rowmax` | VPU | (2 - 128 / c) r c / 1024 (pop scores from the MXU result buffer; the c / 128 registers of a row folded by c / 128 - 1 element-wise maxima) |
-//! | `rowmax_xlu` | XLU | r / 8 cross-lane reductions |
-//! | `sub` | VPU | r c / 1024 (s - m; natural exp adds r c / 1024: the scale by log2(e) before the EUP's exp2) + 2 r / 8 (m update, alpha argument; natural exp scales the alpha argument too: + r / 8) |
-//! | `exp` | EUP | r c / 1024 + r / 8 (p and alpha) |
-//! | `sum_cast` | VPU | (2 - 128 / c) r c / 1024 (row-sum fold as the max's, cast p to bf16) |
-//! | `rowsum_xlu` | XLU | r / 8 |
-//! | `v_cast` | VPU | 2 c dv / 1024, once per sub-tile (JAX's Splash only: v widened to f32 and rounded back to bf16 for the MXU, [`crate::mxu`]) |
-//! | `pv` | MXU | r x c x dv matmul (v chunk stationary) |
-//! | `acc` | VPU | 3 r dv / 1024 + 2 r / 8 (pop pv; o_acc = alpha o_acc + pv; l update) |
+//! **Step bodies.** A step's body is the op sequence the kernel runs, written once per family
+//! (this module's `ops.rs` for the forward kernels, `bwd_ops.rs` for the backward ones) and
+//! priced by the one body builder ([`crate::body`]) that also builds the bodies of kernels read
+//! from their Mosaic IR: the same ops, the same cost table ([`crate::body::cost`]), the same
+//! [`crate::SLAB_ROWS`]-row slabs and issue slots. Per computed sub-tile of `block_kv_compute`
+//! columns: the `q k^T` matmul on the MXU; on a masked step the mask (the mask function traced
+//! from iota positions, a loaded int8 block widened at the chip's fitted cost, segment ids
+//! compared) and its select; the row max (element-wise maxima then a cross-lane reduction on the
+//! XLU), `s - m`, `exp` on the EUP, the row sum the same way, the cast of p, the `p v` matmul and
+//! the rescaled accumulation of o, l and m. A row's first step runs the `init` branch (zeroing
+//! m, l and the o accumulator: stores of a constant, one VPU operation per register) and its
+//! last the `end` branch (1 / l on the EUP, o scaled and cast, the residuals when returned; JAX's
+//! Splash refills its scratch). Each family's differences from JAX's Splash (base-2 exp, v in
+//! f32, the residuals) are flags of one program, so a `--set` override or a what-if moves the
+//! hand model and the IR path alike.
 //!
-//! plus `init` (zero m, l, o_acc: r (256 + dv) / 1024 register stores, counted as VPU
-//! operations: the model has no vector store slot, and with these stores free the refit
-//! tokamax rows' median |error| rose from 3.3% to 4.1%; the IR path charges a store of a
-//! constant the same) on a row's first step and `finalize`
-//! (1 / l: a reciprocal on the EUP
-//! and the division's VPU operation, r / 8; o = o_acc x (1 / l) and its cast, 2 r dv / 1024; with
-//! residuals also log(l) on the EUP and m + log(l) on the VPU; JAX's Splash then fills m, l
-//! and o_scratch with zeros, r (256 + dv) / 1024 more) on its last. m and l are
-//! lane-replicated (r x 128), so per-row work is r / 8 registers.
-//!
-//! JAX's older flash attention (`_flash_attention_kernel_single_batch`) normalizes o_acc on
-//! every sub-tile instead: `l_next_inv_safe = where(l_next == 0, 1, 1 / l_next)` (a `recip` of
-//! r / 8 registers on the EUP per sub-tile), `acc *= l_corr * l_next_inv_safe` and
-//! `acc += pv * l_next_inv_safe`: its `acc` is 4 r dv / 1024 (pop pv, scale o_acc, scale pv,
-//! add) + 5 r / 8 (alpha x l_prev, the compare, the division's VPU part, the select,
-//! l_corr x inv), and its `finalize` only casts o_acc (r dv / 1024).
-//!
-//! **Carried state.** Each slab's running max (m) and its o_acc / l are VMEM scratch that
-//! consecutive steps of a row update in turn: a step's first `rowmax_xlu` and `acc` of a slab
-//! wait for the previous step's last ones (carried slots 2 s and 2 s + 1), and a row's `init`
-//! waits for the previous row's last write of o_acc. Everything else of the next step may overlap
-//! (the engine's cross-step pipelining).
+//! **Carried state.** m, l and the o accumulator are VMEM scratch that consecutive steps of a row
+//! update in turn: a step's first load of a slab waits for the previous step's last store of it.
+//! Everything else of the next step may overlap (the engine's cross-step pipelining).
 //!
 //! DMAs: q block (block_q x d bf16) when the (batch, head, q block) index changes; k and v blocks
 //! (block_kv x d and block_kv x dv bf16) when the (batch, kv head, kv block) index changes (GQA

@@ -44,7 +44,8 @@ def test_video_case_sparse_matches_the_cli():
     cli = run_json(*flags(SPARSE))
     assert r.to_dict() == cli
     assert r.latency_ms == cli["latency_ms"] and r.tiles == cli["tiles"]
-    assert r.speedup_vs_dense > 1.5  # every report field reads as an attribute
+    # Every report field reads as an attribute, with the CLI's value; the sparse kernel beats dense.
+    assert r.speedup_vs_dense == cli["speedup_vs_dense"] and r.speedup_vs_dense > 1.0
 
 
 def blocky_map(nq, nk, heads=1, seed=0):

@@ -283,7 +283,7 @@ pub fn measurement_rows(
         let id = if kernels.len() == 1 { id_prefix.to_string() } else { format!("{id_prefix}-{}", k.name) };
         r.insert("id".into(), id);
         r.insert("chip".into(), chip_word.clone());
-        r.insert("kernel".into(), job.kernel().to_string());
+        r.insert("kernel".into(), job.kernel().map(|k| k.to_string()).unwrap_or_default());
         match &job {
             Job::Attention { workload: w, config: c, direction, scope } => {
                 if *scope != tpusim_kernel::Scope::Kernel {
@@ -346,6 +346,11 @@ pub fn measurement_rows(
                 if let Some(v) = c.vmem_limit_bytes {
                     r.insert("vmem_limit_mib".into(), format!("{}", v as f64 / 1048576.0));
                 }
+            }
+            Job::Described(_) => {
+                return Err(TraceError::Arg(
+                    "--kernel-ir: a measurement row names a kernel family and its job; a kernel read from its IR has no row form yet".into(),
+                ))
             }
             Job::Matmul { workload: m, config: c, .. } => {
                 r.insert("direction".into(), "matmul".into());

@@ -3,7 +3,8 @@
 //! * [`model`]: the block's dimensions ([`DitModel`]: the built-in Wan 2.1 14B, or any block from
 //!   a TOML file), the video and its latent patch grid, parameter counts.
 //! * [`topology`]: the slice as a mesh or torus of devices from the chip model's `[ici]` section,
-//!   chip groups, and collectives (all-to-all, all-gather) timed from the bytes on each link.
+//!   chip groups, and collectives timed from the bytes on each link (the slice crate's,
+//!   `tpusim_slice::topology`, re-exported).
 //! * [`spec`]: what to run ([`LayerSpec`], the flags of `tpusim layer`) resolved into a
 //!   [`LayerPlan`]: Ulysses sequence parallelism over a chip group, classifier-free guidance as a
 //!   batch of 2 or as two chip groups, dense or sparse (Sparse VideoGen) self-attention, where the
@@ -13,21 +14,23 @@
 //!   feed-forward network, residuals).
 //! * [`sim`]: each op on the chip model (matmuls on the MXU model as XLA dots, attention through
 //!   the Splash simulation, element-wise ops as HBM-bound fusions, collectives on the topology),
-//!   then the ops scheduled on the TensorCore and the ICI; the latency and its breakdown.
+//!   then the ops scheduled on the TensorCore and the ICI by the slice crate's one schedule
+//!   (`tpusim_slice::schedule`, which `tpusim-program` runs too); the latency and its breakdown.
 //! * [`report`]: the layer report (JSON and a table) and the end-to-end time of steps x blocks
 //!   with the speedup of sparse attention as a curve over the dense fraction.
 //! * [`trace`]: the layer's timeline as a Chrome trace (one track per unit and one for ICI).
 //!
-//! Depends on chip, workload, kernel, engine and report; only the binary, the plot crate and
-//! tpusim-program depend on it.
+//! Depends on chip, workload, kernel, engine, report and slice; only the binary and the plot
+//! crate depend on it.
 
 pub mod graph;
 pub mod model;
 pub mod report;
 pub mod sim;
 pub mod spec;
-pub mod topology;
 pub mod trace;
+
+pub use tpusim_slice::topology;
 
 pub use model::{DitModel, Latent, Video};
 pub use report::{EndToEnd, LayerReport};
@@ -67,6 +70,15 @@ pub enum LayerError {
         /// Why.
         message: String,
     },
+}
+
+impl From<tpusim_slice::SliceError> for LayerError {
+    fn from(e: tpusim_slice::SliceError) -> Self {
+        match e {
+            tpusim_slice::SliceError::Field { field, value, allowed } => LayerError::Field { field, value, allowed },
+            tpusim_slice::SliceError::Op { op, message } => LayerError::Op { op, message },
+        }
+    }
 }
 
 impl LayerError {

@@ -1,23 +1,22 @@
 //! Simulating a layer: each op on the chip model, then the ops in program order on two
 //! resources, the TensorCore and the ICI.
 //!
-//! * **Matmuls**: the kernel crate's `xla-matmul` family (XLA's dot modelled as a blocked matmul
-//!   on the MXUs; the `XLA-MM-v6e-*` calibration rows pin its efficiency), lowered and simulated
-//!   by the engine. Its tiles are the family's default size at most, balanced over the
-//!   dimension (the fewest tiles that pad it by at most 1%: a 18,900-row operand as 10 tiles of
-//!   1,896 rows, not 10 of 2,048 with 8% padding); the (8, 128) rules round them up; on a chip
-//!   whose VMEM the tiling overflows, the output tiles are halved until it fits.
+//! * **Matmuls**: XLA's dot as the slice crate lowers it (`tpusim_slice::xla`: the kernel
+//!   crate's `xla-matmul` family with balanced output tiles, halved until the tiling fits VMEM),
+//!   simulated by the engine.
 //! * **Attention**: the Splash simulation of the kernel crate and engine, through the job layer
 //!   (`tpusim_report::run`), exactly as `tpusim run` runs the same call and kernel options.
 //! * **Fusions**: `tpusim_engine::simulate_fusion` (bytes read and written at the sustained HBM
 //!   bandwidth plus one HBM round trip of latency).
-//! * **Collectives**: [`crate::topology::time_collective`] on the chip group's box.
+//! * **Collectives**: [`crate::topology::time_collective`] on the chip group's box; the
+//!   TensorCore issues one DMA per message a device sends (`hbm.dma_issue_ns` each).
 //!
-//! **Schedule.** Ops issue in program order, each when its inputs are done and its resource is
-//! free: TensorCore ops one at a time (XLA runs one op at a time on a core), collectives one at a
-//! time on the ICI, concurrently with compute (XLA's asynchronous collectives) unless `overlap`
-//! is off, when everything shares one queue. Identical ops (the q, k and v projections, ...)
-//! are simulated once.
+//! **Schedule.** The slice crate's one schedule (`tpusim_slice::schedule`, which a jitted
+//! program read from its StableHLO runs too): TensorCore ops one at a time in issue order, each
+//! when its inputs are done; collectives moved to just after the op they read, issued from the
+//! TensorCore and run one at a time on the ICI, concurrently with compute (XLA's asynchronous
+//! collectives) unless `overlap` is off, when everything shares one queue. Identical ops (the
+//! q, k and v projections, ...) are simulated once.
 //!
 //! **Breakdown.** The layer's latency is split by category so that the parts add up to it: a
 //! TensorCore op counts its own time; a wait of the TensorCore for a collective counts for the
@@ -31,14 +30,19 @@ use crate::LayerError;
 use serde::Serialize;
 use std::collections::HashMap;
 use tpusim_engine::{simulate, simulate_fusion, SimResult};
-use tpusim_kernel::{matmul, Fusion, Kernel, MatmulConfig, PerUnit, Unit};
+use tpusim_kernel::{Fusion, PerUnit, Unit};
+pub use tpusim_slice::xla::{balanced_block, lower_xla_matmul, xla_matmul_config};
+use tpusim_slice::{issue_order, Queue, SliceOp};
 use tpusim_workload::MatmulCall;
 
 /// One op's simulated cost.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct OpCost {
-    /// Time, seconds.
+    /// Time, seconds (a collective: on the ICI).
     pub seconds: f64,
+    /// TensorCore time to issue a collective, seconds: one `hbm.dma_issue_ns` per message a
+    /// device sends (0 for TensorCore ops).
+    pub issue_seconds: f64,
     /// Useful matmul FLOPs (2 m n k; attention 2 (d + dv) per kept pair).
     pub flops: f64,
     /// FLOPs the MXUs executed (padding and masked-out pairs of visited tiles included).
@@ -55,72 +59,11 @@ pub struct OpCost {
     pub collective: Option<CollectiveTiming>,
 }
 
-/// The matmul tiling used for XLA's dot (module docs): per dimension the family default at most;
-/// the fewest tiles (from ceil(dim / default) up to twice that) that pad the dimension by at most
-/// 1%, or the least padding if none does; rounded up to `unit`.
-pub fn balanced_block(dim: u64, default: u64, unit: u64) -> u64 {
-    let t0 = dim.div_ceil(default).max(1);
-    let mut best = (u64::MAX, default);
-    for t in t0..=2 * t0 {
-        let b = dim.div_ceil(t).next_multiple_of(unit).min(dim.next_multiple_of(unit));
-        let padded = b * dim.div_ceil(b);
-        if padded * 100 <= dim * 101 {
-            return b;
-        }
-        if padded < best.0 {
-            best = (padded, b);
-        }
-    }
-    best.1
-}
-
-/// The XLA matmul configuration of a matmul (module docs), with output tiles at most
-/// `cap_m` x `cap_n` (the family's defaults, halved while the tiling overflows VMEM).
-pub fn xla_matmul_config(chip: &tpusim_chip::ChipModel, mm: &MatmulCall, cap_m: u64, cap_n: u64) -> MatmulConfig {
-    let d = Kernel::XlaMatmul.defaults().blocks;
-    let sub = u64::from(chip.vpu.sublanes.value);
-    let lanes = u64::from(chip.vpu.lanes.value);
-    MatmulConfig {
-        kernel: Kernel::XlaMatmul,
-        block_m: balanced_block(mm.m, cap_m, sub),
-        block_n: balanced_block(mm.n, cap_n, lanes),
-        block_k: balanced_block(mm.k, d.compute.unwrap_or(d.kv), lanes),
-        vmem_limit_bytes: None,
-    }
-}
-
-/// Lowers a matmul as XLA's dot: the family's tiles, halved (output rows, then columns) until
-/// the tiling fits the chip's VMEM, as XLA always finds a tiling that fits.
-///
-/// # Errors
-/// [`LayerError::Op`] when even 128 x 128 tiles do not fit, or the sizes are invalid.
-pub fn lower_xla_matmul(
-    chip: &tpusim_chip::ChipModel,
-    mm: &MatmulCall,
-    name: &str,
-) -> Result<(MatmulConfig, tpusim_kernel::Program), LayerError> {
-    let d = Kernel::XlaMatmul.defaults().blocks;
-    let (mut cap_m, mut cap_n) = (d.q, d.kv);
-    loop {
-        let cfg = xla_matmul_config(chip, mm, cap_m, cap_n);
-        match matmul::lower(chip, mm, &cfg) {
-            Ok(p) => return Ok((cfg, p)),
-            Err(tpusim_kernel::KernelError::Vmem { .. }) if cap_m > 128 || cap_n > 128 => {
-                if cap_m >= cap_n {
-                    cap_m /= 2;
-                } else {
-                    cap_n /= 2;
-                }
-            }
-            Err(e) => return Err(LayerError::Op { op: name.into(), message: e.to_string() }),
-        }
-    }
-}
-
 fn from_sim(chip: &tpusim_chip::ChipModel, r: &SimResult, flops: f64, detail: String) -> OpCost {
     let s = 1.0 / chip.clock_hz();
     OpCost {
         seconds: r.seconds,
+        issue_seconds: 0.0,
         flops,
         executed_flops: r.flops,
         hbm_bytes: r.hbm_bytes,
@@ -140,7 +83,7 @@ pub fn cost(plan: &LayerPlan, work: &Work, name: &str) -> Result<OpCost, LayerEr
     match work {
         Work::Matmul { m, n, k } => {
             let mm = MatmulCall { m: *m, n: *n, k: *k };
-            let (cfg, prog) = lower_xla_matmul(chip, &mm, name)?;
+            let (cfg, prog) = lower_xla_matmul(chip, &mm, name).map_err(LayerError::from)?;
             let r = simulate(chip, &prog);
             let detail = format!("{m} x {n} x {k}, tiles {} x {} x {}", cfg.block_m, cfg.block_n, cfg.block_k);
             Ok(from_sim(chip, &r, 2.0 * *m as f64 * *n as f64 * *k as f64, detail))
@@ -173,7 +116,7 @@ pub fn cost(plan: &LayerPlan, work: &Work, name: &str) -> Result<OpCost, LayerEr
                 call.q_heads,
                 call.q_len,
                 call.kv_len,
-                job.kernel(),
+                job.kernel().map_or_else(|| run.program.info.kernel.clone(), |k| k.to_string()),
                 blocks.join("/"),
                 call.mask
             );
@@ -198,6 +141,7 @@ pub fn cost(plan: &LayerPlan, work: &Work, name: &str) -> Result<OpCost, LayerEr
             };
             Ok(OpCost {
                 seconds: t.seconds,
+                issue_seconds: c.messages_per_device(plan.group.devices()) as f64 * chip.hbm.dma_issue_ns.value * 1e-9,
                 flops: 0.0,
                 executed_flops: 0.0,
                 hbm_bytes: 0,
@@ -210,15 +154,8 @@ pub fn cost(plan: &LayerPlan, work: &Work, name: &str) -> Result<OpCost, LayerEr
     }
 }
 
-/// Which queue an op issues on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Resource {
-    /// The TensorCore.
-    Core,
-    /// The inter-chip interconnect.
-    Ici,
-}
+/// Which queue an op issues on (the slice crate's [`Queue`]: `core` or `ici`).
+pub type Resource = Queue;
 
 /// An op's place in the schedule.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -368,52 +305,56 @@ pub fn simulate_layer(plan: &LayerPlan) -> Result<LayerResult, LayerError> {
     Ok(schedule(plan.clone(), graph, costs))
 }
 
-/// Schedules ops with known costs (module docs).
+/// Schedules ops with known costs (module docs) and splits the latency by category: a
+/// TensorCore op counts its own time, a collective its issue time; a wait of the TensorCore for
+/// its inputs counts for the category of the input it waited for last (a collective's exposed
+/// time); collective time hidden under compute counts nowhere.
 pub fn schedule(plan: LayerPlan, graph: LayerGraph, costs: Vec<OpCost>) -> LayerResult {
     let overlap = plan.overlap;
-    let mut sched: Vec<Scheduled> = Vec::with_capacity(costs.len());
-    let (mut core_free, mut ici_free) = (0.0f64, 0.0f64);
+    let ops: Vec<SliceOp> = graph
+        .ops()
+        .map(|(i, op)| SliceOp {
+            queue: if op.work.on_ici() { Queue::Ici } else { Queue::Core },
+            seconds: costs[i.index()].seconds,
+            issue_seconds: costs[i.index()].issue_seconds,
+            deps: graph.deps(i).iter().map(|d| d.index()).collect(),
+        })
+        .collect();
+    let order = issue_order(&ops);
+    let s = tpusim_slice::schedule(&ops, &order, overlap, 1.0, 1.0);
     let mut breakdown = Breakdown::default();
     let (mut ici_busy, mut ici_exposed) = (0.0, 0.0);
-    for (i, op) in graph.ops() {
-        let deps = graph.deps(i);
-        let ready = deps.iter().map(|d| sched[d.index()].end).fold(0.0, f64::max);
-        let on_ici = op.work.on_ici() && overlap;
-        let resource = if op.work.on_ici() { Resource::Ici } else { Resource::Core };
-        let free = if on_ici { ici_free } else { core_free };
-        let start = ready.max(free);
-        let end = start + costs[i.index()].seconds;
-        if op.work.on_ici() {
-            ici_busy += costs[i.index()].seconds;
+    for &i in &order {
+        let op = &graph.graph[petgraph::graph::NodeIndex::new(i)];
+        let (start, end) = s.spans[i];
+        if ops[i].queue == Queue::Ici {
+            ici_busy += ops[i].seconds;
         }
-        if on_ici {
-            ici_free = end;
-        } else {
-            // A TensorCore op (or, without overlap, any op): its own time counts for its
-            // category; a wait for a collective counts for the collective's.
-            let gap = start - core_free;
-            if gap > 0.0 {
-                let waited = deps.iter().copied().max_by(|a, b| sched[a.index()].end.total_cmp(&sched[b.index()].end));
-                if let Some(w) = waited {
-                    breakdown.add(graph.graph[w].category, gap);
-                    ici_exposed += gap;
-                }
+        let gap = s.core_waited[i];
+        if gap > 0.0 {
+            if let Some(&w) = ops[i].deps.iter().max_by(|a, b| s.spans[**a].1.total_cmp(&s.spans[**b].1)) {
+                breakdown.add(graph.graph[petgraph::graph::NodeIndex::new(w)].category, gap);
+                ici_exposed += gap;
             }
-            breakdown.add(op.category, end - start);
-            if op.work.on_ici() {
-                ici_exposed += end - start;
-            }
-            core_free = end;
         }
-        sched.push(Scheduled { start, end, resource });
+        if ops[i].queue == Queue::Ici && overlap {
+            // Its issue occupies the TensorCore (TensorCore time, not ICI time waited for).
+            breakdown.add(op.category, ops[i].issue_seconds);
+            continue;
+        }
+        breakdown.add(op.category, end - start);
+        if ops[i].queue == Queue::Ici {
+            ici_exposed += end - start - ops[i].issue_seconds;
+        }
     }
-    let last = sched.iter().map(|s| s.end).fold(0.0, f64::max);
-    if last > core_free {
+    if s.seconds > s.core_seconds {
         // A collective ends after the last TensorCore op (a trailing exchange).
-        if let Some((i, _)) = sched.iter().enumerate().max_by(|a, b| a.1.end.total_cmp(&b.1.end)) {
-            breakdown.add(graph.graph[petgraph::graph::NodeIndex::new(i)].category, last - core_free);
-            ici_exposed += last - core_free;
+        if let Some((i, _)) = s.spans.iter().enumerate().max_by(|a, b| a.1 .1.total_cmp(&b.1 .1)) {
+            breakdown.add(graph.graph[petgraph::graph::NodeIndex::new(i)].category, s.seconds - s.core_seconds);
+            ici_exposed += s.seconds - s.core_seconds;
         }
     }
-    LayerResult { plan, graph, costs, schedule: sched, seconds: last, breakdown, ici_busy, ici_exposed }
+    let resource = |i: usize| ops[i].queue;
+    let sched = s.spans.iter().enumerate().map(|(i, &(start, end))| Scheduled { start, end, resource: resource(i) }).collect();
+    LayerResult { plan, graph, costs, schedule: sched, seconds: s.seconds, breakdown, ici_busy, ici_exposed }
 }

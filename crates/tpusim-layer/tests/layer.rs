@@ -72,7 +72,7 @@ fn breakdown_adds_up_to_the_latency_on_a_slice() {
             assert!(r.ici_exposed <= r.ici_busy + 1e-12);
             if !overlap {
                 // Serialised: the latency is the sum of every op, collectives included.
-                let sum: f64 = r.costs.iter().map(|c| c.seconds).sum();
+                let sum: f64 = r.costs.iter().map(|c| c.seconds + c.issue_seconds).sum();
                 assert!((r.seconds / sum - 1.0).abs() < 1e-12);
             }
         }
@@ -249,4 +249,19 @@ fn a_dense_kernel_that_names_only_its_family_runs_cross_attention_at_its_default
     std::fs::remove_dir_all(&dir).ok();
     let r = r.unwrap();
     assert!(r.seconds > 0.0 && r.breakdown.total() > 0.0);
+}
+
+/// The slice crate's one schedule: a collective issues as soon as the op it reads ends (the v
+/// all-to-all right after the v projection, before the q and k norms that the q and k
+/// all-to-alls wait for), costing the TensorCore one DMA issue per message.
+#[test]
+fn collectives_issue_right_after_their_input() {
+    let chip = v6e();
+    let r = simulate_layer(&spec("720p", "8", AttentionMode::Dense).build(&chip).unwrap()).unwrap();
+    let at = |name: &str| r.graph.ops().position(|(_, o)| o.name == name).unwrap_or_else(|| panic!("no op {name}"));
+    let (v_proj, a2a_v, a2a_q) = (at("v proj"), at("all-to-all v"), at("all-to-all q"));
+    let issue = r.costs[a2a_v].issue_seconds;
+    assert_eq!(issue, 3.0 * chip.hbm.dma_issue_ns.value * 1e-9, "three messages to the other devices of a group of 4");
+    assert!((r.schedule[a2a_v].start - (r.schedule[v_proj].end + issue)).abs() < 1e-12, "{:?} {:?}", r.schedule[v_proj], r.schedule[a2a_v]);
+    assert!(r.schedule[a2a_v].start < r.schedule[a2a_q].start, "v leaves first: its input is ready first");
 }

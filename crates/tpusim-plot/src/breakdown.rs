@@ -44,7 +44,7 @@ impl BreakdownFigure {
         let mut bars = Vec::new();
         for r in runs {
             // A kernel read from its IR is one phase.
-            let phased = r.run().filter(|run| run.phases.len() > 1);
+            let phased = Some(&*r.run).filter(|run| run.phases.len() > 1);
             let Some(run) = phased else {
                 bars.push(Bar { label: r.label.clone(), busy_ms: r.busy_ms(), latency_ms: r.latency_ms(), bottleneck: r.bottleneck() });
                 continue;

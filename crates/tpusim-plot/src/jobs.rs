@@ -7,8 +7,7 @@ use crate::PlotError;
 use tpusim_chip::ChipModel;
 use tpusim_engine::SimResult;
 use tpusim_kernel::{PerUnit, Unit};
-use tpusim_report::ir::{IrRun, KernelIrReport};
-use tpusim_report::{run, Job, JobSpec, Report, Run};
+use tpusim_report::{run, DescribedJob, Job, JobSpec, Report, Run};
 
 /// A job to run and the label that names it in a figure.
 #[derive(Debug, Clone, PartialEq)]
@@ -21,84 +20,57 @@ pub struct LabelledSpec {
     pub kernel_ir: Option<String>,
 }
 
-/// What ran: a hand-modelled job or a kernel read from its IR.
-#[derive(Debug, Clone)]
-pub enum Ran {
-    /// A job of the hand-written kernel families, and its report.
-    Job(Box<Run>, Box<Report>),
-    /// A kernel description (`--kernel-ir FILE`: the file as given), and its report.
-    KernelIr(Box<IrRun>, Box<KernelIrReport>, String),
-}
-
-/// A job that ran.
+/// A job that ran (a hand-modelled job or a kernel read from its IR: one run, one report).
 #[derive(Debug, Clone)]
 pub struct JobRun {
     /// Legend label.
     pub label: String,
-    /// The lowering, simulation and report.
-    pub ran: Ran,
+    /// The lowering and simulation.
+    pub run: Box<Run>,
+    /// Its report (with its what-if table).
+    pub report: Box<Report>,
 }
 
 impl JobRun {
-    /// The hand-modelled run, if this is one.
-    pub fn run(&self) -> Option<&Run> {
-        match &self.ran {
-            Ran::Job(r, _) => Some(r),
-            Ran::KernelIr(..) => None,
-        }
+    /// The run of `label`, reported.
+    pub fn new(label: String, run: Run) -> Self {
+        let report = Report::from_run(&run);
+        JobRun { label, run: Box::new(run), report: Box::new(report) }
     }
 
-    /// The job of a hand-modelled run (`None` for a kernel read from its IR).
-    pub fn job(&self) -> Option<&Job> {
-        self.run().map(|r| &r.job)
+    /// The job that ran.
+    pub fn job(&self) -> &Job {
+        &self.run.job
     }
 
     /// The chip it ran on.
     pub fn chip(&self) -> &ChipModel {
-        match &self.ran {
-            Ran::Job(r, _) => &r.chip,
-            Ran::KernelIr(r, _, _) => &r.chip,
-        }
+        &self.run.chip
     }
 
     /// The whole run's simulation.
     pub fn result(&self) -> &SimResult {
-        match &self.ran {
-            Ran::Job(r, _) => &r.result,
-            Ran::KernelIr(r, _, _) => &r.result,
-        }
+        &self.run.result
     }
 
     /// Latency, ms (the report's).
     pub fn latency_ms(&self) -> f64 {
-        match &self.ran {
-            Ran::Job(_, p) => p.latency_ms,
-            Ran::KernelIr(_, p, _) => p.latency_ms,
-        }
+        self.report.latency_ms
     }
 
     /// Busy time per unit, ms (the report's).
     pub fn busy_ms(&self) -> PerUnit<f64> {
-        match &self.ran {
-            Ran::Job(_, p) => p.busy_ms,
-            Ran::KernelIr(_, p, _) => p.busy_ms,
-        }
+        self.report.busy_ms
     }
 
-    /// The bounding unit (the report's: the what-if 2x table's largest gain).
+    /// The bounding unit (the report's, [`Report::bottleneck`]).
     pub fn bottleneck(&self) -> Unit {
-        match &self.ran {
-            Ran::Job(_, p) => p.bottleneck,
-            Ran::KernelIr(_, p, _) => p.bottleneck,
-        }
+        self.report.bottleneck
     }
 
     /// MFU (the report's).
     pub fn mfu(&self) -> f64 {
-        match &self.ran {
-            Ran::Job(_, p) => p.mfu,
-            Ran::KernelIr(_, p, _) => p.mfu,
-        }
+        self.report.mfu
     }
 }
 
@@ -201,13 +173,11 @@ pub fn run_one(j: &LabelledSpec) -> Result<JobRun, PlotError> {
     let ctx = |source: tpusim_report::SpecError| PlotError::Spec { context: format!("job {}: ", j.label), source };
     let chip = j.spec.chip().map_err(ctx)?;
     if let Some(path) = &j.kernel_ir {
-        let ran = run_kernel_ir(&chip, path)?;
-        return Ok(JobRun { label: j.label.clone(), ran });
+        return run_kernel_ir(&chip, path, j.label.clone());
     }
     let job = j.spec.build(&chip).map_err(ctx)?;
-    let r = run(&chip, &job).map_err(|e| ctx(e.into()))?;
-    let report = Report::from_run(&r);
-    Ok(JobRun { label: j.label.clone(), ran: Ran::Job(Box::new(r), Box::new(report)) })
+    let r = run(&chip, &job).map_err(|e| PlotError::Input(format!("job {}: {e}", j.label)))?;
+    Ok(JobRun::new(j.label.clone(), r))
 }
 
 /// Reads the kernel description at `path`, lowers and simulates it on `chip` and reports it
@@ -216,11 +186,11 @@ pub fn run_one(j: &LabelledSpec) -> Result<JobRun, PlotError> {
 /// # Errors
 /// [`PlotError::Input`] naming `--kernel-ir` and the file: unreadable, not a description of
 /// this version, or a lowering error.
-pub fn run_kernel_ir(chip: &ChipModel, path: &str) -> Result<Ran, PlotError> {
+pub fn run_kernel_ir(chip: &ChipModel, path: &str, label: String) -> Result<JobRun, PlotError> {
     let (desc, dir) = tpusim_pallas::Description::read(std::path::Path::new(path)).map_err(|e| PlotError::Input(format!("--kernel-ir {e}")))?;
-    let r = tpusim_report::ir::run_kernel_ir(chip, &desc, &dir).map_err(|e| PlotError::Input(format!("--kernel-ir {path}: {e}")))?;
-    let report = KernelIrReport::from_run(&r);
-    Ok(Ran::KernelIr(Box::new(r), Box::new(report), path.to_string()))
+    let job = Job::Described(DescribedJob::new(path, desc, dir));
+    let r = run(chip, &job).map_err(|e| PlotError::Input(format!("--kernel-ir {path}: {e}")))?;
+    Ok(JobRun::new(label, r))
 }
 
 /// Runs every job in order.
@@ -240,11 +210,11 @@ pub fn splash_of<'a>(
     kind: &str,
 ) -> Result<(&'a tpusim_workload::AttentionCall, &'a tpusim_kernel::SplashConfig), PlotError> {
     match r.job() {
-        Some(Job::Attention { workload, config, .. }) => Ok((workload, config)),
-        Some(Job::Matmul { .. }) => {
+        Job::Attention { workload, config, .. } => Ok((workload, config)),
+        Job::Matmul { .. } => {
             Err(PlotError::Input(format!("{kind} needs an attention job (an attention --kernel); job {} is a matmul", r.label)))
         }
-        None => Err(PlotError::Input(format!(
+        Job::Described(_) => Err(PlotError::Input(format!(
             "{kind} needs an attention job (an attention --kernel); {} is a kernel read from its IR, whose workload the IR does not state",
             r.label
         ))),
@@ -253,23 +223,20 @@ pub fn splash_of<'a>(
 
 /// A one-line description of a job: chip, workload and kernel configuration.
 pub fn describe(r: &JobRun) -> String {
-    let (run, report) = match &r.ran {
-        Ran::Job(run, report) => (run, report),
-        Ran::KernelIr(run, report, path) => {
-            let grid: Vec<String> = run.description.grid.iter().map(|g| g.to_string()).collect();
-            return format!(
-                "{}: {}, Pallas kernel `{}` from its Mosaic IR ({path}), grid {} = {} grid steps ({} computed)",
+    let chip = &r.report.chip;
+    match &r.run.job {
+        Job::Described(d) => {
+            let grid: Vec<String> = d.description.grid.iter().map(|g| g.to_string()).collect();
+            format!(
+                "{}: {chip}, Pallas kernel `{}` from its Mosaic IR ({}), grid {} = {} grid steps ({} computed)",
                 r.label,
-                report.chip,
-                report.kernel_name,
+                d.kernel_name,
+                d.file,
                 grid.join(" x "),
-                report.grid_steps,
-                report.steps_computed
-            );
+                r.report.grid_steps,
+                r.report.steps_computed
+            )
         }
-    };
-    let chip = &report.chip;
-    match &run.job {
         Job::Attention { workload: w, config: c, .. } => {
             let heads =
                 if w.kv_heads == w.q_heads { format!("{} heads", w.q_heads) } else { format!("{} q / {} kv heads", w.q_heads, w.kv_heads) };

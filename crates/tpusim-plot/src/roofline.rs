@@ -105,12 +105,12 @@ impl Point {
             (None, None) => None,
         };
         let mxu_head_dim = match r.job() {
-            Some(Job::Attention { workload: w, .. }) => Some((
+            Job::Attention { workload: w, .. } => Some((
                 w.head_dim,
                 chip.peak_flops()
                     * mxu_head_dim_fraction(w.head_dim, w.head_dim_v, chip.mxu.rows.value as u64, chip.mxu.columns.value as u64),
             )),
-            Some(Job::Matmul { .. }) | None => None,
+            Job::Matmul { .. } | Job::Described(_) => None,
         };
         Point {
             label: r.label.clone(),
@@ -119,7 +119,7 @@ impl Point {
             achieved: res.flops / res.seconds.max(f64::MIN_POSITIVE),
             mfu: r.mfu(),
             mxu_head_dim,
-            softmax: if matches!(r.job(), Some(Job::Attention { .. })) { softmax } else { None },
+            softmax: if matches!(r.job(), Job::Attention { .. }) { softmax } else { None },
         }
     }
 }

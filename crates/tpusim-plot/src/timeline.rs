@@ -399,8 +399,12 @@ pub struct Timed<'a> {
 }
 
 impl<'a> Timed<'a> {
-    /// The phases of a hand-modelled run.
+    /// The phases of a run (a kernel read from its IR: its one kernel, steps by grid index).
     pub fn of_run(run: &'a Run) -> Self {
+        let described = match &run.job {
+            tpusim_report::Job::Described(d) => Some(d.description.grid.len().min(255) as u8),
+            _ => None,
+        };
         let phases = run
             .lowered
             .phases
@@ -411,12 +415,16 @@ impl<'a> Timed<'a> {
                     PhaseWork::Kernel(k) => TimedWork::Kernel(k),
                     PhaseWork::Fusion(f) => TimedWork::Fusion(f),
                 },
-                part: p.part.label(),
+                part: if described.is_some() { "from its Mosaic IR" } else { p.part.label() },
                 name: &r.name,
                 result: &r.result,
             })
             .collect();
-        let args = if run.program.info.kind == tpusim_kernel::KernelKind::Attention { StepArgs::Attention } else { StepArgs::Matmul };
+        let args = match described {
+            Some(dims) => StepArgs::Grid { dims },
+            None if run.program.info.kind == tpusim_kernel::KernelKind::Attention => StepArgs::Attention,
+            None => StepArgs::Matmul,
+        };
         Timed { chip: &run.chip, phases, kernel: &run.program.info.kernel, seconds: run.result.seconds, args }
     }
 

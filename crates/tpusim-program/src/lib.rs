@@ -2,13 +2,14 @@
 //! `tpusim.jax` from its StableHLO into a program description, [`desc`], schema in
 //! `crates/tpusim-program/PROGRAM.md`) grouped as XLA would fuse them ([`fuse`], the fusion
 //! rule), each group timed with the machinery that exists (fusions as the engine's HBM-bound
-//! fusions, dots as `tpusim layer`'s XLA matmuls, Pallas kernels through `tpusim-pallas`,
-//! collectives on the `[ici]` link model of `tpusim-layer`) and scheduled on the TensorCore and
-//! the ICI with asynchronous collectives ([`sim`], the overlap rule). [`ops`] classifies ops and
+//! fusions, dots as XLA's matmuls, Pallas kernels through `tpusim-pallas`, collectives on the
+//! `[ici]` link model; the dot and link models of `tpusim-slice`, which `tpusim layer` uses
+//! too) and scheduled on the TensorCore and the ICI with asynchronous collectives ([`sim`], the
+//! slice crate's one schedule). [`ops`] classifies ops and
 //! counts FLOPs, transcendentals and bytes as XLA's `HloCostAnalysis` does, so the counts can
 //! be checked against `Lowered.cost_analysis()`.
 //!
-//! Depends on chip, workload, kernel, engine, pallas, report and layer; only front ends (the
+//! Depends on chip, workload, kernel, engine, pallas, report and slice; only front ends (the
 //! Python package) depend on it.
 
 pub mod desc;

@@ -3,13 +3,13 @@
 //! * **Fusions**: `tpusim_engine::simulate_fusion` (their bytes after fusion at the sustained
 //!   HBM bandwidth plus one HBM round trip of latency; their VPU and EUP work is not timed, so
 //!   a fusion is HBM-bound by rule).
-//! * **Dots**: XLA's dot as `tpusim layer` times it (`tpusim_layer::sim::lower_xla_matmul`, the
+//! * **Dots**: XLA's dot as `tpusim layer` times it (`tpusim_slice::xla::lower_xla_matmul`, the
 //!   `xla-matmul` family through the engine) for M x N x K, times the batch. The family moves
 //!   bf16 operands; a dot with other operand types is timed as bf16 (the report says so). The
 //!   element-wise ops fused into its output ride under the matmul (not timed), as in the layer.
 //! * **Pallas kernels**: the kernel description through `tpusim-pallas` and the engine
-//!   (`tpusim_report::ir::run_kernel_ir`).
-//! * **Collectives** on the slice's links (`tpusim_layer::topology::time_transfers`): device i of
+//!   (`tpusim_report::run` of a `Job::Described`).
+//! * **Collectives** on the slice's links (`tpusim_slice::topology::time_transfers`): device i of
 //!   the program (its replica-group and source-target ids) is chip i in row-major order of the
 //!   slice shape. Per group of n devices with B operand bytes per device: an all-gather sends
 //!   each device's B to the n - 1 others (multicast); an all-to-all B / n to each other device
@@ -21,15 +21,14 @@
 //! **Ops outside `shard_map`** run with the shapes the export gives them (global shapes): each
 //! device is assumed to run them whole (the partitioner's choices are not in the export).
 //!
-//! **The overlap rule (schedule).** Groups issue in creation order on two queues, each op when
-//! its inputs are done and its queue is free. The TensorCore runs fusions, dots and kernels one
-//! at a time. A collective is asynchronous, as XLA's latency-hiding scheduler makes it: it is
-//! moved to just after the last group it reads (before compute that does not feed it), costs the
-//! TensorCore one DMA issue (`hbm.dma_issue_ns`, a named assumption of the chip model) per
-//! message the device sends, and then runs on the ICI queue concurrently with later compute; its
-//! consumers wait for its end. So a step whose transfer hides behind compute takes the compute
-//! plus the issue cost; the program's time is at least the larger of its compute-only and
-//! ICI-only schedules and at most their sum.
+//! **The overlap rule (schedule)** is the slice crate's one schedule (`tpusim_slice::schedule`,
+//! which `tpusim layer` runs too): groups issue in creation order, each collective moved to just
+//! after the last group it reads; the TensorCore runs fusions, dots and kernels one at a time;
+//! a collective costs the TensorCore one DMA issue (`hbm.dma_issue_ns`, a named assumption of the
+//! chip model) per message the device sends, then runs on the ICI concurrently with later
+//! compute, and its consumers wait for its end. So a step whose transfer hides behind compute
+//! takes the compute plus the issue cost; the program's time is at least the larger of its
+//! compute-only and ICI-only schedules and at most their sum.
 
 use crate::desc::ProgramDescription;
 use crate::fuse::{group, GroupKind, Grouped};
@@ -40,7 +39,8 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::path::Path;
 use tpusim_chip::ChipModel;
-use tpusim_layer::topology::{time_transfers, Torus, Transfer};
+use tpusim_slice::topology::{time_transfers, Torus, Transfer};
+use tpusim_slice::{issue_order, Queue, SliceOp};
 use tpusim_workload::MatmulCall;
 
 /// One group's time and place in the schedule.
@@ -111,7 +111,7 @@ pub struct ProgramReport {
 
 fn dot_cost(chip: &ChipModel, m: u64, n: u64, k: u64, name: &str) -> Result<(f64, u64), ProgramError> {
     let mm = MatmulCall { m, n, k };
-    let (_, prog) = tpusim_layer::sim::lower_xla_matmul(chip, &mm, name).map_err(|e| ProgramError::Kernel(e.to_string()))?;
+    let (_, prog) = tpusim_slice::xla::lower_xla_matmul(chip, &mm, name).map_err(|e| ProgramError::Kernel(e.to_string()))?;
     let r = tpusim_engine::simulate(chip, &prog);
     Ok((r.seconds, r.hbm_bytes))
 }
@@ -231,8 +231,10 @@ pub fn simulate_program(chip: &ChipModel, d: &ProgramDescription, slice: Option<
                     None => {
                         let desc = tpusim_pallas::Description::from_json(&d.kernels[k].to_string(), &format!("kernels[{k}]"))
                             .map_err(|err| first.error(err.to_string()))?;
-                        let run = tpusim_report::ir::run_kernel_ir(chip, &desc, dir).map_err(|err| first.error(err.to_string()))?;
-                        let c = (run.result.seconds, run.result.hbm_bytes, run.result.flops, run.result.transcendentals, desc.kernel_name.clone());
+                        let name = desc.kernel_name.clone();
+                        let job = tpusim_report::Job::Described(tpusim_report::DescribedJob::new(format!("kernels[{k}]"), desc, dir));
+                        let run = tpusim_report::run(chip, &job).map_err(|err| first.error(err.to_string()))?;
+                        let c = (run.result.seconds, run.result.hbm_bytes, run.result.flops, run.result.transcendentals, name);
                         kernel_cache.insert(k, c.clone());
                         c
                     }
@@ -305,14 +307,25 @@ pub fn simulate_program(chip: &ChipModel, d: &ProgramDescription, slice: Option<
         }
         entries.push(e);
     }
-    let order = issue_order(&groups);
-    let (total, starts) = schedule(&groups, &entries, &order, 1.0, 1.0);
-    for (e, (s, end)) in entries.iter_mut().zip(starts) {
+    let ops: Vec<SliceOp> = groups
+        .iter()
+        .zip(&entries)
+        .map(|(g, e)| SliceOp {
+            queue: if e.queue == "ici" { Queue::Ici } else { Queue::Core },
+            seconds: e.seconds,
+            issue_seconds: e.issue_seconds,
+            deps: g.deps.clone(),
+        })
+        .collect();
+    let order = issue_order(&ops);
+    let sched = tpusim_slice::schedule(&ops, &order, true, 1.0, 1.0);
+    let total = sched.seconds;
+    for (e, &(s, end)) in entries.iter_mut().zip(&sched.spans) {
         e.start = s;
         e.end = end;
     }
-    let (compute_only, _) = schedule(&groups, &entries, &order, 1.0, 0.0);
-    let (ici_only, _) = schedule(&groups, &entries, &order, 0.0, 1.0);
+    let compute_only = tpusim_slice::schedule(&ops, &order, true, 1.0, 0.0).seconds;
+    let ici_only = tpusim_slice::schedule(&ops, &order, true, 0.0, 1.0).seconds;
     let ici_busy: f64 = entries.iter().filter(|e| e.queue == "ici").map(|e| e.seconds).sum();
     let mut xla = crate::ops::OpCounts::default();
     for (c, cl) in counts.iter().zip(&classes) {
@@ -337,48 +350,6 @@ pub fn simulate_program(chip: &ChipModel, d: &ProgramDescription, slice: Option<
         entries,
         assumptions,
     })
-}
-
-/// Creation order with each collective moved to just after the last group it reads (module
-/// docs: the latency-hiding scheduler starts collectives early).
-fn issue_order(groups: &[crate::fuse::Group]) -> Vec<usize> {
-    let mut keyed: Vec<(f64, usize)> = groups
-        .iter()
-        .enumerate()
-        .map(|(i, g)| {
-            let k = if g.kind == GroupKind::Collective { g.deps.iter().map(|&d| d as f64).fold(-1.0, f64::max) + 0.5 } else { i as f64 };
-            (k, i)
-        })
-        .collect();
-    keyed.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-    keyed.into_iter().map(|(_, i)| i).collect()
-}
-
-/// The schedule (module docs) with TensorCore times scaled by `core` and ICI times by `ici`
-/// (1 or 0: the compute-only and ICI-only runs); returns the latency and each group's (start,
-/// end), seconds.
-fn schedule(groups: &[crate::fuse::Group], entries: &[Entry], order: &[usize], core: f64, ici: f64) -> (f64, Vec<(f64, f64)>) {
-    let mut span = vec![(0.0, 0.0); groups.len()];
-    let (mut core_free, mut ici_free) = (0.0f64, 0.0f64);
-    for &i in order {
-        let ready = groups[i].deps.iter().map(|&d| span[d].1).fold(0.0, f64::max);
-        let e = &entries[i];
-        if e.queue == "ici" {
-            let issue_at = ready.max(core_free);
-            core_free = issue_at + e.issue_seconds;
-            let start = core_free.max(ici_free);
-            let end = start + e.seconds * ici;
-            ici_free = end;
-            span[i] = (start, end);
-        } else {
-            let start = ready.max(core_free);
-            let end = start + e.seconds * core;
-            core_free = end;
-            span[i] = (start, end);
-        }
-    }
-    let total = span.iter().map(|s| s.1).fold(core_free, f64::max);
-    (total, span)
 }
 
 impl ProgramReport {

@@ -32,9 +32,10 @@ pub(crate) fn decode_kernel_ir(
     let shape = tpusim_report::decode::DecodeShape { lengths, page_size, kv_bytes_per_page, q_bytes, o_bytes, pages_per_block };
     crate::interruptible_once(py, move || {
         let d = tpusim_pallas::Description::from_json(&text, "kernel description").map_err(|e| e.to_string())?;
-        let run = tpusim_report::ir::run_kernel_ir(&model, &d, &dir).map_err(|e| e.to_string())?;
+        let job = tpusim_report::Job::Described(tpusim_report::DescribedJob::new("-", d, dir));
+        let run = tpusim_report::run(&model, &job).map_err(|e| e.to_string())?;
         let rep = tpusim_report::decode::DecodeReport::from_run(&run, &shape)?;
-        let k = tpusim_report::ir::KernelIrReport::from_run(&run);
+        let k = tpusim_report::Report::from_run(&run);
         Ok::<_, String>((rep.to_json(), rep.to_table(), k.to_json()))
     })?
     .map_err(input_err)

@@ -513,9 +513,13 @@ fn run_spec(py: Python<'_>, spec: JobSpec, given: &Given) -> PyResult<Report> {
     interruptible_once(py, move || run_job(&spec))?.map_err(|e| input_err(given.fix(e)))
 }
 
-/// The result of one simulation. The main metrics are attributes (`latency_ms`, `cycles`,
-/// `flops`, `transcendentals`, `hbm_bytes`, `bottleneck`, `tiles`, `cost_estimate`, ...;
-/// every key of `to_dict()` reads as an attribute); `str(report)` is the command line's table.
+/// The result of one simulation, whichever front end described the kernel: a hand-modelled job
+/// (`tpusim.simulate`) or a kernel read from its IR (`tpusim.jax.simulate`, whose `job` is
+/// `{kind: "described", file, kernel_name, device_kind}`): one report type, the same metrics by
+/// the same names. The main metrics are attributes (`latency_ms`, `cycles`, `flops`,
+/// `transcendentals`, `hbm_bytes`, `bottleneck`, `tiles`, `cost_estimate`, ...; every key of
+/// `to_dict()` reads as an attribute and is listed by `dir()`; `python/tpusim/_tpusim.pyi` types
+/// them); `str(report)` is the command line's table.
 #[pyclass(name = "Report", module = "tpusim", frozen)]
 struct PyReport {
     json: String,
@@ -607,14 +611,35 @@ impl PyReport {
         let d = from_json(py, &self.json)?;
         match d.get_item(name) {
             Ok(v) => Ok(v),
-            Err(_) => Err(pyo3::exceptions::PyAttributeError::new_err(format!("Report has no field '{name}'"))),
+            Err(_) => Err(pyo3::exceptions::PyAttributeError::new_err(
+                if matches!(self.report.job, Job::Described(_)) && tpusim_report::DESCRIBED_LACKS.contains(&name) {
+                    format!("Report has no field '{name}': a kernel read from its IR lacks it (its IR does not state an attention workload)")
+                } else {
+                    format!("Report has no field '{name}'")
+                },
+            )),
         }
+    }
+    /// The report's fields (every key of `to_dict()`) with its methods: what `dir(report)` and
+    /// tab completion list.
+    fn __dir__(&self) -> Vec<String> {
+        let mut names: Vec<String> = match serde_json::from_str::<Value>(&self.json) {
+            Ok(Value::Object(m)) => m.keys().cloned().collect(),
+            _ => Vec::new(),
+        };
+        names.extend(["to_dict", "to_json"].map(String::from));
+        names.sort();
+        names
     }
     fn __str__(&self) -> String {
         self.table.clone()
     }
     fn __repr__(&self) -> String {
-        format!("<tpusim.Report {:.3} ms on {}, bound by {}>", self.report.latency_ms, self.report.chip, self.report.bottleneck)
+        let what = match &self.report.job {
+            Job::Described(d) => format!("`{}` ", d.kernel_name),
+            _ => String::new(),
+        };
+        format!("<tpusim.Report {what}{:.3} ms on {}, bound by {}>", self.report.latency_ms, self.report.chip, self.report.bottleneck)
     }
 }
 
@@ -898,7 +923,7 @@ impl JobMask for Report {
     fn job_mask(&self) -> String {
         match &self.job {
             Job::Attention { workload, .. } => workload.mask.to_string(),
-            Job::Matmul { .. } => String::new(),
+            Job::Matmul { .. } | Job::Described(_) => String::new(),
         }
     }
 }
@@ -1040,154 +1065,24 @@ fn tile_counts<'py>(
     Ok(out)
 }
 
-/// The result of simulating one Pallas kernel read from its Mosaic IR (`tpusim.jax.simulate`).
-///
-/// A separate class from `Report`, with the same attribute names for the metrics both have:
-/// `latency_ms`, `cycles`, `flops`, `transcendentals`, `hbm_bytes`, `mfu`, `bottleneck`,
-/// `co_bound`, `what_if_2x`, `cost_estimate`, `tiles`, `band` (each meaning what it means on a
-/// `Report`: `bottleneck` is the unit whose 2x speed-up gains the most, `band` says that no
-/// calibration row covers an IR kernel). It adds `grid_steps`, `steps_computed`, `vmem_bytes`,
-/// `vmem_limit_bytes`, `declared_cost_estimate`, `kernel_name`, `assumptions` (what the importer
-/// assumed) and `lacks` (the `Report` fields an IR job has not: the attention workload, masks,
-/// densities, the dense baseline, phases). Every key of `to_dict()` reads as an attribute;
-/// `str(report)` is the command line's table.
-#[pyclass(name = "KernelReport", module = "tpusim", frozen)]
-struct PyKernelReport {
-    json: String,
-    table: String,
-    report: tpusim_report::ir::KernelIrReport,
-}
-
-#[pymethods]
-impl PyKernelReport {
-    /// Predicted latency, milliseconds.
-    #[getter]
-    fn latency_ms(&self) -> f64 {
-        self.report.latency_ms
-    }
-    /// Predicted latency, cycles of the chip model's clock.
-    #[getter]
-    fn cycles(&self) -> f64 {
-        self.report.cycles
-    }
-    /// Executed matmul FLOPs.
-    #[getter]
-    fn flops(&self) -> f64 {
-        self.report.flops
-    }
-    /// Executed transcendental elements.
-    #[getter]
-    fn transcendentals(&self) -> f64 {
-        self.report.transcendentals
-    }
-    /// Bytes moved between HBM and VMEM.
-    #[getter]
-    fn hbm_bytes(&self) -> u64 {
-        self.report.hbm_bytes
-    }
-    /// Achieved FLOP/s over the chip model's peak (0..1).
-    #[getter]
-    fn mfu(&self) -> f64 {
-        self.report.mfu
-    }
-    /// The unit that bounds the run (mxu, vpu, eup, xlu, hbm, step_control): the one whose 2x
-    /// speed-up gains the most (`what_if_2x`), as on a `Report`.
-    #[getter]
-    fn bottleneck(&self) -> String {
-        self.report.bottleneck.to_string()
-    }
-    /// Other units whose 2x gain ties with the bottleneck's (at least 80% of the largest, above
-    /// 1%, the largest 10% or more).
-    #[getter]
-    fn co_bound(&self) -> Vec<String> {
-        self.report.co_bound.iter().map(|u| u.to_string()).collect()
-    }
-    /// Per unit, what making it alone twice as fast buys: a list of `{unit, set, latency_ms,
-    /// gain}`, the kernel's own lowering re-timed on the derived chip.
-    #[getter]
-    fn what_if_2x<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        self.get(py, "what_if_2x")
-    }
-    /// `{flops, transcendentals, bytes_accessed}`: the simulated totals as `pl.CostEstimate` fields.
-    #[getter]
-    fn cost_estimate<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        self.get(py, "cost_estimate")
-    }
-    /// Grid steps as tiles: `{total, visited, empty, partial, full, masked}` with visited = full
-    /// = the steps whose body runs work.
-    #[getter]
-    fn tiles<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        self.get(py, "tiles")
-    }
-    /// How sure the prediction is, as on a `Report`; `covered` is false (no calibration row is of
-    /// a kernel read from its IR) and `text` reads `not covered by measurements: ...`.
-    #[getter]
-    fn band<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        self.get(py, "band")
-    }
-    /// The `Report` fields this report has not.
-    #[getter]
-    fn lacks(&self) -> Vec<String> {
-        self.report.lacks.clone()
-    }
-    /// The modelling assumptions the importer made for this kernel.
-    #[getter]
-    fn assumptions(&self) -> Vec<String> {
-        self.report.assumptions.clone()
-    }
-    /// The whole report as a dict (the JSON of `tpusim run --kernel-ir FILE --format json`).
-    fn to_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        from_json(py, &self.json)
-    }
-    /// The whole report as JSON text.
-    fn to_json(&self) -> String {
-        self.json.clone()
-    }
-    fn __getattr__<'py>(&self, py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyAny>> {
-        let d = from_json(py, &self.json)?;
-        match d.get_item(name) {
-            Ok(v) => Ok(v),
-            Err(_) => Err(pyo3::exceptions::PyAttributeError::new_err(if self.report.lacks.iter().any(|l| l == name) {
-                format!("KernelReport has no field '{name}': a kernel read from its IR lacks it (the IR does not state an attention workload; see `lacks`)")
-            } else {
-                format!("KernelReport has no field '{name}'")
-            })),
-        }
-    }
-    fn __str__(&self) -> String {
-        self.table.clone()
-    }
-    fn __repr__(&self) -> String {
-        format!("<tpusim.KernelReport `{}` {:.3} ms on {}, bound by {}>", self.report.kernel_name, self.report.latency_ms, self.report.chip, self.report.bottleneck)
-    }
-}
-
-impl PyKernelReport {
-    fn new(report: tpusim_report::ir::KernelIrReport) -> Self {
-        PyKernelReport { json: report.to_json(), table: report.to_table(), report }
-    }
-    fn get<'py>(&self, py: Python<'py>, key: &str) -> PyResult<Bound<'py, PyAny>> {
-        Ok(from_json(py, &self.json)?.get_item(key).unwrap_or_else(|_| py.None().into_bound(py)))
-    }
-}
-
 /// Simulates a kernel description (JSON text, as `tpusim.jax.describe` writes it; side files
 /// resolved against `folder`) on `chip` with `set` overrides (`SECTION.FIELD=VALUE` strings).
-/// Used by `tpusim.jax.simulate`; returns a `KernelReport`.
+/// Used by `tpusim.jax.simulate`; returns a `Report` (its `job` is `{kind: "described", file,
+/// kernel_name, ...}`; the attention-only fields are absent).
 #[pyfunction]
 #[pyo3(signature = (description, chip = "v6e", set = Vec::new(), folder = "."))]
-fn simulate_kernel_ir(py: Python<'_>, description: &str, chip: &str, set: Vec<String>, folder: &str) -> PyResult<PyKernelReport> {
+fn simulate_kernel_ir(py: Python<'_>, description: &str, chip: &str, set: Vec<String>, folder: &str) -> PyResult<PyReport> {
     let spec = JobSpec { chip: Some(chip.to_string()), set, ..Default::default() };
     let model = spec.chip().map_err(spec_err)?;
     let text = description.to_string();
     let dir = std::path::PathBuf::from(folder);
     let rep = interruptible_once(py, move || {
         let d = tpusim_pallas::Description::from_json(&text, "kernel description")?;
-        let run = tpusim_report::ir::run_kernel_ir(&model, &d, &dir)?;
-        Ok::<_, tpusim_pallas::PallasError>(tpusim_report::ir::KernelIrReport::from_run(&run))
+        let job = Job::Described(tpusim_report::DescribedJob::new("-", d, dir));
+        Ok::<_, tpusim_report::JobError>(Report::from_run(&tpusim_report::run(&model, &job)?))
     })?
     .map_err(|e| input_err(e.to_string()))?;
-    Ok(PyKernelReport::new(rep))
+    Ok(PyReport::new(rep))
 }
 
 /// tpusim's compiled module, `tpusim._tpusim` (maturin's mixed layout: `python/tpusim/__init__.py`
@@ -1214,7 +1109,6 @@ fn tpusim_py(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(measurements_from_trace, m)?)?;
     m.add_function(wrap_pyfunction!(mask_text, m)?)?;
     m.add_function(wrap_pyfunction!(tile_counts, m)?)?;
-    m.add_class::<PyKernelReport>()?;
     m.add_function(wrap_pyfunction!(simulate_kernel_ir, m)?)?;
     m.add_function(wrap_pyfunction!(decode::decode_kernel_ir, m)?)?;
     m.add_function(wrap_pyfunction!(program::simulate_program_description, m)?)?;

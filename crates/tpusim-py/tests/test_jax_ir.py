@@ -210,14 +210,19 @@ def test_another_jax_version_is_refused(monkeypatch):
         tj.simulate(tutorial_matmul(256, 256, 256), bf16(512, 512), bf16(512, 512))
 
 
-def test_kernel_report_has_reports_attribute_names_and_what_if_bound(tmp_path):
-    # A KernelReport answers the shared metrics by Report's names, with the same meanings.
+def test_a_kernel_from_its_ir_is_reported_as_a_report_with_what_if_bound(tmp_path):
+    # One report type for both front ends: the same class, the same metrics by the same names.
     hand = tpusim.simulate(kernel="pallas-matmul", m=1024, n=1024, k=1024, block_m=256, block_n=256, block_k=256)
     ir = tj.simulate(tutorial_matmul(256, 256, 256), bf16(1024, 1024), bf16(1024, 1024))[0]
+    assert type(ir) is type(hand) is tpusim.Report
+    assert ir.job["kind"] == "described" and ir.job["kernel_name"] == ir.kernel_name and hand.job["kind"] == "matmul"
     for name in ["latency_ms", "cycles", "flops", "transcendentals", "hbm_bytes", "mfu", "bottleneck", "co_bound",
-                 "what_if_2x", "cost_estimate", "band", "grid_steps", "vmem_bytes", "vmem_limit_bytes"]:
+                 "what_if_2x", "cost_estimate", "band", "grid_steps", "steps_computed", "vmem_bytes", "vmem_limit_bytes",
+                 "critical_path_ms", "utilization", "step_classes"]:
         a, b = getattr(hand, name), getattr(ir, name)
         assert type(a) is type(b), (name, a, b)
+    # The hand model's matmul and the tutorial kernel's IR are one model: equal latency.
+    assert ir.latency_ms == hand.latency_ms and ir.what_if_2x == hand.what_if_2x
     assert ir.flops == hand.flops and ir.hbm_bytes == hand.hbm_bytes
     # Bound by the what-if table's largest gain, as on a Report.
     gains = {w["unit"]: w["gain"] for w in ir.what_if_2x}
@@ -232,7 +237,7 @@ def test_kernel_report_has_reports_attribute_names_and_what_if_bound(tmp_path):
     assert ir.band["covered"] is False and ir.band["text"].startswith("not covered by measurements: chip v6e, family kernel-ir")
     assert "band         not covered by measurements" in str(ir) and "what if 2x" in str(ir)
     # A field an IR job lacks says so.
-    assert "tile_skip_efficiency" in ir.lacks
+    assert "tile_skip_efficiency" not in ir.to_dict() and ir.assumptions
     with pytest.raises(AttributeError, match="lacks it"):
         ir.tile_skip_efficiency
 

@@ -133,13 +133,15 @@ pub struct ReportBand {
     pub text: String,
 }
 
-/// The band key of a job on a chip.
+/// The band key of a job on a chip (a kernel read from its IR: [`kernel_ir_key`]; no
+/// calibration row is of an IR kernel today, so its band reads `not covered by measurements`).
 pub fn key_of(chip: &ChipModel, job: &Job) -> BandKey {
-    let (direction, scope) = match job {
-        Job::Attention { direction, scope, .. } => (direction.to_string(), scope.to_string()),
-        Job::Matmul { scope, .. } => ("matmul".to_string(), scope.to_string()),
+    let (family, direction, scope) = match job {
+        Job::Attention { config, direction, scope, .. } => (config.kernel, direction.to_string(), scope.to_string()),
+        Job::Matmul { config, scope, .. } => (config.kernel, "matmul".to_string(), scope.to_string()),
+        Job::Described(_) => return kernel_ir_key(chip),
     };
-    BandKey { chip: chip.name.clone(), family: job.kernel().to_string(), direction, scope }
+    BandKey { chip: chip.name.clone(), family: family.to_string(), direction, scope }
 }
 
 /// The shipped band that covers `job` on `chip` (module docs). A model that is not the shipped
@@ -161,13 +163,6 @@ pub const KERNEL_IR_FAMILY: &str = "kernel-ir";
 /// `any` (the IR does not say what the kernel computes), scope `kernel`.
 pub fn kernel_ir_key(chip: &ChipModel) -> BandKey {
     BandKey { chip: chip.name.clone(), family: KERNEL_IR_FAMILY.into(), direction: "any".into(), scope: "kernel".into() }
-}
-
-/// The shipped band of a kernel read from its IR ([`kernel_ir_key`]): no calibration row is
-/// of an IR kernel today, so the text reads `not covered by measurements: ...` as for any job no
-/// band covers.
-pub fn band_for_kernel_ir(chip: &ChipModel) -> ReportBand {
-    band_of_key(shipped(), chip, kernel_ir_key(chip))
 }
 
 /// The band of `key` in `file` for a run on `chip` ([`band_for`]'s rule).
@@ -258,7 +253,7 @@ mod tests {
     #[test]
     fn kernel_ir_runs_read_as_uncovered_in_the_same_words() {
         let chip = ChipModel::preset("v5e").unwrap();
-        let b = band_for_kernel_ir(&chip);
+        let b = band_of_key(shipped(), &chip, kernel_ir_key(&chip));
         assert!(!b.covered && b.n == 0, "{b:?}");
         assert_eq!(b.text, "not covered by measurements: chip v5e, family kernel-ir, direction any, scope kernel (0 calibration rows, fewer than 5)");
         let mut file = shipped().clone();

@@ -19,7 +19,7 @@
 //!   bytes moved beyond the must-move (compute blocks rounded up to whole blocks of pages, the
 //!   next sequence's prefetch), the bound that sets the latency, DMA count and size.
 
-use crate::ir::IrRun;
+use crate::Run;
 use serde::Serialize;
 use std::fmt::Write as _;
 use tpusim_pallas::runtime::DmaTally;
@@ -125,18 +125,20 @@ pub struct DecodeReport {
 }
 
 impl DecodeReport {
-    /// Reports a simulated decode kernel.
+    /// Reports a simulated decode kernel (a run of a kernel read from its IR, [`crate::Job::Described`]).
     ///
     /// # Errors
-    /// A message naming the field of an invalid shape.
-    pub fn from_run(run: &IrRun, shape: &DecodeShape) -> Result<DecodeReport, String> {
+    /// A message naming the field of an invalid shape, or saying that the run is not of a kernel
+    /// read from its IR (only its lowering counts the manual DMAs the bounds read).
+    pub fn from_run(run: &Run, shape: &DecodeShape) -> Result<DecodeReport, String> {
         shape.check()?;
+        let facts = run.facts.as_ref().ok_or("a decode report reads the manual DMAs of a kernel read from its IR; this run is of a hand-modelled kernel")?;
         let chip = &run.chip;
         let r = &run.result;
         let active = r.cores.iter().filter(|c| c.grid_steps > 0).count().max(1) as f64;
         let bw_gbs = (chip.hbm.dma_bandwidth_gb_per_s.value * active).min(chip.hbm.bandwidth_gb_per_s.value);
         let bw = bw_gbs * 1e9;
-        let dmas = run.facts.dmas.clone();
+        let dmas = facts.dmas.clone();
         let engine_ms = r.seconds * 1e3;
         let issue_ns = chip.hbm.dma_issue_ns.value;
         let lat_ns = chip.hbm.dma_latency_ns.value;
@@ -205,7 +207,7 @@ impl DecodeReport {
         ];
         Ok(DecodeReport {
             chip: chip.name.clone(),
-            kernel_name: run.description.kernel_name.clone(),
+            kernel_name: facts.kernel_name.clone(),
             latency_ms,
             engine_latency_ms: engine_ms,
             hbm_bytes: r.hbm_bytes,

@@ -10,7 +10,6 @@
 pub mod bands;
 pub mod decode;
 pub mod fields;
-pub mod ir;
 pub mod notes;
 mod paths;
 pub mod spec;
@@ -27,9 +26,10 @@ use tpusim_kernel::{
     lower_attention, matmul, Direction, KernelError, Lowered, MatmulConfig, Part, PerUnit, Phase, PhaseWork, Program, Scope, SplashConfig,
     TileCounts, Unit,
 };
+use tpusim_pallas::{Description, IrFacts, PallasError};
 use tpusim_workload::{AttentionCall, Mask, MatmulCall};
 
-/// What to run: a kernel, its workload and its configuration.
+/// What to run: a kernel, its workload and its configuration; or a kernel read from its IR.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "kind", rename_all = "lowercase")]
 // An attention job carries its workload and whole configuration by value: jobs are built once
@@ -56,29 +56,113 @@ pub enum Job {
         /// The kernel alone (`op` is the same: nothing else runs), or a host-timed call.
         scope: Scope,
     },
+    /// A user's own Pallas kernel read from its TPU lowering (a kernel description,
+    /// `tpusim-pallas`): its lowering fixed the workload, blocks and grid.
+    Described(DescribedJob),
+}
+
+/// A kernel description as a job ([`Job::Described`]). Serialised as the file, the kernel's
+/// name, metadata and device kind (the description itself is the file's).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct DescribedJob {
+    /// The description file as the user named it (a label: `-` for text given in memory).
+    pub file: String,
+    /// The kernel's name (the custom call's `kernel_name`: a label, never dispatched on).
+    pub kernel_name: String,
+    /// The custom call's `kernel_metadata` (a label), if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kernel_metadata: Option<String>,
+    /// The device kind it was lowered for (empty when the description does not say).
+    pub device_kind: String,
+    /// The description, runtime values bound.
+    #[serde(skip)]
+    pub description: std::sync::Arc<Description>,
+    /// The folder its side files (`.npy` tables) resolve in.
+    #[serde(skip)]
+    pub dir: std::path::PathBuf,
+}
+
+impl DescribedJob {
+    /// The job of `description` read from `file`, side files resolved in `dir`.
+    pub fn new(file: impl Into<String>, description: Description, dir: impl Into<std::path::PathBuf>) -> Self {
+        DescribedJob {
+            file: file.into(),
+            kernel_name: description.kernel_name.clone(),
+            kernel_metadata: description.kernel_metadata.clone(),
+            device_kind: description.producer.device_kind.clone(),
+            description: std::sync::Arc::new(description),
+            dir: dir.into(),
+        }
+    }
+
+    /// Lowers the description on `chip` ([`tpusim_pallas::lower`]) as a one-kernel call, with the
+    /// facts of the lowering a report shows.
+    ///
+    /// # Errors
+    /// Whatever the IR path reports ([`PallasError`]: names the op, kernel and location).
+    pub fn lower(&self, chip: &ChipModel) -> Result<(Lowered, IrFacts), PallasError> {
+        let (program, facts) = tpusim_pallas::lower(chip, &self.description, &self.dir)?;
+        let lowered = Lowered { phases: vec![Phase { part: Part::Forward, work: PhaseWork::Kernel(std::sync::Arc::new(program)) }], host_calls: 0 };
+        Ok((lowered, facts))
+    }
+}
+
+/// Why a job does not lower: a hand model's rule ([`KernelError`]: block rules, VMEM, SMEM) or
+/// the IR path's refusal of a kernel description ([`PallasError`]). Its message is the inner
+/// error's.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum JobError {
+    /// A hand-modelled kernel refuses the configuration.
+    #[error(transparent)]
+    Kernel(#[from] KernelError),
+    /// The IR path refuses the kernel description.
+    #[error(transparent)]
+    Described(#[from] PallasError),
 }
 
 impl Job {
-    /// The kernel family the job runs.
-    pub fn kernel(&self) -> tpusim_kernel::Kernel {
+    /// The kernel family the job runs; `None` for a kernel read from its IR (which is no family:
+    /// [`DescribedJob::kernel_name`] names it).
+    pub fn kernel(&self) -> Option<tpusim_kernel::Kernel> {
         match self {
-            Job::Attention { config, .. } => config.kernel,
-            Job::Matmul { config, .. } => config.kernel,
+            Job::Attention { config, .. } => Some(config.kernel),
+            Job::Matmul { config, .. } => Some(config.kernel),
+            Job::Described(_) => None,
         }
     }
 
     /// Lowers the job: its phases (kernels and XLA ops) in order.
     ///
     /// # Errors
-    /// Whatever lowering reports ([`KernelError`]).
-    pub fn lower(&self, chip: &ChipModel) -> Result<Lowered, KernelError> {
+    /// Whatever lowering reports ([`JobError`]).
+    pub fn lower(&self, chip: &ChipModel) -> Result<Lowered, JobError> {
+        Ok(self.lower_with_facts(chip)?.0)
+    }
+
+    /// [`Job::lower`] with the facts of an IR lowering (`None` for a hand-modelled kernel).
+    ///
+    /// # Errors
+    /// As [`Job::lower`].
+    pub fn lower_with_facts(&self, chip: &ChipModel) -> Result<(Lowered, Option<IrFacts>), JobError> {
         match self {
-            Job::Attention { workload, config, direction, scope } => lower_attention(chip, workload, config, *direction, *scope),
-            Job::Matmul { workload, config, scope } => Ok(Lowered {
-                phases: vec![Phase { part: Part::Forward, work: PhaseWork::Kernel(std::sync::Arc::new(matmul::lower(chip, workload, config)?)) }],
-                host_calls: u32::from(*scope == Scope::Call),
-            }),
+            Job::Attention { workload, config, direction, scope } => Ok((lower_attention(chip, workload, config, *direction, *scope)?, None)),
+            Job::Matmul { workload, config, scope } => Ok((
+                Lowered {
+                    phases: vec![Phase { part: Part::Forward, work: PhaseWork::Kernel(std::sync::Arc::new(matmul::lower(chip, workload, config)?)) }],
+                    host_calls: u32::from(*scope == Scope::Call),
+                },
+                None,
+            )),
+            Job::Described(d) => {
+                let (lowered, facts) = d.lower(chip)?;
+                Ok((lowered, Some(facts)))
+            }
         }
+    }
+
+    /// Whether the call is host-timed (scope `call`: the host's dispatch and sync count).
+    pub fn host_timed(&self) -> bool {
+        matches!(self, Job::Attention { scope: Scope::Call, .. } | Job::Matmul { scope: Scope::Call, .. })
     }
 
     /// The dense baseline of a sparse attention job: the same kernel, blocks and direction with
@@ -100,6 +184,12 @@ impl Job {
     }
 }
 
+/// The fields of [`Report`] a kernel read from its IR ([`Job::Described`]) has not: they describe
+/// attention workloads (masks, the q x kv tiles, a dense baseline) that a kernel's IR does not
+/// state. Absent from its JSON; front ends name them when asked for one.
+pub const DESCRIBED_LACKS: &[&str] =
+    &["pair_density", "exact_pair_density", "tile_density", "useful_fraction", "dense_latency_ms", "tile_skip_efficiency", "speedup_vs_dense"];
+
 /// Everything one run produced.
 #[derive(Debug, Clone)]
 pub struct Run {
@@ -117,6 +207,9 @@ pub struct Run {
     pub result: SimResult,
     /// For attention with a non-full mask: the same kernel and blocks with the full mask.
     pub dense: Option<SimResult>,
+    /// For a kernel read from its IR: the facts of its lowering (steps computed, SMEM, the
+    /// declared cost, the importer's assumptions, manual DMAs).
+    pub facts: Option<IrFacts>,
 }
 
 /// Every phase of a lowered call simulated in order (the engine's [`simulate_lowered`]), then
@@ -204,24 +297,29 @@ pub fn combine(chip: &ChipModel, phases: &[PhaseResult]) -> SimResult {
 /// baseline (same kernel and blocks, full mask, no alignment) for `tile_skip_efficiency`.
 ///
 /// # Errors
-/// Whatever lowering reports ([`KernelError`]): invalid shapes, block rules, VMEM overflow.
-pub fn run(chip: &ChipModel, job: &Job) -> Result<Run, KernelError> {
+/// Whatever lowering reports ([`JobError`]): invalid shapes, block rules, VMEM overflow, a
+/// kernel description the IR path refuses.
+pub fn run(chip: &ChipModel, job: &Job) -> Result<Run, JobError> {
     // The job's own errors come first; its dense baseline is lowered only when it lowers.
-    let lowered = job.lower(chip)?;
+    let (lowered, facts) = job.lower_with_facts(chip)?;
     let dense = match job.dense_baseline() {
         Some(d) => Some(combine(chip, &simulate_call(chip, &d.lower(chip)?))),
         None => None,
     };
-    Ok(run_lowered(chip, job, lowered, dense))
+    let mut run = run_lowered(chip, job, lowered, dense);
+    run.facts = facts;
+    Ok(run)
 }
 
 /// [`run`] with the dense baseline already simulated (sweeps cache it).
 ///
 /// # Errors
 /// As [`run`].
-pub fn run_with_dense(chip: &ChipModel, job: &Job, dense: Option<SimResult>) -> Result<Run, KernelError> {
-    let lowered = job.lower(chip)?;
-    Ok(run_lowered(chip, job, lowered, dense))
+pub fn run_with_dense(chip: &ChipModel, job: &Job, dense: Option<SimResult>) -> Result<Run, JobError> {
+    let (lowered, facts) = job.lower_with_facts(chip)?;
+    let mut run = run_lowered(chip, job, lowered, dense);
+    run.facts = facts;
+    Ok(run)
 }
 
 /// A run of a job already lowered (sweep points that share a lowering simulate it on their own
@@ -240,7 +338,7 @@ pub fn run_lowered(chip: &ChipModel, job: &Job, lowered: Lowered, dense: Option<
             PhaseWork::Fusion(_) => None,
         })
         .expect("every job has a kernel");
-    Run { chip: chip.clone(), job: job.clone(), lowered, phases, program, result, dense }
+    Run { chip: chip.clone(), job: job.clone(), lowered, phases, program, result, dense, facts: None }
 }
 
 /// The metrics of one run. Serialised as the JSON output of `tpusim run --format json`.
@@ -251,8 +349,13 @@ pub struct Report {
     /// Which chip model ran: its source (preset or file), the `--set` overrides and a hash of its
     /// parameter values ([`tpusim_chip::ChipIdentity`]).
     pub chip_model: tpusim_chip::ChipIdentity,
-    /// The kernel family simulated.
-    pub kernel: tpusim_kernel::Kernel,
+    /// The kernel family simulated; absent for a kernel read from its IR (no family: `kernel_name`
+    /// names it, `job` gives its file).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kernel: Option<tpusim_kernel::Kernel>,
+    /// The main kernel's name: the hand model's (e.g. `attention forward`) or, for a kernel read
+    /// from its IR, the custom call's `kernel_name` (a label).
+    pub kernel_name: String,
     /// Predicted latency, milliseconds.
     pub latency_ms: f64,
     /// How sure the prediction is: the leave-one-out error band of the calibration rows of the
@@ -281,6 +384,9 @@ pub struct Report {
     pub arithmetic_intensity: f64,
     /// Grid steps run.
     pub grid_steps: u64,
+    /// Grid steps whose body runs work on some unit, over every kernel of the call (the rest only
+    /// pay the step overhead and their copies).
+    pub steps_computed: u64,
     /// The unit that bounds the run ([`whatif::bottleneck_of`]): the one whose 2x speed-up gains
     /// the most when that gain is large (10% or more) and untied; otherwise the unit with the
     /// largest critical-path share (of the tied units, when gains tie). A report built without
@@ -317,6 +423,15 @@ pub struct Report {
     pub vmem_bytes: u64,
     /// Scoped VMEM limit checked against, bytes.
     pub vmem_limit_bytes: u64,
+    /// VMEM of the main kernel by buffer: (name, bytes), tile-padded.
+    pub vmem_buffers: Vec<(String, u64)>,
+    /// SMEM for prefetch tables and SMEM buffers, bytes (a kernel read from its IR).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub smem_bytes: Option<u64>,
+    /// The `pl.CostEstimate` a kernel read from its IR declares, if any (to compare with
+    /// `cost_estimate`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub declared_cost_estimate: Option<tpusim_pallas::desc::DeclaredCost>,
     /// Tile counts over batch and heads (attention).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tiles: Option<TileCounts>,
@@ -358,6 +473,10 @@ pub struct Report {
     /// Each distinct step body of the main kernel: what it is, how many steps ran it, and its
     /// scheduled cycles.
     pub step_classes: Vec<ClassSummary>,
+    /// The modelling assumptions the IR path made for a kernel read from its IR (empty for the
+    /// hand models, whose assumptions are their documentation).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub assumptions: Vec<String>,
     /// Caveats a kernel engineer should know about this configuration (inexact results, ...).
     /// Settings appear as `` `field=value` ``, which a front end renders as its user gave them
     /// ([`Report::render_notes`]).
@@ -546,6 +665,12 @@ pub struct ClassSummary {
     pub signature: String,
 }
 
+/// Grid steps of `program` whose body runs work on some unit (a non-empty body), from the run's
+/// per-class step counts.
+fn steps_computed(program: &Program, r: &SimResult) -> u64 {
+    program.classes.iter().zip(&r.class_steps).filter(|(c, _)| !c.body.is_empty()).map(|(_, &n)| n).sum()
+}
+
 /// The summaries of a program's step classes that ran (`steps > 0`), in class order; `label`
 /// names a class's tile kind and whether it masks.
 pub(crate) fn class_summaries(program: &Program, r: &SimResult, label: &dyn Fn(&tpusim_kernel::StepClass) -> (String, bool)) -> Vec<ClassSummary> {
@@ -598,6 +723,7 @@ impl Report {
         let ms = |c: f64| c / chip.clock_hz() * 1e3;
         let seconds = r.seconds.max(f64::MIN_POSITIVE);
         let info = &run.program.info;
+        let facts = run.facts.as_ref();
         // The simulated phases follow the lowered ones; a host phase (scope call) comes last.
         let phases: Vec<PhaseSummary> = run
             .phases
@@ -636,6 +762,7 @@ impl Report {
             chip: chip.name.clone(),
             chip_model: identity,
             kernel: run.job.kernel(),
+            kernel_name: info.kernel.clone(),
             latency_ms: r.seconds * 1e3,
             band: bands::band_for(chip, &run.job),
             cycles: r.cycles,
@@ -653,6 +780,20 @@ impl Report {
             },
             arithmetic_intensity: if r.hbm_bytes > 0 { r.flops / r.hbm_bytes as f64 } else { 0.0 },
             grid_steps: r.grid_steps,
+            steps_computed: facts.map_or_else(
+                || {
+                    run.lowered
+                        .phases
+                        .iter()
+                        .zip(&run.phases)
+                        .map(|(l, p)| match &l.work {
+                            PhaseWork::Kernel(k) => steps_computed(k, &p.result),
+                            PhaseWork::Fusion(_) => 0,
+                        })
+                        .sum()
+                },
+                |f| f.steps_computed,
+            ),
             bottleneck: r.bottleneck(),
             co_bound: Vec::new(),
             bound_rule: None,
@@ -666,6 +807,9 @@ impl Report {
             padded: info.padded.clone(),
             vmem_bytes: run.program.vmem.total(),
             vmem_limit_bytes: run.program.vmem.limit_bytes,
+            vmem_buffers: run.program.vmem.buffers.clone(),
+            smem_bytes: facts.map(|f| f.smem_bytes),
+            declared_cost_estimate: facts.and_then(|f| f.declared_cost),
             tiles: info.tiles,
             pair_density: None,
             exact_pair_density: None,
@@ -679,7 +823,12 @@ impl Report {
             host_ms,
             phases,
             cores: r.cores.iter().map(|c| CoreSummary { grid_steps: c.grid_steps, busy_ms: PerUnit(c.busy.0.map(ms)) }).collect(),
-            step_classes: class_summaries(&run.program, r, &|c| (c.key.tile.to_string(), c.key.masked)),
+            step_classes: match facts {
+                // The IR path's classes are paths through the body, not tile kinds.
+                Some(_) => class_summaries(&run.program, r, &|c| (if c.body.is_empty() { "skipped".into() } else { "computed".into() }, false)),
+                None => class_summaries(&run.program, r, &|c| (c.key.tile.to_string(), c.key.masked)),
+            },
+            assumptions: facts.map(|f| f.assumptions.clone()).unwrap_or_default(),
             notes: Vec::new(),
             measured: None,
         };
@@ -789,13 +938,24 @@ impl Report {
                 let _ = writeln!(s, "  workload     M {} x N {} x K {} bf16", m.m, m.n, m.k);
                 let _ = writeln!(s, "  kernel       block_m {}, block_n {}, block_k {}", c.block_m, c.block_n, c.block_k);
             }
+            Job::Described(d) => {
+                let _ = writeln!(s, "tpusim: Pallas kernel `{}` from its Mosaic IR on {}", d.kernel_name, self.chip);
+                let _ = writeln!(s, "  description  {}", d.file);
+                if !d.device_kind.is_empty() {
+                    let _ = writeln!(s, "  lowered for  {}", d.device_kind);
+                }
+            }
         }
         let _ = writeln!(s, "  chip model   {}", self.chip_model);
-        let pads: Vec<String> =
-            self.padded.iter().map(|(n, a, b)| if a == b { format!("{n} {a}") } else { format!("{n} {a} padded to {b}") }).collect();
-        let _ = writeln!(s, "  lengths      {}", pads.join(", "));
+        if !self.padded.is_empty() {
+            let pads: Vec<String> =
+                self.padded.iter().map(|(n, a, b)| if a == b { format!("{n} {a}") } else { format!("{n} {a} padded to {b}") }).collect();
+            let _ = writeln!(s, "  lengths      {}", pads.join(", "));
+        }
         let grid: Vec<String> = self.grid.iter().map(|(n, v)| format!("{v} {n}")).collect();
-        let _ = writeln!(s, "  grid         {} -> {} grid steps", grid.join(" x "), self.grid_steps);
+        let computed =
+            if self.steps_computed < self.grid_steps { format!(", {} computed", self.steps_computed) } else { String::new() };
+        let _ = writeln!(s, "  grid         {} -> {} grid steps{computed}", grid.join(" x "), self.grid_steps);
         let _ = writeln!(s, "  VMEM         {:.1} MiB of the {:.1} MiB scoped limit", mib(self.vmem_bytes), mib(self.vmem_limit_bytes));
         let _ = writeln!(s);
         let _ = writeln!(s, "  latency      {:.3} ms  ({:.4e} cycles at {} GHz)", self.latency_ms, self.cycles, self.clock_ghz);
@@ -836,6 +996,13 @@ impl Report {
             "  cost         pl.CostEstimate(flops={}, transcendentals={}, bytes_accessed={})",
             self.cost_estimate.flops, self.cost_estimate.transcendentals, self.cost_estimate.bytes_accessed
         );
+        if let Some(d) = self.declared_cost_estimate {
+            let _ = writeln!(
+                s,
+                "  declared     pl.CostEstimate(flops={}, transcendentals={}, bytes_accessed={})",
+                d.flops, d.transcendentals, d.bytes_accessed
+            );
+        }
         write_bound_by(
             &mut s,
             &BoundBy {
@@ -888,7 +1055,8 @@ impl Report {
                 let _ = writeln!(s, "  core {i}       {} grid steps; busy ms: {}", c.grid_steps, busy.join(", "));
             }
         }
-        if let Some(t) = self.tiles {
+        // A kernel read from its IR counts grid steps as tiles: the grid line says it all.
+        if let Some(t) = self.tiles.filter(|_| !matches!(self.job, Job::Described(_))) {
             let _ = writeln!(s);
             let pct = |a: u64, b: u64| {
                 if b > 0 {
@@ -926,6 +1094,9 @@ impl Report {
                     d, x, e
                 );
             }
+        }
+        for a in &self.assumptions {
+            let _ = writeln!(s, "  assumes      {a}");
         }
         for n in &self.notes {
             let _ = writeln!(s, "  note         {n}");
@@ -970,8 +1141,7 @@ pub(crate) fn bar(u: f64) -> String {
     "#".repeat((u.clamp(0.0, 1.0) * 30.0).round() as usize)
 }
 
-/// What the "bound by" line of a report reads (the hand-model [`Report`] and the IR report
-/// [`ir::KernelIrReport`] print it alike).
+/// What the "bound by" line of a report reads.
 pub(crate) struct BoundBy<'a> {
     pub bottleneck: Unit,
     pub co_bound: &'a [Unit],

@@ -838,6 +838,8 @@ impl Job {
                 vmem_limit_mib: c.vmem_limit_bytes.map(|b| b as f64 / 1048576.0),
                 ..Default::default()
             },
+            // A kernel description's job is its file (no job field applies to it).
+            Job::Described(_) => JobSpec::default(),
         }
     }
 }

@@ -24,7 +24,7 @@
 use crate::{run_lowered, Run};
 use serde::Serialize;
 use tpusim_chip::ChipModel;
-use tpusim_kernel::{PerUnit, Program, Scope, Unit};
+use tpusim_kernel::{PerUnit, Unit};
 
 /// A unit whose 2x gain is at least this fraction of the largest gain is co-bound.
 pub const CO_BOUND_FRACTION: f64 = 0.8;
@@ -87,14 +87,7 @@ pub fn format_value(v: f64) -> String {
 /// Re-times `run` with each unit twice as fast (the host too for scope `call`), in the order of
 /// [`Unit::ALL`] then `host`. Skips (leaves out) a unit whose overrides the chip refuses.
 pub fn what_if_2x(run: &Run) -> Vec<WhatIf> {
-    let host = matches!(&run.job, crate::Job::Attention { scope: Scope::Call, .. } | crate::Job::Matmul { scope: Scope::Call, .. });
-    what_if_2x_by(&run.chip, run.result.seconds, host, &|chip| run_lowered(chip, &run.job, run.lowered.clone(), None).result.seconds)
-}
-
-/// [`what_if_2x`] of one kernel's program (a kernel read from its IR, `crate::ir`): the same
-/// `program` simulated on each derived chip; `seconds` is its latency on `chip`.
-pub fn what_if_2x_program(chip: &ChipModel, program: &Program, seconds: f64) -> Vec<WhatIf> {
-    what_if_2x_by(chip, seconds, false, &|c| tpusim_engine::simulate(c, program).seconds)
+    what_if_2x_by(&run.chip, run.result.seconds, run.job.host_timed(), &|chip| run_lowered(chip, &run.job, run.lowered.clone(), None).result.seconds)
 }
 
 /// The what-if loop: for each unit (and the host when `host`), `chip` with that unit's fields

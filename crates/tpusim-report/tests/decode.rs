@@ -5,7 +5,11 @@
 use serde_json::json;
 use tpusim_chip::ChipModel;
 use tpusim_report::decode::{DecodeReport, DecodeShape};
-use tpusim_report::ir::run_kernel_ir;
+
+/// A description run as a job ([`tpusim_report::Job::Described`]).
+fn run_kernel_ir(chip: &ChipModel, d: &tpusim_pallas::Description, dir: &std::path::Path) -> Result<tpusim_report::Run, tpusim_report::JobError> {
+    tpusim_report::run(chip, &tpusim_report::Job::Described(tpusim_report::DescribedJob::new("test", d.clone(), dir)))
+}
 
 const PS: u64 = 16;
 const D: u64 = 128;

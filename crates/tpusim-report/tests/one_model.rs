@@ -7,18 +7,27 @@
 
 use std::path::Path;
 use tpusim_chip::ChipModel;
-use tpusim_report::JobSpec;
+use tpusim_report::{DescribedJob, Job, JobSpec, Report};
+
+/// The JAX Splash forward of the hand model read from its IR, as a job.
+fn ir_job() -> Job {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tpusim-pallas/benches/data/splash_full_75776_b512.json");
+    let (d, dir) = tpusim_pallas::Description::read(&path).unwrap();
+    Job::Described(DescribedJob::new(path.display().to_string(), d, dir))
+}
+
+/// The same kernel as the hand model's job.
+fn hand_job(chip: &ChipModel) -> Job {
+    let spec: JobSpec = toml::from_str("kernel = 'splash'\nheads = 10\nseq_len = 75776\nhead_dim = 128\nmask = 'full'\nblock_q = 512\nblock_kv = 512\nblock_kv_compute = 512\n").unwrap();
+    spec.build(chip).unwrap()
+}
 
 fn ir_ms(chip: &ChipModel) -> f64 {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tpusim-pallas/benches/data");
-    let (d, dir) = tpusim_pallas::Description::read(&dir.join("splash_full_75776_b512.json")).unwrap();
-    tpusim_report::ir::run_kernel_ir(chip, &d, &dir).unwrap().result.seconds * 1e3
+    tpusim_report::run(chip, &ir_job()).unwrap().result.seconds * 1e3
 }
 
 fn hand_ms(chip: &ChipModel) -> f64 {
-    let spec: JobSpec = toml::from_str("kernel = 'splash'\nheads = 10\nseq_len = 75776\nhead_dim = 128\nmask = 'full'\nblock_q = 512\nblock_kv = 512\nblock_kv_compute = 512\n").unwrap();
-    let job = spec.build(chip).unwrap();
-    tpusim_report::run(chip, &job).unwrap().result.seconds * 1e3
+    tpusim_report::run(chip, &hand_job(chip)).unwrap().result.seconds * 1e3
 }
 
 #[test]
@@ -48,7 +57,37 @@ fn both_front_ends_answer_every_what_if_alike() {
     }
     // The register shape scales both alike: twice the lanes halves the vector work.
     let wide = base.with_override("vpu.lanes", "256").unwrap();
-    let d = tpusim_pallas::Description::read(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../tpusim-pallas/benches/data/splash_full_75776_b512.json")).unwrap();
-    let vpu = |c: &ChipModel| tpusim_report::ir::run_kernel_ir(c, &d.0, &d.1).unwrap().result.busy[tpusim_kernel::Unit::Vpu];
+    let vpu = |c: &ChipModel| tpusim_report::run(c, &ir_job()).unwrap().result.busy[tpusim_kernel::Unit::Vpu];
     assert!((vpu(&wide) / vpu(&base) - 0.5).abs() < 1e-9, "{} / {}", vpu(&wide), vpu(&base));
+}
+
+/// One report for both front ends: the shared metrics of the two reports are computed once, so
+/// they are equal field by field (the what-if table and the bound-by rule included); what
+/// differs is what each job states (the family and workload of the hand model, the file and
+/// assumptions of the IR path).
+#[test]
+fn both_front_ends_report_the_same_metrics() {
+    let chip = ChipModel::preset("v6e").unwrap();
+    let ir = Report::from_run(&tpusim_report::run(&chip, &ir_job()).unwrap());
+    let hand = Report::from_run(&tpusim_report::run(&chip, &hand_job(&chip)).unwrap());
+    assert_eq!(ir.latency_ms, hand.latency_ms);
+    assert_eq!(ir.what_if_2x, hand.what_if_2x);
+    assert_eq!((ir.bottleneck, &ir.co_bound, ir.bound_rule), (hand.bottleneck, &hand.co_bound, hand.bound_rule));
+    assert_eq!((ir.flops, ir.transcendentals, ir.hbm_bytes, ir.grid_steps), (hand.flops, hand.transcendentals, hand.hbm_bytes, hand.grid_steps));
+    assert_eq!((ir.steps_computed, ir.cost_estimate, ir.dma_stall_ms), (hand.steps_computed, hand.cost_estimate, hand.dma_stall_ms));
+    assert_eq!((&ir.utilization, &ir.busy_ms), (&hand.utilization, &hand.busy_ms));
+    // The critical path is summed step by step, and the hand model folds identical heads into
+    // scaled sums: equal to rounding.
+    for u in tpusim_kernel::Unit::ALL {
+        let (a, b) = (ir.critical_path_ms[*u], hand.critical_path_ms[*u]);
+        assert!((a - b).abs() <= 1e-12 * a.abs().max(1.0), "critical path {u}: IR {a} ms, hand {b} ms");
+    }
+    let sig = |r: &Report| r.step_classes.iter().map(|c| (c.signature.clone(), c.steps, c.ops)).collect::<Vec<_>>();
+    assert_eq!(sig(&ir), sig(&hand));
+    // What each job states.
+    assert!(ir.kernel.is_none() && hand.kernel == Some(tpusim_kernel::Kernel::Splash));
+    assert!(!ir.assumptions.is_empty() && hand.assumptions.is_empty());
+    let json: serde_json::Value = serde_json::from_str(&ir.to_json()).unwrap();
+    assert_eq!(json["job"]["kind"], "described");
+    assert!(json.get("pair_density").is_none() && json.get("kernel").is_none(), "attention-only fields are absent");
 }

@@ -102,7 +102,7 @@ fn vmem_rule_agrees_with_the_real_compiler() {
                 let worst = v.max_by(|a, b| (a.total() as f64 / a.limit_bytes as f64).total_cmp(&(b.total() as f64 / b.limit_bytes as f64))).unwrap();
                 (worst.total(), worst.limit_bytes, true)
             }
-            (Err(KernelError::Vmem { needed, limit, .. }), Expect::Refused(lo, hi)) => (needed, limit, (*lo..=*hi).contains(&(needed as f64))),
+            (Err(tpusim_report::JobError::Kernel(KernelError::Vmem { needed, limit, .. })), Expect::Refused(lo, hi)) => (needed, limit, (*lo..=*hi).contains(&(needed as f64))),
             (Ok(_), Expect::Refused(..)) => (0, 0, false),
             (Err(e), _) => {
                 failures.push(format!("{}: {e}", c.what));

@@ -157,20 +157,3 @@ proptest! {
         check(&s, &format!("{kernel} {chip} {mask} {len} {bq}x{bkv} d {d}"));
     }
 }
-
-/// Both front ends share the loop: a single-kernel job's table from its `Run` equals the table
-/// of its program alone (`what_if_2x_program`, the IR report's), row by row.
-#[test]
-fn a_programs_table_equals_its_jobs_table() {
-    for toml in ["seq_len = 4096\nheads = 2\nmask = \"causal\"", "kernel = \"pallas-matmul\"\nm = 2048\nn = 2048\nk = 1024"] {
-        let s = spec(toml);
-        let chip = s.chip().unwrap();
-        let job = s.build(&chip).unwrap();
-        let r = run(&chip, &job).unwrap();
-        assert_eq!(r.phases.len(), 1, "{toml}: one kernel");
-        let by_job = tpusim_report::whatif::what_if_2x(&r);
-        let by_program = tpusim_report::whatif::what_if_2x_program(&chip, &r.program, r.result.seconds);
-        assert_eq!(by_job, by_program, "{toml}");
-        assert!(by_program.iter().any(|w| w.gain > 0.01), "{toml}: some unit bounds it: {by_program:?}");
-    }
-}

@@ -104,10 +104,8 @@ const KERNEL_IR_KEYS: &[&str] = &["chip", "set", "label"];
 pub struct IrFile {
     /// The path, resolved from the sweep file's folder.
     pub path: String,
-    /// The description.
-    pub description: tpusim_pallas::Description,
-    /// The folder its side files resolve from.
-    pub dir: PathBuf,
+    /// The description as a job (its side files resolved from its folder).
+    pub job: tpusim_report::DescribedJob,
     /// A hash of its bytes and its side files'.
     hash: u64,
 }
@@ -132,7 +130,8 @@ fn read_ir(raw: &toml::Value, dir: &Path) -> Result<IrFile, String> {
             }
         }
     }
-    Ok(IrFile { path: path.display().to_string(), description, dir: ir_dir, hash: crate::stable_hash(&all) })
+    let path = path.display().to_string();
+    Ok(IrFile { job: tpusim_report::DescribedJob::new(path.clone(), description, ir_dir), path, hash: crate::stable_hash(&all) })
 }
 
 /// One input value: a kernel description for `kernel_ir`, else a partial job ([`value_spec`]).

@@ -22,8 +22,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use tpusim_chip::ChipModel;
 use tpusim_engine::SimResult;
-use tpusim_kernel::{KernelError, Lowered};
-use tpusim_report::{combine, run_with_dense, Job, JobSpec, Report, Run};
+use tpusim_kernel::Lowered;
+use tpusim_report::{combine, run_with_dense, Job, JobError, JobSpec, Report, Run};
 
 /// Caches stop growing at this many entries (memory stays bounded on huge sweeps).
 const CACHE_LIMIT: usize = 100_000;
@@ -44,14 +44,14 @@ pub struct Shared {
     /// The job lowered.
     pub job: Job,
     /// Its lowering.
-    pub lowered: Result<Lowered, KernelError>,
+    pub lowered: Result<Lowered, JobError>,
     dense: Option<Job>,
     dense_key: Option<u64>,
     dense_lowered: LoweredCell,
 }
 
-type DenseCell = Arc<OnceLock<Result<Arc<SimResult>, KernelError>>>;
-type LoweredCell = OnceLock<Result<Lowered, KernelError>>;
+type DenseCell = Arc<OnceLock<Result<Arc<SimResult>, JobError>>>;
+type LoweredCell = OnceLock<Result<Lowered, JobError>>;
 type ChipCache = HashMap<(Option<String>, Vec<String>), Result<Arc<ChipEntry>, String>>;
 
 /// A parsed chip with its cache keys.
@@ -78,16 +78,6 @@ pub struct Outcome {
     pub chip: Option<tpusim_chip::ChipIdentity>,
     /// The report, or the error that stopped the point.
     pub report: Result<Report, String>,
-}
-
-/// What evaluating one point of a sweep of kernel descriptions gave (`kernel_ir`,
-/// [`Evaluator::evaluate_ir`]).
-#[derive(Debug, Clone)]
-pub struct IrOutcome {
-    /// The chip model the point ran on, if it could be read.
-    pub chip: Option<tpusim_chip::ChipIdentity>,
-    /// The IR report, or the error that stopped the point.
-    pub report: Result<tpusim_report::ir::KernelIrReport, String>,
 }
 
 /// A job built for its chip, ready to lower and simulate.
@@ -249,7 +239,7 @@ impl Evaluator {
     /// The dense baseline's result for a chip and dense job (cached by the chip's key and a hash
     /// of the dense job's text),
     /// lowering with `lower_dense` on a miss.
-    fn dense_result(&self, key: (String, u64), chip: &ChipModel, lower_dense: &dyn Fn() -> Result<Lowered, KernelError>) -> Result<SimResult, KernelError> {
+    fn dense_result(&self, key: (String, u64), chip: &ChipModel, lower_dense: &dyn Fn() -> Result<Lowered, JobError>) -> Result<SimResult, JobError> {
         let cell = {
             let mut cache = self.dense.lock().expect("dense cache");
             match cache.get(&key) {
@@ -278,20 +268,21 @@ impl Evaluator {
     /// the chip cached like a job's), as `tpusim run --kernel-ir` does, and reports it (with the
     /// what-if table when [`Evaluator::what_if_2x`]). Each point lowers its description anew:
     /// descriptions are read once per sweep, when its file is.
-    pub fn evaluate_ir(&self, spec: &JobSpec, file: &crate::def::IrFile) -> IrOutcome {
+    pub fn evaluate_ir(&self, spec: &JobSpec, file: &crate::def::IrFile) -> Outcome {
+        let job = Job::Described(file.job.clone());
         let chip = match self.chip(spec) {
             Ok(c) => c,
-            Err(e) => return IrOutcome { chip: None, report: Err(e) },
+            Err(e) => return Outcome { job: Some(job), chip: None, report: Err(e) },
         };
-        let report = tpusim_report::ir::run_kernel_ir(&chip.chip, &file.description, &file.dir).map_err(|e| e.to_string()).map(|run| {
-            let rep = tpusim_report::ir::KernelIrReport::from_run_as(&run, chip.identity.clone());
+        let report = tpusim_report::run(&chip.chip, &job).map_err(|e| e.to_string()).map(|run| {
+            let rep = Report::from_run_as(&run, chip.identity.clone());
             if self.what_if_2x {
                 rep.with_what_if(&run)
             } else {
                 rep
             }
         });
-        IrOutcome { chip: Some(chip.identity.clone()), report }
+        Outcome { job: Some(job), chip: Some(chip.identity.clone()), report }
     }
 
     /// [`tpusim_report::run`] with the dense baseline taken from the cache (one job, no
@@ -299,7 +290,7 @@ impl Evaluator {
     ///
     /// # Errors
     /// Lowering errors, as `run` reports them.
-    pub fn run(&self, chip_key: &str, chip: &ChipModel, job: &Job) -> Result<Run, KernelError> {
+    pub fn run(&self, chip_key: &str, chip: &ChipModel, job: &Job) -> Result<Run, JobError> {
         let dense = match if self.skip_dense { None } else { job.dense_baseline() } {
             None => None,
             Some(dj) => Some(self.dense_result((chip_key.to_string(), stable_hash(&format!("{dj:?}"))), chip, &|| dj.lower(chip))?),

@@ -554,12 +554,14 @@ fn evaluate_into(
                     let point = def.point(i);
                     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match point.kernel_ir {
                         Some(f) => ev.evaluate_ir(&point.spec, f),
-                        None => crate::eval::IrOutcome {
+                        None => crate::eval::Outcome {
+                            job: None,
                             chip: None,
                             report: Err("internal error: a point of a kernel_ir sweep without a file".into()),
                         },
                     }))
-                    .unwrap_or_else(|p| crate::eval::IrOutcome {
+                    .unwrap_or_else(|p| crate::eval::Outcome {
+                        job: None,
                         chip: None,
                         report: Err(format!("internal error: {}", panic_text(p.as_ref()))),
                     });

@@ -21,29 +21,27 @@
 //!    identical models);
 //! 5. the metrics of [`tpusim_report::Report`]: `latency_ms`, `cycles`, `flops`, `mfu`,
 //!    `achieved_tflops`, `bottleneck`, `util_mxu` .. `util_step_control` (busy fraction),
-//!    `busy_ms_mxu` .. `busy_ms_step_control`, `hbm_bytes`, `arithmetic_intensity`,
-//!    `grid_steps`, `vmem_bytes`, `vmem_limit_bytes`, `tiles_total`, `tiles_visited`,
+//!    `busy_ms_mxu` .. `busy_ms_step_control`, `transcendentals`, `hbm_bytes`,
+//!    `arithmetic_intensity`, `grid_steps`, `steps_computed`, `vmem_bytes`, `vmem_limit_bytes`,
+//!    `smem_bytes` (kernels read from their IR), `dma_stall_ms`, `tiles_total`, `tiles_visited`,
 //!    `tiles_empty`, `tiles_partial`, `tiles_full`, `tiles_masked`, `pair_density`,
 //!    `exact_pair_density`, `tile_density`, `useful_fraction`, `dense_latency_ms`,
-//!    `tile_skip_efficiency`, `speedup_vs_dense`;
+//!    `tile_skip_efficiency`, `speedup_vs_dense` (empty where they do not apply);
 //! 6. `error`: why the point could not be evaluated (empty when it was), naming job fields as
 //!    sweep-file keys.
 //!
-//! A sweep of kernel descriptions (`kernel_ir`, [`crate::def`]) has the IR report's columns
-//! instead ([`tpusim_report::ir::KernelIrReport`]): `index`, the inputs, `kernel_ir` (the file,
-//! resolved from the sweep file's folder; unless an input), `kernel_name`, `chip` (unless an
-//! input), the chip-model columns, then `latency_ms`, `cycles`, `flops`, `mfu`,
-//! `achieved_tflops`, (with `--what-if-2x`: `bottleneck`, `co_bound`, `gain_2x_UNIT`),
-//! `util_UNIT`, `busy_ms_UNIT`, `transcendentals`, `hbm_bytes`, `arithmetic_intensity`,
-//! `grid_steps`, `steps_computed`, `vmem_bytes`, `vmem_limit_bytes`, `smem_bytes`,
-//! `dma_stall_ms`, and `error`.
+//! A sweep of kernel descriptions (`kernel_ir`, [`crate::def`]) has the same metric columns (one
+//! report, [`tpusim_report::Report`], for either front end; a kernel read from its IR counts its
+//! grid steps as tiles and leaves the attention densities empty) after its own inputs: `index`,
+//! the inputs, `kernel_ir` (the file, resolved from the sweep file's folder; unless an input),
+//! `kernel_name`, `chip` (unless an input), the chip-model columns, the metrics and `error`.
 //!
 //! Numbers are written in Rust's shortest round-trip form, so equal inputs give equal bytes. CSV
 //! is written and read with the `csv` crate (RFC 4180: a field with a comma, quote or line break
 //! is quoted, so a row may span lines).
 
 use crate::def::{Point, SweepDef};
-use crate::eval::{IrOutcome, Outcome};
+use crate::eval::Outcome;
 use crate::SweepError;
 use tpusim_kernel::Unit;
 use tpusim_report::{Job, JobSpec};
@@ -290,7 +288,7 @@ impl Layout {
                 columns.push("chip".into());
             }
             columns.extend(CHIP_COLUMNS.iter().map(|c| c.to_string()));
-            columns.extend(ir_metric_columns(what_if));
+            columns.extend(metric_columns(what_if));
             columns.push("error".into());
             return Layout { columns, inputs: def.inputs.len(), job: Vec::new(), what_if, ir: Some((file_col, chip_col)) };
         }
@@ -304,7 +302,7 @@ impl Layout {
     }
 
     /// The cells of a row of a sweep of kernel descriptions (module docs).
-    pub fn ir_row(&self, point: &Point<'_>, outcome: &IrOutcome) -> Vec<Cell> {
+    pub fn ir_row(&self, point: &Point<'_>, outcome: &Outcome) -> Vec<Cell> {
         let (file_col, chip_col) = self.ir.unwrap_or((true, true));
         let mut cells = Vec::with_capacity(self.columns.len());
         cells.push(Cell::Int(point.index));
@@ -314,7 +312,7 @@ impl Layout {
         if file_col {
             cells.push(Cell::opt(point.kernel_ir.map(|f| Cell::Str(f.path.clone()))));
         }
-        cells.push(Cell::opt(point.kernel_ir.map(|f| Cell::Str(f.description.kernel_name.clone()))));
+        cells.push(Cell::opt(point.kernel_ir.map(|f| Cell::Str(f.job.kernel_name.clone()))));
         if chip_col {
             let chip = outcome.report.as_ref().ok().map(|r| r.chip.clone()).or_else(|| point.spec.chip.clone());
             cells.push(Cell::Str(chip.unwrap_or_else(|| tpusim_report::spec::DEFAULT_CHIP.to_string())));
@@ -325,11 +323,11 @@ impl Layout {
         }
         match &outcome.report {
             Ok(r) => {
-                cells.extend(ir_metric_cells(r, self.what_if));
+                cells.extend(metric_cells(r, self.what_if));
                 cells.push(Cell::Empty);
             }
             Err(e) => {
-                cells.extend(std::iter::repeat_n(Cell::Empty, ir_metric_columns(self.what_if).len()));
+                cells.extend(std::iter::repeat_n(Cell::Empty, metric_columns(self.what_if).len()));
                 cells.push(Cell::Str(e.clone()));
             }
         }
@@ -466,11 +464,15 @@ fn metric_columns(what_if: bool) -> Vec<String> {
     let mut c = head_columns(what_if);
     c.extend(
         [
+            "transcendentals",
             "hbm_bytes",
             "arithmetic_intensity",
             "grid_steps",
+            "steps_computed",
             "vmem_bytes",
             "vmem_limit_bytes",
+            "smem_bytes",
+            "dma_stall_ms",
             "tiles_total",
             "tiles_visited",
             "tiles_empty",
@@ -509,11 +511,15 @@ fn metric_cells(r: &tpusim_report::Report, what_if: bool) -> Vec<Cell> {
     );
     let t = r.tiles;
     c.extend([
+        Cell::Float(r.transcendentals),
         Cell::Int(r.hbm_bytes),
         Cell::Float(r.arithmetic_intensity),
         Cell::Int(r.grid_steps),
+        Cell::Int(r.steps_computed),
         Cell::Int(r.vmem_bytes),
         Cell::Int(r.vmem_limit_bytes),
+        Cell::opt(r.smem_bytes),
+        Cell::Float(r.dma_stall_ms),
         Cell::opt(t.map(|t| t.total)),
         Cell::opt(t.map(|t| t.visited)),
         Cell::opt(t.map(|t| t.empty)),
@@ -527,56 +533,6 @@ fn metric_cells(r: &tpusim_report::Report, what_if: bool) -> Vec<Cell> {
         Cell::opt(r.dense_latency_ms),
         Cell::opt(r.tile_skip_efficiency),
         Cell::opt(r.speedup_vs_dense),
-    ]);
-    c
-}
-
-fn ir_metric_columns(what_if: bool) -> Vec<String> {
-    let mut c = head_columns(what_if);
-    c.extend(
-        [
-            "transcendentals",
-            "hbm_bytes",
-            "arithmetic_intensity",
-            "grid_steps",
-            "steps_computed",
-            "vmem_bytes",
-            "vmem_limit_bytes",
-            "smem_bytes",
-            "dma_stall_ms",
-        ]
-        .iter()
-        .map(|s| s.to_string()),
-    );
-    c
-}
-
-fn ir_metric_cells(r: &tpusim_report::ir::KernelIrReport, what_if: bool) -> Vec<Cell> {
-    let mut c = head_cells(
-        &Head {
-            latency_ms: r.latency_ms,
-            cycles: r.cycles,
-            flops: r.flops,
-            mfu: r.mfu,
-            achieved_tflops: r.achieved_tflops,
-            bottleneck: r.bottleneck,
-            co_bound: &r.co_bound,
-            what_if_2x: r.what_if_2x.as_deref(),
-            utilization: &r.utilization,
-            busy_ms: &r.busy_ms,
-        },
-        what_if,
-    );
-    c.extend([
-        Cell::Float(r.transcendentals),
-        Cell::Int(r.hbm_bytes),
-        Cell::Float(r.arithmetic_intensity),
-        Cell::Int(r.grid_steps),
-        Cell::Int(r.steps_computed),
-        Cell::Int(r.vmem_bytes),
-        Cell::Int(r.vmem_limit_bytes),
-        Cell::Int(r.smem_bytes),
-        Cell::Float(r.dma_stall_ms),
     ]);
     c
 }

@@ -55,7 +55,7 @@ use std::fmt::Write as _;
 use std::time::Instant;
 use tpusim_chip::ChipModel;
 use tpusim_kernel::{Direction, KernelError, MaskSource, Masking, SplashConfig, Traversal, Unit};
-use tpusim_report::{Job, JobSpec, Report};
+use tpusim_report::{Job, JobError, JobSpec, Report};
 
 /// How to tune.
 #[derive(Debug, Clone)]
@@ -665,6 +665,12 @@ pub fn tune(spec: &JobSpec, opts: &TuneOptions) -> Result<TuneResult, SweepError
             search.stage(cands, "blocks", Some(Need { jobs: opts.top, pairs: None }));
             sp
         }
+        Job::Described(d) => {
+            return Err(SweepError::new(format!(
+                "tune: `{}` is a kernel read from its IR: its lowering fixed its blocks (re-lower it with tpusim.jax at other blocks and sweep the files)",
+                d.kernel_name
+            )))
+        }
     };
     if opts.cancelled() {
         return Err(SweepError::new("tune: interrupted".to_string()));
@@ -683,7 +689,7 @@ pub fn tune(spec: &JobSpec, opts: &TuneOptions) -> Result<TuneResult, SweepError
 /// # Errors
 /// [`SweepError::Spec`] naming the field when the given job breaks a rule of a field it gives.
 fn held_fixed_rules(spec: &JobSpec, given: &Job, chip: &ChipModel) -> Result<(), SweepError> {
-    let Err(KernelError::Config { field, value, allowed }) = given.lower(chip) else {
+    let Err(JobError::Kernel(KernelError::Config { field, value, allowed })) = given.lower(chip) else {
         return Ok(());
     };
     let name = field.trim_matches('`');
@@ -858,8 +864,8 @@ fn prepare(chip: &ChipModel, spec: &JobSpec, cand: &Cand, opts: &TuneOptions) ->
             let bound_ms = tpusim_report::latency_lower_bound_s(chip, &lowered) * 1e3;
             Pre::Lowered(Box::new(job), bound_ms)
         }
-        Err(KernelError::Vmem { .. }) => Pre::Done(Eval::Vmem),
-        Err(e @ KernelError::Config { .. }) => Pre::Done(Eval::Rules(render(&e))),
+        Err(JobError::Kernel(KernelError::Vmem { .. })) => Pre::Done(Eval::Vmem),
+        Err(e @ JobError::Kernel(KernelError::Config { .. })) => Pre::Done(Eval::Rules(render(&e))),
         Err(e) => Pre::Done(Eval::Other(render(&e))),
     }
 }
@@ -880,8 +886,8 @@ fn evaluate(ev: &Evaluator, chip_key: &str, chip: &ChipModel, spec: &JobSpec, ca
             }
             Eval::Ok(Box::new((r, job)))
         }
-        Err(KernelError::Vmem { .. }) => Eval::Vmem,
-        Err(e @ KernelError::Config { .. }) => Eval::Rules(render(&e)),
+        Err(JobError::Kernel(KernelError::Vmem { .. })) => Eval::Vmem,
+        Err(e @ JobError::Kernel(KernelError::Config { .. })) => Eval::Rules(render(&e)),
         Err(e) => Eval::Other(render(&e)),
     }
 }
@@ -943,7 +949,7 @@ impl TuneResult {
                 let _ = writeln!(
                     s,
                     "tpusim tune: {} attention on {}: batch {}, heads {} (kv heads {}), q_len {}, kv_len {}, head_dim {}/{}, mask {}",
-                    self.given_job.as_ref().map(|j| j.kernel().to_string()).unwrap_or_default(),
+                    self.given_job.as_ref().and_then(Job::kernel).map(|k| k.to_string()).unwrap_or_default(),
                     self.chip,
                     w.batch,
                     w.q_heads,
@@ -958,7 +964,8 @@ impl TuneResult {
             Some(Job::Matmul { workload: m, .. }) => {
                 let _ = writeln!(s, "tpusim tune: blocked matmul on {}: M {} x N {} x K {}", self.chip, m.m, m.n, m.k);
             }
-            None => {}
+            // tune refuses a kernel read from its IR before it searches.
+            Some(Job::Described(_)) | None => {}
         }
         let _ = writeln!(s, "  chip model   {}", self.chip_model);
         let _ = writeln!(s, "  searched     {}", if self.searched.is_empty() { "nothing".into() } else { self.searched.join("; ") });
@@ -1033,6 +1040,7 @@ impl TuneResult {
                     "rank", "latency_ms", "vs given", "block_m", "block_n", "block_k", "bottleneck", "MFU", "VMEM MiB"
                 );
             }
+            Job::Described(_) => {}
         }
         for r in &self.top {
             let vs = r.speedup_vs_given.map_or("-".to_string(), |x| format!("{x:.3}x"));
@@ -1072,6 +1080,7 @@ impl TuneResult {
                         mib(r.vmem_bytes)
                     );
                 }
+                Job::Described(_) => {}
             }
         }
         // Ranked rows with the same blocks and the same latency differ only in options that

@@ -525,26 +525,23 @@ fn timeline_plot(p: &TimelineArgs) -> Result<String, CliError> {
                     }
                     let chip = p.job.job.chip().map_err(|e| p.job.error(e))?;
                     let label = std::path::Path::new(f).file_stem().and_then(|s| s.to_str()).unwrap_or(f).to_string();
-                    JobRun { label, ran: jobs::run_kernel_ir(&chip, f)? }
+                    jobs::run_kernel_ir(&chip, f, label)?
                 }
                 None => one_run(&p.job, "timeline")?,
             };
-            if let (Some(h), Some(tpusim_report::Job::Attention { workload: w, .. })) = (p.head, r.job()) {
+            if let (Some(h), tpusim_report::Job::Attention { workload: w, .. }) = (p.head, r.job()) {
                 let n = w.batch * w.q_heads;
                 if u64::from(h) >= n {
                     return Err(CliError::input(format!("--head {h}: the job has {n} batch x heads (0 to {})", n - 1)));
                 }
             }
-            let mut ev = match &r.ran {
-                jobs::Ran::Job(run, _) => timeline::collect_us(run, &window),
-                jobs::Ran::KernelIr(run, _, _) => {
-                    let n = run.description.grid.first().copied().unwrap_or(1);
-                    if let Some(h) = p.head.filter(|&h| u64::from(h) >= n) {
-                        return Err(CliError::input(format!("--head {h}: the kernel's grid dimension 0 has {n} indices (0 to {})", n - 1)));
-                    }
-                    timeline::collect_us_of(&run.chip, &run.program, &window, timeline::StepArgs::Grid { dims: run.description.grid.len().min(255) as u8 })
+            if let tpusim_report::Job::Described(d) = r.job() {
+                let n = d.description.grid.first().copied().unwrap_or(1);
+                if let Some(h) = p.head.filter(|&h| u64::from(h) >= n) {
+                    return Err(CliError::input(format!("--head {h}: the kernel's grid dimension 0 has {n} indices (0 to {})", n - 1)));
                 }
-            };
+            }
+            let mut ev = timeline::collect_us(&r.run, &window);
             if head_first {
                 if let Some(first) = ev.iter().map(|e| e.step).min() {
                     steps = (first + steps.0, first + steps.1);

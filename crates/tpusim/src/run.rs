@@ -173,9 +173,10 @@ impl JobArgs {
     }
 }
 
-/// `tpusim run --kernel-ir FILE`: the kernel description simulated on the chip (only `--chip`
-/// and `--set` apply; every other job flag is refused by name).
-fn cmd_run_kernel_ir(a: &RunArgs, path: &str) -> Result<String, CliError> {
+/// The job of `tpusim run --kernel-ir FILE`: the kernel description (its runtime operands bound
+/// from `--runtime`), on the chip of `--chip` and `--set` (every other job flag is refused by
+/// name).
+fn kernel_ir_job(a: &RunArgs, path: &str) -> Result<(ChipModel, tpusim_report::Job), CliError> {
     let given: Vec<String> = a
         .job
         .job
@@ -191,10 +192,6 @@ fn cmd_run_kernel_ir(a: &RunArgs, path: &str) -> Result<String, CliError> {
             given.join(", "),
         )));
     }
-    if let Some(t) = &a.timeline {
-        // Refuse an unwritable timeline before the simulation, not after it.
-        tpusim_io::check_replace(std::path::Path::new(t), "run --timeline", a.force).map_err(|e| CliError::input(format!("--timeline {e}")))?;
-    }
     let spec = a.job.spec()?;
     let chip = spec.chip().map_err(|e| a.job.error(e))?;
     let (mut desc, dir) = tpusim_pallas::Description::read(std::path::Path::new(path)).map_err(|e| CliError::input(format!("--kernel-ir {e}")))?;
@@ -205,28 +202,10 @@ fn cmd_run_kernel_ir(a: &RunArgs, path: &str) -> Result<String, CliError> {
         given.push((name.to_string(), v));
     }
     tpusim_pallas::runtime::bind_runtime(&mut desc, &given).map_err(|e| CliError::input(e.to_string()))?;
-    let run = tpusim_report::ir::run_kernel_ir(&chip, &desc, &dir).map_err(|e| CliError::input(format!("--kernel-ir {path}: {e}")))?;
-    let rep = tpusim_report::ir::KernelIrReport::from_run(&run);
-    let text = match a.format {
-        Format::Json => rep.to_json(),
-        Format::Table => rep.to_table(),
-    };
-    match &a.timeline {
-        None => Ok(text),
-        Some(t) => {
-            let timed = tpusim_plot::timeline::Timed::of_program(
-                &run.chip,
-                &run.program,
-                &run.result,
-                "from its Mosaic IR",
-                tpusim_plot::timeline::StepArgs::Grid { dims: run.description.grid.len().min(255) as u8 },
-            );
-            with_timeline(a, &timed, t, text)
-        }
-    }
+    Ok((chip, tpusim_report::Job::Described(tpusim_report::DescribedJob::new(path, desc, dir))))
 }
 
-/// Writes the `--timeline` file of a run (either front end) and appends what it holds to the
+/// Writes the `--timeline` file of a run and appends what it holds to the
 /// report `text`; when the timeline cannot be written, prints the report first and returns why.
 fn with_timeline(a: &RunArgs, timed: &tpusim_plot::timeline::Timed<'_>, path: &str, text: String) -> Result<String, CliError> {
     let window = tpusim_plot::timeline::Window {
@@ -278,24 +257,30 @@ pub fn cmd_run(a: &RunArgs) -> Result<String, CliError> {
     if !a.runtime.is_empty() && a.kernel_ir.is_none() {
         return Err(CliError::input("--runtime: only with --kernel-ir (the values of a Pallas kernel's runtime operands)".to_string()));
     }
-    if let Some(path) = &a.kernel_ir {
-        return cmd_run_kernel_ir(a, path);
-    }
+    // A kernel description's job flags are refused before the timeline is checked.
+    let described = a.kernel_ir.as_deref().map(|path| kernel_ir_job(a, path)).transpose()?;
     if let Some(path) = &a.timeline {
         // Refuse an unwritable timeline before the simulation, not after it.
         tpusim_io::check_replace(std::path::Path::new(path), "run --timeline", a.force).map_err(|e| CliError::input(format!("--timeline {e}")))?;
     }
     // With no job flag at all (only --chip and --set), the built-in case study.
-    let case_study = a.job.is_default();
-    let spec = a.job.spec_or_default()?;
-    let chip = spec.chip().map_err(|e| a.job.error(e))?;
-    let job = spec.build(&chip).map_err(|e| a.job.error(e))?;
-    let r = run(&chip, &job).map_err(|e| match a.job.error(e) {
-        CliError::Input(m) if case_study => CliError::Input(format!(
+    let case_study = a.kernel_ir.is_none() && a.job.is_default();
+    let spec = if a.kernel_ir.is_some() { a.job.spec()? } else { a.job.spec_or_default()? };
+    let (chip, job) = match described {
+        Some(cj) => cj,
+        None => {
+            let chip = spec.chip().map_err(|e| a.job.error(e))?;
+            let job = spec.build(&chip).map_err(|e| a.job.error(e))?;
+            (chip, job)
+        }
+    };
+    let r = run(&chip, &job).map_err(|e| match (&a.kernel_ir, a.job.error(&e)) {
+        (Some(path), _) => CliError::input(format!("--kernel-ir {path}: {e}")),
+        (None, CliError::Input(m)) if case_study => CliError::Input(format!(
             "{m} (this is the default job, {})",
             tpusim_report::default_job_text()
         )),
-        other => other,
+        (None, other) => other,
     })?;
     let mut rep = Report::from_run(&r);
     rep.render_notes(&mut |f, v| a.job.describe_setting(&spec, f, v, case_study));

@@ -995,15 +995,17 @@ def describe(fn, *args, path, chip="v6e", device_kind=None):
 def simulate(fn, *args, chip="v6e", device_kind=None, set=None, **options):
     """Simulates every Pallas kernel of `fn(*args)` on `chip` (a preset name; `set` a dict or list
     of `SECTION.FIELD=VALUE` what-if overrides). Returns a `CallReport`: `.kernels` (one
-    `tpusim.KernelReport` per kernel, in call order), `.latency_ms` (their sum), `.not_simulated`
+    `tpusim.Report` per kernel, in call order), `.latency_ms` (their sum), `.not_simulated`
     (the XLA ops outside the kernels, listed, not timed).
 
-    A `KernelReport` is not a `tpusim.Report` (which describes an attention or matmul job), but it
-    answers the metrics both have by the same names with the same meanings (`latency_ms`,
-    `cycles`, `flops`, `transcendentals`, `hbm_bytes`, `mfu`, `bottleneck` from the what-if 2x
-    table, `co_bound`, `what_if_2x`, `cost_estimate`, `tiles`, `band`, `grid_steps`, `vmem_bytes`,
-    ...); `lacks` lists the `Report` fields it has not (the attention workload, masks, densities,
-    the dense baseline), and reading one raises an `AttributeError` saying so."""
+    Each is the `tpusim.Report` that `tpusim.simulate` returns, from the same run and report code:
+    the same metrics by the same names with the same meanings (`latency_ms`, `cycles`, `flops`,
+    `transcendentals`, `hbm_bytes`, `mfu`, `bottleneck` and `co_bound` from the what-if 2x table,
+    `what_if_2x`, `cost_estimate`, `band`, `grid_steps`, `steps_computed`, `vmem_bytes`, ...). Its
+    `job` is `{"kind": "described", "file", "kernel_name", "device_kind"}`, it adds
+    `declared_cost_estimate`, `smem_bytes` and `assumptions` (what the IR path assumed), and it has
+    no attention-only fields (masks, densities, the dense baseline): reading one raises an
+    `AttributeError` saying so."""
     if options:
         raise InputError(
             f"{', '.join(sorted(options))}: not options of tpusim.jax.simulate (the lowering fixes the workload, "

@@ -20,7 +20,7 @@
 //! the middle of the longest axis over the links that cross it), which the routed load can only
 //! meet or exceed.
 
-use crate::LayerError;
+use crate::SliceError;
 use serde::Serialize;
 use std::collections::HashMap;
 use tpusim_chip::ChipModel;
@@ -57,12 +57,12 @@ impl Torus {
     /// (crate `tpusim-chip`, `Ici`).
     ///
     /// # Errors
-    /// [`LayerError::Field`] naming `slice` for malformed text, zero axes, more axes than the
+    /// [`SliceError::Field`] naming `slice` for malformed text, zero axes, more axes than the
     /// chip's torus has, or more devices than its pod.
-    pub fn slice(text: &str, chip: &ChipModel) -> Result<Self, LayerError> {
+    pub fn slice(text: &str, chip: &ChipModel) -> Result<Self, SliceError> {
         let k = chip.ici.torus_dims.value as usize;
         let pod = u64::from(chip.ici.pod_devices.value);
-        let bad = |why: String| LayerError::field("slice", text, why);
+        let bad = |why: String| SliceError::field("slice", text, why);
         let parts: Vec<&str> = text.trim().split('x').collect();
         let mut dims = Vec::new();
         for p in &parts {
@@ -126,8 +126,8 @@ impl Torus {
     /// spans the whole axis; its traffic stays inside its box, so groups use disjoint links.
     ///
     /// # Errors
-    /// [`LayerError::Field`] naming `slice` when no axis divides into `n` parts.
-    pub fn split(&self, n: u64) -> Result<Torus, LayerError> {
+    /// [`SliceError::Field`] naming `slice` when no axis divides into `n` parts.
+    pub fn split(&self, n: u64) -> Result<Torus, SliceError> {
         if n <= 1 {
             return Ok(self.clone());
         }
@@ -138,7 +138,7 @@ impl Torus {
             }
         }
         let i = best.ok_or_else(|| {
-            LayerError::field(
+            SliceError::field(
                 "slice",
                 self.label(),
                 format!("no axis of the slice divides into {n} equal chip groups (for classifier-free guidance as chip groups)"),
@@ -257,6 +257,19 @@ pub enum Collective {
         /// Bytes each device sends.
         bytes_per_device: u64,
     },
+}
+
+impl Collective {
+    /// The messages one device of a group of `n` sends (what the TensorCore issues as DMAs): an
+    /// all-to-all or all-gather one to each other device, a ring shift one; none in a group of
+    /// one device.
+    pub fn messages_per_device(&self, n: u64) -> u64 {
+        match (self, n) {
+            (_, 0 | 1) => 0,
+            (Collective::AllToAll { .. } | Collective::AllGather { .. }, n) => n - 1,
+            (Collective::Permute { .. }, _) => 1,
+        }
+    }
 }
 
 /// A collective timed on a group's box.
@@ -384,15 +397,15 @@ pub struct Transfer {
 /// arbitrary pattern).
 ///
 /// # Errors
-/// [`LayerError::Field`] naming `slice` when a source or target is not a device of the box.
-pub fn time_transfers(chip: &ChipModel, group: &Torus, transfers: &[Transfer]) -> Result<CollectiveTiming, LayerError> {
+/// [`SliceError::Field`] naming `slice` when a source or target is not a device of the box.
+pub fn time_transfers(chip: &ChipModel, group: &Torus, transfers: &[Transfer]) -> Result<CollectiveTiming, SliceError> {
     let n = group.devices();
     let mut load: HashMap<Link, f64> = HashMap::new();
     let mut max_hops = 0u64;
     for t in transfers {
         for &d in std::iter::once(&t.source).chain(&t.targets) {
             if d >= n {
-                return Err(LayerError::field(
+                return Err(SliceError::field(
                     "slice",
                     group.label(),
                     format!("device {d} is not in the slice ({n} devices, numbered 0 to {} in row-major order)", n.saturating_sub(1)),

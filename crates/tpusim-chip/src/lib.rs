@@ -726,7 +726,7 @@ impl ChipModel {
                     let mut s = if ids.is_empty() && !checked.is_empty() {
                         format!("NOT FITTED, checked against [{}]", checked.join(", "))
                     } else if ids.is_empty() {
-                        "FITTED elsewhere (no rows for this chip)".to_string()
+                        "NOT FITTED to this chip's rows".to_string()
                     } else {
                         format!("FITTED to [{}]", ids.join(", "))
                     };

@@ -260,7 +260,8 @@ impl Latent {
     ///
     /// # Errors
     /// [`LayerError::Field`] naming `frames` when (frames - 1) is not a multiple of the temporal
-    /// stride, and `resolution` when the picture is smaller than one patch.
+    /// stride, and `resolution` when the width or height is not a multiple of the spatial stride
+    /// (the VAE encodes whole 8 x 8 pixel blocks) or the picture is smaller than one patch.
     pub fn of(model: &DitModel, video: &Video) -> Result<Self, LayerError> {
         let [st, sh, sw] = model.vae_stride;
         let [pt, ph, pw] = model.patch;
@@ -269,6 +270,18 @@ impl Latent {
                 "frames",
                 video.frames,
                 format!("expected {st} x n + 1 frames (the VAE compresses time by {st} after the first frame), e.g. 81"),
+            ));
+        }
+        if !video.width.is_multiple_of(sw) || !video.height.is_multiple_of(sh) {
+            let near = |x: u64, s: u64| if x < s { s.to_string() } else { format!("{} or {}", x / s * s, x.div_ceil(s) * s) };
+            return Err(LayerError::field(
+                "resolution",
+                format!("{}x{}", video.width, video.height),
+                format!(
+                    "width and height must be multiples of the VAE's spatial stride ({sw} x {sh} pixels per latent element): width {}, height {}",
+                    near(video.width, sw),
+                    near(video.height, sh)
+                ),
             ));
         }
         let lat_frames = (video.frames - 1) / st + 1;
@@ -335,6 +348,9 @@ mod tests {
         assert!(Video::parse("720x", 81).unwrap_err().to_string().contains("resolution"));
         let e = Latent::of(&m, &Video::parse("720p", 80).unwrap()).unwrap_err().to_string();
         assert!(e.contains("frames") && e.contains("4 x n + 1"), "{e}");
+        // A picture the VAE cannot encode whole is refused, naming the nearest sizes, not rounded.
+        let e = Latent::of(&m, &Video::parse("1281x721", 81).unwrap()).unwrap_err().to_string();
+        assert!(e.contains("resolution") && e.contains("1281x721") && e.contains("1280 or 1288") && e.contains("720 or 728"), "{e}");
     }
 
     #[test]

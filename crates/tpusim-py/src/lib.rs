@@ -704,9 +704,11 @@ fn tune<'py>(
     let exhaustive = exhaustive.map(|v| bool_arg("exhaustive", v)).transpose()?.unwrap_or(false);
     let (spec, given) = job_spec(py, kwargs, &[])?;
     // With no job keyword: the default job's workload and kernel, its blocks searched.
+    // ... compared with the default job at its own blocks, as `simulate()` runs it.
+    let baseline = tpusim_report::tune_baseline(&spec);
     let spec = tpusim_report::tune_default_or(spec);
     let cancel = Arc::new(AtomicBool::new(false));
-    let opts = tpusim_sweep::TuneOptions { top, allow_inexact, allow_approximate, refine, exhaustive, cancel: Some(cancel.clone()), ..d };
+    let opts = tpusim_sweep::TuneOptions { top, allow_inexact, allow_approximate, refine, exhaustive, cancel: Some(cancel.clone()), baseline, ..d };
     let job = spec.clone();
     let r = interruptible(py, &cancel, move || tpusim_sweep::tune(&job, &opts))?.map_err(|e| input_err(given.fix(as_given(&spec, e))))?;
     let out = from_json(py, &r.to_json())?;

@@ -562,6 +562,13 @@ pub fn tune_default_or(spec: JobSpec) -> JobSpec {
     }
 }
 
+/// The job `tune` compares its ranking with when given no job field: the default job at its own
+/// blocks ([`case_study_or`]), while [`tune_default_or`] leaves them to the search; `None` when
+/// `spec` gives a job (the ranking then compares with that job).
+pub fn tune_baseline(spec: &JobSpec) -> Option<JobSpec> {
+    gives_no_job(spec).then(|| case_study_or(spec.clone()))
+}
+
 /// The default job in words, from [`case_study`]'s fields (so the help text cannot drift from
 /// what runs): "the built-in case study (traces/video-720p-dense.toml): 1 x 10 heads x 75600
 /// tokens, head_dim 128, mask full, on v6e with JAX's Splash attention (--kernel splash) at block_q 3024,

@@ -375,11 +375,18 @@ impl JobSpec {
     ///
     /// # Errors
     /// [`SpecError::Trace`] naming the file and the key for unreadable files, malformed TOML,
-    /// unknown keys, values of the wrong type and named files that do not exist.
+    /// unknown keys, values of the wrong type and named files that do not exist, and a file that
+    /// sets no job field (an empty trace would run the family's defaults without a word).
     pub fn from_toml_file(path: &str) -> Result<Self, SpecError> {
         let text =
             std::fs::read_to_string(path).map_err(|e| SpecError::Trace { path: path.into(), message: format!("cannot read: {e}") })?;
         let mut spec = Self::from_toml_str(&text, path)?;
+        if spec.set_fields().is_empty() {
+            return Err(SpecError::Trace {
+                path: path.into(),
+                message: "sets no job field: a trace gives the job, e.g. `kernel = \"splash\"`, `heads = 10`, `seq_len = 75600` (README.md, `tpusim run --help` and the files in traces/ show the keys)".into(),
+            });
+        }
         let dir = std::path::Path::new(path).parent().unwrap_or(std::path::Path::new(""));
         spec.resolve_paths_from(dir).map_err(|message| SpecError::Trace { path: path.into(), message })?;
         Ok(spec)

@@ -79,11 +79,25 @@ pub struct TuneOptions {
     /// (module docs, "Pruning"). The ranking is the same; only the count of configurations
     /// simulated differs.
     pub exhaustive: bool,
+    /// The job the ranking compares against (`vs given`) when it is not the searched spec's own:
+    /// the default job, whose blocks are searched, is compared with the case study at its own
+    /// blocks ([`tpusim_report::tune_baseline`]); `None`: the searched spec's job.
+    pub baseline: Option<JobSpec>,
 }
 
 impl Default for TuneOptions {
     fn default() -> Self {
-        TuneOptions { top: 10, allow_inexact: false, allow_approximate: false, refine: 12, jobs: None, progress: false, cancel: None, exhaustive: false }
+        TuneOptions {
+            top: 10,
+            allow_inexact: false,
+            allow_approximate: false,
+            refine: 12,
+            jobs: None,
+            progress: false,
+            cancel: None,
+            exhaustive: false,
+            baseline: None,
+        }
     }
 }
 
@@ -652,7 +666,9 @@ pub fn tune(spec: &JobSpec, opts: &TuneOptions) -> Result<TuneResult, SweepError
         crate::progress::interval()?;
     }
     let chip = spec.chip()?;
-    let given = spec.build(&chip)?;
+    // The job compared against: the baseline's (the same workload), else the spec's own.
+    let base_spec = opts.baseline.as_ref().unwrap_or(spec);
+    let given = base_spec.build(&chip)?;
     let mut search = Search::new(spec, chip.clone(), opts)?;
     let space = match &given {
         Job::Attention { workload: w, .. } => {
@@ -676,7 +692,7 @@ pub fn tune(spec: &JobSpec, opts: &TuneOptions) -> Result<TuneResult, SweepError
         return Err(SweepError::new("tune: interrupted".to_string()));
     }
     let given_eval =
-        evaluate(&search.ev, &search.chip_key, &chip, spec, &JobSpec::default(), &TuneOptions { allow_inexact: true, ..opts.clone() });
+        evaluate(&search.ev, &search.chip_key, &chip, base_spec, &JobSpec::default(), &TuneOptions { allow_inexact: true, ..opts.clone() });
     let mut r = rank(&chip, given, given_eval, &search.results, space, opts, spec, start)?;
     r.stages = search.stages.iter().map(|(name, configurations)| Stage { name: name.clone(), configurations: *configurations }).collect();
     Ok(r)

@@ -54,9 +54,10 @@ pub struct SweepArgs {
     /// write. Without it such a file is refused, never replaced.
     #[arg(long)]
     pub force: bool,
-    /// Add each point's what-if table: `bottleneck` (the unit whose 2x speed-up gains the most),
-    /// `co_bound` and a `gain_2x_UNIT` column per unit (1 - t'/t with that unit alone twice as
-    /// fast). Six re-timings a point; without it rows have no bottleneck column.
+    /// Add each point's what-if table: `bottleneck` (`tpusim run`'s rule: the unit whose 2x
+    /// speed-up gains 10% or more, untied; else the tied or critical-path unit), `co_bound` and a
+    /// `gain_2x_UNIT` column per unit (1 - t'/t with that unit alone twice as fast). Six
+    /// re-timings a point; without it rows have no bottleneck column.
     #[arg(long = "what-if-2x")]
     pub what_if_2x: bool,
 }
@@ -242,6 +243,8 @@ pub fn cmd_tune(a: &TuneArgs) -> Result<String, CliError> {
     }
     // With no job flag: the default job's workload and kernel, its block sizes searched.
     let spec = if a.job.is_default() { tpusim_report::tune_default_or(a.job.job.clone()) } else { a.job.spec()? };
+    // ... compared with the default job at its own blocks, as `tpusim run` runs it.
+    let baseline = if a.job.is_default() { tpusim_report::tune_baseline(&a.job.job) } else { None };
     let opts = TuneOptions {
         top: a.top,
         allow_inexact: a.allow_inexact,
@@ -251,6 +254,7 @@ pub fn cmd_tune(a: &TuneArgs) -> Result<String, CliError> {
         progress: !a.no_progress,
         cancel: None,
         exhaustive: a.exhaustive.unwrap_or(false),
+        baseline,
     };
     let r = tpusim_sweep::tune(&spec, &opts).map_err(|e| match e {
         tpusim_sweep::SweepError::Spec(e) => a.job.error(e),

@@ -84,6 +84,10 @@ fn chip_show_prints_units_and_sources() {
     let s = String::from_utf8_lossy(&out.stdout);
     assert!(s.contains("hbm.bandwidth_gb_per_s") && s.contains("GB/s") && s.contains("cloud.google.com/tpu/docs/v6e"), "{s}");
     assert!(s.contains("FITTED to [") && s.contains("VD-B0"), "{s}");
+    // A parameter no row of this chip fits says so once, not "fitted" then "not fitted".
+    for line in s.lines().filter(|l| l.contains("Not fitted")) {
+        assert!(line.contains("NOT FITTED") && !line.contains("FITTED elsewhere"), "{line}");
+    }
 }
 
 #[test]
@@ -161,6 +165,10 @@ fn malformed_and_unknown_chip_toml_are_errors() {
     expect_input_error(&["run", "--chip", unknown.to_str().unwrap()], &["width_lanes"]);
     let missing = dir.join("missing.toml");
     expect_input_error(&["run", "--chip", missing.to_str().unwrap()], &["missing.toml"]);
+    // An empty trace (or one of comments) is refused, not run as the family's defaults.
+    let empty = dir.join("empty.toml");
+    std::fs::write(&empty, "# nothing yet\n").unwrap();
+    expect_input_error(&["run", "--trace", empty.to_str().unwrap()], &["empty.toml", "sets no job field"]);
     std::fs::remove_dir_all(&dir).ok();
 }
 
@@ -471,6 +479,12 @@ fn help_text_and_plot_defaults_equal_the_run_default() {
     assert_eq!(built, ran["job"], "the roofline's default job is the run's");
     let flagged = tpusim_report::JobSpec { heads: Some(10), ..Default::default() };
     assert_eq!(tpusim_plot::jobs::expand(&[], &flagged, &[], &[]).unwrap()[0].spec, flagged);
+    // `tune` with no job flag searches the default job's blocks and compares with the default
+    // job as `run` runs it (the case study's own blocks), not with the family's default blocks.
+    let opts = tpusim_sweep::TuneOptions { top: 1, baseline: tpusim_report::tune_baseline(&none), ..Default::default() };
+    let tuned = tpusim_sweep::tune(&tpusim_report::tune_default_or(none.clone()), &opts).unwrap();
+    assert_eq!(tuned.given_latency_ms, ran["latency_ms"].as_f64(), "the ranking's `given` is the run's default job");
+    assert!(tpusim_report::tune_baseline(&flagged).is_none(), "a given job is its own baseline");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

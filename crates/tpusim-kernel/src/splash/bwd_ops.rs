@@ -7,7 +7,7 @@
 //! runs kv-major (s = k q^T: kv along the rows, q along the lanes) over sub-tiles of the kv block;
 //! fused, it also writes dq = ds^T k per step (a partial per kv block, summed outside).
 
-use super::ops::{load2, load3, mask_function, store, MaskPlan, LANES};
+use super::ops::{apply_mask, load2, load3, store, MaskPlan, MaskRefs, LANES};
 use crate::body::{Emitter, V};
 use crate::StepBody;
 
@@ -53,6 +53,12 @@ struct Refs {
     dk: usize,
     dv: usize,
     count: usize,
+}
+
+impl Refs {
+    fn mask_refs(&self) -> MaskRefs {
+        MaskRefs { mask: self.mask, q_seq: self.q_seq, q_seg: self.q_seg, kv_seg: self.kv_seg }
+    }
 }
 
 impl Refs {
@@ -105,65 +111,6 @@ fn stat(e: &mut Emitter, r: usize, n: u64, rows: bool) -> V {
     }
 }
 
-/// The masks of a backward score tile and `where(mask, s, mask_value)` (`_apply_mask_and_soft_cap`
-/// with `k_in_lanes` for the dq kernel, kv along the rows for the dkv kernel).
-fn apply_mask(e: &mut Emitter, plan: &MaskPlan, refs: &Refs, s: &V, k_in_lanes: bool) -> V {
-    let tile = s.shape.clone();
-    let (rows, cols) = (tile[0], tile[1]);
-    let mut masks: Vec<V> = Vec::new();
-    if plan.loaded && plan.int8 {
-        let block = load3(e, refs.mask, rows, cols, "i8");
-        masks.push(e.ew("tpu.unpack_subelements", &[&block], "i1"));
-    } else if plan.loaded {
-        let block = load3(e, refs.mask, rows, cols, "i32");
-        let zero = e.constant(&tile, "i32");
-        let kept = e.ew("arith.cmpi", &[&block, &zero], "i1");
-        let always = e.splat(&tile, "i1");
-        masks.push(e.same("arith.ori", &[&kept, &always]));
-    }
-    if let Some(f) = &plan.function {
-        let (q, k) = if k_in_lanes {
-            let iota = e.iota(&tile, &[1]);
-            let off = e.splat(&tile, "i32");
-            let k = e.same("arith.addi", &[&off, &iota]);
-            let q = load2(e, refs.q_seq, &[rows, LANES], "i32");
-            let q = if cols > LANES { e.tile(&q, (cols / LANES) as usize, 1) } else { q };
-            (q, k)
-        } else {
-            let iota = e.iota(&tile, &[0]);
-            let off = e.splat(&tile, "i32");
-            let k = e.same("arith.addi", &[&off, &iota]);
-            let q = load2(e, refs.q_seq, &[1, cols], "i32");
-            let q = e.shape_cast(&q, &[1, cols]);
-            let q = e.broadcast(&q, &tile);
-            (q, k)
-        };
-        masks.push(mask_function(e, f, &q, &k));
-    }
-    if plan.segments {
-        if k_in_lanes {
-            let kv = load2(e, refs.kv_seg, &[1, cols], "i32");
-            let q = load2(e, refs.q_seg, &[rows, LANES], "i32");
-            let q = if cols > LANES { e.tile(&q, (cols / LANES) as usize, 1) } else { q };
-            let kv = e.broadcast(&kv, &tile);
-            masks.push(e.ew("arith.cmpi", &[&q, &kv], "i1"));
-        } else {
-            let kv = load2(e, refs.kv_seg, &[rows, LANES], "i32");
-            let kv = if cols > LANES { e.tile(&kv, (cols / LANES) as usize, 1) } else { kv };
-            let q = load2(e, refs.q_seg, &[1, cols], "i32");
-            let q = e.broadcast(&q, &tile);
-            masks.push(e.ew("arith.cmpi", &[&q, &kv], "i1"));
-        }
-    }
-    let Some(first) = masks.first().cloned() else { return s.clone() };
-    let mut mask = first;
-    for m in &masks[1..] {
-        mask = e.same("arith.andi", &[&mask, m]);
-    }
-    let fill = e.splat(&tile, "f32");
-    e.ew("arith.select", &[&mask, s, &fill], "f32")
-}
-
 /// `q` scaled by log2(e) for base-2 exp (tokamax): VPU time, not a dependency of the matmuls
 /// that read q (as the forward's, [`super::ops::splash_fwd`]).
 fn scaled(e: &mut Emitter, q: V, base2: bool) -> V {
@@ -196,7 +143,7 @@ pub(crate) fn dq_step(s: &BwdStep<'_>) -> StepBody {
         let zero = e.constant(&[bq, bkv], "f32");
         let mut qk = e.matmul(&q, &k, &zero, [bq, d, bkv]);
         if let Some(plan) = s.mask {
-            qk = apply_mask(&mut e, plan, &refs, &qk, true);
+            qk = apply_mask(&mut e, plan, refs.mask_refs(), &qk, true);
         }
         let lse = e.broadcast(&lse, &[bq, bkv]);
         let centred = e.same("arith.subf", &[&qk, &lse]);
@@ -272,7 +219,7 @@ pub(crate) fn dkv_step(s: &BwdStep<'_>) -> StepBody {
             let zero = e.constant(&[c, bq], "f32");
             let mut qk = e.matmul(&k, &q, &zero, [c, d, bq]);
             if let Some(plan) = s.mask {
-                qk = apply_mask(&mut e, plan, &refs, &qk, false);
+                qk = apply_mask(&mut e, plan, refs.mask_refs(), &qk, false);
             }
             let lse = e.broadcast(&lse, &[c, bq]);
             let centred = e.same("arith.subf", &[&qk, &lse]);

@@ -658,6 +658,25 @@ pub fn lower(chip: &ChipModel, w: &AttentionCall, cfg: &SplashConfig) -> Result<
         resets_scratch: cfg.kernel == Kernel::Splash,
         max_logits: cfg.kernel != Kernel::Splash,
     };
+    // One step's body: masked or not, the row's first and last step, and whether its tile runs.
+    let step_body = |masked: bool, first: bool, runs: bool, last: bool| {
+        op_body(
+            cfg.kernel,
+            &ops::FwdStep {
+                flavor,
+                block_q: cfg.block_q,
+                block_kv: cfg.block_kv,
+                compute: cfg.block_kv_compute,
+                d: w.head_dim,
+                dv: w.head_dim_v,
+                mask: masked.then_some(&plan),
+                residuals: cfg.return_residuals,
+                first,
+                runs,
+                last,
+            },
+        )
+    };
     let mut classes =
         vec![StepClass { key: ClassKey { tile: "empty", masked: false, first: false, last: false }, body: StepBody::default() }];
     let mut class_of = [[[0u32; 2]; 2]; 2];
@@ -666,22 +685,7 @@ pub fn lower(chip: &ChipModel, w: &AttentionCall, cfg: &SplashConfig) -> Result<
             for last in [false, true] {
                 let is_masked = masked_kind(kind == TileKind::Partial);
                 class_of[k][usize::from(first)][usize::from(last)] = classes.len() as u32;
-                let body = op_body(
-                        cfg.kernel,
-                        &ops::FwdStep {
-                            flavor,
-                            block_q: cfg.block_q,
-                            block_kv: cfg.block_kv,
-                            compute: cfg.block_kv_compute,
-                            d: w.head_dim,
-                            dv: w.head_dim_v,
-                            mask: is_masked.then_some(&plan),
-                            residuals: cfg.return_residuals,
-                            first,
-                            runs: true,
-                            last,
-                        },
-                    );
+                let body = step_body(is_masked, first, true, last);
                 classes.push(StepClass { key: ClassKey { tile: if k == 0 { "partial" } else { "full" }, masked: is_masked, first, last }, body });
             }
         }
@@ -690,25 +694,7 @@ pub fn lower(chip: &ChipModel, w: &AttentionCall, cfg: &SplashConfig) -> Result<
     // JAX's older flash attention (`store_output` at the last kv index, causal rows included).
     let flash = cfg.kernel == Kernel::FlashAttention;
     let finalize_class = ((cfg.kernel == Kernel::Splash || flash) && cfg.traversal == Traversal::FullGrid).then(|| {
-        classes.push(StepClass {
-            key: ClassKey { tile: "empty", masked: false, first: false, last: true },
-            body: op_body(
-                cfg.kernel,
-                &ops::FwdStep {
-                    flavor,
-                    block_q: cfg.block_q,
-                    block_kv: cfg.block_kv,
-                    compute: cfg.block_kv_compute,
-                    d: w.head_dim,
-                    dv: w.head_dim_v,
-                    mask: None,
-                    residuals: cfg.return_residuals,
-                    first: false,
-                    runs: false,
-                    last: true,
-                },
-            ),
-        });
+        classes.push(StepClass { key: ClassKey { tile: "empty", masked: false, first: false, last: true }, body: step_body(false, false, false, true) });
         classes.len() as u32 - 1
     });
     // Stage 5: tile counts over batch and heads.

@@ -273,7 +273,7 @@ pub(crate) fn splash_fwd(s: &FwdStep<'_>) -> StepBody {
             let zero = e.constant(&[bq, c], "f32");
             let mut qk = e.matmul(&q, &k, &zero, [bq, d, c]);
             if let Some(plan) = s.mask {
-                qk = apply_mask(&mut e, plan, &refs, &qk, bq, c);
+                qk = apply_mask(&mut e, plan, MaskRefs { mask: refs.mask, q_seq: refs.q_seq, q_seg: refs.q_seg, kv_seg: refs.kv_seg }, &qk, true);
             }
             let m_curr = e.reduce(&qk, &[1]);
             let m_col = e.shape_cast(&m_curr, &[bq, 1]);
@@ -340,44 +340,75 @@ pub(crate) fn splash_fwd(s: &FwdStep<'_>) -> StepBody {
     built.body
 }
 
-/// Splash's `_apply_mask_and_soft_cap` on a `bq` x `c` score tile: the loaded mask block
-/// (JAX's: or'ed with `should_not_mask`; an int8 block widened), the mask function of q and kv
-/// positions, the segment ids' equality, and'ed together, then `where(mask, qk, mask_value)`.
-fn apply_mask(e: &mut Emitter, plan: &MaskPlan, refs: &JaxRefs, qk: &V, bq: u64, c: u64) -> V {
-    let tile = [bq, c];
+/// The refs a mask reads: the loaded mask block, the q positions (`q_sequence`), the q and kv
+/// segment ids.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct MaskRefs {
+    pub mask: usize,
+    pub q_seq: usize,
+    pub q_seg: usize,
+    pub kv_seg: usize,
+}
+
+/// Splash's `_apply_mask_and_soft_cap` on a score tile `s`: the loaded mask block (JAX's: or'ed
+/// with `should_not_mask`; an int8 block widened), the mask function of q and kv positions, the
+/// segment ids' equality, and'ed together, then `where(mask, s, mask_value)`. `k_in_lanes`: kv
+/// along the lanes (the forward and the dq kernel), else along the rows (the dkv kernel).
+pub(super) fn apply_mask(e: &mut Emitter, plan: &MaskPlan, refs: MaskRefs, s: &V, k_in_lanes: bool) -> V {
+    let tile = s.shape.clone();
+    let (rows, cols) = (tile[0], tile[1]);
     let mut masks: Vec<V> = Vec::new();
     if plan.loaded && plan.int8 {
-        let block = load3(e, refs.mask, bq, c, "i8");
+        let block = load3(e, refs.mask, rows, cols, "i8");
         masks.push(e.ew("tpu.unpack_subelements", &[&block], "i1"));
     } else if plan.loaded {
-        let block = load3(e, refs.mask, bq, c, "i32");
+        let block = load3(e, refs.mask, rows, cols, "i32");
         let zero = e.constant(&tile, "i32");
         let kept = e.ew("arith.cmpi", &[&block, &zero], "i1");
         let always = e.splat(&tile, "i1");
         masks.push(e.same("arith.ori", &[&kept, &always]));
     }
     if let Some(f) = &plan.function {
-        let iota = e.iota(&tile, &[1]);
-        let off = e.splat(&tile, "i32");
-        let k = e.same("arith.addi", &[&off, &iota]);
-        let q = load2(e, refs.q_seq, &[bq, LANES], "i32");
-        let q = if c > LANES { e.tile(&q, (c / LANES) as usize, 1) } else { q };
+        let (q, k) = if k_in_lanes {
+            let iota = e.iota(&tile, &[1]);
+            let off = e.splat(&tile, "i32");
+            let k = e.same("arith.addi", &[&off, &iota]);
+            let q = load2(e, refs.q_seq, &[rows, LANES], "i32");
+            let q = if cols > LANES { e.tile(&q, (cols / LANES) as usize, 1) } else { q };
+            (q, k)
+        } else {
+            let iota = e.iota(&tile, &[0]);
+            let off = e.splat(&tile, "i32");
+            let k = e.same("arith.addi", &[&off, &iota]);
+            let q = load2(e, refs.q_seq, &[1, cols], "i32");
+            let q = e.shape_cast(&q, &[1, cols]);
+            let q = e.broadcast(&q, &tile);
+            (q, k)
+        };
         masks.push(mask_function(e, f, &q, &k));
     }
     if plan.segments {
-        let kv = load2(e, refs.kv_seg, &[1, c], "i32");
-        let q = load2(e, refs.q_seg, &[bq, LANES], "i32");
-        let q = if c > LANES { e.tile(&q, (c / LANES) as usize, 1) } else { q };
-        let kv = e.broadcast(&kv, &tile);
-        masks.push(e.ew("arith.cmpi", &[&q, &kv], "i1"));
+        if k_in_lanes {
+            let kv = load2(e, refs.kv_seg, &[1, cols], "i32");
+            let q = load2(e, refs.q_seg, &[rows, LANES], "i32");
+            let q = if cols > LANES { e.tile(&q, (cols / LANES) as usize, 1) } else { q };
+            let kv = e.broadcast(&kv, &tile);
+            masks.push(e.ew("arith.cmpi", &[&q, &kv], "i1"));
+        } else {
+            let kv = load2(e, refs.kv_seg, &[rows, LANES], "i32");
+            let kv = if cols > LANES { e.tile(&kv, (cols / LANES) as usize, 1) } else { kv };
+            let q = load2(e, refs.q_seg, &[1, cols], "i32");
+            let q = e.broadcast(&q, &tile);
+            masks.push(e.ew("arith.cmpi", &[&q, &kv], "i1"));
+        }
     }
-    let Some(first) = masks.first().cloned() else { return qk.clone() };
+    let Some(first) = masks.first().cloned() else { return s.clone() };
     let mut mask = first;
     for m in &masks[1..] {
         mask = e.same("arith.andi", &[&mask, m]);
     }
     let fill = e.splat(&tile, "f32");
-    e.ew("arith.select", &[&mask, qk, &fill], "f32")
+    e.ew("arith.select", &[&mask, s, &fill], "f32")
 }
 
 /// JAX's older flash attention forward step (module docs): `_flash_attention_kernel_single_batch`

@@ -40,6 +40,7 @@ fn label(job: &Job) -> String {
         Job::Matmul { workload: m, config: c, .. } => {
             format!("{} matmul {}x{}x{}, blocks {}/{}/{}", c.kernel, m.m, m.n, m.k, c.block_m, c.block_n, c.block_k)
         }
+        Job::Described(d) => format!("Pallas kernel `{}` from {}", d.kernel_name, d.file),
     }
 }
 

@@ -95,7 +95,7 @@ impl DescribedJob {
         }
     }
 
-    /// Lowers the description on `chip` ([`tpusim_pallas::lower`]) as a one-kernel call, with the
+    /// Lowers the description on `chip` ([`tpusim_pallas::lower()`]) as a one-kernel call, with the
     /// facts of the lowering a report shows.
     ///
     /// # Errors

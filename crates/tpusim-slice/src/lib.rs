@@ -6,7 +6,7 @@
 //!   chip groups, and collectives timed from the bytes on each link.
 //! * [`xla`]: XLA's own dot as the `xla-matmul` family lowers it (balanced output tiles, halved
 //!   until the tiling fits VMEM).
-//! * [`schedule`]: the one schedule of a slice program: TensorCore ops one at a time, collectives
+//! * [`mod@schedule`]: the one schedule of a slice program: TensorCore ops one at a time, collectives
 //!   issued from the TensorCore and run on the ICI concurrently with compute (XLA's asynchronous
 //!   collectives and its latency-hiding scheduler's early start).
 //!

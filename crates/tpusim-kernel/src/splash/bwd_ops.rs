@@ -7,7 +7,7 @@
 //! runs kv-major (s = k q^T: kv along the rows, q along the lanes) over sub-tiles of the kv block;
 //! fused, it also writes dq = ds^T k per step (a partial per kv block, summed outside).
 
-use super::ops::{apply_mask, load2, load3, store, MaskPlan, MaskRefs, LANES};
+use super::ops::{apply_mask, load2, load3, store, MaskPlan, MaskRefs};
 use crate::body::{Emitter, V};
 use crate::StepBody;
 

@@ -209,6 +209,9 @@ pub struct StepBody {
     /// What a simulator derived from this body once per compiled chip (its issue order and
     /// schedule structure), shared by clones of the body. Holds no part of the body's meaning.
     pub memo: Memo,
+    /// The body's [`StepBody::signature`] once computed, shared by clones (reports of every sweep
+    /// point name it); dropped with the memo when the body changes ([`StepBody::changed`]).
+    signature: std::sync::Arc<std::sync::OnceLock<u64>>,
 }
 
 /// A slot in which a simulator keeps values it derives from a program once and reuses across
@@ -310,8 +313,7 @@ impl StepBody {
         carry_in: Option<u16>,
         carry_out: Option<u16>,
     ) -> NodeIndex {
-        // The body changes: what a simulator derived from it no longer holds.
-        self.memo.invalidate();
+        self.changed();
         let graph = std::sync::Arc::make_mut(&mut self.graph);
         let n = graph.add_node(TileOp { name, work, issue, carry_in, carry_out });
         for &d in deps {
@@ -321,6 +323,14 @@ impl StepBody {
             self.carries = self.carries.max(c + 1);
         }
         n
+    }
+
+    /// Forgets what was derived from the body (the memo's schedules, the signature): code that
+    /// changes [`StepBody::graph`] or [`StepBody::carries`] in place calls it ([`StepBody::add`]
+    /// does).
+    pub fn changed(&mut self) {
+        self.memo.invalidate();
+        self.signature = Default::default();
     }
 
     /// Total matmul FLOPs of the body.
@@ -349,6 +359,10 @@ impl StepBody {
     /// signatures schedule alike on every chip. What the agreement suite compares between a
     /// hand-written kernel and the same kernel read from its IR.
     pub fn signature(&self) -> u64 {
+        *self.signature.get_or_init(|| self.compute_signature())
+    }
+
+    fn compute_signature(&self) -> u64 {
         use std::fmt::Write as _;
         let mut text = String::new();
         for n in self.graph.node_indices() {

@@ -767,6 +767,8 @@ impl Builder {
             }
         }
         self.body.carries = self.body.carries.max(self.slots.len() as u16);
+        // Carried slots were set in place: nothing derived from the body before holds.
+        self.body.changed();
         Built { body: self.body, largest_bytes: self.largest, f32_matmuls: self.f32_matmuls, dma_bytes: self.dma_bytes }
     }
 }

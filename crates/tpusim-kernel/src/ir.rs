@@ -330,7 +330,9 @@ impl StepBody {
     /// does).
     pub fn changed(&mut self) {
         self.memo.invalidate();
-        self.signature = Default::default();
+        if self.signature.get().is_some() {
+            self.signature = Default::default();
+        }
     }
 
     /// Total matmul FLOPs of the body.
@@ -363,16 +365,53 @@ impl StepBody {
     }
 
     fn compute_signature(&self) -> u64 {
-        use std::fmt::Write as _;
-        let mut text = String::new();
+        // FNV-1a over the fields' bytes (numbers by their bit patterns): no text is formatted.
+        let mut h = 0xcbf2_9ce4_8422_2325u64;
+        let mut eat = |bytes: &[u8]| {
+            for &b in bytes {
+                h = (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
+            }
+        };
+        let slot = |c: Option<u16>| c.map_or(u32::MAX, u32::from).to_le_bytes();
+        let mut deps: Vec<u32> = Vec::new();
         for n in self.graph.node_indices() {
             let op = &self.graph[n];
-            let mut deps: Vec<usize> = self.graph.neighbors_directed(n, petgraph::Direction::Incoming).map(|d| d.index()).collect();
+            eat(op.name.as_bytes());
+            eat(&[0xff]);
+            match op.work {
+                Work::Matmul { m, k, n, m_total } => {
+                    eat(&[0]);
+                    for x in [m, k, n, m_total] {
+                        eat(&x.to_le_bytes());
+                    }
+                }
+                Work::Vector { ops, loaded_mask_vregs } => {
+                    eat(&[1]);
+                    eat(&ops.to_bits().to_le_bytes());
+                    eat(&loaded_mask_vregs.to_bits().to_le_bytes());
+                }
+                Work::Transcendental { vregs } => {
+                    eat(&[2]);
+                    eat(&vregs.to_bits().to_le_bytes());
+                }
+                Work::CrossLane { vregs } => {
+                    eat(&[3]);
+                    eat(&vregs.to_bits().to_le_bytes());
+                }
+            }
+            eat(&op.issue.to_le_bytes());
+            eat(&slot(op.carry_in));
+            eat(&slot(op.carry_out));
+            deps.clear();
+            deps.extend(self.graph.neighbors_directed(n, petgraph::Direction::Incoming).map(|d| d.index() as u32));
             deps.sort_unstable();
-            let _ = write!(text, "{}|{:?}|{}|{:?}|{:?}|{deps:?};", op.name, op.work, op.issue, op.carry_in, op.carry_out);
+            eat(&(deps.len() as u32).to_le_bytes());
+            for d in &deps {
+                eat(&d.to_le_bytes());
+            }
         }
-        let _ = write!(text, "carries {}", self.carries);
-        text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3))
+        eat(&self.carries.to_le_bytes());
+        h
     }
 }
 

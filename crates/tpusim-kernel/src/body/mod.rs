@@ -218,7 +218,7 @@ pub fn carried_refs<'a>(refs: usize, ops: impl IntoIterator<Item = (&'a str, Opt
 #[derive(Debug)]
 pub struct Builder {
     body: StepBody,
-    vals: HashMap<u64, Val>,
+    vals: HashMap<u64, std::rc::Rc<Val>>,
     /// Carry slot per (ref, slab).
     slots: HashMap<(usize, usize), u16>,
     /// Refs that are carried (loaded and stored by the body).
@@ -273,13 +273,13 @@ impl Builder {
     /// A region op's result `to` takes the value of `from` (what its region yields).
     pub fn bind(&mut self, to: u64, from: &Arg) {
         if let Some(v) = self.arg_val(from).cloned() {
-            self.vals.insert(to, v);
+            self.vals.insert(to, std::rc::Rc::new(v));
         }
     }
 
     fn arg_val(&self, o: &Arg) -> Option<&Val> {
         match o {
-            Arg::Op(id) => self.vals.get(id),
+            Arg::Op(id) => self.vals.get(id).map(|v| &**v),
             _ => None,
         }
     }
@@ -335,7 +335,10 @@ impl Builder {
                 "an op this simulator does not model (its cost on the units is unknown; it is never taken as free): see crates/tpusim-pallas/DESCRIPTION.md for the ops it knows".into(),
             ));
         };
-        let ins: Vec<Val> = op.args.iter().filter_map(|o| self.arg_val(o).cloned()).collect();
+        // Shared handles (no copy of a value's per-slab dependencies), borrowed as plain values.
+        let held: Vec<std::rc::Rc<Val>> =
+            op.args.iter().filter_map(|o| if let Arg::Op(id) = o { self.vals.get(id).cloned() } else { None }).collect();
+        let ins: Vec<&Val> = held.iter().map(|v| &**v).collect();
         self.note_load_ref(op);
         let shape = op.shape.clone();
         let rank = shape.len();
@@ -346,7 +349,7 @@ impl Builder {
         }
         let ns = nslabs(&shape, &varies);
         let vr = cost::vregs(&shape, &varies);
-        let in_refs: Vec<&Val> = ins.iter().collect();
+        let in_refs: Vec<&Val> = ins.to_vec();
         let mut out = Val { shape: shape.clone(), varies, deps: vec![Vec::new(); ns], carry: None, unit: None };
         match c {
             OpCost::Free => self.free(op, &ins, &mut out),
@@ -386,12 +389,12 @@ impl Builder {
             OpCost::Matmul => self.matmul(op, static_name, &ins, &mut out)?,
             OpCost::Dma => self.dma_bytes += op.attrs.bytes.unwrap_or(0),
         }
-        self.vals.insert(op.id, out);
+        self.vals.insert(op.id, std::rc::Rc::new(out));
         Ok(())
     }
 
     /// Which dimensions an op's result varies along.
-    fn varies(&self, op: &BodyOp, ins: &[Val]) -> Vec<bool> {
+    fn varies(&self, op: &BodyOp, ins: &[&Val]) -> Vec<bool> {
         let (shape, rank) = (&op.shape, op.shape.len());
         match op.name.as_str() {
             "tpu.iota" => (0..rank).map(|i| op.attrs.dims.contains(&(i as u64))).collect(),
@@ -448,7 +451,7 @@ impl Builder {
     /// on the XLU) and it hands its result on whole (the fused backward's ds^T: pipelining dq
     /// behind it slab by slab takes 4-8% off tokamax's measured fused backward rows, which the
     /// model already predicts fast).
-    fn cross_lane(&mut self, name: &str, static_name: &'static str, ins: &[Val], out: &mut Val, vr: f64) {
+    fn cross_lane(&mut self, name: &str, static_name: &'static str, ins: &[&Val], out: &mut Val, vr: f64) {
         let shape = out.shape.clone();
         let ns = out.deps.len();
         let src_vr = ins.first().map(|v| cost::vregs(&v.shape, &v.varies)).unwrap_or(vr);
@@ -458,7 +461,7 @@ impl Builder {
         } else {
             Vec::new()
         };
-        let in_refs: Vec<&Val> = if transpose { whole.iter().collect() } else { ins.iter().collect() };
+        let in_refs: Vec<&Val> = if transpose { whole.iter().collect() } else { ins.to_vec() };
         for s in 0..ns {
             let share = slab_share(&shape, s, ns);
             let floor = if transpose { self.base } else { self.base + s as u64 };
@@ -508,7 +511,7 @@ impl Builder {
         *self.slots.entry((r, s)).or_insert(n)
     }
 
-    fn free(&mut self, op: &BodyOp, ins: &[Val], out: &mut Val) {
+    fn free(&mut self, op: &BodyOp, ins: &[&Val], out: &mut Val) {
         let ns = out.deps.len();
         let name = op.name.as_str();
         if is_load(name) {
@@ -579,8 +582,8 @@ impl Builder {
         }
     }
 
-    fn reduce(&mut self, op: &BodyOp, name: &'static str, ins: &[Val], out: &mut Val) -> Result<(), OpError> {
-        let src = ins.first().ok_or_else(|| OpError("a reduction without its source".into()))?;
+    fn reduce(&mut self, op: &BodyOp, name: &'static str, ins: &[&Val], out: &mut Val) -> Result<(), OpError> {
+        let src = *ins.first().ok_or_else(|| OpError("a reduction without its source".into()))?;
         let dims: Vec<usize> = op.attrs.dims.iter().map(|&d| d as usize).collect();
         let n = src.shape.len();
         let src_vr = cost::vregs(&src.shape, &src.varies);
@@ -641,7 +644,7 @@ impl Builder {
         Ok(())
     }
 
-    fn matmul(&mut self, op: &BodyOp, name: &'static str, ins: &[Val], out: &mut Val) -> Result<(), OpError> {
+    fn matmul(&mut self, op: &BodyOp, name: &'static str, ins: &[&Val], out: &mut Val) -> Result<(), OpError> {
         let Some([m, k, n]) = op.attrs.mkn else {
             return Err(OpError("a matmul without its `mkn` attribute (rows, contraction, columns)".into()));
         };
@@ -655,7 +658,7 @@ impl Builder {
         // Rows of the result split into slabs (the lhs streams; the rhs is the stationary weight).
         let rank = out.shape.len();
         let ns = out.deps.len();
-        let (lhs, rhs, acc) = (ins.first(), ins.get(1), ins.get(2));
+        let (lhs, rhs, acc) = (ins.first().copied(), ins.get(1).copied(), ins.get(2).copied());
         let pop_vr = cost::vregs(&out.shape, &vec![true; rank]);
         // f32 operands are rounded to bf16 on the VPU before the MXU, one operation per f32
         // register of the operand ([`crate::mxu`]): the stationary rhs once, the streamed lhs

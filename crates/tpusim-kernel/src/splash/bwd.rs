@@ -663,8 +663,6 @@ fn bwd_body(dkv: bool, s: &BwdStep<'_>) -> StepBody {
         return b.clone();
     }
     let body = if dkv { super::bwd_ops::dkv_step(s) } else { super::bwd_ops::dq_step(s) };
-    // Computed once here, shared by every clone the cache hands out (reports name it).
-    let _ = body.signature();
     let mut c = cache.lock().unwrap_or_else(PoisonError::into_inner);
     if c.len() >= CAPACITY {
         c.clear();

@@ -197,8 +197,6 @@ fn op_body(kernel: Kernel, s: &ops::FwdStep<'_>) -> StepBody {
         return b.clone();
     }
     let body = if kernel == Kernel::FlashAttention { ops::jax_flash_fwd(s) } else { ops::splash_fwd(s) };
-    // Computed once here, shared by every clone the cache hands out (reports name it).
-    let _ = body.signature();
     let mut c = cache.lock().unwrap_or_else(PoisonError::into_inner);
     if c.len() >= CAPACITY {
         c.clear();

@@ -211,7 +211,18 @@ pub struct StepBody {
     pub memo: Memo,
     /// The body's [`StepBody::signature`] once computed, shared by clones (reports of every sweep
     /// point name it); dropped with the memo when the body changes ([`StepBody::changed`]).
-    signature: std::sync::Arc<std::sync::OnceLock<u64>>,
+    signature: SignatureCell,
+}
+
+/// The cell of a body's signature (shared by clones). Its `Debug` shows nothing: the signature
+/// is derived, and whether it was computed yet is no part of the body.
+#[derive(Clone, Default)]
+struct SignatureCell(std::sync::Arc<std::sync::OnceLock<u64>>);
+
+impl std::fmt::Debug for SignatureCell {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SignatureCell")
+    }
 }
 
 /// A slot in which a simulator keeps values it derives from a program once and reuses across
@@ -330,8 +341,8 @@ impl StepBody {
     /// does).
     pub fn changed(&mut self) {
         self.memo.invalidate();
-        if self.signature.get().is_some() {
-            self.signature = Default::default();
+        if self.signature.0.get().is_some() {
+            self.signature = SignatureCell::default();
         }
     }
 
@@ -361,7 +372,7 @@ impl StepBody {
     /// signatures schedule alike on every chip. What the agreement suite compares between a
     /// hand-written kernel and the same kernel read from its IR.
     pub fn signature(&self) -> u64 {
-        *self.signature.get_or_init(|| self.compute_signature())
+        *self.signature.0.get_or_init(|| self.compute_signature())
     }
 
     fn compute_signature(&self) -> u64 {

@@ -217,7 +217,7 @@ impl Video {
                 let w: u64 = w.trim().parse().map_err(|_| bad())?;
                 let h: u64 = h.trim().parse().map_err(|_| bad())?;
                 if w == 0 || h == 0 || w > 1 << 16 || h > 1 << 16 {
-                    return Err(bad());
+                    return Err(LayerError::field("resolution", text, "width and height must be from 1 to 65536 pixels"));
                 }
                 (w, h)
             }
@@ -273,14 +273,16 @@ impl Latent {
             ));
         }
         if !video.width.is_multiple_of(sw) || !video.height.is_multiple_of(sh) {
+            // Suggest sizes of whole patches (stride x patch pixels), the ones that change the grid.
+            let (uw, uh) = (sw * pw, sh * ph);
             let near = |x: u64, s: u64| if x < s { s.to_string() } else { format!("{} or {}", x / s * s, x.div_ceil(s) * s) };
             return Err(LayerError::field(
                 "resolution",
                 format!("{}x{}", video.width, video.height),
                 format!(
-                    "width and height must be multiples of the VAE's spatial stride ({sw} x {sh} pixels per latent element): width {}, height {}",
-                    near(video.width, sw),
-                    near(video.height, sh)
+                    "width and height must be multiples of the VAE's spatial stride ({sw} x {sh} pixels per latent element); in whole {uw} x {uh} pixel patches: width {}, height {}",
+                    near(video.width, uw),
+                    near(video.height, uh)
                 ),
             ));
         }
@@ -350,7 +352,7 @@ mod tests {
         assert!(e.contains("frames") && e.contains("4 x n + 1"), "{e}");
         // A picture the VAE cannot encode whole is refused, naming the nearest sizes, not rounded.
         let e = Latent::of(&m, &Video::parse("1281x721", 81).unwrap()).unwrap_err().to_string();
-        assert!(e.contains("resolution") && e.contains("1281x721") && e.contains("1280 or 1288") && e.contains("720 or 728"), "{e}");
+        assert!(e.contains("resolution") && e.contains("1281x721") && e.contains("1280 or 1296") && e.contains("720 or 736"), "{e}");
     }
 
     #[test]

@@ -843,7 +843,7 @@ pub fn lower(chip: &ChipModel, d: &Description, dir: &Path) -> Result<(Program, 
         "body ops cost (8,128) 32-bit registers on their unit (the kernel crate's one table, crates/tpusim-kernel/src/body/cost.rs); loads, stores, broadcasts and reshapes are free".to_string(),
         "windows follow Pallas's pipeline rule (copy when the block index changes, write back when it will change); every window is timed double-buffered".to_string(),
         "scalar-unit work (index arithmetic, SMEM loads) is part of the fixed grid-step overhead".to_string(),
-        "VMEM: windows x their buffer counts, scratch, and the largest intermediate twice (Mosaic's internal scratch is not in the IR)".to_string(),
+        "VMEM: windows x their buffer counts, scratch, and the largest intermediate once (Mosaic's internal scratch is not in the IR)".to_string(),
     ];
     if f32_mm > 0 {
         assumptions.push("f32-operand matmuls at the default precision take one MXU pass, their f32 operands rounded to bf16 on the VPU first (one operation per f32 register; tpusim_kernel::mxu)".into());

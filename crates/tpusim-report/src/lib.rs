@@ -762,9 +762,10 @@ impl Report {
                 }
             })
             .collect();
-        let kernel_ms: f64 = phases.iter().filter(|p| p.kernel).map(|p| p.latency_ms).sum();
-        let host_ms: f64 = phases.iter().filter(|p| p.part == Part::Host).map(|p| p.latency_ms).sum();
-        let outside_kernel_ms: f64 = phases.iter().filter(|p| !p.kernel && p.part != Part::Host).map(|p| p.latency_ms).sum();
+        let kernel_ms: f64 = phases.iter().filter(|p| p.kernel).map(|p| p.latency_ms).fold(0.0, |a, b| a + b);
+        let host_ms: f64 = phases.iter().filter(|p| p.part == Part::Host).map(|p| p.latency_ms).fold(0.0, |a, b| a + b);
+        let outside_kernel_ms: f64 =
+            phases.iter().filter(|p| !p.kernel && p.part != Part::Host).map(|p| p.latency_ms).fold(0.0, |a, b| a + b);
         let mut rep = Report {
             chip: chip.name.clone(),
             chip_model: identity,

@@ -20,7 +20,8 @@
 //!    `chip_hash` (a hash of the model's parameter values: rows with equal hashes ran on
 //!    identical models);
 //! 5. the metrics of [`tpusim_report::Report`]: `latency_ms`, `cycles`, `flops`, `mfu`,
-//!    `achieved_tflops`, `bottleneck`, `util_mxu` .. `util_step_control` (busy fraction),
+//!    `achieved_tflops`, (with `--what-if-2x`: `bottleneck`, `co_bound`, `gain_2x_UNIT`),
+//!    `util_mxu` .. `util_step_control` (busy fraction),
 //!    `busy_ms_mxu` .. `busy_ms_step_control`, `transcendentals`, `hbm_bytes`,
 //!    `arithmetic_intensity`, `grid_steps`, `steps_computed`, `vmem_bytes`, `vmem_limit_bytes`,
 //!    `smem_bytes` (kernels read from their IR), `dma_stall_ms`, `tiles_total`, `tiles_visited`,

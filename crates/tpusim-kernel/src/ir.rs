@@ -307,6 +307,12 @@ impl StepBody {
         StepBody { graph: std::sync::Arc::new(DiGraph::with_capacity(nodes, edges)), ..StepBody::default() }
     }
 
+    /// A body of `graph` (its node indices a topological order, as [`StepBody`] requires) whose
+    /// operations name carried slots `0..carries`.
+    pub fn from_graph(graph: DiGraph<TileOp, ()>, carries: u16) -> Self {
+        StepBody { graph: std::sync::Arc::new(graph), carries, ..StepBody::default() }
+    }
+
     /// Adds an operation issued at slot `issue`, depending on `deps`, and returns its index.
     /// Every dependency must have an issue slot no later than the operation's.
     pub fn add(&mut self, name: &'static str, work: Work, deps: &[NodeIndex], issue: u64) -> NodeIndex {

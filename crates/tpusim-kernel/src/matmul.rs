@@ -161,7 +161,7 @@ fn body(bm: u64, bn: u64, bk: u64, first: bool, last: bool) -> StepBody {
         e.load(z, &tile, "bf16");
         e.store(&out, z);
     }
-    e.finish().0.body
+    e.finish().body
 }
 
 /// Lowers a matmul with block sizes.

@@ -6,6 +6,11 @@ use std::path::Path;
 use std::time::Instant;
 use tpusim_chip::ChipModel;
 
+/// The allocator the shipped binary uses (mimalloc; see `tpusim/src/main.rs`), so that bench
+/// figures are the binary's.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/data/splash_full_75776_b512.json");
     let chip = ChipModel::preset("v6e").expect("preset");

@@ -299,6 +299,20 @@ impl Description {
                 })
             }
         }
+        // A grid dimension sized at run time (MLIR's dynamic marker, i64::MIN, or any negative
+        // number) is refused by name before the typed read, whose message would not name it.
+        if let Some(g) = v.get("grid").and_then(|g| g.as_array()) {
+            for (i, x) in g.iter().enumerate() {
+                if let Some(n) = x.as_i64().filter(|&n| n < 0) {
+                    let kernel = v.get("kernel_name").and_then(|k| k.as_str()).unwrap_or("?");
+                    return Err(PallasError::field(
+                        &format!("grid[{i}]"),
+                        n,
+                        format!("a whole number from 1: kernel `{kernel}`'s grid dimension {i} is sized at run time (a dynamic grid); describe it with `tpusim.jax.describe` and concrete arguments, which evaluates the size, or write the size the call runs with"),
+                    ));
+                }
+            }
+        }
         let d: Description = serde_json::from_value(v).map_err(|e| PallasError::Json { path: path.to_string(), message: e.to_string() })?;
         d.check()?;
         Ok(d)
@@ -446,6 +460,29 @@ impl Description {
                     Operand::Scalar(e) => self.check_expr(e, &format!("{f}.operands[{k}]"))?,
                     _ => {}
                 }
+            }
+            if matches!(op.op.as_str(), "scf.if" | "scf.while") && op.cond.is_none() {
+                return Err(PallasError::Kernel {
+                    kernel: self.kernel_name.clone(),
+                    message: format!(
+                        "{f} at {}: `cond` (missing): a branch or while loop needs its condition (an expression; `[\"unknown\", why]` for one computed at run time); describe the kernel again with `tpusim.jax.describe`",
+                        if op.loc.is_empty() { "(no location)" } else { &op.loc }
+                    ),
+                });
+            }
+            if op.op == "tpu.enqueue_dma" {
+                let at = format!("{f} at {}: attrs.bytes", if op.loc.is_empty() { "(no location)" } else { &op.loc });
+                let bytes = op.attrs.get("bytes").ok_or_else(|| {
+                    PallasError::field(&at, "(missing)", "a copy needs its size in bytes: a whole number, or an expression over the values that size it at run time")
+                })?;
+                let e: Expr = serde_json::from_value(bytes.clone())
+                    .map_err(|e| PallasError::field(&at, bytes, format!("expected a whole number of bytes or an expression ({e})")))?;
+                if let Expr::Const(c) = e {
+                    if c < 0 {
+                        return Err(PallasError::field(&at, c, "expected a whole number from 0 (a negative size is a dimension sized at run time read as a number: describe the kernel again with `tpusim.jax.describe`)"));
+                    }
+                }
+                self.check_expr(&e, &at)?;
             }
             for (key, e) in [("cond", &op.cond), ("lower", &op.lower), ("upper", &op.upper), ("step", &op.step)] {
                 if let Some(e) = e {

@@ -211,7 +211,7 @@ fn walk_path(d: &Description, ops: &[Op], env: &mut StepEnv<'_>, key: &mut Vec<i
     for op in ops {
         match op.op.as_str() {
             "scf.if" => {
-                let c = op.cond.as_ref().ok_or_else(|| PallasError::field("scf.if.cond", "(missing)", "a branch needs its condition"))?;
+                let c = op.cond.as_ref().ok_or_else(|| missing_cond(d, op))?;
                 let v = c.eval(env).map_err(|e| eval_err(d, e, "the `scf.if` condition", &op.loc))?;
                 key.push(i64::from(v != 0));
                 walk_path(d, if v != 0 { &op.then } else { &op.otherwise }, env, key, dma)?;
@@ -228,7 +228,7 @@ fn walk_path(d: &Description, ops: &[Op], env: &mut StepEnv<'_>, key: &mut Vec<i
             }
             "tpu.enqueue_dma" => {
                 crate::runtime::check_dma_source(d, op, env, &|e, what| eval_err(d, e, what, &op.loc))?;
-                dma.add(op.attrs.get("bytes").and_then(|b| b.as_u64()).unwrap_or(0));
+                dma.add(crate::runtime::dma_bytes(d, op, env, &|e, what| eval_err(d, e, what, &op.loc))?);
             }
             "memref.load" | "memref.store" => {
                 if let Some(s) = env.smem {
@@ -309,7 +309,7 @@ fn run_for(d: &Description, op: &Op, env: &mut StepEnv<'_>, region: &mut Region<
 /// while it holds, at most [`MAX_UNROLL`] times; `trips` gets the body's trip count.
 fn run_while(d: &Description, op: &Op, env: &mut StepEnv<'_>, region: &mut Region<'_>, trips: &mut i64) -> Result<(), PallasError> {
     let lv = loop_vars(op)?;
-    let c = op.cond.as_ref().ok_or_else(|| PallasError::field("scf.while.cond", "(missing)", "a while loop needs its condition"))?;
+    let c = op.cond.as_ref().ok_or_else(|| missing_cond(d, op))?;
     let cur = eval_list(d, op, env, &lv.init, "initial values")?;
     set_vars(env, &lv.carried, &cur);
     *trips = 0;
@@ -397,7 +397,6 @@ fn body_op(d: &Description, op: &Op) -> Result<tpusim_kernel::body::BodyOp, Pall
         lhs_dtype: text("lhs_dtype"),
         rhs_dtype: text("rhs_dtype"),
         precision: text("precision"),
-        bytes: op.attrs.get("bytes").and_then(|b| b.as_u64()),
     };
     let args = op
         .operands
@@ -409,6 +408,12 @@ fn body_op(d: &Description, op: &Op) -> Result<tpusim_kernel::body::BodyOp, Pall
         })
         .collect();
     Ok(BodyOp { id: op.id, name: op.op.clone(), shape: op.shape.clone(), dtype: op.dtype.clone(), args, attrs, loc: op.loc.clone() })
+}
+
+/// A branch or while loop without its condition (the reader refuses such a file first:
+/// [`Description::from_json`]).
+fn missing_cond(d: &Description, op: &Op) -> PallasError {
+    kernel_err(d, op, "`cond` (missing): a branch or while loop needs its condition; describe the kernel again with `tpusim.jax.describe`".into())
 }
 
 fn kernel_err(d: &Description, op: &Op, message: String) -> PallasError {

@@ -211,7 +211,12 @@ pub fn check_dma_source(d: &Description, op: &Op, env: &dyn Env, eval_err: &dyn 
     let Some(r) = op.attrs.get("src_ref").and_then(|x| x.as_u64()) else { return Ok(()) };
     let Some(rf) = d.refs.get(r as usize) else { return Ok(()) };
     let offs: Vec<i64> = exprs(op, "src_offsets")?.iter().map(|e| e.eval(env)).collect::<Result<_, _>>().map_err(|e| eval_err(e, "the source offsets of a `tpu.enqueue_dma`"))?;
-    let win: Vec<u64> = op.attrs.get("src_shape").and_then(|x| serde_json::from_value(x.clone()).ok()).unwrap_or_default();
+    // The window: whole numbers, or expressions for dimensions a slice sizes at run time.
+    let win: Vec<u64> = exprs(op, "src_shape")?
+        .iter()
+        .map(|e| e.eval(env).map(|v| v.max(0) as u64))
+        .collect::<Result<_, _>>()
+        .map_err(|e| eval_err(e, "the source window of a `tpu.enqueue_dma`"))?;
     let array = rf.array_shape.clone().unwrap_or_else(|| rf.shape.clone());
     for (k, &o) in offs.iter().enumerate() {
         let n = array.get(k).copied().unwrap_or(1);
@@ -229,6 +234,23 @@ pub fn check_dma_source(d: &Description, op: &Op, env: &dyn Env, eval_err: &dyn 
         }
     }
     Ok(())
+}
+
+/// The bytes a `tpu.enqueue_dma` moves in this step: its `bytes` attribute, a whole number or an
+/// expression over the values that size the copy at run time (a `pl.ds(start, size)` slice with a
+/// traced size), evaluated in `env`.
+///
+/// # Errors
+/// The reader checked that `bytes` is present and parses ([`Description::from_json`]); an
+/// expression that reads a runtime operand not given, or an unknown value, is `eval_err`'s error;
+/// a negative size is a [`PallasError::Kernel`] naming the op and its location.
+pub fn dma_bytes(d: &Description, op: &Op, env: &dyn Env, eval_err: &dyn Fn(crate::expr::EvalError, &str) -> PallasError) -> Result<u64, PallasError> {
+    let e: Expr = match op.attrs.get("bytes") {
+        Some(v) => serde_json::from_value(v.clone()).map_err(|e| PallasError::field(&format!("{} at {}: attrs.bytes", op.op, op.loc), v, e.to_string()))?,
+        None => return Err(PallasError::field(&format!("{} at {}: attrs.bytes", op.op, op.loc), "(missing)", "a copy needs its size in bytes")),
+    };
+    let b = e.eval(env).map_err(|e| eval_err(e, "the size of a `tpu.enqueue_dma`"))?;
+    u64::try_from(b).map_err(|_| smem_err(d, op, format!("copies {b} bytes in this step: a copy's size must be 0 or more (its size expression is {e:?})")))
 }
 
 #[cfg(test)]

@@ -25,6 +25,11 @@ use tpusim_report::fields::{self, Rule};
 use tpusim_report::{render_fields, FieldStyle, Job, JobSpec, Report};
 use tpusim_workload::tiles::{TileGrid, TileStats};
 
+/// mimalloc, as the `tpusim` binary: lowering builds step bodies of thousands of small nodes,
+/// which the system allocator serves at several times the cost.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 create_exception!(tpusim, InputError, PyValueError, "Bad input: an argument, file or value the simulator refuses (the command line's exit code 2). The message names the field, the value and what is allowed.");
 create_exception!(
     tpusim,

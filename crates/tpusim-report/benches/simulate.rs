@@ -12,6 +12,11 @@
 use std::time::Instant;
 use tpusim_report::{run, Job, JobSpec};
 
+/// The allocator the shipped binary uses (mimalloc; see `tpusim/src/main.rs`), so that bench
+/// figures are the binary's.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// A case: the job as `tpusim run` flags would give it.
 fn spec(args: &[(&str, &str)]) -> JobSpec {
     let mut text = String::new();

@@ -1,7 +1,7 @@
 //! Writing a body as the op sequence a kernel runs: the hand-written kernels of this crate emit
 //! their step bodies through [`Emitter`], op by op as their Mosaic IR has them, into the same
 //! [`Builder`] a kernel read from its IR goes through, so both front ends build one body from
-//! one op list (and a test can compare the lists).
+//! one op list (the agreement suite compares the bodies' signatures).
 
 use super::{Arg, Attrs, BodyOp, Builder, Built};
 
@@ -16,31 +16,40 @@ pub struct V {
     pub dtype: &'static str,
 }
 
-/// Emits ops into a [`Builder`], keeping the list (module docs). Every op the emitter writes is
+/// Emits ops into a [`Builder`] (module docs). Every op the emitter writes is
 /// in the cost table; an op the builder refused would be a bug in a hand-written kernel, so it
 /// panics with the op (not input-dependent).
 #[derive(Debug)]
 pub struct Emitter {
     b: Builder,
-    ops: Vec<BodyOp>,
+    /// The op being emitted (one value reused: its buffers are not reallocated per op).
+    op: BodyOp,
     next: u64,
 }
 
 impl Emitter {
     /// An emitter for a body whose refs `carried` (by ref index) are loaded and stored by it.
     pub fn new(carried: Vec<bool>) -> Self {
-        Emitter { b: Builder::new(carried), ops: Vec::new(), next: 1 }
+        Emitter { b: Builder::new(carried), op: BodyOp::default(), next: 1 }
     }
 
     /// Emits one op and returns its value.
     pub fn op(&mut self, name: &str, shape: &[u64], dtype: &'static str, args: Vec<Arg>, attrs: Attrs) -> V {
         let id = self.next;
         self.next += 1;
-        let op = BodyOp { id, name: name.to_string(), shape: shape.to_vec(), dtype: dtype.to_string(), args, attrs, loc: String::new() };
-        if let Err(e) = self.b.op(&op) {
+        let op = &mut self.op;
+        op.id = id;
+        op.name.clear();
+        op.name.push_str(name);
+        op.shape.clear();
+        op.shape.extend_from_slice(shape);
+        op.dtype.clear();
+        op.dtype.push_str(dtype);
+        op.args = args;
+        op.attrs = attrs;
+        if let Err(e) = self.b.op(op) {
             panic!("a hand-written kernel emitted `{name}` {shape:?}: {e}");
         }
-        self.ops.push(op);
         V { id, shape: shape.to_vec(), dtype }
     }
 
@@ -118,13 +127,8 @@ impl Emitter {
         self.b.advance(slabs);
     }
 
-    /// The ops emitted so far, in order.
-    pub fn ops(&self) -> &[BodyOp] {
-        &self.ops
-    }
-
-    /// The built body and the op list it was built from.
-    pub fn finish(self) -> (Built, Vec<BodyOp>) {
-        (self.b.finish(), self.ops)
+    /// The built body.
+    pub fn finish(self) -> Built {
+        self.b.finish()
     }
 }

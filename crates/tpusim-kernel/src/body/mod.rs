@@ -25,10 +25,11 @@ pub mod emit;
 
 pub use emit::{Emitter, V};
 
-use crate::{StepBody, Unit, Work, SLAB_ROWS};
+use crate::{StepBody, TileOp, Unit, Work, SLAB_ROWS};
 use cost::OpCost;
-use petgraph::graph::NodeIndex as NodeIdx;
-use std::collections::HashMap;
+use petgraph::graph::{DiGraph, NodeIndex as NodeIdx};
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
+use smallvec::SmallVec;
 
 /// An operand of a body op.
 #[derive(Debug, Clone, PartialEq)]
@@ -58,8 +59,6 @@ pub struct Attrs {
     pub rhs_dtype: Option<String>,
     /// Matmul: the precision it asks for.
     pub precision: Option<String>,
-    /// A DMA the kernel starts itself: its bytes.
-    pub bytes: Option<u64>,
 }
 
 /// One op of a body: its name (`arith.addf`, `tpu.matmul`, ...), result id, shape and element
@@ -96,8 +95,6 @@ pub struct Built {
     pub largest_bytes: u64,
     /// Matmuls with an f32 operand.
     pub f32_matmuls: u64,
-    /// Bytes of the DMAs the body starts itself.
-    pub dma_bytes: u64,
 }
 
 /// Bytes of an element type as VMEM holds it (4 for an empty or unknown one, as 32-bit
@@ -163,8 +160,8 @@ fn slab_rows(shape: &[u64], s: usize, ns: usize) -> u64 {
 
 /// A (ref, slab) pair naming one slab of carried state.
 type RefSlab = (usize, usize);
-/// Nodes to wait for, with their issue slots.
-type Deps = Vec<(NodeIdx, u64)>;
+/// Nodes to wait for, with their issue slots (most values wait for one node: kept inline).
+type Deps = SmallVec<[(NodeIdx, u64); 2]>;
 /// A matmul's (m, k, n) and the refs its lhs and rhs are loaded from (`None`: computed).
 type MatmulSig = (u64, u64, u64, Option<usize>, Option<usize>);
 
@@ -217,7 +214,12 @@ pub fn carried_refs<'a>(refs: usize, ops: impl IntoIterator<Item = (&'a str, Opt
 /// Builds one step body from its ops in program order (module docs).
 #[derive(Debug)]
 pub struct Builder {
-    body: StepBody,
+    /// The body's graph, built in place (a [`StepBody`] at [`Builder::finish`]).
+    graph: DiGraph<TileOp, ()>,
+    /// Carried-state slots the graph's operations name.
+    carries: u16,
+    /// Scratch: the nodes one new node depends on.
+    scratch: Vec<NodeIdx>,
     vals: HashMap<u64, std::rc::Rc<Val>>,
     /// Carry slot per (ref, slab).
     slots: HashMap<(usize, usize), u16>,
@@ -230,7 +232,7 @@ pub struct Builder {
     /// The previous matmul in program order: its slab nodes and its last slab's issue slot.
     last_matmul: Option<(Vec<NodeIdx>, u64)>,
     /// Matmuls seen in this body, by (m, k, n, the refs its operands are loaded from).
-    matmul_sigs: std::collections::HashSet<MatmulSig>,
+    matmul_sigs: HashSet<MatmulSig>,
     /// The ref a value is read from (a load, or a view, cast or element-wise op of one load
     /// with constants), by value id.
     load_refs: HashMap<u64, usize>,
@@ -239,7 +241,13 @@ pub struct Builder {
     seq: u64,
     largest: u64,
     f32_matmuls: u64,
-    dma_bytes: u64,
+}
+
+thread_local! {
+    /// Graph storage a finished builder leaves for the thread's next one: building a body writes
+    /// thousands of nodes, and fresh storage for each (first-touch page faults, growth by
+    /// doubling) was a quarter of lowering's time.
+    static SPARE_GRAPH: std::cell::RefCell<Option<DiGraph<TileOp, ()>>> = const { std::cell::RefCell::new(None) };
 }
 
 impl Builder {
@@ -247,20 +255,28 @@ impl Builder {
     /// ([`carried_refs`]).
     pub fn new(carried: Vec<bool>) -> Self {
         Builder {
-            body: StepBody::default(),
-            vals: HashMap::new(),
-            slots: HashMap::new(),
+            // The thread's spare graph storage, emptied ([`SPARE_GRAPH`]), else room for a large body.
+            graph: SPARE_GRAPH.with(|g| g.borrow_mut().take()).map_or_else(
+                || DiGraph::with_capacity(4096, 4096),
+                |mut g| {
+                    g.clear();
+                    g
+                },
+            ),
+            carries: 0,
+            scratch: Vec::new(),
+            vals: HashMap::default(),
+            slots: HashMap::default(),
             carried,
-            writers: HashMap::new(),
+            writers: HashMap::default(),
             base: 0,
             last_matmul: None,
             matmul_sigs: Default::default(),
-            load_refs: HashMap::new(),
+            load_refs: HashMap::default(),
             row_reduction: false,
             seq: 0,
             largest: 0,
             f32_matmuls: 0,
-            dma_bytes: 0,
         }
     }
 
@@ -295,13 +311,17 @@ impl Builder {
     #[allow(clippy::too_many_arguments)]
     fn node_from(&mut self, name: &'static str, work: Work, inputs: &[&Val], extra: &[(NodeIdx, u64)], s: usize, ns: usize, floor: u64) -> (NodeIdx, u64) {
         let unit = work.unit();
-        let mut deps: Vec<(NodeIdx, u64, Option<Unit>)> = Vec::new();
         let mut carry_in = None;
+        let mut slot = floor;
+        let mut nodes = std::mem::take(&mut self.scratch);
+        nodes.clear();
         for v in inputs {
-            let list: Vec<&Deps> = if v.deps.len() == ns { vec![&v.deps[s]] } else { v.deps.iter().collect() };
-            for l in list {
+            let skew = skew(v.unit, unit);
+            let lists: &[Deps] = if v.deps.len() == ns { std::slice::from_ref(&v.deps[s]) } else { &v.deps };
+            for l in lists {
                 for &(n, sl) in l {
-                    deps.push((n, sl, v.unit));
+                    slot = slot.max(sl + skew);
+                    nodes.push(n);
                 }
             }
             if carry_in.is_none() {
@@ -311,15 +331,21 @@ impl Builder {
             }
         }
         for &(n, sl) in extra {
-            deps.push((n, sl, None));
+            slot = slot.max(sl);
+            nodes.push(n);
         }
-        let slot = deps.iter().map(|&(_, sl, u)| sl + skew(u, unit)).max().unwrap_or(0).max(floor);
         self.seq += 1;
         let issue = slot * SLOT + self.seq;
-        let mut nodes: Vec<NodeIdx> = deps.iter().map(|d| d.0).collect();
-        nodes.sort();
+        nodes.sort_unstable();
         nodes.dedup();
-        let n = self.body.add_carried(name, work, &nodes, issue, carry_in, None);
+        let n = self.graph.add_node(TileOp { name, work, issue, carry_in, carry_out: None });
+        for &d in &nodes {
+            self.graph.add_edge(d, n, ());
+        }
+        if let Some(c) = carry_in {
+            self.carries = self.carries.max(c + 1);
+        }
+        self.scratch = nodes;
         (n, slot)
     }
 
@@ -336,58 +362,58 @@ impl Builder {
             ));
         };
         // Shared handles (no copy of a value's per-slab dependencies), borrowed as plain values.
-        let held: Vec<std::rc::Rc<Val>> =
+        let held: SmallVec<[std::rc::Rc<Val>; 4]> =
             op.args.iter().filter_map(|o| if let Arg::Op(id) = o { self.vals.get(id).cloned() } else { None }).collect();
-        let ins: Vec<&Val> = held.iter().map(|v| &**v).collect();
+        let ins: SmallVec<[&Val; 4]> = held.iter().map(|v| &**v).collect();
         self.note_load_ref(op);
-        let shape = op.shape.clone();
+        let shape = &op.shape;
         let rank = shape.len();
         let varies = self.varies(op, &ins);
         if rank >= 2 {
             let dtype = crate::dtype::Dtype::of_bytes(elem_bytes(&op.dtype)).unwrap_or(crate::dtype::Dtype::F32);
-            self.largest = self.largest.max(crate::vmem::tiled_bytes(&shape, dtype));
+            self.largest = self.largest.max(crate::vmem::tiled_bytes(shape, dtype));
         }
-        let ns = nslabs(&shape, &varies);
-        let vr = cost::vregs(&shape, &varies);
-        let in_refs: Vec<&Val> = ins.to_vec();
-        let mut out = Val { shape: shape.clone(), varies, deps: vec![Vec::new(); ns], carry: None, unit: None };
+        let ns = nslabs(shape, &varies);
+        let vr = cost::vregs(shape, &varies);
+        let mut out = Val { shape: shape.clone(), varies, deps: std::iter::repeat_with(Deps::new).take(ns).collect(), carry: None, unit: None };
         match c {
             OpCost::Free => self.free(op, &ins, &mut out),
             OpCost::Vpu(k) => {
                 for s in 0..ns {
-                    let share = slab_share(&shape, s, ns);
-                    let (n, sl) = self.node(static_name, Work::Vector { ops: k * vr * share, loaded_mask_vregs: 0.0 }, &in_refs, &[], s, ns);
-                    out.deps[s] = vec![(n, sl)];
+                    let share = slab_share(shape, s, ns);
+                    let (n, sl) = self.node(static_name, Work::Vector { ops: k * vr * share, loaded_mask_vregs: 0.0 }, &ins, &[], s, ns);
+                    out.deps[s] = smallvec::smallvec![(n, sl)];
                 }
                 out.unit = Some(Unit::Vpu);
             }
             OpCost::Eup { eup, vpu } => {
                 for s in 0..ns {
-                    let share = slab_share(&shape, s, ns);
+                    let share = slab_share(shape, s, ns);
                     if vpu > 0.0 {
-                        let (n, sl) = self.node(static_name, Work::Vector { ops: vpu * vr * share, loaded_mask_vregs: 0.0 }, &in_refs, &[], s, ns);
-                        let scaled = Val::after(vec![(n, sl)], Unit::Vpu);
+                        let (n, sl) = self.node(static_name, Work::Vector { ops: vpu * vr * share, loaded_mask_vregs: 0.0 }, &ins, &[], s, ns);
+                        let scaled = Val::after(smallvec::smallvec![(n, sl)], Unit::Vpu);
                         let (e, esl) = self.node(static_name, Work::Transcendental { vregs: eup * vr * share }, &[&scaled], &[], 0, 1);
-                        out.deps[s] = vec![(e, esl)];
+                        out.deps[s] = smallvec::smallvec![(e, esl)];
                     } else {
-                        let (e, esl) = self.node(static_name, Work::Transcendental { vregs: eup * vr * share }, &in_refs, &[], s, ns);
-                        out.deps[s] = vec![(e, esl)];
+                        let (e, esl) = self.node(static_name, Work::Transcendental { vregs: eup * vr * share }, &ins, &[], s, ns);
+                        out.deps[s] = smallvec::smallvec![(e, esl)];
                     }
                 }
                 out.unit = Some(Unit::Eup);
             }
             OpCost::LoadedMask => {
                 for s in 0..ns {
-                    let share = slab_share(&shape, s, ns);
-                    let (n, sl) = self.node(static_name, Work::Vector { ops: 0.0, loaded_mask_vregs: vr * share }, &in_refs, &[], s, ns);
-                    out.deps[s] = vec![(n, sl)];
+                    let share = slab_share(shape, s, ns);
+                    let (n, sl) = self.node(static_name, Work::Vector { ops: 0.0, loaded_mask_vregs: vr * share }, &ins, &[], s, ns);
+                    out.deps[s] = smallvec::smallvec![(n, sl)];
                 }
                 out.unit = Some(Unit::Vpu);
             }
             OpCost::Xlu => self.cross_lane(name, static_name, &ins, &mut out, vr),
             OpCost::Reduce => self.reduce(op, static_name, &ins, &mut out)?,
             OpCost::Matmul => self.matmul(op, static_name, &ins, &mut out)?,
-            OpCost::Dma => self.dma_bytes += op.attrs.bytes.unwrap_or(0),
+            // Its bytes are the step's (the front end evaluates each copy's size per step).
+            OpCost::Dma => {}
         }
         self.vals.insert(op.id, std::rc::Rc::new(out));
         Ok(())
@@ -457,7 +483,7 @@ impl Builder {
         let src_vr = ins.first().map(|v| cost::vregs(&v.shape, &v.varies)).unwrap_or(vr);
         let transpose = name.ends_with(".transpose");
         let whole: Vec<Val> = if transpose {
-            ins.iter().map(|v| Val { shape: Vec::new(), varies: Vec::new(), deps: vec![v.deps.concat()], carry: v.carry.clone(), unit: v.unit }).collect()
+            ins.iter().map(|v| Val { shape: Vec::new(), varies: Vec::new(), deps: vec![v.deps.iter().flatten().copied().collect()], carry: v.carry.clone(), unit: v.unit }).collect()
         } else {
             Vec::new()
         };
@@ -466,10 +492,10 @@ impl Builder {
             let share = slab_share(&shape, s, ns);
             let floor = if transpose { self.base } else { self.base + s as u64 };
             let (n, sl) = self.node_from(static_name, Work::CrossLane { vregs: src_vr * share }, &in_refs, &[], s, ns, floor);
-            out.deps[s] = vec![(n, sl)];
+            out.deps[s] = smallvec::smallvec![(n, sl)];
         }
         if transpose {
-            let all = out.deps.concat();
+            let all: Deps = out.deps.iter().flatten().copied().collect();
             for d in out.deps.iter_mut() {
                 d.clone_from(&all);
             }
@@ -534,7 +560,7 @@ impl Builder {
         }
         if is_store(name) {
             if let (Some(r), Some(v)) = (ref_index(op), ins.first()) {
-                let fill = !v.shape.is_empty() && v.varies.iter().all(|x| !x) && v.deps.iter().all(Vec::is_empty);
+                let fill = !v.shape.is_empty() && v.varies.iter().all(|x| !x) && v.deps.iter().all(|d| d.is_empty());
                 let carried = self.carried.get(r).copied().unwrap_or(false);
                 if fill {
                     // A buffer filled with a constant (an accumulator zeroed, a running max set to
@@ -547,7 +573,7 @@ impl Builder {
                         let share = slab_share(&v.shape, s, ns);
                         let (n, sl) = self.node("fill", Work::Vector { ops: regs * share, loaded_mask_vregs: 0.0 }, &[], &[], s, ns);
                         if carried {
-                            self.writers.insert((r, s), vec![(n, sl)]);
+                            self.writers.insert((r, s), smallvec::smallvec![(n, sl)]);
                         }
                     }
                 } else if carried {
@@ -571,7 +597,7 @@ impl Builder {
                     }
                 }
             }
-            if out.carry.is_none() && v.deps.iter().all(Vec::is_empty) {
+            if out.carry.is_none() && v.deps.iter().all(|d| d.is_empty()) {
                 if let Some(c) = &v.carry {
                     out.carry = Some(if c.len() == ns { c.clone() } else { vec![c[c.len() - 1]; ns] });
                 }
@@ -613,16 +639,16 @@ impl Builder {
         let ns_src = src.deps.len();
         let ns = if rows_reduced { 1 } else { ns_src };
         self.row_reduction |= rows_reduced && ns_src > 1;
-        out.deps = vec![Vec::new(); ns];
+        out.deps = vec![Deps::new(); ns];
         let srcs = [src];
         for s in 0..ns {
             let share = slab_share(&src.shape, s, ns);
-            let mut last: Deps = Vec::new();
+            let mut last: Deps = Deps::new();
             let mut unit = None;
             let v = if vpu > 0.0 {
                 let (a, sl) = self.node(name, Work::Vector { ops: vpu * share, loaded_mask_vregs: 0.0 }, &srcs, &[], s, ns);
                 unit = Some(Unit::Vpu);
-                Some(Val::after(vec![(a, sl)], Unit::Vpu))
+                Some(Val::after(smallvec::smallvec![(a, sl)], Unit::Vpu))
             } else {
                 None
             };
@@ -670,8 +696,8 @@ impl Builder {
                 // from a loaded window (a widening such as JAX Splash's v to f32, with no
                 // producer in the step) issues at the earliest of its slots rather than slab by
                 // slab behind the streamed work.
-                let producers: Deps = rv.deps.concat();
-                let graph = std::sync::Arc::make_mut(&mut self.body.graph);
+                let producers: Deps = rv.deps.iter().flatten().copied().collect();
+                let graph = &mut self.graph;
                 let loaded_only = producers.iter().all(|&(n, _)| graph.neighbors_directed(n, petgraph::Direction::Incoming).next().is_none());
                 let hoisted;
                 let rv = match producers.iter().map(|p| p.1).min().filter(|_| loaded_only) {
@@ -686,7 +712,7 @@ impl Builder {
                     None => rv,
                 };
                 let (nd, sl) = self.node("round_rhs", Work::Vector { ops, loaded_mask_vregs: 0.0 }, &[rv], &[], 0, 1);
-                Some(Val::after(vec![(nd, sl)], Unit::Vpu))
+                Some(Val::after(smallvec::smallvec![(nd, sl)], Unit::Vpu))
             }
             _ => None,
         };
@@ -710,7 +736,7 @@ impl Builder {
             for v in lhs.iter().chain(rhs.iter()).chain(acc.iter()) {
                 roots.extend(v.deps.iter().flatten().map(|d| d.0));
             }
-            (!depends_on(&self.body.graph, &roots, &nodes)).then_some(last)
+            (!depends_on(&self.graph, &roots, &nodes)).then_some(last)
         });
         let mut mm_nodes: Vec<NodeIdx> = Vec::new();
         let mut mm_last = 0u64;
@@ -722,7 +748,7 @@ impl Builder {
             if let Some(l) = lhs {
                 if lhs_t == "f32" {
                     let (nd, sl) = self.node("round_lhs", Work::Vector { ops: lhs_vr * share, loaded_mask_vregs: 0.0 }, &[l], &[], s, ns);
-                    rounded_lhs = Val::after(vec![(nd, sl)], Unit::Vpu);
+                    rounded_lhs = Val::after(smallvec::smallvec![(nd, sl)], Unit::Vpu);
                     inputs.push(&rounded_lhs);
                 } else {
                     inputs.push(l);
@@ -730,7 +756,7 @@ impl Builder {
             }
             // The weights: every slab of the rhs, latched ahead of the stream (no issue skew
             // beyond their producers').
-            let extra: Deps = rhs.map(|rv| rv.deps.concat()).unwrap_or_default();
+            let extra: Deps = rhs.map(|rv| rv.deps.iter().flatten().copied().collect()).unwrap_or_default();
             let mut prev: Option<(NodeIdx, u64)> = None;
             for _ in 0..batch {
                 let mut ex = extra.clone();
@@ -742,13 +768,13 @@ impl Builder {
                 mm_last = mm_last.max(sl);
             }
             let mm = prev.expect("batch >= 1");
-            let mxu_val = Val::after(vec![mm], Unit::Mxu);
+            let mxu_val = Val::after(smallvec::smallvec![mm], Unit::Mxu);
             let mut pop_in: Vec<&Val> = vec![&mxu_val];
             if let Some(a) = acc {
                 pop_in.push(a);
             }
             let (p, psl) = self.node("matmul_pop", Work::Vector { ops: pop_vr * share, loaded_mask_vregs: 0.0 }, &pop_in, &[], 0, 1);
-            out.deps[s] = vec![(p, psl)];
+            out.deps[s] = smallvec::smallvec![(p, psl)];
         }
         out.unit = Some(Unit::Vpu);
         self.last_matmul = Some((mm_nodes, mm_last));
@@ -762,17 +788,18 @@ impl Builder {
         for ((r, s), w) in writes {
             let slot = self.slot(r, s);
             if let Some(&(n, _)) = w.iter().max_by_key(|x| x.1) {
-                let op = &mut std::sync::Arc::make_mut(&mut self.body.graph)[n];
+                let op = &mut self.graph[n];
                 if op.carry_out.is_none() {
                     op.carry_out = Some(slot);
-                    self.body.carries = self.body.carries.max(slot + 1);
+                    self.carries = self.carries.max(slot + 1);
                 }
             }
         }
-        self.body.carries = self.body.carries.max(self.slots.len() as u16);
-        // Carried slots were set in place: nothing derived from the body before holds.
-        self.body.changed();
-        Built { body: self.body, largest_bytes: self.largest, f32_matmuls: self.f32_matmuls, dma_bytes: self.dma_bytes }
+        self.carries = self.carries.max(self.slots.len() as u16);
+        // The body gets an exact-size copy; the builder's storage goes back to the thread.
+        let graph = self.graph.clone();
+        SPARE_GRAPH.with(|g| *g.borrow_mut() = Some(std::mem::take(&mut self.graph)));
+        Built { body: StepBody::from_graph(graph, self.carries), largest_bytes: self.largest, f32_matmuls: self.f32_matmuls }
     }
 }
 

@@ -169,7 +169,7 @@ pub(crate) fn dq_step(s: &BwdStep<'_>) -> StepBody {
         let z = e.splat(&acc, "f32");
         store(&mut e, &z, refs.dq_scratch, &acc, "f32");
     }
-    e.finish().0.body
+    e.finish().body
 }
 
 /// `x` ([rows, cols] f32) cast to bf16 and written to `r`, a `[1, 1, rows, cols]` output.
@@ -281,5 +281,5 @@ pub(crate) fn dkv_step(s: &BwdStep<'_>) -> StepBody {
         let z = e.splat(&kv_acc_v, "f32");
         store(&mut e, &z, refs.dv_scratch, &kv_acc_v, "f32");
     }
-    e.finish().0.body
+    e.finish().body
 }

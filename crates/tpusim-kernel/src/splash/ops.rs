@@ -336,7 +336,7 @@ pub(crate) fn splash_fwd(s: &FwdStep<'_>) -> StepBody {
             store(&mut e, &z, refs.o_scratch, &acc, "f32");
         }
     }
-    let (built, _) = e.finish();
+    let built = e.finish();
     built.body
 }
 
@@ -506,6 +506,6 @@ pub(crate) fn jax_flash_fwd(s: &FwdStep<'_>) -> StepBody {
         let o = e.ew("arith.truncf", &[&o], "bf16");
         store4(&mut e, &o, o_ref, [bq, dv], "bf16");
     }
-    let (built, _) = e.finish();
+    let built = e.finish();
     built.body
 }

@@ -102,6 +102,14 @@ def mesh(shape, axis_names, chip="v6e", device_kind=None):
     )
 
 
+def _mesh_for(chip, device_kind):
+    """The one-device abstract mesh of `chip`'s device kind that functions are lowered under."""
+    from jax.sharding import AbstractDevice, AbstractMesh
+
+    kind, cores = _device_kind(chip, device_kind)
+    return AbstractMesh((1,), ("x",), abstract_device=AbstractDevice(device_kind=kind, num_cores=cores, platform="tpu"))
+
+
 def lower(fn, *args, chip="v6e", device_kind=None, mesh=None):
     """Lowers `fn(*args)` for TPU under `chip`'s device kind (inside `mesh`, an `AbstractMesh`
     from `tpusim.jax.mesh`, when the function uses `shard_map` over it); returns the
@@ -111,11 +119,9 @@ def lower(fn, *args, chip="v6e", device_kind=None, mesh=None):
     function that does not lower (the JAX error's message, with our context on top).
     """
     jax = _jax()
-    kind, cores = _device_kind(chip, device_kind)
-    from jax.sharding import AbstractDevice, AbstractMesh
-
+    kind, _ = _device_kind(chip, device_kind)
     if mesh is None:
-        mesh = AbstractMesh((1,), ("x",), abstract_device=AbstractDevice(device_kind=kind, num_cores=cores, platform="tpu"))
+        mesh = _mesh_for(chip, device_kind)
     else:
         mesh_kind = getattr(getattr(mesh, "abstract_device", None), "device_kind", None)
         if mesh_kind is not None and mesh_kind != kind:
@@ -347,6 +353,7 @@ class _Reader:
         self.scalars = {}  # SSA value -> expression
         self.refs = {}  # block argument value -> ref index
         self.views = {}  # sliced memref value -> (ref index, offsets, window shape, kept dims)
+        self.dyn_dims = {}  # memref value with dimensions sized at run time -> its dimensions (ints, expressions)
         self._asm = None
         self.mutable = set()
         self.ref_kinds, self.ref_names, self.ref_spaces = [], [], []
@@ -577,9 +584,44 @@ class _Reader:
             out.append(self.vector_op(op))
         return out
 
+    def _dims(self, v):
+        """A memref value's dimensions: integers, and for the ones sized at run time (MLIR's `?`)
+        the expressions of their sizes (`["unknown", why]` where the size is not followed)."""
+        k = self._key(v)
+        if k in self.dyn_dims:
+            return list(self.dyn_dims[k])
+        shape, _ = _shape_dtype(v.type)
+        return [s if s >= 0 else ["unknown", f"the run-time size of dimension {j} of {k}"] for j, s in enumerate(shape)]
+
     def _view(self, op):
-        """Tracks which window of which kernel ref a sliced / squeezed memref is (DMA sources)."""
+        """Tracks which window of which kernel ref a sliced / squeezed memref is (DMA sources),
+        and the sizes of dimensions a slice sizes at run time (`pl.ds(start, size)` with a traced
+        size: `tpu.memref_slice`'s dynamic sizes, one per `?` of its result)."""
         src = self._key(op.operands[0])
+        src_rank = len(_shape_dtype(op.operands[0].type)[0])
+        out_shape, _ = _shape_dtype(op.results[0].type)
+        if op.name == "tpu.memref_slice":
+            dyn = [self.scalar(x) for x in list(op.operands)[1 + src_rank:]]
+            sizes = []
+            for s in out_shape:
+                if s >= 0:
+                    sizes.append(s)
+                else:
+                    sizes.append(dyn.pop(0) if dyn else ["unknown", f"a run-time slice size of {self._key(op.results[0])}"])
+        else:
+            # Squeeze: the source's dimensions without the unit ones dropped (only static ones are).
+            cur = self._dims(op.operands[0])
+            drop = len(cur) - len(out_shape)
+            sizes = []
+            for c in cur:
+                if drop > 0 and c == 1:
+                    drop -= 1
+                    continue
+                sizes.append(c)
+            if len(sizes) != len(out_shape):
+                sizes = self._dims(op.results[0])
+        if any(not isinstance(s, int) for s in sizes):
+            self.dyn_dims[self._key(op.results[0])] = sizes
         if src in self.views:
             ri, offs, win, dims = self.views[src]
         elif src in self.refs:
@@ -588,15 +630,14 @@ class _Reader:
             offs, win, dims = [0] * len(shape), list(shape), list(range(len(shape)))
         else:
             return
-        out_shape, _ = _shape_dtype(op.results[0].type)
         offs, win, dims = list(offs), list(win), list(dims)
         if op.name == "tpu.memref_slice":
-            idx = [self.scalar(x) for x in op.operands[1:]]
+            idx = [self.scalar(x) for x in list(op.operands)[1 : 1 + src_rank]]
             if len(idx) != len(dims) or len(out_shape) != len(dims):
                 return
             for j, b in enumerate(dims):
                 offs[b] = idx[j] if offs[b] == 0 else ["add", offs[b], idx[j]]
-                win[b] = out_shape[j]
+                win[b] = sizes[j]
         else:
             # Squeeze: drop the leftmost unit dimensions until the ranks agree.
             cur = [win[b] for b in dims]
@@ -607,7 +648,7 @@ class _Reader:
                     drop -= 1
                     continue
                 keep.append(b)
-            if [win[b] for b in keep] != list(out_shape):
+            if len(keep) != len(out_shape):
                 return
             dims = keep
         self.views[self._key(op.results[0])] = (ri, offs, win, dims)
@@ -650,11 +691,13 @@ class _Reader:
         elif name in ("tpu.matmul", "vector.contract"):
             attrs.update(_matmul_attrs(op))
         elif name == "tpu.enqueue_dma":
-            src_shape, src_dtype = _shape_dtype(op.operands[0].type)
-            n = 1
-            for s in src_shape:
-                n *= s
-            attrs["bytes"] = n * _bytes(src_dtype)
+            _, src_dtype = _shape_dtype(op.operands[0].type)
+            # Bytes: the source's elements x element bytes; a dimension sized at run time makes
+            # it an expression over the values that size it (never a size taken as 0).
+            n = _bytes(src_dtype)
+            for s in self._dims(op.operands[0]):
+                n = n * s if isinstance(s, int) and isinstance(n, int) else ["mul", n, s]
+            attrs["bytes"] = n
             view = self.views.get(self._key(op.operands[0]))
             if view is not None:
                 ri, offs, win, _ = view
@@ -835,26 +878,46 @@ def _matmul_attrs(op):
     return attrs
 
 
-def _kernels(exported, args):
-    """Each Pallas kernel of an export (description dicts) and the XLA ops outside them (names)."""
+def _kernels(exported, args, operands=None):
+    """Each Pallas kernel of an export (description dicts) and the XLA ops outside them (names).
+    `operands`: a function giving each call's operand values (`_call_operands`), asked only when
+    a kernel has an operand the export's constants and arguments do not give."""
     _, _, ir, _ = _ir()
     with _context(), ir.Location.unknown():
         module = ir.Module.parse(exported.mlir_module())
-        out, outside, _ = _kernels_of(module, args)
+        out, outside, _ = _kernels_of(module, args, operands)
     return out, outside
 
 
-def _kernels_of(module, args):
+def _kernels_of(module, args, operands=None):
     """The kernel descriptions of a parsed export's tpu_custom_calls (in `_find_calls` order), the
-    XLA ops outside them, and the custom-call ops themselves (aligned with the descriptions)."""
+    XLA ops outside them, and the custom-call ops themselves (aligned with the descriptions).
+
+    A call's operands are its dynamic grid sizes (one per `?` of `iteration_bounds`), then its
+    scalar-prefetch tables, then its inputs. A value that is neither a constant nor an argument
+    of the function (computed by XLA ops before the kernel) is taken from `operands()` (the
+    function run on the host CPU), else a grid size is an error naming the kernel and dimension
+    and a table is a runtime operand."""
     import numpy as np
 
     jmlir, jtpu, ir, passmanager = _ir()
     args = _jax().tree.leaves(list(args))  # main's arguments are the flattened leaves
     out = []
+    computed = []  # operands() once asked: a list per call, or None
+
+    def computed_value(ci, i):
+        if operands is None:
+            return None
+        if not computed:
+            computed.append(operands())
+        vals = computed[0]
+        if vals is None or len(vals) != len(calls) or i >= len(vals[ci]):
+            return None
+        return np.asarray(vals[ci][i])
+
     if True:
         calls, funcs, call_sites, others = _find_calls(module)
-        for c in calls:
+        for ci, c in enumerate(calls):
             op = c.op
             bc = json.loads(op.attributes["backend_config"].value)
             cfg = bc.get("custom_call_config", bc)
@@ -886,9 +949,26 @@ def _kernels_of(module, args):
             nprefetch = 0
             if kf is not None and "scalar_prefetch" in kf.attributes:
                 nprefetch = ir.IntegerAttr(kf.attributes["scalar_prefetch"]).value
+            bounds = list(_ints(kf.attributes["iteration_bounds"])) if kf is not None and "iteration_bounds" in kf.attributes else []
+            ndyn = sum(1 for b in bounds if b < 0)
+            grid_values = []
+            for i in range(ndyn):
+                val, why = _value_of(op.operands[i], funcs, call_sites, args)
+                if val is None:
+                    val = computed_value(ci, i)
+                if val is None or np.asarray(val).size != 1:
+                    dim = [k for k, b in enumerate(bounds) if b < 0][i]
+                    raise InputError(
+                        f"kernel `{name}`: grid dimension {dim} is sized at run time (a dynamic grid, operand {i} of the call: {why}), "
+                        "and its size could not be computed: pass concrete arrays (not jax.ShapeDtypeStruct) for every argument, "
+                        "so that tpusim.jax runs the XLA ops that compute it on the host CPU"
+                    )
+                grid_values.append(int(np.asarray(val).reshape(-1)[0]))
             prefetch = []
             for i in range(nprefetch):
-                val, why = _value_of(op.operands[i], funcs, call_sites, args)
+                val, why = _value_of(op.operands[ndyn + i], funcs, call_sites, args)
+                if val is None:
+                    val = computed_value(ci, ndyn + i)
                 if val is None:
                     import re
 
@@ -896,10 +976,14 @@ def _kernels_of(module, args):
                     prefetch.append({"runtime": m.group(1) if m else f"prefetch operand {i} of {name} ({why})"})
                 else:
                     prefetch.append({"inline": [int(x) for x in np.asarray(val).reshape(-1)]})
-            n_in = len(op.operands) - nprefetch
+            n_in = len(op.operands) - nprefetch - ndyn
             n_out = len(op.results)
             reader = _Reader(kmod, name, prefetch)
             desc = reader.read((n_in, n_out))
+            it = iter(grid_values)
+            desc["grid"] = [b if b >= 0 else next(it) for b in desc["grid"]]
+            if any(b < 1 for b in desc["grid"]):
+                raise InputError(f"kernel `{name}`: grid {desc['grid']} (a dynamic dimension computed as {grid_values}): a grid with no steps does not run")
             full = {
                 "format": "tpusim-kernel-description",
                 "version": DESCRIPTION_VERSION,
@@ -914,7 +998,7 @@ def _kernels_of(module, args):
                 "body": desc["body"],
             }
             # Array shapes of the windows, from the call's operands and results.
-            shapes = [list(ir.RankedTensorType(x.type).shape) for x in list(op.operands)[nprefetch:]] + [
+            shapes = [list(ir.RankedTensorType(x.type).shape) for x in list(op.operands)[ndyn + nprefetch:]] + [
                 list(ir.RankedTensorType(x.type).shape) for x in op.results
             ]
             w = 0
@@ -928,11 +1012,94 @@ def _kernels_of(module, args):
     return out, outside, [c.op for c in calls]
 
 
+_CALLS = ("jit", "pjit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr", "remat", "checkpoint")
+
+
+def _sub_jaxpr(eqn):
+    """The (jaxpr, consts) a call-like equation runs on its operands, or None."""
+    if eqn.primitive.name not in _CALLS:
+        return None
+    for key in ("jaxpr", "call_jaxpr", "fun_jaxpr"):
+        j = eqn.params.get(key)
+        if j is None:
+            continue
+        if hasattr(j, "jaxpr"):  # a ClosedJaxpr
+            return j.jaxpr, list(j.consts)
+        return j, []
+    return None
+
+
+def _has_pallas(jaxpr):
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "pallas_call":
+            return True
+        sub = _sub_jaxpr(eqn)
+        if sub is not None and _has_pallas(sub[0]):
+            return True
+    return False
+
+
+def _eval_to_calls(jaxpr, consts, vals, found):
+    """Runs `jaxpr` on concrete values with JAX's own ops (on the host CPU), recording the operand
+    values of each `pallas_call` (in program order) instead of running it (its results are zeros:
+    a value computed from a kernel's output is not a value the description can use)."""
+    import numpy as np
+
+    jax = _jax()
+    env = {}
+
+    def read(v):
+        return v.val if type(v).__name__ == "Literal" else env[v]
+
+    for v, x in zip(jaxpr.constvars, consts):
+        env[v] = x
+    for v, x in zip(jaxpr.invars, vals):
+        env[v] = x
+    for eqn in jaxpr.eqns:
+        ins = [read(v) for v in eqn.invars]
+        sub = _sub_jaxpr(eqn)
+        if eqn.primitive.name == "pallas_call":
+            found.append(ins)
+            outs = [np.zeros(v.aval.shape, v.aval.dtype) for v in eqn.outvars]
+        elif sub is not None and _has_pallas(sub[0]):
+            j, c = sub
+            outs = _eval_to_calls(j, c, ins[len(ins) - len(j.invars):], found)
+        else:
+            outs = eqn.primitive.bind(*ins, **eqn.params)
+            if not eqn.primitive.multiple_results:
+                outs = [outs]
+        for v, x in zip(eqn.outvars, outs):
+            if type(v).__name__ != "DropVar":
+                env[v] = x
+    del jax
+    return [read(v) for v in jaxpr.outvars]
+
+
+def _call_operands(fn, args, mesh):
+    """The operand values of each `pallas_call` in `fn(*args)`, in program order: the dynamic grid
+    sizes, scalar-prefetch tables and inputs as the jitted function computes them from concrete
+    `args` (XLA ops before the kernel, such as megablox's group metadata, run on the host CPU with
+    JAX). None when an argument is a shape only or the function cannot run so (the description
+    then marks what it could not evaluate as runtime values)."""
+    jax = _jax()
+    leaves = jax.tree.leaves(list(args))
+    if any(isinstance(a, jax.ShapeDtypeStruct) or not hasattr(a, "__array__") for a in leaves):
+        return None
+    try:
+        with jax.sharding.use_abstract_mesh(mesh):
+            closed = jax.make_jaxpr(fn)(*args)
+        found = []
+        _eval_to_calls(closed.jaxpr, list(closed.consts), leaves, found)
+        return found
+    except Exception:
+        return None
+
+
 def describe_all(fn, *args, chip="v6e", device_kind=None):
     """The kernel descriptions (dicts) of every Pallas kernel in `fn(*args)`, and the XLA ops
     outside them (names), lowered for `chip`."""
     exported = lower(fn, *args, chip=chip, device_kind=device_kind)
-    descs, outside = _kernels(exported, args)
+    descs, outside = _kernels(exported, args, lambda: _call_operands(fn, args, _mesh_for(chip, device_kind)))
     kind, _ = _device_kind(chip, device_kind)
     for d in descs:
         d["producer"]["device_kind"] = kind
@@ -977,7 +1144,14 @@ def _write(desc, path):
 def describe(fn, *args, path, chip="v6e", device_kind=None):
     """Writes the kernel description of `fn(*args)` to `path` (JSON; `crates/tpusim-pallas/
     DESCRIPTION.md`). With several kernels, the second and later go to `path` with `.1`, `.2`,
-    ... before the extension. Returns the paths written."""
+    ... before the extension. Returns the paths written.
+
+    Values a kernel takes at run time come from the arguments: a scalar-prefetch table or a
+    dynamic grid size computed by XLA ops before the kernel (megablox `gmm`'s group metadata) is
+    evaluated on the host CPU from concrete arrays; a copy sized at run time is written as an
+    expression over the table that sizes it. An argument given as a `jax.ShapeDtypeStruct`
+    leaves the tables it feeds as runtime operands (`--runtime NAME=FILE.npy`) and a dynamic
+    grid computed from it an error naming the kernel and dimension."""
     # The path first: a bad one is refused before the lowering, naming what the user gave.
     if not isinstance(path, (str, os.PathLike)):
         raise InputError(f"path = {path!r}: expected a file path (str or os.PathLike) for the description, e.g. path='kernel.json'")

@@ -198,7 +198,7 @@ def describe_program(fn, *args, chip="v6e", device_kind=None, mesh=None):
     kind, _ = tj._device_kind(chip, device_kind)
     with tj._context(), ir.Location.unknown():
         module = ir.Module.parse(exported.mlir_module())
-        kernels, _, kernel_ops = tj._kernels_of(module, args)
+        kernels, _, kernel_ops = tj._kernels_of(module, args, lambda: tj._call_operands(fn, args, mesh if mesh is not None else tj._mesh_for(chip, device_kind)))
         reader = _ProgramReader(module, kernel_ops)
         main = reader.funcs.get("main")
         if main is None:

@@ -1,0 +1,112 @@
+"""Kernels sized at run time, as serving and MoE kernels are: a copy `pl.ds(start, size)` with a
+traced size (ragged paged attention's page copies), a grid dimension computed by XLA ops before
+the kernel and scalar-prefetch tables computed so (megablox `gmm`'s group metadata). Their
+sizes come from the values given, never 0 and never a sentinel."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+import tpusim
+import tpusim.jax as tj
+from conftest import run_cli
+
+ROWS, LANES = 256, 128
+
+
+def _ragged_copy():
+    """Step i copies lens[i] rows of x (f32, 128 lanes) from HBM into VMEM, then scales a block."""
+
+    def kernel(lens_ref, x_hbm, o_ref, buf, sem):
+        i = pl.program_id(0)
+        n = lens_ref[i]
+        cp = pltpu.make_async_copy(x_hbm.at[pl.ds(i * ROWS, n)], buf.at[pl.ds(0, n)], sem)
+        cp.start()
+        cp.wait()
+        o_ref[...] = buf[...] * 2.0
+
+    def f(lens, x):
+        return pl.pallas_call(
+            kernel,
+            grid_spec=pltpu.PrefetchScalarGridSpec(
+                num_scalar_prefetch=1,
+                grid=(lens.shape[0],),
+                in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+                out_specs=pl.BlockSpec((ROWS, LANES), lambda i, lens: (i, 0)),
+                scratch_shapes=[pltpu.VMEM((ROWS, LANES), jnp.float32), pltpu.SemaphoreType.DMA(())],
+            ),
+            out_shape=jax.ShapeDtypeStruct((lens.shape[0] * ROWS, LANES), jnp.float32),
+        )(lens, x)
+
+    return f
+
+
+X = np.ones((4 * ROWS, LANES), np.float32)
+
+
+def test_a_copy_sized_at_run_time_moves_the_rows_the_table_gives():
+    lens = np.array([256, 128, 64, 200], np.int32)
+    r = tj.simulate(_ragged_copy(), lens, X).kernels[0]
+    out = 4 * ROWS * LANES * 4  # the output windows
+    assert r.hbm_bytes == int(lens.sum()) * LANES * 4 + out
+    # Other lengths, other bytes: the size is the table's, not a constant.
+    r2 = tj.simulate(_ragged_copy(), np.array([8, 8, 8, 8], np.int32), X).kernels[0]
+    assert r2.hbm_bytes == 32 * LANES * 4 + out
+
+
+def test_a_copy_sized_by_a_table_given_as_a_shape_asks_for_it(tmp_path):
+    lens = jax.ShapeDtypeStruct((4,), jnp.int32)
+    path = tmp_path / "ragged.json"
+    tj.describe(_ragged_copy(), lens, X, path=str(path))
+    d = json.loads(path.read_text())
+    dma = [op for op in d["body"] if op["op"] == "tpu.enqueue_dma"][0]
+    # An expression over the table, never a number taken from the `?` marker.
+    assert isinstance(dma["attrs"]["bytes"], list), dma["attrs"]
+    # The command line asks for the table by the traced function's parameter name; given, the
+    # copies move its rows.
+    _, err = run_cli("run", "--kernel-ir", path, expect=2)
+    assert "--runtime lens=" in err, err
+    np.save(tmp_path / "lens.npy", np.array([256, 128, 64, 200], np.int32))
+    out, _ = run_cli("run", "--kernel-ir", path, "--runtime", f"lens={tmp_path / 'lens.npy'}", "--format", "json")
+    assert json.loads(out)["hbm_bytes"] == 648 * LANES * 4 + 4 * ROWS * LANES * 4
+
+
+def _gmm(m=512, k=256, n=256, groups=4):
+    from jax.experimental.pallas.ops.tpu.megablox import gmm
+
+    def f(lhs, rhs, group_sizes):
+        return gmm(lhs, rhs, group_sizes, tiling=(128, 128, 128))
+
+    lhs = np.ones((m, k), jnp.bfloat16)
+    rhs = np.ones((groups, k, n), jnp.bfloat16)
+    return f, lhs, rhs
+
+
+def test_megablox_gmm_reads_its_dynamic_grid_and_xla_computed_metadata(tmp_path):
+    f, lhs, rhs = _gmm()
+    even = np.array([128, 128, 128, 128], np.int32)
+    path = tmp_path / "gmm.json"
+    tj.describe(f, lhs, rhs, even, path=str(path))
+    d = json.loads(path.read_text())
+    assert all(isinstance(g, int) and g >= 1 for g in d["grid"]), d["grid"]
+    assert all("runtime" not in (r.get("values") or {}) for r in d["refs"] if r["kind"] == "prefetch"), [r.get("values") for r in d["refs"]]
+    r = tj.simulate(f, lhs, rhs, even).kernels[0]
+    # Every (m tile, group) pair is one active tile: 4 m tiles of 128 rows, one group each,
+    # times n tiles x k tiles; each step is a 128 x 128 x 128 matmul.
+    assert r.grid_steps == 4 * 2 * 2
+    assert r.flops == pytest.approx(2 * 512 * 256 * 256)
+    # Groups that straddle m tiles add active tiles (steps), as the kernel's metadata gives them.
+    ragged = np.array([100, 156, 60, 196], np.int32)
+    r2 = tj.simulate(f, lhs, rhs, ragged).kernels[0]
+    assert r2.grid_steps > r.grid_steps
+
+
+def test_a_dynamic_grid_from_shapes_only_is_refused_by_name():
+    f, lhs, rhs = _gmm()
+    with pytest.raises(tpusim.InputError, match=r"grid dimension 1 is sized at run time.*concrete arrays"):
+        tj.simulate(f, lhs, rhs, jax.ShapeDtypeStruct((4,), jnp.int32))

@@ -1,0 +1,97 @@
+//! Copies and grids sized at run time on the IR path: a `tpu.enqueue_dma` whose size is an
+//! expression over a scalar-prefetch table (what `tpusim.jax.describe` writes for a
+//! `pl.ds(start, size)` slice with a traced size) moves exactly the bytes the table gives, never
+//! 0; a copy without a size, a negative one, one sized by a runtime table that was not given, a
+//! dynamic grid dimension and a loop without its condition are refused naming the kernel, the
+//! op or field and its location.
+
+use serde_json::{json, Value};
+use tpusim_chip::ChipModel;
+use tpusim_report::{DescribedJob, Job, Report};
+
+const ROW_BYTES: i64 = 128 * 4;
+
+/// One grid step per entry of `lens`; step i copies `lens[i]` rows of 128 f32 from HBM with a
+/// copy whose size is `bytes` (default: `lens[i]` x 512 bytes, as an expression).
+fn kernel(lens: Value, bytes: Option<Value>, grid: Value) -> Value {
+    let bytes = bytes.unwrap_or_else(|| json!(["mul", ["load", 0, [["grid", 0]]], ROW_BYTES]));
+    json!({
+        "format": "tpusim-kernel-description", "version": 1, "kernel_name": "ragged_copy",
+        "kernel_metadata": null, "producer": {"tool": "test", "jax": "", "device_kind": "", "mosaic_version": 11},
+        "grid": grid, "dimension_semantics": ["arbitrary"], "vmem_limit_bytes": null, "cost_estimate": null,
+        "refs": [
+            {"name": "prefetch 0", "kind": "prefetch", "shape": [4], "dtype": "i32", "memory_space": "smem", "values": lens},
+            {"name": "input 0", "kind": "input", "shape": [1024, 128], "array_shape": [1024, 128], "dtype": "f32", "memory_space": "any"},
+            {"name": "scratch 0", "kind": "scratch", "shape": [256, 128], "dtype": "f32", "memory_space": "vmem"}
+        ],
+        "body": [{"op": "tpu.enqueue_dma", "id": 1, "loc": "ragged.py:8",
+                  "attrs": {"bytes": bytes, "src_ref": 1,
+                            "src_offsets": [["mul", ["grid", 0], 256], 0],
+                            "src_shape": [["load", 0, [["grid", 0]]], 128]}}]
+    })
+}
+
+fn read(v: &Value) -> Result<tpusim_pallas::Description, String> {
+    tpusim_pallas::Description::from_json(&v.to_string(), "ragged.json").map_err(|e| e.to_string())
+}
+
+fn run(v: &Value) -> Result<Report, String> {
+    let d = read(v)?;
+    let chip = ChipModel::preset("v6e").expect("preset");
+    let job = Job::Described(DescribedJob::new("ragged.json", d, "."));
+    tpusim_report::run(&chip, &job).map(|r| Report::from_run(&r)).map_err(|e| e.to_string())
+}
+
+#[test]
+fn a_copy_sized_at_run_time_moves_the_bytes_its_table_gives() {
+    let lens = [256i64, 128, 64, 200];
+    let r = run(&kernel(json!({"inline": lens}), None, json!([4]))).expect("simulates");
+    let copied: i64 = lens.iter().sum::<i64>() * ROW_BYTES;
+    // The output-free kernel's HBM traffic is its copies (no windows).
+    assert_eq!(r.hbm_bytes, copied as u64, "{r:?}");
+    // Twice the rows, twice the bytes: the size follows the table, not a constant.
+    let doubled = lens.map(|l| l.min(128) * 2);
+    let r2 = run(&kernel(json!({"inline": doubled}), None, json!([4]))).expect("simulates");
+    assert_eq!(r2.hbm_bytes, (doubled.iter().sum::<i64>() * ROW_BYTES) as u64);
+}
+
+#[test]
+fn a_copy_without_a_size_is_refused_naming_it() {
+    let mut k = kernel(json!({"inline": [1, 1, 1, 1]}), None, json!([4]));
+    k["body"][0]["attrs"].as_object_mut().unwrap().remove("bytes");
+    let e = read(&k).unwrap_err();
+    assert!(e.contains("tpu.enqueue_dma") && e.contains("ragged.py:8") && e.contains("attrs.bytes") && e.contains("(missing)"), "{e}");
+}
+
+#[test]
+fn a_negative_size_is_refused_naming_the_field() {
+    // What a dynamic dimension read as a number gives (MLIR's marker times the element bytes).
+    let e = read(&kernel(json!({"inline": [1, 1, 1, 1]}), Some(json!(i64::MIN)), json!([4]))).unwrap_err();
+    assert!(e.contains("attrs.bytes") && e.contains(&i64::MIN.to_string()) && e.contains("run time"), "{e}");
+    // A size expression negative in a step is refused when that step runs.
+    let e = run(&kernel(json!({"inline": [1, -3, 1, 1]}), None, json!([4]))).unwrap_err();
+    assert!(e.contains("ragged_copy") && e.contains("ragged.py:8") && e.contains("-1536 bytes"), "{e}");
+}
+
+#[test]
+fn a_size_read_from_a_table_not_given_names_the_operand() {
+    let e = run(&kernel(json!({"runtime": "lens"}), None, json!([4]))).unwrap_err();
+    assert!(e.contains("lens") && e.contains("--runtime lens=") && e.contains("ragged.py:8"), "{e}");
+}
+
+#[test]
+fn a_dynamic_grid_dimension_is_refused_by_name() {
+    let mut k = kernel(json!({"inline": [1, 1, 1, 1]}), None, json!([4, i64::MIN]));
+    k["dimension_semantics"] = json!(["arbitrary", "arbitrary"]);
+    let e = read(&k).unwrap_err();
+    assert!(e.contains("grid[1]") && e.contains("ragged_copy") && e.contains("sized at run time") && !e.contains("expected u64"), "{e}");
+}
+
+#[test]
+fn a_while_loop_without_its_condition_names_kernel_op_and_line() {
+    let mut k = kernel(json!({"inline": [1, 1, 1, 1]}), None, json!([4]));
+    k["body"] = json!([{"op": "scf.while", "id": 5, "loc": "ragged.py:12", "then": [], "else": [],
+                        "attrs": {"carried": [], "init": [], "forward": [], "args": [], "yield": [], "results": []}}]);
+    let e = read(&k).unwrap_err();
+    assert!(e.contains("ragged_copy") && e.contains("scf.while") && e.contains("ragged.py:12") && e.contains("cond"), "{e}");
+}

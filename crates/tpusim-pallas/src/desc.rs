@@ -67,6 +67,9 @@ pub struct Producer {
     pub mosaic_version: Option<u64>,
 }
 
+/// The most grid steps a description may have (2^32): the lowering evaluates every step's path.
+pub const MAX_GRID_STEPS: u64 = 1 << 32;
+
 /// A grid dimension's semantics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -337,6 +340,16 @@ impl Description {
                 return Err(PallasError::field(&format!("grid[{i}]"), g, "expected a whole number from 1"));
             }
         }
+        // Every grid step's path is evaluated: a grid past 2^32 steps (or one whose step count
+        // overflows) is refused rather than counted wrapped.
+        let steps = self.grid.iter().try_fold(1u64, |a, &g| a.checked_mul(g));
+        if steps.is_none_or(|n| n > MAX_GRID_STEPS) {
+            return Err(PallasError::field(
+                "grid",
+                format!("{:?} ({} steps)", self.grid, steps.map_or("more than 2^64".to_string(), |n| n.to_string())),
+                format!("at most {MAX_GRID_STEPS} grid steps (each step's path through the body is evaluated)"),
+            ));
+        }
         if self.dimension_semantics.len() != self.grid.len() && !self.dimension_semantics.is_empty() {
             return Err(PallasError::field(
                 "dimension_semantics",
@@ -392,6 +405,40 @@ impl Description {
         let mut defined = std::collections::HashSet::new();
         Self::collect_ids(&self.body, &mut defined);
         self.check_ops(&self.body, "body", &defined)?;
+        Ok(())
+    }
+
+    /// A copy's source: `src_ref` one of the refs, `src_offsets` and `src_shape` one expression
+    /// per dimension of its array, reading only what exists.
+    fn check_dma_source(&self, op: &Op, f: &str) -> Result<(), PallasError> {
+        let at = |k: &str| format!("{f} at {}: attrs.{k}", if op.loc.is_empty() { "(no location)" } else { &op.loc });
+        let Some(v) = op.attrs.get("src_ref") else {
+            for k in ["src_offsets", "src_shape"] {
+                if op.attrs.contains_key(k) {
+                    return Err(PallasError::field(&at(k), "given without src_ref", "a source window needs the ref it is a window of (`src_ref`)"));
+                }
+            }
+            return Ok(());
+        };
+        let r = v.as_u64().filter(|&r| (r as usize) < self.refs.len()).ok_or_else(|| PallasError::field(&at("src_ref"), v, self.refs_allowed()))? as usize;
+        let rf = &self.refs[r];
+        let rank = rf.array_shape.as_ref().unwrap_or(&rf.shape).len();
+        for k in ["src_offsets", "src_shape"] {
+            let x = op.attrs.get(k).ok_or_else(|| PallasError::field(&at(k), "(missing)", format!("one expression per dimension of `{}` ({rank})", rf.name)))?;
+            let es: Vec<Expr> =
+                serde_json::from_value(x.clone()).map_err(|e| PallasError::field(&at(k), x, format!("expected a list of expressions ({e})")))?;
+            if es.len() != rank {
+                return Err(PallasError::field(&at(k), x, format!("one expression per dimension of `{}` ({rank}: its array is {:?})", rf.name, rf.array_shape.as_ref().unwrap_or(&rf.shape))));
+            }
+            for e in &es {
+                self.check_expr(e, &at(k))?;
+                if let (Expr::Const(c), "src_shape") = (e, k) {
+                    if *c < 0 {
+                        return Err(PallasError::field(&at(k), x, "window sizes from 0 (a negative one is a dimension sized at run time read as a number)"));
+                    }
+                }
+            }
+        }
         Ok(())
     }
 
@@ -483,6 +530,7 @@ impl Description {
                     }
                 }
                 self.check_expr(&e, &at)?;
+                self.check_dma_source(op, &f)?;
             }
             for (key, e) in [("cond", &op.cond), ("lower", &op.lower), ("upper", &op.upper), ("step", &op.step)] {
                 if let Some(e) = e {
@@ -495,7 +543,7 @@ impl Description {
         Ok(())
     }
 
-    /// Grid steps in total.
+    /// Grid steps in total (at most [`MAX_GRID_STEPS`]: the reader refuses more).
     pub fn grid_steps(&self) -> u64 {
         self.grid.iter().product::<u64>().max(1)
     }

@@ -121,6 +121,10 @@ pub trait Env {
     fn var(&self, _id: u64) -> Option<i64> {
         None
     }
+    /// Why the SMEM load op `id` bound no value though it ran (it read scratch not yet written).
+    fn unbound(&self, _id: u64) -> Option<String> {
+        None
+    }
 }
 
 impl Expr {
@@ -153,27 +157,32 @@ impl Expr {
                     b.eval(env)?
                 }
             }
-            Expr::Var(id) => env.var(*id).ok_or_else(|| EvalError::Invalid(format!("the SMEM load {id} is read before it runs")))?,
+            Expr::Var(id) => env.var(*id).ok_or_else(|| match env.unbound(*id) {
+                Some(why) => EvalError::Unknown(why),
+                None => EvalError::Invalid(format!("the SMEM load {id} is read before it runs")),
+            })?,
             Expr::Unknown(why) => return Err(EvalError::Unknown(why.clone())),
             Expr::Bin(op, a, b) => {
                 let (x, y) = (a.eval(env)?, b.eval(env)?);
                 let nz = |y: i64| if y == 0 { Err(EvalError::Invalid("division by zero".into())) } else { Ok(y) };
+                // 64-bit index arithmetic: a result outside i64 is an error, never a wrapped value.
+                let ov = |r: Option<i64>| r.ok_or_else(|| EvalError::Invalid(format!("{op:?} of {x} and {y} overflows 64-bit integers")));
                 match op {
-                    BinOp::Add => x.wrapping_add(y),
-                    BinOp::Sub => x.wrapping_sub(y),
-                    BinOp::Mul => x.wrapping_mul(y),
-                    BinOp::Div => x / nz(y)?,
-                    BinOp::FloorDiv => x.div_euclid(nz(y)?) - i64::from(y < 0 && x.rem_euclid(y) != 0),
+                    BinOp::Add => ov(x.checked_add(y))?,
+                    BinOp::Sub => ov(x.checked_sub(y))?,
+                    BinOp::Mul => ov(x.checked_mul(y))?,
+                    BinOp::Div => ov(x.checked_div(nz(y)?))?,
+                    BinOp::FloorDiv => ov(x.checked_div_euclid(nz(y)?))? - i64::from(y < 0 && x.rem_euclid(y) != 0),
                     BinOp::CeilDiv => {
                         let y = nz(y)?;
-                        let q = x / y;
+                        let q = ov(x.checked_div(y))?;
                         if (x % y != 0) && ((x < 0) == (y < 0)) {
                             q + 1
                         } else {
                             q
                         }
                     }
-                    BinOp::Rem => x % nz(y)?,
+                    BinOp::Rem => ov(x.checked_rem(nz(y)?))?,
                     BinOp::Min => x.min(y),
                     BinOp::Max => x.max(y),
                     BinOp::Eq => i64::from(x == y),
@@ -185,8 +194,8 @@ impl Expr {
                     BinOp::And => x & y,
                     BinOp::Or => x | y,
                     BinOp::Xor => x ^ y,
-                    BinOp::Shl => x.wrapping_shl(y as u32),
-                    BinOp::Shr => x.wrapping_shr(y as u32),
+                    BinOp::Shl => ov(u32::try_from(y).ok().filter(|&k| k < 64).and_then(|k| x.checked_shl(k)).filter(|r| r >> y == x))?,
+                    BinOp::Shr => ov(u32::try_from(y).ok().filter(|&k| k < 64).map(|k| x >> k))?,
                 }
             }
         })

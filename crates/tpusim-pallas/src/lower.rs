@@ -95,6 +95,9 @@ impl Env for StepEnv<'_> {
     fn var(&self, id: u64) -> Option<i64> {
         self.smem.and_then(|s| s.borrow().vars.get(&id).copied())
     }
+    fn unbound(&self, id: u64) -> Option<String> {
+        self.smem.and_then(|s| s.borrow().unwritten.get(&id).cloned())
+    }
     fn load(&self, r: usize, idx: &[i64]) -> Result<i64, EvalError> {
         if let Some(s) = self.smem {
             let s = s.borrow();
@@ -227,8 +230,8 @@ fn walk_path(d: &Description, ops: &[Op], env: &mut StepEnv<'_>, key: &mut Vec<i
                 key.push(trips);
             }
             "tpu.enqueue_dma" => {
-                crate::runtime::check_dma_source(d, op, env, &|e, what| eval_err(d, e, what, &op.loc))?;
-                dma.add(crate::runtime::dma_bytes(d, op, env, &|e, what| eval_err(d, e, what, &op.loc))?);
+                let window = crate::runtime::check_dma_source(d, op, env, &|e, what| eval_err(d, e, what, &op.loc))?;
+                dma.add(crate::runtime::dma_bytes(d, op, env, window, &|e, what| eval_err(d, e, what, &op.loc))?);
             }
             "memref.load" | "memref.store" => {
                 if let Some(s) = env.smem {
@@ -299,7 +302,11 @@ fn run_for(d: &Description, op: &Op, env: &mut StepEnv<'_>, region: &mut Region<
         cur = eval_list(d, op, env, &lv.yields, "yielded values")?;
         env.ivs.pop();
         set_vars(env, &lv.carried, &cur);
-        i += st;
+        // The trip count is at most MAX_UNROLL (checked), so this only stops at the top of i64.
+        match i.checked_add(st) {
+            Some(n) => i = n,
+            None => break,
+        }
     }
     set_vars(env, &lv.results, &cur);
     Ok(())
@@ -339,7 +346,10 @@ fn trip(lo: i64, hi: i64, st: i64) -> i64 {
     if hi <= lo {
         0
     } else {
-        (hi - lo + st - 1) / st
+        // In 128 bits: the span of two 64-bit bounds does not fit 64 (saturated: only compared
+        // with the unroll limit).
+        let n = (i128::from(hi) - i128::from(lo) + i128::from(st) - 1) / i128::from(st);
+        i64::try_from(n).unwrap_or(i64::MAX)
     }
 }
 

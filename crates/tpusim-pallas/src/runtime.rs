@@ -28,6 +28,9 @@ pub struct SmemState {
     pub written: HashMap<(usize, u64), i64>,
     /// SMEM load op id -> value it read in the current step.
     pub vars: HashMap<u64, i64>,
+    /// SMEM load op id -> why it has no value: it read an element of SMEM scratch the kernel had
+    /// not written yet (Pallas reads the old value before a store; unused, it costs nothing).
+    pub unwritten: HashMap<u64, String>,
 }
 
 /// Manual DMAs counted over a run.
@@ -190,8 +193,21 @@ pub fn run_scalar_op(
     let idx = if idx.is_empty() { vec![0; shape.len()] } else { idx };
     let flat = flat_index(&shape, &idx).ok_or_else(|| smem_err(d, op, format!("index {idx:?} is outside `{}` (shape {:?})", rf.name, shape)))?;
     if is_load {
-        let v = env.load(r, &idx).map_err(|e| eval_err(e, &format!("the SMEM load of `{}`", rf.name)))?;
-        state.borrow_mut().vars.insert(op.id, v);
+        match env.load(r, &idx) {
+            Ok(v) => {
+                let mut st = state.borrow_mut();
+                st.vars.insert(op.id, v);
+                st.unwritten.remove(&op.id);
+            }
+            // Scratch starts undefined: a load before the kernel's first store of that element
+            // binds no value, and only a use of it is an error.
+            Err(crate::expr::EvalError::Runtime(_)) if rf.kind == RefKind::Scratch => {
+                let mut st = state.borrow_mut();
+                st.vars.remove(&op.id);
+                st.unwritten.insert(op.id, format!("element {idx:?} of SMEM scratch `{}` before the kernel writes it (at {})", rf.name, op.loc));
+            }
+            Err(e) => return Err(eval_err(e, &format!("the SMEM load of `{}`", rf.name))),
+        }
     } else {
         let e = op.attrs.get("value").ok_or_else(|| smem_err(d, op, "has no `value`".into()))?;
         let e: Expr = serde_json::from_value(e.clone()).map_err(|x| PallasError::field(&format!("{} at {}: attrs.value", op.op, op.loc), e, x.to_string()))?;
@@ -202,55 +218,70 @@ pub fn run_scalar_op(
 }
 
 /// Checks a `tpu.enqueue_dma`'s source window against its source array when the op names it
-/// (`src_ref`, `src_offsets`, `src_shape` attributes).
+/// (`src_ref`, `src_offsets`, `src_shape` attributes); returns the window's bytes in this step
+/// (`None` when the op names no source).
 ///
 /// # Errors
 /// [`PallasError::Kernel`] naming the source ref, the offsets and the array's shape when the
-/// window leaves the array (a page-table entry out of range).
-pub fn check_dma_source(d: &Description, op: &Op, env: &dyn Env, eval_err: &dyn Fn(crate::expr::EvalError, &str) -> PallasError) -> Result<(), PallasError> {
-    let Some(r) = op.attrs.get("src_ref").and_then(|x| x.as_u64()) else { return Ok(()) };
-    let Some(rf) = d.refs.get(r as usize) else { return Ok(()) };
+/// window leaves the array (a page-table entry out of range) or is longer than it, or a size is
+/// negative.
+pub fn check_dma_source(d: &Description, op: &Op, env: &dyn Env, eval_err: &dyn Fn(crate::expr::EvalError, &str) -> PallasError) -> Result<Option<u64>, PallasError> {
+    let Some(r) = op.attrs.get("src_ref").and_then(|x| x.as_u64()) else { return Ok(None) };
+    let Some(rf) = d.refs.get(r as usize) else { return Ok(None) };
     let offs: Vec<i64> = exprs(op, "src_offsets")?.iter().map(|e| e.eval(env)).collect::<Result<_, _>>().map_err(|e| eval_err(e, "the source offsets of a `tpu.enqueue_dma`"))?;
     // The window: whole numbers, or expressions for dimensions a slice sizes at run time.
-    let win: Vec<u64> = exprs(op, "src_shape")?
-        .iter()
-        .map(|e| e.eval(env).map(|v| v.max(0) as u64))
-        .collect::<Result<_, _>>()
-        .map_err(|e| eval_err(e, "the source window of a `tpu.enqueue_dma`"))?;
+    let sizes: Vec<i64> = exprs(op, "src_shape")?.iter().map(|e| e.eval(env)).collect::<Result<_, _>>().map_err(|e| eval_err(e, "the source window of a `tpu.enqueue_dma`"))?;
+    if let Some(&n) = sizes.iter().find(|&&n| n < 0) {
+        return Err(smem_err(d, op, format!("copies a window of `{}` sized {sizes:?} in this step: a size must be 0 or more (its size operand holds {n})", rf.name)));
+    }
+    let win: Vec<u64> = sizes.iter().map(|&n| n as u64).collect();
     let array = rf.array_shape.clone().unwrap_or_else(|| rf.shape.clone());
     for (k, &o) in offs.iter().enumerate() {
         let n = array.get(k).copied().unwrap_or(1);
         let w = win.get(k).copied().unwrap_or(1);
+        if w > n {
+            return Err(smem_err(
+                d,
+                op,
+                format!("copies a window {win:?} of `{}`, longer than its shape {array:?} in dimension {k} ({w} > {n}): a length or size operand holds a value out of range", rf.name),
+            ));
+        }
         if o < 0 || o as u64 + w > n {
             return Err(smem_err(
                 d,
                 op,
                 format!(
-                    "copies `{}` at offsets {offs:?} (window {win:?}), outside its shape {array:?} in dimension {k} (allowed 0..={}): a page table or index operand holds an entry out of range",
+                    "copies `{}` at offsets {offs:?} (window {win:?}), outside its shape {array:?} in dimension {k} (offsets allowed 0..={}): a page table or index operand holds an entry out of range",
                     rf.name,
-                    n.saturating_sub(w)
+                    n - w
                 ),
             ));
         }
     }
-    Ok(())
+    let elem = crate::desc::dtype_bytes(&rf.dtype, "dtype")?;
+    Ok(Some(win.iter().product::<u64>() * elem))
 }
 
 /// The bytes a `tpu.enqueue_dma` moves in this step: its `bytes` attribute, a whole number or an
 /// expression over the values that size the copy at run time (a `pl.ds(start, size)` slice with a
-/// traced size), evaluated in `env`.
+/// traced size), evaluated in `env`; `window`: the bytes of its source window in this step
+/// ([`check_dma_source`]), which they must equal.
 ///
 /// # Errors
 /// The reader checked that `bytes` is present and parses ([`Description::from_json`]); an
 /// expression that reads a runtime operand not given, or an unknown value, is `eval_err`'s error;
 /// a negative size is a [`PallasError::Kernel`] naming the op and its location.
-pub fn dma_bytes(d: &Description, op: &Op, env: &dyn Env, eval_err: &dyn Fn(crate::expr::EvalError, &str) -> PallasError) -> Result<u64, PallasError> {
+pub fn dma_bytes(d: &Description, op: &Op, env: &dyn Env, window: Option<u64>, eval_err: &dyn Fn(crate::expr::EvalError, &str) -> PallasError) -> Result<u64, PallasError> {
     let e: Expr = match op.attrs.get("bytes") {
         Some(v) => serde_json::from_value(v.clone()).map_err(|e| PallasError::field(&format!("{} at {}: attrs.bytes", op.op, op.loc), v, e.to_string()))?,
         None => return Err(PallasError::field(&format!("{} at {}: attrs.bytes", op.op, op.loc), "(missing)", "a copy needs its size in bytes")),
     };
     let b = e.eval(env).map_err(|e| eval_err(e, "the size of a `tpu.enqueue_dma`"))?;
-    u64::try_from(b).map_err(|_| smem_err(d, op, format!("copies {b} bytes in this step: a copy's size must be 0 or more (its size expression is {e:?})")))
+    let b = u64::try_from(b).map_err(|_| smem_err(d, op, format!("copies {b} bytes in this step: a copy's size must be 0 or more (a size operand holds a negative value)")))?;
+    match window {
+        Some(w) if w != b => Err(smem_err(d, op, format!("copies {b} bytes in this step but its source window (`src_shape`) holds {w} bytes: the two must agree (describe the kernel again with `tpusim.jax.describe`)"))),
+        _ => Ok(b),
+    }
 }
 
 #[cfg(test)]

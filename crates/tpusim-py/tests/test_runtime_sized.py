@@ -110,3 +110,96 @@ def test_a_dynamic_grid_from_shapes_only_is_refused_by_name():
     f, lhs, rhs = _gmm()
     with pytest.raises(tpusim.InputError, match=r"grid dimension 1 is sized at run time.*concrete arrays"):
         tj.simulate(f, lhs, rhs, jax.ShapeDtypeStruct((4,), jnp.int32))
+
+
+def _dynamic_grid(use_num_programs):
+    """A grid of sum(cnt) steps (computed by XLA); the last step doubles its block when
+    `use_num_programs` (reading `pl.num_programs(0)`, the dynamic size)."""
+
+    def f(cnt, x):
+        nsteps = jnp.sum(cnt)
+
+        def kernel(c_ref, x_ref, o_ref):
+            if use_num_programs:
+
+                @pl.when(pl.program_id(0) == pl.num_programs(0) - 1)
+                def _():
+                    o_ref[...] = jnp.exp(x_ref[...])
+
+            else:
+                o_ref[...] = jnp.exp(x_ref[...])
+
+        return pl.pallas_call(
+            kernel,
+            grid_spec=pltpu.PrefetchScalarGridSpec(
+                num_scalar_prefetch=1,
+                grid=(nsteps,),
+                in_specs=[pl.BlockSpec((8, 128), lambda i, c: (i, 0))],
+                out_specs=pl.BlockSpec((8, 128), lambda i, c: (i, 0)),
+            ),
+            out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+        )(cnt, x)
+
+    return f
+
+
+def test_num_programs_of_a_dynamic_grid_is_the_computed_size():
+    x = np.ones((64, 128), np.float32)
+    for cnt in ([1, 2], [4, 4]):
+        every = tj.simulate(_dynamic_grid(False), np.array(cnt, np.int32), x).kernels[0]
+        last = tj.simulate(_dynamic_grid(True), np.array(cnt, np.int32), x).kernels[0]
+        assert every.grid_steps == last.grid_steps == sum(cnt)
+        # exp on every step vs on the last step only.
+        assert every.transcendentals == pytest.approx(sum(cnt) * last.transcendentals)
+
+
+def test_megablox_tgmm_simulates():
+    from jax.experimental.pallas.ops.tpu.megablox.gmm import tgmm
+
+    def f(lhs, rhs, gs):
+        return tgmm(lhs, rhs, gs, tiling=(128, 128, 128))
+
+    lhs = np.ones((256, 512), jnp.bfloat16)  # (k, m): tgmm contracts over the grouped m
+    rhs = np.ones((512, 256), jnp.bfloat16)
+    r = tj.simulate(f, lhs, rhs, np.array([128, 128, 128, 128], np.int32)).kernels[0]
+    assert r.grid_steps > 0 and r.flops == pytest.approx(2 * 256 * 512 * 256)
+
+
+def test_smem_scratch_filled_by_the_kernel_is_read_back():
+    def kernel(gs_ref, x_ref, o_ref, tbl):
+        def body(i, c):
+            tbl[i] = gs_ref[i] * 2
+            return c
+
+        jax.lax.fori_loop(0, 4, body, 0)
+
+        @pl.when(tbl[1] > 0)
+        def _():
+            o_ref[...] = jnp.exp(x_ref[...])
+
+    def f(gs, x):
+        return pl.pallas_call(
+            kernel,
+            out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+            grid_spec=pltpu.PrefetchScalarGridSpec(
+                num_scalar_prefetch=1,
+                grid=(1,),
+                in_specs=[pl.BlockSpec(x.shape, lambda i, gs: (0, 0))],
+                out_specs=pl.BlockSpec(x.shape, lambda i, gs: (0, 0)),
+                scratch_shapes=[pltpu.SMEM((4,), jnp.int32)],
+            ),
+        )(gs, x)
+
+    x = np.ones((256, 128), np.float32)
+    on = tj.simulate(f, np.array([1, 1, 1, 1], np.int32), x).kernels[0]
+    off = tj.simulate(f, np.array([1, 0, 1, 1], np.int32), x).kernels[0]
+    assert on.transcendentals > 0 and off.transcendentals == 0
+
+
+def test_a_runtime_operand_given_twice_is_refused(tmp_path):
+    path = tmp_path / "ragged.json"
+    tj.describe(_ragged_copy(), jax.ShapeDtypeStruct((4,), jnp.int32), X, path=str(path))
+    np.save(tmp_path / "lens.npy", np.array([1, 2, 3, 4], np.int32))
+    lens = f"lens={tmp_path / 'lens.npy'}"
+    _, err = run_cli("run", "--kernel-ir", path, "--runtime", lens, "--runtime", lens, expect=2)
+    assert "given twice" in err, err

@@ -704,6 +704,16 @@ pub(crate) fn class_summaries(program: &Program, r: &SimResult, label: &dyn Fn(&
         .collect()
 }
 
+/// HBM bytes for people: GB to three decimals from 1 MB up, else kB or bytes (a small kernel's
+/// traffic is never shown as 0.000 GB).
+fn traffic(bytes: u64) -> String {
+    match bytes {
+        b if b >= 1_000_000 => format!("{:.3} GB", b as f64 / 1e9),
+        b if b >= 1_000 => format!("{:.1} kB", b as f64 / 1e3),
+        b => format!("{b} bytes"),
+    }
+}
+
 impl Report {
     /// Summarises a run.
     pub fn from_run(run: &Run) -> Self {
@@ -995,8 +1005,8 @@ impl Report {
         );
         let _ = writeln!(
             s,
-            "  memory       {:.3} GB HBM traffic, arithmetic intensity {:.0} FLOP/byte",
-            self.hbm_bytes as f64 / 1e9,
+            "  memory       {} HBM traffic, arithmetic intensity {:.0} FLOP/byte",
+            traffic(self.hbm_bytes),
             self.arithmetic_intensity
         );
         let _ = writeln!(

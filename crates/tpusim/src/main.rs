@@ -73,7 +73,7 @@ fn cli_command() -> clap::Command {
         "Simulate one kernel call and report latency, utilisation and the bounding unit.\n\nWith no job flag it runs the default job: {text}. Every option not given takes the kernel family's default (--kernel)."
     );
     let tune = format!(
-        "Search block sizes and kernel options for one workload and rank them.\n\nWith no job flag it ranks block sizes for the default job, {text}: its workload, kernel and options kept, its blocks searched, and the ranking's `vs given` against the default job at its own blocks (as `tpusim run` runs it)."
+        "Search block sizes and kernel options for one workload and rank them.\n\nWith no job flag it ranks block sizes for the default job, {text}: its workload and kernel kept, the options it does not give (--traversal, --masking, --mask-source) searched with its blocks (give one to hold it), and the ranking's `vs given` against the default job at its own blocks (as `tpusim run` runs it)."
     );
     let plot_job = format!("With no --trace and no job flag: the default job, {text}.");
     Cli::command()

@@ -198,6 +198,9 @@ fn kernel_ir_job(a: &RunArgs, path: &str) -> Result<(ChipModel, tpusim_report::J
     let mut given = Vec::new();
     for r in &a.runtime {
         let (name, file) = r.split_once('=').ok_or_else(|| CliError::input(format!("--runtime {r}: expected NAME=FILE.npy")))?;
+        if given.iter().any(|(n, _): &(String, _)| n == name) {
+            return Err(CliError::input(format!("--runtime {name}: given twice (each runtime operand takes one file)")));
+        }
         let v = tpusim_pallas::runtime::RuntimeValue::from_npy(std::path::Path::new(file)).map_err(|e| CliError::input(format!("--runtime {name}: {e}")))?;
         given.push((name.to_string(), v));
     }

@@ -354,6 +354,7 @@ class _Reader:
         self.refs = {}  # block argument value -> ref index
         self.views = {}  # sliced memref value -> (ref index, offsets, window shape, kept dims)
         self.dyn_dims = {}  # memref value with dimensions sized at run time -> its dimensions (ints, expressions)
+        self.grid_sizes = []  # the grid's sizes, dynamic ones as computed (for `tpu.iteration_bound`)
         self._asm = None
         self.mutable = set()
         self.ref_kinds, self.ref_names, self.ref_spaces = [], [], []
@@ -432,7 +433,15 @@ class _Reader:
             else:
                 self.scalars[k] = ["unknown", f"a value loaded from {base}"]
         elif name in ("tpu.iteration_bound",):
-            self.scalars[k] = ["unknown", "tpu.iteration_bound"]
+            # `pl.num_programs(d)`: the grid's size along d (a dynamic one as the call computes it).
+            dim = None
+            for an in op.attributes:  # its one integer attribute (printed `tpu.iteration_bound 0`)
+                v = self._int_attr(op.attributes[an])
+                if isinstance(v, int) and not isinstance(v, bool):
+                    dim = v
+                    break
+            g = self.grid_sizes[dim] if dim is not None and dim < len(self.grid_sizes) else -1
+            self.scalars[k] = g if g >= 0 else ["unknown", f"the size of grid dimension {dim} (`pl.num_programs`), set at run time"]
         else:
             self.scalars[k] = ["unknown", f"the result of `{name}`"]
 
@@ -979,11 +988,15 @@ def _kernels_of(module, args, operands=None):
             n_in = len(op.operands) - nprefetch - ndyn
             n_out = len(op.results)
             reader = _Reader(kmod, name, prefetch)
-            desc = reader.read((n_in, n_out))
             it = iter(grid_values)
-            desc["grid"] = [b if b >= 0 else next(it) for b in desc["grid"]]
+            reader.grid_sizes = [b if b >= 0 else next(it) for b in bounds]
+            desc = reader.read((n_in, n_out))
+            desc["grid"] = list(reader.grid_sizes) if len(reader.grid_sizes) == len(desc["grid"]) else desc["grid"]
             if any(b < 1 for b in desc["grid"]):
-                raise InputError(f"kernel `{name}`: grid {desc['grid']} (a dynamic dimension computed as {grid_values}): a grid with no steps does not run")
+                raise InputError(
+                    f"kernel `{name}`: grid {desc['grid']} (a dynamic dimension computed as {grid_values} from these arguments): the call runs no grid step "
+                    "(e.g. a grouped matmul whose groups are all empty), so there is nothing to simulate; tpusim simulates calls of at least one step"
+                )
             full = {
                 "format": "tpusim-kernel-description",
                 "version": DESCRIPTION_VERSION,

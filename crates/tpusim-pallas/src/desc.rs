@@ -302,10 +302,35 @@ impl Description {
                 })
             }
         }
+        // Sizes must be whole numbers: refused by name before the typed read, whose message
+        // ("invalid value: integer `-1`, expected u64") would not name the field.
+        let whole = |field: String, x: &serde_json::Value| -> Result<(), PallasError> {
+            if x.is_null() || x.as_u64().is_some() {
+                return Ok(());
+            }
+            Err(PallasError::field(&field, x, "expected a whole number from 0 (a size)"))
+        };
+        if let Some(x) = v.get("vmem_limit_bytes") {
+            whole("vmem_limit_bytes".into(), x)?;
+        }
+        if let Some(refs) = v.get("refs").and_then(|r| r.as_array()) {
+            for (i, r) in refs.iter().enumerate() {
+                for key in ["shape", "array_shape"] {
+                    if let Some(a) = r.get(key).and_then(|a| a.as_array()) {
+                        for (k, x) in a.iter().enumerate() {
+                            whole(format!("refs[{i}].{key}[{k}]"), x)?;
+                        }
+                    }
+                }
+            }
+        }
         // A grid dimension sized at run time (MLIR's dynamic marker, i64::MIN, or any negative
         // number) is refused by name before the typed read, whose message would not name it.
         if let Some(g) = v.get("grid").and_then(|g| g.as_array()) {
             for (i, x) in g.iter().enumerate() {
+                if x.as_i64().is_none() && x.as_u64().is_none() {
+                    return Err(PallasError::field(&format!("grid[{i}]"), x, "expected a whole number from 1"));
+                }
                 if let Some(n) = x.as_i64().filter(|&n| n < 0) {
                     let kernel = v.get("kernel_name").and_then(|k| k.as_str()).unwrap_or("?");
                     return Err(PallasError::field(

@@ -180,3 +180,25 @@ fn smem_scratch_is_written_before_it_is_read_and_an_unwritten_read_is_named() {
     let e = run(&smem_flag(true)).unwrap_err();
     assert!(e.contains("scratch 1") && e.contains("before the kernel writes it") && e.contains("flag.py:6"), "{e}");
 }
+
+#[test]
+fn negative_or_fractional_sizes_name_their_field() {
+    for (path, value, field) in [
+        (&["vmem_limit_bytes"][..], json!(-1), "vmem_limit_bytes"),
+        (&["refs", "1", "array_shape"][..], json!([-1024, 128]), "refs[1].array_shape[0]"),
+        (&["refs", "2", "shape"][..], json!([256, 1.5]), "refs[2].shape[1]"),
+        (&["grid"][..], json!([2.0]), "grid[0]"),
+    ] {
+        let mut k = kernel(json!({"inline": [1, 1, 1, 1]}), None, json!([4]));
+        let mut at = &mut k;
+        for p in &path[..path.len() - 1] {
+            at = match p.parse::<usize>() {
+                Ok(i) => &mut at[i],
+                Err(_) => &mut at[*p],
+            };
+        }
+        at[path[path.len() - 1]] = value.clone();
+        let e = read(&k).unwrap_err();
+        assert!(e.contains(field) && !e.contains("expected u64"), "{field}: {e}");
+    }
+}

@@ -32,7 +32,18 @@ pub fn read_int_array(path: &Path) -> Result<(Vec<u64>, Vec<i64>), PallasError> 
         (TypeChar::Uint, 1) => npy.into_vec::<u8>().map_err(|e| io(e.to_string()))?.into_iter().map(i64::from).collect(),
         (TypeChar::Uint, 2) => npy.into_vec::<u16>().map_err(|e| io(e.to_string()))?.into_iter().map(i64::from).collect(),
         (TypeChar::Uint, 4) => npy.into_vec::<u32>().map_err(|e| io(e.to_string()))?.into_iter().map(i64::from).collect(),
-        _ => return Err(bad(&format!("{tc:?}{size}"))),
+        // NumPy's own name for the element type (`float32`, `complex64`, `uint64`, ...).
+        _ => {
+            let kind = match tc {
+                TypeChar::Float => "float",
+                TypeChar::Complex => "complex",
+                TypeChar::Uint => "uint",
+                TypeChar::Int => "int",
+                _ => "",
+            };
+            let name = if kind.is_empty() { format!("{tc:?}{size}") } else { format!("{kind}{}", size * 8) };
+            return Err(bad(&name));
+        }
     };
     Ok((shape, values))
 }

@@ -203,3 +203,11 @@ def test_a_runtime_operand_given_twice_is_refused(tmp_path):
     lens = f"lens={tmp_path / 'lens.npy'}"
     _, err = run_cli("run", "--kernel-ir", path, "--runtime", lens, "--runtime", lens, expect=2)
     assert "given twice" in err, err
+
+
+def test_a_float_runtime_table_is_named_by_its_numpy_type(tmp_path):
+    path = tmp_path / "ragged.json"
+    tj.describe(_ragged_copy(), jax.ShapeDtypeStruct((4,), jnp.int32), X, path=str(path))
+    np.save(tmp_path / "lens.npy", np.array([1, 2, 3, 4], np.float32))
+    _, err = run_cli("run", "--kernel-ir", path, "--runtime", f"lens={tmp_path / 'lens.npy'}", expect=2)
+    assert "float32" in err and "integer" in err, err

@@ -467,6 +467,22 @@ impl Description {
         Ok(())
     }
 
+    /// Checks that every `["var", id]` of an expression names a value the body binds (an SMEM
+    /// load's id, or a loop's carried value or result: [`Description::collect_ids`]).
+    fn check_vars(e: &Expr, field: &str, defined: &std::collections::HashSet<u64>) -> Result<(), PallasError> {
+        match e {
+            Expr::Var(id) if !defined.contains(id) => Err(PallasError::field(
+                field,
+                format!("[\"var\", {id}]"),
+                "expected the id of a value the body binds (an SMEM load's id, or a loop's carried value or result)",
+            )),
+            Expr::Load(_, idx) => idx.iter().try_for_each(|x| Self::check_vars(x, field, defined)),
+            Expr::Bin(_, a, b) => Self::check_vars(a, field, defined).and_then(|_| Self::check_vars(b, field, defined)),
+            Expr::Select(c, a, b) => [c, a, b].into_iter().try_for_each(|x| Self::check_vars(x, field, defined)),
+            _ => Ok(()),
+        }
+    }
+
     /// What a ref index may be, for errors.
     fn refs_allowed(&self) -> String {
         match self.refs.len() {
@@ -529,7 +545,10 @@ impl Description {
                             "expected the id of a value of the body (an op's, or a region op's result or carried value)",
                         ))
                     }
-                    Operand::Scalar(e) => self.check_expr(e, &format!("{f}.operands[{k}]"))?,
+                    Operand::Scalar(e) => {
+                        self.check_expr(e, &format!("{f}.operands[{k}]"))?;
+                        Self::check_vars(e, &format!("{f}.operands[{k}]"), defined)?;
+                    }
                     _ => {}
                 }
             }
@@ -555,11 +574,13 @@ impl Description {
                     }
                 }
                 self.check_expr(&e, &at)?;
+                Self::check_vars(&e, &at, defined)?;
                 self.check_dma_source(op, &f)?;
             }
             for (key, e) in [("cond", &op.cond), ("lower", &op.lower), ("upper", &op.upper), ("step", &op.step)] {
                 if let Some(e) = e {
                     self.check_expr(e, &format!("{f}.{key}"))?;
+                    Self::check_vars(e, &format!("{f}.{key}"), defined)?;
                 }
             }
             self.check_ops(&op.then, &format!("{f}.then"), defined)?;

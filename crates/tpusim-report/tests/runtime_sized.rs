@@ -202,3 +202,11 @@ fn negative_or_fractional_sizes_name_their_field() {
         assert!(e.contains(field) && !e.contains("expected u64"), "{field}: {e}");
     }
 }
+
+#[test]
+fn a_var_naming_no_value_of_the_body_is_refused_when_read() {
+    let mut k = smem_flag(false);
+    k["body"][3]["cond"] = json!(["var", 999]);
+    let e = read(&k).unwrap_err();
+    assert!(e.contains("[\"var\", 999]") && e.contains("cond") && e.contains("scf.if"), "{e}");
+}

@@ -423,7 +423,7 @@ impl Description {
             }
             if let Some(im) = &r.index_map {
                 for (k, e) in im.iter().enumerate() {
-                    self.check_expr(e, &format!("{f}.index_map[{k}]"))?;
+                    self.check_expr(e, &format!("{f}.index_map[{k}]"), None)?;
                 }
             }
         }
@@ -435,7 +435,7 @@ impl Description {
 
     /// A copy's source: `src_ref` one of the refs, `src_offsets` and `src_shape` one expression
     /// per dimension of its array, reading only what exists.
-    fn check_dma_source(&self, op: &Op, f: &str) -> Result<(), PallasError> {
+    fn check_dma_source(&self, op: &Op, f: &str, defined: &std::collections::HashSet<u64>) -> Result<(), PallasError> {
         let at = |k: &str| format!("{f} at {}: attrs.{k}", if op.loc.is_empty() { "(no location)" } else { &op.loc });
         let Some(v) = op.attrs.get("src_ref") else {
             for k in ["src_offsets", "src_shape"] {
@@ -456,7 +456,7 @@ impl Description {
                 return Err(PallasError::field(&at(k), x, format!("one expression per dimension of `{}` ({rank}: its array is {:?})", rf.name, rf.array_shape.as_ref().unwrap_or(&rf.shape))));
             }
             for e in &es {
-                self.check_expr(e, &at(k))?;
+                self.check_expr(e, &at(k), Some(defined))?;
                 if let (Expr::Const(c), "src_shape") = (e, k) {
                     if *c < 0 {
                         return Err(PallasError::field(&at(k), x, "window sizes from 0 (a negative one is a dimension sized at run time read as a number)"));
@@ -465,22 +465,6 @@ impl Description {
             }
         }
         Ok(())
-    }
-
-    /// Checks that every `["var", id]` of an expression names a value the body binds (an SMEM
-    /// load's id, or a loop's carried value or result: [`Description::collect_ids`]).
-    fn check_vars(e: &Expr, field: &str, defined: &std::collections::HashSet<u64>) -> Result<(), PallasError> {
-        match e {
-            Expr::Var(id) if !defined.contains(id) => Err(PallasError::field(
-                field,
-                format!("[\"var\", {id}]"),
-                "expected the id of a value the body binds (an SMEM load's id, or a loop's carried value or result)",
-            )),
-            Expr::Load(_, idx) => idx.iter().try_for_each(|x| Self::check_vars(x, field, defined)),
-            Expr::Bin(_, a, b) => Self::check_vars(a, field, defined).and_then(|_| Self::check_vars(b, field, defined)),
-            Expr::Select(c, a, b) => [c, a, b].into_iter().try_for_each(|x| Self::check_vars(x, field, defined)),
-            _ => Ok(()),
-        }
     }
 
     /// What a ref index may be, for errors.
@@ -492,9 +476,15 @@ impl Description {
     }
 
     /// Checks that an expression reads only what exists: grid dimensions of the grid, prefetch
-    /// tables among the refs.
-    fn check_expr(&self, e: &Expr, field: &str) -> Result<(), PallasError> {
+    /// tables among the refs and, in the body (`defined`: [`Description::collect_ids`]), values
+    /// the body binds (`["var", id]`: an SMEM load's id, or a loop's carried value or result).
+    fn check_expr(&self, e: &Expr, field: &str, defined: Option<&std::collections::HashSet<u64>>) -> Result<(), PallasError> {
         match e {
+            Expr::Var(id) if defined.is_some_and(|d| !d.contains(id)) => Err(PallasError::field(
+                field,
+                format!("[\"var\", {id}]"),
+                "expected the id of a value the body binds (an SMEM load's id, or a loop's carried value or result)",
+            )),
             Expr::Grid(g) if *g >= self.grid.len() => Err(PallasError::field(
                 field,
                 format!("[\"grid\", {g}]"),
@@ -504,10 +494,10 @@ impl Description {
                 if *r >= self.refs.len() {
                     return Err(PallasError::field(field, format!("a load of ref {r}"), self.refs_allowed()));
                 }
-                idx.iter().try_for_each(|x| self.check_expr(x, field))
+                idx.iter().try_for_each(|x| self.check_expr(x, field, defined))
             }
-            Expr::Bin(_, a, b) => self.check_expr(a, field).and_then(|_| self.check_expr(b, field)),
-            Expr::Select(c, a, b) => [c, a, b].into_iter().try_for_each(|x| self.check_expr(x, field)),
+            Expr::Bin(_, a, b) => self.check_expr(a, field, defined).and_then(|_| self.check_expr(b, field, defined)),
+            Expr::Select(c, a, b) => [c, a, b].into_iter().try_for_each(|x| self.check_expr(x, field, defined)),
             _ => Ok(()),
         }
     }
@@ -545,10 +535,7 @@ impl Description {
                             "expected the id of a value of the body (an op's, or a region op's result or carried value)",
                         ))
                     }
-                    Operand::Scalar(e) => {
-                        self.check_expr(e, &format!("{f}.operands[{k}]"))?;
-                        Self::check_vars(e, &format!("{f}.operands[{k}]"), defined)?;
-                    }
+                    Operand::Scalar(e) => self.check_expr(e, &format!("{f}.operands[{k}]"), Some(defined))?,
                     _ => {}
                 }
             }
@@ -573,14 +560,12 @@ impl Description {
                         return Err(PallasError::field(&at, c, "expected a whole number from 0 (a negative size is a dimension sized at run time read as a number: describe the kernel again with `tpusim.jax.describe`)"));
                     }
                 }
-                self.check_expr(&e, &at)?;
-                Self::check_vars(&e, &at, defined)?;
-                self.check_dma_source(op, &f)?;
+                self.check_expr(&e, &at, Some(defined))?;
+                self.check_dma_source(op, &f, defined)?;
             }
             for (key, e) in [("cond", &op.cond), ("lower", &op.lower), ("upper", &op.upper), ("step", &op.step)] {
                 if let Some(e) = e {
-                    self.check_expr(e, &format!("{f}.{key}"))?;
-                    Self::check_vars(e, &format!("{f}.{key}"), defined)?;
+                    self.check_expr(e, &format!("{f}.{key}"), Some(defined))?;
                 }
             }
             self.check_ops(&op.then, &format!("{f}.then"), defined)?;

@@ -272,12 +272,17 @@ pub fn check_dma_source(d: &Description, op: &Op, env: &dyn Env, eval_err: &dyn 
 /// expression that reads a runtime operand not given, or an unknown value, is `eval_err`'s error;
 /// a negative size is a [`PallasError::Kernel`] naming the op and its location.
 pub fn dma_bytes(d: &Description, op: &Op, env: &dyn Env, window: Option<u64>, eval_err: &dyn Fn(crate::expr::EvalError, &str) -> PallasError) -> Result<u64, PallasError> {
-    let e: Expr = match op.attrs.get("bytes") {
-        Some(v) => serde_json::from_value(v.clone()).map_err(|e| PallasError::field(&format!("{} at {}: attrs.bytes", op.op, op.loc), v, e.to_string()))?,
-        None => return Err(PallasError::field(&format!("{} at {}: attrs.bytes", op.op, op.loc), "(missing)", "a copy needs its size in bytes")),
+    let at = || format!("{} at {}: attrs.bytes", op.op, op.loc);
+    let v = op.attrs.get("bytes").ok_or_else(|| PallasError::field(&at(), "(missing)", "a copy needs its size in bytes"))?;
+    // A whole number (most copies) needs no expression parsed per step.
+    let b = match v.as_u64() {
+        Some(b) => b,
+        None => {
+            let e: Expr = serde_json::from_value(v.clone()).map_err(|e| PallasError::field(&at(), v, e.to_string()))?;
+            let b = e.eval(env).map_err(|e| eval_err(e, "the size of a `tpu.enqueue_dma`"))?;
+            u64::try_from(b).map_err(|_| smem_err(d, op, format!("copies {b} bytes in this step: a copy's size must be 0 or more (a size operand holds a negative value)")))?
+        }
     };
-    let b = e.eval(env).map_err(|e| eval_err(e, "the size of a `tpu.enqueue_dma`"))?;
-    let b = u64::try_from(b).map_err(|_| smem_err(d, op, format!("copies {b} bytes in this step: a copy's size must be 0 or more (a size operand holds a negative value)")))?;
     match window {
         Some(w) if w != b => Err(smem_err(d, op, format!("copies {b} bytes in this step but its source window (`src_shape`) holds {w} bytes: the two must agree (describe the kernel again with `tpusim.jax.describe`)"))),
         _ => Ok(b),

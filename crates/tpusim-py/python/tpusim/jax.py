@@ -1058,7 +1058,6 @@ def _eval_to_calls(jaxpr, consts, vals, found):
     a value computed from a kernel's output is not a value the description can use)."""
     import numpy as np
 
-    jax = _jax()
     env = {}
 
     def read(v):
@@ -1084,7 +1083,6 @@ def _eval_to_calls(jaxpr, consts, vals, found):
         for v, x in zip(eqn.outvars, outs):
             if type(v).__name__ != "DropVar":
                 env[v] = x
-    del jax
     return [read(v) for v in jaxpr.outvars]
 
 

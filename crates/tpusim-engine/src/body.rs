@@ -210,6 +210,7 @@ const INDEX_KEY: u64 = 0;
 
 impl Index {
     fn of(body: &StepBody) -> Arc<Index> {
+        assert!(body.counted.is_none(), "a body built for counting only has no order to simulate (tpusim_kernel::body::counting_only)");
         body.memo.get_or_insert_with(INDEX_KEY, || {
             let mut works: Vec<Work> = Vec::new();
             let mut count: Vec<u32> = Vec::new();
@@ -274,7 +275,7 @@ impl Index {
 
 /// A [`Work`] as a hashable key (its numbers by bit pattern).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-enum WorkKey {
+pub(crate) enum WorkKey {
     Matmul(u64, u64, u64, u64),
     Vector(u64, u64),
     Transcendental(u64),
@@ -282,7 +283,7 @@ enum WorkKey {
 }
 
 impl WorkKey {
-    fn of(w: &Work) -> Self {
+    pub(crate) fn of(w: &Work) -> Self {
         match *w {
             Work::Matmul { m, k, n, m_total } => WorkKey::Matmul(m, k, n, m_total),
             Work::Vector { ops, loaded_mask_vregs } => WorkKey::Vector(ops.to_bits(), loaded_mask_vregs.to_bits()),
@@ -324,6 +325,10 @@ struct Plan {
     carry_in: Vec<u16>,
     carry_out: Vec<u16>,
     has_mxu: bool,
+    /// Whether any position runs on each unit (MXU, VPU, EUP, XLU).
+    runs: [bool; 4],
+    /// The positions packed for [`Transfer::apply`].
+    replay: Vec<Replay>,
 }
 
 impl Plan {
@@ -342,6 +347,8 @@ impl Plan {
             carry_in: Vec::with_capacity(n),
             carry_out: Vec::with_capacity(n),
             has_mxu: index.unit.iter().any(|&u| usize::from(u) == Unit::Mxu.index()),
+            runs: std::array::from_fn(|u| index.unit.iter().any(|&x| usize::from(x) == u)),
+            replay: Vec::with_capacity(n),
         };
         plan.dep_at.push(0);
         for &i in order {
@@ -350,6 +357,14 @@ impl Plan {
             plan.carry_out.push(index.carry_out[i]);
             plan.deps.extend(index.pred[index.pred_at[i] as usize..index.pred_at[i + 1] as usize].iter().map(|&d| pos[d as usize] as u32));
             plan.dep_at.push(plan.deps.len() as u32);
+            let c = index.carry_in[i];
+            plan.replay.push(Replay {
+                work: index.work_of[i],
+                deps_end: plan.deps.len() as u32,
+                carry_in: if c == NONE { IN_START as u32 } else { (IN_CARRIES + usize::from(c)) as u32 },
+                carry_out: index.carry_out[i],
+                unit: index.unit[i],
+            });
         }
         plan
     }
@@ -367,7 +382,16 @@ pub fn schedule_body(chip: &ChipModel, body: &StepBody) -> BodyTiming {
     Transfer::new(chip, body, 0).isolated(true)
 }
 
-const NEG: f64 = f64::NEG_INFINITY;
+/// The larger of two times (never NaN): one `maxsd`, where `f64::max`'s NaN rule costs several
+/// instructions in [`Transfer::apply`]'s inner loop.
+#[inline(always)]
+fn fmax(a: f64, b: f64) -> f64 {
+    if a > b {
+        a
+    } else {
+        b
+    }
+}
 
 /// Index of the step's start among a transfer's inputs.
 pub const IN_START: usize = 0;
@@ -400,10 +424,21 @@ pub struct Transfer {
     costs: Vec<(usize, f64, f64)>,
     /// Memo key of the plan and of these costs (for the isolated schedule).
     key: u64,
-    /// (occupancy, latency) per issue position, made on first use.
-    by_position: std::sync::OnceLock<Vec<(f64, f64)>>,
     /// Whether the body has no operations (a skipped grid step).
     pub empty: bool,
+}
+
+/// One issue position as [`Transfer::apply`] replays it, packed: its distinct work (the index of
+/// its costs), the end of its dependencies in the plan's list, the input it reads a carried slot
+/// from ([`IN_START`] when none: a no-op in the max), the slot it writes ([`NONE`] when none)
+/// and its unit.
+#[derive(Debug, Clone, Copy)]
+struct Replay {
+    work: u32,
+    deps_end: u32,
+    carry_in: u32,
+    carry_out: u16,
+    unit: u8,
 }
 
 /// Reusable buffers for [`Transfer::apply`] (one per pipeline, so applying allocates nothing).
@@ -429,7 +464,7 @@ impl Transfer {
             Plan::new(&index, &list_order(&index, &node_costs))
         });
         let key = cost_key(plan_key, &costs);
-        Transfer { carries: k, empty: plan.node.is_empty(), index, plan, costs, key, by_position: std::sync::OnceLock::new() }
+        Transfer { carries: k, empty: plan.node.is_empty(), index, plan, costs, key }
     }
 
     /// Executed matmul FLOPs of one step of this body.
@@ -452,41 +487,41 @@ impl Transfer {
         if scratch.done.len() < n {
             scratch.done.resize(n, 0.0);
         }
-        // Per-position (occupancy, latency), gathered on the first apply (many transfers are
-        // never applied: their steps replay remembered transitions).
-        let cost = self.by_position.get_or_init(|| plan.work.iter().map(|&w| (self.costs[w as usize].1, self.costs[w as usize].2)).collect());
         let done = &mut scratch.done[..n];
+        let deps = &plan.deps[..];
         carries_out[..self.carries].copy_from_slice(&x[IN_CARRIES..IN_CARRIES + self.carries]);
         let s0 = x[IN_START];
         let mut uf = [x[IN_UNITS], x[IN_UNITS + 1], x[IN_UNITS + 2], x[IN_UNITS + 3]];
-        let (mut mxu_end, mut any_end, mut last) = (NEG, s0, s0);
-        for p in 0..n {
-            let u = plan.unit[p] as usize;
-            let mut s = s0.max(uf[u]);
-            for &d in &plan.deps[plan.dep_at[p] as usize..plan.dep_at[p + 1] as usize] {
-                s = s.max(done[d as usize]);
+        let mut last = s0;
+        let mut at = 0usize;
+        let costs = &self.costs[..];
+        for (p, r) in plan.replay.iter().enumerate() {
+            let u = usize::from(r.unit);
+            let (_, occ, lat) = costs[r.work as usize];
+            // A position without a carried input reads the start (a no-op in the max).
+            let mut s = fmax(fmax(s0, uf[u]), x[r.carry_in as usize]);
+            let end_deps = r.deps_end as usize;
+            for &d in &deps[at..end_deps] {
+                s = fmax(s, done[d as usize]);
             }
-            let c = plan.carry_in[p];
-            if c != NONE {
-                s = s.max(x[IN_CARRIES + c as usize]);
-            }
-            let (occ, lat) = cost[p];
+            at = end_deps;
             let end = s + occ;
             uf[u] = end;
             let d = end + lat;
             done[p] = d;
-            let c = plan.carry_out[p];
-            if c != NONE {
-                carries_out[c as usize] = d;
+            if r.carry_out != NONE {
+                carries_out[usize::from(r.carry_out)] = d;
             }
-            if u == 0 {
-                mxu_end = mxu_end.max(end);
-            }
-            any_end = any_end.max(end);
-            last = last.max(d);
+            last = fmax(last, d);
         }
+        // A unit's operations end in issue order, so its last end is its new free time: the
+        // front is the MXU's (or, without matmuls, any unit's that ran) last end.
+        let front = if plan.has_mxu {
+            uf[Unit::Mxu.index()]
+        } else {
+            (0..4).filter(|&u| plan.runs[u]).map(|u| uf[u]).fold(s0, f64::max)
+        };
         *units = uf;
-        let front = if plan.has_mxu { mxu_end } else { any_end };
         (front, last)
     }
 

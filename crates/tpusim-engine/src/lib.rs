@@ -216,9 +216,12 @@ pub fn cycles_lower_bound(chip: &ChipModel, program: &Program) -> f64 {
         .classes
         .iter()
         .map(|c| {
+            // A body's slabs repeat a few distinct works: each is costed once.
+            let mut occupancy: rustc_hash::FxHashMap<body::WorkKey, f64> = Default::default();
             let mut b = [0.0; 4];
-            for op in c.body.graph.node_weights() {
-                b[op.work.unit().index()] += quantize(op_cycles(chip, &op.work).0);
+            for (w, n) in c.body.works() {
+                // Whole quanta: n equal terms add up exactly as their product.
+                b[w.unit().index()] += f64::from(n) * *occupancy.entry(body::WorkKey::of(&w)).or_insert_with(|| quantize(op_cycles(chip, &w).0));
             }
             b
         })

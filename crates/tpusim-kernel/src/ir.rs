@@ -212,6 +212,10 @@ pub struct StepBody {
     /// The body's [`StepBody::signature`] once computed, shared by clones (reports of every sweep
     /// point name it); dropped with the memo when the body changes ([`StepBody::changed`]).
     signature: SignatureCell,
+    /// Set on a body built for counting only ([`crate::body::counting_only`]): its operations'
+    /// works, consecutive equal ones as one entry with their number, and no graph. Enough for
+    /// per-unit occupancy sums (the engine's lower bound), never to be simulated.
+    pub counted: Option<std::sync::Arc<[(Work, u32)]>>,
 }
 
 /// The cell of a body's signature (shared by clones). Its `Debug` shows nothing: the signature
@@ -313,6 +317,12 @@ impl StepBody {
         StepBody { graph: std::sync::Arc::new(graph), carries, ..StepBody::default() }
     }
 
+    /// A body built for counting only ([`StepBody::counted`]): `works` are its operations' works,
+    /// consecutive equal ones as one entry with their number.
+    pub fn counted(works: Vec<(Work, u32)>) -> Self {
+        StepBody { counted: Some(works.into()), ..StepBody::default() }
+    }
+
     /// Adds an operation issued at slot `issue`, depending on `deps`, and returns its index.
     /// Every dependency must have an issue slot no later than the operation's.
     pub fn add(&mut self, name: &'static str, work: Work, deps: &[NodeIndex], issue: u64) -> NodeIndex {
@@ -352,17 +362,24 @@ impl StepBody {
         }
     }
 
+    /// Each operation's work with its number (1 per graph node; a counted body's entries).
+    pub fn works(&self) -> Box<dyn Iterator<Item = (Work, u32)> + '_> {
+        match &self.counted {
+            Some(c) => Box::new(c.iter().copied()),
+            None => Box::new(self.graph.node_weights().map(|op| (op.work, 1))),
+        }
+    }
+
     /// Total matmul FLOPs of the body.
     pub fn flops(&self) -> f64 {
-        self.graph.node_weights().map(|op| op.work.flops()).sum()
+        self.works().map(|(w, n)| f64::from(n) * w.flops()).sum()
     }
 
     /// Total exp/reciprocal registers x elements per register gives transcendentals.
     pub fn transcendental_vregs(&self) -> f64 {
-        self.graph
-            .node_weights()
-            .map(|op| match op.work {
-                Work::Transcendental { vregs } => vregs,
+        self.works()
+            .map(|(w, n)| match w {
+                Work::Transcendental { vregs } => f64::from(n) * vregs,
                 _ => 0.0,
             })
             .sum()
@@ -370,7 +387,7 @@ impl StepBody {
 
     /// True when the body has no operations (a skipped grid step).
     pub fn is_empty(&self) -> bool {
-        self.graph.node_count() == 0
+        self.graph.node_count() == 0 && self.counted.as_ref().is_none_or(|c| c.is_empty())
     }
 
     /// A stable 64-bit hash of the body's meaning (FNV-1a over every operation in node order:

@@ -735,6 +735,17 @@ impl Report {
     /// [`Report::from_run`] with the chip model's identity already known (a sweep names each of
     /// its chip models once, not once per point).
     pub fn from_run_as(run: &Run, identity: tpusim_chip::ChipIdentity) -> Self {
+        Self::summarise(run, identity, true)
+    }
+
+    /// [`Report::from_run_as`] without the parts a sweep's row never shows: the step-class
+    /// summaries (each body's signature hashes every operation) and the notes. Every metric is
+    /// the same.
+    pub fn row_of(run: &Run, identity: tpusim_chip::ChipIdentity) -> Self {
+        Self::summarise(run, identity, false)
+    }
+
+    fn summarise(run: &Run, identity: tpusim_chip::ChipIdentity, detail: bool) -> Self {
         let r = &run.result;
         let chip = &run.chip;
         let ms = |c: f64| c / chip.clock_hz() * 1e3;
@@ -764,7 +775,7 @@ impl Report {
                     }),
                     step_classes: match l.map(|l| &l.work) {
                         // A one-phase run's classes are the report's own (not repeated here).
-                        Some(PhaseWork::Kernel(k)) if run.lowered.phases.len() > 1 => {
+                        Some(PhaseWork::Kernel(k)) if detail && run.lowered.phases.len() > 1 => {
                             class_summaries(k, &p.result, &|c| (c.key.tile.to_string(), c.key.masked))
                         }
                         _ => Vec::new(),
@@ -842,6 +853,7 @@ impl Report {
             phases,
             cores: r.cores.iter().map(|c| CoreSummary { grid_steps: c.grid_steps, busy_ms: PerUnit(c.busy.0.map(ms)) }).collect(),
             step_classes: match facts {
+                _ if !detail => Vec::new(),
                 // The IR path's classes are paths through the body, not tile kinds.
                 Some(_) => class_summaries(&run.program, r, &|c| (if c.body.is_empty() { "skipped".into() } else { "computed".into() }, false)),
                 None => class_summaries(&run.program, r, &|c| (c.key.tile.to_string(), c.key.masked)),
@@ -892,8 +904,12 @@ impl Report {
             }
         }
         // Results a user would question, with the mechanism behind them (crate::notes).
-        let explained: Vec<String> = [notes::mxu_fill(run), notes::unfitted_parameters(run, &rep)].into_iter().flatten().collect();
-        rep.notes.extend(explained);
+        if detail {
+            let explained: Vec<String> = [notes::mxu_fill(run), notes::unfitted_parameters(run, &rep)].into_iter().flatten().collect();
+            rep.notes.extend(explained);
+        } else {
+            rep.notes.clear();
+        }
         rep
     }
 

@@ -1,6 +1,8 @@
 //! The latency lower bound `tpusim tune` prunes with ([`tpusim_report::latency_lower_bound_s`])
 //! never exceeds the simulated latency, on every kernel family, direction and scope, on
-//! single- and two-core chips; and it is not vacuous (at least the busiest unit's share).
+//! single- and two-core chips; and it is not vacuous (at least the busiest unit's share). The
+//! tuner bounds from bodies built for counting only (`tpusim_kernel::body::counting_only`): their
+//! bound equals the full bodies' exactly.
 
 use proptest::prelude::*;
 use tpusim_report::{latency_lower_bound_s, run, JobSpec};
@@ -16,6 +18,8 @@ fn check(s: &JobSpec, what: &str) -> Option<(f64, f64)> {
     let job = s.build(&chip).ok()?;
     let lowered = job.lower(&chip).ok()?;
     let bound = latency_lower_bound_s(&chip, &lowered);
+    let counted = tpusim_kernel::body::counting_only(|| job.lower(&chip)).unwrap_or_else(|e| panic!("{what}: counting: {e}"));
+    assert_eq!(latency_lower_bound_s(&chip, &counted).to_bits(), bound.to_bits(), "{what}: the counted bodies' bound differs");
     let r = run(&chip, &job).unwrap_or_else(|e| panic!("{what}: {e}"));
     let t = r.result.seconds;
     assert!(bound <= t * (1.0 + 1e-12), "{what}: bound {bound} s above the simulated {t} s");

@@ -230,7 +230,7 @@ impl Evaluator {
                 _ => None,
             };
             let run = tpusim_report::run_lowered(&chip.chip, job, low.clone(), dense);
-            let rep = Report::from_run_as(&run, chip.identity.clone());
+            let rep = Report::row_of(&run, chip.identity.clone());
             Ok(if self.what_if_2x { rep.with_what_if(&run) } else { rep })
         });
         Outcome { job: Some(job.clone()), chip: Some(chip.identity.clone()), report }
@@ -275,7 +275,7 @@ impl Evaluator {
             Err(e) => return Outcome { job: Some(job), chip: None, report: Err(e) },
         };
         let report = tpusim_report::run(&chip.chip, &job).map_err(|e| e.to_string()).map(|run| {
-            let rep = Report::from_run_as(&run, chip.identity.clone());
+            let rep = Report::row_of(&run, chip.identity.clone());
             if self.what_if_2x {
                 rep.with_what_if(&run)
             } else {
@@ -322,10 +322,17 @@ mod tests {
         ]
     }
 
+    /// `tpusim run`'s report of a spec without what a sweep row leaves out (step classes, notes).
     fn reference(s: &JobSpec) -> Result<Report, String> {
         let chip = s.chip().map_err(|e| e.to_string())?;
         let job = s.build(&chip).map_err(|e| e.to_string())?;
-        tpusim_report::run(&chip, &job).map(|r| Report::from_run_as(&r, r.chip.identity())).map_err(|e| e.to_string())
+        let mut r = tpusim_report::run(&chip, &job).map(|r| Report::from_run_as(&r, r.chip.identity())).map_err(|e| e.to_string())?;
+        r.step_classes.clear();
+        r.notes.clear();
+        for p in &mut r.phases {
+            p.step_classes.clear();
+        }
+        Ok(r)
     }
 
     #[test]

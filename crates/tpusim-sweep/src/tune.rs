@@ -867,7 +867,8 @@ fn prepare(chip: &ChipModel, spec: &JobSpec, cand: &Cand, opts: &TuneOptions) ->
         Ok(j) => j,
         Err(e) => return Pre::Done(Eval::Other(render(&e))),
     };
-    match job.lower(chip) {
+    // The bound needs each body's operations, not their order: bodies built for counting only.
+    match tpusim_kernel::body::counting_only(|| job.lower(chip)) {
         Ok(lowered) => {
             // As `evaluate` judges it from the report's tiles (the first kernel's).
             let partial = lowered.phases.iter().find_map(|p| match &p.work {

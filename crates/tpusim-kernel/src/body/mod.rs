@@ -114,7 +114,10 @@ pub fn elem_bytes(dtype: &str) -> u64 {
 struct Val {
     shape: Vec<u64>,
     varies: Vec<bool>,
-    /// Per slab (len 1 when not split): (nodes to depend on, their issue slot).
+    /// Slabs of the value ([`nslabs`]; 1 when not split).
+    ns: usize,
+    /// Per slab: (nodes to depend on, their issue slot). A body built for counting only keeps no
+    /// dependencies: at most one list, present when some node produced the value.
     deps: Vec<Deps>,
     /// Carried state this value was loaded from (per slab carry slot), before any store of it
     /// in this step.
@@ -126,7 +129,17 @@ struct Val {
 impl Val {
     /// A value that only carries dependencies (an op's intermediate node).
     fn after(deps: Deps, unit: Unit) -> Val {
-        Val { shape: Vec::new(), varies: Vec::new(), deps: vec![deps], carry: None, unit: Some(unit) }
+        Val { shape: Vec::new(), varies: Vec::new(), ns: 1, deps: vec![deps], carry: None, unit: Some(unit) }
+    }
+
+    /// Sets slab `s`'s dependencies (when counting, the first list only: it marks the value as
+    /// produced).
+    fn set(&mut self, s: usize, d: Deps) {
+        if self.deps.is_empty() {
+            self.deps.push(d);
+        } else if let Some(x) = self.deps.get_mut(s) {
+            *x = d;
+        }
     }
 }
 
@@ -241,6 +254,12 @@ pub struct Builder {
     seq: u64,
     largest: u64,
     f32_matmuls: u64,
+    /// Operations only, no edges or carried state ([`counting_only`]): their works, consecutive
+    /// equal ones counted once.
+    counting: bool,
+    tally: Vec<(Work, u32)>,
+    /// How many slabs the node being built stands for ([`Builder::reps`]; 1 unless counting).
+    mult: u32,
 }
 
 thread_local! {
@@ -248,6 +267,51 @@ thread_local! {
     /// thousands of nodes, and fresh storage for each (first-touch page faults, growth by
     /// doubling) was a quarter of lowering's time.
     static SPARE_GRAPH: std::cell::RefCell<Option<DiGraph<TileOp, ()>>> = const { std::cell::RefCell::new(None) };
+}
+
+thread_local! {
+    /// Whether bodies built on this thread are for counting only ([`counting_only`]).
+    static COUNTING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f` with the step bodies it builds on this thread made for counting only: each has every
+/// operation with its unit and work, as a full build gives them, but no dependency edges,
+/// issue order or carried state. That is all a per-unit occupancy sum needs (the engine's
+/// `cycles_lower_bound`, which `tpusim tune` uses to skip candidates that cannot rank), at a
+/// fraction of the cost of a full build; such a body must never be simulated.
+pub fn counting_only<T>(f: impl FnOnce() -> T) -> T {
+    /// Restores the thread's flag however `f` ends.
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            COUNTING.with(|c| c.set(self.0));
+        }
+    }
+    let _restore = Restore(COUNTING.with(|c| c.replace(true)));
+    f()
+}
+
+/// The step body under `key`, built by `build` when no recent lowering of this process built it
+/// (a hand lowering names a body by its kernel and step fields): lowerings of one shape, and a
+/// sweep's points that share one, build it once. At most 64 bodies are kept (all dropped when
+/// full). Bodies built for counting only ([`counting_only`]) are neither kept nor looked up.
+pub fn cached(key: String, build: impl FnOnce() -> StepBody) -> StepBody {
+    use std::sync::{Mutex, OnceLock, PoisonError};
+    static CACHE: OnceLock<Mutex<HashMap<String, StepBody>>> = OnceLock::new();
+    const CAPACITY: usize = 64;
+    if COUNTING.with(std::cell::Cell::get) {
+        return build();
+    }
+    let cache = CACHE.get_or_init(Default::default);
+    if let Some(b) = cache.lock().unwrap_or_else(PoisonError::into_inner).get(&key) {
+        return b.clone();
+    }
+    let body = build();
+    let mut c = cache.lock().unwrap_or_else(PoisonError::into_inner);
+    if c.len() >= CAPACITY {
+        c.clear();
+    }
+    c.entry(key).or_insert(body).clone()
 }
 
 impl Builder {
@@ -277,7 +341,28 @@ impl Builder {
             seq: 0,
             largest: 0,
             f32_matmuls: 0,
+            counting: COUNTING.with(std::cell::Cell::get),
+            tally: Vec::new(),
+            mult: 1,
         }
+    }
+
+    /// Empty dependency lists for a value of `ns` slabs (none when counting: [`Val::deps`]).
+    fn slab_deps(&self, ns: usize) -> Vec<Deps> {
+        if self.counting {
+            Vec::new()
+        } else {
+            vec![Deps::new(); ns]
+        }
+    }
+
+    /// The slabs a loop over `ns` slabs builds, each with how many slabs it stands for: every
+    /// slab once; when counting, the first for every full one (they have equal work) and the
+    /// last, which may be shorter.
+    fn reps(&self, ns: usize) -> impl Iterator<Item = (usize, u32)> {
+        let folded = self.counting && ns > 2;
+        let (firsts, count) = if folded { (vec![0, ns - 1], (ns - 1) as u32) } else { ((0..ns).collect(), 1) };
+        firsts.into_iter().map(move |s| (s, if folded && s == 0 { count } else { 1 }))
     }
 
     /// After an iteration of a rolled loop whose ops span `slabs` slabs: the next iteration's
@@ -310,6 +395,18 @@ impl Builder {
     /// iteration's base + s; every slab of an op that needs its whole input: the base).
     #[allow(clippy::too_many_arguments)]
     fn node_from(&mut self, name: &'static str, work: Work, inputs: &[&Val], extra: &[(NodeIdx, u64)], s: usize, ns: usize, floor: u64) -> (NodeIdx, u64) {
+        if self.counting {
+            // No node: the work tallied (a slab loop's equal works as one entry). The index
+            // handed back is never looked up (counting skips every use of the graph).
+            let _ = (name, inputs, extra, s, ns);
+            // A slab's few nodes repeat slab after slab: the last few entries are searched.
+            let len = self.tally.len();
+            match self.tally[len.saturating_sub(4)..].iter_mut().rev().find(|(w, _)| *w == work) {
+                Some((_, n)) => *n += self.mult,
+                None => self.tally.push((work, self.mult)),
+            }
+            return (NodeIdx::new(0), floor);
+        }
         let unit = work.unit();
         let mut carry_in = None;
         let mut slot = floor;
@@ -375,37 +472,40 @@ impl Builder {
         }
         let ns = nslabs(shape, &varies);
         let vr = cost::vregs(shape, &varies);
-        let mut out = Val { shape: shape.clone(), varies, deps: std::iter::repeat_with(Deps::new).take(ns).collect(), carry: None, unit: None };
+        let mut out = Val { shape: shape.clone(), varies, ns, deps: self.slab_deps(ns), carry: None, unit: None };
         match c {
             OpCost::Free => self.free(op, &ins, &mut out),
             OpCost::Vpu(k) => {
-                for s in 0..ns {
+                for (s, m) in self.reps(ns) {
+                    self.mult = m;
                     let share = slab_share(shape, s, ns);
                     let (n, sl) = self.node(static_name, Work::Vector { ops: k * vr * share, loaded_mask_vregs: 0.0 }, &ins, &[], s, ns);
-                    out.deps[s] = smallvec::smallvec![(n, sl)];
+                    out.set(s, smallvec::smallvec![(n, sl)]);
                 }
                 out.unit = Some(Unit::Vpu);
             }
             OpCost::Eup { eup, vpu } => {
-                for s in 0..ns {
+                for (s, m) in self.reps(ns) {
+                    self.mult = m;
                     let share = slab_share(shape, s, ns);
                     if vpu > 0.0 {
                         let (n, sl) = self.node(static_name, Work::Vector { ops: vpu * vr * share, loaded_mask_vregs: 0.0 }, &ins, &[], s, ns);
                         let scaled = Val::after(smallvec::smallvec![(n, sl)], Unit::Vpu);
                         let (e, esl) = self.node(static_name, Work::Transcendental { vregs: eup * vr * share }, &[&scaled], &[], 0, 1);
-                        out.deps[s] = smallvec::smallvec![(e, esl)];
+                        out.set(s, smallvec::smallvec![(e, esl)]);
                     } else {
                         let (e, esl) = self.node(static_name, Work::Transcendental { vregs: eup * vr * share }, &ins, &[], s, ns);
-                        out.deps[s] = smallvec::smallvec![(e, esl)];
+                        out.set(s, smallvec::smallvec![(e, esl)]);
                     }
                 }
                 out.unit = Some(Unit::Eup);
             }
             OpCost::LoadedMask => {
-                for s in 0..ns {
+                for (s, m) in self.reps(ns) {
+                    self.mult = m;
                     let share = slab_share(shape, s, ns);
                     let (n, sl) = self.node(static_name, Work::Vector { ops: 0.0, loaded_mask_vregs: vr * share }, &ins, &[], s, ns);
-                    out.deps[s] = smallvec::smallvec![(n, sl)];
+                    out.set(s, smallvec::smallvec![(n, sl)]);
                 }
                 out.unit = Some(Unit::Vpu);
             }
@@ -479,20 +579,21 @@ impl Builder {
     /// model already predicts fast).
     fn cross_lane(&mut self, name: &str, static_name: &'static str, ins: &[&Val], out: &mut Val, vr: f64) {
         let shape = out.shape.clone();
-        let ns = out.deps.len();
+        let ns = out.ns;
         let src_vr = ins.first().map(|v| cost::vregs(&v.shape, &v.varies)).unwrap_or(vr);
         let transpose = name.ends_with(".transpose");
         let whole: Vec<Val> = if transpose {
-            ins.iter().map(|v| Val { shape: Vec::new(), varies: Vec::new(), deps: vec![v.deps.iter().flatten().copied().collect()], carry: v.carry.clone(), unit: v.unit }).collect()
+            ins.iter().map(|v| Val { shape: Vec::new(), varies: Vec::new(), ns: 1, deps: vec![v.deps.iter().flatten().copied().collect()], carry: v.carry.clone(), unit: v.unit }).collect()
         } else {
             Vec::new()
         };
         let in_refs: Vec<&Val> = if transpose { whole.iter().collect() } else { ins.to_vec() };
-        for s in 0..ns {
+        for (s, m) in self.reps(ns) {
+            self.mult = m;
             let share = slab_share(&shape, s, ns);
             let floor = if transpose { self.base } else { self.base + s as u64 };
             let (n, sl) = self.node_from(static_name, Work::CrossLane { vregs: src_vr * share }, &in_refs, &[], s, ns, floor);
-            out.deps[s] = smallvec::smallvec![(n, sl)];
+            out.set(s, smallvec::smallvec![(n, sl)]);
         }
         if transpose {
             let all: Deps = out.deps.iter().flatten().copied().collect();
@@ -538,7 +639,7 @@ impl Builder {
     }
 
     fn free(&mut self, op: &BodyOp, ins: &[&Val], out: &mut Val) {
-        let ns = out.deps.len();
+        let ns = out.ns;
         let name = op.name.as_str();
         if is_load(name) {
             if let Some(r) = ref_index(op) {
@@ -547,7 +648,7 @@ impl Builder {
                     let mut carry = Vec::new();
                     for s in 0..ns {
                         match self.writers.get(&(r, s)).or_else(|| self.writers.get(&(r, 0))) {
-                            Some(w) => out.deps[s] = w.clone(),
+                            Some(w) => out.set(s, w.clone()),
                             None => carry.push(self.slot(r, s)),
                         }
                     }
@@ -569,7 +670,8 @@ impl Builder {
                     let all = vec![true; v.shape.len()];
                     let regs = cost::vregs(&v.shape, &all);
                     let ns = nslabs(&v.shape, &all);
-                    for s in 0..ns {
+                    for (s, m) in self.reps(ns) {
+                        self.mult = m;
                         let share = slab_share(&v.shape, s, ns);
                         let (n, sl) = self.node("fill", Work::Vector { ops: regs * share, loaded_mask_vregs: 0.0 }, &[], &[], s, ns);
                         if carried {
@@ -586,14 +688,21 @@ impl Builder {
             }
             return;
         }
-        // Pass-through: slab-aligned dependencies of every operand.
+        // Pass-through: slab-aligned dependencies of every operand (when counting, whether any
+        // node produced one).
         for v in ins {
-            for s in 0..ns {
-                if v.deps.len() == ns {
-                    out.deps[s].extend(v.deps[s].iter().copied());
-                } else {
-                    for l in &v.deps {
-                        out.deps[s].extend(l.iter().copied());
+            if self.counting {
+                if let (true, Some(d)) = (out.deps.is_empty(), v.deps.iter().find(|d| !d.is_empty())) {
+                    out.deps.push(d.clone());
+                }
+            } else {
+                for s in 0..ns {
+                    if v.deps.len() == ns {
+                        out.deps[s].extend(v.deps[s].iter().copied());
+                    } else {
+                        for l in &v.deps {
+                            out.deps[s].extend(l.iter().copied());
+                        }
                     }
                 }
             }
@@ -636,12 +745,14 @@ impl Builder {
         }
         let xlu = if lanes_reduced { tile_vr } else { 0.0 };
         // Slabs follow the source's rows when they survive the reduction.
-        let ns_src = src.deps.len();
+        let ns_src = src.ns;
         let ns = if rows_reduced { 1 } else { ns_src };
         self.row_reduction |= rows_reduced && ns_src > 1;
-        out.deps = vec![Deps::new(); ns];
+        out.ns = ns;
+        out.deps = self.slab_deps(ns);
         let srcs = [src];
-        for s in 0..ns {
+        for (s, m) in self.reps(ns) {
+            self.mult = m;
             let share = slab_share(&src.shape, s, ns);
             let mut last: Deps = Deps::new();
             let mut unit = None;
@@ -664,7 +775,7 @@ impl Builder {
             } else if let Some(v) = &v {
                 last = v.deps[0].clone();
             }
-            out.deps[s] = last;
+            out.set(s, last);
             out.unit = unit;
         }
         Ok(())
@@ -683,7 +794,7 @@ impl Builder {
         }
         // Rows of the result split into slabs (the lhs streams; the rhs is the stationary weight).
         let rank = out.shape.len();
-        let ns = out.deps.len();
+        let ns = out.ns;
         let (lhs, rhs, acc) = (ins.first().copied(), ins.get(1).copied(), ins.get(2).copied());
         let pop_vr = cost::vregs(&out.shape, &vec![true; rank]);
         // f32 operands are rounded to bf16 on the VPU before the MXU, one operation per f32
@@ -698,7 +809,7 @@ impl Builder {
                 // slab behind the streamed work.
                 let producers: Deps = rv.deps.iter().flatten().copied().collect();
                 let graph = &mut self.graph;
-                let loaded_only = producers.iter().all(|&(n, _)| graph.neighbors_directed(n, petgraph::Direction::Incoming).next().is_none());
+                let loaded_only = !self.counting && producers.iter().all(|&(n, _)| graph.neighbors_directed(n, petgraph::Direction::Incoming).next().is_none());
                 let hoisted;
                 let rv = match producers.iter().map(|p| p.1).min().filter(|_| loaded_only) {
                     Some(first) => {
@@ -731,7 +842,7 @@ impl Builder {
         let sig: MatmulSig = (m, k, n, read_from(0), read_from(1));
         let repeat = sig.3.is_some() && sig.4.is_some() && !self.matmul_sigs.insert(sig);
         let prev_mm = self.last_matmul.take();
-        let after = prev_mm.filter(|_| repeat && self.row_reduction).and_then(|(nodes, last)| {
+        let after = prev_mm.filter(|_| repeat && self.row_reduction && !self.counting).and_then(|(nodes, last)| {
             let mut roots: Vec<NodeIdx> = Vec::new();
             for v in lhs.iter().chain(rhs.iter()).chain(acc.iter()) {
                 roots.extend(v.deps.iter().flatten().map(|d| d.0));
@@ -740,7 +851,8 @@ impl Builder {
         });
         let mut mm_nodes: Vec<NodeIdx> = Vec::new();
         let mut mm_last = 0u64;
-        for s in 0..ns {
+        for (s, reps) in self.reps(ns) {
+            self.mult = reps;
             let r = if ns == 1 { m } else { slab_rows(&out.shape, s, ns) };
             let share = r as f64 / m.max(1) as f64;
             let mut inputs: Vec<&Val> = Vec::new();
@@ -774,7 +886,7 @@ impl Builder {
                 pop_in.push(a);
             }
             let (p, psl) = self.node("matmul_pop", Work::Vector { ops: pop_vr * share, loaded_mask_vregs: 0.0 }, &pop_in, &[], 0, 1);
-            out.deps[s] = smallvec::smallvec![(p, psl)];
+            out.set(s, smallvec::smallvec![(p, psl)]);
         }
         out.unit = Some(Unit::Vpu);
         self.last_matmul = Some((mm_nodes, mm_last));
@@ -783,6 +895,10 @@ impl Builder {
 
     /// The body, with the last store of each carried slab writing its slot.
     pub fn finish(mut self) -> Built {
+        if self.counting {
+            let body = StepBody::counted(self.tally);
+            return Built { body, largest_bytes: self.largest, f32_matmuls: self.f32_matmuls };
+        }
         let mut writes: Vec<(RefSlab, Deps)> = self.writers.drain().collect();
         writes.sort_by_key(|w| w.0);
         for ((r, s), w) in writes {
@@ -797,8 +913,7 @@ impl Builder {
         }
         self.carries = self.carries.max(self.slots.len() as u16);
         // The body gets an exact-size copy; the builder's storage goes back to the thread.
-        let graph = self.graph.clone();
-        SPARE_GRAPH.with(|g| *g.borrow_mut() = Some(std::mem::take(&mut self.graph)));
+        let graph = std::mem::take(&mut self.graph);
         Built { body: StepBody::from_graph(graph, self.carries), largest_bytes: self.largest, f32_matmuls: self.f32_matmuls }
     }
 }

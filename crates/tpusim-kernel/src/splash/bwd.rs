@@ -652,22 +652,9 @@ pub fn lower_dkv(chip: &ChipModel, w: &AttentionCall, cfg: &super::SplashConfig)
 }
 
 /// A backward step's body (`dkv`: the dkv kernel's, else the dq kernel's) from its op program
-/// ([`super::bwd_ops`]), shared between lowerings as the forward's are.
+/// ([`super::bwd_ops`]), shared between lowerings ([`crate::body::cached`]).
 fn bwd_body(dkv: bool, s: &BwdStep<'_>) -> StepBody {
-    use std::sync::{Mutex, OnceLock, PoisonError};
-    static CACHE: OnceLock<Mutex<std::collections::HashMap<String, StepBody>>> = OnceLock::new();
-    const CAPACITY: usize = 64;
-    let key = format!("{dkv}{s:?}");
-    let cache = CACHE.get_or_init(Default::default);
-    if let Some(b) = cache.lock().unwrap_or_else(PoisonError::into_inner).get(&key) {
-        return b.clone();
-    }
-    let body = if dkv { super::bwd_ops::dkv_step(s) } else { super::bwd_ops::dq_step(s) };
-    let mut c = cache.lock().unwrap_or_else(PoisonError::into_inner);
-    if c.len() >= CAPACITY {
-        c.clear();
-    }
-    c.entry(key).or_insert(body).clone()
+    crate::body::cached(format!("bwd{dkv}{s:?}"), || if dkv { super::bwd_ops::dkv_step(s) } else { super::bwd_ops::dq_step(s) })
 }
 
 /// Lowers JAX's dq kernel (the unfused backward's first kernel; module docs).

@@ -186,22 +186,9 @@ pub(crate) fn mask_plan(cl: &Classified, source: MaskSource, any_not_full: bool,
 }
 
 /// The body of one step of a kernel whose body is an op program ([`ops`]: JAX's Splash, JAX's
-/// flash attention), shared between lowerings as [`attention_body`]'s are.
+/// flash attention), shared between lowerings ([`crate::body::cached`]).
 fn op_body(kernel: Kernel, s: &ops::FwdStep<'_>) -> StepBody {
-    use std::sync::{Mutex, OnceLock, PoisonError};
-    static CACHE: OnceLock<Mutex<HashMap<String, StepBody>>> = OnceLock::new();
-    const CAPACITY: usize = 64;
-    let key = format!("{kernel:?}{s:?}");
-    let cache = CACHE.get_or_init(Default::default);
-    if let Some(b) = cache.lock().unwrap_or_else(PoisonError::into_inner).get(&key) {
-        return b.clone();
-    }
-    let body = if kernel == Kernel::FlashAttention { ops::jax_flash_fwd(s) } else { ops::splash_fwd(s) };
-    let mut c = cache.lock().unwrap_or_else(PoisonError::into_inner);
-    if c.len() >= CAPACITY {
-        c.clear();
-    }
-    c.entry(key).or_insert(body).clone()
+    crate::body::cached(format!("{kernel:?}{s:?}"), || if kernel == Kernel::FlashAttention { ops::jax_flash_fwd(s) } else { ops::splash_fwd(s) })
 }
 
 /// Whether a mask keeps a pair by q - k alone, so that blocks at equal q0 - k0 are identical

@@ -4,10 +4,15 @@
 //! large values of their bodies); a front end that reads a kernel's Mosaic IR passes the
 //! windows, scratch operands and body values it finds there.
 //!
-//! **The rule.** A buffer's bytes are its block shape with the last two dimensions padded to the
-//! VMEM tile - rows to [`Dtype::tile_rows`] ((8, 128) for 32-bit data, (16, 128) bf16, (32, 128)
-//! int8), columns to [`LANES`] - times the leading dimensions (a rank-1 block is one row;
-//! squeezed `None` dimensions are left out by the caller). Then, by [`Role`]:
+//! **The rule.** A window's or scratch buffer's bytes are its block shape tiled as Mosaic lays
+//! out a memref ([`memref_bytes`]: jax-ml/jax `jaxlib/mosaic/dialect/tpu/transforms/
+//! infer_memref_layout.cc`, `getTilingFactor`): columns padded to [`LANES`], rows to the tile
+//! height - [`Dtype::tile_rows`] ((8, 128) for 32-bit data, (16, 128) bf16, (32, 128) int8)
+//! when the block has at least that many rows, else the smallest power of two from the packing
+//! (32 bits / element bits) that holds them, at most 8 (a (2, 128) bf16 block is not padded) -
+//! times the leading dimensions (squeezed `None` dimensions are left out by the caller). A body
+//! value is laid out in vector registers, (8, 128) 32-bit ones, so its rows pad to
+//! [`Dtype::tile_rows`] ([`tiled_bytes`]). Then, by [`Role`]:
 //!
 //! * a **window** (a BlockSpec's block, input or output) takes `buffers` copies: 2 by default,
 //!   as Pallas double-buffers every window so that the next grid step's block is copied while
@@ -85,15 +90,51 @@ impl VmemBuffer {
         VmemBuffer { name: name.into(), shape: shape.to_vec(), dtype, role: Role::Internal }
     }
 
-    /// Bytes of one copy, tile-padded (module docs).
+    /// Bytes of one copy, tile-padded (module docs): a window or scratch buffer as a memref
+    /// ([`memref_bytes`]), a body value in vector registers ([`tiled_bytes`]).
     pub fn bytes(&self) -> u64 {
-        tiled_bytes(&self.shape, self.dtype)
+        match self.role {
+            Role::Internal => tiled_bytes(&self.shape, self.dtype),
+            Role::Window { .. } | Role::Scratch => memref_bytes(&self.shape, self.dtype),
+        }
     }
 }
 
-/// Bytes one `shape` block of `dtype` occupies in VMEM: the last two dimensions padded to the
-/// tile (rows to [`Dtype::tile_rows`], columns to [`LANES`]), times the leading dimensions. A
-/// rank-1 block is one row; an empty shape is one element (padded to a tile).
+/// Bytes a `shape` memref of `dtype` occupies in VMEM as Mosaic tiles it (module docs; jax-ml/jax
+/// `infer_memref_layout.cc`, with the large second-minor tilings of 16- and 8-bit data): the
+/// last dimension padded to [`LANES`], the second-to-last to its tile height, times the leading
+/// dimensions. A rank-1 memref is padded to a whole number of tiles of `height x 128` elements
+/// (height as a second-minor dimension of its 128-element rows would have); an empty shape is
+/// one element.
+pub fn memref_bytes(shape: &[u64], dtype: Dtype) -> u64 {
+    /// `getTilingFactor`: the tile height for `rows` rows (or 128-element groups).
+    fn height(rows: u64, dtype: Dtype) -> u64 {
+        let large = dtype.tile_rows();
+        if rows >= large {
+            return large;
+        }
+        let mut h = 4 / dtype.bytes();
+        while h < rows.min(8) {
+            h *= 2;
+        }
+        h
+    }
+    match shape {
+        [] => dtype.bytes(),
+        [n] => n.next_multiple_of(height(n.div_ceil(LANES), dtype) * LANES).saturating_mul(dtype.bytes()),
+        [lead @ .., r, c] => lead
+            .iter()
+            .product::<u64>()
+            .saturating_mul(r.next_multiple_of(height(*r, dtype)))
+            .saturating_mul(c.next_multiple_of(LANES))
+            .saturating_mul(dtype.bytes()),
+    }
+}
+
+/// Bytes one `shape` value of `dtype` occupies in vector registers (a body value): the last two
+/// dimensions padded to the tile (rows to [`Dtype::tile_rows`], columns to [`LANES`]), times the
+/// leading dimensions. A rank-1 value is one row; an empty shape is one element (padded to a
+/// tile).
 pub fn tiled_bytes(shape: &[u64], dtype: Dtype) -> u64 {
     let (rows, cols, lead) = match shape {
         [] => (1, 1, 1),
@@ -145,6 +186,29 @@ mod tests {
         assert_eq!(tiled_bytes(&[8, 128], Dtype::F32), 8 * 128 * 4);
         assert_eq!(tiled_bytes(&[3, 1000, 100], Dtype::I8), 3 * 1024 * 128);
         assert_eq!(tiled_bytes(&[100], Dtype::F32), 8 * 128 * 4);
+    }
+
+    #[test]
+    fn memrefs_tile_as_mosaic_lays_them_out() {
+        // Large blocks pad as vector registers do.
+        assert_eq!(memref_bytes(&[25344, 80], Dtype::Bf16), 25344 * 128 * 2);
+        assert_eq!(memref_bytes(&[24, 128], Dtype::Bf16), 32 * 128 * 2);
+        assert_eq!(memref_bytes(&[3, 1000, 100], Dtype::I8), 3 * 1024 * 128);
+        // A small second-minor dimension is tiled to the smallest power of two from the packing
+        // that holds it (at most 8), not to a whole 16- or 32-row tile.
+        assert_eq!(memref_bytes(&[2, 16384, 1, 2, 128], Dtype::Bf16), 2 * 16384 * 2 * 128 * 2);
+        assert_eq!(memref_bytes(&[4, 1, 128], Dtype::Bf16), 4 * 2 * 128 * 2);
+        assert_eq!(memref_bytes(&[4, 1, 128], Dtype::F32), 4 * 128 * 4);
+        assert_eq!(memref_bytes(&[5, 128], Dtype::F32), 8 * 128 * 4);
+        assert_eq!(memref_bytes(&[9, 128], Dtype::Bf16), 16 * 128 * 2);
+        assert_eq!(memref_bytes(&[3, 128], Dtype::I8), 4 * 128);
+        // Rank 1: whole tiles of height x 128 elements.
+        assert_eq!(memref_bytes(&[100], Dtype::F32), 128 * 4);
+        assert_eq!(memref_bytes(&[300], Dtype::F32), 512 * 4);
+        assert_eq!(memref_bytes(&[5000], Dtype::F32), 5120 * 4);
+        // A body value still pads to whole vector registers.
+        assert_eq!(VmemBuffer::internal("v", &[2, 128], Dtype::Bf16).bytes(), 16 * 128 * 2);
+        assert_eq!(VmemBuffer::scratch("s", &[2, 128], Dtype::Bf16).bytes(), 2 * 128 * 2);
     }
 
     #[test]

@@ -346,13 +346,23 @@ impl Description {
         Ok(d)
     }
 
-    /// Reads a description file.
+    /// Reads a description file: JSON, or JSON compressed with gzip (told by its first bytes,
+    /// whatever its name; `tpusim.jax.describe` writes one for a path ending in `.gz`).
     ///
     /// # Errors
-    /// [`PallasError::Io`] when it cannot be read, else as [`Description::from_json`].
+    /// [`PallasError::Io`] when it cannot be read or decompressed, else as
+    /// [`Description::from_json`].
     pub fn read(path: &Path) -> Result<(Description, PathBuf), PallasError> {
-        let text =
-            std::fs::read_to_string(path).map_err(|e| PallasError::Io { path: path.display().to_string(), message: e.to_string() })?;
+        let io = |e: std::io::Error| PallasError::Io { path: path.display().to_string(), message: e.to_string() };
+        let bytes = std::fs::read(path).map_err(io)?;
+        let text = if bytes.starts_with(&[0x1f, 0x8b]) {
+            use std::io::Read;
+            let mut t = String::new();
+            flate2::read::MultiGzDecoder::new(&bytes[..]).read_to_string(&mut t).map_err(io)?;
+            t
+        } else {
+            String::from_utf8(bytes).map_err(|e| io(std::io::Error::new(std::io::ErrorKind::InvalidData, e)))?
+        };
         let d = Description::from_json(&text, &path.display().to_string())?;
         let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
         Ok((d, dir))

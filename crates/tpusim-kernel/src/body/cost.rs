@@ -95,7 +95,6 @@ pub const OPS: &[(&str, OpCost)] = &[
     ("tpu.wait_dma2", OpCost::Free),
     ("tpu.trace_start", OpCost::Free),
     ("tpu.trace_stop", OpCost::Free),
-    ("tpu.region", OpCost::Free),
     ("tpu.yield", OpCost::Free),
     // VPU element-wise.
     ("arith.addf", OpCost::Vpu(1.0)),

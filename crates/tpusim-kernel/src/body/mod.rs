@@ -466,7 +466,9 @@ impl Builder {
         let shape = &op.shape;
         let rank = shape.len();
         let varies = self.varies(op, &ins);
-        if rank >= 2 {
+        // A constant (a splat, constant along every dimension) is a register Mosaic rematerialises,
+        // never a value it holds in VMEM.
+        if rank >= 2 && varies.iter().any(|&v| v) {
             let dtype = crate::dtype::Dtype::of_bytes(elem_bytes(&op.dtype)).unwrap_or(crate::dtype::Dtype::F32);
             self.largest = self.largest.max(crate::vmem::tiled_bytes(shape, dtype));
         }

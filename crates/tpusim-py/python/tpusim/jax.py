@@ -330,6 +330,34 @@ _SCALAR_BIN = {
 _SCALAR_CAST = {"arith.index_cast", "arith.extsi", "arith.extui", "arith.trunci", "arith.index_castui", "arith.bitcast"}
 
 
+class _Key(str):
+    """A value's key in the reader's maps: its printed SSA name (what messages show) and its
+    identity. MLIR numbers values again in sibling regions (the branches of an `scf.if`, the
+    bodies of consecutive loops), so two values may print alike; a name alone would hand one
+    value's window, size or index to the other."""
+
+    def __new__(cls, name, ident):
+        k = super().__new__(cls, name)
+        k._ident = ident
+        return k
+
+    def __hash__(self):
+        return hash((str(self), self._ident))
+
+    def __eq__(self, other):
+        return isinstance(other, _Key) and str(self) == str(other) and self._ident == other._ident
+
+    def __ne__(self, other):
+        return not self.__eq__(other)
+
+
+def _is_kernel_func(f):
+    """Whether a Mosaic module's func is the kernel (not an index map): it carries the grid, the
+    windows or the scalar-prefetch count (a call with no grid has only the last, or none)."""
+    a = f.attributes
+    return any(k in a for k in ("iteration_bounds", "window_params", "scalar_prefetch", "dimension_semantics"))
+
+
 class _Reader:
     """Reads one kernel module into a description dict."""
 
@@ -343,7 +371,7 @@ class _Reader:
                 self.funcs[f.attributes["sym_name"].value] = f
         self.main = None
         for f in self.funcs.values():
-            if "window_params" in f.attributes or "iteration_bounds" in f.attributes:
+            if _is_kernel_func(f):
                 self.main = f
                 break
         if self.main is None:
@@ -365,7 +393,7 @@ class _Reader:
         if self._asm is None:
             _, _, ir, _ = _ir()
             self._asm = ir.AsmState(self.module.operation)
-        return v.get_name(self._asm)
+        return _Key(v.get_name(self._asm), hash(v))
 
     def _new_id(self):
         self.next_id += 1
@@ -410,7 +438,8 @@ class _Reader:
                 self.scalars[k] = ["unknown", f"the float constant {val}"]
         elif name in _SCALAR_BIN:
             self.scalars[k] = [_SCALAR_BIN[name], self.scalar(op.operands[0]), self.scalar(op.operands[1])]
-        elif name in _SCALAR_CAST:
+        elif name in _SCALAR_CAST or name == "tpu.assume_multiple":
+            # `pl.multiple_of` (`tpu.assume_multiple`) only states a fact about its value.
             self.scalars[k] = self.scalar(op.operands[0])
         elif name == "arith.cmpi":
             pred = str(op.attributes["predicate"])
@@ -567,6 +596,22 @@ class _Reader:
                 })
                 continue
             if name == "scf.condition":
+                continue
+            if name == "tpu.region":
+                # `pl.run_scoped` (and `pltpu.emit_pipeline`, which allocates its buffers with
+                # it): the region's ops run in its place; its results are what it yields.
+                inner = op.regions[0].blocks[0]
+                body = self.body_ops(inner, depth)
+                yielded = [o.operation for o in inner.operations if o.operation.name == "tpu.yield"]
+                for r, y in zip(op.results, list(yielded[-1].operands) if yielded else []):
+                    if _is_vector(r.type):
+                        if self._key(y) in self.ids:
+                            self.ids[self._key(r)] = self.ids[self._key(y)]
+                    else:
+                        self.scalars[self._key(r)] = self.scalar(y)
+                out.extend(body)
+                continue
+            if name == "tpu.yield":
                 continue
             if name in ("tpu.memref_slice", "tpu.memref_squeeze"):
                 self._view(op)
@@ -808,7 +853,7 @@ def _yielded(region, i):
 
 
 _VECTOR_SIDE_EFFECTS = {"tpu.vector_store", "vector.store", "tpu.store", "tpu.strided_store", "tpu.enqueue_dma", "tpu.wait_dma2", "tpu.wait_dma", "tpu.sem_signal", "tpu.sem_wait"}
-_SCALAR_FREE = {"memref.store", "tpu.trace_start", "tpu.trace_stop", "tpu.assume_multiple"}
+_SCALAR_FREE = {"memref.store", "tpu.trace_start", "tpu.trace_stop", "tpu.assume_multiple", "tpu.yield"}
 
 
 def _is_vector(t):
@@ -912,6 +957,8 @@ def _kernels_of(module, args, operands=None):
     jmlir, jtpu, ir, passmanager = _ir()
     args = _jax().tree.leaves(list(args))  # main's arguments are the flattened leaves
     out = []
+    skipped = []  # kernels that run no grid step (left out)
+    kept_ops = []  # the custom calls of the kernels described (aligned with `out`)
     computed = []  # operands() once asked: a list per call, or None
 
     def computed_value(ci, i):
@@ -953,8 +1000,9 @@ def _kernels_of(module, args, operands=None):
             # Values of the scalar-prefetch operands (the first operands of the call).
             kf = None
             for f in kmod.body.operations:
-                if f.operation.name == "func.func" and "iteration_bounds" in f.attributes:
+                if f.operation.name == "func.func" and _is_kernel_func(f):
                     kf = f
+                    break
             nprefetch = 0
             if kf is not None and "scalar_prefetch" in kf.attributes:
                 nprefetch = ir.IntegerAttr(kf.attributes["scalar_prefetch"]).value
@@ -993,10 +1041,18 @@ def _kernels_of(module, args, operands=None):
             desc = reader.read((n_in, n_out))
             desc["grid"] = list(reader.grid_sizes) if len(reader.grid_sizes) == len(desc["grid"]) else desc["grid"]
             if any(b < 1 for b in desc["grid"]):
-                raise InputError(
-                    f"kernel `{name}`: grid {desc['grid']} (a dynamic dimension computed as {grid_values} from these arguments): the call runs no grid step "
-                    "(e.g. a grouped matmul whose groups are all empty), so there is nothing to simulate; tpusim simulates calls of at least one step"
+                # A call that runs no grid step (a dynamic grid computed as 0: a grouped matmul
+                # whose groups are all empty, ragged attention's empty decode or prefill call):
+                # nothing to simulate; the function's other kernels are described.
+                import warnings
+
+                warnings.warn(
+                    f"kernel `{name}`: grid {desc['grid']} (a dynamic dimension computed as {grid_values} from these arguments) runs no grid step; "
+                    "it is left out (tpusim simulates calls of at least one step)",
+                    stacklevel=3,
                 )
+                skipped.append(name)
+                continue
             full = {
                 "format": "tpusim-kernel-description",
                 "version": DESCRIPTION_VERSION,
@@ -1021,8 +1077,14 @@ def _kernels_of(module, args, operands=None):
                         r["array_shape"] = shapes[w]
                     w += 1
             out.append(full)
+            kept_ops.append(op)
+    if calls and not out and skipped:
+        raise InputError(
+            f"every Pallas kernel of the function runs no grid step ({', '.join(f'`{n}`' for n in skipped)}: dynamic grids computed as 0 from these arguments, "
+            "e.g. a grouped matmul whose groups are all empty), so there is nothing to simulate; tpusim simulates calls of at least one step"
+        )
     outside = sorted({n for n in others if n.startswith("stablehlo.") and n not in ("stablehlo.constant",)})
-    return out, outside, [c.op for c in calls]
+    return out, outside, kept_ops
 
 
 _CALLS = ("jit", "pjit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr", "remat", "checkpoint")
@@ -1123,23 +1185,36 @@ def describe_all(fn, *args, chip="v6e", device_kind=None):
 
 
 def _write(desc, path):
-    """Writes a description (large prefetch tables as .npy side files beside it)."""
+    """Writes a description: compact JSON with large prefetch tables as .npy side files beside
+    it, or for a path ending in .gz one gzip-compressed file with every table inline."""
     import numpy as np
 
     path = os.fspath(path)
-    stem = os.path.splitext(os.path.basename(path))[0]
+    stem = os.path.basename(path)
+    for ext in (".gz", ".json"):
+        stem = stem[: -len(ext)] if stem.endswith(ext) else stem
     folder = os.path.dirname(os.path.abspath(path))
     d = json.loads(json.dumps(desc))
+    packed = path.endswith(".gz")
     for i, r in enumerate(d["refs"]):
         v = r.get("values")
-        if v and "inline" in v and len(v["inline"]) > INLINE_TABLE_LIMIT:
+        # A compressed description keeps its tables inline (one file); a plain one moves large
+        # tables to .npy side files.
+        if v and "inline" in v and len(v["inline"]) > INLINE_TABLE_LIMIT and not packed:
             side = f"{stem}.prefetch{i}.npy"
             np.save(os.path.join(folder, side), np.asarray(v["inline"], dtype=np.int64).reshape(r["shape"]))
             r["values"] = {"file": side}
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tpusim-", suffix=".json")
     try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(d, f, indent=1)
+        # Compact JSON (a serving kernel's copy sizes are deep expression trees); gzip-compressed
+        # for a path ending in .gz (tpusim reads either).
+        text = json.dumps(d, separators=(",", ":")).encode()
+        if packed:
+            import gzip
+
+            text = gzip.compress(text, mtime=0)
+        with os.fdopen(fd, "wb") as f:
+            f.write(text)
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)
@@ -1154,8 +1229,10 @@ def _write(desc, path):
 
 def describe(fn, *args, path, chip="v6e", device_kind=None):
     """Writes the kernel description of `fn(*args)` to `path` (JSON; `crates/tpusim-pallas/
-    DESCRIPTION.md`). With several kernels, the second and later go to `path` with `.1`, `.2`,
-    ... before the extension. Returns the paths written.
+    DESCRIPTION.md`; gzip-compressed, tables inline, for a path ending in `.gz`, as
+    `kernel.json.gz`: serving kernels' copy sizes are large expressions). With several kernels,
+    the second and later go to `path` with `.1`, `.2`, ... before the extension. Returns the
+    paths written.
 
     Values a kernel takes at run time come from the arguments: a scalar-prefetch table or a
     dynamic grid size computed by XLA ops before the kernel (megablox `gmm`'s group metadata) is
@@ -1174,6 +1251,8 @@ def describe(fn, *args, path, chip="v6e", device_kind=None):
         raise InputError(f"path = {path!r}: its directory {folder!r} does not exist; create it first or choose another path")
     descs, _ = describe_all(fn, *args, chip=chip, device_kind=device_kind)
     base, ext = os.path.splitext(path)
+    if ext == ".gz" and base.endswith(".json"):
+        base, ext = base[: -len(".json")], ".json.gz"
     return [_write(d, path if i == 0 else f"{base}.{i}{ext}") for i, d in enumerate(descs)]
 
 

@@ -166,7 +166,10 @@ class _ProgramReader:
             if out["target"] == "tpu_custom_call":
                 k = self._kernel_index(o)
                 if k is None:
-                    raise tj.InputError(f"{_loc(o)}: a tpu_custom_call whose kernel was not read")
+                    raise tj.InputError(
+                        f"{_loc(o)}: a tpu_custom_call whose kernel was not described (a kernel whose grid runs no step with these arguments is left out: "
+                        "pass arguments for which every kernel of the program runs at least one grid step)"
+                    )
                 out["kernel"] = k
         if "replica_groups" in a:
             out["replica_groups"] = _dense(a["replica_groups"])

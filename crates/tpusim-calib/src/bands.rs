@@ -15,10 +15,24 @@ fn keys(file: &MeasurementFile) -> BTreeMap<String, BandKey> {
     file.rows
         .iter()
         .map(|m| {
+            if m.kernel_ir.is_some() {
+                // A kernel read from its IR: its family, any direction, its scope.
+                return (m.id.clone(), BandKey { family: m.kernel_word.clone(), ..described_key(m) });
+            }
             let matmul = m.kernel.is_some_and(|k| k.kind() != KernelKind::Attention);
             (m.id.clone(), row_key(&m.chip, &m.kernel_word, m.direction, matmul, measured_scope(&m.timing)))
         })
         .collect()
+}
+
+/// The chip's band of every kernel read from its IR (`tpusim_report::bands::kernel_ir_key`) at
+/// the row's scope: a profiler's device time of a described kernel is the kernel's.
+fn described_key(m: &crate::measure::Measurement) -> BandKey {
+    let scope = match measured_scope(&m.timing) {
+        tpusim_kernel::Scope::Op => tpusim_kernel::Scope::Kernel,
+        s => s,
+    };
+    BandKey { chip: m.chip.clone(), family: tpusim_report::bands::KERNEL_IR_FAMILY.into(), direction: "any".into(), scope: scope.to_string() }
 }
 
 /// Rounds an error to the band file's precision (1e-4).
@@ -52,6 +66,16 @@ pub fn band_file(path: &str, bytes: &[u8], file: &MeasurementFile, chips: &ChipS
         let (Some(loo), Some(key)) = (r.loo_ms, keys.get(&r.id)) else { continue };
         groups.entry(key.clone()).or_default().push(((loo - r.measured_ms) / r.measured_ms).abs());
     }
+    let v = validate(file, chips);
+    // Kernels read from their IR are never fitted: their predictions are held out as they are.
+    // Each counts in its family's band and in its chip's band of every kernel read from its IR
+    // (the one `tpusim run --kernel-ir` reports: a description does not name its family).
+    for r in &v.rows {
+        let Some(m) = file.rows.iter().find(|m| m.id == r.id && m.kernel_ir.is_some()) else { continue };
+        for key in [keys.get(&r.id).cloned(), Some(described_key(m))].into_iter().flatten() {
+            groups.entry(key).or_default().push(r.error.abs());
+        }
+    }
     let bands = groups
         .into_iter()
         .map(|(key, e)| {
@@ -59,7 +83,6 @@ pub fn band_file(path: &str, bytes: &[u8], file: &MeasurementFile, chips: &ChipS
             Band { key, n: e.len(), median_abs_error: round4(median), p90_abs_error: round4(p90) }
         })
         .collect();
-    let v = validate(file, chips);
     BandFile {
         generated_by: crate::docs::command(path),
         measurements: path.to_string(),

@@ -132,15 +132,17 @@ pub fn summary(file: &MeasurementFile, v: &Validation, cv: &CrossValidation) -> 
     let _ = writeln!(s);
     let _ = writeln!(s, "| rows | n | in sample: median / worst | held out (leave-one-out): median / worst |");
     let _ = writeln!(s, "|---|---|---|---|");
+    // Kernels read from their IR are never fitted: their rows have a table of their own below.
+    let described = |id: &str| file.rows.iter().any(|m| m.id == id && m.kernel_ir.is_some());
     let mut chips: Vec<&str> = Vec::new();
-    for r in &v.rows {
+    for r in v.rows.iter().filter(|r| !described(&r.id)) {
         if !chips.contains(&r.chip.as_str()) {
             chips.push(&r.chip);
         }
     }
     let kernels_of = |chip: &str| {
         let mut k: Vec<&str> = Vec::new();
-        for r in v.rows.iter().filter(|r| r.chip == chip) {
+        for r in v.rows.iter().filter(|r| r.chip == chip && !described(&r.id)) {
             if !k.contains(&r.kernel.as_str()) {
                 k.push(&r.kernel);
             }
@@ -155,7 +157,7 @@ pub fn summary(file: &MeasurementFile, v: &Validation, cv: &CrossValidation) -> 
         }
     };
     for c in &chips {
-        line(format!("{c} ({})", kernels_of(c)), &|chip, _| chip == *c);
+        line(format!("{c} ({})", kernels_of(c)), &|chip, id| chip == *c && !described(id));
     }
     let mut dirs: Vec<String> = Vec::new();
     for r in &v.rows {
@@ -170,8 +172,37 @@ pub fn summary(file: &MeasurementFile, v: &Validation, cv: &CrossValidation) -> 
             line(format!("attention {d}"), &|_, id| direction(id).as_deref() == Some(d.as_str()));
         }
     }
-    line("all rows".to_string(), &|_, _| true);
+    line("all rows".to_string(), &|_, id| !described(id));
+    described_families(&mut s, file, v);
     s
+}
+
+/// The rows of kernels read from their IR (`kernel_ir`), per kernel family and chip: never
+/// fitted, so every prediction is held out. A family with fewer than [`tpusim_report::bands::MIN_ROWS`]
+/// rows on a chip is not covered (no band is claimed from it).
+fn described_families(s: &mut String, file: &MeasurementFile, v: &Validation) {
+    let mut groups: Vec<(String, String)> = Vec::new();
+    for m in file.rows.iter().filter(|m| m.kernel_ir.is_some()) {
+        let g = (m.kernel_word.clone(), m.chip.clone());
+        if !groups.contains(&g) {
+            groups.push(g);
+        }
+    }
+    if groups.is_empty() {
+        return;
+    }
+    let _ = writeln!(s);
+    let _ = writeln!(s, "| kernel read from its IR (never fitted) | chip | n | median / worst \\|error\\| | median signed |");
+    let _ = writeln!(s, "|---|---|---|---|---|");
+    for (family, chip) in groups {
+        let rows: Vec<&crate::validate::PredictedRow> = v.rows.iter().filter(|r| r.kernel == family && r.chip == chip).collect();
+        let (p, m): (Vec<f64>, Vec<f64>) = rows.iter().map(|r| (r.predicted_ms, r.measured_ms)).unzip();
+        let mut signed: Vec<f64> = rows.iter().map(|r| r.error).collect();
+        signed.sort_by(f64::total_cmp);
+        let median = signed.get(signed.len() / 2).map_or("-".to_string(), |e| format!("{:+.1}%", e * 100.0));
+        let covered = if rows.len() < tpusim_report::bands::MIN_ROWS { " (not covered: fewer than 5 rows)" } else { "" };
+        let _ = writeln!(s, "| {family}{covered} | {chip} | {} | {} | {median} |", rows.len(), pct_abs(ErrorStats::of(&p, &m)));
+    }
 }
 
 /// Every generated part, `(tag, Markdown)`: the in-sample table, the cross-validation tables,

@@ -95,6 +95,8 @@ pub const KNOWN_COLUMNS: &[&str] = &[
     "measured_ms",
     "timing",
     "source",
+    "kernel_ir",
+    "runtime",
 ];
 
 /// One row of a measurement file, checked and typed. Empty cells are `None`.
@@ -129,6 +131,13 @@ pub struct Measurement {
     pub timing: String,
     /// Where the measurement comes from (free text).
     pub source: String,
+    /// A kernel read from its IR: the kernel description file (`tpusim.jax.describe`), resolved
+    /// against the measurement file's folder. The row is then simulated from it (`kernel` names
+    /// the row's kernel family, a label) and validated against, never fitted to.
+    pub kernel_ir: Option<String>,
+    /// Values the described kernel reads at run time: (operand name, `.npy` file resolved against
+    /// the measurement file's folder), as `--runtime NAME=FILE` gives them.
+    pub runtime: Vec<(String, String)>,
 }
 
 /// A parsed measurement file.
@@ -175,6 +184,9 @@ impl Measurement {
     /// # Errors
     /// The reason the row is skipped (never a silent drop).
     pub fn expressible(&self) -> Result<KernelKind, String> {
+        if self.kernel_ir.is_some() {
+            return Err("a kernel read from its IR (`kernel_ir`): `tpusim validate` predicts it; no fit uses it".into());
+        }
         let Some(kernel) = self.kernel else {
             return Err(format!("kernel '{}' is not one the simulator models (kernel families: {})", self.kernel_word, Kernel::allowed()));
         };
@@ -287,6 +299,7 @@ pub fn parse(text: &str, path: &str, known_chips: &[ChipModel]) -> Result<Measur
         let measured_ms = row.measured_ms()?;
         let (options, note) = row.options();
         let (job, mask, timing) = row.job(kernel.map(Kernel::kind), direction, &options)?;
+        let (kernel_ir, runtime) = row.described(path)?;
         let m = Measurement {
             id,
             line: row.line,
@@ -301,6 +314,8 @@ pub fn parse(text: &str, path: &str, known_chips: &[ChipModel]) -> Result<Measur
             measured_ms,
             timing,
             source: row.cell("source").map(String::from).unwrap_or_default(),
+            kernel_ir,
+            runtime,
         };
         row.check_needed(&m)?;
         rows.push(m);
@@ -551,7 +566,30 @@ impl RowCells<'_> {
         Ok((job, mask, timing))
     }
 
-    /// Stage 5: a row the simulator can express has the workload columns its kernel needs.
+    /// Stage 5 (rows of a kernel read from its IR): the description file and runtime values,
+    /// resolved against the measurement file's folder (`base`'s). A `runtime` cell is
+    /// `NAME=FILE.npy` pairs separated by `;`.
+    fn described(&self, base: &str) -> Result<(Option<String>, Vec<(String, String)>), MeasureError> {
+        let dir = std::path::Path::new(base).parent().unwrap_or(std::path::Path::new(""));
+        let resolve = |f: &str| dir.join(f).to_string_lossy().into_owned();
+        let kernel_ir = self.cell("kernel_ir").map(resolve);
+        let mut runtime: Vec<(String, String)> = Vec::new();
+        for pair in self.cell("runtime").unwrap_or("").split(';').map(str::trim).filter(|p| !p.is_empty()) {
+            let Some((name, file)) = pair.split_once('=').filter(|(n, f)| !n.trim().is_empty() && !f.trim().is_empty()) else {
+                return Err(self.err("runtime", format!("\"{pair}\": expected NAME=FILE.npy (pairs separated by `;`)")));
+            };
+            if kernel_ir.is_none() {
+                return Err(self.err("runtime", "runtime values are for a kernel read from its IR: give its description in `kernel_ir`".into()));
+            }
+            if runtime.iter().any(|(n, _)| n == name.trim()) {
+                return Err(self.err("runtime", format!("{}: given twice (each runtime operand takes one file)", name.trim())));
+            }
+            runtime.push((name.trim().to_string(), resolve(file.trim())));
+        }
+        Ok((kernel_ir, runtime))
+    }
+
+    /// Stage 6: a row the simulator can express has the workload columns its kernel needs.
     fn check_needed(&self, m: &Measurement) -> Result<(), MeasureError> {
         let Ok(kind) = m.expressible() else { return Ok(()) };
         let needed: &[&str] = match kind {

@@ -139,7 +139,7 @@ pub fn key_of(chip: &ChipModel, job: &Job) -> BandKey {
     let (family, direction, scope) = match job {
         Job::Attention { config, direction, scope, .. } => (config.kernel, direction.to_string(), scope.to_string()),
         Job::Matmul { config, scope, .. } => (config.kernel, "matmul".to_string(), scope.to_string()),
-        Job::Described(_) => return kernel_ir_key(chip),
+        Job::Described(d) => return BandKey { scope: d.scope.to_string(), ..kernel_ir_key(chip) },
     };
     BandKey { chip: chip.name.clone(), family: family.to_string(), direction, scope }
 }
@@ -159,8 +159,10 @@ pub fn band_in(file: &BandFile, chip: &ChipModel, job: &Job) -> ReportBand {
 /// The family word of kernels read from their Mosaic IR (`tpusim run --kernel-ir`) in band keys.
 pub const KERNEL_IR_FAMILY: &str = "kernel-ir";
 
-/// The band key of a kernel read from its IR on `chip`: family [`KERNEL_IR_FAMILY`], direction
-/// `any` (the IR does not say what the kernel computes), scope `kernel`.
+/// The band key of a kernel read from its IR on `chip`: family [`KERNEL_IR_FAMILY`] (every
+/// kernel read from its IR; the calibration rows' families have bands of their own, but a
+/// description does not name its family), direction `any` (the IR does not say what the kernel
+/// computes), scope `kernel` (a host-timed call's band is scope `call`).
 pub fn kernel_ir_key(chip: &ChipModel) -> BandKey {
     BandKey { chip: chip.name.clone(), family: KERNEL_IR_FAMILY.into(), direction: "any".into(), scope: "kernel".into() }
 }

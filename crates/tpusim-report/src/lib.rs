@@ -80,6 +80,10 @@ pub struct DescribedJob {
     /// The folder its side files (`.npy` tables) resolve in.
     #[serde(skip)]
     pub dir: std::path::PathBuf,
+    /// What the time covers: the kernel alone, or a host-timed call (the kernel plus the chip
+    /// model's `[host]` dispatch and sync, as a host timer around the jitted call measures it).
+    /// The XLA ops around the kernel are not in a description, so there is no `op` scope.
+    pub scope: Scope,
 }
 
 impl DescribedJob {
@@ -92,7 +96,23 @@ impl DescribedJob {
             device_kind: description.producer.device_kind.clone(),
             description: std::sync::Arc::new(description),
             dir: dir.into(),
+            scope: Scope::Kernel,
         }
+    }
+
+    /// The job timed at `scope` ([`DescribedJob::scope`]).
+    ///
+    /// # Errors
+    /// `Scope::Op` (the XLA ops around a described kernel are not in its description), as text.
+    pub fn with_scope(mut self, scope: Scope) -> Result<Self, String> {
+        if scope == Scope::Op {
+            return Err(
+                "`op` needs the XLA ops around the kernel, which a kernel description does not hold: use `kernel` or `call` (the kernel plus the host's dispatch), or tpusim.jax.simulate_program for the whole program"
+                    .into(),
+            );
+        }
+        self.scope = scope;
+        Ok(self)
     }
 
     /// Lowers the description on `chip` ([`tpusim_pallas::lower()`]) as a one-kernel call, with the
@@ -102,7 +122,10 @@ impl DescribedJob {
     /// Whatever the IR path reports ([`PallasError`]: names the op, kernel and location).
     pub fn lower(&self, chip: &ChipModel) -> Result<(Lowered, IrFacts), PallasError> {
         let (program, facts) = tpusim_pallas::lower(chip, &self.description, &self.dir)?;
-        let lowered = Lowered { phases: vec![Phase { part: Part::Forward, work: PhaseWork::Kernel(std::sync::Arc::new(program)) }], host_calls: 0 };
+        let lowered = Lowered {
+            phases: vec![Phase { part: Part::Forward, work: PhaseWork::Kernel(std::sync::Arc::new(program)) }],
+            host_calls: u32::from(self.scope == Scope::Call),
+        };
         Ok((lowered, facts))
     }
 }

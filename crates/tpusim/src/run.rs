@@ -182,13 +182,13 @@ fn kernel_ir_job(a: &RunArgs, path: &str) -> Result<(ChipModel, tpusim_report::J
         .job
         .set_fields()
         .keys()
-        .filter(|k| !matches!(k.as_str(), "chip" | "set"))
+        .filter(|k| !matches!(k.as_str(), "chip" | "set" | "scope"))
         .map(|k| format!("--{}", k.replace('_', "-")))
         .chain(a.job.trace.iter().map(|_| "--trace".to_string()))
         .collect();
     if !given.is_empty() {
         return Err(CliError::input(format!(
-            "{}: not with --kernel-ir: the kernel's lowering fixed its workload, mask and block sizes (of the job flags only --chip and --set apply; output flags such as --format and --timeline do too; re-lower with tpusim.jax to change them)",
+            "{}: not with --kernel-ir: the kernel's lowering fixed its workload, mask and block sizes (of the job flags only --chip, --set and --scope apply; output flags such as --format and --timeline do too; re-lower with tpusim.jax to change them)",
             given.join(", "),
         )));
     }
@@ -205,7 +205,12 @@ fn kernel_ir_job(a: &RunArgs, path: &str) -> Result<(ChipModel, tpusim_report::J
         given.push((name.to_string(), v));
     }
     tpusim_pallas::runtime::bind_runtime(&mut desc, &given).map_err(|e| CliError::input(e.to_string()))?;
-    Ok((chip, tpusim_report::Job::Described(tpusim_report::DescribedJob::new(path, desc, dir))))
+    let job = tpusim_report::DescribedJob::new(path, desc, dir);
+    let job = match spec.scope {
+        Some(scope) => job.with_scope(scope).map_err(|e| CliError::input(format!("--scope {scope}: {e}")))?,
+        None => job,
+    };
+    Ok((chip, tpusim_report::Job::Described(job)))
 }
 
 /// Writes the `--timeline` file of a run and appends what it holds to the

@@ -137,6 +137,12 @@ fn bad_kernel_ir_input_is_refused_by_name() {
     let f = fixture();
     input_error(&["run", "--kernel-ir", "/nonexistent/k.json"], &["--kernel-ir", "/nonexistent/k.json"]);
     input_error(&["run", "--kernel-ir", &f, "--block-q", "256"], &["--block-q", "not with --kernel-ir"]);
+    // A description holds no XLA op around its kernel: scope op is refused, call adds the host.
+    input_error(&["run", "--kernel-ir", &f, "--scope", "op"], &["--scope op", "use `kernel` or `call`"]);
+    let kernel = run_json(&[]);
+    let call = run_json(&["--scope", "call"]);
+    let (k, c) = (kernel["latency_ms"].as_f64().unwrap(), call["latency_ms"].as_f64().unwrap());
+    assert!(c > k && (c - k - call["host_ms"].as_f64().unwrap()).abs() < 1e-9, "{k} {c} {}", call["host_ms"]);
     // tune says to use tpusim.jax.tune, and how.
     input_error(&["tune", "--kernel-ir", &f], &["--kernel-ir", "tpusim.jax.tune(make_fn, candidates", "lowers make_fn(candidate)"]);
     // A hand-edited window that breaks the (8, 128) block rule: 250 rows of a 1024-row array.

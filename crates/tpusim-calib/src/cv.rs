@@ -275,8 +275,17 @@ impl CrossValidation {
         let _ = writeln!(s);
         if !self.unused.is_empty() {
             let _ = writeln!(s, "not used ({} rows):", self.unused.len());
+            // Rows that share a reason (the kernels read from their IR: every one is validated,
+            // none fitted) are said once, with their number and first id.
+            let mut said: Vec<&str> = Vec::new();
             for (id, why) in &self.unused {
-                let _ = writeln!(s, "  {id}: {why}");
+                let n = self.unused.iter().filter(|(_, w)| w == why).count();
+                if n < 3 {
+                    let _ = writeln!(s, "  {id}: {why}");
+                } else if !said.contains(&why.as_str()) {
+                    said.push(why);
+                    let _ = writeln!(s, "  {n} rows ({id}, ...): {why}");
+                }
             }
         }
         let all: Vec<f64> = self.rows.iter().filter_map(|r| r.loo_ms.map(|p| (p / r.measured_ms - 1.0).abs())).collect();

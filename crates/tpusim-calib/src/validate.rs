@@ -378,10 +378,13 @@ pub fn rank_groups(file: &MeasurementFile, rows: &[PredictedRow]) -> Vec<RankGro
 
 /// Predicts every row of a file (skipped rows keep their reason) and summarises the errors.
 pub fn validate(file: &MeasurementFile, chips: &ChipSet) -> Validation {
+    use rayon::prelude::*;
     let mut rows = Vec::new();
     let mut skipped = Vec::new();
-    for m in &file.rows {
-        match predict(m, chips) {
+    // Rows are independent: predicted in parallel, kept in file order.
+    let predicted: Vec<Result<PredictedRow, String>> = file.rows.par_iter().map(|m| predict(m, chips)).collect();
+    for (m, p) in file.rows.iter().zip(predicted) {
+        match p {
             Ok(p) => rows.push(p),
             Err(reason) => skipped.push(SkippedRow {
                 id: m.id.clone(),

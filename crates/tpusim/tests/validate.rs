@@ -125,7 +125,18 @@ fn calibrate_writes_a_model_that_validate_uses() {
     let out = tpusim(&["validate", SHIPPED, "--chip", &model, "--format", "json"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert!(v["summary"]["median_abs_error"].as_f64().unwrap() <= 0.10);
+    // The rows of the hand-modelled families (the ones a fit uses; kernels read from their IR
+    // are validated, never fitted) within 10% at the median.
+    let hand = ["splash", "sparse-splash", "tokamax-splash", "xla-matmul", "pallas-matmul"];
+    let mut errs: Vec<f64> = v["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| hand.contains(&r["kernel"].as_str().unwrap()))
+        .map(|r| r["error"].as_f64().unwrap().abs())
+        .collect();
+    errs.sort_by(f64::total_cmp);
+    assert!(errs.len() >= 40 && errs[errs.len() / 2] <= 0.10, "{errs:?}");
 
     let out = tpusim(&["calibrate", SHIPPED, "--chip", "v6e", "--params", "clock_mhz"]);
     assert_eq!(out.status.code(), Some(2));

@@ -466,9 +466,10 @@ impl Builder {
         let shape = &op.shape;
         let rank = shape.len();
         let varies = self.varies(op, &ins);
-        // A constant (a splat, constant along every dimension) is a register Mosaic rematerialises,
-        // never a value it holds in VMEM.
-        if rank >= 2 && varies.iter().any(|&v| v) {
+        // A value an op computes may be held in VMEM; a load, a view (reshape, bitcast, squeeze)
+        // or a broadcast is the buffer or registers it reads, and a constant (a splat, constant
+        // along every dimension) a register Mosaic rematerialises.
+        if rank >= 2 && varies.iter().any(|&v| v) && !matches!(c, OpCost::Free) {
             let dtype = crate::dtype::Dtype::of_bytes(elem_bytes(&op.dtype)).unwrap_or(crate::dtype::Dtype::F32);
             self.largest = self.largest.max(crate::vmem::tiled_bytes(shape, dtype));
         }

@@ -99,6 +99,9 @@ pub const KNOWN_COLUMNS: &[&str] = &[
     "runtime",
 ];
 
+/// Runtime values of a described kernel: (operand name, `.npy` file).
+type RuntimeFiles = Vec<(String, String)>;
+
 /// One row of a measurement file, checked and typed. Empty cells are `None`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Measurement {
@@ -569,7 +572,7 @@ impl RowCells<'_> {
     /// Stage 5 (rows of a kernel read from its IR): the description file and runtime values,
     /// resolved against the measurement file's folder (`base`'s). A `runtime` cell is
     /// `NAME=FILE.npy` pairs separated by `;`.
-    fn described(&self, base: &str) -> Result<(Option<String>, Vec<(String, String)>), MeasureError> {
+    fn described(&self, base: &str) -> Result<(Option<String>, RuntimeFiles), MeasureError> {
         let dir = std::path::Path::new(base).parent().unwrap_or(std::path::Path::new(""));
         let resolve = |f: &str| dir.join(f).to_string_lossy().into_owned();
         let kernel_ir = self.cell("kernel_ir").map(resolve);

@@ -251,11 +251,14 @@ pub struct Op {
     pub parsed: ParsedAttrs,
 }
 
+/// Parsed expressions of one attribute ([`ParsedAttrs`]).
+type Parsed = std::sync::Arc<Vec<Expr>>;
+
 /// The expression attributes of an [`Op`] (`bytes`, `value`, `index`, `src_offsets`,
 /// `src_shape`, `init`, `forward`, `yield`), each parsed on first use and kept. Part of no
 /// comparison: two ops are equal whatever they have parsed.
 #[derive(Clone, Default)]
-pub struct ParsedAttrs(std::sync::Arc<std::sync::Mutex<std::collections::BTreeMap<String, std::sync::Arc<Result<Vec<Expr>, String>>>>>);
+pub struct ParsedAttrs(std::sync::Arc<std::sync::Mutex<std::collections::BTreeMap<String, Parsed>>>);
 
 impl PartialEq for ParsedAttrs {
     fn eq(&self, _: &Self) -> bool {
@@ -271,28 +274,24 @@ impl std::fmt::Debug for ParsedAttrs {
 
 impl Op {
     /// `attrs[key]` as expressions (one for a single expression such as `bytes`, the list's for
-    /// a list), parsed on first use; `Ok(None)` when the op has no such attribute.
+    /// a list), parsed on first use; `None` when the op has no such attribute.
     ///
     /// # Errors
     /// [`PallasError::Field`] naming the op, its location and the attribute when it is not an
     /// expression (or a list of them).
-    pub fn attr_exprs(&self, key: &str) -> Result<Option<std::sync::Arc<Result<Vec<Expr>, String>>>, PallasError> {
+    pub fn attr_exprs(&self, key: &str) -> Result<Option<Parsed>, PallasError> {
         let Some(v) = self.attrs.get(key) else { return Ok(None) };
         let mut cache = self.parsed.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let parsed = cache
-            .entry(key.to_string())
-            .or_insert_with(|| {
-                std::sync::Arc::new(match v {
-                    serde_json::Value::Array(items) if items.first().is_none_or(|x| !x.is_string()) => {
-                        serde_json::from_value::<Vec<Expr>>(v.clone()).map_err(|e| e.to_string())
-                    }
-                    _ => serde_json::from_value::<Expr>(v.clone()).map(|e| vec![e]).map_err(|e| e.to_string()),
-                })
-            })
-            .clone();
-        if let Err(e) = &*parsed {
-            return Err(PallasError::field(&format!("{} at {}: attrs.{key}", self.op, self.loc), v, e.clone()));
+        if let Some(p) = cache.get(key) {
+            return Ok(Some(p.clone()));
         }
+        let parsed = match v {
+            serde_json::Value::Array(items) if items.first().is_none_or(|x| !x.is_string()) => serde_json::from_value::<Vec<Expr>>(v.clone()),
+            _ => serde_json::from_value::<Expr>(v.clone()).map(|e| vec![e]),
+        }
+        .map_err(|e| PallasError::field(&format!("{} at {}: attrs.{key}", self.op, self.loc), v, e.to_string()))?;
+        let parsed = std::sync::Arc::new(parsed);
+        cache.insert(key.to_string(), parsed.clone());
         Ok(Some(parsed))
     }
 }

@@ -137,7 +137,7 @@ pub fn bind_runtime(d: &mut Description, given: &[(String, RuntimeValue)]) -> Re
 /// An op's `attrs[key]` as a list of expressions (parsed once: [`Op::attr_exprs`]); empty when
 /// absent.
 fn exprs(op: &Op, key: &str) -> Result<Vec<Expr>, PallasError> {
-    Ok(op.attr_exprs(key)?.map(|p| p.as_ref().clone().unwrap_or_default()).unwrap_or_default())
+    Ok(op.attr_exprs(key)?.map(|p| p.as_ref().clone()).unwrap_or_default())
 }
 
 fn ref_of(op: &Op) -> Option<usize> {
@@ -207,10 +207,8 @@ pub fn run_scalar_op(
             Err(e) => return Err(eval_err(e, &format!("the SMEM load of `{}`", rf.name))),
         }
     } else {
-        let e = op.attrs.get("value").ok_or_else(|| smem_err(d, op, "has no `value`".into()))?;
-        let _ = e;
-        let parsed = op.attr_exprs("value")?.expect("present");
-        let e = &parsed.as_ref().as_ref().expect("parsed")[0];
+        let parsed = op.attr_exprs("value")?.ok_or_else(|| smem_err(d, op, "has no `value`".into()))?;
+        let e = &parsed[0];
         let v = e.eval(env).map_err(|x| eval_err(x, &format!("the value stored to `{}`", rf.name)))?;
         state.borrow_mut().written.insert((r, flat), v);
     }
@@ -278,8 +276,8 @@ pub fn dma_bytes(d: &Description, op: &Op, env: &dyn Env, window: Option<u64>, e
     let b = match v.as_u64() {
         Some(b) => b,
         None => {
-            let parsed = op.attr_exprs("bytes")?.expect("present");
-            let e = &parsed.as_ref().as_ref().expect("parsed")[0];
+            let parsed = op.attr_exprs("bytes")?.ok_or_else(|| PallasError::field(&at(), "(missing)", "a copy needs its size in bytes"))?;
+            let e = &parsed[0];
             let b = e.eval(env).map_err(|e| eval_err(e, "the size of a `tpu.enqueue_dma`"))?;
             u64::try_from(b).map_err(|_| smem_err(d, op, format!("copies {b} bytes in this step: a copy's size must be 0 or more (a size operand holds a negative value)")))?
         }

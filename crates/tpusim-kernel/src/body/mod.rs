@@ -361,8 +361,11 @@ impl Builder {
     /// last, which may be shorter.
     fn reps(&self, ns: usize) -> impl Iterator<Item = (usize, u32)> {
         let folded = self.counting && ns > 2;
-        let (firsts, count) = if folded { (vec![0, ns - 1], (ns - 1) as u32) } else { ((0..ns).collect(), 1) };
-        firsts.into_iter().map(move |s| (s, if folded && s == 0 { count } else { 1 }))
+        (0..if folded { 2 } else { ns }).map(move |i| match (folded, i) {
+            (true, 0) => (0, (ns - 1) as u32),
+            (true, _) => (ns - 1, 1),
+            _ => (i, 1),
+        })
     }
 
     /// After an iteration of a rolled loop whose ops span `slabs` slabs: the next iteration's

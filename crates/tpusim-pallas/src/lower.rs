@@ -251,16 +251,16 @@ fn walk_path(d: &Description, ops: &[Op], env: &mut StepEnv<'_>, key: &mut Vec<i
 #[derive(Default)]
 struct LoopVars {
     carried: Vec<u64>,
-    init: Vec<Expr>,
-    forward: Vec<Expr>,
+    init: std::sync::Arc<Vec<Expr>>,
+    forward: std::sync::Arc<Vec<Expr>>,
     args: Vec<u64>,
-    yields: Vec<Expr>,
+    yields: std::sync::Arc<Vec<Expr>>,
     results: Vec<u64>,
 }
 
 fn loop_vars(op: &Op) -> Result<LoopVars, PallasError> {
     let ids = |k: &str| -> Vec<u64> { op.attrs.get(k).and_then(|v| v.as_array()).map(|a| a.iter().filter_map(|x| x.as_u64()).collect()).unwrap_or_default() };
-    let exprs = |k: &str| -> Result<Vec<Expr>, PallasError> { Ok(op.attr_exprs(k)?.map(|p| p.as_ref().clone()).unwrap_or_default()) };
+    let exprs = |k: &str| crate::runtime::exprs(op, k);
     let lv = LoopVars { carried: ids("carried"), init: exprs("init")?, forward: exprs("forward")?, args: ids("args"), yields: exprs("yield")?, results: ids("results") };
     if lv.init.len() != lv.carried.len() || lv.yields.len() != lv.carried.len() {
         return Err(PallasError::field(&format!("{} at {}: attrs", op.op, op.loc), format!("{} carried, {} init, {} yield", lv.carried.len(), lv.init.len(), lv.yields.len()), "expected one init and one yield per carried value"));

@@ -136,8 +136,8 @@ pub fn bind_runtime(d: &mut Description, given: &[(String, RuntimeValue)]) -> Re
 
 /// An op's `attrs[key]` as a list of expressions (parsed once: [`Op::attr_exprs`]); empty when
 /// absent.
-fn exprs(op: &Op, key: &str) -> Result<Vec<Expr>, PallasError> {
-    Ok(op.attr_exprs(key)?.map(|p| p.as_ref().clone()).unwrap_or_default())
+pub(crate) fn exprs(op: &Op, key: &str) -> Result<std::sync::Arc<Vec<Expr>>, PallasError> {
+    Ok(op.attr_exprs(key)?.unwrap_or_default())
 }
 
 fn ref_of(op: &Op) -> Option<usize> {

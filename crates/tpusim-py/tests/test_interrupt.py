@@ -27,20 +27,20 @@ import tpusim
 EPILOGUE = r"""
 print("ready", flush=True)
 try:
-    long_call()
+    # Repeat the call: as the simulator gets faster one call may end inside the 3 s before the
+    # signal; the gap between calls is microseconds, so the signal lands inside a call.
+    while True:
+        long_call()
 except KeyboardInterrupt:
     print("interrupted", flush=True)
     # The interpreter goes on: a short call runs normally after the interrupt.
     r = tpusim.simulate(heads=2, seq_len=2048, block_q=512, block_kv=512)
     print("after", r.latency_ms > 0, flush=True)
     sys.exit(0)
-print("finished without interrupt", flush=True)
-sys.exit(1)
 """
 
-# Each long call takes well over the 3 s before the signal on a 2-core machine (measured: tune
-# of the sparse video layer about 20 s, the sweep about 10 s, validate about 9 s, the simulate
-# loop as long as it is let run, the block-sparse kernel of 16.8 million grid steps about 8 s).
+# Each long call takes seconds on a 2-core machine and is repeated until the signal (the sweep
+# fell from about 10 s to under 3 s as the engine got faster, and ended before the signal).
 CALLS = {
     "tune": r"""
 def long_call():
@@ -54,8 +54,7 @@ def long_call():
     "simulate": r"""
 def long_call():
     # A notebook cell looping over short calls: the signal lands between calls or inside one.
-    while True:
-        tpusim.simulate(heads=8, seq_len=32768, mask="causal", block_q=512, block_kv=512)
+    tpusim.simulate(heads=8, seq_len=32768, mask="causal", block_q=512, block_kv=512)
 """,
     "validate": r"""
 import csv

@@ -25,6 +25,13 @@ pub type UnitCycles = PerUnit<f64>;
 ///   latency: the ALU latency.
 /// * transcendental: registers / eup_vregs_per_cycle; latency: the EUP latency.
 /// * cross-lane: registers x xlu_cycles_per_vreg / count; latency: the XLU latency.
+/// * a copy the body starts (`tpu.enqueue_dma`): the DMA engines are taken for the largest of
+///   its bytes at the sustained bandwidth of one core of the device's TensorCores all streaming
+///   (`hbm.dma_bandwidth_gb_per_s`, at most the device's peak over its cores), the scalar core's
+///   issue (`hbm.dma_issue_ns`) and its share of the in-flight slots ((latency + transfer) /
+///   `hbm.dmas_in_flight`, Little's law); latency: `hbm.dma_latency_ns`. Copies queue one after
+///   another, so n copies of b bytes take about n x max(b / bandwidth, issue) + one latency.
+/// * a wait for a copy: no time (it orders the body: [`tpusim_kernel::Work::DmaWait`]).
 ///
 /// Vector, transcendental and cross-lane work is counted by lowering in (8,128)-register units of
 /// 1024 elements; a chip whose registers hold `sublanes x lanes` elements needs
@@ -49,6 +56,14 @@ pub fn op_cycles(chip: &ChipModel, work: &Work) -> (f64, f64) {
         Work::CrossLane { vregs } => {
             (regs(vregs) * chip.fitted.xlu_cycles_per_vreg.value / chip.xlu.count.value as f64, chip.xlu.latency_cycles.value as f64)
         }
+        Work::Dma { bytes } => {
+            let transfer = bytes as f64 / chip.dma_bytes_per_cycle(chip.tensorcores());
+            let latency = chip.dma_latency_cycles();
+            let issue = chip.hbm.dma_issue_ns.value * 1e-9 * chip.clock_hz();
+            let in_flight = (latency + transfer) / f64::from(chip.hbm.dmas_in_flight.value.max(1));
+            (transfer.max(issue).max(in_flight), latency)
+        }
+        Work::DmaWait => (0.0, 0.0),
     }
 }
 
@@ -115,12 +130,12 @@ fn list_order(index: &Index, cost: &[(usize, f64, f64)]) -> Vec<usize> {
     let fx = |t: f64| (t * 1024.0).round() as u64;
     let mut missing: Vec<u32> = (0..n).map(|i| index.pred_at[i + 1] - index.pred_at[i]).collect();
     let mut ready_at = vec![0.0f64; n];
-    let mut free = [0.0f64; 4];
-    let mut free_fx = [0u64; 4];
+    let mut free = [0.0f64; BODY_UNITS];
+    let mut free_fx = [0u64; BODY_UNITS];
     // Per unit: operations whose inputs are scheduled, by ready time; and those ready by the
     // unit's free time, by program order.
-    let mut pending: [BinaryHeap<Reverse<(u64, u64)>>; 4] = Default::default();
-    let mut ready: [BinaryHeap<Reverse<u64>>; 4] = Default::default();
+    let mut pending: [BinaryHeap<Reverse<(u64, u64)>>; BODY_UNITS] = Default::default();
+    let mut ready: [BinaryHeap<Reverse<u64>>; BODY_UNITS] = Default::default();
     for i in 0..n {
         if missing[i] == 0 {
             pending[cost[i].0].push(Reverse((0, key(i))));
@@ -130,7 +145,7 @@ fn list_order(index: &Index, cost: &[(usize, f64, f64)]) -> Vec<usize> {
     while order.len() < n {
         // The unit that can start an operation first.
         let mut best: Option<(f64, usize)> = None;
-        for u in 0..4 {
+        for u in 0..BODY_UNITS {
             while let Some(&Reverse((t, k))) = pending[u].peek() {
                 if t > free_fx[u] {
                     break;
@@ -187,6 +202,7 @@ struct Index {
     count: Vec<u32>,
     flops: f64,
     transcendental_vregs: f64,
+    dma_bytes: u64,
     /// The body's isolated schedules ([`Transfer::isolated`]), per order and costs.
     timings: tpusim_kernel::Memo,
     /// Program-order key of each node, (issue slot << 24) | node index.
@@ -246,6 +262,7 @@ impl Index {
                 work_of,
                 count,
                 flops: body.flops(),
+                dma_bytes: body.dma_bytes(),
                 transcendental_vregs: body.transcendental_vregs(),
                 works,
                 timings: tpusim_kernel::Memo::with_capacity(64),
@@ -280,6 +297,8 @@ pub(crate) enum WorkKey {
     Vector(u64, u64),
     Transcendental(u64),
     CrossLane(u64),
+    Dma(u64),
+    DmaWait,
 }
 
 impl WorkKey {
@@ -289,6 +308,8 @@ impl WorkKey {
             Work::Vector { ops, loaded_mask_vregs } => WorkKey::Vector(ops.to_bits(), loaded_mask_vregs.to_bits()),
             Work::Transcendental { vregs } => WorkKey::Transcendental(vregs.to_bits()),
             Work::CrossLane { vregs } => WorkKey::CrossLane(vregs.to_bits()),
+            Work::Dma { bytes } => WorkKey::Dma(bytes),
+            Work::DmaWait => WorkKey::DmaWait,
         }
     }
 }
@@ -325,8 +346,9 @@ struct Plan {
     carry_in: Vec<u16>,
     carry_out: Vec<u16>,
     has_mxu: bool,
-    /// Whether any position runs on each unit (MXU, VPU, EUP, XLU).
-    runs: [bool; 4],
+    /// Whether any position runs on each unit (MXU, VPU, EUP, XLU, the DMA engines, the scalar
+    /// unit's waits).
+    runs: [bool; BODY_UNITS],
     /// The positions packed for [`Transfer::apply`].
     replay: Vec<Replay>,
 }
@@ -395,10 +417,15 @@ fn fmax(a: f64, b: f64) -> f64 {
 
 /// Index of the step's start among a transfer's inputs.
 pub const IN_START: usize = 0;
-/// Index of the first unit's free time among a transfer's inputs (then VPU, EUP, XLU).
+/// Index of the first unit's free time among a transfer's inputs (then VPU, EUP, XLU, the DMA
+/// engines and the scalar unit).
 pub const IN_UNITS: usize = 1;
+/// Units a step body's operations occupy: the four compute units, the DMA engines (the copies a
+/// kernel starts in its body) and the scalar unit (its waits for them), in [`Unit`] order
+/// (`Unit::Hbm` is index 4, `Unit::StepControl` 5).
+pub const BODY_UNITS: usize = 6;
 /// Index of the first carried slot among a transfer's inputs.
-pub const IN_CARRIES: usize = 5;
+pub const IN_CARRIES: usize = IN_UNITS + BODY_UNITS;
 
 /// How a step body's end times depend on its start times: the body's fixed issue order (a plan,
 /// cached per compiled chip) with this chip's operation costs.
@@ -472,16 +499,22 @@ impl Transfer {
         self.index.flops
     }
 
+    /// Bytes the copies the body starts itself move, per step of this body.
+    pub fn dma_bytes(&self) -> u64 {
+        self.index.dma_bytes
+    }
+
     /// Registers of exp / reciprocal work of one step of this body.
     pub fn transcendental_vregs(&self) -> f64 {
         self.index.transcendental_vregs
     }
 
-    /// Applies the transfer to inputs `x` (length `5 + carries`): writes the new unit free times
-    /// into `units` and carried times into `carries_out`; returns (front, done). Replays the
+    /// Applies the transfer to inputs `x` (length [`IN_CARRIES`]` + carries`): writes the new unit
+    /// free times (compute units, the DMA engines, the scalar unit) into `units` and carried times into
+    /// `carries_out`; returns (front, done). Replays the
     /// issue order: each operation starts when its unit is free, its inputs are done and, for a
     /// carried slot it reads, the previous step wrote it.
-    pub fn apply(&self, x: &[f64], units: &mut [f64; 4], carries_out: &mut [f64], scratch: &mut Scratch) -> (f64, f64) {
+    pub fn apply(&self, x: &[f64], units: &mut [f64; BODY_UNITS], carries_out: &mut [f64], scratch: &mut Scratch) -> (f64, f64) {
         let plan = &*self.plan;
         let n = plan.node.len();
         if scratch.done.len() < n {
@@ -491,7 +524,7 @@ impl Transfer {
         let deps = &plan.deps[..];
         carries_out[..self.carries].copy_from_slice(&x[IN_CARRIES..IN_CARRIES + self.carries]);
         let s0 = x[IN_START];
-        let mut uf = [x[IN_UNITS], x[IN_UNITS + 1], x[IN_UNITS + 2], x[IN_UNITS + 3]];
+        let mut uf: [f64; BODY_UNITS] = std::array::from_fn(|u| x[IN_UNITS + u]);
         let mut last = s0;
         let mut at = 0usize;
         let costs = &self.costs[..];
@@ -519,7 +552,7 @@ impl Transfer {
         let front = if plan.has_mxu {
             uf[Unit::Mxu.index()]
         } else {
-            (0..4).filter(|&u| plan.runs[u]).map(|u| uf[u]).fold(s0, f64::max)
+            (0..BODY_UNITS).filter(|&u| plan.runs[u]).map(|u| uf[u]).fold(s0, f64::max)
         };
         *units = uf;
         (front, last)
@@ -530,7 +563,7 @@ impl Transfer {
         let plan = &*self.plan;
         let n = plan.node.len();
         let mut out = vec![OpTiming { node: 0, unit: Unit::Mxu, start: 0.0, end: 0.0 }; n];
-        let mut units = [x[IN_UNITS], x[IN_UNITS + 1], x[IN_UNITS + 2], x[IN_UNITS + 3]];
+        let mut units: [f64; BODY_UNITS] = std::array::from_fn(|u| x[IN_UNITS + u]);
         let mut done = vec![0.0; n];
         for p in 0..n {
             let u = plan.unit[p] as usize;
@@ -568,8 +601,8 @@ impl Transfer {
         if n == 0 {
             return t;
         }
-        let mut unit_free = [0.0f64; 4];
-        let mut last_on_unit = [usize::MAX; 4];
+        let mut unit_free = [0.0f64; BODY_UNITS];
+        let mut last_on_unit = [usize::MAX; BODY_UNITS];
         let mut cause = vec![usize::MAX; n];
         let mut done = vec![0.0f64; n];
         let mut starts = vec![0.0f64; n];

@@ -212,13 +212,13 @@ pub fn simulate_observed(chip: &ChipModel, program: &Program, observe: &mut dyn 
 /// runs); no list schedule, no transfer. Used by `tpusim tune` to skip configurations that
 /// cannot rank (tested against [`simulate`] on every kernel family and megacore).
 pub fn cycles_lower_bound(chip: &ChipModel, program: &Program) -> f64 {
-    let busy: Vec<[f64; 4]> = program
+    let busy: Vec<[f64; body::BODY_UNITS]> = program
         .classes
         .iter()
         .map(|c| {
             // A body's slabs repeat a few distinct works: each is costed once.
             let mut occupancy: rustc_hash::FxHashMap<body::WorkKey, f64> = Default::default();
-            let mut b = [0.0; 4];
+            let mut b = [0.0; body::BODY_UNITS];
             for (w, n) in c.body.works() {
                 // Whole quanta: n equal terms add up exactly as their product.
                 b[w.unit().index()] += f64::from(n) * *occupancy.entry(body::WorkKey::of(&w)).or_insert_with(|| quantize(op_cycles(chip, &w).0));
@@ -229,14 +229,16 @@ pub fn cycles_lower_bound(chip: &ChipModel, program: &Program) -> f64 {
     let overhead = quantize(chip.fitted.grid_step_overhead_cycles.value);
     let ranges = program.core_ranges(chip.tensorcores());
     let bpc = chip.dma_bytes_per_cycle(ranges.len() as u32);
-    // Per core: steps, unit occupancies (MXU, VPU, EUP, XLU) and DMA time.
+    // Per core: steps, unit occupancies (MXU, VPU, EUP, XLU) and DMA time (the steps' copies
+    // and the bodies' own, which queue on the same engines).
     type Tally = (f64, [f64; 4], f64);
     let add = |t: &mut Tally, s: &Step, n: f64| {
         t.0 += n;
-        for (a, b) in t.1.iter_mut().zip(busy[s.class as usize]) {
+        let b = &busy[s.class as usize];
+        for (a, b) in t.1.iter_mut().zip(b) {
             *a += n * b;
         }
-        t.2 += n * (quantize(s.in_bytes as f64 / bpc) + quantize(s.out_bytes as f64 / bpc));
+        t.2 += n * (quantize(s.in_bytes as f64 / bpc) + quantize(s.out_bytes as f64 / bpc) + b[Unit::Hbm.index()]);
     };
     let mut bound = 0.0f64;
     for &(lo, hi) in &ranges {
@@ -355,10 +357,12 @@ impl Shared {
         }
         let mut flops = 0.0;
         let mut trans = 0.0;
+        let mut body_dma = 0u64;
         for (i, tr) in self.transfers.iter().enumerate() {
             let k = class_steps[i] as f64;
             flops += k * tr.flops();
             trans += k * tr.transcendental_vregs() * 1024.0;
+            body_dma += class_steps[i] * tr.dma_bytes();
         }
         let (cycles, critical, stall) = cores.get(slowest).map(|c| (c.cycles, c.critical, c.stall)).unwrap_or_default();
         SimResult {
@@ -367,7 +371,7 @@ impl Shared {
             busy,
             flops,
             transcendentals: trans,
-            hbm_bytes: in_b + out_b,
+            hbm_bytes: in_b + out_b + body_dma,
             grid_steps: steps,
             class_timing: self.timing,
             class_steps,
@@ -732,11 +736,16 @@ impl<'a> Pipeline<'a> {
             (start, start)
         } else {
             self.x[body::IN_START] = start;
-            self.x[body::IN_UNITS..body::IN_CARRIES].copy_from_slice(&self.t.units);
+            self.x[body::IN_UNITS..body::IN_UNITS + 4].copy_from_slice(&self.t.units);
+            // The body's own copies queue on the DMA engines behind the steps' copies.
+            self.x[body::IN_UNITS + Unit::Hbm.index()] = self.t.hbm_free;
+            // The scalar unit's waits are ordered by the step's start alone.
+            self.x[body::IN_UNITS + Unit::StepControl.index()] = 0.0;
             self.x[body::IN_CARRIES..].copy_from_slice(&self.t.carries);
-            let mut units = [0.0; 4];
+            let mut units = [0.0; body::BODY_UNITS];
             let (e, d) = tr.apply(&self.x, &mut units, &mut self.t.carries, &mut self.scratch);
-            self.t.units = units;
+            self.t.units.copy_from_slice(&units[..4]);
+            self.t.hbm_free = self.t.hbm_free.max(units[Unit::Hbm.index()]);
             (e, d)
         };
         let dma_out = (cur.out_bytes > 0).then(|| self.transfer(done, self.lat_out, cur.out_bytes));

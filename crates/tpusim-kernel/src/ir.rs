@@ -148,6 +148,16 @@ pub enum Work {
         /// Registers.
         vregs: f64,
     },
+    /// A copy the kernel starts itself inside its body (`tpu.enqueue_dma`): `bytes` between HBM
+    /// and VMEM on the DMA engines, overlapping the compute units' work until a wait needs it.
+    Dma {
+        /// Bytes moved.
+        bytes: u64,
+    },
+    /// A wait for a copy the body started (`tpu.wait_dma`): no unit time (it is the scalar unit's,
+    /// [`Unit::StepControl`], and holds no DMA engine); the TensorCore issues in order, so
+    /// nothing after it in program order starts before the copy has landed.
+    DmaWait,
 }
 
 impl Work {
@@ -158,6 +168,9 @@ impl Work {
             Work::Vector { .. } => Unit::Vpu,
             Work::Transcendental { .. } => Unit::Eup,
             Work::CrossLane { .. } => Unit::Xlu,
+            Work::Dma { .. } => Unit::Hbm,
+            // The scalar unit stalls at the wait: it holds no DMA engine.
+            Work::DmaWait => Unit::StepControl,
         }
     }
 
@@ -385,6 +398,16 @@ impl StepBody {
             .sum()
     }
 
+    /// Bytes the body's own copies move (`tpu.enqueue_dma` in the body), per step.
+    pub fn dma_bytes(&self) -> u64 {
+        self.works()
+            .map(|(w, n)| match w {
+                Work::Dma { bytes } => u64::from(n) * bytes,
+                _ => 0,
+            })
+            .sum()
+    }
+
     /// True when the body has no operations (a skipped grid step).
     pub fn is_empty(&self) -> bool {
         self.graph.node_count() == 0 && self.counted.as_ref().is_none_or(|c| c.is_empty())
@@ -432,6 +455,11 @@ impl StepBody {
                     eat(&[3]);
                     eat(&vregs.to_bits().to_le_bytes());
                 }
+                Work::Dma { bytes } => {
+                    eat(&[4]);
+                    eat(&bytes.to_le_bytes());
+                }
+                Work::DmaWait => eat(&[5]),
             }
             eat(&op.issue.to_le_bytes());
             eat(&slot(op.carry_in));

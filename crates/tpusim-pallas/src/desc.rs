@@ -526,6 +526,45 @@ impl Description {
         Ok(())
     }
 
+    /// A copy's or wait's semaphore: `sem_ref` a semaphore ref (or `sem_alloc`, the id of one the
+    /// body allocates), `sem_offsets` one expression per dimension of it (none for a single
+    /// semaphore), reading only what exists.
+    fn check_semaphore(&self, op: &Op, f: &str, defined: &std::collections::HashSet<u64>) -> Result<(), PallasError> {
+        let at = |k: &str| format!("{f} at {}: attrs.{k}", if op.loc.is_empty() { "(no location)" } else { &op.loc });
+        if let Some(v) = op.attrs.get("sem_alloc") {
+            if op.attrs.contains_key("sem_ref") {
+                return Err(PallasError::field(&at("sem_alloc"), v, "a semaphore is a ref's (`sem_ref`) or one the body allocates (`sem_alloc`), not both"));
+            }
+            v.as_u64().filter(|&a| a < 1 << 40).ok_or_else(|| PallasError::field(&at("sem_alloc"), v, "expected the whole-number id of a semaphore the body allocates"))?;
+            let x = op.attrs.get("sem_offsets").cloned().unwrap_or(serde_json::Value::Array(Vec::new()));
+            let es: Vec<Expr> = serde_json::from_value(x.clone()).map_err(|e| PallasError::field(&at("sem_offsets"), &x, format!("expected a list of expressions ({e})")))?;
+            for e in &es {
+                self.check_expr(e, &at("sem_offsets"), Some(defined))?;
+            }
+            return Ok(());
+        }
+        let Some(v) = op.attrs.get("sem_ref") else {
+            if op.attrs.contains_key("sem_offsets") {
+                return Err(PallasError::field(&at("sem_offsets"), "given without sem_ref", "a semaphore index needs the semaphore it indexes (`sem_ref` or `sem_alloc`)"));
+            }
+            return Ok(());
+        };
+        let r = v.as_u64().filter(|&r| (r as usize) < self.refs.len()).ok_or_else(|| PallasError::field(&at("sem_ref"), v, self.refs_allowed()))? as usize;
+        let rf = &self.refs[r];
+        if rf.memory_space != MemorySpace::Semaphore {
+            return Err(PallasError::field(&at("sem_ref"), r, format!("expected a semaphore ref; `{}` is in {:?} memory", rf.name, rf.memory_space)));
+        }
+        let x = op.attrs.get("sem_offsets").cloned().unwrap_or(serde_json::Value::Array(Vec::new()));
+        let es: Vec<Expr> = serde_json::from_value(x.clone()).map_err(|e| PallasError::field(&at("sem_offsets"), &x, format!("expected a list of expressions ({e})")))?;
+        if !es.is_empty() && es.len() != rf.shape.len() {
+            return Err(PallasError::field(&at("sem_offsets"), &x, format!("one index per dimension of `{}` ({:?})", rf.name, rf.shape)));
+        }
+        for e in &es {
+            self.check_expr(e, &at("sem_offsets"), Some(defined))?;
+        }
+        Ok(())
+    }
+
     /// What a ref index may be, for errors.
     fn refs_allowed(&self) -> String {
         match self.refs.len() {
@@ -621,6 +660,17 @@ impl Description {
                 }
                 self.check_expr(&e, &at, Some(defined))?;
                 self.check_dma_source(op, &f, defined)?;
+            }
+            if matches!(op.op.as_str(), "tpu.enqueue_dma" | "tpu.wait_dma" | "tpu.wait_dma2") {
+                self.check_semaphore(op, &f, defined)?;
+            }
+            if matches!(op.op.as_str(), "tpu.wait_dma" | "tpu.wait_dma2") {
+                if let Some(bytes) = op.attrs.get("bytes") {
+                    let at = format!("{f} at {}: attrs.bytes", if op.loc.is_empty() { "(no location)" } else { &op.loc });
+                    let e: Expr = serde_json::from_value(bytes.clone())
+                        .map_err(|e| PallasError::field(&at, bytes, format!("expected the whole number of bytes the wait counts, or an expression ({e})")))?;
+                    self.check_expr(&e, &at, Some(defined))?;
+                }
             }
             for (key, e) in [("cond", &op.cond), ("lower", &op.lower), ("upper", &op.upper), ("step", &op.step)] {
                 if let Some(e) = e {

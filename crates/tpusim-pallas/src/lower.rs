@@ -7,8 +7,11 @@
 //! * **Pipeline rule (Pallas).** An input window is copied HBM -> VMEM before a step when its
 //!   block index differs from the previous step's (the first step copies every window); an
 //!   output window is written back after a step when the next step's block index differs (or it
-//!   is the last step). Bytes are the block's (block shape x element bytes). Manual DMAs
-//!   (`tpu.enqueue_dma`) add their bytes to their step's input copies.
+//!   is the last step). Bytes are the block's (block shape x element bytes).
+//! * **Copies the kernel starts** (`tpu.enqueue_dma`, `tpu.wait_dma2`) are ops of the step's
+//!   body: each copy's size and semaphore are evaluated at the step (they are part of its step
+//!   class), and the body builder puts the copy on the DMA engines, overlapping the work after
+//!   it until a wait needs it ([`tpusim_kernel::body`]).
 //! * **Megacore.** The grid's leading dimensions marked parallel form the parallel units a
 //!   two-core device splits over its TensorCores ([`Program::core_ranges`]).
 //! * **Body.** The ops of the path a step class takes are handed, one by one, to the body
@@ -203,7 +206,7 @@ fn path_skeleton(ops: &[Op]) -> Vec<Op> {
                 step: op.step.clone(),
                 parsed: op.parsed.clone(),
             }),
-            "tpu.enqueue_dma" | "memref.load" | "memref.store" => Some(op.clone()),
+            "tpu.enqueue_dma" | "tpu.wait_dma" | "tpu.wait_dma2" | "memref.load" | "memref.store" => Some(op.clone()),
             _ => None,
         })
         .collect()
@@ -230,9 +233,14 @@ fn walk_path(d: &Description, ops: &[Op], env: &mut StepEnv<'_>, key: &mut Vec<i
                 run_while(d, op, env, &mut |ops, env, _| walk_path(d, ops, env, key, dma), &mut trips)?;
                 key.push(trips);
             }
-            "tpu.enqueue_dma" => {
-                let window = crate::runtime::check_dma_source(d, op, env, &|e, what| eval_err(d, e, what, &op.loc))?;
-                dma.add(crate::runtime::dma_bytes(d, op, env, window, &|e, what| eval_err(d, e, what, &op.loc))?);
+            "tpu.enqueue_dma" | "tpu.wait_dma" | "tpu.wait_dma2" => {
+                let (bytes, sem) = copy_facts(d, op, env)?;
+                if op.op == "tpu.enqueue_dma" {
+                    dma.add(bytes.unwrap_or(0));
+                }
+                // A copy's size and semaphore shape the step's body: part of its class.
+                key.push(bytes.map_or(-1, |b| b as i64));
+                key.extend(sem.iter().flatten());
             }
             "memref.load" | "memref.store" => {
                 if let Some(s) = env.smem {
@@ -243,6 +251,37 @@ fn walk_path(d: &Description, ops: &[Op], env: &mut StepEnv<'_>, key: &mut Vec<i
         }
     }
     Ok(())
+}
+
+/// A copy's or wait's facts at this step: its bytes (a copy's always; a wait's when it names
+/// them) and its semaphore (ref index, then element indices) when the description names it.
+fn copy_facts(d: &Description, op: &Op, env: &StepEnv<'_>) -> Result<(Option<u64>, Option<Vec<i64>>), PallasError> {
+    let err = |e, what: &str| eval_err(d, e, what, &op.loc);
+    let bytes = if op.op == "tpu.enqueue_dma" {
+        let window = crate::runtime::check_dma_source(d, op, env, &err)?;
+        Some(crate::runtime::dma_bytes(d, op, env, window, &err)?)
+    } else if op.attrs.contains_key("bytes") {
+        Some(crate::runtime::dma_bytes(d, op, env, None, &err)?)
+    } else {
+        None
+    };
+    // A ref's semaphores are keyed from 0 up, those the body allocates from -1 down.
+    let base = match (op.attrs.get("sem_ref").and_then(|x| x.as_u64()), op.attrs.get("sem_alloc").and_then(|x| x.as_u64())) {
+        (Some(r), _) => Some(r as i64),
+        (None, Some(a)) => Some(-1 - a as i64),
+        (None, None) => None,
+    };
+    let sem = match base {
+        Some(b) => {
+            let mut k = vec![b];
+            for e in crate::runtime::exprs(op, "sem_offsets")?.iter() {
+                k.push(e.eval(env).map_err(|x| err(x, &format!("the semaphore index of the `{}`", op.op)))?);
+            }
+            Some(k)
+        }
+        None => None,
+    };
+    Ok((bytes, sem))
 }
 
 /// A loop's scalar loop-carried values (`attrs`: `carried` variable ids set from `init` and
@@ -403,6 +442,9 @@ fn body_op(d: &Description, op: &Op) -> Result<tpusim_kernel::body::BodyOp, Pall
         lhs_dtype: text("lhs_dtype"),
         rhs_dtype: text("rhs_dtype"),
         precision: text("precision"),
+        // A copy's bytes and semaphore are evaluated at the step ([`copy_facts`]).
+        bytes: None,
+        semaphore: None,
     };
     let args = op
         .operands
@@ -462,6 +504,11 @@ impl Walker<'_> {
                         let d = self.d;
                         crate::runtime::run_scalar_op(d, op, env, s, &|e, what| eval_err(d, e, what, &op.loc))?;
                     }
+                }
+                "tpu.enqueue_dma" | "tpu.wait_dma" | "tpu.wait_dma2" => {
+                    let mut bop = body_op(self.d, op)?;
+                    (bop.attrs.bytes, bop.attrs.semaphore) = copy_facts(self.d, op, env)?;
+                    self.b.op(&bop).map_err(|e| kernel_err(self.d, op, e.0))?;
                 }
                 _ => {
                     let bop = body_op(self.d, op)?;
@@ -748,7 +795,6 @@ pub fn lower(chip: &ChipModel, d: &Description, dir: &Path) -> Result<(Program, 
         smem_state = cell.into_inner();
         smem_state.vars.clear();
         dmas.merge_step(&step_dma);
-        let dma = step_dma.bytes;
         key.push(i64::from(first));
         key.push(i64::from(last));
         let class = match last_class.filter(|_| key == last_key).or_else(|| class_ids.get(key.as_slice()).copied()) {
@@ -780,7 +826,6 @@ pub fn lower(chip: &ChipModel, d: &Description, dir: &Path) -> Result<(Program, 
             last_class = Some(class);
             last_key.clone_from(&key);
         }
-        in_bytes += dma;
         let coords = [
             idx.first().copied().unwrap_or(0) as u32,
             if ndim >= 3 { idx[ndim - 2] as u32 } else { 0 },

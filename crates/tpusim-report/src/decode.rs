@@ -4,10 +4,12 @@
 //! * **What the step must move** ([`DecodeShape::must_move_bytes`]): the K and V of the pages
 //!   its sequence lengths touch (`ceil(length / page_size)` pages per sequence, each
 //!   `kv_bytes_per_page` for all KV heads), plus q and o.
-//! * **Latency.** The engine runs the kernel's IR (its manual DMAs are step input copies,
-//!   streamed at the chip's sustained HBM-to-VMEM bandwidth, double-buffered across steps).
-//!   Two limits of the DMA engines that the pipeline does not model are lower bounds on the
-//!   step (the rule: the step takes the largest of the three):
+//! * **Latency.** The engine runs the kernel's IR: its manual DMAs are ops of the step's body on
+//!   the DMA engines, queued one after another, each taking the largest of its bytes at the
+//!   sustained HBM-to-VMEM bandwidth, its issue by the scalar core and its share of the
+//!   in-flight slots (`tpusim_engine::op_cycles`), overlapping compute until a wait needs them.
+//!   The report lists two closed-form lower bounds beside it, summed over the step's DMAs (the
+//!   rule: the step takes the largest of the three; the engine's is at least each):
 //!   - issue: `DMAs x hbm.dma_issue_ns` (the scalar core issues them one by one);
 //!   - in flight: `sum over DMAs of (hbm.dma_latency_ns + bytes / bandwidth) / hbm.dmas_in_flight`
 //!     (Little's law: at most that many DMAs hold a slot, each for its latency plus its bytes).

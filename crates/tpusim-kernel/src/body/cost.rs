@@ -24,7 +24,7 @@ pub const UNIT_LANES: u64 = 128;
 pub enum OpCost {
     /// No unit time: layout-preserving reshapes and casts, broadcasts, concatenations of whole
     /// registers, constants, iota (formed once per kernel), loads and stores (the vector
-    /// load/store slots issue beside the ALUs), semaphores and DMA waits. One exception, made
+    /// load/store slots issue beside the ALUs), semaphores. One exception, made
     /// where the store is lowered: a store of a constant fills its buffer at one VPU operation
     /// per register (the hand-written lowerings' zero-fill rule).
     Free,
@@ -46,8 +46,12 @@ pub enum OpCost {
     Reduce,
     /// A matmul on the MXUs, then one VPU operation per f32 result register to pop the result.
     Matmul,
-    /// A DMA the kernel starts itself (`tpu.enqueue_dma`): its `bytes` move over HBM.
+    /// A DMA the kernel starts itself (`tpu.enqueue_dma`): its `bytes` move over HBM on the DMA
+    /// engines (`Work::Dma`).
     Dma,
+    /// A wait for DMAs (`tpu.wait_dma`, `tpu.wait_dma2`): no unit time; the ops after it wait for
+    /// the copies it counts (`Work::DmaWait`).
+    DmaWait,
     /// Packed int8 data widened to 32-bit lanes (`tpu.unpack_subelements`): an int8 mask block
     /// read for the scores it masks, at the chip's fitted cost per register
     /// (`fitted.loaded_mask_ops_per_vreg`, which covers the widening and the comparison; the
@@ -91,8 +95,6 @@ pub const OPS: &[(&str, OpCost)] = &[
     ("tpu.sem_wait", OpCost::Free),
     ("tpu.sem_signal", OpCost::Free),
     ("tpu.sem_alloc", OpCost::Free),
-    ("tpu.wait_dma", OpCost::Free),
-    ("tpu.wait_dma2", OpCost::Free),
     ("tpu.trace_start", OpCost::Free),
     ("tpu.trace_stop", OpCost::Free),
     ("tpu.yield", OpCost::Free),
@@ -173,6 +175,8 @@ pub const OPS: &[(&str, OpCost)] = &[
     ("vector.contract", OpCost::Matmul),
     // DMA.
     ("tpu.enqueue_dma", OpCost::Dma),
+    ("tpu.wait_dma", OpCost::DmaWait),
+    ("tpu.wait_dma2", OpCost::DmaWait),
     // Packed sub-32-bit data widened (an int8 mask block).
     ("tpu.unpack_subelements", OpCost::LoadedMask),
 ];

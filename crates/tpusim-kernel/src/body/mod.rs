@@ -16,6 +16,12 @@
 //!   repeating an earlier one of the body (same shape, operands read from the same refs,
 //!   directly or through views, casts and element-wise ops with constants) and independent of
 //!   the matmul before it ranks after that one.
+//! * **Copies and waits.** A copy the kernel starts (`tpu.enqueue_dma`) is a node on the DMA
+//!   engines that waits for the last work on each compute unit before it in program order (the
+//!   buffer it refills or reads out); it overlaps the work after it. A wait (`tpu.wait_dma2`)
+//!   counts the copies on its semaphore, earliest first, until their bytes reach the bytes it
+//!   waits for, and every op after it in program order waits for it (the TensorCore issues in
+//!   order and stalls at a wait).
 //! * **Carried state.** Refs the body both loads and stores (scratch accumulators, output blocks
 //!   accumulated in place) are carried: the next step's load of a slab waits for this step's
 //!   last store of it. A store of a constant fills its buffer at one VPU operation per register.
@@ -59,6 +65,13 @@ pub struct Attrs {
     pub rhs_dtype: Option<String>,
     /// Matmul: the precision it asks for.
     pub precision: Option<String>,
+    /// A copy (`tpu.enqueue_dma`): the bytes it moves in this step (required); a wait
+    /// (`tpu.wait_dma2`): the bytes it waits for (absent: every copy on its semaphore).
+    pub bytes: Option<u64>,
+    /// A copy or a wait: which DMA semaphore it signals or waits on (the semaphore ref's index,
+    /// then the element's indices, evaluated in this step); absent: not known, and a wait then
+    /// waits for every copy the body started before it.
+    pub semaphore: Option<Vec<i64>>,
 }
 
 /// One op of a body: its name (`arith.addf`, `tpu.matmul`, ...), result id, shape and element
@@ -173,6 +186,9 @@ fn slab_rows(shape: &[u64], s: usize, ns: usize) -> u64 {
 
 /// A (ref, slab) pair naming one slab of carried state.
 type RefSlab = (usize, usize);
+/// A copy started and not yet waited for: its node, issue slot and the bytes no wait has
+/// counted yet.
+type Outstanding = (NodeIdx, u64, u64);
 /// Nodes to wait for, with their issue slots (most values wait for one node: kept inline).
 type Deps = SmallVec<[(NodeIdx, u64); 2]>;
 /// A matmul's (m, k, n) and the refs its lhs and rhs are loaded from (`None`: computed).
@@ -260,6 +276,14 @@ pub struct Builder {
     tally: Vec<(Work, u32)>,
     /// How many slabs the node being built stands for ([`Builder::reps`]; 1 unless counting).
     mult: u32,
+    /// Copies the body started and no wait has counted yet, per semaphore, in issue order.
+    outstanding: HashMap<Option<Vec<i64>>, std::collections::VecDeque<Outstanding>>,
+    /// The last wait: every node after it in program order depends on it (the TensorCore
+    /// issues in order and stalls at a wait until its copies have landed).
+    barrier: Option<(NodeIdx, u64)>,
+    /// The last node built on each compute unit: a copy the body starts waits for them (the
+    /// buffer it refills or reads out was last used by the work before it in program order).
+    last_on_unit: [Option<(NodeIdx, u64)>; 4],
 }
 
 thread_local! {
@@ -344,6 +368,9 @@ impl Builder {
             counting: COUNTING.with(std::cell::Cell::get),
             tally: Vec::new(),
             mult: 1,
+            outstanding: HashMap::default(),
+            barrier: None,
+            last_on_unit: [None; 4],
         }
     }
 
@@ -434,6 +461,10 @@ impl Builder {
             slot = slot.max(sl);
             nodes.push(n);
         }
+        if let Some((n, sl)) = self.barrier {
+            slot = slot.max(sl);
+            nodes.push(n);
+        }
         self.seq += 1;
         let issue = slot * SLOT + self.seq;
         nodes.sort_unstable();
@@ -444,6 +475,9 @@ impl Builder {
         }
         if let Some(c) = carry_in {
             self.carries = self.carries.max(c + 1);
+        }
+        if let Some(last) = self.last_on_unit.get_mut(unit.index()) {
+            *last = Some((n, slot));
         }
         self.scratch = nodes;
         (n, slot)
@@ -518,11 +552,65 @@ impl Builder {
             OpCost::Xlu => self.cross_lane(name, static_name, &ins, &mut out, vr),
             OpCost::Reduce => self.reduce(op, static_name, &ins, &mut out)?,
             OpCost::Matmul => self.matmul(op, static_name, &ins, &mut out)?,
-            // Its bytes are the step's (the front end evaluates each copy's size per step).
-            OpCost::Dma => {}
+            OpCost::Dma => self.dma(op)?,
+            OpCost::DmaWait => self.dma_wait(op),
         }
         self.vals.insert(op.id, std::rc::Rc::new(out));
         Ok(())
+    }
+
+    /// A copy the body starts (`tpu.enqueue_dma`): a node on the DMA engines after the work
+    /// before it in program order, queued on its semaphore until a wait counts it.
+    fn dma(&mut self, op: &BodyOp) -> Result<(), OpError> {
+        let bytes = op.attrs.bytes.ok_or_else(|| OpError("a copy without its size in bytes (`attrs.bytes`)".into()))?;
+        let after: SmallVec<[(NodeIdx, u64); 4]> = self.last_on_unit.iter().flatten().copied().collect();
+        let (n, sl) = self.node_from("dma", Work::Dma { bytes }, &[], &after, 0, 1, self.base);
+        if !self.counting {
+            self.outstanding.entry(op.attrs.semaphore.clone()).or_default().push_back((n, sl, bytes));
+        }
+        Ok(())
+    }
+
+    /// A wait (`tpu.wait_dma2`): a node that ends when the copies it counts have landed, the
+    /// earliest on its semaphore until their bytes reach the bytes it waits for (all of them
+    /// when it names no size; every copy outstanding when it names no semaphore). A wait for
+    /// copies an earlier grid step started waits for the DMA engines' queue. Everything after
+    /// it in program order waits for it.
+    fn dma_wait(&mut self, op: &BodyOp) {
+        let mut waited: SmallVec<[(NodeIdx, u64); 4]> = SmallVec::new();
+        if !self.counting {
+            let mut take = |q: &mut std::collections::VecDeque<Outstanding>, mut need: u64| {
+                while let Some(front) = q.front_mut() {
+                    if need == 0 && front.2 > 0 {
+                        break;
+                    }
+                    waited.push((front.0, front.1));
+                    if front.2 <= need {
+                        need -= front.2;
+                        q.pop_front();
+                    } else {
+                        front.2 -= need;
+                        need = 0;
+                    }
+                }
+            };
+            match &op.attrs.semaphore {
+                Some(k) => {
+                    if let Some(q) = self.outstanding.get_mut(&Some(k.clone())) {
+                        take(q, op.attrs.bytes.unwrap_or(u64::MAX));
+                    }
+                }
+                None => {
+                    for q in self.outstanding.values_mut() {
+                        take(q, u64::MAX);
+                    }
+                }
+            }
+        }
+        let (n, sl) = self.node_from("dma wait", Work::DmaWait, &[], &waited, 0, 1, self.base);
+        if !self.counting {
+            self.barrier = Some((n, sl));
+        }
     }
 
     /// Which dimensions an op's result varies along.

@@ -381,6 +381,7 @@ class _Reader:
         self.scalars = {}  # SSA value -> expression
         self.refs = {}  # block argument value -> ref index
         self.views = {}  # sliced memref value -> (ref index, offsets, window shape, kept dims)
+        self.sem_allocs = {}  # semaphore value allocated in the body -> its id (views: -1 - id)
         self.dyn_dims = {}  # memref value with dimensions sized at run time -> its dimensions (ints, expressions)
         self.grid_sizes = []  # the grid's sizes, dynamic ones as computed (for `tpu.iteration_bound`)
         self._asm = None
@@ -616,6 +617,11 @@ class _Reader:
             if name in ("tpu.memref_slice", "tpu.memref_squeeze"):
                 self._view(op)
                 continue
+            if name == "tpu.sem_alloc":
+                # A semaphore `pl.run_scoped` allocates (`pltpu.emit_pipeline`'s): named by an id
+                # of its own, so that copies and waits on it can be paired.
+                self.sem_allocs[self._key(op.results[0])] = self._new_id()
+                continue
             if name == "memref.load" and self.refs.get(self._key(op.operands[0])) in self.mutable:
                 ri = self.refs[self._key(op.operands[0])]
                 i = self._new_id()
@@ -678,8 +684,8 @@ class _Reader:
             self.dyn_dims[self._key(op.results[0])] = sizes
         if src in self.views:
             ri, offs, win, dims = self.views[src]
-        elif src in self.refs:
-            ri = self.refs[src]
+        elif src in self.refs or src in self.sem_allocs:
+            ri = self.refs[src] if src in self.refs else -1 - self.sem_allocs[src]
             shape, _ = _shape_dtype(op.operands[0].type)
             offs, win, dims = [0] * len(shape), list(shape), list(range(len(shape)))
         else:
@@ -706,6 +712,25 @@ class _Reader:
                 return
             dims = keep
         self.views[self._key(op.results[0])] = (ri, offs, win, dims)
+
+    def _semaphore(self, v, attrs):
+        """Names the DMA semaphore `v` is (a semaphore ref, or an element of a semaphore array)
+        in `attrs`: `sem_ref` (or `sem_alloc`, the id of a semaphore the body allocates) and
+        `sem_offsets` (index expressions), when it is traced to one."""
+        k = self._key(v)
+        if k in self.views:
+            ri, offs, _, _ = self.views[k]
+        elif k in self.refs:
+            ri, offs = self.refs[k], []
+        elif k in self.sem_allocs:
+            ri, offs = -1 - self.sem_allocs[k], []
+        else:
+            return
+        if ri < 0:
+            attrs["sem_alloc"] = -1 - ri
+        else:
+            attrs["sem_ref"] = ri
+        attrs["sem_offsets"] = list(offs)
 
     def _bind(self, r):
         i = self._new_id()
@@ -756,6 +781,23 @@ class _Reader:
             if view is not None:
                 ri, offs, win, _ = view
                 attrs["src_ref"], attrs["src_offsets"], attrs["src_shape"] = ri, offs, win
+            # The semaphore the copy signals on arrival (`target_semaphore`: the last semaphore
+            # operand; a remote copy's `source_semaphore` comes before it).
+            sems = [x for x in op.operands if "semaphore" in str(x.type)]
+            if sems:
+                self._semaphore(sems[-1], attrs)
+        elif name in ("tpu.wait_dma2", "tpu.wait_dma"):
+            # wait_dma2: semaphore, src, dst (it waits for the dst's bytes); wait_dma: semaphore, ref.
+            ops = list(op.operands)
+            if ops and "semaphore" in str(ops[0].type):
+                self._semaphore(ops[0], attrs)
+            dst = ops[2] if name == "tpu.wait_dma2" and len(ops) >= 3 else (ops[1] if len(ops) >= 2 else None)
+            if dst is not None and "semaphore" not in str(dst.type):
+                _, dst_dtype = _shape_dtype(dst.type)
+                n = _bytes(dst_dtype)
+                for s_ in self._dims(dst):
+                    n = n * s_ if isinstance(s_, int) and isinstance(n, int) else ["mul", n, s_]
+                attrs["bytes"] = n
         if attrs:
             d["attrs"] = attrs
         if len(op.results) == 0:

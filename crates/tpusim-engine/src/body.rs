@@ -29,9 +29,11 @@ pub type UnitCycles = PerUnit<f64>;
 ///   its bytes at the sustained bandwidth of one core of the device's TensorCores all streaming
 ///   (`hbm.dma_bandwidth_gb_per_s`, at most the device's peak over its cores), the scalar core's
 ///   issue (`hbm.dma_issue_ns`) and its share of the in-flight slots ((latency + transfer) /
-///   `hbm.dmas_in_flight`, Little's law); latency: `hbm.dma_latency_ns`. Copies queue one after
-///   another, so n copies of b bytes take about n x max(b / bandwidth, issue) + one latency.
-/// * a wait for a copy: no time (it orders the body: [`tpusim_kernel::Work::DmaWait`]).
+///   `hbm.dmas_in_flight`, Little's law); its data lands issue + `hbm.dma_latency_ns` + transfer
+///   after it starts (the result latency is that less the occupancy). Copies queue one after
+///   another, so n copies of b bytes take about n x max(b / bandwidth, issue) + one latency, and
+///   a copy waited for before the next starts takes issue + latency + transfer.
+/// * a wait for copies: no time (it orders the body: [`tpusim_kernel::Work::DmaWait`]).
 ///
 /// Vector, transcendental and cross-lane work is counted by lowering in (8,128)-register units of
 /// 1024 elements; a chip whose registers hold `sublanes x lanes` elements needs
@@ -61,9 +63,12 @@ pub fn op_cycles(chip: &ChipModel, work: &Work) -> (f64, f64) {
             let latency = chip.dma_latency_cycles();
             let issue = chip.hbm.dma_issue_ns.value * 1e-9 * chip.clock_hz();
             let in_flight = (latency + transfer) / f64::from(chip.hbm.dmas_in_flight.value.max(1));
-            (transfer.max(issue).max(in_flight), latency)
+            let occupancy = transfer.max(issue).max(in_flight);
+            // The data lands issue + latency + transfer after the copy starts, however long it
+            // holds the engines.
+            (occupancy, (issue + latency + transfer - occupancy).max(0.0))
         }
-        Work::DmaWait => (0.0, 0.0),
+        Work::DmaWait { .. } => (0.0, 0.0),
     }
 }
 
@@ -298,7 +303,7 @@ pub(crate) enum WorkKey {
     Transcendental(u64),
     CrossLane(u64),
     Dma(u64),
-    DmaWait,
+    DmaWait(bool),
 }
 
 impl WorkKey {
@@ -309,7 +314,7 @@ impl WorkKey {
             Work::Transcendental { vregs } => WorkKey::Transcendental(vregs.to_bits()),
             Work::CrossLane { vregs } => WorkKey::CrossLane(vregs.to_bits()),
             Work::Dma { bytes } => WorkKey::Dma(bytes),
-            Work::DmaWait => WorkKey::DmaWait,
+            Work::DmaWait { queued } => WorkKey::DmaWait(queued),
         }
     }
 }
@@ -380,10 +385,19 @@ impl Plan {
             plan.deps.extend(index.pred[index.pred_at[i] as usize..index.pred_at[i + 1] as usize].iter().map(|&d| pos[d as usize] as u32));
             plan.dep_at.push(plan.deps.len() as u32);
             let c = index.carry_in[i];
+            // A wait for copies earlier steps started reads the DMA engines' free time at the
+            // step's start (an input of the transfer) as it would a carried slot.
+            let queued = matches!(index.works[index.work_of[i] as usize], Work::DmaWait { queued: true });
             plan.replay.push(Replay {
                 work: index.work_of[i],
                 deps_end: plan.deps.len() as u32,
-                carry_in: if c == NONE { IN_START as u32 } else { (IN_CARRIES + usize::from(c)) as u32 },
+                carry_in: if queued {
+                    (IN_UNITS + Unit::Hbm.index()) as u32
+                } else if c == NONE {
+                    IN_START as u32
+                } else {
+                    (IN_CARRIES + usize::from(c)) as u32
+                },
                 carry_out: index.carry_out[i],
                 unit: index.unit[i],
             });
@@ -434,7 +448,8 @@ pub const IN_CARRIES: usize = IN_UNITS + BODY_UNITS;
 /// four compute units become free, and the times the carried-state slots were written. Outputs:
 /// the new unit free times and carried-slot times, the body's *front* (when the next grid step may
 /// begin issuing: the end of the body's last MXU operation's occupancy, or of its last operation
-/// when it has no matmul) and its *done* time (its last result). Every output is a max-plus
+/// when it has no matmul, a copy it starts excepted: a copy in flight does not hold the next step
+/// back, a wait for it does) and its *done* time (its last result). Every output is a max-plus
 /// expression of the inputs: `max_j (a[out][j] + x_j)`; [`Transfer::apply`] evaluates it by
 /// replaying the issue order, O(operations + dependencies).
 ///
@@ -552,7 +567,8 @@ impl Transfer {
         let front = if plan.has_mxu {
             uf[Unit::Mxu.index()]
         } else {
-            (0..BODY_UNITS).filter(|&u| plan.runs[u]).map(|u| uf[u]).fold(s0, f64::max)
+            // A copy in flight does not hold the next step back (only a wait for it does).
+            (0..BODY_UNITS).filter(|&u| plan.runs[u] && u != Unit::Hbm.index()).map(|u| uf[u]).fold(s0, f64::max)
         };
         *units = uf;
         (front, last)
@@ -571,10 +587,7 @@ impl Transfer {
             for &d in plan.deps(p) {
                 s = s.max(done[d as usize]);
             }
-            let c = plan.carry_in[p];
-            if c != NONE {
-                s = s.max(x[IN_CARRIES + c as usize]);
-            }
+            s = s.max(x[plan.replay[p].carry_in as usize]);
             let (_, occ, lat) = self.costs[plan.work[p] as usize];
             let end = s + occ;
             units[u] = end;

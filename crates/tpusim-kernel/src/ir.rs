@@ -154,10 +154,14 @@ pub enum Work {
         /// Bytes moved.
         bytes: u64,
     },
-    /// A wait for a copy the body started (`tpu.wait_dma`): no unit time (it is the scalar unit's,
+    /// A wait for copies (`tpu.wait_dma`): no unit time (it is the scalar unit's,
     /// [`Unit::StepControl`], and holds no DMA engine); the TensorCore issues in order, so
-    /// nothing after it in program order starts before the copy has landed.
-    DmaWait,
+    /// nothing after it in program order starts before the copies it counts have landed.
+    DmaWait {
+        /// It also waits for copies earlier grid steps started: the DMA engines' queue as the
+        /// step begins.
+        queued: bool,
+    },
 }
 
 impl Work {
@@ -170,7 +174,7 @@ impl Work {
             Work::CrossLane { .. } => Unit::Xlu,
             Work::Dma { .. } => Unit::Hbm,
             // The scalar unit stalls at the wait: it holds no DMA engine.
-            Work::DmaWait => Unit::StepControl,
+            Work::DmaWait { .. } => Unit::StepControl,
         }
     }
 
@@ -459,7 +463,7 @@ impl StepBody {
                     eat(&[4]);
                     eat(&bytes.to_le_bytes());
                 }
-                Work::DmaWait => eat(&[5]),
+                Work::DmaWait { queued } => eat(&[5, u8::from(queued)]),
             }
             eat(&op.issue.to_le_bytes());
             eat(&slot(op.carry_in));

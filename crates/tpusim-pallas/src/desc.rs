@@ -549,15 +549,15 @@ impl Description {
             }
             return Ok(());
         };
-        let r = v.as_u64().filter(|&r| (r as usize) < self.refs.len()).ok_or_else(|| PallasError::field(&at("sem_ref"), v, self.refs_allowed()))? as usize;
+        let r = v.as_u64().filter(|&r| (r as usize) < self.refs.len()).ok_or_else(|| PallasError::field(&at("sem_ref"), v, format!("a whole-number ref index: {}", self.refs_allowed())))? as usize;
         let rf = &self.refs[r];
         if rf.memory_space != MemorySpace::Semaphore {
             return Err(PallasError::field(&at("sem_ref"), r, format!("expected a semaphore ref; `{}` is in {:?} memory", rf.name, rf.memory_space)));
         }
         let x = op.attrs.get("sem_offsets").cloned().unwrap_or(serde_json::Value::Array(Vec::new()));
         let es: Vec<Expr> = serde_json::from_value(x.clone()).map_err(|e| PallasError::field(&at("sem_offsets"), &x, format!("expected a list of expressions ({e})")))?;
-        if !es.is_empty() && es.len() != rf.shape.len() {
-            return Err(PallasError::field(&at("sem_offsets"), &x, format!("one index per dimension of `{}` ({:?})", rf.name, rf.shape)));
+        if es.len() != rf.shape.len() {
+            return Err(PallasError::field(&at("sem_offsets"), &x, format!("one index per dimension of `{}` ({:?}): a copy or wait names one semaphore of the array", rf.name, rf.shape)));
         }
         for e in &es {
             self.check_expr(e, &at("sem_offsets"), Some(defined))?;
@@ -662,6 +662,16 @@ impl Description {
                 self.check_dma_source(op, &f, defined)?;
             }
             if matches!(op.op.as_str(), "tpu.enqueue_dma" | "tpu.wait_dma" | "tpu.wait_dma2") {
+                // A misspelt semaphore would silently make a wait wait for every copy.
+                let known: &[&str] = if op.op == "tpu.enqueue_dma" {
+                    &["bytes", "src_ref", "src_offsets", "src_shape", "sem_ref", "sem_alloc", "sem_offsets"]
+                } else {
+                    &["bytes", "sem_ref", "sem_alloc", "sem_offsets"]
+                };
+                if let Some(k) = op.attrs.keys().find(|k| !known.contains(&k.as_str())) {
+                    let at = format!("{f} at {}: attrs.{k}", if op.loc.is_empty() { "(no location)" } else { &op.loc });
+                    return Err(PallasError::field(&at, "(unknown attribute)", format!("a `{}` has attributes {}", op.op, known.join(", "))));
+                }
                 self.check_semaphore(op, &f, defined)?;
             }
             if matches!(op.op.as_str(), "tpu.wait_dma" | "tpu.wait_dma2") {

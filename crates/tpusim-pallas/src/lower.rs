@@ -277,6 +277,19 @@ fn copy_facts(d: &Description, op: &Op, env: &StepEnv<'_>) -> Result<(Option<u64
             for e in crate::runtime::exprs(op, "sem_offsets")?.iter() {
                 k.push(e.eval(env).map_err(|x| err(x, &format!("the semaphore index of the `{}`", op.op)))?);
             }
+            // A ref's semaphore array bounds its indices (an allocation's shape is not in the
+            // description).
+            if let Some(rf) = usize::try_from(b).ok().and_then(|r| d.refs.get(r)) {
+                for (j, (&i, &n)) in k[1..].iter().zip(&rf.shape).enumerate() {
+                    if i < 0 || i as u64 >= n {
+                        return Err(kernel_err(
+                            d,
+                            op,
+                            format!("attrs.sem_offsets[{j}] = {i} in this step: outside the semaphore array `{}` of shape {:?} (indices 0 to {})", rf.name, rf.shape, n.saturating_sub(1)),
+                        ));
+                    }
+                }
+            }
             Some(k)
         }
         None => None,

@@ -278,8 +278,15 @@ pub fn dma_bytes(d: &Description, op: &Op, env: &dyn Env, window: Option<u64>, e
         None => {
             let parsed = op.attr_exprs("bytes")?.ok_or_else(|| PallasError::field(&at(), "(missing)", "a copy needs its size in bytes"))?;
             let e = &parsed[0];
-            let b = e.eval(env).map_err(|e| eval_err(e, "the size of a `tpu.enqueue_dma`"))?;
-            u64::try_from(b).map_err(|_| smem_err(d, op, format!("copies {b} bytes in this step: a copy's size must be 0 or more (a size operand holds a negative value)")))?
+            let what = if op.op == "tpu.enqueue_dma" { "the size of a `tpu.enqueue_dma`".to_string() } else { format!("the bytes a `{}` waits for", op.op) };
+            let b = e.eval(env).map_err(|e| eval_err(e, &what))?;
+            u64::try_from(b).map_err(|_| {
+                if op.op == "tpu.enqueue_dma" {
+                    smem_err(d, op, format!("copies {b} bytes in this step (attrs.bytes): a copy's size must be 0 or more (a size operand holds a negative value)"))
+                } else {
+                    smem_err(d, op, format!("waits for {b} bytes in this step (attrs.bytes): a wait's size must be 0 or more (its destination's size operand holds a negative value)"))
+                }
+            })?
         }
     };
     match window {

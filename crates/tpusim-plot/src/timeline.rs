@@ -10,8 +10,9 @@
 //! * **DMA in**: the step's input copy (transfer start to end, after the DMA latency);
 //! * **MXU / VPU / EUP / XLU**: one event per tile operation of the step body, at
 //!   `body_start + op.start` for `op.end - op.start` cycles (its occupancy; the result latency is
-//!   not busy time); a copy the body starts itself (`tpu.enqueue_dma`) is an event on the DMA
-//!   track the same way, and its waits are instants on the step-control track;
+//!   not busy time); a copy the body starts itself (`tpu.enqueue_dma`, named `dma`) is an event
+//!   on the DMA-in track the same way whatever its direction, and a wait (`dma wait`) a
+//!   zero-length event on the step-control track;
 //! * **DMA out**: the output write-back after the step, if any.
 //!
 //! Per track, the durations of a whole run's events add up to the report's busy time per unit

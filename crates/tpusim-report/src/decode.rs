@@ -154,7 +154,7 @@ impl DecodeReport {
                 name: "engine pipeline".into(),
                 ms: engine_ms,
                 reason: format!(
-                    "the kernel's IR on the engine, bound by {} ({:.0}% of its critical path): {} HBM bytes streamed at {:.0} GB/s per core, double-buffered, with its compute and {} grid steps' overhead",
+                    "the kernel's IR on the engine, bound by {} ({:.0}% of its critical path): {} HBM bytes at {:.0} GB/s per core, its copies under its compute as far as its waits allow, and {} grid steps' overhead",
                     r.bottleneck().word(),
                     100.0 * r.critical[r.bottleneck()] / r.critical.0.iter().sum::<f64>().max(f64::MIN_POSITIVE),
                     r.hbm_bytes,

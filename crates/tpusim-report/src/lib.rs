@@ -1012,7 +1012,9 @@ impl Report {
         let grid: Vec<String> = self.grid.iter().map(|(n, v)| format!("{v} {n}")).collect();
         let computed =
             if self.steps_computed < self.grid_steps { format!(", {} computed", self.steps_computed) } else { String::new() };
-        let _ = writeln!(s, "  grid         {} -> {} grid steps{computed}", grid.join(" x "), self.grid_steps);
+        let grid = if grid.is_empty() { "(no grid)".to_string() } else { grid.join(" x ") };
+        let steps = if self.grid_steps == 1 { "grid step" } else { "grid steps" };
+        let _ = writeln!(s, "  grid         {grid} -> {} {steps}{computed}", self.grid_steps);
         let _ = writeln!(s, "  VMEM         {:.1} MiB of the {:.1} MiB scoped limit", mib(self.vmem_bytes), mib(self.vmem_limit_bytes));
         let _ = writeln!(s);
         let _ = writeln!(s, "  latency      {:.3} ms  ({:.4e} cycles at {} GHz)", self.latency_ms, self.cycles, self.clock_ghz);

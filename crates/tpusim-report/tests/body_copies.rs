@@ -38,10 +38,15 @@ fn compute(first_id: u64, n: u64) -> Vec<Value> {
 
 /// A one-step kernel with `body`, an HBM input, a VMEM scratch block and two DMA semaphores.
 fn kernel(body: Vec<Value>) -> Value {
+    kernel_steps(body, 1)
+}
+
+/// [`kernel`] over `steps` grid steps.
+fn kernel_steps(body: Vec<Value>, steps: u64) -> Value {
     json!({
         "format": "tpusim-kernel-description", "version": 1, "kernel_name": "copies",
         "kernel_metadata": null, "producer": {"tool": "test", "jax": "", "device_kind": "", "mosaic_version": 11},
-        "grid": [1], "dimension_semantics": ["arbitrary"], "vmem_limit_bytes": null, "cost_estimate": null,
+        "grid": [steps], "dimension_semantics": ["arbitrary"], "vmem_limit_bytes": null, "cost_estimate": null,
         "refs": [
             {"name": "input 0", "kind": "input", "shape": [8192, 1024], "array_shape": [8192, 1024], "dtype": "f32", "memory_space": "any"},
             {"name": "output 0", "kind": "output", "shape": [512, 1024], "array_shape": [512, 1024], "dtype": "f32", "memory_space": "any"},
@@ -53,10 +58,18 @@ fn kernel(body: Vec<Value>) -> Value {
 }
 
 fn run(v: &Value) -> Report {
-    let d = tpusim_pallas::Description::from_json(&v.to_string(), "copies.json").expect("a valid description");
-    let chip = ChipModel::preset("v6e").expect("preset");
+    run_on(&ChipModel::preset("v6e").expect("preset"), v).expect("simulates")
+}
+
+fn run_on(chip: &ChipModel, v: &Value) -> Result<Report, String> {
+    let d = tpusim_pallas::Description::from_json(&v.to_string(), "copies.json").map_err(|e| e.to_string())?;
     let job = Job::Described(DescribedJob::new("copies.json", d, "."));
-    Report::from_run(&tpusim_report::run(&chip, &job).expect("simulates"))
+    tpusim_report::run(chip, &job).map(|r| Report::from_run(&r)).map_err(|e| e.to_string())
+}
+
+/// `then` on grid step `step` only.
+fn on_step(step: i64, then: Vec<Value>) -> Value {
+    json!({"op": "scf.if", "id": 900 + step as u64, "loc": "k.py:90", "cond": ["eq", ["grid", 0], step], "then": then})
 }
 
 fn cat(parts: Vec<Vec<Value>>) -> Vec<Value> {
@@ -132,4 +145,48 @@ fn semaphore_fields_are_checked() {
     k["body"][1]["attrs"]["bytes"] = json!("lots");
     let e = tpusim_pallas::Description::from_json(&k.to_string(), "copies.json").unwrap_err().to_string();
     assert!(e.contains("attrs.bytes") && e.contains("k.py:2"), "{e}");
+}
+
+#[test]
+fn a_wait_for_a_copy_an_earlier_step_started_waits_for_it() {
+    // Step 0 starts a 4-block copy; step 1 waits for it, then works on it.
+    let cross = run(&kernel_steps(vec![on_step(0, vec![start(1, 4 * BLOCK, 0)]), on_step(1, cat(vec![vec![wait(2, Some(4 * BLOCK), 0)], compute(10, 24)]))], 2));
+    // Without the wait the work would start at once.
+    let free = run(&kernel_steps(vec![on_step(0, vec![start(1, 4 * BLOCK, 0)]), on_step(1, compute(10, 24))], 2));
+    let copy = run(&kernel(vec![start(1, 4 * BLOCK, 0), wait(2, Some(4 * BLOCK), 0)])).latency_ms;
+    let work = run(&kernel(compute(10, 24))).latency_ms;
+    assert!(cross.latency_ms > free.latency_ms + 0.5 * copy.min(work), "{} vs {}", cross.latency_ms, free.latency_ms);
+    assert!(cross.latency_ms > 0.9 * (copy + work), "{} vs copy {copy} + work {work}", cross.latency_ms);
+}
+
+#[test]
+fn a_copy_waited_for_at_once_takes_issue_latency_and_transfer_whatever_the_slots() {
+    // One copy then its wait: issue + latency + transfer, with 64 slots in flight or 1 (the
+    // latency is not counted twice when one copy holds the only slot).
+    let body = vec![start(1, BLOCK, 0), wait(2, Some(BLOCK), 0)];
+    let chip = ChipModel::preset("v6e").unwrap();
+    let one = chip.clone().with_override("hbm.dmas_in_flight", "1").unwrap();
+    let (a, b) = (run_on(&chip, &kernel(body.clone())).unwrap().latency_ms, run_on(&one, &kernel(body.clone())).unwrap().latency_ms);
+    assert!((a - b).abs() < 1e-9, "{a} vs {b}");
+    // A longer issue is on the chain of a copy waited for at once.
+    let slow = chip.with_override("hbm.dma_issue_ns", "2000").unwrap();
+    let c = run_on(&slow, &kernel(body)).unwrap().latency_ms;
+    assert!((c - a - (2000.0 - 20.0) * 1e-6).abs() < 1e-6, "{c} vs {a}");
+}
+
+#[test]
+fn semaphore_indices_are_checked_at_the_step() {
+    // Index 5 of a 2-semaphore array.
+    let e = run_on(&ChipModel::preset("v6e").unwrap(), &kernel(vec![start(1, 64, 5), wait(2, None, 5)])).unwrap_err();
+    assert!(e.contains("sem_offsets[0] = 5") && e.contains("scratch 1") && e.contains("k.py:1"), "{e}");
+    // No index on an array of semaphores.
+    let mut k = kernel(vec![start(1, 64, 0), wait(2, None, 0)]);
+    k["body"][1]["attrs"]["sem_offsets"] = json!([]);
+    let e = tpusim_pallas::Description::from_json(&k.to_string(), "copies.json").unwrap_err().to_string();
+    assert!(e.contains("sem_offsets") && e.contains("one index per dimension"), "{e}");
+    // A misspelt attribute is refused, not read as "wait for every copy".
+    let mut k = kernel(vec![start(1, 64, 0), wait(2, None, 0)]);
+    k["body"][1]["attrs"]["semref"] = json!(3);
+    let e = tpusim_pallas::Description::from_json(&k.to_string(), "copies.json").unwrap_err().to_string();
+    assert!(e.contains("attrs.semref") && e.contains("sem_ref"), "{e}");
 }

@@ -20,8 +20,9 @@
 //!   engines that waits for the last work on each compute unit before it in program order (the
 //!   buffer it refills or reads out); it overlaps the work after it. A wait (`tpu.wait_dma2`)
 //!   counts the copies on its semaphore, earliest first, until their bytes reach the bytes it
-//!   waits for, and every op after it in program order waits for it (the TensorCore issues in
-//!   order and stalls at a wait).
+//!   waits for (short of them, it also waits for the DMA queue as the step began: copies an
+//!   earlier step started), and every op after it in program order waits for it (the TensorCore
+//!   issues in order and stalls at a wait).
 //! * **Carried state.** Refs the body both loads and stores (scratch accumulators, output blocks
 //!   accumulated in place) are carried: the next step's load of a slab waits for this step's
 //!   last store of it. A store of a constant fills its buffer at one VPU operation per register.
@@ -573,13 +574,16 @@ impl Builder {
 
     /// A wait (`tpu.wait_dma2`): a node that ends when the copies it counts have landed, the
     /// earliest on its semaphore until their bytes reach the bytes it waits for (all of them
-    /// when it names no size; every copy outstanding when it names no semaphore). A wait for
-    /// copies an earlier grid step started waits for the DMA engines' queue. Everything after
-    /// it in program order waits for it.
+    /// when it names no size; every copy outstanding when it names no semaphore). A wait that
+    /// finds fewer bytes started in this step than it waits for (copies an earlier grid step
+    /// started, the usual prefetch across steps) also waits for the DMA engines' queue as the
+    /// step begins. Everything after it in program order waits for it.
     fn dma_wait(&mut self, op: &BodyOp) {
         let mut waited: SmallVec<[(NodeIdx, u64); 4]> = SmallVec::new();
+        let mut queued = false;
         if !self.counting {
-            let mut take = |q: &mut std::collections::VecDeque<Outstanding>, mut need: u64| {
+            // Takes copies off `q` until `need` bytes are counted; returns the bytes still needed.
+            let mut take = |q: &mut std::collections::VecDeque<Outstanding>, mut need: u64| -> u64 {
                 while let Some(front) = q.front_mut() {
                     if need == 0 && front.2 > 0 {
                         break;
@@ -593,21 +597,27 @@ impl Builder {
                         need = 0;
                     }
                 }
+                need
             };
-            match &op.attrs.semaphore {
+            let short = match &op.attrs.semaphore {
                 Some(k) => {
-                    if let Some(q) = self.outstanding.get_mut(&Some(k.clone())) {
-                        take(q, op.attrs.bytes.unwrap_or(u64::MAX));
-                    }
+                    let need = op.attrs.bytes.unwrap_or(u64::MAX);
+                    let left = match self.outstanding.get_mut(&Some(k.clone())) {
+                        Some(q) => take(q, need),
+                        None => need,
+                    };
+                    left > 0 && need != u64::MAX
                 }
                 None => {
                     for q in self.outstanding.values_mut() {
                         take(q, u64::MAX);
                     }
+                    false
                 }
-            }
+            };
+            queued = short || waited.is_empty();
         }
-        let (n, sl) = self.node_from("dma wait", Work::DmaWait, &[], &waited, 0, 1, self.base);
+        let (n, sl) = self.node_from("dma wait", Work::DmaWait { queued }, &[], &waited, 0, 1, self.base);
         if !self.counting {
             self.barrier = Some((n, sl));
         }

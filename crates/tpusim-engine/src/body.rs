@@ -449,7 +449,8 @@ pub const IN_CARRIES: usize = IN_UNITS + BODY_UNITS;
 /// the new unit free times and carried-slot times, the body's *front* (when the next grid step may
 /// begin issuing: the end of the body's last MXU operation's occupancy, or of its last operation
 /// when it has no matmul, a copy it starts excepted: a copy in flight does not hold the next step
-/// back, a wait for it does) and its *done* time (its last result). Every output is a max-plus
+/// back; and no earlier than the body's last wait for copies, where the in-order TensorCore
+/// stalls) and its *done* time (its last result). Every output is a max-plus
 /// expression of the inputs: `max_j (a[out][j] + x_j)`; [`Transfer::apply`] evaluates it by
 /// replaying the issue order, O(operations + dependencies).
 ///
@@ -565,7 +566,13 @@ impl Transfer {
         // A unit's operations end in issue order, so its last end is its new free time: the
         // front is the MXU's (or, without matmuls, any unit's that ran) last end.
         let front = if plan.has_mxu {
-            uf[Unit::Mxu.index()]
+            // The TensorCore issues in order: the next step also waits for the body's last wait.
+            let w = Unit::StepControl.index();
+            if plan.runs[w] {
+                fmax(uf[Unit::Mxu.index()], uf[w])
+            } else {
+                uf[Unit::Mxu.index()]
+            }
         } else {
             // A copy in flight does not hold the next step back (only a wait for it does).
             (0..BODY_UNITS).filter(|&u| plan.runs[u] && u != Unit::Hbm.index()).map(|u| uf[u]).fold(s0, f64::max)

@@ -8,13 +8,16 @@
 //!    program order; computed once per body, then fixed): each unit runs one operation at a time,
 //!    in that order; an operation starts when its inputs are done and its unit is free. An operation *occupies*
 //!    its unit for its throughput time and its result is available a *latency* later (MXU: the
-//!    chip's sourced result latency; VPU/EUP/XLU: their op latencies). Each distinct step body
+//!    chip's sourced result latency; VPU/EUP/XLU: their op latencies). Copies a kernel starts in
+//!    its body run on the DMA engines the same way, queued behind the pipeline's step copies, and
+//!    its waits for them on the scalar unit ([`op_cycles`]). Each distinct step body
 //!    is turned once into a max-plus [`Transfer`]: its output times as max-plus forms of its
 //!    input times.
 //! 2. **Across grid steps** ([`simulate`]): the Pallas pipeline. Grid steps overlap (Mosaic
 //!    software-pipelines consecutive steps): step i+1 begins issuing once step i has issued its
 //!    last matmul (its *front*: the end of the last MXU operation's occupancy, or of the last
-//!    operation in a body without matmuls), plus the fixed grid-step overhead on the scalar unit,
+//!    operation in a body without matmuls, and no earlier than the body's last wait for the
+//!    copies it starts itself), plus the fixed grid-step overhead on the scalar unit,
 //!    and once its input DMAs have landed. Step i's drain (the last matmul's results, the softmax
 //!    and accumulator updates that follow it) runs on while step i+1 starts. Its operations then wait for their units (still busy with step
 //!    i's work) and for the carried state step i writes (the running max and o_acc of each slab,

@@ -816,7 +816,9 @@ pub fn lower(chip: &ChipModel, d: &Description, dir: &Path) -> Result<(Program, 
                 if classes.len() >= MAX_CLASSES {
                     return Err(PallasError::Kernel {
                         kernel: d.kernel_name.clone(),
-                        message: format!("its steps take more than {MAX_CLASSES} distinct paths through the body"),
+                        message: format!(
+                            "its steps take more than {MAX_CLASSES} distinct paths through the body (a path: the branches taken, the loops' trip counts, and the sizes and semaphores of the copies it starts)"
+                        ),
                     });
                 }
                 let mut b = Walker { d, b: tpusim_kernel::body::Builder::new(carried.clone()) };

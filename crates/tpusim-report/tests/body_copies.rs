@@ -190,3 +190,30 @@ fn semaphore_indices_are_checked_at_the_step() {
     let e = tpusim_pallas::Description::from_json(&k.to_string(), "copies.json").unwrap_err().to_string();
     assert!(e.contains("attrs.semref") && e.contains("sem_ref"), "{e}");
 }
+
+/// `n` matmuls of the scratch block with itself (512 x 512 by 512 x 512 bf16 operands).
+fn matmuls(first_id: u64, n: u64) -> Vec<Value> {
+    let mut ops = vec![json!({"op": "vector.load", "id": first_id, "operands": [{"ref": 2}, {"scalar": 0}, {"scalar": 0}], "shape": [512, 512], "dtype": "bf16", "loc": "k.py:200"})];
+    for k in 1..=n {
+        ops.push(json!({"op": "tpu.matmul", "id": first_id + k, "operands": [{"op": first_id}, {"op": first_id}], "shape": [512, 512], "dtype": "f32",
+                        "loc": "k.py:201", "attrs": {"mkn": [512, 512, 512], "lhs_dtype": "bf16", "rhs_dtype": "bf16"}}));
+    }
+    ops
+}
+
+#[test]
+fn a_wait_at_the_end_of_a_step_holds_the_next_step_back() {
+    // Each of 4 steps: 8 matmuls, then a copy out and its wait. The TensorCore issues in order,
+    // so a step's matmuls start after the previous step's wait: 4 x (matmuls + copy), not the
+    // matmuls back to back with the copies under them.
+    let small = BLOCK / 4;
+    let tail = || vec![start(1, small, 0), wait(2, Some(small), 0)];
+    let waited = run(&kernel_steps(cat(vec![matmuls(10, 8), tail()]), 4)).latency_ms;
+    let mm = run(&kernel(matmuls(10, 8))).latency_ms;
+    let copy = run(&kernel(tail())).latency_ms;
+    assert!(copy > 0.2 * mm, "the test needs a copy comparable to the matmuls: {copy} vs {mm}");
+    assert!(waited > 0.95 * 4.0 * (mm + copy), "{waited} vs 4 x ({mm} + {copy})");
+    // Without the waits the copies run under the next steps' matmuls.
+    let unwaited = run(&kernel_steps(cat(vec![matmuls(10, 8), vec![start(1, small, 0)]]), 4)).latency_ms;
+    assert!(unwaited < 0.9 * waited, "{unwaited} vs {waited}");
+}

@@ -348,8 +348,6 @@ struct Plan {
     /// Dependencies of position p: `deps[dep_at[p] .. dep_at[p + 1]]`, as positions.
     dep_at: Vec<u32>,
     deps: Vec<u32>,
-    carry_in: Vec<u16>,
-    carry_out: Vec<u16>,
     has_mxu: bool,
     /// Whether any position runs on each unit (MXU, VPU, EUP, XLU, the DMA engines, the scalar
     /// unit's waits).
@@ -371,8 +369,6 @@ impl Plan {
             unit: Vec::with_capacity(n),
             dep_at: Vec::with_capacity(n + 1),
             deps: Vec::new(),
-            carry_in: Vec::with_capacity(n),
-            carry_out: Vec::with_capacity(n),
             has_mxu: index.unit.iter().any(|&u| usize::from(u) == Unit::Mxu.index()),
             runs: std::array::from_fn(|u| index.unit.iter().any(|&x| usize::from(x) == u)),
             replay: Vec::with_capacity(n),
@@ -380,8 +376,6 @@ impl Plan {
         plan.dep_at.push(0);
         for &i in order {
             plan.unit.push(index.unit[i]);
-            plan.carry_in.push(index.carry_in[i]);
-            plan.carry_out.push(index.carry_out[i]);
             plan.deps.extend(index.pred[index.pred_at[i] as usize..index.pred_at[i + 1] as usize].iter().map(|&d| pos[d as usize] as u32));
             plan.dep_at.push(plan.deps.len() as u32);
             let c = index.carry_in[i];

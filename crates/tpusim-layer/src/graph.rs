@@ -21,22 +21,27 @@
 //!   all-to-all;
 //! * **self-attention**: the Splash kernel (dense, or sparse on the band + sink mask) over the
 //!   local batch x H / P heads of length L;
-//! * on one chip an **o transpose** back to token-major, **all-to-all o**, **o projection**,
-//!   **gate + residual**;
-//! * **norm3** (affine LayerNorm; none without `cross_attn_norm`), **cross q projection** and **q RMSNorm**, the **text k, v
+//! * on one chip an **o transpose** back to token-major, **all-to-all o**, **o projection**;
+//! * **residual + norm3** (affine LayerNorm of x1 = x + gate x o: its statistics and
+//!   normalising fusions each compute x1 from x, o and the gate, and nothing writes x1; without
+//!   `cross_attn_norm` no norm and a **gate + residual** fusion writes x1), **cross q
+//!   projection** and **q RMSNorm**, the **text k, v
 //!   projections** of the 512 text tokens (each chip projects its sequences' text; no exchange:
 //!   queries stay sequence-sharded and every chip holds all heads), **text k RMSNorm**, **text
 //!   v transpose**, **cross-attention** (all H heads, T / local batch queries, 512 keys), **cross
-//!   o transpose**, **cross o projection** with the **residual add** fused into its output;
+//!   o transpose**, **cross o projection** with the **residual add** fused into its output
+//!   (reading x, o and the gate where norm3 left x1 unwritten);
 //! * **norm2 + modulate**, **FFN up** (GELU fused into the dot's output), **FFN down**, **gate
 //!   + residual**.
 //!
 //! Fusions follow the rule of the whole-program path (`tpusim-program`'s `fuse` module, as XLA
 //! fuses): element-wise chains that widen nothing fuse into a dot's output (bias, GELU, the
-//! ungated residual add; a gate multiplies in f32, so the gated residuals stay fusions of their
+//! ungated residual add; a gate multiplies in f32, so the gated residuals start fusions of their
 //! own); a reduction is its fusion's root, so every norm (LayerNorm, RMSNorm) is two HBM round
 //! trips, its **statistics** (read the input, write f32 row values: mean and variance, or the
-//! mean square) and its normalising fusion (read the input and the rows, write the output). The
+//! mean square) and its normalising fusion (read the input and the rows, and an RMSNorm's f32
+//! weight, write the output); an element-wise value inside a statistics fusion (the first gated
+//! residual, which norm3 reduces) is not written but recomputed by each later reader. The
 //! kernels read head-major [H, L, d] and the projections write token-major [L, H d]: a fusion
 //! over the whole tensor (norm + RoPE, a norm) or an all-to-all writes the other layout as it
 //! goes, while a dot's output (v, text v) and a kernel's (o, cross o) change layout in a
@@ -46,7 +51,9 @@
 //! dependence on the activations, so the gathers can run ahead on the ICI).
 //!
 //! Byte counts of the fusions are what they read and write in HBM (activations at the block's
-//! activation width; modulation vectors and RoPE tables in f32).
+//! activation width; modulation vectors, norm weights and the RoPE cos and sin tables in f32).
+//! On the same block they equal the whole-program path's fusions but for the few bytes of
+//! scalar constants (an epsilon) XLA's fusions also read (`crates/tpusim-py/tests/test_program.py`).
 
 use crate::spec::{AttentionMode, Exchange, LayerPlan, Placement, Weights};
 use crate::topology::Collective;
@@ -231,13 +238,16 @@ pub fn build(plan: &LayerPlan) -> LayerGraph {
     let q = proj(&mut g, "q", &wq, norm1);
     let k = proj(&mut g, "k", &wk, norm1);
     let v = proj(&mut g, "v", &wv, norm1);
-    let rope_table = t * hd * f32;
+    // RoPE's cos and sin tables, f32 per token and head-dim element.
+    let rope_table = 2 * t * hd * f32;
+    // An RMSNorm's weight, one f32 per element of its row.
+    let rms_weight = w * f32;
     // q and k: RMSNorm (statistics, then normalise) with RoPE in the normalising fusion, which
     // also writes the kernel's head-major layout.
     let rope = |g: &mut Builder, name: &str, x: NodeIndex| {
         if m.qk_norm {
             let st = stats(g, &format!("{name} norm"), t * w * a, t, &[x]);
-            g.add(format!("{name} norm + RoPE"), Category::Elementwise, fusion(t * w * a + t * f32 + rope_table, t * w * a), &[x, st])
+            g.add(format!("{name} norm + RoPE"), Category::Elementwise, fusion(t * w * a + t * f32 + rms_weight + rope_table, t * w * a), &[x, st])
         } else {
             g.add(format!("{name} RoPE"), Category::Elementwise, fusion(t * w * a + rope_table, t * w * a), &[x])
         }
@@ -340,15 +350,29 @@ pub fn build(plan: &LayerPlan) -> LayerGraph {
         o = before(&mut g, "o", o, true);
     }
     let o = g.add("o proj", Category::Projections, Work::Matmul { m: t, n: d, k: w }, &with(wo, &[o]));
-    let x1 = g.add("gate + residual", Category::Elementwise, fusion(2 * t * d * a + b * d * f32, t * d * a), &[o, modulation]);
+    // The gated residual x1 = x + gate * o (the block input x is no node: it is ready at the
+    // start).
+    let gated = 2 * t * d * a + b * d * f32;
 
     // Cross-attention.
     // norm3: an affine LayerNorm, or none (Wan's `nn.Identity` when `cross_attn_norm` is off).
-    let n3 = if m.cross_attn_norm {
-        let s3 = stats(&mut g, "norm3", t * d * a, 2 * t, &[x1]);
-        g.add("norm3", Category::Elementwise, fusion(t * d * a + 2 * t * f32 + 2 * d * f32, t * d * a), &[x1, s3])
+    // With norm3, x1 is an element-wise intermediate of norm3's statistics fusion (a reduction
+    // closes it): nothing writes x1, and each reader recomputes it from x, o and the gate
+    // (norm3's normalisation and the cross o projection's residual; the whole-program path's
+    // fusion rules 4 and 7). Without it, x1 is a fusion of its own that the cross q projection
+    // reads.
+    let (n3, x1) = if m.cross_attn_norm {
+        let s3 = stats(&mut g, "residual + norm3", gated, 2 * t, &[o, modulation]);
+        let n3 = g.add(
+            "residual + norm3",
+            Category::Elementwise,
+            fusion(gated + 2 * t * f32 + 2 * d * f32, t * d * a),
+            &[o, modulation, s3],
+        );
+        (n3, vec![o, modulation])
     } else {
-        x1
+        let x1 = g.add("gate + residual", Category::Elementwise, fusion(gated, t * d * a), &[o, modulation]);
+        (x1, vec![x1])
     };
     let cq = g.add("cross q proj", Category::Projections, Work::Matmul { m: t, n: w, k: d }, &with(wcq, &[n3]));
     // The cross-attention's q, k and v in the kernel's layout: normalised (RMSNorm) on the way,
@@ -356,7 +380,7 @@ pub fn build(plan: &LayerPlan) -> LayerGraph {
     let rms_or_transpose = |g: &mut Builder, name: &str, rows: u64, x: NodeIndex| {
         if m.qk_norm {
             let st = stats(g, &format!("{name} norm"), rows * w * a, rows, &[x]);
-            g.add(format!("{name} norm"), Category::Elementwise, fusion(rows * w * a + rows * f32, rows * w * a), &[x, st])
+            g.add(format!("{name} norm"), Category::Elementwise, fusion(rows * w * a + rows * f32 + rms_weight, rows * w * a), &[x, st])
         } else {
             transpose(g, name, rows * w * a, x)
         }
@@ -385,7 +409,7 @@ pub fn build(plan: &LayerPlan) -> LayerGraph {
     );
     let co = transpose(&mut g, "cross o", t * w * a, co);
     // The ungated residual add fuses into the dot's output (it widens nothing): the dot writes x2.
-    let x2 = g.add("cross o proj (+ residual)", Category::Projections, Work::Matmul { m: t, n: d, k: w }, &with(wco, &[co, x1]));
+    let x2 = g.add("cross o proj (+ residual)", Category::Projections, Work::Matmul { m: t, n: d, k: w }, &with(wco, &with(x1, &[co])));
 
     // Feed-forward.
     let s2 = stats(&mut g, "norm2", t * d * a, 2 * t, &[x2]);

@@ -293,7 +293,12 @@ impl LayerReport {
         if p.overlap && p.ulysses > 1 {
             notes.push("collectives overlap independent compute (XLA's asynchronous collectives); --overlap=false serialises them".into());
         }
-        notes.push("bias adds, GELU and the ungated residual after cross-attention are fused into their matmuls' output; each norm is a statistics and a normalising fusion (with its modulation or RoPE), gated residuals and layout transposes separate HBM-bound fusions".into());
+        notes.push(if p.model.cross_attn_norm {
+            "bias adds, GELU and the ungated residual after cross-attention are fused into their matmuls' output; each norm is a statistics and a normalising fusion (with its modulation or RoPE); the first gated residual is computed inside norm3's two fusions and never written (its readers recompute it), the last and the layout transposes are HBM-bound fusions of their own"
+        } else {
+            "bias adds, GELU and the ungated residual after cross-attention are fused into their matmuls' output; each norm is a statistics and a normalising fusion (with its modulation or RoPE); gated residuals and layout transposes are HBM-bound fusions of their own"
+        }
+        .into());
         if p.attention == AttentionMode::Sparse {
             notes.push("routing is modelled as a small attention call (the SVG profiler's sampled queries against all keys, three candidate masks)".into());
         }

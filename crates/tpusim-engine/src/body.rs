@@ -8,7 +8,7 @@ use petgraph::Direction;
 use std::sync::Arc;
 use serde::Serialize;
 use tpusim_chip::ChipModel;
-use tpusim_kernel::{PerUnit, StepBody, Unit, Work};
+use tpusim_kernel::{mxu::MxuType, PerUnit, StepBody, Unit, Work};
 
 /// Cycles per unit ([`Unit`]): busy time or a share of the critical path. `hbm` is DMA transfer
 /// time, `step_control` the grid-step overhead.
@@ -18,9 +18,10 @@ pub type UnitCycles = PerUnit<f64>;
 ///
 /// * matmul m x k x n whose weights serve `m_total` streamed rows: folds = ceil(k / rows) x
 ///   ceil(n / columns); the whole product takes max(folds x m_total / A, ceil(folds / A) x rows)
-///   cycles on A = count x passes arrays (a fold streams one row per cycle per array; loading a
-///   fold's weights takes `rows` cycles and overlaps the previous stream); an operation streaming
-///   m of the m_total rows takes its m / m_total share. Latency: the chip's MXU result latency.
+///   cycles on A = count x passes arrays (a fold streams one bf16 row per cycle per array;
+///   loading a fold's bf16 weights takes `rows` cycles and overlaps the previous stream; int8
+///   and fp8 operands at their cadences' rates: [`matmul_parts`]); an operation streaming m of
+///   the m_total rows takes its m / m_total share. Latency: the chip's MXU result latency.
 /// * vector: (ops + loaded-mask registers x loaded_mask_ops_per_vreg) / valu_vreg_ops_per_cycle;
 ///   latency: the ALU latency.
 /// * transcendental: registers / eup_vregs_per_cycle; latency: the EUP latency.
@@ -41,13 +42,9 @@ pub type UnitCycles = PerUnit<f64>;
 pub fn op_cycles(chip: &ChipModel, work: &Work) -> (f64, f64) {
     let regs = |units: f64| units * 1024.0 / chip.vreg_elems();
     match *work {
-        Work::Matmul { m, k, n, m_total } => {
-            let rows = chip.mxu.rows.value as u64;
-            let cols = chip.mxu.columns.value as u64;
-            let arrays = chip.mxu_arrays();
-            let folds = (k.div_ceil(rows) * n.div_ceil(cols)) as f64;
-            let whole = (folds * m_total as f64 / arrays).max((folds / arrays).ceil() * rows as f64);
-            let occ = whole * m as f64 / m_total.max(1) as f64;
+        Work::Matmul { m, k, n, m_total, mxu_type } => {
+            let (stream, load) = matmul_parts(chip, k, n, m_total, mxu_type);
+            let occ = stream.max(load) * m as f64 / m_total.max(1) as f64;
             (occ, chip.mxu.result_latency_cycles.value as f64)
         }
         Work::Vector { ops, loaded_mask_vregs } => (
@@ -70,6 +67,36 @@ pub fn op_cycles(chip: &ChipModel, work: &Work) -> (f64, f64) {
         }
         Work::DmaWait { .. } => (0.0, 0.0),
     }
+}
+
+/// The two bounds of a whole matmul product on one TensorCore's MXUs, cycles: streaming its
+/// `m_total` rows through `folds = ceil(k / rows) x ceil(n / columns)` weight folds, `folds x
+/// m_total / (A x rate)`, and loading the folds, `ceil(folds / A) x rows x load` (one fold per
+/// array at a time, each taking a cycle per array row), on `A = count x passes_per_cycle`
+/// arrays. `rate` and `load` are 1 for bf16; for 8-bit operands ([`MxuType`]) they come from
+/// the chip's cadences against bf16's (XLA's per-generation table): `rate = 2 x
+/// bf16_matmul_cadence / matmul_cadence` (an operation streams one register: 32 packed 8-bit
+/// rows against 16 of bf16) and `load = latch_cadence / (2 x bf16_latch_cadence)` (a register
+/// holds twice as many 8-bit weights). The product takes the larger (loads overlap the
+/// previous fold's stream).
+pub fn matmul_parts(chip: &ChipModel, k: u64, n: u64, m_total: u64, t: MxuType) -> (f64, f64) {
+    let rows = chip.mxu.rows.value as u64;
+    let cols = chip.mxu.columns.value as u64;
+    let arrays = chip.mxu_arrays();
+    let x = &chip.mxu;
+    let against_bf16 = |matmul: &tpusim_chip::Param<u32>, latch: &tpusim_chip::Param<u32>| {
+        (
+            2.0 * f64::from(x.bf16_matmul_cadence_cycles.value) / f64::from(matmul.value),
+            f64::from(latch.value) / (2.0 * f64::from(x.bf16_latch_cadence_cycles.value)),
+        )
+    };
+    let (rate, load) = match t {
+        MxuType::Bf16 => (1.0, 1.0),
+        MxuType::Int8 => against_bf16(&x.int8_matmul_cadence_cycles, &x.int8_latch_cadence_cycles),
+        MxuType::Fp8 => against_bf16(&x.fp8_matmul_cadence_cycles, &x.fp8_latch_cadence_cycles),
+    };
+    let folds = (k.div_ceil(rows) * n.div_ceil(cols)) as f64;
+    (folds * m_total as f64 / (arrays * rate), (folds / arrays).ceil() * rows as f64 * load)
 }
 
 /// The resolution of simulated time, cycles (2^-16). The engine rounds every cost (operation
@@ -298,7 +325,7 @@ impl Index {
 /// A [`Work`] as a hashable key (its numbers by bit pattern).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) enum WorkKey {
-    Matmul(u64, u64, u64, u64),
+    Matmul(u64, u64, u64, u64, MxuType),
     Vector(u64, u64),
     Transcendental(u64),
     CrossLane(u64),
@@ -309,7 +336,7 @@ pub(crate) enum WorkKey {
 impl WorkKey {
     pub(crate) fn of(w: &Work) -> Self {
         match *w {
-            Work::Matmul { m, k, n, m_total } => WorkKey::Matmul(m, k, n, m_total),
+            Work::Matmul { m, k, n, m_total, mxu_type } => WorkKey::Matmul(m, k, n, m_total, mxu_type),
             Work::Vector { ops, loaded_mask_vregs } => WorkKey::Vector(ops.to_bits(), loaded_mask_vregs.to_bits()),
             Work::Transcendental { vregs } => WorkKey::Transcendental(vregs.to_bits()),
             Work::CrossLane { vregs } => WorkKey::CrossLane(vregs.to_bits()),

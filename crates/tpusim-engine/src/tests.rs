@@ -159,3 +159,34 @@ fn more_bandwidth_is_never_slower() {
     let b = simulate(&fast, &matmul::lower(&fast, &mm, &cfg).unwrap()).cycles;
     assert!(b <= a, "{b} > {a}");
 }
+
+/// 8-bit matmuls against bf16 by the chips' XLA cadences (`matmul_parts`): v6e streams int8 at
+/// twice bf16's row rate and fp8 at bf16's, v7x fp8 at twice and int8 (run as bf16) at bf16's;
+/// 8-bit weights load in half a bf16 fold's time where the type is native.
+#[test]
+fn eight_bit_matmuls_stream_and_latch_by_the_chips_cadences() {
+    use tpusim_kernel::{mxu::MxuType, Work};
+    let v7x = ChipModel::preset("v7x").unwrap();
+    let mm = |m: u64, k: u64, n: u64, t: MxuType| Work::Matmul { m, k, n, m_total: m, mxu_type: t };
+    // (chip, type, stream-bound ratio, load-bound ratio) against bf16 on the same chip.
+    for (chip, t, stream, load) in [
+        (v6e(), MxuType::Int8, 0.5, 0.5),
+        (v6e(), MxuType::Fp8, 1.0, 0.5),
+        (v7x.clone(), MxuType::Fp8, 0.5, 0.5),
+        (v7x.clone(), MxuType::Int8, 1.0, 1.0),
+    ] {
+        // 4096 rows through 256 x 256 weights: streaming bounds it; 8 rows through 4096 x 2048:
+        // loading the 128 folds does.
+        for ((m, k, n), want) in [((4096, 256, 256), stream), ((8, 4096, 2048), load)] {
+            let (b, _) = op_cycles(&chip, &mm(m, k, n, MxuType::Bf16));
+            let (e, _) = op_cycles(&chip, &mm(m, k, n, t));
+            assert!(b > 0.0);
+            assert_eq!(e / b, want, "{} {t:?} {m}x{k}x{n}: {e} vs bf16 {b}", chip.name);
+        }
+    }
+    // A cadence set with --set moves its type alone.
+    let slow = v6e().with_override("mxu.fp8_latch_cadence_cycles", "8").unwrap();
+    let (a, _) = op_cycles(&slow, &mm(8, 4096, 2048, MxuType::Fp8));
+    let (b, _) = op_cycles(&slow, &mm(8, 4096, 2048, MxuType::Bf16));
+    assert_eq!(a, b);
+}

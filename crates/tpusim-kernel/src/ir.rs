@@ -117,7 +117,7 @@ impl<T: Serialize> Serialize for PerUnit<T> {
 /// How much work one tile operation is.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub enum Work {
-    /// A bf16 matmul of `m` x `k` by `k` x `n` rows streamed through weight tiles of the whole
+    /// A matmul (in `mxu_type`) of `m` x `k` by `k` x `n` rows streamed through weight tiles of the whole
     /// `m_total` x `k` x `n` product (weights stay resident while `m_total` rows stream in slabs).
     Matmul {
         /// Rows streamed by this operation.
@@ -128,6 +128,9 @@ pub enum Work {
         n: u64,
         /// Rows streamed through the same weights over all slabs of the product.
         m_total: u64,
+        /// The type the MXU multiplies in ([`crate::mxu::MxuType`]: bf16, or int8 / fp8 when
+        /// both operands are).
+        mxu_type: crate::mxu::MxuType,
     },
     /// Vector ALU work: `ops` (8,128)-register operations, plus `loaded_mask_vregs` score
     /// registers masked with a loaded int8 mask block, each costing the chip's
@@ -440,8 +443,8 @@ impl StepBody {
             eat(op.name.as_bytes());
             eat(&[0xff]);
             match op.work {
-                Work::Matmul { m, k, n, m_total } => {
-                    eat(&[0]);
+                Work::Matmul { m, k, n, m_total, mxu_type } => {
+                    eat(&[0, mxu_type as u8]);
                     for x in [m, k, n, m_total] {
                         eat(&x.to_le_bytes());
                     }

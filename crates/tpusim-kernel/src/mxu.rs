@@ -16,8 +16,39 @@
 //!
 //! Rounding an f32 operand to bf16 before the MXU is VPU work the caller counts (one operation
 //! per f32 register of the operand), not an MXU pass.
+//!
+//! **8-bit operands** ([`MxuType`]). A matmul whose operands are both 8-bit integers, or both
+//! 8-bit floats, runs in that type: the chip model's `mxu.int8_*` / `mxu.fp8_*` cadences say how
+//! fast it streams rows and latches weights against bf16 (XLA's per-generation table,
+//! `openxla/xla xla/benchmarks/core/platform_info.py`: v6e streams int8 at twice bf16's row
+//! rate and fp8 at bf16's, v7x fp8 at twice; a register holds twice as many 8-bit weights at the
+//! same latch cadence). A matmul of mixed types (bf16 by fp8) is a bf16 matmul: the narrower
+//! operand is widened first. Other types (f16, int4) are taken as bf16.
 
 use crate::dtype::Dtype;
+
+crate::word_enum! {
+    /// The element type the MXU multiplies a matmul in.
+    pub enum MxuType {
+        /// bf16 (and f32 operands rounded to it, and mixed or other types).
+        Bf16 = "bf16",
+        /// Both operands 8-bit integers.
+        Int8 = "int8",
+        /// Both operands 8-bit floats (either fp8 format).
+        Fp8 = "fp8",
+    }
+}
+
+/// The type the MXU runs a matmul of operands typed `lhs` and `rhs` in (Mosaic or JAX names:
+/// `i8`, `f8E4M3FN`, `bf16`, ...; module docs).
+pub fn mxu_type(lhs: &str, rhs: &str) -> MxuType {
+    let t = |s: &str| s.to_ascii_lowercase().parse::<Dtype>().ok();
+    match (t(lhs), t(rhs)) {
+        (Some(Dtype::I8), Some(Dtype::I8)) => MxuType::Int8,
+        (Some(Dtype::F8), Some(Dtype::F8)) => MxuType::Fp8,
+        _ => MxuType::Bf16,
+    }
+}
 
 crate::word_enum! {
     /// The precision a matmul asks for (`jax.lax.Precision`, Mosaic's `contract_precision`).
@@ -47,6 +78,17 @@ pub fn matmul_passes(lhs: Dtype, rhs: Dtype, precision: Precision) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn eight_bit_types_only_when_both_operands_are() {
+        assert_eq!(mxu_type("i8", "i8"), MxuType::Int8);
+        assert_eq!(mxu_type("f8E4M3FN", "f8E4M3FN"), MxuType::Fp8);
+        assert_eq!(mxu_type("float8_e5m2", "f8E4M3FN"), MxuType::Fp8);
+        assert_eq!(mxu_type("bf16", "f8E4M3FN"), MxuType::Bf16);
+        assert_eq!(mxu_type("i8", "bf16"), MxuType::Bf16);
+        assert_eq!(mxu_type("f32", "f32"), MxuType::Bf16);
+        assert_eq!(mxu_type("i4", "i4"), MxuType::Bf16);
+    }
 
     #[test]
     fn passes_by_operand_type_and_precision() {

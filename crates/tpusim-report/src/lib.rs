@@ -390,7 +390,8 @@ pub struct Report {
     pub clock_ghz: f64,
     /// Executed matmul FLOPs (visited tiles, padding included).
     pub flops: f64,
-    /// Achieved FLOP/s over the chip model's peak.
+    /// Achieved FLOP/s over the chip model's bf16 peak (a kernel whose matmuls run in int8 or
+    /// fp8 at a faster rate than bf16's can exceed 1).
     pub mfu: f64,
     /// Achieved TFLOP/s.
     pub achieved_tflops: f64,

@@ -13,7 +13,7 @@
 
 use crate::{Report, Run};
 use tpusim_chip::{ChipModel, Param};
-use tpusim_engine::op_cycles;
+use tpusim_engine::{matmul_parts, op_cycles};
 use tpusim_kernel::{Unit, Work};
 
 /// MXU efficiency while busy below which [`mxu_fill`] explains it.
@@ -64,7 +64,6 @@ pub fn measure_mxu(run: &Run) -> MxuFill {
     let chip = &run.chip;
     let rows = chip.mxu.rows.value as u64;
     let cols = chip.mxu.columns.value as u64;
-    let arrays = chip.mxu_arrays();
     let mut f = MxuFill::default();
     let mut by_op: Vec<(MatmulShape, f64)> = Vec::new();
     for (class, &steps) in run.program.classes.iter().zip(&run.result.class_steps) {
@@ -83,7 +82,7 @@ pub fn measure_mxu(run: &Run) -> MxuFill {
             }
         }
         for (name, work, count) in shapes {
-            let Work::Matmul { m, k, n, m_total } = work else { continue };
+            let Work::Matmul { m, k, n, m_total, mxu_type } = work else { continue };
             let (occ, _) = op_cycles(chip, &work);
             let steps = steps as f64 * count;
             let busy = occ * steps;
@@ -91,9 +90,12 @@ pub fn measure_mxu(run: &Run) -> MxuFill {
                 continue;
             }
             f.busy_cycles += busy;
-            f.ideal_cycles += steps * (m * k * n) as f64 / (arrays * (rows * cols) as f64);
-            let folds = (k.div_ceil(rows) * n.div_ceil(cols)) as f64;
-            if (folds / arrays).ceil() * rows as f64 > folds * m_total as f64 / arrays {
+            // The ideal streams every row through full folds at the type's row rate: the stream
+            // bound with the folds' fill taken out.
+            let (stream, load) = matmul_parts(chip, k, n, m_total, mxu_type);
+            let fill = (k * n) as f64 / (k.div_ceil(rows) * rows * n.div_ceil(cols) * cols) as f64;
+            f.ideal_cycles += steps * stream * fill * m as f64 / m_total.max(1) as f64;
+            if load > stream {
                 f.load_bound_cycles += busy;
             }
             f.row_fill += busy * k as f64 / (k.div_ceil(rows) * rows) as f64;
@@ -134,7 +136,7 @@ pub fn mxu_fill(run: &Run) -> Option<String> {
     }
     if load_share > WEIGHT_LOAD_NOTE_ABOVE {
         why.push(format!(
-            "{:.0}% of MXU time is weight loading: loading a fold takes {rows} cycles (one per array row), longer than streaming the rows that use it",
+            "{:.0}% of MXU time is weight loading: loading a fold of bf16 weights takes {rows} cycles (one per array row; 8-bit weights as the chip's latch cadences say), longer than streaming the rows that use it",
             100.0 * load_share
         ));
     }

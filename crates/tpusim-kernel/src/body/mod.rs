@@ -893,6 +893,7 @@ impl Builder {
         let lhs_t = op.attrs.lhs_dtype.as_deref().unwrap_or("bf16");
         let rhs_t = op.attrs.rhs_dtype.as_deref().unwrap_or("bf16");
         let passes = cost::mxu_passes_for_operands(lhs_t, rhs_t, op.attrs.precision.as_deref());
+        let mxu_type = crate::mxu::mxu_type(lhs_t, rhs_t);
         if lhs_t == "f32" || rhs_t == "f32" {
             self.f32_matmuls += 1;
         }
@@ -978,7 +979,7 @@ impl Builder {
                 let mut ex = extra.clone();
                 ex.extend(prev);
                 let floor = (self.base + s as u64).max(after.map_or(0, |a| a + 1 + s as u64));
-                let (mm, sl) = self.node_from(name, Work::Matmul { m: r * passes, k, n, m_total: m * passes }, &inputs, &ex, s, ns, floor);
+                let (mm, sl) = self.node_from(name, Work::Matmul { m: r * passes, k, n, m_total: m * passes, mxu_type }, &inputs, &ex, s, ns, floor);
                 prev = Some((mm, sl));
                 mm_nodes.push(mm);
                 mm_last = mm_last.max(sl);

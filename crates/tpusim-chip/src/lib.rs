@@ -118,24 +118,18 @@ pub struct Mxu {
     pub passes_per_cycle: Param<u32>,
     /// Cycles from a matmul's start to its result (the systolic pipeline depth), cycles.
     pub result_latency_cycles: Param<u32>,
-    /// Cycles between two bf16 matmul operations on one MXU, each streaming one register of
-    /// packed bf16 lhs rows (16 rows): the reference the 8-bit cadences are read against (the
-    /// bf16 rate itself is `passes_per_cycle`).
-    pub bf16_matmul_cadence_cycles: Param<u32>,
-    /// Cycles between two matmul operations on one MXU whose operands are both 8-bit integers,
-    /// each streaming one register of 32 packed int8 rows. A chip that runs int8 as bf16 has
-    /// twice bf16's cadence here (the same row rate).
-    pub int8_matmul_cadence_cycles: Param<u32>,
-    /// The same for operands that are both 8-bit floats (either fp8 format).
-    pub fp8_matmul_cadence_cycles: Param<u32>,
-    /// Cycles between two weight latch operations on one MXU, each latching one register of bf16
-    /// weights (16 packed rows): the reference for the 8-bit latch cadences.
-    pub bf16_latch_cadence_cycles: Param<u32>,
-    /// The same for one register of int8 weights (32 packed rows); twice bf16's on a chip that
-    /// runs int8 as bf16.
-    pub int8_latch_cadence_cycles: Param<u32>,
-    /// The same for one register of fp8 weights.
-    pub fp8_latch_cadence_cycles: Param<u32>,
+    /// Rows per cycle a matmul whose operands are both int8 streams, against bf16's (XLA's
+    /// cadences: an operation streams one register, 32 packed int8 rows against 16 of bf16). 1
+    /// on a chip that runs int8 as bf16.
+    pub int8_row_rate_vs_bf16: Param<f64>,
+    /// The same for operands that are both fp8 (float8_e4m3fn or float8_e5m2).
+    pub fp8_row_rate_vs_bf16: Param<f64>,
+    /// Time to load a fold of int8 weights, against a fold of bf16 weights (XLA's latch cadences:
+    /// one register per latch, holding twice as many 8-bit weights). 1 on a chip that runs int8
+    /// as bf16.
+    pub int8_fold_load_vs_bf16: Param<f64>,
+    /// The same for fp8 weights.
+    pub fp8_fold_load_vs_bf16: Param<f64>,
     /// Published peak bf16 dense matmul rate of the whole device (all its TensorCores), TFLOP/s
     /// (reference only: the simulator derives the peak from count x rows x columns x passes x
     /// clock x TensorCores so that what-if changes move it).
@@ -567,12 +561,10 @@ impl ChipModel {
         v.count("mxu.columns", &self.mxu.columns, 8, 4096);
         v.count("mxu.passes_per_cycle", &self.mxu.passes_per_cycle, 1, 16);
         v.count("mxu.result_latency_cycles", &self.mxu.result_latency_cycles, 1, 100_000);
-        v.count("mxu.bf16_matmul_cadence_cycles", &self.mxu.bf16_matmul_cadence_cycles, 1, 10_000);
-        v.count("mxu.int8_matmul_cadence_cycles", &self.mxu.int8_matmul_cadence_cycles, 1, 10_000);
-        v.count("mxu.fp8_matmul_cadence_cycles", &self.mxu.fp8_matmul_cadence_cycles, 1, 10_000);
-        v.count("mxu.bf16_latch_cadence_cycles", &self.mxu.bf16_latch_cadence_cycles, 1, 10_000);
-        v.count("mxu.int8_latch_cadence_cycles", &self.mxu.int8_latch_cadence_cycles, 1, 10_000);
-        v.count("mxu.fp8_latch_cadence_cycles", &self.mxu.fp8_latch_cadence_cycles, 1, 10_000);
+        v.pos("mxu.int8_row_rate_vs_bf16", &self.mxu.int8_row_rate_vs_bf16, 1e-3, 1e3);
+        v.pos("mxu.fp8_row_rate_vs_bf16", &self.mxu.fp8_row_rate_vs_bf16, 1e-3, 1e3);
+        v.pos("mxu.int8_fold_load_vs_bf16", &self.mxu.int8_fold_load_vs_bf16, 1e-3, 1e3);
+        v.pos("mxu.fp8_fold_load_vs_bf16", &self.mxu.fp8_fold_load_vs_bf16, 1e-3, 1e3);
         v.pos("mxu.published_peak_bf16_tflops", &self.mxu.published_peak_bf16_tflops, 1e-3, 1e6);
         v.count("vpu.sublanes", &self.vpu.sublanes, 1, 1024);
         v.count("vpu.lanes", &self.vpu.lanes, 1, 8192);

@@ -20,7 +20,7 @@ pub type UnitCycles = PerUnit<f64>;
 ///   ceil(n / columns); the whole product takes max(folds x m_total / A, ceil(folds / A) x rows)
 ///   cycles on A = count x passes arrays (a fold streams one bf16 row per cycle per array;
 ///   loading a fold's bf16 weights takes `rows` cycles and overlaps the previous stream; int8
-///   and fp8 operands at their cadences' rates: [`matmul_parts`]); an operation streaming m of
+///   and fp8 operands at the chip's factors for them: [`matmul_parts`]); an operation streaming m of
 ///   the m_total rows takes its m / m_total share. Latency: the chip's MXU result latency.
 /// * vector: (ops + loaded-mask registers x loaded_mask_ops_per_vreg) / valu_vreg_ops_per_cycle;
 ///   latency: the ALU latency.
@@ -69,32 +69,29 @@ pub fn op_cycles(chip: &ChipModel, work: &Work) -> (f64, f64) {
     }
 }
 
+/// A matmul type's (row rate, fold load time) against bf16's, from the chip model's
+/// `mxu.*_row_rate_vs_bf16` and `mxu.*_fold_load_vs_bf16` (XLA's cadences); (1, 1) for bf16.
+pub fn mxu_type_factors(chip: &ChipModel, t: MxuType) -> (f64, f64) {
+    let x = &chip.mxu;
+    match t {
+        MxuType::Bf16 => (1.0, 1.0),
+        MxuType::Int8 => (x.int8_row_rate_vs_bf16.value, x.int8_fold_load_vs_bf16.value),
+        MxuType::Fp8 => (x.fp8_row_rate_vs_bf16.value, x.fp8_fold_load_vs_bf16.value),
+    }
+}
+
 /// The two bounds of a whole matmul product on one TensorCore's MXUs, cycles: streaming its
 /// `m_total` rows through `folds = ceil(k / rows) x ceil(n / columns)` weight folds, `folds x
 /// m_total / (A x rate)`, and loading the folds, `ceil(folds / A) x rows x load` (one fold per
-/// array at a time, each taking a cycle per array row), on `A = count x passes_per_cycle`
-/// arrays. `rate` and `load` are 1 for bf16; for 8-bit operands ([`MxuType`]) they come from
-/// the chip's cadences against bf16's (XLA's per-generation table): `rate = 2 x
-/// bf16_matmul_cadence / matmul_cadence` (an operation streams one register: 32 packed 8-bit
-/// rows against 16 of bf16) and `load = latch_cadence / (2 x bf16_latch_cadence)` (a register
-/// holds twice as many 8-bit weights). The product takes the larger (loads overlap the
-/// previous fold's stream).
+/// array at a time, a bf16 fold taking a cycle per array row), on `A = count x
+/// passes_per_cycle` arrays; `rate` and `load` are the type's against bf16
+/// ([`mxu_type_factors`]). The product takes the larger (loads overlap the previous fold's
+/// stream).
 pub fn matmul_parts(chip: &ChipModel, k: u64, n: u64, m_total: u64, t: MxuType) -> (f64, f64) {
     let rows = chip.mxu.rows.value as u64;
     let cols = chip.mxu.columns.value as u64;
     let arrays = chip.mxu_arrays();
-    let x = &chip.mxu;
-    let against_bf16 = |matmul: &tpusim_chip::Param<u32>, latch: &tpusim_chip::Param<u32>| {
-        (
-            2.0 * f64::from(x.bf16_matmul_cadence_cycles.value) / f64::from(matmul.value),
-            f64::from(latch.value) / (2.0 * f64::from(x.bf16_latch_cadence_cycles.value)),
-        )
-    };
-    let (rate, load) = match t {
-        MxuType::Bf16 => (1.0, 1.0),
-        MxuType::Int8 => against_bf16(&x.int8_matmul_cadence_cycles, &x.int8_latch_cadence_cycles),
-        MxuType::Fp8 => against_bf16(&x.fp8_matmul_cadence_cycles, &x.fp8_latch_cadence_cycles),
-    };
+    let (rate, load) = mxu_type_factors(chip, t);
     let folds = (k.div_ceil(rows) * n.div_ceil(cols)) as f64;
     (folds * m_total as f64 / (arrays * rate), (folds / arrays).ceil() * rows as f64 * load)
 }

@@ -42,7 +42,7 @@
 
 pub mod body;
 
-pub use body::{matmul_parts, op_cycles, quantize, schedule_body, BodyTiming, OpTiming, Scratch, Transfer, UnitCycles, TIME_QUANTUM};
+pub use body::{matmul_parts, mxu_type_factors, op_cycles, quantize, schedule_body, BodyTiming, OpTiming, Scratch, Transfer, UnitCycles, TIME_QUANTUM};
 
 use serde::Serialize;
 use tpusim_chip::ChipModel;

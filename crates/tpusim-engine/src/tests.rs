@@ -160,7 +160,7 @@ fn more_bandwidth_is_never_slower() {
     assert!(b <= a, "{b} > {a}");
 }
 
-/// 8-bit matmuls against bf16 by the chips' XLA cadences (`matmul_parts`): v6e streams int8 at
+/// 8-bit matmuls against bf16 by the chips' factors from XLA's cadences (`matmul_parts`): v6e streams int8 at
 /// twice bf16's row rate and fp8 at bf16's, v7x fp8 at twice and int8 (run as bf16) at bf16's;
 /// 8-bit weights load in half a bf16 fold's time where the type is native.
 #[test]
@@ -184,8 +184,8 @@ fn eight_bit_matmuls_stream_and_latch_by_the_chips_cadences() {
             assert_eq!(e / b, want, "{} {t:?} {m}x{k}x{n}: {e} vs bf16 {b}", chip.name);
         }
     }
-    // A cadence set with --set moves its type alone.
-    let slow = v6e().with_override("mxu.fp8_latch_cadence_cycles", "8").unwrap();
+    // A factor set with --set moves its type alone.
+    let slow = v6e().with_override("mxu.fp8_fold_load_vs_bf16", "1").unwrap();
     let (a, _) = op_cycles(&slow, &mm(8, 4096, 2048, MxuType::Fp8));
     let (b, _) = op_cycles(&slow, &mm(8, 4096, 2048, MxuType::Bf16));
     assert_eq!(a, b);

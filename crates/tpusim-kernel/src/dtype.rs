@@ -16,9 +16,11 @@ crate::word_enum! {
         /// 16-bit integer.
         I16 = "i16" | "int16",
         /// 8-bit integer (Splash's partial mask blocks).
-        I8 = "i8" | "int8",
-        /// 8-bit float (either fp8 format).
-        F8 = "f8" | "f8e4m3fn" | "f8e5m2" | "float8_e4m3fn" | "float8_e5m2",
+        I8 = "i8" | "int8" | "ui8" | "uint8",
+        /// 8-bit float (any fp8 format: e4m3fn, e5m2 and the others JAX names).
+        F8 = "f8" | "f8e4m3fn" | "f8e5m2" | "float8_e4m3fn" | "float8_e5m2" | "f8e4m3" | "float8_e4m3" | "f8e3m4"
+            | "float8_e3m4" | "f8e4m3fnuz" | "float8_e4m3fnuz" | "f8e5m2fnuz" | "float8_e5m2fnuz" | "f8e4m3b11fnuz"
+            | "float8_e4m3b11fnuz" | "f8e8m0fnu" | "float8_e8m0fnu",
     }
 }
 

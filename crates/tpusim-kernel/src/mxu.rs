@@ -17,13 +17,15 @@
 //! Rounding an f32 operand to bf16 before the MXU is VPU work the caller counts (one operation
 //! per f32 register of the operand), not an MXU pass.
 //!
-//! **8-bit operands** ([`MxuType`]). A matmul whose operands are both 8-bit integers, or both
-//! 8-bit floats, runs in that type: the chip model's `mxu.int8_*` / `mxu.fp8_*` cadences say how
-//! fast it streams rows and latches weights against bf16 (XLA's per-generation table,
+//! **8-bit operands** ([`MxuType`]). A matmul whose operands are both int8, or both fp8 of the
+//! two formats XLA's table lists (float8_e4m3fn, float8_e5m2, in either combination), runs in
+//! that type: the chip model's `mxu.int8_*_vs_bf16` / `mxu.fp8_*_vs_bf16` factors say how fast
+//! it streams rows and loads weights against bf16 (derived from XLA's per-generation cadences,
 //! `openxla/xla xla/benchmarks/core/platform_info.py`: v6e streams int8 at twice bf16's row
 //! rate and fp8 at bf16's, v7x fp8 at twice; a register holds twice as many 8-bit weights at the
 //! same latch cadence). A matmul of mixed types (bf16 by fp8) is a bf16 matmul: the narrower
-//! operand is widened first. Other types (f16, int4) are taken as bf16.
+//! operand is widened first. Other types (f16, int4, the other fp8 formats, which XLA emulates in
+//! bf16: `get_emulated_dtype`) are taken as bf16.
 
 use crate::dtype::Dtype;
 
@@ -39,14 +41,22 @@ crate::word_enum! {
     }
 }
 
+/// The fp8 formats the MXU multiplies natively where the chip has fp8 (XLA's table lists these
+/// two), by Mosaic's and JAX's names.
+const NATIVE_FP8: &[&str] = &["f8e4m3fn", "float8_e4m3fn", "f8e5m2", "float8_e5m2"];
+
 /// The type the MXU runs a matmul of operands typed `lhs` and `rhs` in (Mosaic or JAX names:
 /// `i8`, `f8E4M3FN`, `bf16`, ...; module docs).
 pub fn mxu_type(lhs: &str, rhs: &str) -> MxuType {
-    let t = |s: &str| s.to_ascii_lowercase().parse::<Dtype>().ok();
-    match (t(lhs), t(rhs)) {
-        (Some(Dtype::I8), Some(Dtype::I8)) => MxuType::Int8,
-        (Some(Dtype::F8), Some(Dtype::F8)) => MxuType::Fp8,
-        _ => MxuType::Bf16,
+    let (l, r) = (lhs.trim().to_ascii_lowercase(), rhs.trim().to_ascii_lowercase());
+    let int8 = |s: &str| s.parse::<Dtype>().ok() == Some(Dtype::I8);
+    let fp8 = |s: &str| NATIVE_FP8.contains(&s);
+    if int8(&l) && int8(&r) {
+        MxuType::Int8
+    } else if fp8(&l) && fp8(&r) {
+        MxuType::Fp8
+    } else {
+        MxuType::Bf16
     }
 }
 
@@ -88,6 +98,9 @@ mod tests {
         assert_eq!(mxu_type("i8", "bf16"), MxuType::Bf16);
         assert_eq!(mxu_type("f32", "f32"), MxuType::Bf16);
         assert_eq!(mxu_type("i4", "i4"), MxuType::Bf16);
+        // fp8 formats outside XLA's table run as bf16 (emulated).
+        assert_eq!(mxu_type("f8E4M3FNUZ", "f8E4M3FNUZ"), MxuType::Bf16);
+        assert_eq!(mxu_type("f8E4M3", "f8E4M3"), MxuType::Bf16);
     }
 
     #[test]

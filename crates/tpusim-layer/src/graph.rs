@@ -24,7 +24,7 @@
 //! * on one chip an **o transpose** back to token-major, **all-to-all o**, **o projection**;
 //! * **residual + norm3** (affine LayerNorm of x1 = x + gate x o: its statistics and
 //!   normalising fusions each compute x1 from x, o and the gate, and nothing writes x1; without
-//!   `cross_attn_norm` no norm and a **gate + residual** fusion writes x1), **cross q
+//!   `cross_attn_norm` no norm and an **attention gate + residual** fusion writes x1), **cross q
 //!   projection** and **q RMSNorm**, the **text k, v
 //!   projections** of the 512 text tokens (each chip projects its sequences' text; no exchange:
 //!   queries stay sequence-sharded and every chip holds all heads), **text k RMSNorm**, **text
@@ -371,7 +371,7 @@ pub fn build(plan: &LayerPlan) -> LayerGraph {
         );
         (n3, vec![o, modulation])
     } else {
-        let x1 = g.add("gate + residual", Category::Elementwise, fusion(gated, t * d * a), &[o, modulation]);
+        let x1 = g.add("attention gate + residual", Category::Elementwise, fusion(gated, t * d * a), &[o, modulation]);
         (x1, vec![x1])
     };
     let cq = g.add("cross q proj", Category::Projections, Work::Matmul { m: t, n: w, k: d }, &with(wcq, &[n3]));

@@ -929,7 +929,7 @@ impl Report {
         }
         // Results a user would question, with the mechanism behind them (crate::notes).
         if detail {
-            let explained: Vec<String> = [notes::mxu_fill(run), notes::unfitted_parameters(run, &rep)].into_iter().flatten().collect();
+            let explained: Vec<String> = [notes::mxu_fill(run), notes::eight_bit_peak(run), notes::unfitted_parameters(run, &rep)].into_iter().flatten().collect();
             rep.notes.extend(explained);
         } else {
             rep.notes.clear();

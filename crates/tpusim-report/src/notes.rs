@@ -5,16 +5,18 @@
 //!   because loading a fold's weights (one cycle per array row) takes longer than streaming the
 //!   rows through it. A larger array at the same count and clock then runs no faster, or slower,
 //!   while the peak (and so the MFU's denominator) grows.
+//! * [`eight_bit_peak`]: matmuls ran in int8 or fp8 at another row rate than bf16's, so the
+//!   MFU (against the bf16 peak) can exceed 100%; it gives the type's peak.
 //! * [`unfitted_parameters`]: the run depends on `[fitted]` parameters that were not fitted to
 //!   any measurement of this chip (carried over from another chip's fit), so its latency and MFU
 //!   are unvalidated on this chip for this kind of kernel.
 //!
-//! Both read the run's main kernel: its step bodies, weighted by the steps that ran them.
+//! All read the run's main kernel: its step bodies, weighted by the steps that ran them.
 
 use crate::{Report, Run};
 use tpusim_chip::{ChipModel, Param};
-use tpusim_engine::{matmul_parts, op_cycles};
-use tpusim_kernel::{Unit, Work};
+use tpusim_engine::{matmul_parts, mxu_type_factors, op_cycles};
+use tpusim_kernel::{mxu::MxuType, Unit, Work};
 
 /// MXU efficiency while busy below which [`mxu_fill`] explains it.
 pub const MXU_FILL_NOTE_BELOW: f64 = 0.5;
@@ -30,7 +32,7 @@ pub const UNIT_MATTERS_CRITICAL: f64 = 0.1;
 pub type MatmulShape = (&'static str, u64, u64, u64);
 
 /// How the MXU's busy time of a run divides, from its matmul operations.
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct MxuFill {
     /// MXU busy cycles of the main kernel (all arrays together, as the engine charges them).
     pub busy_cycles: f64,
@@ -45,6 +47,10 @@ pub struct MxuFill {
     pub column_fill: f64,
     /// The matmul operation with the most busy time.
     pub largest: Option<MatmulShape>,
+    /// The type the largest operation ran in.
+    pub largest_type: Option<MxuType>,
+    /// Busy cycles of matmuls that ran in int8 or fp8, per type.
+    pub eight_bit: Vec<(MxuType, f64)>,
 }
 
 impl MxuFill {
@@ -65,7 +71,7 @@ pub fn measure_mxu(run: &Run) -> MxuFill {
     let rows = chip.mxu.rows.value as u64;
     let cols = chip.mxu.columns.value as u64;
     let mut f = MxuFill::default();
-    let mut by_op: Vec<(MatmulShape, f64)> = Vec::new();
+    let mut by_op: Vec<(MatmulShape, MxuType, f64)> = Vec::new();
     for (class, &steps) in run.program.classes.iter().zip(&run.result.class_steps) {
         if steps == 0 {
             continue;
@@ -100,10 +106,16 @@ pub fn measure_mxu(run: &Run) -> MxuFill {
             }
             f.row_fill += busy * k as f64 / (k.div_ceil(rows) * rows) as f64;
             f.column_fill += busy * n as f64 / (n.div_ceil(cols) * cols) as f64;
+            if mxu_type != MxuType::Bf16 {
+                match f.eight_bit.iter_mut().find(|(t, _)| *t == mxu_type) {
+                    Some((_, b)) => *b += busy,
+                    None => f.eight_bit.push((mxu_type, busy)),
+                }
+            }
             let key = (name, m_total, k, n);
-            match by_op.iter_mut().find(|(k2, _)| *k2 == key) {
-                Some((_, b)) => *b += busy,
-                None => by_op.push((key, busy)),
+            match by_op.iter_mut().find(|(k2, _, _)| *k2 == key) {
+                Some((_, _, b)) => *b += busy,
+                None => by_op.push((key, mxu_type, busy)),
             }
         }
     }
@@ -111,7 +123,10 @@ pub fn measure_mxu(run: &Run) -> MxuFill {
         f.row_fill /= f.busy_cycles;
         f.column_fill /= f.busy_cycles;
     }
-    f.largest = by_op.into_iter().max_by(|a, b| a.1.total_cmp(&b.1)).map(|(k, _)| k);
+    if let Some((shape, t, _)) = by_op.into_iter().max_by(|a, b| a.2.total_cmp(&b.2)) {
+        f.largest = Some(shape);
+        f.largest_type = Some(t);
+    }
     f
 }
 
@@ -135,18 +150,62 @@ pub fn mxu_fill(run: &Run) -> Option<String> {
         ));
     }
     if load_share > WEIGHT_LOAD_NOTE_ABOVE {
-        why.push(format!(
-            "{:.0}% of MXU time is weight loading: loading a fold of bf16 weights takes {rows} cycles (one per array row; 8-bit weights as the chip's latch cadences say), longer than streaming the rows that use it",
-            100.0 * load_share
-        ));
+        let fold = match f.largest_type.unwrap_or(MxuType::Bf16) {
+            MxuType::Bf16 => format!("loading a fold takes {rows} cycles (one per array row)"),
+            t => {
+                let load = mxu_type_factors(chip, t).1;
+                format!("loading a fold of {} weights takes {} cycles ({}x a bf16 fold's {rows}, one per array row)", t.word(), sig(f64::from(rows) * load), sig(load))
+            }
+        };
+        why.push(format!("{:.0}% of MXU time is weight loading: {fold}, longer than streaming the rows that use it", 100.0 * load_share));
     }
-    let largest =
-        f.largest.map(|(name, m, k, n)| format!(" (largest share: `{name}`, {m} rows through k {k} x n {n} weights)")).unwrap_or_default();
+    let largest = f
+        .largest
+        .map(|(name, m, k, n)| {
+            let t = f.largest_type.filter(|t| *t != MxuType::Bf16).map(|t| format!(" in {}", t.word())).unwrap_or_default();
+            format!(" (largest share: `{name}`{t}, {m} rows through k {k} x n {n} weights)")
+        })
+        .unwrap_or_default();
     Some(format!(
         "the MXU runs at {:.0}% of its peak while busy{largest}: {}; the peak and MFU count every cell of every array, so a larger array at the same count and clock does not run faster here and can run slower",
         100.0 * eff,
         why.join("; ")
     ))
+}
+
+/// A note when matmuls ran in int8 or fp8 at a row rate other than bf16's: MFU is against the
+/// bf16 peak, so it can exceed 100%; the note gives the type's peak. `None` otherwise.
+pub fn eight_bit_peak(run: &Run) -> Option<String> {
+    let f = measure_mxu(run);
+    let chip = &run.chip;
+    let parts: Vec<String> = f
+        .eight_bit
+        .iter()
+        .filter(|&&(t, busy)| busy > 0.0 && mxu_type_factors(chip, t).0 != 1.0)
+        .map(|&(t, busy)| {
+            let rate = mxu_type_factors(chip, t).0;
+            format!(
+                "{} ({:.0}% of MXU time) at {}x bf16's row rate, a peak of {:.0} TOP/s",
+                t.word(),
+                100.0 * busy / f.busy_cycles,
+                sig(rate),
+                chip.peak_flops() * rate / 1e12
+            )
+        })
+        .collect();
+    (!parts.is_empty()).then(|| {
+        format!(
+            "matmuls ran in {}: MFU counts against the bf16 peak ({:.0} TFLOP/s), so it can exceed 100% where they run faster than bf16",
+            parts.join(" and "),
+            chip.peak_flops() / 1e12
+        )
+    })
+}
+
+/// `x` with up to three significant digits and no trailing zeros (0.5, 128, 1.25).
+fn sig(x: f64) -> String {
+    let s = format!("{:.3}", x);
+    s.trim_end_matches('0').trim_end_matches('.').to_string()
 }
 
 /// The `[fitted]` parameters of a chip, each with the unit whose time it sets.

@@ -58,3 +58,27 @@ fn eight_bit_operands_run_at_the_chips_eight_bit_rates() {
         }
     }
 }
+
+fn report(chip: &str, v: &Value) -> Report {
+    let chip = ChipModel::preset(chip).expect("preset");
+    let d = tpusim_pallas::Description::from_json(&v.to_string(), "mm.json").expect("reads");
+    let job = Job::Described(DescribedJob::new("mm.json", d, "."));
+    Report::from_run(&tpusim_report::run(&chip, &job).expect("simulates"))
+}
+
+/// The MFU stays against the bf16 peak: a note names the 8-bit type's faster peak where its row
+/// rate is not bf16's, and the weight-load note gives an 8-bit fold's own load time.
+#[test]
+fn notes_name_the_eight_bit_peak_and_fold_load() {
+    let fp8 = "f8E4M3FN";
+    let peak_note = |r: &Report| r.notes.iter().any(|n| n.contains("MFU counts against the bf16 peak"));
+    // Stream-bound fp8 on v7x: twice bf16's rows, so the note; on v6e fp8 streams at bf16's rate.
+    let v7x = report("v7x", &kernel(2048, 512, 512, fp8, fp8));
+    assert!(peak_note(&v7x), "{:?}", v7x.notes);
+    assert!(v7x.notes.iter().any(|n| n.contains("fp8 (100% of MXU time) at 2x bf16's row rate")), "{:?}", v7x.notes);
+    assert!(!peak_note(&report("v6e", &kernel(2048, 512, 512, fp8, fp8))));
+    assert!(!peak_note(&report("v7x", &kernel(2048, 512, 512, "bf16", "bf16"))));
+    // Load-bound: an fp8 fold loads in 128 of a bf16 fold's 256 cycles.
+    let load = report("v6e", &kernel(8, 4096, 2048, fp8, fp8));
+    assert!(load.notes.iter().any(|n| n.contains("loading a fold of fp8 weights takes 128 cycles (0.5x a bf16 fold's 256")), "{:?}", load.notes);
+}

@@ -929,7 +929,9 @@ impl Report {
         }
         // Results a user would question, with the mechanism behind them (crate::notes).
         if detail {
-            let explained: Vec<String> = [notes::mxu_fill(run), notes::eight_bit_peak(run), notes::unfitted_parameters(run, &rep)].into_iter().flatten().collect();
+            let fill = notes::measure_mxu(run);
+            let explained: Vec<String> =
+                [notes::mxu_fill(run, &fill), notes::eight_bit_peak(run, &fill), notes::unfitted_parameters(run, &rep)].into_iter().flatten().collect();
             rep.notes.extend(explained);
         } else {
             rep.notes.clear();

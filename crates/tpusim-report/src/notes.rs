@@ -131,9 +131,8 @@ pub fn measure_mxu(run: &Run) -> MxuFill {
 }
 
 /// A note when the MXU works well below its peak while busy or is weight-load bound (module
-/// docs); `None` otherwise.
-pub fn mxu_fill(run: &Run) -> Option<String> {
-    let f = measure_mxu(run);
+/// docs), from the run's [`measure_mxu`]; `None` otherwise.
+pub fn mxu_fill(run: &Run, f: &MxuFill) -> Option<String> {
     let load_share = if f.busy_cycles > 0.0 { f.load_bound_cycles / f.busy_cycles } else { 0.0 };
     let eff = f.efficiency();
     if f.busy_cycles <= 0.0 || (eff >= MXU_FILL_NOTE_BELOW && load_share <= WEIGHT_LOAD_NOTE_ABOVE) {
@@ -175,8 +174,7 @@ pub fn mxu_fill(run: &Run) -> Option<String> {
 
 /// A note when matmuls ran in int8 or fp8 at a row rate other than bf16's: MFU is against the
 /// bf16 peak, so it can exceed 100%; the note gives the type's peak. `None` otherwise.
-pub fn eight_bit_peak(run: &Run) -> Option<String> {
-    let f = measure_mxu(run);
+pub fn eight_bit_peak(run: &Run, f: &MxuFill) -> Option<String> {
     let chip = &run.chip;
     let parts: Vec<String> = f
         .eight_bit

@@ -288,13 +288,6 @@ pub struct Builder {
 }
 
 thread_local! {
-    /// Graph storage a finished builder leaves for the thread's next one: building a body writes
-    /// thousands of nodes, and fresh storage for each (first-touch page faults, growth by
-    /// doubling) was a quarter of lowering's time.
-    static SPARE_GRAPH: std::cell::RefCell<Option<DiGraph<TileOp, ()>>> = const { std::cell::RefCell::new(None) };
-}
-
-thread_local! {
     /// Whether bodies built on this thread are for counting only ([`counting_only`]).
     static COUNTING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
@@ -344,14 +337,8 @@ impl Builder {
     /// ([`carried_refs`]).
     pub fn new(carried: Vec<bool>) -> Self {
         Builder {
-            // The thread's spare graph storage, emptied ([`SPARE_GRAPH`]), else room for a large body.
-            graph: SPARE_GRAPH.with(|g| g.borrow_mut().take()).map_or_else(
-                || DiGraph::with_capacity(4096, 4096),
-                |mut g| {
-                    g.clear();
-                    g
-                },
-            ),
+            // Room for a large body: its nodes are written without regrowing the storage.
+            graph: DiGraph::with_capacity(4096, 4096),
             carries: 0,
             scratch: Vec::new(),
             vals: HashMap::default(),
@@ -1017,7 +1004,6 @@ impl Builder {
             }
         }
         self.carries = self.carries.max(self.slots.len() as u16);
-        // The body gets an exact-size copy; the builder's storage goes back to the thread.
         let graph = std::mem::take(&mut self.graph);
         Built { body: StepBody::from_graph(graph, self.carries), largest_bytes: self.largest, f32_matmuls: self.f32_matmuls }
     }

@@ -167,14 +167,16 @@ fn list_order(index: &Index, cost: &[(usize, f64, f64)]) -> Vec<usize> {
     let mut ready: [BinaryHeap<Reverse<u64>>; BODY_UNITS] = Default::default();
     for i in 0..n {
         if missing[i] == 0 {
-            pending[cost[i].0].push(Reverse((0, key(i))));
+            ready[cost[i].0].push(Reverse(key(i)));
         }
     }
+    // The units the body uses (the others' heaps stay empty).
+    let active: Vec<usize> = (0..BODY_UNITS).filter(|&u| cost.iter().any(|c| c.0 == u)).collect();
     let mut order = Vec::with_capacity(n);
     while order.len() < n {
         // The unit that can start an operation first.
         let mut best: Option<(f64, usize)> = None;
-        for u in 0..BODY_UNITS {
+        for &u in &active {
             while let Some(&Reverse((t, k))) = pending[u].peek() {
                 if t > free_fx[u] {
                     break;
@@ -211,7 +213,14 @@ fn list_order(index: &Index, cost: &[(usize, f64, f64)]) -> Vec<usize> {
             }
             missing[j] -= 1;
             if missing[j] == 0 {
-                pending[cost[j].0].push(Reverse((fx(ready_at[j]), key(j))));
+                // Ready by the time its unit is free: straight to the unit's ready operations
+                // (units' free times only grow, so it would be moved there next anyway).
+                let (uj, t) = (cost[j].0, fx(ready_at[j]));
+                if t <= free_fx[uj] {
+                    ready[uj].push(Reverse(key(j)));
+                } else {
+                    pending[uj].push(Reverse((t, key(j))));
+                }
             }
         }
         order.push(i);

@@ -128,7 +128,8 @@ fn out_of_sample_leave_one_out_errors_meet_their_bands() {
 /// miss (VALIDATION.md names every such row with its mechanism) that may not get worse than the
 /// figure recorded here, and fails when it meets the band until it is taken off.
 const DESCRIBED_MEDIANS: &[(&str, &str, f64)] = &[
-    ("rpa-v3-sglang", "v6e", 0.158),
+    // Transposes folded into their matmul as Mosaic does (0.158 while charged on the XLU).
+    ("rpa-v3-sglang", "v6e", 0.134),
     ("rpa-tpu-inference-v0.11.1", "v7x", 0.073),
     ("rpa-tpu-inference-v0.11.1", "v6e", 0.133),
     // Worse since the copies are ops of the step body (0.419 and 0.265 before): the measured

@@ -25,7 +25,7 @@ use crate::desc::{dtype_bytes, Description, DimSemantics, MemorySpace, Op, Opera
 use crate::expr::{Env, EvalError, Expr};
 use crate::runtime::{DmaTally, SmemState};
 use crate::PallasError;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use tpusim_chip::ChipModel;
 use tpusim_kernel::listed::ListedSteps;
@@ -428,6 +428,66 @@ fn for_bounds(d: &Description, op: &Op, env: &StepEnv<'_>) -> Result<(i64, i64, 
 struct Walker<'a> {
     d: &'a Description,
     b: tpusim_kernel::body::Builder,
+    /// The transposes the compiler folds into their matmul ([`folded_transposes`]).
+    folded: &'a HashSet<u64>,
+}
+
+/// The transposes Mosaic's canonicalization folds into the matmul that reads them (jax
+/// `jaxlib/mosaic/dialect/tpu/transforms/canonicalize_mosaic.cc`, `canonicalize_matmul`): a
+/// `tpu.transpose` or `vector.transpose` of the two minor dimensions (the result's shape is the
+/// operand's with them swapped) whose one use in the whole body is a `tpu.matmul`'s rhs
+/// becomes that matmul's transposed rhs and is erased; not where the product is an f32 x f32
+/// matrix-vector one (a single result column), which Mosaic leaves as it is. A description is
+/// written before that pass (`tpusim.jax.describe` reads the kernel as lowered), so the reader
+/// applies it. By op id.
+fn folded_transposes(d: &Description) -> HashSet<u64> {
+    /// Per value id: how many uses, and whether the last is a matmul's (its id, operand index).
+    type Uses = HashMap<u64, (u32, Option<(u64, usize)>)>;
+    fn scan<'o>(ops: &'o [Op], uses: &mut Uses, by_id: &mut HashMap<u64, &'o Op>) {
+        for op in ops {
+            by_id.insert(op.id, op);
+            for (i, o) in op.operands.iter().enumerate() {
+                if let Operand::Op(id) = o {
+                    let u = uses.entry(*id).or_insert((0, None));
+                    u.0 += 1;
+                    u.1 = (op.op == "tpu.matmul").then_some((op.id, i));
+                }
+            }
+            // Loop-carried initial values and forwarded values are uses too.
+            for key in ["args", "forward"] {
+                for id in op.attrs.get(key).and_then(|v| v.as_array()).into_iter().flatten().filter_map(serde_json::Value::as_u64) {
+                    uses.entry(id).or_insert((0, None)).0 += 1;
+                }
+            }
+            scan(&op.then, uses, by_id);
+            scan(&op.otherwise, uses, by_id);
+        }
+    }
+    let mut uses = HashMap::new();
+    let mut by_id = HashMap::new();
+    scan(&d.body, &mut uses, &mut by_id);
+    let mut out = HashSet::new();
+    for (&id, op) in &by_id {
+        if !matches!(op.op.as_str(), "tpu.transpose" | "vector.transpose") {
+            continue;
+        }
+        let Some(&(1, Some((mm, 1)))) = uses.get(&id) else { continue };
+        let src = match op.operands.first() {
+            Some(Operand::Op(s)) => by_id.get(s).map(|o| &o.shape),
+            _ => None,
+        };
+        let r = op.shape.len();
+        let minor_swap = src.is_some_and(|s| r >= 2 && s.len() == r && s[..r - 2] == op.shape[..r - 2] && s[r - 2] == op.shape[r - 1] && s[r - 1] == op.shape[r - 2]);
+        let matvec_f32 = by_id.get(&mm).is_some_and(|m| {
+            let t = |k: &str| m.attrs.get(k).and_then(|x| x.as_str()) == Some("f32");
+            let n = m.attrs.get("mkn").and_then(|v| v.get(2)).and_then(|x| x.as_u64());
+            t("lhs_dtype") && t("rhs_dtype") && n == Some(1)
+        });
+        if minor_swap && !matvec_f32 {
+            out.insert(id);
+        }
+    }
+    out
 }
 
 /// A description op as the body builder reads it.
@@ -458,6 +518,8 @@ fn body_op(d: &Description, op: &Op) -> Result<tpusim_kernel::body::BodyOp, Pall
         // A copy's bytes and semaphore are evaluated at the step ([`copy_facts`]).
         bytes: None,
         semaphore: None,
+        // Decided from the op's uses in the whole body ([`folded_transposes`]).
+        folded: false,
     };
     let args = op
         .operands
@@ -524,7 +586,8 @@ impl Walker<'_> {
                     self.b.op(&bop).map_err(|e| kernel_err(self.d, op, e.0))?;
                 }
                 _ => {
-                    let bop = body_op(self.d, op)?;
+                    let mut bop = body_op(self.d, op)?;
+                    bop.attrs.folded = self.folded.contains(&op.id);
                     self.b.op(&bop).map_err(|e| kernel_err(self.d, op, e.0))?;
                 }
             }
@@ -681,6 +744,7 @@ pub fn lower(chip: &ChipModel, d: &Description, dir: &Path) -> Result<(Program, 
     let unit_size: u64 = d.grid[lead_par..].iter().product::<u64>().max(1);
     let units = d.grid[..lead_par].iter().product::<u64>().max(1);
     let carried = carried_refs(d);
+    let folded = folded_transposes(d);
     // Step generation.
     let ndim = d.grid.len();
     let mut idx = vec![0i64; ndim];
@@ -821,7 +885,7 @@ pub fn lower(chip: &ChipModel, d: &Description, dir: &Path) -> Result<(Program, 
                         ),
                     });
                 }
-                let mut b = Walker { d, b: tpusim_kernel::body::Builder::new(carried.clone()) };
+                let mut b = Walker { d, b: tpusim_kernel::body::Builder::new(carried.clone()), folded: &folded };
                 let cell = std::cell::RefCell::new(before.clone().unwrap_or_default());
                 let mut env = StepEnv { idx: &idx, ivs: Vec::new(), tables: &tables, smem: Some(&cell) };
                 b.walk(&d.body, &mut env)?;

@@ -254,3 +254,36 @@ def test_an_unrolled_sub_tile_loop_times_as_the_rolled_loop(chip, scale_k):
     unrolled = tj.simulate(kv_major_flash(unroll=True, scale_k=scale_k), x, x, x, chip=chip).kernels[0]
     assert unrolled.flops == rolled.flops and unrolled.hbm_bytes == rolled.hbm_bytes
     assert abs(unrolled.latency_ms / rolled.latency_ms - 1) < 0.01, (unrolled.latency_ms, rolled.latency_ms)
+
+
+def _nt_matmul(also_store_transpose):
+    """`x @ y.T` in one block (y stored [n, k]); optionally y.T stored as well, a second use."""
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import pallas as pl
+
+    def kernel(x_ref, y_ref, o_ref, *t_ref):
+        yt = y_ref[...].T
+        o_ref[...] = jnp.dot(x_ref[...], yt, preferred_element_type=jnp.float32)
+        if also_store_transpose:
+            t_ref[0][...] = yt
+
+    def f(x, y):
+        out = [jax.ShapeDtypeStruct((x.shape[0], y.shape[0]), jnp.float32)]
+        if also_store_transpose:
+            out.append(jax.ShapeDtypeStruct((y.shape[1], y.shape[0]), y.dtype))
+        return pl.pallas_call(kernel, out_shape=out)(x, y)
+
+    return f
+
+
+@pytest.mark.parametrize("chip", ["v6e", "v5e"])
+def test_a_transpose_read_once_by_a_matmul_is_folded_into_it(chip):
+    # Mosaic's canonicalize_matmul makes a transpose whose one use is a matmul's rhs the
+    # matmul's transposed rhs and erases it: no cross-lane work. A transpose with a second use
+    # stays, one XLU pass per register of its source.
+    folded = tj.simulate(_nt_matmul(False), bf16(256, 128), bf16(1024, 128), chip=chip)[0]
+    kept = tj.simulate(_nt_matmul(True), bf16(256, 128), bf16(1024, 128), chip=chip)[0]
+    assert folded.flops == kept.flops == 2 * 256 * 128 * 1024
+    assert folded.busy_ms["xlu"] == 0, folded.busy_ms
+    assert kept.busy_ms["xlu"] > 0, kept.busy_ms

@@ -73,6 +73,12 @@ pub struct Attrs {
     /// then the element's indices, evaluated in this step); absent: not known, and a wait then
     /// waits for every copy the body started before it.
     pub semaphore: Option<Vec<i64>>,
+    /// A transpose the compiler folds into the matmul that reads it (Mosaic's
+    /// `canonicalize_matmul`: a transpose of the two minor dimensions whose one use is a
+    /// matmul's rhs becomes that matmul's transposed rhs, which the MXU latches as it loads the
+    /// weights, and the transpose is erased): no operation, its result is its operand. The
+    /// reader decides it from the op's uses (`tpusim_pallas`).
+    pub folded: bool,
 }
 
 /// One op of a body: its name (`arith.addf`, `tpu.matmul`, ...), result id, shape and element
@@ -488,6 +494,12 @@ impl Builder {
             op.args.iter().filter_map(|o| if let Arg::Op(id) = o { self.vals.get(id).cloned() } else { None }).collect();
         let ins: SmallVec<[&Val; 4]> = held.iter().map(|v| &**v).collect();
         self.note_load_ref(op);
+        if op.attrs.folded && name.ends_with(".transpose") {
+            if let Some(v) = held.first() {
+                self.vals.insert(op.id, v.clone());
+            }
+            return Ok(());
+        }
         let shape = &op.shape;
         let rank = shape.len();
         let varies = self.varies(op, &ins);

@@ -243,6 +243,9 @@ struct Index {
     dma_bytes: u64,
     /// The body's isolated schedules ([`Transfer::isolated`]), per order and costs.
     timings: tpusim_kernel::Memo,
+    /// Applications of the body's transfers seen before, by every run sharing the body
+    /// ([`Transfer::apply`]).
+    applied: std::sync::Mutex<AppliedMemo>,
     /// Program-order key of each node, (issue slot << 24) | node index.
     issue_key: Vec<u64>,
     /// Successors of node i: `succ[succ_at[i] .. succ_at[i + 1]]` (compact arrays: the graph's
@@ -304,6 +307,7 @@ impl Index {
                 transcendental_vregs: body.transcendental_vregs(),
                 works,
                 timings: tpusim_kernel::Memo::with_capacity(64),
+                applied: Default::default(),
                 issue_key: (0..n).map(|i| (g[NodeIndex::new(i)].issue << 24) | i as u64).collect(),
                 succ_at,
                 succ,
@@ -326,6 +330,21 @@ impl Index {
             })
             .collect()
     }
+}
+
+/// Transfers applied before, keyed by the transfer's costs ([`Transfer`]'s key and carried
+/// slots) and its inputs relative to the step's start, each clamped to it (whole quanta; 0 at or
+/// before the start): the outputs the body writes, relative to the start. Every input is read
+/// through a max with the start, so two applications with equal keys write outputs that differ
+/// by exactly the difference of their starts (times are whole quanta: exact).
+#[derive(Debug, Default)]
+struct AppliedMemo {
+    map: std::collections::HashMap<Vec<i64>, Box<[f64]>, rustc_hash::FxBuildHasher>,
+}
+
+impl AppliedMemo {
+    /// Entries kept per body before the memo starts over.
+    const CAPACITY: usize = 1 << 12;
 }
 
 /// A [`Work`] as a hashable key (its numbers by bit pattern).
@@ -387,6 +406,11 @@ struct Plan {
     runs: [bool; BODY_UNITS],
     /// The positions packed for [`Transfer::apply`].
     replay: Vec<Replay>,
+    /// The carried slots some position writes (the others pass their input through).
+    writes: Vec<u16>,
+    /// The inputs some position reads (the free times of the units it runs on, the carried
+    /// slots and the DMA engines' free time its positions wait for), in increasing order.
+    reads: Vec<u32>,
 }
 
 impl Plan {
@@ -405,6 +429,8 @@ impl Plan {
             has_mxu: index.unit.iter().any(|&u| usize::from(u) == Unit::Mxu.index()),
             runs: std::array::from_fn(|u| index.unit.iter().any(|&x| usize::from(x) == u)),
             replay: Vec::with_capacity(n),
+            writes: Vec::new(),
+            reads: Vec::new(),
         };
         plan.dep_at.push(0);
         for &i in order {
@@ -429,6 +455,13 @@ impl Plan {
                 unit: index.unit[i],
             });
         }
+        plan.writes = plan.replay.iter().map(|r| r.carry_out).filter(|&c| c != NONE).collect();
+        plan.writes.sort_unstable();
+        plan.writes.dedup();
+        plan.reads = (0..BODY_UNITS).filter(|&u| plan.runs[u]).map(|u| (IN_UNITS + u) as u32).collect();
+        plan.reads.extend(plan.replay.iter().map(|r| r.carry_in).filter(|&c| c != IN_START as u32));
+        plan.reads.sort_unstable();
+        plan.reads.dedup();
         plan
     }
 
@@ -515,6 +548,8 @@ struct Replay {
 #[derive(Debug, Clone, Default)]
 pub struct Scratch {
     done: Vec<f64>,
+    /// The memo key being looked up ([`Transfer::apply`]).
+    key: Vec<i64>,
 }
 
 impl Transfer {
@@ -557,7 +592,54 @@ impl Transfer {
     /// `carries_out`; returns (front, done). Replays the
     /// issue order: each operation starts when its unit is free, its inputs are done and, for a
     /// carried slot it reads, the previous step wrote it.
+    ///
+    /// An application with the same inputs relative to the start as one before (by any run that
+    /// shares the body and these costs: a sweep's points that differ only in copy or clock
+    /// fields) takes its outputs from the body's memo instead ([`AppliedMemo`]), to the bit.
     pub fn apply(&self, x: &[f64], units: &mut [f64; BODY_UNITS], carries_out: &mut [f64], scratch: &mut Scratch) -> (f64, f64) {
+        let plan = &*self.plan;
+        let s0 = x[IN_START];
+        let w = IN_CARRIES + self.carries;
+        let mut key = std::mem::take(&mut scratch.key);
+        key.clear();
+        key.extend([self.key as i64, self.carries as i64]);
+        key.extend(plan.reads.iter().map(|&j| x[j as usize]).map(|v| if v <= s0 { 0 } else { ((v - s0) / TIME_QUANTUM) as i64 }));
+        // The outputs the body writes: its units' free times, its carried slots, front and done;
+        // the others pass their inputs through.
+        let written = |units: &mut [f64; BODY_UNITS], carries_out: &mut [f64], vals: &mut dyn FnMut() -> f64| {
+            for u in 0..BODY_UNITS {
+                units[u] = if plan.runs[u] { vals() } else { x[IN_UNITS + u] };
+            }
+            carries_out[..self.carries].copy_from_slice(&x[IN_CARRIES..w]);
+            for &c in &plan.writes {
+                carries_out[usize::from(c)] = vals();
+            }
+            (vals(), vals())
+        };
+        let found = self.index.applied.lock().unwrap_or_else(std::sync::PoisonError::into_inner).map.get(&key).cloned();
+        if let Some(rel) = found {
+            let mut it = rel.iter();
+            let out = written(units, carries_out, &mut || s0 + it.next().expect("one value per written output"));
+            scratch.key = key;
+            return out;
+        }
+        let (front, done) = self.replay(x, units, carries_out, scratch);
+        let mut rel: Vec<f64> = Vec::with_capacity(BODY_UNITS + plan.writes.len() + 2);
+        rel.extend((0..BODY_UNITS).filter(|&u| plan.runs[u]).map(|u| units[u] - s0));
+        rel.extend(plan.writes.iter().map(|&c| carries_out[usize::from(c)] - s0));
+        rel.extend([front - s0, done - s0]);
+        let mut memo = self.index.applied.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if memo.map.len() >= AppliedMemo::CAPACITY {
+            memo.map.clear();
+        }
+        memo.map.insert(key.clone(), rel.into_boxed_slice());
+        drop(memo);
+        scratch.key = key;
+        (front, done)
+    }
+
+    /// [`Transfer::apply`] by replaying the issue order.
+    pub(crate) fn replay(&self, x: &[f64], units: &mut [f64; BODY_UNITS], carries_out: &mut [f64], scratch: &mut Scratch) -> (f64, f64) {
         let plan = &*self.plan;
         let n = plan.node.len();
         if scratch.done.len() < n {

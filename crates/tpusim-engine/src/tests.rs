@@ -190,3 +190,106 @@ fn eight_bit_matmuls_stream_and_latch_by_the_chips_cadences() {
     let (b, _) = op_cycles(&slow, &mm(8, 4096, 2048, MxuType::Bf16));
     assert_eq!(a, b);
 }
+
+/// A program whose bodies are copies without their memos (every transfer replayed afresh).
+fn unmemoised(p: &tpusim_kernel::Program) -> tpusim_kernel::Program {
+    let mut q = p.clone();
+    for c in &mut q.classes {
+        c.body = tpusim_kernel::StepBody::from_graph((*c.body.graph).clone(), c.body.carries);
+    }
+    q
+}
+
+/// Applications remembered by a body's memo across runs (a sweep's points that differ in copy
+/// rates share every body) give exactly what replaying gives: the same cycles, busy times,
+/// stall and critical path to the bit, whatever ran on the body before.
+#[test]
+fn remembered_applications_equal_replaying() {
+    let chip = v6e();
+    let mut w = AttentionCall::video_default();
+    w.q_len = 12_000;
+    w.kv_len = 12_000;
+    w.q_heads = 2;
+    w.kv_heads = 2;
+    w.mask = tpusim_workload::Mask::parse("band:3000+sink:700").unwrap();
+    let mut c = SplashConfig::with_blocks(&w, &chip, 2048, 2048, None);
+    c.block_q = 1024;
+    c.block_kv = 512;
+    c.block_kv_compute = 512;
+    c.traversal = tpusim_kernel::Traversal::Compact;
+    c.masking = tpusim_kernel::Masking::Partial;
+    let p = splash::lower(&chip, &w, &c).unwrap();
+    // HBM rates from copy-bound to compute-bound: the bodies' costs are shared, their inputs
+    // relative to each step's start sometimes equal and sometimes not.
+    let rates = ["300", "819", "1638", "6552", "300"];
+    for rate in rates {
+        let fast = chip.with_override("hbm.bandwidth_gb_per_s", rate).unwrap();
+        let shared = simulate(&fast, &p);
+        let fresh = simulate(&fast, &unmemoised(&p));
+        assert_eq!(shared.cycles.to_bits(), fresh.cycles.to_bits(), "{rate}");
+        assert_eq!(shared.dma_stall_cycles.to_bits(), fresh.dma_stall_cycles.to_bits(), "{rate}");
+        for u in Unit::ALL.iter().copied() {
+            assert_eq!(shared.busy[u].to_bits(), fresh.busy[u].to_bits(), "{rate} {u:?}");
+            assert_eq!(shared.critical[u].to_bits(), fresh.critical[u].to_bits(), "{rate} {u:?}");
+        }
+        // The step-by-step path goes through the same memo.
+        let observed = simulate_observed(&fast, &p, &mut |_, _| {});
+        assert_eq!(observed.cycles.to_bits(), fresh.cycles.to_bits(), "{rate}");
+    }
+}
+
+/// [`body::Transfer::apply`] through the body's memo equals replaying the issue order for inputs
+/// before, at and after the step's start, one input changed at a time (so that most
+/// applications find an entry whose key differs from theirs in one input only).
+#[test]
+fn remembered_applications_equal_replaying_input_by_input() {
+    use body::{Scratch, Transfer, BODY_UNITS, IN_CARRIES, IN_START, TIME_QUANTUM};
+    let chip = v6e();
+    let w = AttentionCall::video_default();
+    let mut c = SplashConfig::with_blocks(&w, &chip, 2048, 2048, None);
+    c.block_q = 512;
+    c.block_kv = 512;
+    c.block_kv_compute = 256;
+    let p = splash::lower(&chip, &w, &c).unwrap();
+    let carries = p.classes.iter().map(|c| c.body.carries as usize).max().unwrap();
+    assert!(carries > 0);
+    // A small deterministic generator of whole quanta.
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move |n: u64| {
+        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (seed >> 33) % n
+    };
+    let mut tried = 0;
+    for class in p.classes.iter().filter(|c| c.body.graph.node_count() > 0) {
+        let tr = Transfer::new(&chip, &class.body, carries);
+        let mut x = vec![0.0; IN_CARRIES + carries];
+        let mut s = Scratch::default();
+        for _ in 0..300 {
+            let j = next(x.len() as u64) as usize;
+            // Whole cycles, some with one quantum more.
+            let extra = next(2) as f64 * TIME_QUANTUM;
+            let q = |k: u64| k as f64 + extra;
+            if j == IN_START {
+                x[j] = q(next(4000));
+            } else {
+                // Before, at or after the start.
+                x[j] = (x[IN_START] + q(next(600)) - q(300)).max(0.0);
+            }
+            // Then the same input one quantum later (keys one quantum apart).
+            for later in [false, true] {
+                if later {
+                    x[j] += TIME_QUANTUM;
+                }
+                let (mut u1, mut u2) = ([0.0; BODY_UNITS], [0.0; BODY_UNITS]);
+                let (mut c1, mut c2) = (vec![0.0; carries], vec![0.0; carries]);
+                let a = tr.apply(&x, &mut u1, &mut c1, &mut s);
+                let b = tr.replay(&x, &mut u2, &mut c2, &mut s);
+                assert_eq!((a.0.to_bits(), a.1.to_bits()), (b.0.to_bits(), b.1.to_bits()), "{x:?}");
+                assert_eq!(u1.map(f64::to_bits), u2.map(f64::to_bits), "{x:?}");
+                assert_eq!(c1.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), c2.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "{x:?}");
+                tried += 1;
+            }
+        }
+    }
+    assert!(tried >= 600, "{tried}");
+}

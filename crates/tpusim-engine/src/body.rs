@@ -595,7 +595,7 @@ impl Transfer {
     ///
     /// An application with the same inputs relative to the start as one before (by any run that
     /// shares the body and these costs: a sweep's points that differ only in copy or clock
-    /// fields) takes its outputs from the body's memo instead ([`AppliedMemo`]), to the bit.
+    /// fields) takes its outputs from the body's memo instead, to the bit.
     pub fn apply(&self, x: &[f64], units: &mut [f64; BODY_UNITS], carries_out: &mut [f64], scratch: &mut Scratch) -> (f64, f64) {
         let plan = &*self.plan;
         let s0 = x[IN_START];

@@ -434,12 +434,13 @@ struct Walker<'a> {
 
 /// The transposes Mosaic's canonicalization folds into the matmul that reads them (jax
 /// `jaxlib/mosaic/dialect/tpu/transforms/canonicalize_mosaic.cc`, `canonicalize_matmul`): a
-/// `tpu.transpose` or `vector.transpose` of the two minor dimensions (the result's shape is the
-/// operand's with them swapped) whose one use in the whole body is a `tpu.matmul`'s rhs
-/// becomes that matmul's transposed rhs and is erased; not where the product is an f32 x f32
-/// matrix-vector one (a single result column), which Mosaic leaves as it is. A description is
-/// written before that pass (`tpusim.jax.describe` reads the kernel as lowered), so the reader
-/// applies it. By op id.
+/// `tpu.transpose` or `vector.transpose` that swaps the two minor dimensions and keeps the
+/// others (its `permutation`; a rank-2 one without it can only swap them) and whose one use in
+/// the whole body is a `tpu.matmul`'s rhs becomes that matmul's transposed rhs and is erased;
+/// not where the product is an f32 x f32 matrix-vector one with the rhs contracted along its
+/// last dimension (`rhs_contracting`), which Mosaic leaves as it is. A description is written
+/// before that pass (`tpusim.jax.describe` reads the kernel as lowered), so the reader applies
+/// it. By op id.
 fn folded_transposes(d: &Description) -> HashSet<u64> {
     /// Per value id: how many uses, and whether the last is a matmul's (its id, operand index).
     type Uses = HashMap<u64, (u32, Option<(u64, usize)>)>;
@@ -477,11 +478,18 @@ fn folded_transposes(d: &Description) -> HashSet<u64> {
             _ => None,
         };
         let r = op.shape.len();
-        let minor_swap = src.is_some_and(|s| r >= 2 && s.len() == r && s[..r - 2] == op.shape[..r - 2] && s[r - 2] == op.shape[r - 1] && s[r - 1] == op.shape[r - 2]);
+        let ints = |o: &Op, k: &str| -> Option<Vec<u64>> { o.attrs.get(k)?.as_array()?.iter().map(serde_json::Value::as_u64).collect() };
+        let swap: Vec<u64> = (0..r as u64).map(|i| if r >= 2 && i + 2 >= r as u64 { 2 * r as u64 - 3 - i } else { i }).collect();
+        let permutation_ok = match ints(op, "permutation") {
+            Some(p) => p == swap,
+            None => r == 2,
+        };
+        let minor_swap = permutation_ok && src.is_some_and(|s| r >= 2 && s.len() == r && s[..r - 2] == op.shape[..r - 2] && s[r - 2] == op.shape[r - 1] && s[r - 1] == op.shape[r - 2]);
         let matvec_f32 = by_id.get(&mm).is_some_and(|m| {
             let t = |k: &str| m.attrs.get(k).and_then(|x| x.as_str()) == Some("f32");
             let n = m.attrs.get("mkn").and_then(|v| v.get(2)).and_then(|x| x.as_u64());
-            t("lhs_dtype") && t("rhs_dtype") && n == Some(1)
+            let contracted_last = ints(m, "rhs_contracting").is_some_and(|c| c == [r as u64 - 1]);
+            t("lhs_dtype") && t("rhs_dtype") && n == Some(1) && contracted_last
         });
         if minor_swap && !matvec_f32 {
             out.insert(id);

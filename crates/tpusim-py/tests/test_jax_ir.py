@@ -287,3 +287,26 @@ def test_a_transpose_read_once_by_a_matmul_is_folded_into_it(chip):
     assert folded.flops == kept.flops == 2 * 256 * 128 * 1024
     assert folded.busy_ms["xlu"] == 0, folded.busy_ms
     assert kept.busy_ms["xlu"] > 0, kept.busy_ms
+
+
+def test_a_transpose_of_leading_dimensions_is_not_folded():
+    # A transpose that moves the batch dimension ([1, 0, 2]) is not one Mosaic folds into the
+    # matmul, even where the shapes cannot tell it from a swap of the minor two (a cube).
+    import jax.numpy as jnp
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+
+    def kernel(x_ref, y_ref, o_ref):
+        yt = jnp.transpose(y_ref[...], (1, 0, 2))
+        o_ref[...] = jnp.einsum("bqd,bdk->bqk", x_ref[...], yt, preferred_element_type=jnp.float32)
+
+    def f(x, y):
+        out = jax.ShapeDtypeStruct(x.shape, jnp.float32)
+        return pl.pallas_call(kernel, out_shape=out, compiler_params=pltpu.CompilerParams(vmem_limit_bytes=100 * 2**20))(x, y)
+
+    import jax
+
+    n = 128
+    x = jax.ShapeDtypeStruct((n, n, n), jnp.bfloat16)
+    r = tj.simulate(f, x, x, chip="v6e")[0]
+    assert r.busy_ms["xlu"] > 0, r.busy_ms

@@ -767,6 +767,8 @@ class _Reader:
             attrs["kind"] = str(a["kind"])
         elif name == "tpu.concatenate":
             attrs["dimension"] = self._int_attr(a["dimension"])
+        elif name in ("tpu.transpose", "vector.transpose") and "permutation" in a:
+            attrs["permutation"] = list(_ints(a["permutation"]))
         elif name in ("tpu.matmul", "vector.contract"):
             attrs.update(_matmul_attrs(op))
         elif name == "tpu.enqueue_dma":
@@ -966,7 +968,7 @@ def _matmul_attrs(op):
     for s in out:
         total *= s
     n = total // max(m * batch, 1)
-    attrs = {"mkn": [m, k, n], "lhs_dtype": lt, "rhs_dtype": rt}
+    attrs = {"mkn": [m, k, n], "lhs_dtype": lt, "rhs_dtype": rt, "rhs_contracting": contract_r}
     if batch > 1:
         attrs["batch"] = batch
     if "precision" in a:

@@ -988,6 +988,13 @@ pub fn lower(chip: &ChipModel, d: &Description, dir: &Path) -> Result<(Program, 
         "scalar-unit work (index arithmetic, SMEM loads) is part of the fixed grid-step overhead".to_string(),
         "VMEM: windows x their buffer counts, scratch, and the largest intermediate once (Mosaic's internal scratch is not in the IR)".to_string(),
     ];
+    if !folded.is_empty() {
+        assumptions.push(format!(
+            "{} transpose{} read only as a matmul's rhs cost nothing: Mosaic folds such a transpose into the matmul (its transposed rhs, latched as the weights load; canonicalize_matmul)",
+            folded.len(),
+            if folded.len() == 1 { "" } else { "s" }
+        ));
+    }
     if f32_mm > 0 {
         assumptions.push("f32-operand matmuls at the default precision take one MXU pass, their f32 operands rounded to bf16 on the VPU first (one operation per f32 register; tpusim_kernel::mxu)".into());
     }

@@ -333,8 +333,8 @@ impl Index {
 }
 
 /// Transfers applied before, keyed by the transfer's costs ([`Transfer`]'s key and carried
-/// slots) and its inputs relative to the step's start, each clamped to it (whole quanta; 0 at or
-/// before the start): the outputs the body writes, relative to the start. Every input is read
+/// slots) and the inputs the body reads relative to the step's start, each clamped to it (whole
+/// quanta; 0 at or before the start): the outputs the body writes, relative to the start. Every input is read
 /// through a max with the start, so two applications with equal keys write outputs that differ
 /// by exactly the difference of their starts (times are whole quanta: exact).
 #[derive(Debug, Default)]
@@ -616,12 +616,15 @@ impl Transfer {
             }
             (vals(), vals())
         };
-        let found = self.index.applied.lock().unwrap_or_else(std::sync::PoisonError::into_inner).map.get(&key).cloned();
-        if let Some(rel) = found {
-            let mut it = rel.iter();
-            let out = written(units, carries_out, &mut || s0 + it.next().expect("one value per written output"));
-            scratch.key = key;
-            return out;
+        {
+            let memo = self.index.applied.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if let Some(rel) = memo.map.get(&key) {
+                let mut it = rel.iter();
+                let out = written(units, carries_out, &mut || s0 + it.next().expect("one value per written output"));
+                drop(memo);
+                scratch.key = key;
+                return out;
+            }
         }
         let (front, done) = self.replay(x, units, carries_out, scratch);
         let mut rel: Vec<f64> = Vec::with_capacity(BODY_UNITS + plan.writes.len() + 2);

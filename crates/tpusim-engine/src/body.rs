@@ -151,40 +151,43 @@ pub struct BodyTiming {
 fn list_order(index: &Index, cost: &[(usize, f64, f64)]) -> Vec<usize> {
     use std::cmp::Reverse;
     use std::collections::BinaryHeap;
-    let n = index.issue_key.len();
-    // Program order key of an operation, (issue slot, node index), packed in one word (node
-    // indices are below 2^24: bodies are far smaller).
-    let key = |i: usize| index.issue_key[i];
-    // Times are compared as integers of 1/1024 cycle so heaps can order them.
-    let fx = |t: f64| (t * 1024.0).round() as u64;
+    let n = index.rank.len();
+    // Times are compared as integers of 1/1024 cycle so heaps can order them. Times are
+    // non-negative sums of whole quanta (2^-16 cycle), so t x 1024 + 0.5 is exact and its
+    // truncation is `round`'s result.
+    let fx = |t: f64| (t * 1024.0 + 0.5) as u64;
     let mut missing: Vec<u32> = (0..n).map(|i| index.pred_at[i + 1] - index.pred_at[i]).collect();
     let mut ready_at = vec![0.0f64; n];
     let mut free = [0.0f64; BODY_UNITS];
     let mut free_fx = [0u64; BODY_UNITS];
-    // Per unit: operations whose inputs are scheduled, by ready time; and those ready by the
-    // unit's free time, by program order.
-    let mut pending: [BinaryHeap<Reverse<(u64, u64)>>; BODY_UNITS] = Default::default();
-    let mut ready: [BinaryHeap<Reverse<u64>>; BODY_UNITS] = Default::default();
+    // The units the body uses (the others' sets stay empty).
+    let active: Vec<usize> = (0..BODY_UNITS).filter(|&u| cost.iter().any(|c| c.0 == u)).collect();
+    // Per unit: operations whose inputs are scheduled, by ready time (then program order); and
+    // those ready by the unit's free time, by program order (their rank in it, a set of bits).
+    let mut pending: [BinaryHeap<Reverse<(u64, u32)>>; BODY_UNITS] = Default::default();
+    let mut ready: [RankSet; BODY_UNITS] = Default::default();
+    for &u in &active {
+        ready[u] = RankSet::new(n);
+    }
+    let (rank, by_rank) = (&index.rank, &index.by_rank);
     for i in 0..n {
         if missing[i] == 0 {
-            ready[cost[i].0].push(Reverse(key(i)));
+            ready[cost[i].0].insert(rank[i]);
         }
     }
-    // The units the body uses (the others' heaps stay empty).
-    let active: Vec<usize> = (0..BODY_UNITS).filter(|&u| cost.iter().any(|c| c.0 == u)).collect();
     let mut order = Vec::with_capacity(n);
     while order.len() < n {
         // The unit that can start an operation first.
         let mut best: Option<(f64, usize)> = None;
         for &u in &active {
-            while let Some(&Reverse((t, k))) = pending[u].peek() {
+            while let Some(&Reverse((t, r))) = pending[u].peek() {
                 if t > free_fx[u] {
                     break;
                 }
                 pending[u].pop();
-                ready[u].push(Reverse(k));
+                ready[u].insert(r);
             }
-            let start = if !ready[u].is_empty() {
+            let start = if ready[u].len > 0 {
                 free[u]
             } else if let Some(Reverse((t, _))) = pending[u].peek() {
                 free[u].max(*t as f64 / 1024.0)
@@ -196,11 +199,11 @@ fn list_order(index: &Index, cost: &[(usize, f64, f64)]) -> Vec<usize> {
             }
         }
         let (start, u) = best.expect("a body's graph is acyclic: some operation is always schedulable");
-        let k = match ready[u].pop() {
-            Some(Reverse(k)) => k,
+        let r = match ready[u].pop_min() {
+            Some(r) => r,
             None => pending[u].pop().expect("a unit with a start time has an operation").0 .1,
         };
-        let i = (k & ((1 << 24) - 1)) as usize;
+        let i = by_rank[r as usize] as usize;
         let (_, occ, lat) = cost[i];
         let start = start.max(ready_at[i]);
         free[u] = start + occ;
@@ -217,15 +220,89 @@ fn list_order(index: &Index, cost: &[(usize, f64, f64)]) -> Vec<usize> {
                 // (units' free times only grow, so it would be moved there next anyway).
                 let (uj, t) = (cost[j].0, fx(ready_at[j]));
                 if t <= free_fx[uj] {
-                    ready[uj].push(Reverse(key(j)));
+                    ready[uj].insert(rank[j]);
                 } else {
-                    pending[uj].push(Reverse((t, key(j))));
+                    pending[uj].push(Reverse((t, rank[j])));
                 }
             }
         }
         order.push(i);
     }
     order
+}
+
+/// `keys` ((issue slot << 20 | sequence) << 24 | node index) in increasing order: counted into
+/// buckets by issue slot, in node order, which sorts them when sequence numbers grow with node
+/// indices (the body builder's); sorted outright when they do not, or when the slots are spread
+/// far wider than the nodes.
+fn program_order(keys: &[u64]) -> Vec<u64> {
+    let slot = |k: u64| (k >> 44) as usize;
+    let slots = keys.iter().map(|&k| slot(k) + 1).max().unwrap_or(0);
+    if slots > 4 * keys.len() + 64 {
+        let mut sorted = keys.to_vec();
+        sorted.sort_unstable();
+        return sorted;
+    }
+    let mut at = vec![0u32; slots + 1];
+    for &k in keys {
+        at[slot(k) + 1] += 1;
+    }
+    for s in 0..slots {
+        at[s + 1] += at[s];
+    }
+    let mut sorted = vec![0u64; keys.len()];
+    for &k in keys {
+        let p = &mut at[slot(k)];
+        sorted[*p as usize] = k;
+        *p += 1;
+    }
+    if !sorted.is_sorted() {
+        sorted.sort_unstable();
+    }
+    sorted
+}
+
+/// A set of ranks below n (program-order positions): a bit per rank and a summary bit per word
+/// of them, so the smallest is found by scanning one summary word per 4,096 ranks.
+#[derive(Debug, Default)]
+struct RankSet {
+    words: Vec<u64>,
+    summary: Vec<u64>,
+    len: usize,
+}
+
+impl RankSet {
+    fn new(n: usize) -> Self {
+        let w = n.div_ceil(64);
+        RankSet { words: vec![0; w], summary: vec![0; w.div_ceil(64)], len: 0 }
+    }
+
+    fn insert(&mut self, r: u32) {
+        let w = r as usize >> 6;
+        let bit = 1u64 << (r & 63);
+        if self.words[w] & bit == 0 {
+            self.words[w] |= bit;
+            self.summary[w >> 6] |= 1 << (w & 63);
+            self.len += 1;
+        }
+    }
+
+    /// Removes and returns the smallest rank.
+    fn pop_min(&mut self) -> Option<u32> {
+        if self.len == 0 {
+            return None;
+        }
+        let si = self.summary.iter().position(|&s| s != 0)?;
+        let w = si * 64 + self.summary[si].trailing_zeros() as usize;
+        let word = &mut self.words[w];
+        let b = word.trailing_zeros();
+        *word &= *word - 1;
+        if *word == 0 {
+            self.summary[si] &= !(1u64 << (w & 63));
+        }
+        self.len -= 1;
+        Some((w * 64) as u32 + b)
+    }
 }
 
 /// What a body is, independently of any chip: its distinct pieces of work (a body's slabs repeat
@@ -246,8 +323,10 @@ struct Index {
     /// Applications of the body's transfers seen before, by every run sharing the body
     /// ([`Transfer::apply`]).
     applied: std::sync::Mutex<AppliedMemo>,
-    /// Program-order key of each node, (issue slot << 24) | node index.
-    issue_key: Vec<u64>,
+    /// Each node's position in program order (issue slot, then node index), and the node at
+    /// each position.
+    rank: Vec<u32>,
+    by_rank: Vec<u32>,
     /// Successors of node i: `succ[succ_at[i] .. succ_at[i + 1]]` (compact arrays: the graph's
     /// own edge lists are walked many times per body and miss the cache).
     succ_at: Vec<u32>,
@@ -272,33 +351,65 @@ impl Index {
             let mut works: Vec<Work> = Vec::new();
             let mut count: Vec<u32> = Vec::new();
             let mut seen: std::collections::HashMap<WorkKey, u32, rustc_hash::FxBuildHasher> = Default::default();
+            // A slab-split op's nodes come one after another with one work: the previous
+            // node's is tried before the table.
+            let mut last: Option<(WorkKey, u32)> = None;
             let work_of = body
                 .graph
                 .node_weights()
                 .map(|op| {
-                    let id = *seen.entry(WorkKey::of(&op.work)).or_insert_with(|| {
-                        works.push(op.work);
-                        count.push(0);
-                        (works.len() - 1) as u32
-                    });
+                    let key = WorkKey::of(&op.work);
+                    let id = match last {
+                        Some((k, id)) if k == key => id,
+                        _ => *seen.entry(key).or_insert_with(|| {
+                            works.push(op.work);
+                            count.push(0);
+                            (works.len() - 1) as u32
+                        }),
+                    };
+                    last = Some((key, id));
                     count[id as usize] += 1;
                     id
                 })
                 .collect();
             let g = &body.graph;
             let n = g.node_count();
+            // From the edge list in one pass each way (walking each node's edge chain misses
+            // the cache), each node's list newest edge first, as the graph's own neighbour
+            // lists give them.
             let csr = |dir: Direction| {
-                let mut at = Vec::with_capacity(n + 1);
-                let mut to = Vec::with_capacity(g.edge_count());
-                at.push(0u32);
+                let ends = |e: &petgraph::graph::Edge<()>| match dir {
+                    Direction::Outgoing => (e.source().index(), e.target().index() as u32),
+                    Direction::Incoming => (e.target().index(), e.source().index() as u32),
+                };
+                let edges = g.raw_edges();
+                let mut at = vec![0u32; n + 1];
+                for e in edges {
+                    at[ends(e).0 + 1] += 1;
+                }
                 for i in 0..n {
-                    to.extend(g.neighbors_directed(NodeIndex::new(i), dir).map(|j| j.index() as u32));
-                    at.push(to.len() as u32);
+                    at[i + 1] += at[i];
+                }
+                let mut fill = at[1..].to_vec();
+                let mut to = vec![0u32; edges.len()];
+                for e in edges {
+                    let (from, other) = ends(e);
+                    fill[from] -= 1;
+                    to[fill[from] as usize] = other;
                 }
                 (at, to)
             };
             let (succ_at, succ) = csr(Direction::Outgoing);
             let (pred_at, pred) = csr(Direction::Incoming);
+            // Program-order keys, (issue slot << 24) | node index (bodies have far fewer than
+            // 2^24 nodes).
+            let keys: Vec<u64> = (0..n).map(|i| (g[NodeIndex::new(i)].issue << 24) | i as u64).collect();
+            let sorted = program_order(&keys);
+            let by_rank: Vec<u32> = sorted.iter().map(|&k| (k & ((1 << 24) - 1)) as u32).collect();
+            let mut rank = vec![0u32; n];
+            for (r, &i) in by_rank.iter().enumerate() {
+                rank[i as usize] = r as u32;
+            }
             Index {
                 work_of,
                 count,
@@ -308,7 +419,8 @@ impl Index {
                 works,
                 timings: tpusim_kernel::Memo::with_capacity(64),
                 applied: Default::default(),
-                issue_key: (0..n).map(|i| (g[NodeIndex::new(i)].issue << 24) | i as u64).collect(),
+                rank,
+                by_rank,
                 succ_at,
                 succ,
                 pred_at,
@@ -777,5 +889,77 @@ impl Transfer {
             cur = (cause[p] != usize::MAX).then_some(cause[p]);
         }
         t
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A Splash body with slab-split ops (program order far from node order).
+    fn splash_body() -> StepBody {
+        let chip = ChipModel::preset("v6e").unwrap();
+        let w = tpusim_workload::AttentionCall::video_default();
+        let c = tpusim_kernel::SplashConfig::with_blocks(&w, &chip, 1024, 512, None);
+        let p = tpusim_kernel::splash::lower(&chip, &w, &c).unwrap();
+        p.classes.iter().map(|c| c.body.clone()).max_by_key(|b| b.graph.node_count()).unwrap()
+    }
+
+    /// The index's successor and predecessor lists are the graph's neighbour lists, in their
+    /// order; its ranks put the nodes in program order (issue key, then node index).
+    #[test]
+    fn the_index_holds_the_graph_and_program_order() {
+        let body = splash_body();
+        let g = &*body.graph;
+        let index = Index::of(&body);
+        assert!(g.node_count() > 200);
+        for i in 0..g.node_count() {
+            for (dir, at, list) in [(Direction::Outgoing, &index.succ_at, &index.succ), (Direction::Incoming, &index.pred_at, &index.pred)] {
+                let want: Vec<u32> = g.neighbors_directed(NodeIndex::new(i), dir).map(|j| j.index() as u32).collect();
+                assert_eq!(&list[at[i] as usize..at[i + 1] as usize], &want[..], "node {i} {dir:?}");
+            }
+        }
+        let mut keys: Vec<(u64, usize)> = (0..g.node_count()).map(|i| (g[NodeIndex::new(i)].issue, i)).collect();
+        keys.sort_unstable();
+        assert_eq!(index.by_rank, keys.iter().map(|k| k.1 as u32).collect::<Vec<_>>());
+        assert!(index.by_rank.iter().enumerate().all(|(r, &i)| index.rank[i as usize] == r as u32));
+    }
+
+    /// Program order by buckets equals a sort, for keys whose sequence numbers follow node
+    /// order, keys that do not, and slots spread far wider than the nodes.
+    #[test]
+    fn program_order_equals_sorting() {
+        let key = |slot: u64, seq: u64, i: u64| ((slot << 20 | seq) << 24) | i;
+        let mut seed = 7u64;
+        let mut next = move |n: u64| {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (seed >> 33) % n
+        };
+        for case in 0..3 {
+            let keys: Vec<u64> = (0..500u64)
+                .map(|i| match case {
+                    0 => key(next(40), i, i),
+                    1 => key(next(40), next(500), i),
+                    _ => key(next(1 << 18), i, i),
+                })
+                .collect();
+            let mut want = keys.clone();
+            want.sort_unstable();
+            assert_eq!(program_order(&keys), want, "case {case}");
+        }
+        assert!(program_order(&[]).is_empty());
+    }
+
+    /// The rank set gives its ranks back smallest first, across summary words.
+    #[test]
+    fn rank_sets_pop_the_smallest() {
+        let mut s = RankSet::new(10_000);
+        for r in [9_999, 64, 4_096, 0, 63, 4_095, 64] {
+            s.insert(r);
+        }
+        let popped: Vec<u32> = std::iter::from_fn(|| s.pop_min()).collect();
+        assert_eq!(popped, [0, 63, 64, 4_095, 4_096, 9_999]);
+        s.insert(5);
+        assert_eq!((s.pop_min(), s.pop_min()), (Some(5), None));
     }
 }

@@ -19,6 +19,11 @@
 //! below each tile boundary, [`crate::mask::VideoMask::rank_digits`]), so a video mask costs
 //! O(q_len + distinct rows per tile x min(runs, kv tiles crossed)).
 //!
+//! Masks whose rows keep one interval with constant or shifted ends (full, causal, local, band,
+//! sink, chunked), and unions of them and their intersections (band + sink, the video case's), skip
+//! the rows too: their tile counts are sums of clamped linear functions of q, in closed form per
+//! tile (a union's by inclusion-exclusion over the parts that touch the tile).
+//!
 //! Array masks ([`crate::mask::ArrayMask`]: dense NumPy masks and block maps) skip the rows:
 //! they hand over per-tile counts read block by block from the array (cached per tiling).
 //!
@@ -124,7 +129,9 @@ pub fn for_each_tile_row(mask: &Mask, grid: &TileGrid, align: bool, mut f: impl 
 /// tiles ([`TileRun`], covering every kv tile in order; adjacent runs may be alike). Masks whose
 /// rows keep one interval with ends moving by at most a position per row (full, causal, local,
 /// band, sink, chunked) are counted in closed form and run-length encoded without visiting every
-/// tile: O(q tiles x (block_q / block_kv + 2)); other masks cost as in the module docs.
+/// tile: O(q tiles x (block_q / block_kv + 2)); unions of such masks (but chunked) and their
+/// intersections in closed form per tile, O(q tiles x kv tiles); other masks cost as in the
+/// module docs.
 pub fn for_each_tile_run_row(mask: &Mask, grid: &TileGrid, align: bool, mut f: impl FnMut(u64, &[TileRun])) {
     let nk = grid.kv_tiles() as usize;
     let bkv = grid.block_kv;
@@ -140,6 +147,7 @@ pub fn for_each_tile_run_row(mask: &Mask, grid: &TileGrid, align: bool, mut f: i
     };
     let grouped = !full_mask && mask.has_row_classes();
     let linear = if array_counts.is_none() { LinearRows::of(mask) } else { None };
+    let union = if array_counts.is_none() && linear.is_none() { LinearUnion::of(mask) } else { None };
     let mut classes = RowClasses::default();
     let bounds = match mask {
         Mask::Video(v) if !full_mask => v.tile_bounds(bkv, grid.kv_len),
@@ -150,6 +158,11 @@ pub fn for_each_tile_run_row(mask: &Mask, grid: &TileGrid, align: bool, mut f: i
         runs.clear();
         if let Some(lin) = linear {
             lin.tile_runs(qi * grid.block_q, rows, grid, align, &mut runs);
+            f(qi, &runs);
+            continue;
+        }
+        if let Some(u) = &union {
+            u.tile_runs(qi * grid.block_q, rows, grid, align, &mut runs);
             f(qi, &runs);
             continue;
         }
@@ -412,25 +425,133 @@ impl LinearRows {
             }
             return total;
         }
-        // inner(q) = min(hi(q), c1) - max(lo(q), c0) is linear between the rows where a clamp
-        // or a min / max switches; sum max(0, inner) piece by piece.
-        let mut cuts = vec![a, b];
-        for (e, edge) in [(self.lo, c0), (self.hi, c1)] {
-            if let End::Shift(c) = e {
-                for x in [-c, kv - c, edge - c] {
-                    // The row at which the end crosses x (and the next row).
-                    for y in [x, x + 1] {
-                        if y > a && y < b {
-                            cuts.push(y);
-                        }
+        sum_between(&[self.lo], &[self.hi], a, b, c0, c1, kv)
+    }
+}
+
+/// Sum over rows q in [a, b) of |[max of `los` at q, min of `his` at q) ∩ [c0, c1)|, for ends
+/// that are constants or shifts (no chunk starts). The inner length min(his, c1) - max(los, c0)
+/// is linear with a step of -1, 0 or 1 between the rows where a clamp, a min or a max switches
+/// (a shift meeting 0, kv, its tile edge or a constant end of its side); max(0, inner) is summed
+/// piece by piece.
+fn sum_between(los: &[End], his: &[End], a: i128, b: i128, c0: i128, c1: i128, kv: i128) -> i128 {
+    let mut cuts: smallvec::SmallVec<[i128; 24]> = smallvec::smallvec![a, b];
+    for (side, edge) in [(los, c0), (his, c1)] {
+        for e in side {
+            let End::Shift(c) = *e else { continue };
+            let consts = side.iter().filter_map(|o| if let End::Const(k) = *o { Some(k) } else { None });
+            for x in [-c, kv - c, edge - c].into_iter().chain(consts.map(|k| k - c)) {
+                // The row at which the end crosses x (and the next row).
+                for y in [x, x + 1] {
+                    if y > a && y < b {
+                        cuts.push(y);
                     }
                 }
             }
         }
-        cuts.sort_unstable();
-        cuts.dedup();
-        let inner = |q: i128| self.hi.at(q, kv).min(c1) - self.lo.at(q, kv).max(c0);
-        cuts.windows(2).map(|w| sum_positive(inner(w[0]), inner(w[1] - 1), w[1] - w[0])).sum()
+    }
+    cuts.sort_unstable();
+    cuts.dedup();
+    let inner = |q: i128| {
+        let hi = his.iter().map(|e| e.at(q, kv)).min().unwrap_or(kv);
+        let lo = los.iter().map(|e| e.at(q, kv)).max().unwrap_or(0);
+        hi.min(c1) - lo.max(c0)
+    };
+    cuts.windows(2).map(|w| sum_positive(inner(w[0]), inner(w[1] - 1), w[1] - w[0])).sum()
+}
+
+/// A union of masks whose rows each keep one interval with constant or shifted ends (band +
+/// sink, causal | local, and intersections of such: `causal&band:9`): a kv tile's kept pairs by
+/// inclusion-exclusion over the parts that keep some pair of it (a part that keeps all of it
+/// keeps the union's; the intersection of parts keeps, per row, the interval from their largest
+/// start to their smallest end), O(q tiles x kv tiles) with no row walked.
+#[derive(Debug, Clone)]
+struct LinearUnion {
+    /// Each part's starts (the interval begins at the largest) and ends (it stops at the smallest).
+    parts: Vec<(Vec<End>, Vec<End>)>,
+}
+
+impl LinearUnion {
+    /// Parts of a union (or one intersection) of such masks; `None` for any other mask, and for
+    /// unions of more than 6 parts (inclusion-exclusion's terms grow as 2^parts).
+    fn of(mask: &Mask) -> Option<Self> {
+        fn interval(m: &Mask) -> Option<(Vec<End>, Vec<End>)> {
+            match m {
+                Mask::Intersect(p) if !p.is_empty() => {
+                    let (mut lo, mut hi) = (Vec::new(), Vec::new());
+                    for x in p {
+                        let (l, h) = interval(x)?;
+                        lo.extend(l);
+                        hi.extend(h);
+                    }
+                    Some((lo, hi))
+                }
+                m => LinearRows::of(m).filter(|l| !matches!(l.lo, End::Chunk(_))).map(|l| (vec![l.lo], vec![l.hi])),
+            }
+        }
+        let parts = match mask {
+            Mask::Union(p) if !p.is_empty() && p.len() <= 6 => p.iter().map(interval).collect::<Option<Vec<_>>>()?,
+            Mask::Intersect(_) => vec![interval(mask)?],
+            _ => return None,
+        };
+        Some(LinearUnion { parts })
+    }
+
+    /// The classified kv tiles of rows `q0 .. q0 + rows` as runs.
+    fn tile_runs(&self, q0: u64, rows: u64, grid: &TileGrid, align: bool, runs: &mut Vec<TileRun>) {
+        let nk = grid.kv_tiles();
+        let qi = q0 / grid.block_q;
+        if rows == 0 {
+            push_run(runs, 0, nk, classify_tile(grid, qi, 0, 0, align));
+            return;
+        }
+        let kv = grid.kv_len as i128;
+        let (a, b) = (q0 as i128, (q0 + rows) as i128);
+        // Every end never decreases with q: the first and last rows bound each part's rows.
+        let at = |ends: &[End], q: i128, lo: bool| {
+            let v = ends.iter().map(|e| e.at(q, kv));
+            if lo { v.max() } else { v.min() }.unwrap_or(0)
+        };
+        let bounds: Vec<[i128; 4]> = self.parts.iter().map(|(l, h)| [at(l, a, true), at(l, b - 1, true), at(h, a, false), at(h, b - 1, false)]).collect();
+        let bkv = grid.block_kv as i128;
+        let mut touching: smallvec::SmallVec<[usize; 6]> = smallvec::SmallVec::new();
+        let (mut lo, mut hi) = (Vec::new(), Vec::new());
+        for kj in 0..nk {
+            let c0 = kj as i128 * bkv;
+            let c1 = (c0 + bkv).min(kv);
+            touching.clear();
+            let mut whole = false;
+            for (p, &[lo_min, lo_max, hi_min, hi_max]) in bounds.iter().enumerate() {
+                if c1 <= lo_min || c0 >= hi_max || lo_min >= hi_max {
+                    continue;
+                }
+                if c0 >= lo_max && c1 <= hi_min {
+                    whole = true;
+                    break;
+                }
+                touching.push(p);
+            }
+            let kept = if whole {
+                rows as i128 * (c1 - c0)
+            } else {
+                // Inclusion-exclusion over the subsets of the touching parts.
+                let mut total = 0i128;
+                for set in 1u32..1 << touching.len() {
+                    lo.clear();
+                    hi.clear();
+                    for (i, &p) in touching.iter().enumerate() {
+                        if set >> i & 1 == 1 {
+                            lo.extend_from_slice(&self.parts[p].0);
+                            hi.extend_from_slice(&self.parts[p].1);
+                        }
+                    }
+                    let s = sum_between(&lo, &hi, a, b, c0, c1, kv);
+                    total += if set.count_ones() % 2 == 1 { s } else { -s };
+                }
+                total
+            };
+            push_run(runs, kj, 1, classify_tile(grid, qi, kj, kept as u64, align));
+        }
     }
 }
 
@@ -678,6 +799,46 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    #[test]
+    fn unions_of_linear_masks_count_as_the_row_walk() {
+        let masks = [
+            "band:5+sink:3",
+            "band:63+sink:200",
+            "band:0+sink:1",
+            "band:15000+sink:3600",
+            "causal&band:9",
+            "causal@offset:-37&local:50,3",
+            "sink:10+causal@offset:-100",
+            "local:5,300@offset:-100+band:7",
+            "band:3+band:50+sink:20",
+            "causal+full",
+            "sink:7+sink:19",
+            "local:100,0+local:0,100@offset:40+sink:64",
+        ];
+        for (q_len, kv_len, bq, bkv) in [(1000, 1000, 128, 128), (777, 1313, 64, 256), (2048, 640, 512, 128), (37, 45, 8, 16), (1, 1, 8, 128), (3000, 3000, 2048, 128)] {
+            let g = TileGrid { q_len, kv_len, block_q: bq, block_kv: bkv };
+            for m in masks {
+                let mask = Mask::parse(m).unwrap();
+                let union = LinearUnion::of(&mask).unwrap_or_else(|| panic!("{m}: a union of linear masks"));
+                let want = walked(&mask, &g);
+                for qi in 0..g.q_tiles() {
+                    for align in [false, true] {
+                        let mut runs = Vec::new();
+                        union.tile_runs(qi * bq, g.real_rows(qi), &g, align, &mut runs);
+                        let expanded: Vec<Tile> = runs.iter().flat_map(|r| std::iter::repeat_n(r.tile, r.n as usize)).collect();
+                        let classified: Vec<Tile> =
+                            want[qi as usize].iter().enumerate().map(|(kj, &c)| classify_tile(&g, qi, kj as u64, c, align)).collect();
+                        assert_eq!(expanded, classified, "{m} at {q_len}x{kv_len} / {bq}x{bkv}, q tile {qi}, align {align}");
+                    }
+                }
+            }
+        }
+        // Chunked parts and masks of other kinds keep the row walk.
+        for m in ["chunked:7+sink:3", "band:5"] {
+            assert!(LinearUnion::of(&Mask::parse(m).unwrap()).is_none(), "{m}");
         }
     }
 

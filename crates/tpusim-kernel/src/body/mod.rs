@@ -373,7 +373,9 @@ impl Builder {
         if self.counting {
             Vec::new()
         } else {
-            vec![Deps::new(); ns]
+            let mut v = Vec::with_capacity(ns);
+            v.resize_with(ns, Deps::new);
+            v
         }
     }
 
@@ -953,14 +955,14 @@ impl Builder {
             }
             (!depends_on(&self.graph, &roots, &nodes)).then_some(last)
         });
-        let mut mm_nodes: Vec<NodeIdx> = Vec::new();
+        let mut mm_nodes: Vec<NodeIdx> = Vec::with_capacity(ns * batch as usize);
         let mut mm_last = 0u64;
         for (s, reps) in self.reps(ns) {
             self.mult = reps;
             let r = if ns == 1 { m } else { slab_rows(&out.shape, s, ns) };
             let share = r as f64 / m.max(1) as f64;
-            let mut inputs: Vec<&Val> = Vec::new();
             let rounded_lhs;
+            let mut inputs: SmallVec<[&Val; 2]> = SmallVec::new();
             if let Some(l) = lhs {
                 if lhs_t == "f32" {
                     let (nd, sl) = self.node("round_lhs", Work::Vector { ops: lhs_vr * share, loaded_mask_vregs: 0.0 }, &[l], &[], s, ns);
@@ -985,7 +987,7 @@ impl Builder {
             }
             let mm = prev.expect("batch >= 1");
             let mxu_val = Val::after(smallvec::smallvec![mm], Unit::Mxu);
-            let mut pop_in: Vec<&Val> = vec![&mxu_val];
+            let mut pop_in: SmallVec<[&Val; 2]> = smallvec::smallvec![&mxu_val];
             if let Some(a) = acc {
                 pop_in.push(a);
             }

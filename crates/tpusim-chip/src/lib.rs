@@ -386,7 +386,12 @@ impl ChipModel {
                 one_line(&e.inner().to_string())
             } else {
                 let key = path.strip_suffix(".value").unwrap_or(&path);
-                tpusim_io::plain_error(key, e.inner().message())
+                let plain = tpusim_io::plain_error(key, e.inner().message());
+                // A value of the wrong type quotes the field's own rule, not its type's range.
+                match (plain.split_once(": expected "), path.ends_with(".value").then(|| ChipModel::rule_of(key)).flatten()) {
+                    (Some((head, _)), Some(rule)) => format!("{head}: {rule}"),
+                    _ => plain,
+                }
             };
             ChipError::Parse { origin: origin.to_string(), message }
         })?;
@@ -465,14 +470,14 @@ impl ChipModel {
                 .trim()
                 .parse::<i128>()
                 .map(|i| toml::Value::Integer(i.clamp(0, u32::MAX as i128) as i64))
-                .map_err(|_| bad("expected a whole number".into()))?,
+                .map_err(|_| bad(ChipModel::rule_of(key.trim()).unwrap_or_else(|| "expected a whole number".into())))?,
             toml::Value::Float(_) => value
                 .trim()
                 .parse::<f64>()
                 .ok()
                 .filter(|v| v.is_finite())
                 .map(toml::Value::Float)
-                .ok_or_else(|| bad("expected a finite number".into()))?,
+                .ok_or_else(|| bad(ChipModel::rule_of(key.trim()).unwrap_or_else(|| "expected a finite number".into())))?,
             _ => return Err(bad("this field cannot be overridden".into())),
         };
         param.insert("value".into(), new);
@@ -553,7 +558,27 @@ impl ChipModel {
     /// # Errors
     /// [`ChipError::Field`] for the first offending field.
     pub fn validate(&self, origin: &str) -> Result<(), ChipError> {
-        let mut v = Validator { origin, err: None };
+        let mut v = Validator { origin, err: None, rule_of: None };
+        self.check(&mut v);
+        match v.err {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// What a field of a chip TOML allows, in words (`mxu.count`: "expected a whole number from
+    /// 1 to 64"), as [`ChipModel::validate`] checks it; `None` for a key it has no range for.
+    /// A value of the wrong type (`mxu.count = 2.5`, `"many"`) is refused quoting this rule
+    /// rather than the range of the type that holds it.
+    pub fn rule_of(field: &str) -> Option<String> {
+        let chip = ChipModel::preset("v6e").ok()?;
+        let mut v = Validator { origin: "", err: None, rule_of: Some((field, None)) };
+        chip.check(&mut v);
+        v.rule_of.and_then(|r| r.1)
+    }
+
+    /// Every field's check, in the file's order (the first failure is kept).
+    fn check(&self, v: &mut Validator<'_>) {
         v.count("device.tensorcores", &self.device.tensorcores, 1, 8);
         v.pos("device.clock_ghz", &self.device.clock_ghz, 1e-3, 100.0);
         v.count("mxu.count", &self.mxu.count, 1, 64);
@@ -613,10 +638,6 @@ impl ChipModel {
         v.fit("fitted.xlu_cycles_per_vreg", &self.fitted.xlu_cycles_per_vreg, 1e-3, 1e4);
         v.fit("fitted.loaded_mask_ops_per_vreg", &self.fitted.loaded_mask_ops_per_vreg, 1e-3, 1e3);
         v.fit_nonneg("fitted.grid_step_overhead_cycles", &self.fitted.grid_step_overhead_cycles, 1e7);
-        match v.err {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
     }
 
     /// Clock frequency, Hz.
@@ -817,6 +838,9 @@ fn one_line(s: &str) -> String {
 struct Validator<'a> {
     origin: &'a str,
     err: Option<ChipError>,
+    /// A field whose rule is wanted ([`ChipModel::rule_of`]): its rule in words once checked;
+    /// nothing fails meanwhile.
+    rule_of: Option<(&'a str, Option<String>)>,
 }
 
 impl Validator<'_> {
@@ -842,17 +866,29 @@ impl Validator<'_> {
             self.fail(field, &p.value, "`checked_against` belongs only to parameters in [fitted]");
         }
     }
+    /// A range check: fails with `allowed` unless `ok`, or records `allowed` when it is the
+    /// wanted rule.
+    fn range(&mut self, field: &str, ok: bool, value: impl fmt::Display, allowed: impl FnOnce() -> String) {
+        if let Some((want, rule)) = &mut self.rule_of {
+            if *want == field {
+                *rule = Some(allowed());
+            }
+        } else if !ok {
+            self.fail(field, value, &allowed());
+        }
+    }
     fn count(&mut self, field: &str, p: &Param<u32>, lo: u32, hi: u32) {
         self.sourced(field, p);
-        if p.value < lo || p.value > hi {
-            self.fail(field, p.value, &format!("expected a whole number from {lo} to {hi}"));
-        }
+        self.range(field, p.value >= lo && p.value <= hi, p.value, || format!("expected a whole number from {lo} to {hi}"));
     }
     fn pos(&mut self, field: &str, p: &Param<f64>, lo: f64, hi: f64) {
         self.sourced(field, p);
-        if !(p.value.is_finite() && p.value >= lo && p.value <= hi) {
-            self.fail(field, format_number(p.value), &format!("expected a number from {} to {}", format_number(lo), format_number(hi)));
-        }
+        self.number(field, p.value, lo, hi);
+    }
+    /// A number from `lo` to `hi`.
+    fn number(&mut self, field: &str, value: f64, lo: f64, hi: f64) {
+        let ok = value.is_finite() && value >= lo && value <= hi;
+        self.range(field, ok, format_number(value), || format!("expected a number from {} to {}", format_number(lo), format_number(hi)));
     }
     fn fitted_provenance(&mut self, field: &str, p: &Param<f64>) {
         match &p.fitted_to {
@@ -872,27 +908,45 @@ impl Validator<'_> {
     }
     fn fit(&mut self, field: &str, p: &Param<f64>, lo: f64, hi: f64) {
         self.fitted_provenance(field, p);
-        if !(p.value.is_finite() && p.value >= lo && p.value <= hi) {
-            self.fail(field, format_number(p.value), &format!("expected a number from {} to {}", format_number(lo), format_number(hi)));
-        }
+        self.number(field, p.value, lo, hi);
     }
     fn nonneg(&mut self, field: &str, p: &Param<f64>, hi: f64) {
         self.sourced(field, p);
-        if !(p.value.is_finite() && p.value >= 0.0 && p.value <= hi) {
-            self.fail(field, format_number(p.value), &format!("expected a number from 0 to {}", format_number(hi)));
-        }
+        self.number(field, p.value, 0.0, hi);
     }
     fn fit_nonneg(&mut self, field: &str, p: &Param<f64>, hi: f64) {
         self.fitted_provenance(field, p);
-        if !(p.value.is_finite() && p.value >= 0.0 && p.value <= hi) {
-            self.fail(field, format_number(p.value), &format!("expected a number from 0 to {}", format_number(hi)));
-        }
+        self.number(field, p.value, 0.0, hi);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A value of the wrong type, or beyond its type's range, is refused with the field's own
+    /// rule (the validator's), not the range of a u32.
+    #[test]
+    fn a_value_of_the_wrong_type_quotes_the_fields_rule() {
+        let text = include_str!("../../../models/v6e.toml");
+        let line = text.lines().find(|l| l.starts_with("count = { value = 2,")).expect("the MXU count line");
+        for (bad, shown) in [("2.5", "2.5"), ("\"many\"", "\"many\""), ("-2", "-2"), ("99999999999", "99999999999")] {
+            let edited = text.replacen(line, &line.replacen("value = 2,", &format!("value = {bad},"), 1), 1);
+            let err = ChipModel::from_toml_str(&edited, "edited.toml").unwrap_err().to_string();
+            assert!(err.contains(&format!("mxu.count = {shown}: expected a whole number from 1 to 64")), "{bad}: {err}");
+        }
+        let clock = text.lines().find(|l| l.starts_with("clock_ghz = ")).expect("the clock line");
+        let edited = text.replacen(clock, &clock.replacen("value = 1.75", "value = \"fast\"", 1), 1);
+        let err = ChipModel::from_toml_str(&edited, "edited.toml").unwrap_err().to_string();
+        assert!(err.contains("device.clock_ghz = \"fast\": expected a number from 0.001 to 100"), "{err}");
+        assert_eq!(ChipModel::rule_of("no.such_field"), None);
+        // `--set` overrides say the same.
+        let v6e = ChipModel::preset("v6e").unwrap();
+        for (key, bad, rule) in [("mxu.count", "2.5", "from 1 to 64"), ("mxu.count", "many", "from 1 to 64"), ("device.clock_ghz", "fast", "from 0.001 to 100")] {
+            let err = v6e.with_override(key, bad).unwrap_err().to_string();
+            assert!(err.contains(key) && err.contains(bad) && err.contains(rule), "{key}={bad}: {err}");
+        }
+    }
 
     #[test]
     fn a_faster_hbm_moves_its_sustained_rate_unless_that_was_set() {

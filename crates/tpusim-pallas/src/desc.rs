@@ -5,6 +5,7 @@
 use crate::expr::Expr;
 use crate::PallasError;
 use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 /// The format's name, in the file's `format` field.
@@ -488,7 +489,7 @@ impl Description {
         }
         let mut defined = std::collections::HashSet::new();
         Self::collect_ids(&self.body, &mut defined);
-        self.check_ops(&self.body, "body", &defined)?;
+        self.check_ops(&self.body, "body", &defined, &mut Default::default())?;
         Ok(())
     }
 
@@ -617,8 +618,11 @@ impl Description {
     }
 
     /// Checks that every op's operands exist: refs among the description's, values of the body
-    /// (`defined`: [`Description::collect_ids`]), expressions as [`Description::check_expr`].
-    fn check_ops(&self, ops: &[Op], at: &str, defined: &std::collections::HashSet<u64>) -> Result<(), PallasError> {
+    /// (`defined`: [`Description::collect_ids`]) bound before the op in program order (`seen`:
+    /// each value so far with its shape, `None` for a region op's bound values), expressions as
+    /// [`Description::check_expr`]; and that a transpose's and a matmul's shapes agree with
+    /// their operands' ([`Description::check_shapes`]).
+    fn check_ops(&self, ops: &[Op], at: &str, defined: &std::collections::HashSet<u64>, seen: &mut HashMap<u64, Option<Vec<u64>>>) -> Result<(), PallasError> {
         for (i, op) in ops.iter().enumerate() {
             let f = format!("{at}[{i}] ({}, id {})", op.op, op.id);
             for (k, o) in op.operands.iter().enumerate() {
@@ -633,8 +637,22 @@ impl Description {
                             "expected the id of a value of the body (an op's, or a region op's result or carried value)",
                         ))
                     }
+                    Operand::Op(id) if !seen.contains_key(id) => {
+                        return Err(PallasError::field(
+                            &format!("{f}.operands[{k}]"),
+                            format!("{{\"op\": {id}}} (bound after this op)"),
+                            "expected a value bound before the op that reads it, in program order (an op's result, or a region op's result or carried value)",
+                        ))
+                    }
                     Operand::Scalar(e) => self.check_expr(e, &format!("{f}.operands[{k}]"), Some(defined))?,
                     _ => {}
+                }
+            }
+            self.check_shapes(op, &f, seen)?;
+            seen.insert(op.id, Some(op.shape.clone()));
+            for key in ["results", "carried", "args", "forward"] {
+                if let Some(a) = op.attrs.get(key).and_then(|v| v.as_array()) {
+                    seen.extend(a.iter().filter_map(serde_json::Value::as_u64).map(|id| (id, None)));
                 }
             }
             if matches!(op.op.as_str(), "scf.if" | "scf.while") && op.cond.is_none() {
@@ -687,8 +705,60 @@ impl Description {
                     self.check_expr(e, &format!("{f}.{key}"), Some(defined))?;
                 }
             }
-            self.check_ops(&op.then, &format!("{f}.then"), defined)?;
-            self.check_ops(&op.otherwise, &format!("{f}.otherwise"), defined)?;
+            self.check_ops(&op.then, &format!("{f}.then"), defined, seen)?;
+            self.check_ops(&op.otherwise, &format!("{f}.otherwise"), defined, seen)?;
+        }
+        Ok(())
+    }
+
+    /// A transpose's result is its operand's shape permuted (by its `permutation` when given);
+    /// a matmul's `mkn` is its operands' and result's: rows and contraction the lhs's two minor
+    /// dimensions, contraction and columns the rhs's, rows and columns the result's (in either
+    /// order for a transposed operand). Operands whose shape the description does not give
+    /// (a region op's bound values, scalars) are not checked.
+    fn check_shapes(&self, op: &Op, f: &str, seen: &HashMap<u64, Option<Vec<u64>>>) -> Result<(), PallasError> {
+        let at = |k: &str| format!("{f} at {}: {k}", if op.loc.is_empty() { "(no location)" } else { &op.loc });
+        let operand = |k: usize| match op.operands.get(k) {
+            Some(Operand::Op(id)) => seen.get(id).cloned().flatten().filter(|s| !s.is_empty()),
+            _ => None,
+        };
+        if op.op.ends_with(".transpose") {
+            let Some(src) = operand(0) else { return Ok(()) };
+            let perm: Option<Vec<u64>> = op.attrs.get("permutation").and_then(|v| serde_json::from_value(v.clone()).ok());
+            let permuted = match &perm {
+                Some(p) => {
+                    let mut sorted = p.clone();
+                    sorted.sort_unstable();
+                    (sorted.iter().enumerate().all(|(i, &x)| x == i as u64) && p.len() == src.len()).then(|| p.iter().map(|&i| src[i as usize]).collect::<Vec<_>>())
+                }
+                None => {
+                    let (mut a, mut b) = (src.clone(), op.shape.clone());
+                    a.sort_unstable();
+                    b.sort_unstable();
+                    (a == b).then(|| op.shape.clone())
+                }
+            };
+            if permuted.as_ref() != Some(&op.shape) {
+                let how = perm.map_or("a permutation of its operand's".to_string(), |p| format!("its operand's {src:?} permuted by {p:?}"));
+                return Err(PallasError::field(&at("shape"), format!("{:?}", op.shape), format!("a transpose's result shape is {how} (operand shape {src:?})")));
+            }
+        }
+        if op.op == "tpu.matmul" {
+            let Some(mkn) = op.attrs.get("mkn").and_then(|v| serde_json::from_value::<[u64; 3]>(v.clone()).ok()) else { return Ok(()) };
+            let [m, k, n] = mkn;
+            let minor = |s: &[u64]| (s.len() >= 2).then(|| [s[s.len() - 2], s[s.len() - 1]]);
+            let pair = |x: [u64; 2], a: u64, b: u64| x == [a, b] || x == [b, a];
+            for (what, shape, a, b) in [("lhs", operand(0), m, k), ("rhs", operand(1), k, n), ("result", Some(op.shape.clone()), m, n)] {
+                if let Some(x) = shape.as_deref().and_then(minor) {
+                    if !pair(x, a, b) {
+                        return Err(PallasError::field(
+                            &at("attrs.mkn"),
+                            format!("{mkn:?}"),
+                            format!("rows, contraction and columns of the matmul's operands: its {what}'s minor dimensions are {x:?}, where mkn needs {a} and {b}"),
+                        ));
+                    }
+                }
+            }
         }
         Ok(())
     }

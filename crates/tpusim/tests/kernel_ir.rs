@@ -165,7 +165,7 @@ fn bad_kernel_ir_input_is_refused_by_name() {
     input_error(&["run", "--kernel-ir", bad.to_str().unwrap()], &["refs[0] (input 0).shape[1] = 200", "128 lanes"]);
     // References to what the description does not hold: each names the field and the range.
     let base: Value = serde_json::from_str(&std::fs::read_to_string(&f).unwrap()).unwrap();
-    let edits: [Edit; 7] = [
+    let edits: [Edit; 10] = [
         (
             "a ref past the refs",
             |d| d["body"][0]["operands"][0] = serde_json::json!({"ref": 9}),
@@ -176,6 +176,25 @@ fn bad_kernel_ir_input_is_refused_by_name() {
             "an op that is not there",
             |d| d["body"][4]["operands"][0] = serde_json::json!({"op": 999}),
             &["body[4] (vector.store, id 5).operands[0] = {\"op\": 999}", "a value of the body"],
+        ),
+        (
+            // A hand-edited operand that points forward would have been read as no dependency.
+            "an operand bound after the op that reads it",
+            |d| d["body"][3]["operands"][1] = serde_json::json!({"op": 5}),
+            &["body[3] (tpu.matmul, id 4).operands[1] = {\"op\": 5} (bound after this op)", "bound before the op that reads it"],
+        ),
+        (
+            "an mkn its operands do not have",
+            |d| d["body"][3]["attrs"]["mkn"] = serde_json::json!([256, 384, 256]),
+            &["body[3] (tpu.matmul, id 4)", "attrs.mkn = [256, 384, 256]", "its lhs's minor dimensions are [256, 512], where mkn needs 256 and 384"],
+        ),
+        (
+            "a transpose whose shape is not its operand's permuted",
+            |d| {
+                let t = serde_json::json!({"id": 6, "op": "tpu.transpose", "shape": [512, 512], "dtype": "bf16", "operands": [{"op": 2}], "attrs": {"permutation": [1, 0]}});
+                d["body"].as_array_mut().unwrap().insert(3, t);
+            },
+            &["body[3] (tpu.transpose, id 6)", "shape = [512, 512]", "its operand's [512, 256] permuted by [1, 0]"],
         ),
         (
             "a grid dimension past the grid",

@@ -165,7 +165,7 @@ fn eval_err(d: &Description, e: EvalError, what: &str, loc: &str) -> PallasError
     let at = if loc.is_empty() { String::new() } else { format!(" at {loc}") };
     let message = match e {
         EvalError::Unknown(why) => format!(
-            "{what}{at} reads {why}, which is neither a constant nor an argument of the call: the simulator cannot tell which steps take which path (pass the value as a scalar-prefetch argument of the pallas_call)"
+            "{what}{at} reads {why}, a value the simulator does not evaluate (it evaluates integer constants, grid and loop indices, scalar-prefetch arguments and SMEM scalars): it cannot tell which steps take which path (pass the value as a scalar-prefetch argument of the pallas_call)"
         ),
         EvalError::Runtime(r) => {
             let name = d.refs.get(r).map(|x| x.name.as_str()).unwrap_or("?");
@@ -320,15 +320,41 @@ fn loop_vars(op: &Op) -> Result<LoopVars, PallasError> {
     Ok(lv)
 }
 
-fn eval_list(d: &Description, op: &Op, env: &StepEnv<'_>, es: &[Expr], what: &str) -> Result<Vec<i64>, PallasError> {
-    es.iter().map(|e| e.eval(env).map_err(|x| eval_err(d, x, &format!("the {what} of the `{}`", op.op), &op.loc))).collect()
+/// A loop-carried scalar: its value, or why the simulator has none (a float, a value computed
+/// at run time), which is an error only where control flow, an index or a copy size reads it.
+type Carried = Result<i64, String>;
+
+/// The values of a loop's carried scalars, forwarded values or yields. One the simulator does
+/// not evaluate ([`EvalError::Unknown`]: a float accumulator, say) is kept as the reason, so a
+/// loop that carries it runs and only a use that steers the path is refused, naming the loop;
+/// any other evaluation error is refused here.
+fn eval_list(d: &Description, op: &Op, env: &StepEnv<'_>, es: &[Expr], what: &str) -> Result<Vec<Carried>, PallasError> {
+    es.iter()
+        .map(|e| match e.eval(env) {
+            Ok(v) => Ok(Ok(v)),
+            Err(EvalError::Unknown(why)) => {
+                let at = if op.loc.is_empty() { String::new() } else { format!(" at {}", op.loc) };
+                Ok(Err(if why.contains(" carried by the `") { why } else { format!("{why}, carried by the `{}`{at}", op.op) }))
+            }
+            Err(x) => Err(eval_err(d, x, &format!("the {what} of the `{}`", op.op), &op.loc)),
+        })
+        .collect()
 }
 
-fn set_vars(env: &StepEnv<'_>, ids: &[u64], vals: &[i64]) {
+fn set_vars(env: &StepEnv<'_>, ids: &[u64], vals: &[Carried]) {
     if let Some(s) = env.smem {
         let mut s = s.borrow_mut();
-        for (&i, &v) in ids.iter().zip(vals) {
-            s.vars.insert(i, v);
+        for (&i, v) in ids.iter().zip(vals) {
+            match v {
+                Ok(v) => {
+                    s.vars.insert(i, *v);
+                    s.unwritten.remove(&i);
+                }
+                Err(why) => {
+                    s.vars.remove(&i);
+                    s.unwritten.insert(i, why.clone());
+                }
+            }
         }
     }
 }

@@ -377,3 +377,29 @@ fn a_kernel_without_matmul_flops_is_left_off_the_roofline_and_a_timeline_takes_o
         &["given 2 times", "one kernel"],
     );
 }
+
+/// A float carried through a loop (a `fori_loop` accumulator, which the simulator does not
+/// evaluate) does not stop the kernel: only a use that steers the path is refused, naming the
+/// value and the loop that carries it.
+#[test]
+fn a_float_carried_through_a_loop_is_refused_only_where_the_path_reads_it() {
+    let base: Value = serde_json::from_str(&std::fs::read_to_string(fixture()).unwrap()).unwrap();
+    let dir = scratch("float-carry");
+    let file = dir.join("k.json");
+    let float_loop = serde_json::json!({
+        "op": "scf.for", "lower": 0, "upper": 4, "step": 1, "loc": "k.py:3",
+        "then": [{"op": "scf.yield", "operands": [{"scalar": ["unknown", "the result of `arith.addf`"]}], "attrs": {"results": [null]}}],
+        "attrs": {"carried": [101], "init": [["unknown", "the float constant 0.0"]], "yield": [["unknown", "the result of `arith.addf`"]], "results": [102]}
+    });
+    let mut d = base.clone();
+    d["body"].as_array_mut().unwrap().insert(0, float_loop.clone());
+    std::fs::write(&file, serde_json::to_string(&d).unwrap()).unwrap();
+    let with_loop: Value = serde_json::from_str(&ok(&["run", "--kernel-ir", file.to_str().unwrap(), "--format", "json"])).unwrap();
+    let without = run_json(&[]);
+    assert_eq!(with_loop["latency_ms"], without["latency_ms"], "a loop of scalar work adds no unit time");
+    // A branch on the carried value: refused at the branch, naming what it reads.
+    let branch = serde_json::json!({"op": "scf.if", "cond": ["var", 102], "then": [], "else": [], "loc": "k.py:5"});
+    d["body"].as_array_mut().unwrap().insert(1, branch);
+    std::fs::write(&file, serde_json::to_string(&d).unwrap()).unwrap();
+    input_error(&["run", "--kernel-ir", file.to_str().unwrap()], &["k.py:5", "the result of `arith.addf`, carried by the `scf.for` at k.py:3", "does not evaluate"]);
+}

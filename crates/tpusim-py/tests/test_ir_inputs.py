@@ -149,3 +149,32 @@ def test_chip_takes_overrides_as_simulate_does_and_names_bad_arguments():
         tpusim.chip(5)
     with pytest.raises(tpusim.InputError, match=r"overrides = 5: expected a dict"):
         tpusim.chip("v5e", 5)
+
+
+def test_a_float_carried_through_a_loop_is_simulated_and_refused_only_where_it_steers_the_path():
+    # A fori_loop accumulating a float scalar: the simulator does not evaluate floats, and needs
+    # not, since no index, bound or branch reads it.
+    def kernel(x_ref, o_ref):
+        s = jax.lax.fori_loop(0, 4, lambda i, acc: acc + 0.5, jnp.float32(0.0))
+        o_ref[...] = x_ref[...] * s
+
+    def f(x):
+        return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
+
+    x = jnp.ones((8, 128), jnp.float32)
+    r = tj.simulate(f, x, chip="v6e")[0]
+    assert r.latency_ms > 0
+
+    # A branch on it cannot be decided: refused at the branch, naming what it reads.
+    def steered(x_ref, o_ref):
+        s = jax.lax.fori_loop(0, 4, lambda i, acc: acc + 0.5, jnp.float32(0.0))
+
+        @pl.when(s.astype(jnp.int32) > 1)
+        def _():
+            o_ref[...] = x_ref[...]
+
+    def g(x):
+        return pl.pallas_call(steered, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
+
+    with pytest.raises(tpusim.InputError, match=r"the `scf.if` condition at .* reads the result of `arith.fptosi`, a value the simulator does not evaluate"):
+        tj.simulate(g, x, chip="v6e")

@@ -712,10 +712,10 @@ impl Description {
     }
 
     /// A transpose's result is its operand's shape permuted (by its `permutation` when given);
-    /// a matmul's `mkn` is its operands' and result's: rows and contraction the lhs's two minor
-    /// dimensions, contraction and columns the rhs's, rows and columns the result's (in either
-    /// order for a transposed operand). Operands whose shape the description does not give
-    /// (a region op's bound values, scalars) are not checked.
+    /// a matmul's `mkn` (and `batch`) is its operands' and result's: the lhs holds batch x rows x
+    /// contraction elements, the rhs batch x contraction x columns, the result batch x rows x
+    /// columns (rows and columns may span several dimensions). Operands whose shape the
+    /// description does not give (a region op's bound values, scalars) are not checked.
     fn check_shapes(&self, op: &Op, f: &str, seen: &HashMap<u64, Option<Vec<u64>>>) -> Result<(), PallasError> {
         let at = |k: &str| format!("{f} at {}: {k}", if op.loc.is_empty() { "(no location)" } else { &op.loc });
         let operand = |k: usize| match op.operands.get(k) {
@@ -746,15 +746,22 @@ impl Description {
         if op.op == "tpu.matmul" {
             let Some(mkn) = op.attrs.get("mkn").and_then(|v| serde_json::from_value::<[u64; 3]>(v.clone()).ok()) else { return Ok(()) };
             let [m, k, n] = mkn;
-            let minor = |s: &[u64]| (s.len() >= 2).then(|| [s[s.len() - 2], s[s.len() - 1]]);
-            let pair = |x: [u64; 2], a: u64, b: u64| x == [a, b] || x == [b, a];
-            for (what, shape, a, b) in [("lhs", operand(0), m, k), ("rhs", operand(1), k, n), ("result", Some(op.shape.clone()), m, n)] {
-                if let Some(x) = shape.as_deref().and_then(minor) {
-                    if !pair(x, a, b) {
+            let batch = op.attrs.get("batch").and_then(serde_json::Value::as_u64).unwrap_or(1);
+            // Rows and columns may each span several dimensions (Mosaic collapses them): the
+            // element counts are what mkn fixes.
+            for (what, shape, a, b) in [("lhs", operand(0), m, k), ("rhs", operand(1), k, n), ("result", Some(op.shape.clone()).filter(|s| !s.is_empty()), m, n)] {
+                if let Some(x) = shape {
+                    let have = x.iter().try_fold(1u64, |p, &d| p.checked_mul(d));
+                    let need = batch.checked_mul(a).and_then(|v| v.checked_mul(b));
+                    if have != need {
                         return Err(PallasError::field(
                             &at("attrs.mkn"),
                             format!("{mkn:?}"),
-                            format!("rows, contraction and columns of the matmul's operands: its {what}'s minor dimensions are {x:?}, where mkn needs {a} and {b}"),
+                            format!(
+                                "rows, contraction and columns of the matmul's operands: its {what} {x:?} holds {} elements, where batch {batch} x {a} x {b} = {} are needed",
+                                have.map_or("more than 2^64".into(), |h| h.to_string()),
+                                need.map_or("more than 2^64".into(), |h| h.to_string())
+                            ),
                         ));
                     }
                 }

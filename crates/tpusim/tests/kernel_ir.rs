@@ -186,7 +186,7 @@ fn bad_kernel_ir_input_is_refused_by_name() {
         (
             "an mkn its operands do not have",
             |d| d["body"][3]["attrs"]["mkn"] = serde_json::json!([256, 384, 256]),
-            &["body[3] (tpu.matmul, id 4)", "attrs.mkn = [256, 384, 256]", "its lhs's minor dimensions are [256, 512], where mkn needs 256 and 384"],
+            &["body[3] (tpu.matmul, id 4)", "attrs.mkn = [256, 384, 256]", "its lhs [256, 512] holds 131072 elements, where batch 1 x 256 x 384 = 98304 are needed"],
         ),
         (
             "a transpose whose shape is not its operand's permuted",

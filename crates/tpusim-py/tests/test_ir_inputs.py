@@ -178,3 +178,18 @@ def test_a_float_carried_through_a_loop_is_simulated_and_refused_only_where_it_s
 
     with pytest.raises(tpusim.InputError, match=r"the `scf.if` condition at .* reads the result of `arith.fptosi`, a value the simulator does not evaluate"):
         tj.simulate(g, x, chip="v6e")
+
+
+def test_a_matmul_whose_rows_span_two_dimensions_is_read():
+    # dot_general of a [4, 128, 256] lhs by a [256, 512] rhs: Mosaic collapses the lhs's two row
+    # dimensions into one (512 rows), and the description's mkn says so.
+    def kernel(x_ref, w_ref, o_ref):
+        o_ref[...] = jax.lax.dot_general(x_ref[...], w_ref[...], (((2,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+
+    def f(x, w):
+        return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((x.shape[0], x.shape[1], w.shape[1]), jnp.float32))(x, w)
+
+    x = jax.ShapeDtypeStruct((4, 128, 256), jnp.bfloat16)
+    w = jax.ShapeDtypeStruct((256, 512), jnp.bfloat16)
+    r = tj.simulate(f, x, w, chip="v6e")[0]
+    assert r.flops == 2 * 512 * 256 * 512

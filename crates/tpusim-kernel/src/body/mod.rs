@@ -957,10 +957,15 @@ impl Builder {
         });
         let mut mm_nodes: Vec<NodeIdx> = Vec::with_capacity(ns * batch as usize);
         let mut mm_last = 0u64;
+        // The result's rows: `m` may span several of its dimensions (Mosaic collapses a
+        // matmul's leading non-contracting dimensions into its rows), so a slab of the
+        // second-minor dimension carries `m / rows` of them per row.
+        let rows = if ns == 1 { m } else { out.shape[rank - 2] };
         for (s, reps) in self.reps(ns) {
             self.mult = reps;
             let r = if ns == 1 { m } else { slab_rows(&out.shape, s, ns) };
-            let share = r as f64 / m.max(1) as f64;
+            let share = r as f64 / rows.max(1) as f64;
+            let r = (m * r).div_ceil(rows.max(1));
             let rounded_lhs;
             let mut inputs: SmallVec<[&Val; 2]> = SmallVec::new();
             if let Some(l) = lhs {

@@ -469,6 +469,9 @@ impl Description {
                     "a prefetch table needs its values (inline, file or runtime)",
                 ));
             }
+            if let Some(k) = r.shape.iter().position(|&x| x == 0) {
+                return Err(PallasError::field(&format!("{f}.shape[{k}]"), 0, "expected a whole number from 1 (a block or scratch buffer of no elements)"));
+            }
             if let Some(a) = &r.array_shape {
                 if a.len() != r.shape.len() {
                     return Err(PallasError::field(
@@ -487,8 +490,21 @@ impl Description {
                 }
             }
         }
+        if let Some(c) = &self.cost_estimate {
+            for (k, v) in [("flops", c.flops), ("transcendentals", c.transcendentals), ("bytes_accessed", c.bytes_accessed)] {
+                if !(v.is_finite() && v >= 0.0) {
+                    return Err(PallasError::field(&format!("cost_estimate.{k}"), v, "expected a count from 0 (as `pl.CostEstimate` declares it)"));
+                }
+            }
+        }
         let mut defined = std::collections::HashSet::new();
-        Self::collect_ids(&self.body, &mut defined);
+        if let Some((id, op)) = Self::collect_ids(&self.body, &mut defined) {
+            return Err(PallasError::field(
+                &format!("body: id {id} ({op})"),
+                id,
+                "expected each value's id once in the body (an op's id, or a region op's results, carried values or arguments): a value bound twice would be read from either",
+            ));
+        }
         self.check_ops(&self.body, "body", &defined, &mut Default::default())?;
         Ok(())
     }
@@ -604,17 +620,26 @@ impl Description {
     /// The ids values are bound to anywhere in `ops`: each op's own, and the ids a region op's
     /// results, loop-carried values and arguments take (`attrs.results`, `carried`, `args`,
     /// `forward`; an `scf.yield`'s `results`).
-    fn collect_ids(ops: &[Op], ids: &mut std::collections::HashSet<u64>) {
+    /// Collects the ids of the values the body binds; returns the first id bound twice (with
+    /// the op that binds it the second time). Id 0 is an op without a result (no `id`).
+    fn collect_ids(ops: &[Op], ids: &mut std::collections::HashSet<u64>) -> Option<(u64, String)> {
         for op in ops {
-            ids.insert(op.id);
+            let mut bound: Vec<u64> = vec![op.id];
             for key in ["results", "carried", "args", "forward"] {
                 if let Some(a) = op.attrs.get(key).and_then(|v| v.as_array()) {
-                    ids.extend(a.iter().filter_map(serde_json::Value::as_u64));
+                    bound.extend(a.iter().filter_map(serde_json::Value::as_u64));
                 }
             }
-            Self::collect_ids(&op.then, ids);
-            Self::collect_ids(&op.otherwise, ids);
+            for id in bound {
+                if !ids.insert(id) && id != 0 {
+                    return Some((id, format!("{} at {}", op.op, if op.loc.is_empty() { "(no location)" } else { &op.loc })));
+                }
+            }
+            if let Some(d) = Self::collect_ids(&op.then, ids).or_else(|| Self::collect_ids(&op.otherwise, ids)) {
+                return Some(d);
+            }
         }
+        None
     }
 
     /// Checks that every op's operands exist: refs among the description's, values of the body
@@ -649,6 +674,18 @@ impl Description {
                 }
             }
             self.check_shapes(op, &f, seen)?;
+            if matches!(op.op.as_str(), "vector.load" | "tpu.load" | "tpu.strided_load") {
+                if let Some(Operand::Ref(r)) = op.operands.first() {
+                    let rf = &self.refs[*r];
+                    if !op.dtype.is_empty() && op.dtype != rf.dtype {
+                        return Err(PallasError::field(
+                            &format!("{f} at {}: dtype", if op.loc.is_empty() { "(no location)" } else { &op.loc }),
+                            &op.dtype,
+                            format!("expected `{}`, the dtype of the ref it loads (refs[{r}], {}): a load reads its ref's element type", rf.dtype, rf.name),
+                        ));
+                    }
+                }
+            }
             seen.insert(op.id, Some(op.shape.clone()));
             for key in ["results", "carried", "args", "forward"] {
                 if let Some(a) = op.attrs.get(key).and_then(|v| v.as_array()) {

@@ -991,20 +991,35 @@ pub fn lower(chip: &ChipModel, d: &Description, dir: &Path) -> Result<(Program, 
             buffers.push(tpusim_kernel::VmemBuffer { name: r.name.clone(), shape: r.shape.clone(), dtype, role });
         }
     }
-    let limit = d.vmem_limit_bytes.unwrap_or_else(|| chip.vmem_limit_bytes());
+    // A scoped limit above the chip's VMEM cannot hold more than the chip has: checked against
+    // the physical size (and said so).
+    let physical = chip.vmem_size_bytes();
+    let declared = d.vmem_limit_bytes.unwrap_or_else(|| chip.vmem_limit_bytes());
+    let limit = declared.min(physical);
     let mut vmem = tpusim_kernel::footprint(&buffers, limit);
     if largest > 0 {
         vmem.buffers.push(("largest body value".into(), largest));
     }
     if vmem.total() > limit {
+        let advice = if declared > physical {
+            format!(
+                "the kernel's `vmem_limit_bytes` ({declared} bytes, {:.1} MiB) is above the chip's physical VMEM ({} MiB, {physical} bytes): use smaller blocks",
+                declared as f64 / 1048576.0,
+                chip.vmem.size_mib.value
+            )
+        } else {
+            format!(
+                "the scoped limit is {limit} bytes ({:.1} MiB); the kernel sets `vmem_limit_bytes` in its compiler parameters to raise it (physical VMEM: {} MiB)",
+                limit as f64 / 1048576.0,
+                chip.vmem.size_mib.value
+            )
+        };
         return Err(PallasError::Kernel {
             kernel: d.kernel_name.clone(),
             message: format!(
-                "its buffers need {} bytes of VMEM ({}) but the scoped limit is {limit} bytes ({:.1} MiB); the kernel sets `vmem_limit_bytes` in its compiler parameters to raise it (physical VMEM: {} MiB)",
+                "its buffers need {} bytes of VMEM ({}) but {advice}",
                 vmem.total(),
                 vmem.buffers.iter().map(|(n, b)| format!("{n} {b}")).collect::<Vec<_>>().join(", "),
-                limit as f64 / 1048576.0,
-                chip.vmem.size_mib.value
             ),
         });
     }
@@ -1014,6 +1029,11 @@ pub fn lower(chip: &ChipModel, d: &Description, dir: &Path) -> Result<(Program, 
         "scalar-unit work (index arithmetic, SMEM loads) is part of the fixed grid-step overhead".to_string(),
         "VMEM: windows x their buffer counts, scratch, and the largest intermediate once (Mosaic's internal scratch is not in the IR)".to_string(),
     ];
+    if declared > physical {
+        assumptions.push(format!(
+            "the kernel's `vmem_limit_bytes` ({declared} bytes) is above the chip's physical VMEM: its buffers are checked against the physical {physical} bytes"
+        ));
+    }
     if !folded.is_empty() {
         assumptions.push(format!(
             "{} transpose{} read only as a matmul's rhs cost nothing: Mosaic folds such a transpose into the matmul (its transposed rhs, latched as the weights load; canonicalize_matmul)",

@@ -165,7 +165,7 @@ fn bad_kernel_ir_input_is_refused_by_name() {
     input_error(&["run", "--kernel-ir", bad.to_str().unwrap()], &["refs[0] (input 0).shape[1] = 200", "128 lanes"]);
     // References to what the description does not hold: each names the field and the range.
     let base: Value = serde_json::from_str(&std::fs::read_to_string(&f).unwrap()).unwrap();
-    let edits: [Edit; 10] = [
+    let edits: [Edit; 15] = [
         (
             "a ref past the refs",
             |d| d["body"][0]["operands"][0] = serde_json::json!({"ref": 9}),
@@ -211,6 +211,37 @@ fn bad_kernel_ir_input_is_refused_by_name() {
             "a block index past its array",
             |d| d["refs"][0]["index_map"][0] = serde_json::json!(["add", ["grid", 0], 4]),
             &["the index map of `input 0` at grid index [0, 0, 0]: block index 0 = 4", "expected 0 to 3", "[1024, 1024] in blocks of [256, 512]"],
+        ),
+        (
+            "a block of no rows",
+            |d| d["refs"][0]["shape"][0] = 0.into(),
+            &["refs[0] (input 0).shape[0] = 0", "a whole number from 1"],
+        ),
+        (
+            "a load of another dtype than its ref's",
+            |d| d["refs"][0]["dtype"] = "i1".into(),
+            &["body[0] (vector.load, id 1) at matmul.py:10: dtype = bf16", "expected `i1`, the dtype of the ref it loads (refs[0], input 0)"],
+        ),
+        (
+            "a negative declared cost",
+            |d| d["cost_estimate"]["flops"] = (-1).into(),
+            &["cost_estimate.flops = -1", "a count from 0"],
+        ),
+        (
+            "an id bound twice",
+            |d| d["body"][1]["id"] = 1.into(),
+            &["body: id 1 (vector.load at matmul.py:11)", "each value's id once"],
+        ),
+        (
+            "a scoped VMEM limit above the chip's VMEM that the buffers overflow",
+            |d| {
+                d["vmem_limit_bytes"] = (1u64 << 40).into();
+                d["refs"][0]["shape"] = serde_json::json!([1024, 1024]);
+                d["refs"][0]["array_shape"] = serde_json::json!([1024, 65536]);
+                d["refs"][0]["index_map"] = serde_json::json!([0, ["grid", 2]]);
+                d["refs"].as_array_mut().unwrap().push(serde_json::json!({"name": "scratch 0", "kind": "scratch", "shape": [16384, 2048], "dtype": "f32", "memory_space": "vmem"}));
+            },
+            &["but the kernel's `vmem_limit_bytes` (1099511627776 bytes, 1048576.0 MiB) is above the chip's physical VMEM (128 MiB", "use smaller blocks"],
         ),
         (
             "operands larger than HBM",
@@ -424,4 +455,17 @@ fn a_matmul_whose_rows_span_two_dimensions_counts_all_of_them() {
     // schedules differ slightly (the MXU work does not).
     let (a, b) = (split["latency_ms"].as_f64().unwrap(), flat["latency_ms"].as_f64().unwrap());
     assert!((a / b - 1.0).abs() < 0.01, "{a} against {b} ms");
+}
+
+/// A scoped VMEM limit above the chip's VMEM (a kernel's `vmem_limit_bytes`) is read as the
+/// physical size, and the report says so; the fixture's buffers fit either way.
+#[test]
+fn a_vmem_limit_above_the_chip_is_checked_against_the_physical_vmem() {
+    let mut d: Value = serde_json::from_str(&std::fs::read_to_string(fixture()).unwrap()).unwrap();
+    d["vmem_limit_bytes"] = (1u64 << 40).into();
+    let file = scratch("vmem-limit").join("k.json");
+    std::fs::write(&file, serde_json::to_string(&d).unwrap()).unwrap();
+    let out = ok(&["run", "--kernel-ir", file.to_str().unwrap()]);
+    assert!(out.contains("of the 128.0 MiB scoped limit"), "{out}");
+    assert!(out.contains("above the chip's physical VMEM: its buffers are checked against the physical 134217728 bytes"), "{out}");
 }

@@ -164,14 +164,29 @@ fn body(bm: u64, bn: u64, bk: u64, first: bool, last: bool) -> StepBody {
     e.finish().body
 }
 
+/// The most grid steps a matmul lowers to (2^32, the IR path's bound too).
+pub const MAX_GRID_STEPS: u64 = 1 << 32;
+
 /// Lowers a matmul with block sizes.
 ///
 /// # Errors
 /// [`KernelError::Config`] naming the flag when a block breaks the (8, 128) rules or exceeds its
-/// dimension; [`KernelError::Vmem`] when the blocks overflow the scoped VMEM limit;
-/// [`KernelError::Workload`] for invalid sizes.
+/// dimension or give more than [`MAX_GRID_STEPS`] steps; [`KernelError::Vmem`] when the blocks
+/// overflow the scoped VMEM limit; [`KernelError::Hbm`] when x, y and the output (bf16) overflow
+/// the chip's HBM; [`KernelError::Workload`] for invalid sizes.
 pub fn lower(chip: &ChipModel, mm: &MatmulCall, cfg: &MatmulConfig) -> Result<Program, KernelError> {
     mm.validate()?;
+    // x [m, k], y [k, n] and o [m, n], bf16, in HBM.
+    let need = (u128::from(mm.m) * u128::from(mm.k) + u128::from(mm.k) * u128::from(mm.n) + u128::from(mm.m) * u128::from(mm.n)) * 2;
+    let cap = u128::from(chip.hbm_capacity_bytes());
+    if need > cap {
+        return Err(KernelError::Hbm {
+            needed: need.min(u128::from(u64::MAX)) as u64,
+            capacity: cap as u64,
+            capacity_gib: chip.hbm.capacity_gib.value,
+            advice: "x [m, k], y [k, n] and the output [m, n] are bf16 in HBM: use smaller `m`, `n` or `k`".into(),
+        });
+    }
     let sub = chip.vpu.sublanes.value as u64;
     let lanes = chip.vpu.lanes.value as u64;
     let (bm, bn, bk) = (cfg.block_m, cfg.block_n, cfg.block_k);
@@ -219,6 +234,15 @@ pub fn lower(chip: &ChipModel, mm: &MatmulCall, cfg: &MatmulConfig) -> Result<Pr
             "`block_m` x `block_n`",
             format!("{bm} x {bn}"),
             format!("the grid has {nm} x {nn} = {} output blocks; at most {} are supported: use larger blocks", nm * nn, crate::MAX_TILES),
+        ));
+    }
+    // Every grid step is a step of the pipeline the engine runs: at most 2^32 of them.
+    let steps = u128::from(nm) * u128::from(nn) * u128::from(nk);
+    if steps > u128::from(MAX_GRID_STEPS) {
+        return Err(KernelError::config(
+            "`block_m` x `block_n` x `block_k`",
+            format!("{bm} x {bn} x {bk}"),
+            format!("the grid has {nm} x {nn} x {nk} = {steps} steps; at most {MAX_GRID_STEPS} are simulated: use larger blocks"),
         ));
     }
     let mut classes = Vec::new();

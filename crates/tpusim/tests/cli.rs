@@ -111,6 +111,13 @@ fn bad_input_exits_2_naming_the_field() {
         &["run", "--kernel", "pallas-matmul", "--m", "1024", "--n", "1024", "--k", "1024", "--block-n", "100"],
         &["--block-n", "100"],
     );
+    // Matmul operands larger than the device's HBM (both matmul kernels): 6 TB of bf16.
+    for kernel in ["pallas-matmul", "xla-matmul"] {
+        expect_input_error(
+            &["run", "--kernel", kernel, "--m", "1000000", "--n", "1000000", "--k", "1000000"],
+            &["the tensors need 6000000000000 bytes of HBM", "(32 GiB)", "use smaller --m, --n or --k"],
+        );
+    }
     expect_input_error(&["run", "--traversal", "zigzag"], &["zigzag"]);
     expect_input_error(&["run", "--seq-len", "4096", "--mask", "sink:0"], &["--mask", "sink:0", "no (q, kv) pair"]);
     // Tensors larger than the device's HBM.

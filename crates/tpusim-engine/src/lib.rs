@@ -84,9 +84,12 @@ pub struct SimResult {
     /// latency and bandwidth), on the slowest core.
     pub dma_stall_cycles: f64,
     /// The slowest core's critical path split by unit (sums to `cycles`): per step, the
-    /// grid-step overhead (step_control), the wait for input DMAs beyond it (hbm), and the step's
-    /// issue span split as its body's critical path; the final drain and write-back tail (the
-    /// last body's units, or hbm).
+    /// grid-step overhead (step_control; hbm when the step's input DMAs land after every earlier
+    /// body is done: the overhead runs under them) with the wait for input DMAs beyond it (hbm),
+    /// and the step's issue span split as its body's critical path, except the part after the
+    /// next step's input copy was issued when that copy lands after this body is done and the
+    /// overhead (hbm: the run waits on the copy, which the body overlaps); the final drain and
+    /// write-back tail (the last body's units, or hbm).
     pub critical: UnitCycles,
     /// Per TensorCore (one entry on single-core devices).
     pub cores: Vec<CoreResult>,
@@ -728,6 +731,7 @@ impl<'a> Pipeline<'a> {
         let tr = &self.shared.transfers[class];
         let cur_in = self.t.pending.take();
         let front = self.t.front;
+        let prev_done = self.t.done;
         let ready = cur_in.map_or(front, |(_, e)| e);
         let start = (front + self.overhead).max(ready);
         let waited = (ready - (front + self.overhead)).max(0.0);
@@ -758,9 +762,25 @@ impl<'a> Pipeline<'a> {
         self.t.done = self.t.done.max(done);
         // Critical path: this step's advance of the front.
         self.tot.stall += waited;
-        self.tot.critical[Unit::Hbm] += waited;
-        self.tot.critical[Unit::StepControl] += start - front - waited;
-        self.tot.critical.add_scaled(&self.shared.crit_share[class], front_end - start);
+        // A step whose inputs land after every earlier body is done waits on their copy from
+        // the front on (the copy was issued before, and the overhead runs under it); otherwise
+        // the overhead is the path, and the wait beyond it the copy's.
+        if waited > 0.0 && ready > prev_done {
+            self.tot.critical[Unit::Hbm] += start - front;
+        } else {
+            self.tot.critical[Unit::Hbm] += waited;
+            self.tot.critical[Unit::StepControl] += start - front - waited;
+        }
+        // The next step's inputs, issued at `buffer_free` while this body runs: when they land
+        // after this body is done and the overhead, the run waits on that copy from its issue
+        // on, so the part of this step's span after the issue is the DMA's, the rest its body's.
+        let span = front_end - start;
+        let dma_part = match self.t.pending {
+            Some((_, end)) if end > done.max(front_end) + self.overhead => front_end - buffer_free.clamp(start, front_end),
+            _ => 0.0,
+        };
+        self.tot.critical[Unit::Hbm] += dma_part;
+        self.tot.critical.add_scaled(&self.shared.crit_share[class], span - dma_part);
         if observe.1 {
             let ops = if tr.empty { Vec::new() } else { tr.op_times(&self.x) };
             (observe.0)(

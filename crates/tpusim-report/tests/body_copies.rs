@@ -36,7 +36,8 @@ fn compute(first_id: u64, n: u64) -> Vec<Value> {
     ops
 }
 
-/// A one-step kernel with `body`, an HBM input, a VMEM scratch block and two DMA semaphores.
+/// A one-step kernel with `body`, an HBM input, a VMEM scratch block, two DMA semaphores and a
+/// bf16 scratch block (the matmuls' operands).
 fn kernel(body: Vec<Value>) -> Value {
     kernel_steps(body, 1)
 }
@@ -51,7 +52,8 @@ fn kernel_steps(body: Vec<Value>, steps: u64) -> Value {
             {"name": "input 0", "kind": "input", "shape": [8192, 1024], "array_shape": [8192, 1024], "dtype": "f32", "memory_space": "any"},
             {"name": "output 0", "kind": "output", "shape": [512, 1024], "array_shape": [512, 1024], "dtype": "f32", "memory_space": "any"},
             {"name": "scratch 0", "kind": "scratch", "shape": [512, 1024], "dtype": "f32", "memory_space": "vmem"},
-            {"name": "scratch 1", "kind": "scratch", "shape": [2], "dtype": "i32", "memory_space": "semaphore"}
+            {"name": "scratch 1", "kind": "scratch", "shape": [2], "dtype": "i32", "memory_space": "semaphore"},
+            {"name": "scratch 2", "kind": "scratch", "shape": [512, 512], "dtype": "bf16", "memory_space": "vmem"}
         ],
         "body": body
     })
@@ -191,9 +193,9 @@ fn semaphore_indices_are_checked_at_the_step() {
     assert!(e.contains("attrs.semref") && e.contains("sem_ref"), "{e}");
 }
 
-/// `n` matmuls of the scratch block with itself (512 x 512 by 512 x 512 bf16 operands).
+/// `n` matmuls of a bf16 scratch block with itself (512 x 512 by 512 x 512 bf16 operands).
 fn matmuls(first_id: u64, n: u64) -> Vec<Value> {
-    let mut ops = vec![json!({"op": "vector.load", "id": first_id, "operands": [{"ref": 2}, {"scalar": 0}, {"scalar": 0}], "shape": [512, 512], "dtype": "bf16", "loc": "k.py:200"})];
+    let mut ops = vec![json!({"op": "vector.load", "id": first_id, "operands": [{"ref": 4}, {"scalar": 0}, {"scalar": 0}], "shape": [512, 512], "dtype": "bf16", "loc": "k.py:200"})];
     for k in 1..=n {
         ops.push(json!({"op": "tpu.matmul", "id": first_id + k, "operands": [{"op": first_id}, {"op": first_id}], "shape": [512, 512], "dtype": "f32",
                         "loc": "k.py:201", "attrs": {"mkn": [512, 512, 512], "lhs_dtype": "bf16", "rhs_dtype": "bf16"}}));

@@ -116,3 +116,23 @@ fn the_bottleneck_is_the_unit_whose_2x_speed_up_gains_most_or_the_critical_paths
         }
     }
 }
+
+/// A run whose input copies take longer than its bodies waits on the copies, which the bodies
+/// overlap: the critical path is on hbm, not on the units the bodies keep busy meanwhile, and no
+/// unit's 2x what-if saves more than half of its critical-path share (a fresh user's finding:
+/// at 10 GB/s the DMA engines were busy 100% of the run with 7% of the path on the EUP).
+#[test]
+fn the_critical_path_of_a_copy_bound_run_is_the_copies() {
+    for (rate, hbm_share) in [(10, 0.99), (100, 0.99)] {
+        let r = report(&format!("set = [\"hbm.dma_bandwidth_gb_per_s={rate}\"]\n"));
+        let path: f64 = Unit::ALL.iter().map(|&u| r.critical_path_ms[u]).sum();
+        assert!((path / r.latency_ms - 1.0).abs() < 1e-6, "{rate}: path {path} against {}", r.latency_ms);
+        assert!(r.critical_path_ms[Unit::Hbm] >= hbm_share * r.latency_ms, "{rate} GB/s: {:?} of {} ms", r.critical_path_ms, r.latency_ms);
+        assert_eq!(r.bottleneck, Unit::Hbm, "{rate} GB/s");
+        for w in r.what_if_2x.as_ref().expect("what-if table") {
+            let u = Unit::ALL.iter().copied().find(|u| u.word() == w.unit).expect("a unit");
+            let saved = r.latency_ms - w.latency_ms;
+            assert!(saved <= 0.5 * r.critical_path_ms[u] + 1e-3 * r.latency_ms, "{rate} GB/s: 2x {} saves {saved} ms of its {} ms path", w.unit, r.critical_path_ms[u]);
+        }
+    }
+}

@@ -401,8 +401,8 @@ pub struct Report {
     pub transcendentals: f64,
     /// Bytes moved between HBM and VMEM.
     pub hbm_bytes: u64,
-    /// The run's totals under the field names of Pallas' `pl.CostEstimate` (flops,
-    /// transcendentals, bytes_accessed), to compare with the estimate a kernel declares.
+    /// The run's executed totals under the field names of Pallas' `pl.CostEstimate` (flops,
+    /// transcendentals, bytes_accessed): what the units did, not a logical count ([`CostEstimate`]).
     pub cost_estimate: CostEstimate,
     /// FLOPs per HBM byte.
     pub arithmetic_intensity: f64,
@@ -623,7 +623,11 @@ pub fn default_job_text() -> String {
 /// tokamax (`splash_attention_kernel.py`, `_fwd_cost_estimate`) declares
 /// `flops = heads x q_len x kv_len x 2 (d + dv) x mask density`, `transcendentals = heads x q_len
 /// x kv_len x mask density` and `bytes_accessed` = the bytes of its inputs and outputs; these are
-/// what the simulated run executed and moved.
+/// what the simulated run executed and moved, which differ from a logical count (XLA's
+/// `cost_analysis()`) where the hardware does more or other work: `flops` are the MXU's (every
+/// pass of an f32 `HIGHEST` matmul, padding included; element-wise work is not counted), and
+/// `transcendentals` the EUP's elements per lane (a per-row value held lane-replicated in a
+/// (rows, 128) register counts 128 times; a divide's reciprocal counts).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct CostEstimate {
     /// Executed matmul FLOPs (visited tiles, padding included): [`Report::flops`].
@@ -1055,7 +1059,7 @@ impl Report {
         );
         let _ = writeln!(
             s,
-            "  cost         pl.CostEstimate(flops={}, transcendentals={}, bytes_accessed={})",
+            "  executed     pl.CostEstimate(flops={}, transcendentals={}, bytes_accessed={}) (MXU FLOPs, EUP elements per lane, HBM bytes)",
             self.cost_estimate.flops, self.cost_estimate.transcendentals, self.cost_estimate.bytes_accessed
         );
         if let Some(d) = self.declared_cost_estimate {

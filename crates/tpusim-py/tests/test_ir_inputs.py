@@ -193,3 +193,24 @@ def test_a_matmul_whose_rows_span_two_dimensions_is_read():
     w = jax.ShapeDtypeStruct((256, 512), jnp.bfloat16)
     r = tj.simulate(f, x, w, chip="v6e")[0]
     assert r.flops == 2 * 512 * 256 * 512
+
+
+def test_tune_names_the_candidates_it_leaves_out():
+    # Row blocks of an add over 8192 x 1024 f32: 4096 rows need 96 MiB of double-buffered
+    # windows, past v6e's 32 MiB scoped limit, and are left out with a warning and their reason.
+    def make(rows):
+        def kernel(x_ref, y_ref, o_ref):
+            o_ref[...] = x_ref[...] + y_ref[...]
+
+        def f(x, y):
+            spec = pl.BlockSpec((rows, 1024), lambda i: (i, 0))
+            return pl.pallas_call(kernel, grid=(x.shape[0] // rows,), in_specs=[spec, spec], out_specs=spec, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x, y)
+
+        return f
+
+    x = jax.ShapeDtypeStruct((8192, 1024), jnp.float32)
+    with pytest.warns(UserWarning, match=r"tune: 1 of 3 candidates were left out of the ranking .* the first, 4096: .*VMEM"):
+        ranked = tj.tune(make, [512, 4096, 1024], x, x)
+    assert [c for c, _, _ in ranked] and sorted(c for c, _, _ in ranked) == [512, 1024]
+    assert [c for c, _ in ranked.failures] == [4096] and "VMEM" in ranked.failures[0][1]
+    assert tj.tune.last_failures == ranked.failures

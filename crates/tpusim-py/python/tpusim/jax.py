@@ -1386,11 +1386,23 @@ class CallReport:
         return "\n".join(parts)
 
 
+class TuneResult(list):
+    """What `tune` returns: a list of (candidate, latency_ms, CallReport), fastest first, with
+    `failures`: (candidate, reason) for each candidate that did not lower or simulate."""
+
+    def __init__(self, ranked, failures):
+        super().__init__(ranked)
+        self.failures = failures
+
+
 def tune(make_fn, candidates, *args, chip="v6e", device_kind=None, set=None, top=None):
     """Lowers `make_fn(candidate)` for each candidate (block sizes live in the lowering) and
-    simulates it; returns [(candidate, latency_ms, CallReport)] fastest first. Candidates that
-    fail (a lowering error, VMEM overflow) are left out and listed in the returned list's
-    attribute-free companion: call `tune(...)` and read `failures` from `tune.last_failures`."""
+    simulates it; returns a `TuneResult`: [(candidate, latency_ms, CallReport)] fastest first
+    (the `top` fastest when given). Candidates that fail (a lowering error, VMEM overflow) are
+    left out of the ranking, listed with their reasons in the result's `failures` (and in
+    `tune.last_failures`), and a warning says how many failed and why the first did."""
+    import warnings
+
     if top is not None and (isinstance(top, bool) or not isinstance(top, int) or top < 1):
         raise InputError(f"top = {top!r}: expected a whole number from 1 (how many of the fastest to return), or None for all")
     ranked, failures = [], []
@@ -1406,7 +1418,14 @@ def tune(make_fn, candidates, *args, chip="v6e", device_kind=None, set=None, top
         if not failures:
             raise InputError("candidates: none given (an empty list); give the block sizes (or other values) make_fn takes")
         raise InputError("no candidate lowered and simulated: " + "; ".join(f"{c!r}: {m}" for c, m in failures[:3]))
-    return ranked[:top] if top else ranked
+    if failures:
+        c, m = failures[0]
+        warnings.warn(
+            f"tune: {len(failures)} of {len(failures) + len(ranked)} candidates were left out of the ranking "
+            f"(the result's `failures` lists them); the first, {c!r}: {m}",
+            stacklevel=2,
+        )
+    return TuneResult(ranked[:top] if top else ranked, failures)
 
 
 tune.last_failures = []

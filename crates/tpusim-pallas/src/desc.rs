@@ -68,6 +68,11 @@ pub struct Producer {
     pub mosaic_version: Option<u64>,
 }
 
+/// The JAX device kinds a kernel is lowered for, with the chip preset of each (the strings
+/// `jax._src.pallas.mosaic.tpu_info.chip_version_from_device_kind` maps to each generation;
+/// `tpusim.jax.DEVICE_KINDS` lists the same).
+pub const DEVICE_KINDS: &[(&str, &str)] = &[("TPU v4", "v4"), ("TPU v5 lite", "v5e"), ("TPU v5p", "v5p"), ("TPU v6 lite", "v6e"), ("TPU7x", "v7x")];
+
 /// The most grid steps a description may have (2^32): the lowering evaluates every step's path.
 pub const MAX_GRID_STEPS: u64 = 1 << 32;
 
@@ -420,6 +425,14 @@ impl Description {
 
     /// Checks the fields this reader relies on.
     fn check(&self) -> Result<(), PallasError> {
+        let kind = &self.producer.device_kind;
+        if !kind.is_empty() && !DEVICE_KINDS.iter().any(|(k, _)| k == kind) {
+            return Err(PallasError::field(
+                "producer.device_kind",
+                format!("\"{kind}\""),
+                format!("expected one of the JAX device kinds {} (or \"\": not stated)", DEVICE_KINDS.iter().map(|(k, c)| format!("\"{k}\" ({c})")).collect::<Vec<_>>().join(", ")),
+            ));
+        }
         for (i, &g) in self.grid.iter().enumerate() {
             if g == 0 {
                 return Err(PallasError::field(&format!("grid[{i}]"), g, "expected a whole number from 1"));

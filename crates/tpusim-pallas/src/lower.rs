@@ -1029,6 +1029,14 @@ pub fn lower(chip: &ChipModel, d: &Description, dir: &Path) -> Result<(Program, 
         "scalar-unit work (index arithmetic, SMEM loads) is part of the fixed grid-step overhead".to_string(),
         "VMEM: windows x their buffer counts, scratch, and the largest intermediate once (Mosaic's internal scratch is not in the IR)".to_string(),
     ];
+    if let Some((kind, preset)) = crate::desc::DEVICE_KINDS.iter().find(|(k, _)| *k == d.producer.device_kind) {
+        if *preset != chip.name {
+            assumptions.push(format!(
+                "lowered for {kind} ({preset}) and simulated on {}: Mosaic's choices for {preset} (layouts, tiling, the VMEM limit) are kept; lower for the chip simulated to see its own",
+                chip.name
+            ));
+        }
+    }
     if declared > physical {
         assumptions.push(format!(
             "the kernel's `vmem_limit_bytes` ({declared} bytes) is above the chip's physical VMEM: its buffers are checked against the physical {physical} bytes"

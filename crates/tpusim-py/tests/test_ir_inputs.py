@@ -115,6 +115,8 @@ def test_python_arguments_are_checked_by_name(tmp_path):
             tj.tune(lambda c: f, [1, 2], F32, F32, top=top)
     with pytest.raises(tpusim.InputError, match="candidates: none given"):
         tj.tune(lambda c: f, [], F32, F32)
+    with pytest.raises(tpusim.InputError, match=r"device_kind = 'TPU v99': expected one of the JAX device kinds 'TPU v4' \(v4\)"):
+        tj.simulate(f, F32, F32, device_kind="TPU v99")
     # describe(path=): refused before lowering, naming the path given; nothing left behind.
     with pytest.raises(tpusim.InputError, match="does not exist"):
         tj.describe(f, F32, F32, path=str(tmp_path / "nodir" / "k.json"))

@@ -165,7 +165,7 @@ fn bad_kernel_ir_input_is_refused_by_name() {
     input_error(&["run", "--kernel-ir", bad.to_str().unwrap()], &["refs[0] (input 0).shape[1] = 200", "128 lanes"]);
     // References to what the description does not hold: each names the field and the range.
     let base: Value = serde_json::from_str(&std::fs::read_to_string(&f).unwrap()).unwrap();
-    let edits: [Edit; 15] = [
+    let edits: [Edit; 16] = [
         (
             "a ref past the refs",
             |d| d["body"][0]["operands"][0] = serde_json::json!({"ref": 9}),
@@ -211,6 +211,11 @@ fn bad_kernel_ir_input_is_refused_by_name() {
             "a block index past its array",
             |d| d["refs"][0]["index_map"][0] = serde_json::json!(["add", ["grid", 0], 4]),
             &["the index map of `input 0` at grid index [0, 0, 0]: block index 0 = 4", "expected 0 to 3", "[1024, 1024] in blocks of [256, 512]"],
+        ),
+        (
+            "a device kind JAX does not lower for",
+            |d| d["producer"]["device_kind"] = "TPU v99".into(),
+            &["producer.device_kind = \"TPU v99\"", "\"TPU v6 lite\" (v6e)"],
         ),
         (
             "a block of no rows",
@@ -468,4 +473,13 @@ fn a_vmem_limit_above_the_chip_is_checked_against_the_physical_vmem() {
     let out = ok(&["run", "--kernel-ir", file.to_str().unwrap()]);
     assert!(out.contains("of the 128.0 MiB scoped limit"), "{out}");
     assert!(out.contains("above the chip's physical VMEM: its buffers are checked against the physical 134217728 bytes"), "{out}");
+}
+
+/// A kernel lowered for one generation and simulated on another says so; on its own it does not.
+#[test]
+fn a_kernel_simulated_on_another_chip_than_it_was_lowered_for_says_so() {
+    let f = fixture();
+    let other = ok(&["run", "--kernel-ir", &f, "--chip", "v7x"]);
+    assert!(other.contains("lowered for TPU v6 lite (v6e) and simulated on v7x: Mosaic's choices for v6e"), "{other}");
+    assert!(!ok(&["run", "--kernel-ir", &f]).contains("simulated on"));
 }

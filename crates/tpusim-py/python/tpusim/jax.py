@@ -70,7 +70,11 @@ def _jax():
 
 def _device_kind(chip, device_kind):
     if device_kind is not None:
-        return device_kind, 2 if chip in ("v4", "v5p") else 1
+        known = {k: (name, cores) for name, (k, cores) in DEVICE_KINDS.items()}
+        if device_kind not in known:
+            kinds = ", ".join(f"{v[0]!r} ({k})" for k, v in DEVICE_KINDS.items())
+            raise InputError(f"device_kind = {device_kind!r}: expected one of the JAX device kinds {kinds}")
+        return device_kind, known[device_kind][1]
     if chip in DEVICE_KINDS:
         return DEVICE_KINDS[chip]
     kinds = ", ".join(f"{k}: {v[0]!r}" for k, v in DEVICE_KINDS.items())

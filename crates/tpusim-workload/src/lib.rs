@@ -122,9 +122,19 @@ impl AttentionCall {
         }
         let pairs = (self.q_len as u128) * (self.kv_len as u128) * (self.batch as u128) * (self.q_heads as u128);
         if pairs > MAX_PAIRS {
+            // Named by its largest factor (the one a user most likely mistyped).
+            let (field, value) = if self.batch > self.q_len.max(self.kv_len) && self.batch >= self.q_heads {
+                ("`batch`", self.batch.to_string())
+            } else if self.q_heads > self.q_len.max(self.kv_len) {
+                ("`heads`", self.q_heads.to_string())
+            } else if self.q_len == self.kv_len {
+                ("`q_len`", self.q_len.to_string())
+            } else {
+                ("`q_len`", format!("{} (and `kv_len` {})", self.q_len, self.kv_len))
+            };
             return Err(WorkloadError::new(
-                "`q_len`",
-                if self.q_len == self.kv_len { self.q_len.to_string() } else { format!("{} (and `kv_len` {})", self.q_len, self.kv_len) },
+                field,
+                value,
                 &format!(
                     "batch x heads x q_len x kv_len = {} x {} x {} x {} = {:.2e} score pairs; at most {:.2e} ({MAX_PAIRS}) are allowed",
                     self.batch, self.q_heads, self.q_len, self.kv_len, pairs as f64, MAX_PAIRS as f64

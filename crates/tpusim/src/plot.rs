@@ -523,7 +523,7 @@ fn timeline_plot(p: &TimelineArgs) -> Result<String, CliError> {
                             k.replace('_', "-")
                         )));
                     }
-                    let chip = p.job.job.chip().map_err(|e| p.job.error(e))?;
+                    let chip = p.job.job.chip().map_err(|e| p.job.chip_error(e))?;
                     let label = std::path::Path::new(f).file_stem().and_then(|s| s.to_str()).unwrap_or(f).to_string();
                     jobs::run_kernel_ir(&chip, f, label)?
                 }

@@ -132,12 +132,26 @@ impl JobArgs {
         }
     }
 
+    /// Renders an error resolving the chip: named with the trace when the trace, not a flag,
+    /// gives the field at fault (`chip`, or `set` for an override), else as [`JobArgs::error`].
+    pub fn chip_error(&self, e: impl std::fmt::Display) -> CliError {
+        let flags = self.job.set_fields();
+        let text = e.to_string();
+        // An override's error names `--set`; any other is the chip's name or file.
+        let field = if text.contains("chip model --set:") { "set" } else { "chip" };
+        match &self.trace {
+            Some(t) if !flags.contains_key(field) => CliError::input(format!("trace {t}: {}", text.replace("chip model --set:", "chip model, its `set`:"))),
+            _ => self.error(text),
+        }
+    }
+
     /// Renders a job error: fields the flags set read as flags, fields only the trace set read
     /// as its keys (named with the trace).
     pub fn error(&self, e: impl std::fmt::Display) -> CliError {
         let text = e.to_string();
         let flags = self.job.set_fields();
-        let spec = self.spec().unwrap_or_else(|_| self.job.clone());
+        // With no job flag the job is the built-in case study, whose fields it sets are given.
+        let spec = self.spec_or_default().unwrap_or_else(|_| self.job.clone());
         let mut from_trace = false;
         let given = spec.set_fields();
         let mut defaulted: Vec<String> = Vec::new();
@@ -193,7 +207,7 @@ fn kernel_ir_job(a: &RunArgs, path: &str) -> Result<(ChipModel, tpusim_report::J
         )));
     }
     let spec = a.job.spec()?;
-    let chip = spec.chip().map_err(|e| a.job.error(e))?;
+    let chip = spec.chip().map_err(|e| a.job.chip_error(e))?;
     let (mut desc, dir) = tpusim_pallas::Description::read(std::path::Path::new(path)).map_err(|e| CliError::input(format!("--kernel-ir {e}")))?;
     let mut given = Vec::new();
     for r in &a.runtime {
@@ -277,7 +291,7 @@ pub fn cmd_run(a: &RunArgs) -> Result<String, CliError> {
     let (chip, job) = match described {
         Some(cj) => cj,
         None => {
-            let chip = spec.chip().map_err(|e| a.job.error(e))?;
+            let chip = spec.chip().map_err(|e| a.job.chip_error(e))?;
             let job = spec.build(&chip).map_err(|e| a.job.error(e))?;
             (chip, job)
         }

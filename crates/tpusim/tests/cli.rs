@@ -544,3 +544,27 @@ fn case_study_is_the_first_run() {
     let typed = bin().args(["run", "--trace", trace.to_str().unwrap(), "--masking", "none"]).output().unwrap();
     assert!(String::from_utf8_lossy(&typed.stdout).contains("note         --masking none with"));
 }
+
+/// Errors name what the user gave (fresh users' findings): a default job's block size comes
+/// from the built-in case study, not a family default; an oversized product names its largest
+/// factor; a trace's bad chip or override names the trace.
+#[test]
+fn errors_name_the_field_the_user_gave() {
+    let out = bin().args(["run", "--set", "vpu.lanes=100"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--block-kv = 2048") && err.contains("this is the default job"), "{err}");
+    assert!(!err.contains("was not given"), "the case study gives block_kv: {err}");
+    expect_input_error(&["run", "--batch", "100000000"], &["--batch = 100000000: batch x heads x q_len x kv_len"]);
+    let dir = std::env::temp_dir().join(format!("tpusim-cli-trace-errors-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let chip = dir.join("chip.toml");
+    std::fs::write(&chip, "chip = \"v9\"\n").unwrap();
+    let set = dir.join("set.toml");
+    std::fs::write(&set, "set = [\"mxu.count=0\"]\n").unwrap();
+    let (chip, set) = (chip.to_str().unwrap(), set.to_str().unwrap());
+    expect_input_error(&["run", "--trace", chip], &[&format!("trace {chip}: unknown chip 'v9'")]);
+    expect_input_error(&["run", "--trace", set], &[&format!("trace {set}: chip model, its `set`: field 'mxu.count' = 0")]);
+    // The flag's own override is the flag's.
+    expect_input_error(&["run", "--trace", set, "--set", "mxu.count=0"], &["chip model --set: field 'mxu.count' = 0"]);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -579,6 +579,10 @@ impl ChipModel {
 
     /// Every field's check, in the file's order (the first failure is kept).
     fn check(&self, v: &mut Validator<'_>) {
+        // The name labels reports, sweep rows and plots: a word, not empty.
+        let n = &self.name;
+        let name_ok = !n.is_empty() && n.len() <= 64 && n.chars().all(|c| c.is_ascii_alphanumeric() || "._+-".contains(c));
+        v.range("name", name_ok, format!("{n:?}"), || "expected 1 to 64 letters, digits, '.', '_', '+' or '-' (the chip's label in reports)".into());
         v.count("device.tensorcores", &self.device.tensorcores, 1, 8);
         v.pos("device.clock_ghz", &self.device.clock_ghz, 1e-3, 100.0);
         v.count("mxu.count", &self.mxu.count, 1, 64);
@@ -940,6 +944,12 @@ mod tests {
         let err = ChipModel::from_toml_str(&edited, "edited.toml").unwrap_err().to_string();
         assert!(err.contains("device.clock_ghz = \"fast\": expected a number from 0.001 to 100"), "{err}");
         assert_eq!(ChipModel::rule_of("no.such_field"), None);
+        // The chip's name labels reports: an empty one or one with spaces is refused.
+        for bad in ["", "my chip"] {
+            let edited = text.replacen("name = \"v6e\"", &format!("name = {bad:?}"), 1);
+            let err = ChipModel::from_toml_str(&edited, "edited.toml").unwrap_err().to_string();
+            assert!(err.contains(&format!("'name' = {bad:?}: expected 1 to 64 letters")), "{bad:?}: {err}");
+        }
         // `--set` overrides say the same.
         let v6e = ChipModel::preset("v6e").unwrap();
         for (key, bad, rule) in [("mxu.count", "2.5", "from 1 to 64"), ("mxu.count", "many", "from 1 to 64"), ("device.clock_ghz", "fast", "from 0.001 to 100")] {

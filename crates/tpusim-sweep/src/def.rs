@@ -43,7 +43,9 @@
 //! ([`crate::output`]).
 //!
 //! Everything that can be checked without running a point is checked when the file is read:
-//! unknown keys, wrong value types, empty axes, unknown chip fields and out-of-range chip values,
+//! unknown keys, wrong value types, empty axes, a value listed twice in one axis, unknown chip
+//! fields and out-of-range chip values (`chip.SECTION.FIELD` values and `set` entries, against
+//! the base chip),
 //! unknown option words and malformed masks are errors naming the file and the key. What depends
 //! on a combination (block rules, VMEM overflow, contradictory fields) is reported per point, in
 //! that point's row.
@@ -258,6 +260,11 @@ fn value_spec(key: &str, raw: &toml::Value, chip: &ChipModel, dir: &Path) -> Res
     let mut spec = spec;
     spec.resolve_paths_from(dir)?;
     check_spec(&spec)?;
+    // Overrides are checked against the base chip, as chip.SECTION.FIELD values are.
+    for entry in &spec.set {
+        let (field, value) = entry.split_once('=').ok_or_else(|| format!("set entry \"{entry}\": expected 'SECTION.FIELD=VALUE'"))?;
+        chip.with_override(field.trim(), value.trim()).map_err(|e| format!("set entry \"{entry}\": {}", e.to_string().replace("chip model --set: ", "")))?;
+    }
     Ok(spec)
 }
 
@@ -329,6 +336,12 @@ impl SweepDef {
                     };
                     if list.is_empty() {
                         return Err(fail(format!("axes.{key} is empty: give at least one value")));
+                    }
+                    // A value listed twice would run its points twice.
+                    for (i, v) in list.iter().enumerate() {
+                        if let Some(j) = list[..i].iter().position(|w| w == v) {
+                            return Err(fail(format!("axes.{key}[{i}] = {v}: the same value as axes.{key}[{j}] (each point would run twice): list each value once")));
+                        }
                     }
                     let mut values = Vec::with_capacity(list.len());
                     for (i, raw) in list.into_iter().enumerate() {
@@ -573,6 +586,8 @@ mod tests {
             ("[base]\nheads = 2\n", "no [axes]"),
             ("[axes]\n\"chip.hbm.bandwith_gb_per_s\" = [1.0]\n", "bandwith"),
             ("[axes]\n\"chip.mxu.count\" = [0]\n", "mxu.count"),
+            ("[axes]\nset = [[\"mxu.count=0\"]]\n", "axes.set[0]: set entry \"mxu.count=0\""),
+            ("[axes]\nblock_q = [512, 1024, 512]\n", "axes.block_q[2] = 512: the same value as axes.block_q[0]"),
             ("[axes]\nhbm.bandwidth_gb_per_s = [1.0]\n", "chip.hbm.bandwidth_gb_per_s"),
             ("[axes]\ntraversal = [\"zigzag\"]\n", "zigzag"),
             ("[axes]\nmask = [\"band:\"]\n", "axes.mask[0]"),

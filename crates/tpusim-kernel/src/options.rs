@@ -45,7 +45,8 @@ crate::word_enum! {
 crate::word_enum! {
     /// Which visited blocks apply the element-wise mask.
     pub enum Masking {
-        /// Every computed block.
+        /// Every computed block (with a full mask only the blocks holding padding: there is no
+        /// mask to apply elsewhere, as in JAX's Splash).
         All = "all",
         /// Partial blocks only; full blocks take a mask-free path.
         Partial = "partial",

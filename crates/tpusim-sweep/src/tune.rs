@@ -362,12 +362,22 @@ impl Space {
     fn attention(spec: &JobSpec, w: &tpusim_workload::AttentionCall, target: Target, opts: &TuneOptions) -> Space {
         let mut sp = Space { target: Some(target), ..Space::default() };
         let traversals = axis("traversal", spec.traversal, Traversal::ALL, &mut sp);
-        let maskings = axis("masking", spec.masking, Masking::ALL, &mut sp);
+        // A full mask has nothing to apply but the padding: `all` masks what `partial` does, and
+        // where the mask comes from changes nothing (searching them would rank equal twins).
+        let full = w.mask.is_full();
+        let maskings = if full && spec.masking.is_none() {
+            sp.searched.push("masking (partial, none; all is partial for a full mask)".into());
+            vec![Some(Masking::Partial), Some(Masking::None)]
+        } else {
+            axis("masking", spec.masking, Masking::ALL, &mut sp)
+        };
         // Only what the family can run: Splash computes a single causal, local, band or chunked
         // mask in the kernel and loads every other mask (a union with a sink, a file) as int8
         // blocks, so such a mask is searched with loaded blocks only (a `mask_source` computed
         // given by the user is held fixed and runs as a what-if, with a note).
-        let sources = if spec.mask_source.is_none() && !tpusim_kernel::splash::computable(&w.mask) {
+        let sources = if spec.mask_source.is_none() && full {
+            vec![None]
+        } else if spec.mask_source.is_none() && !tpusim_kernel::splash::computable(&w.mask) {
             sp.fixed.push(format!("mask_source loaded (the family loads {} as int8 blocks: it computes only causal, local, band and chunked masks)", w.mask));
             vec![Some(MaskSource::Loaded)]
         } else {
@@ -1191,5 +1201,20 @@ mod tests {
         }
         assert!(r.rejected_inexact > 0);
         assert!(r.to_table().contains("rank"));
+    }
+
+    /// A full mask searches no masking or mask source that changes nothing: `all` masks what
+    /// `partial` does, and there is no mask to load or compute (a fresh user's finding: ranks
+    /// that differed only there).
+    #[test]
+    fn a_full_mask_searches_no_equal_twins() {
+        let spec = JobSpec { heads: Some(2), seq_len: Some(4096), mask: Some("full".into()), ..Default::default() };
+        let r = tune(&spec, &TuneOptions { top: 50, ..Default::default() }).unwrap();
+        for t in &r.top {
+            if let Job::Attention { config, .. } = &t.job {
+                assert_ne!(config.masking, tpusim_kernel::Masking::All, "{:?}", config);
+            }
+        }
+        assert!(r.to_table().contains("all is partial for a full mask"));
     }
 }

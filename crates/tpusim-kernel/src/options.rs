@@ -45,8 +45,7 @@ crate::word_enum! {
 crate::word_enum! {
     /// Which visited blocks apply the element-wise mask.
     pub enum Masking {
-        /// Every computed block (with a full mask only the blocks holding padding: there is no
-        /// mask to apply elsewhere, as in JAX's Splash).
+        /// Every computed block (with a full mask, those holding padding: as JAX's Splash).
         All = "all",
         /// Partial blocks only; full blocks take a mask-free path.
         Partial = "partial",

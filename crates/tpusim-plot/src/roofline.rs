@@ -169,7 +169,7 @@ impl RooflineFigure {
             )));
         }
         let chips = roofs.iter().map(|r| r.chip.as_str()).collect::<Vec<_>>().join(", ");
-        let mut notes = vec!["Roofs: HBM = peak bandwidth x fitted efficiency; MXU peak = 2 x MXUs x rows x columns x passes x clock.".to_string()];
+        let mut notes = vec!["Roofs: HBM = the sustained DMA rate (hbm.dma_bandwidth_gb_per_s, at most the peak), shown as peak bandwidth x its share; MXU peak = 2 x MXUs x rows x columns x passes x clock.".to_string()];
         // The HBM roofs' terms here, so that the labels on the slopes stay short.
         let terms: Vec<String> =
             roofs.iter().map(|r| format!("{} {} GB/s x {} = {} GB/s", r.chip, sig3(r.bw_peak_gbs), sig3(r.efficiency), sig3(r.bw / 1e9))).collect();

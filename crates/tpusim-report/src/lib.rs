@@ -895,6 +895,13 @@ impl Report {
                 rep.notes.extend(backward_block_notes(c));
             }
         }
+        // A DMA rate above the HBM peak is capped by it (ChipModel::dma_bytes_per_cycle).
+        let (dma, peak) = (run.chip.hbm.dma_bandwidth_gb_per_s.value, run.chip.hbm.bandwidth_gb_per_s.value);
+        if dma > peak {
+            rep.notes.push(format!(
+                "hbm.dma_bandwidth_gb_per_s = {dma} is above hbm.bandwidth_gb_per_s = {peak}: copies run at the HBM peak, {peak} GB/s (raise hbm.bandwidth_gb_per_s, which scales the DMA rate with it)"
+            ));
+        }
         if let (Job::Attention { workload: w, config: c, .. }, Some(t)) = (&run.job, info.tiles) {
             rep.notes.extend(w.mask.notes());
             if c.masking == tpusim_kernel::Masking::None && t.partial > 0 {

@@ -136,3 +136,14 @@ fn the_critical_path_of_a_copy_bound_run_is_the_copies() {
         }
     }
 }
+
+/// A DMA rate above the HBM peak runs at the peak, and the report says so (a fresh user set
+/// v5e's DMA rate to 1400 GB/s and saw no difference and no word).
+#[test]
+fn a_dma_rate_above_the_hbm_peak_is_named() {
+    let capped = report("chip = 'v5e'\nset = [\"hbm.dma_bandwidth_gb_per_s=1400\"]\n");
+    assert_eq!(notes_with(&capped, "above hbm.bandwidth_gb_per_s = 819").len(), 1, "{:?}", capped.notes);
+    let peak = report("chip = 'v5e'\nset = [\"hbm.dma_bandwidth_gb_per_s=819\"]\n");
+    assert_eq!(capped.latency_ms, peak.latency_ms);
+    assert!(notes_with(&peak, "above hbm.bandwidth_gb_per_s").is_empty());
+}

@@ -1093,6 +1093,14 @@ impl Report {
             let (b, u, c) = (self.busy_ms[*n], self.utilization[*n], self.critical_path_ms[*n]);
             let _ = writeln!(s, "    {:<12} {:>9.3}  {:>6.1}  {:>9.3}  {}", n.word(), b, u * 100.0, c, bar(u));
         }
+        if self.cores.len() > 1 {
+            let _ = writeln!(
+                s,
+                "  (busy ms: the {} TensorCores' sum; busy %: of {} x the run; critical path: the slowest core's)",
+                self.cores.len(),
+                self.cores.len()
+            );
+        }
         if self.phases.len() > 1 {
             let _ = writeln!(s);
             let _ = writeln!(

@@ -147,3 +147,14 @@ fn a_dma_rate_above_the_hbm_peak_is_named() {
     assert_eq!(capped.latency_ms, peak.latency_ms);
     assert!(notes_with(&peak, "above hbm.bandwidth_gb_per_s").is_empty());
 }
+
+/// A megacore run's unit table says its busy times add both cores (a fresh user read 0.599 ms
+/// of MXU time in a 0.389 ms run as an error); a single core's says nothing.
+#[test]
+fn a_megacore_unit_table_says_what_its_columns_add() {
+    let two = report("chip = 'v5p'\nheads = 4\nseq_len = 4096\n");
+    let busy: f64 = two.cores.iter().map(|c| c.busy_ms[Unit::Mxu]).sum();
+    assert!((two.busy_ms[Unit::Mxu] - busy).abs() < 1e-9 && two.busy_ms[Unit::Mxu] > 0.0);
+    assert!(two.to_table().contains("(busy ms: the 2 TensorCores' sum; busy %: of 2 x the run"));
+    assert!(!report("heads = 4\nseq_len = 4096\n").to_table().contains("TensorCores' sum"));
+}

@@ -216,3 +216,16 @@ def test_tune_names_the_candidates_it_leaves_out():
     assert [c for c, _, _ in ranked] and sorted(c for c, _, _ in ranked) == [512, 1024]
     assert [c for c, _ in ranked.failures] == [4096] and "VMEM" in ranked.failures[0][1]
     assert tj.tune.last_failures == ranked.failures
+
+
+def test_a_static_grid_of_zero_steps_is_named_as_such():
+    # 256 rows in blocks of 512: grid (256 // 512,) = (0,) in the lowering itself, not a grid
+    # computed at run time.
+    def f(x):
+        spec = pl.BlockSpec((512, 1024), lambda i: (i, 0))
+        return pl.pallas_call(lambda x_ref, o_ref: None, grid=(x.shape[0] // 512,), in_specs=[spec], out_specs=spec, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
+
+    x = jax.ShapeDtypeStruct((256, 1024), jnp.float32)
+    with pytest.warns(UserWarning, match=r"grid \[0\] \(dimension 0 is 0 in the lowering itself, e.g. an array dimension smaller than its block"):
+        with pytest.raises(tpusim.InputError, match="runs no grid step .*static .*or dynamic"):
+            tj.simulate(f, x)

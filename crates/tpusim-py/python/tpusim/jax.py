@@ -1094,8 +1094,15 @@ def _kernels_of(module, args, operands=None):
                 # nothing to simulate; the function's other kernels are described.
                 import warnings
 
+                zero = [i for i, b in enumerate(desc["grid"]) if b < 1]
+                dynamic = [i for i in zero if i < len(bounds) and bounds[i] < 0]
+                why = (
+                    f"a dynamic dimension computed as {grid_values} from these arguments"
+                    if dynamic
+                    else f"dimension {zero[0]} is 0 in the lowering itself, e.g. an array dimension smaller than its block (a grid of size // block)"
+                )
                 warnings.warn(
-                    f"kernel `{name}`: grid {desc['grid']} (a dynamic dimension computed as {grid_values} from these arguments) runs no grid step; "
+                    f"kernel `{name}`: grid {desc['grid']} ({why}) runs no grid step; "
                     "it is left out (tpusim simulates calls of at least one step)",
                     stacklevel=3,
                 )
@@ -1128,8 +1135,9 @@ def _kernels_of(module, args, operands=None):
             kept_ops.append(op)
     if calls and not out and skipped:
         raise InputError(
-            f"every Pallas kernel of the function runs no grid step ({', '.join(f'`{n}`' for n in skipped)}: dynamic grids computed as 0 from these arguments, "
-            "e.g. a grouped matmul whose groups are all empty), so there is nothing to simulate; tpusim simulates calls of at least one step"
+            f"every Pallas kernel of the function runs no grid step ({', '.join(f'`{n}`' for n in skipped)}: a grid dimension of 0, static (an array "
+            "dimension smaller than its block, size // block) or dynamic (computed from these arguments, e.g. a grouped matmul whose groups "
+            "are all empty), as the warnings say), so there is nothing to simulate; tpusim simulates calls of at least one step"
         )
     outside = sorted({n for n in others if n.startswith("stablehlo.") and n not in ("stablehlo.constant",)})
     return out, outside, kept_ops

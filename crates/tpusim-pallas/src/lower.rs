@@ -32,7 +32,7 @@ use tpusim_kernel::listed::ListedSteps;
 use tpusim_kernel::{ClassKey, KernelKind, Program, ProgramInfo, Step, StepBody, StepClass, TileCounts, VmemBudget};
 
 /// Most `scf.for` iterations lowered per step body (they are unrolled).
-pub const MAX_UNROLL: i64 = 512;
+pub const MAX_UNROLL: i64 = 4096;
 
 /// Most grid steps a kernel may have (2^28): step generation evaluates every step.
 pub const MAX_GRID_STEPS: u64 = 1 << 28;

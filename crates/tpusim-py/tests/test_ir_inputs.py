@@ -229,3 +229,28 @@ def test_a_static_grid_of_zero_steps_is_named_as_such():
     with pytest.warns(UserWarning, match=r"grid \[0\] \(dimension 0 is 0 in the lowering itself, e.g. an array dimension smaller than its block"):
         with pytest.raises(tpusim.InputError, match="runs no grid step .*static .*or dynamic"):
             tj.simulate(f, x)
+
+
+def test_a_loop_of_4096_iterations_is_unrolled_and_one_more_is_refused():
+    # A row loop over 8-row slices, as a kernel engineer writes it: 4096 iterations per step are
+    # lowered (unrolled); 4097 are refused naming the loop and what to do.
+    def make(n):
+        def kernel(x_ref, o_ref):
+            def body(i, c):
+                r = pl.multiple_of((i % 64) * 8, 8)
+                o_ref[pl.ds(r, 8), :] = jnp.exp(x_ref[pl.ds(r, 8), :])
+                return c
+
+            jax.lax.fori_loop(0, n, body, 0)
+
+        def f(x):
+            spec = pl.BlockSpec((512, 128), lambda i: (i, 0))
+            return pl.pallas_call(kernel, grid=(x.shape[0] // 512,), in_specs=[spec], out_specs=spec, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
+
+        return f
+
+    x = jax.ShapeDtypeStruct((512 * 4, 128), jnp.float32)
+    r = tj.simulate(make(4096), x)[0]
+    assert r.transcendentals == 4 * 4096 * 8 * 128
+    with pytest.raises(tpusim.InputError, match=r"runs 4097 iterations per step; at most 4096 are lowered .*use fewer, larger iterations"):
+        tj.simulate(make(4097), x)

@@ -223,6 +223,29 @@ fn classify_tile(grid: &TileGrid, qi: u64, kj: u64, kept: u64, align: bool) -> T
 }
 
 /// Appends `n` tiles from `kj0`, all `tile`, merging with the last run when alike.
+/// The rows `a .. b` of q tile `qi` (of `nk` kv tiles over `kv` columns) whose kv tiles a
+/// closed form classifies as runs.
+struct RowSpan {
+    nk: u64,
+    qi: u64,
+    kv: i128,
+    a: i128,
+    b: i128,
+}
+
+impl RowSpan {
+    /// The span of rows `q0 .. q0 + rows`; a tile of no rows (padding only) is pushed as one
+    /// run of its kind, and gives `None`.
+    fn of(q0: u64, rows: u64, grid: &TileGrid, align: bool, runs: &mut Vec<TileRun>) -> Option<Self> {
+        let (nk, qi) = (grid.kv_tiles(), q0 / grid.block_q);
+        if rows == 0 {
+            push_run(runs, 0, nk, classify_tile(grid, qi, 0, 0, align));
+            return None;
+        }
+        Some(RowSpan { nk, qi, kv: grid.kv_len as i128, a: q0 as i128, b: (q0 + rows) as i128 })
+    }
+}
+
 fn push_run(runs: &mut Vec<TileRun>, kj0: u64, n: u64, tile: Tile) {
     if n == 0 {
         return;
@@ -329,14 +352,7 @@ impl LinearRows {
     /// one kind found from the first and last rows alone; only the tiles the ends cross are
     /// counted ([`LinearRows::sum`]).
     fn tile_runs(&self, q0: u64, rows: u64, grid: &TileGrid, align: bool, runs: &mut Vec<TileRun>) {
-        let nk = grid.kv_tiles();
-        let qi = q0 / grid.block_q;
-        if rows == 0 {
-            push_run(runs, 0, nk, classify_tile(grid, qi, 0, 0, align));
-            return;
-        }
-        let kv = grid.kv_len as i128;
-        let (a, b) = (q0 as i128, (q0 + rows) as i128);
+        let Some(RowSpan { nk, qi, kv, a, b }) = RowSpan::of(q0, rows, grid, align, runs) else { return };
         let (lo_min, lo_max) = (self.lo.at(a, kv), self.lo.at(b - 1, kv));
         let (hi_min, hi_max) = (self.hi.at(a, kv), self.hi.at(b - 1, kv));
         let bkv = grid.block_kv as i128;
@@ -499,14 +515,7 @@ impl LinearUnion {
 
     /// The classified kv tiles of rows `q0 .. q0 + rows` as runs.
     fn tile_runs(&self, q0: u64, rows: u64, grid: &TileGrid, align: bool, runs: &mut Vec<TileRun>) {
-        let nk = grid.kv_tiles();
-        let qi = q0 / grid.block_q;
-        if rows == 0 {
-            push_run(runs, 0, nk, classify_tile(grid, qi, 0, 0, align));
-            return;
-        }
-        let kv = grid.kv_len as i128;
-        let (a, b) = (q0 as i128, (q0 + rows) as i128);
+        let Some(RowSpan { nk, qi, kv, a, b }) = RowSpan::of(q0, rows, grid, align, runs) else { return };
         // Every end never decreases with q: the first and last rows bound each part's rows.
         let at = |ends: &[End], q: i128, lo: bool| {
             let v = ends.iter().map(|e| e.at(q, kv));

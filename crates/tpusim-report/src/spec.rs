@@ -512,7 +512,7 @@ impl JobSpec {
             }
             KernelKind::Matmul => {
                 let workload = self.matmul_call()?;
-                let config = self.matmul_config(kernel, &workload, vmem_limit_bytes);
+                let config = self.matmul_config(kernel, &workload, chip, vmem_limit_bytes);
                 Ok(Job::Matmul { workload, config, scope: self.scope.unwrap_or(Scope::Kernel) })
             }
             KernelKind::Copy => Err(SpecError::field("kernel", kernel, "names calibration-CSV rows of a bare HBM copy, not a kernel to simulate (the copies around a kernel are timed with --scope op or call); choose another kernel family")),
@@ -782,8 +782,15 @@ impl JobSpec {
         Ok(workload)
     }
 
-    /// Stage 4 (matmul): the family's blocks, clamped to the sizes, overridden by the fields.
-    fn matmul_config(&self, kernel: Kernel, mm: &MatmulCall, vmem_limit_bytes: Option<u64>) -> MatmulConfig {
+    /// Stage 4 (matmul): the family's blocks, clamped to the sizes, overridden by the fields;
+    /// XLA's dot with no block given takes XLA's tiling on this chip
+    /// ([`tpusim_kernel::matmul::lower_xla`], as the layer and program paths do).
+    fn matmul_config(&self, kernel: Kernel, mm: &MatmulCall, chip: &ChipModel, vmem_limit_bytes: Option<u64>) -> MatmulConfig {
+        if kernel == Kernel::XlaMatmul && self.block_m.is_none() && self.block_n.is_none() && self.block_k.is_none() && vmem_limit_bytes.is_none() {
+            if let Ok((cfg, _)) = tpusim_kernel::matmul::lower_xla(chip, mm) {
+                return cfg;
+            }
+        }
         let d = kernel.defaults().blocks;
         MatmulConfig {
             kernel,

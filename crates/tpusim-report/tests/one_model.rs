@@ -96,3 +96,21 @@ fn both_front_ends_report_the_same_metrics() {
     assert_eq!(json["job"]["kind"], "described");
     assert!(json.get("pair_density").is_none() && json.get("kernel").is_none(), "attention-only fields are absent");
 }
+
+/// `tpusim run --kernel xla-matmul` without blocks takes XLA's tiling as the layer and program
+/// paths do (tpusim_kernel::matmul::lower_xla): balanced output tiles, halved on a chip whose
+/// VMEM the family's default overflows (v4's 16 MiB refused it: a fresh user's finding).
+#[test]
+fn an_xla_dot_job_takes_the_tiling_the_program_path_takes() {
+    for (chip, m) in [("v6e", 18_900u64), ("v4", 4096)] {
+        let chip = tpusim_chip::ChipModel::preset(chip).unwrap();
+        let spec = tpusim_report::JobSpec::from_toml_str(&format!("kernel = 'xla-matmul'\nm = {m}\nn = 4096\nk = 4096\n"), "test").unwrap();
+        let job = spec.build(&chip).unwrap_or_else(|e| panic!("{}: {e}", chip.name));
+        let mm = tpusim_workload::MatmulCall { m, n: 4096, k: 4096 };
+        let (want, _) = tpusim_kernel::matmul::lower_xla(&chip, &mm).unwrap();
+        let tpusim_report::Job::Matmul { config, .. } = &job else { panic!("a matmul job") };
+        assert_eq!(config, &want, "{}", chip.name);
+        assert!(tpusim_report::run(&chip, &job).is_ok(), "{}", chip.name);
+    }
+    assert_eq!(tpusim_kernel::matmul::balanced_block(18_900, 2048, 8), 1896);
+}

@@ -607,7 +607,10 @@ impl ChipModel {
             v.fail(
                 "vmem.scoped_limit_mib",
                 format_number(self.vmem.scoped_limit_mib.value),
-                &format!("must not exceed vmem.size_mib ({})", format_number(self.vmem.size_mib.value)),
+                &format!(
+                    "must not exceed vmem.size_mib ({0}): a smaller VMEM needs a scoped limit that fits in it too (e.g. --set vmem.scoped_limit_mib={0})",
+                    format_number(self.vmem.size_mib.value)
+                ),
             );
         }
         v.pos("smem.size_kib", &self.smem.size_kib, 1e-3, 1e9);

@@ -136,7 +136,7 @@ impl Given {
 
 /// A count argument (`top`, `refine`): a whole number from 1, as the command line's flags.
 fn count_arg(name: &str, v: &Bound<'_, PyAny>) -> PyResult<usize> {
-    let bad = || input_err(format!("{name} = {}: expected a whole number from 1 to {}", repr(v), usize::MAX));
+    let bad = || input_err(format!("{name} = {}: expected a whole number from 1", repr(v)));
     if v.cast::<PyBool>().is_ok() || v.cast::<PyInt>().is_err() {
         return Err(bad());
     }

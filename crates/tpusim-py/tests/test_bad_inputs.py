@@ -45,6 +45,9 @@ def test_misuse_raises_input_error_not_type_or_overflow_errors():
         (lambda: tpusim.tile_counts("causal", 512, -1, q_len=4096, kv_len=4096), "block_kv = -1: expected a whole number from 1"),
         (lambda: tpusim.tile_counts("causal", 512.0, 512, q_len=4096, kv_len=4096), "block_q = 512.0: expected a whole number from 1"),
         (lambda: tpusim.tune(allow_inexact="yes"), "allow_inexact = 'yes': expected true or false"),
+        # refine is a count (the stub said bool); the message gives no u64 bound.
+        (lambda: tpusim.tune(refine=True), r"refine = True: expected a whole number from 1$"),
+        (lambda: tpusim.tune(top=0), r"top = 0: expected a whole number from 1$"),
         (lambda: tpusim.simulate(hedas=4), "hedas = 4: not a job keyword"),
         (lambda: tpusim.simulate(block_sizes={"block_q": "512"}), "block_q = '512': expected a whole number"),
     ]:

@@ -15,7 +15,7 @@ mod paths;
 pub mod spec;
 pub mod whatif;
 
-pub use spec::{render_fields, render_fields_with, FieldStyle, JobSpec, SpecError, DEFAULT_KERNEL};
+pub use spec::{apply_overrides, render_fields, render_fields_with, FieldStyle, JobSpec, SpecError, DEFAULT_KERNEL};
 
 use serde::Serialize;
 use std::collections::BTreeMap;

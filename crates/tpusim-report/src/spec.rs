@@ -474,14 +474,7 @@ impl JobSpec {
     /// # Errors
     /// [`SpecError::Chip`]: unknown chip, unreadable file, bad override.
     pub fn chip(&self) -> Result<ChipModel, SpecError> {
-        let mut chip = ChipModel::load(self.chip.as_deref().unwrap_or(DEFAULT_CHIP))?;
-        for s in &self.set {
-            let (k, v) = s
-                .split_once('=')
-                .ok_or_else(|| SpecError::field("set", s, "expected SECTION.FIELD=VALUE, e.g. hbm.bandwidth_gb_per_s=3276"))?;
-            chip = chip.with_override(k.trim(), v.trim())?;
-        }
-        Ok(chip)
+        apply_overrides(ChipModel::load(self.chip.as_deref().unwrap_or(DEFAULT_CHIP))?, &self.set)
     }
 
     /// The kernel family ([`DEFAULT_KERNEL`] when unset).
@@ -800,6 +793,38 @@ impl JobSpec {
             vmem_limit_bytes,
         }
     }
+}
+
+/// `chip` with `set`'s overrides (`SECTION.FIELD=VALUE` each) applied: in order, and an override
+/// the chip refuses until another is applied (vmem.size_mib below the scoped limit, before
+/// vmem.scoped_limit_mib) tried again after the rest, so their order does not matter.
+///
+/// # Errors
+/// [`SpecError`] for an entry without `=`, or the first override still refused.
+pub fn apply_overrides(mut chip: ChipModel, set: &[String]) -> Result<ChipModel, SpecError> {
+    let mut pending = Vec::with_capacity(set.len());
+    for s in set {
+        let (k, v) = s.split_once('=').ok_or_else(|| SpecError::field("set", s, "expected SECTION.FIELD=VALUE, e.g. hbm.bandwidth_gb_per_s=3276"))?;
+        pending.push((k.trim(), v.trim()));
+    }
+    while !pending.is_empty() {
+        let mut refused = Vec::new();
+        let mut first_err = None;
+        for &(k, v) in &pending {
+            match chip.with_override(k, v) {
+                Ok(c) => chip = c,
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                    refused.push((k, v));
+                }
+            }
+        }
+        if refused.len() == pending.len() {
+            return Err(first_err.expect("a refused override has its error").into());
+        }
+        pending = refused;
+    }
+    Ok(chip)
 }
 
 impl Job {

@@ -564,6 +564,16 @@ fn errors_name_the_field_the_user_gave() {
     let (chip, set) = (chip.to_str().unwrap(), set.to_str().unwrap());
     expect_input_error(&["run", "--trace", chip], &[&format!("trace {chip}: unknown chip 'v9'")]);
     expect_input_error(&["run", "--trace", set], &[&format!("trace {set}: chip model, its `set`: field 'mxu.count' = 0")]);
+    // Overrides apply whatever their order: a smaller VMEM with its scoped limit; alone, the
+    // error says to lower the limit too.
+    let mm = ["run", "--kernel", "pallas-matmul", "--m", "1024", "--n", "1024", "--k", "1024"];
+    for set in [["vmem.size_mib=16", "vmem.scoped_limit_mib=16"], ["vmem.scoped_limit_mib=16", "vmem.size_mib=16"]] {
+        let out = bin().args(mm).args(["--set", set[0], "--set", set[1]]).output().unwrap();
+        assert!(out.status.success(), "{set:?}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let mut alone = mm.to_vec();
+    alone.extend(["--set", "vmem.size_mib=16"]);
+    expect_input_error(&alone, &["must not exceed vmem.size_mib (16)", "--set vmem.scoped_limit_mib=16"]);
     // The flag's own override is the flag's.
     expect_input_error(&["run", "--trace", set, "--set", "mxu.count=0"], &["chip model --set: field 'mxu.count' = 0"]);
     let _ = std::fs::remove_dir_all(&dir);

@@ -95,7 +95,7 @@ def tune(
     top: int | None = None,
     allow_inexact: bool | None = None,
     allow_approximate: bool | None = None,
-    refine: bool | None = None,
+    refine: int | None = None,
     exhaustive: bool | None = None,
     **kwargs: Any,
 ) -> dict[str, Any]: ...

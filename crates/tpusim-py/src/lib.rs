@@ -850,11 +850,15 @@ fn validate<'py>(py: Python<'py>, rows: &Bound<'py, PyAny>, chips: Option<Vec<St
 
 /// Runs one simulation per point (in parallel over the machine's cores; Ctrl-C stops it) and
 /// returns a list of dicts (ready for `pandas.DataFrame`), in the order of `points`:
+/// `error` (None, or why the point did not run: its row then holds only its own fields),
 /// each point's fields, then `latency_ms`, `cycles`, `flops`, `mfu`, `hbm_bytes`,
 /// `transcendentals`, `bottleneck`, the tile counts (`tiles_empty`, `tiles_partial`,
 /// `tiles_full`, `tiles_visited`), `pair_density`, `tile_density`, `dense_latency_ms` and
-/// `speedup_vs_dense` (sparse attention). `points` is any iterable of dicts of job fields (as
-/// for `simulate`); `**base` are fields every point shares (a point's own fields win).
+/// `speedup_vs_dense` (sparse attention) and, for attention, the `block_q`, `block_kv` and
+/// `block_kv_compute` it ran with. `points` is any iterable of dicts of job fields (as for
+/// `simulate`); `**base` are fields every point shares (a point's own fields win). A point
+/// whose fields are malformed (an unknown keyword, a wrong type) stops the sweep with
+/// [`InputError`] naming it, before anything runs.
 #[pyfunction]
 #[pyo3(signature = (points, **base))]
 fn sweep<'py>(py: Python<'py>, points: &Bound<'py, PyAny>, base: Option<&Bound<'py, PyDict>>) -> PyResult<Bound<'py, PyList>> {
@@ -888,9 +892,22 @@ fn sweep<'py>(py: Python<'py>, points: &Bound<'py, PyAny>, base: Option<&Bound<'
         use rayon::prelude::*;
         specs.par_iter().map(|s| if stop.load(Ordering::Relaxed) { Err(String::new()) } else { run_job(s) }).collect::<Vec<_>>()
     })?;
-    for (i, ((d, _, given), r)) in points.iter().zip(reports).enumerate() {
-        let r = r.map_err(|e| in_point(i, input_err(given.fix(e))))?;
+    for ((d, _, given), r) in points.iter().zip(reports) {
         let row = PyDict::new(py);
+        // A point that does not run (a block rule, a VMEM overflow) keeps its row, with the
+        // reason in `error`, as `tpusim sweep` does; the others' `error` is None.
+        let r = match r {
+            Ok(r) => r,
+            Err(e) => {
+                for (k, v) in d.iter() {
+                    row.set_item(k, v)?;
+                }
+                row.set_item("error", given.fix(e))?;
+                out.append(row)?;
+                continue;
+            }
+        };
+        row.set_item("error", py.None())?;
         for (k, v) in d.iter() {
             let key: String = k.extract()?;
             if key == "mask" && !v.is_instance_of::<PyString>() {
@@ -918,6 +935,13 @@ fn sweep<'py>(py: Python<'py>, points: &Bound<'py, PyAny>, base: Option<&Bound<'
         row.set_item("tile_density", r.tile_density)?;
         row.set_item("dense_latency_ms", r.dense_latency_ms)?;
         row.set_item("speedup_vs_dense", r.speedup_vs_dense)?;
+        // The blocks the point ran with (a point that leaves one unset, or None, takes the
+        // family's default).
+        if let Job::Attention { config: c, .. } = &r.job {
+            row.set_item("block_q", c.block_q)?;
+            row.set_item("block_kv", c.block_kv)?;
+            row.set_item("block_kv_compute", c.block_kv_compute)?;
+        }
         out.append(row)?;
     }
     Ok(out)

@@ -233,8 +233,14 @@ def test_sweep_returns_rows_ready_for_a_dataframe():
     for p, r in zip(points, rows):
         assert r["latency_ms"] == tpusim.simulate(heads=4, seq_len=4096, mask="causal", **p).latency_ms
         assert r["tiles_partial"] > 0 and r["bottleneck"]
-    with pytest.raises(tpusim.InputError, match=r"points\[1\]: block_kv = 100"):
-        tpusim.sweep([{"block_kv": 512}, {"block_kv": 100}], seq_len=4096)
+    # A point that does not run keeps its row with the reason, as `tpusim sweep`'s rows do; the
+    # blocks a point left unset are the ones it ran with.
+    ok, bad = tpusim.sweep([{"block_kv": 512}, {"block_kv": 100}], seq_len=4096)
+    assert ok["error"] is None and ok["latency_ms"] > 0 and ok["block_q"] >= 128
+    assert "block_kv = 100" in bad["error"] and "latency_ms" not in bad and bad["block_kv"] == 100
+    # Malformed fields still stop the sweep before anything runs, naming the point.
+    with pytest.raises(tpusim.InputError, match=r"points\[1\]: block_kv = '100'"):
+        tpusim.sweep([{"block_kv": 512}, {"block_kv": "100"}], seq_len=4096)
 
 
 def test_chip_models_and_overrides():

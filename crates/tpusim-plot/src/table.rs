@@ -115,17 +115,31 @@ impl Table {
                 f.split_once('=').ok_or_else(|| PlotError::Input(format!("--where {f}: expected COLUMN=VALUE, e.g. traversal=compact")))?;
             fs.push((self.col(k.trim(), "--where")?, v.trim().to_string()));
         }
-        Ok(self
-            .rows
-            .iter()
-            .filter(|(_, r)| {
-                fs.iter().all(|(c, v)| {
+        let hit = |r: &[String], c: usize, v: &str| {
+            let got = self.get(r, c);
+            got == v || matches!((got.parse::<f64>(), v.parse::<f64>()), (Ok(a), Ok(b)) if a == b)
+        };
+        // A filter no row matches names itself and the values its column holds.
+        for (f, (c, v)) in filters.iter().zip(&fs) {
+            if !self.rows.is_empty() && !self.rows.iter().any(|(_, r)| hit(r, *c, v)) {
+                let mut values: Vec<&str> = Vec::new();
+                for (_, r) in &self.rows {
                     let got = self.get(r, *c);
-                    got == v || matches!((got.parse::<f64>(), v.parse::<f64>()), (Ok(a), Ok(b)) if a == b)
-                })
-            })
-            .map(|(l, r)| (*l, r.as_slice()))
-            .collect())
+                    if !values.contains(&got) {
+                        values.push(got);
+                    }
+                }
+                let more = if values.len() > 12 { format!(", ... ({} values)", values.len()) } else { String::new() };
+                values.truncate(12);
+                return Err(PlotError::Input(format!(
+                    "--where {f}: no row of {} has it; column {} holds {}{more}",
+                    self.path,
+                    self.header[*c],
+                    values.iter().map(|v| format!("{v:?}")).collect::<Vec<_>>().join(", ")
+                )));
+            }
+        }
+        Ok(self.rows.iter().filter(|(_, r)| fs.iter().all(|(c, v)| hit(r, *c, v))).map(|(l, r)| (*l, r.as_slice())).collect())
     }
 }
 
@@ -142,6 +156,14 @@ mod tests {
         assert_eq!(t.get(&t.rows[1].1, 2), "");
         let e = Table::parse("a,b,c\n2,3\n", "f.csv", "--input").unwrap_err().to_string();
         assert!(e.contains("line 2") && e.contains("2 fields"), "{e}");
+    }
+
+    #[test]
+    fn a_filter_that_matches_no_row_names_the_values_present() {
+        let t = Table::parse("mask_source,x\ncomputed,1\nloaded,2\nloaded,3\n", "f.csv", "--input").unwrap();
+        let e = t.filtered(&["mask_source=lodead".into()]).unwrap_err().to_string();
+        assert!(e.contains("--where mask_source=lodead: no row of f.csv has it; column mask_source holds \"computed\", \"loaded\""), "{e}");
+        assert_eq!(t.filtered(&["mask_source=loaded".into()]).unwrap().len(), 2);
     }
 
     #[test]

@@ -797,6 +797,9 @@ fn rows_csv(rows: &Bound<'_, PyAny>) -> PyResult<String> {
         }
         recs.push(m);
     }
+    if recs.is_empty() {
+        return Err(input_err("rows = []: no measurement rows; give at least one dict of measurement columns (traces/measured/README.md) or a CSV path".to_string()));
+    }
     let cols: Vec<&str> =
         tpusim_calib::measure::KNOWN_COLUMNS.iter().copied().filter(|c| recs.iter().any(|r| r.contains_key(*c))).collect();
     if let Some((i, k)) = recs.iter().enumerate().find_map(|(i, r)| r.keys().find(|k| !cols.contains(&k.as_str())).map(|k| (i, k.clone())))

@@ -42,6 +42,7 @@ def test_misuse_raises_input_error_not_type_or_overflow_errors():
         (lambda: tpusim.sweep(None), "points = None: expected a list"),
         (lambda: tpusim.sweep([5]), r"points\[0\] = 5: expected a dict"),
         (lambda: tpusim.validate(None), "rows = None: expected a measurement CSV path"),
+        (lambda: tpusim.validate([]), r"rows = \[\]: no measurement rows"),
         (lambda: tpusim.tile_counts("causal", 512, -1, q_len=4096, kv_len=4096), "block_kv = -1: expected a whole number from 1"),
         (lambda: tpusim.tile_counts("causal", 512.0, 512, q_len=4096, kv_len=4096), "block_q = 512.0: expected a whole number from 1"),
         (lambda: tpusim.tune(allow_inexact="yes"), "allow_inexact = 'yes': expected true or false"),

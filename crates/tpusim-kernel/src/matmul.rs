@@ -164,6 +164,25 @@ fn body(bm: u64, bn: u64, bk: u64, first: bool, last: bool) -> StepBody {
     e.finish().body
 }
 
+/// The VMEM a tiling takes, against its limit: the tutorial's kernel holds x, y and o blocks
+/// (bf16, double-buffered), an f32 accumulator in scratch and the f32 product of the step; XLA's
+/// own dot is not held to the scoped limit of Pallas kernels (all of VMEM).
+fn tiling_vmem(chip: &ChipModel, cfg: &MatmulConfig) -> crate::VmemBudget {
+    let (bm, bn, bk) = (cfg.block_m, cfg.block_n, cfg.block_k);
+    let limit = cfg.vmem_limit_bytes.unwrap_or_else(|| if cfg.kernel == Kernel::XlaMatmul { chip.vmem_size_bytes() } else { chip.vmem_limit_bytes() });
+    use crate::dtype::Dtype::{Bf16, F32};
+    crate::vmem::footprint(
+        &[
+            crate::VmemBuffer::window("x", &[bm, bk], Bf16),
+            crate::VmemBuffer::window("y", &[bk, bn], Bf16),
+            crate::VmemBuffer::window("o", &[bm, bn], Bf16),
+            crate::VmemBuffer::scratch("acc", &[bm, bn], F32),
+            crate::VmemBuffer::internal("dot result", &[bm, bn], F32),
+        ],
+        limit,
+    )
+}
+
 /// The most grid steps a matmul lowers to (2^32, the IR path's bound too).
 pub const MAX_GRID_STEPS: u64 = 1 << 32;
 
@@ -203,30 +222,7 @@ pub fn lower(chip: &ChipModel, mm: &MatmulCall, cfg: &MatmulConfig) -> Result<Pr
             return Err(KernelError::config(f, v, format!("must not exceed {name} ({dim}) rounded up to {unit}")));
         }
     }
-    // XLA's own kernels are not held to the scoped limit of Pallas kernels: all of VMEM.
-    let limit =
-        cfg.vmem_limit_bytes.unwrap_or_else(
-            || {
-                if cfg.kernel == Kernel::XlaMatmul {
-                    chip.vmem_size_bytes()
-                } else {
-                    chip.vmem_limit_bytes()
-                }
-            },
-        );
-    // The tutorial's kernel: x, y and o blocks (bf16, double-buffered), an f32 accumulator in
-    // scratch, and the f32 product of the step in the body.
-    use crate::dtype::Dtype::{Bf16, F32};
-    let vmem = crate::vmem::footprint(
-        &[
-            crate::VmemBuffer::window("x", &[bm, bk], Bf16),
-            crate::VmemBuffer::window("y", &[bk, bn], Bf16),
-            crate::VmemBuffer::window("o", &[bm, bn], Bf16),
-            crate::VmemBuffer::scratch("acc", &[bm, bn], F32),
-            crate::VmemBuffer::internal("dot result", &[bm, bn], F32),
-        ],
-        limit,
-    );
+    let vmem = tiling_vmem(chip, cfg);
     vmem.check(chip)?;
     let (nm, nn, nk) = (mm.m.div_ceil(bm), mm.n.div_ceil(bn), mm.k.div_ceil(bk));
     if nm.saturating_mul(nn) > crate::MAX_TILES {
@@ -307,29 +303,32 @@ pub fn xla_config(chip: &ChipModel, mm: &MatmulCall, cap_m: u64, cap_n: u64) -> 
     }
 }
 
-/// XLA's dot of `mm` on `chip`: its configuration ([`xla_config`] at the family's default
-/// output tiles, the larger halved while the tiling overflows VMEM, down to 128 x 128) and
-/// program.
-///
-/// # Errors
-/// [`KernelError`] from [`lower`] when even 128 x 128 tiles do not fit, or the sizes are invalid.
-pub fn lower_xla(chip: &ChipModel, mm: &MatmulCall) -> Result<(MatmulConfig, Program), KernelError> {
+/// XLA's tiling of `mm` on `chip`: [`xla_config`] at the family's default output tiles, the
+/// larger halved while the tiling overflows VMEM, down to 128 x 128 (then the last tried, which
+/// [`lower`] refuses naming the overflow).
+pub fn xla_tiling(chip: &ChipModel, mm: &MatmulCall) -> MatmulConfig {
     let d = Kernel::XlaMatmul.defaults().blocks;
     let (mut cap_m, mut cap_n) = (d.q, d.kv);
     loop {
         let cfg = xla_config(chip, mm, cap_m, cap_n);
-        match lower(chip, mm, &cfg) {
-            Ok(p) => return Ok((cfg, p)),
-            Err(KernelError::Vmem { .. }) if cap_m > 128 || cap_n > 128 => {
-                if cap_m >= cap_n {
-                    cap_m /= 2;
-                } else {
-                    cap_n /= 2;
-                }
-            }
-            Err(e) => return Err(e),
+        if tiling_vmem(chip, &cfg).check(chip).is_ok() || (cap_m <= 128 && cap_n <= 128) {
+            return cfg;
+        }
+        if cap_m >= cap_n {
+            cap_m /= 2;
+        } else {
+            cap_n /= 2;
         }
     }
+}
+
+/// XLA's dot of `mm` on `chip`: its configuration ([`xla_tiling`]) and program.
+///
+/// # Errors
+/// [`KernelError`] from [`lower`] when even 128 x 128 tiles do not fit, or the sizes are invalid.
+pub fn lower_xla(chip: &ChipModel, mm: &MatmulCall) -> Result<(MatmulConfig, Program), KernelError> {
+    let cfg = xla_tiling(chip, mm);
+    lower(chip, mm, &cfg).map(|p| (cfg, p))
 }
 
 #[cfg(test)]

@@ -279,6 +279,15 @@ impl std::fmt::Debug for ParsedAttrs {
 }
 
 impl Op {
+    /// Where the op is in the kernel's source, for messages: its `loc`, or "(no location)".
+    pub fn place(&self) -> &str {
+        if self.loc.is_empty() {
+            "(no location)"
+        } else {
+            &self.loc
+        }
+    }
+
     /// `attrs[key]` as expressions (one for a single expression such as `bytes`, the list's for
     /// a list), parsed on first use; `None` when the op has no such attribute.
     ///
@@ -525,7 +534,7 @@ impl Description {
     /// A copy's source: `src_ref` one of the refs, `src_offsets` and `src_shape` one expression
     /// per dimension of its array, reading only what exists.
     fn check_dma_source(&self, op: &Op, f: &str, defined: &std::collections::HashSet<u64>) -> Result<(), PallasError> {
-        let at = |k: &str| format!("{f} at {}: attrs.{k}", if op.loc.is_empty() { "(no location)" } else { &op.loc });
+        let at = |k: &str| format!("{f} at {}: attrs.{k}", op.place());
         let Some(v) = op.attrs.get("src_ref") else {
             for k in ["src_offsets", "src_shape"] {
                 if op.attrs.contains_key(k) {
@@ -560,7 +569,7 @@ impl Description {
     /// body allocates), `sem_offsets` one expression per dimension of it (none for a single
     /// semaphore), reading only what exists.
     fn check_semaphore(&self, op: &Op, f: &str, defined: &std::collections::HashSet<u64>) -> Result<(), PallasError> {
-        let at = |k: &str| format!("{f} at {}: attrs.{k}", if op.loc.is_empty() { "(no location)" } else { &op.loc });
+        let at = |k: &str| format!("{f} at {}: attrs.{k}", op.place());
         if let Some(v) = op.attrs.get("sem_alloc") {
             if op.attrs.contains_key("sem_ref") {
                 return Err(PallasError::field(&at("sem_alloc"), v, "a semaphore is a ref's (`sem_ref`) or one the body allocates (`sem_alloc`), not both"));
@@ -645,7 +654,7 @@ impl Description {
             }
             for id in bound {
                 if !ids.insert(id) && id != 0 {
-                    return Some((id, format!("{} at {}", op.op, if op.loc.is_empty() { "(no location)" } else { &op.loc })));
+                    return Some((id, format!("{} at {}", op.op, op.place())));
                 }
             }
             if let Some(d) = Self::collect_ids(&op.then, ids).or_else(|| Self::collect_ids(&op.otherwise, ids)) {
@@ -692,7 +701,7 @@ impl Description {
                     let rf = &self.refs[*r];
                     if !op.dtype.is_empty() && op.dtype != rf.dtype {
                         return Err(PallasError::field(
-                            &format!("{f} at {}: dtype", if op.loc.is_empty() { "(no location)" } else { &op.loc }),
+                            &format!("{f} at {}: dtype", op.place()),
                             &op.dtype,
                             format!("expected `{}`, the dtype of the ref it loads (refs[{r}], {}): a load reads its ref's element type", rf.dtype, rf.name),
                         ));
@@ -710,12 +719,12 @@ impl Description {
                     kernel: self.kernel_name.clone(),
                     message: format!(
                         "{f} at {}: `cond` (missing): a branch or while loop needs its condition (an expression; `[\"unknown\", why]` for one computed at run time); describe the kernel again with `tpusim.jax.describe`",
-                        if op.loc.is_empty() { "(no location)" } else { &op.loc }
+                        op.place()
                     ),
                 });
             }
             if op.op == "tpu.enqueue_dma" {
-                let at = format!("{f} at {}: attrs.bytes", if op.loc.is_empty() { "(no location)" } else { &op.loc });
+                let at = format!("{f} at {}: attrs.bytes", op.place());
                 let bytes = op.attrs.get("bytes").ok_or_else(|| {
                     PallasError::field(&at, "(missing)", "a copy needs its size in bytes: a whole number, or an expression over the values that size it at run time")
                 })?;
@@ -737,14 +746,14 @@ impl Description {
                     &["bytes", "sem_ref", "sem_alloc", "sem_offsets"]
                 };
                 if let Some(k) = op.attrs.keys().find(|k| !known.contains(&k.as_str())) {
-                    let at = format!("{f} at {}: attrs.{k}", if op.loc.is_empty() { "(no location)" } else { &op.loc });
+                    let at = format!("{f} at {}: attrs.{k}", op.place());
                     return Err(PallasError::field(&at, "(unknown attribute)", format!("a `{}` has attributes {}", op.op, known.join(", "))));
                 }
                 self.check_semaphore(op, &f, defined)?;
             }
             if matches!(op.op.as_str(), "tpu.wait_dma" | "tpu.wait_dma2") {
                 if let Some(bytes) = op.attrs.get("bytes") {
-                    let at = format!("{f} at {}: attrs.bytes", if op.loc.is_empty() { "(no location)" } else { &op.loc });
+                    let at = format!("{f} at {}: attrs.bytes", op.place());
                     let e: Expr = serde_json::from_value(bytes.clone())
                         .map_err(|e| PallasError::field(&at, bytes, format!("expected the whole number of bytes the wait counts, or an expression ({e})")))?;
                     self.check_expr(&e, &at, Some(defined))?;
@@ -767,7 +776,7 @@ impl Description {
     /// columns (rows and columns may span several dimensions). Operands whose shape the
     /// description does not give (a region op's bound values, scalars) are not checked.
     fn check_shapes(&self, op: &Op, f: &str, seen: &HashMap<u64, Option<Vec<u64>>>) -> Result<(), PallasError> {
-        let at = |k: &str| format!("{f} at {}: {k}", if op.loc.is_empty() { "(no location)" } else { &op.loc });
+        let at = |k: &str| format!("{f} at {}: {k}", op.place());
         let operand = |k: usize| match op.operands.get(k) {
             Some(Operand::Op(id)) => seen.get(id).cloned().flatten().filter(|s| !s.is_empty()),
             _ => None,

@@ -574,7 +574,7 @@ fn missing_cond(d: &Description, op: &Op) -> PallasError {
 }
 
 fn kernel_err(d: &Description, op: &Op, message: String) -> PallasError {
-    PallasError::Kernel { kernel: d.kernel_name.clone(), message: format!("`{}` at {}: {message}", op.op, if op.loc.is_empty() { "(no location)" } else { &op.loc }) }
+    PallasError::Kernel { kernel: d.kernel_name.clone(), message: format!("`{}` at {}: {message}", op.op, op.place()) }
 }
 
 impl Walker<'_> {

@@ -164,7 +164,7 @@ pub fn flat_index(shape: &[u64], idx: &[i64]) -> Option<u64> {
 
 /// What an SMEM op at `loc` did wrong, for messages.
 fn smem_err(d: &Description, op: &Op, message: String) -> PallasError {
-    PallasError::Kernel { kernel: d.kernel_name.clone(), message: format!("`{}` at {}: {message}", op.op, if op.loc.is_empty() { "(no location)" } else { &op.loc }) }
+    PallasError::Kernel { kernel: d.kernel_name.clone(), message: format!("`{}` at {}: {message}", op.op, op.place()) }
 }
 
 /// Runs a scalar SMEM op (`memref.load` binding a var, `memref.store` writing the state) in

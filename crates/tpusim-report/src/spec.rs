@@ -777,12 +777,10 @@ impl JobSpec {
 
     /// Stage 4 (matmul): the family's blocks, clamped to the sizes, overridden by the fields;
     /// XLA's dot with no block given takes XLA's tiling on this chip
-    /// ([`tpusim_kernel::matmul::lower_xla`], as the layer and program paths do).
+    /// ([`tpusim_kernel::matmul::xla_tiling`], as the layer and program paths do).
     fn matmul_config(&self, kernel: Kernel, mm: &MatmulCall, chip: &ChipModel, vmem_limit_bytes: Option<u64>) -> MatmulConfig {
         if kernel == Kernel::XlaMatmul && self.block_m.is_none() && self.block_n.is_none() && self.block_k.is_none() && vmem_limit_bytes.is_none() {
-            if let Ok((cfg, _)) = tpusim_kernel::matmul::lower_xla(chip, mm) {
-                return cfg;
-            }
+            return tpusim_kernel::matmul::xla_tiling(chip, mm);
         }
         let d = kernel.defaults().blocks;
         MatmulConfig {

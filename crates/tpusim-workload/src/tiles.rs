@@ -222,7 +222,6 @@ fn classify_tile(grid: &TileGrid, qi: u64, kj: u64, kept: u64, align: bool) -> T
     }
 }
 
-/// Appends `n` tiles from `kj0`, all `tile`, merging with the last run when alike.
 /// The rows `a .. b` of q tile `qi` (of `nk` kv tiles over `kv` columns) whose kv tiles a
 /// closed form classifies as runs.
 struct RowSpan {
@@ -246,6 +245,7 @@ impl RowSpan {
     }
 }
 
+/// Appends `n` tiles from `kj0`, all `tile`, merging with the last run when alike.
 fn push_run(runs: &mut Vec<TileRun>, kj0: u64, n: u64, tile: Tile) {
     if n == 0 {
         return;

@@ -138,8 +138,8 @@ pub struct BodyTiming {
     pub critical: UnitCycles,
 }
 
-/// The list-scheduled issue order of a body's nodes given each node's (unit, occupancy,
-/// latency): whenever a unit can start an operation, it takes, among the operations whose inputs
+/// The list-scheduled issue order of a body's nodes given each distinct work's (unit,
+/// occupancy, latency) in cycles (whole quanta; a node's work is `index.work_of`): whenever a unit can start an operation, it takes, among the operations whose inputs
 /// are done by then, the one first in program order (the lowering's issue slot, then node
 /// index); if none is ready it waits for the earliest. Computed once per body and compiled chip
 /// ([`Plan`]), then fixed (a static VLIW schedule).
@@ -148,20 +148,24 @@ pub struct BodyTiming {
 /// (`provenance.compiled_for`: the code compiled for the chip as read) and times it with its own
 /// costs: list scheduling is not monotone (a faster unit can reorder a body and lengthen it,
 /// Graham's scheduling anomalies), a fixed order is.
-fn list_order(index: &Index, cost: &[(usize, f64, f64)]) -> Vec<usize> {
+fn list_order(index: &Index, work_costs: &[(usize, f64, f64)]) -> Vec<usize> {
     use std::cmp::Reverse;
     use std::collections::BinaryHeap;
     let n = index.rank.len();
-    // Times are compared as integers of 1/1024 cycle so heaps can order them. Times are
-    // non-negative sums of whole quanta (2^-16 cycle), so t x 1024 + 0.5 is exact and its
-    // truncation is `round`'s result.
-    let fx = |t: f64| (t * 1024.0 + 0.5) as u64;
+    // Times in whole quanta (every cost is a whole number of them: [`quantize`]), so sums and
+    // comparisons are integer and exact, as their f64 forms are. Ready operations wait in heaps
+    // ordered by their time rounded to 1/1024 cycle (64 quanta): `(q + 32) >> 6`, the rounding
+    // of q / 64.
+    let quanta = |t: f64| (t / TIME_QUANTUM) as u64;
+    let fx = |q: u64| (q + 32) >> 6;
+    let cost: Vec<(usize, u64, u64)> = work_costs.iter().map(|&(u, o, l)| (u, quanta(o), quanta(l))).collect();
+    let cost_of = |i: usize| cost[index.work_of[i] as usize];
     let mut missing: Vec<u32> = (0..n).map(|i| index.pred_at[i + 1] - index.pred_at[i]).collect();
-    let mut ready_at = vec![0.0f64; n];
-    let mut free = [0.0f64; BODY_UNITS];
+    let mut ready_at = vec![0u64; n];
+    let mut free = [0u64; BODY_UNITS];
     let mut free_fx = [0u64; BODY_UNITS];
     // The units the body uses (the others' sets stay empty).
-    let active: Vec<usize> = (0..BODY_UNITS).filter(|&u| cost.iter().any(|c| c.0 == u)).collect();
+    let active: Vec<usize> = (0..BODY_UNITS).filter(|&u| index.unit.iter().any(|&x| usize::from(x) == u)).collect();
     // Per unit: operations whose inputs are scheduled, by ready time (then program order); and
     // those ready by the unit's free time, by program order (their rank in it, a set of bits).
     let mut pending: [BinaryHeap<Reverse<(u64, u32)>>; BODY_UNITS] = Default::default();
@@ -172,13 +176,13 @@ fn list_order(index: &Index, cost: &[(usize, f64, f64)]) -> Vec<usize> {
     let (rank, by_rank) = (&index.rank, &index.by_rank);
     for i in 0..n {
         if missing[i] == 0 {
-            ready[cost[i].0].insert(rank[i]);
+            ready[usize::from(index.unit[i])].insert(rank[i]);
         }
     }
     let mut order = Vec::with_capacity(n);
     while order.len() < n {
         // The unit that can start an operation first.
-        let mut best: Option<(f64, usize)> = None;
+        let mut best: Option<(u64, usize)> = None;
         for &u in &active {
             while let Some(&Reverse((t, r))) = pending[u].peek() {
                 if t > free_fx[u] {
@@ -190,7 +194,7 @@ fn list_order(index: &Index, cost: &[(usize, f64, f64)]) -> Vec<usize> {
             let start = if ready[u].len > 0 {
                 free[u]
             } else if let Some(Reverse((t, _))) = pending[u].peek() {
-                free[u].max(*t as f64 / 1024.0)
+                free[u].max(*t << 6)
             } else {
                 continue;
             };
@@ -204,7 +208,7 @@ fn list_order(index: &Index, cost: &[(usize, f64, f64)]) -> Vec<usize> {
             None => pending[u].pop().expect("a unit with a start time has an operation").0 .1,
         };
         let i = by_rank[r as usize] as usize;
-        let (_, occ, lat) = cost[i];
+        let (_, occ, lat) = cost_of(i);
         let start = start.max(ready_at[i]);
         free[u] = start + occ;
         free_fx[u] = fx(free[u]);
@@ -218,7 +222,7 @@ fn list_order(index: &Index, cost: &[(usize, f64, f64)]) -> Vec<usize> {
             if missing[j] == 0 {
                 // Ready by the time its unit is free: straight to the unit's ready operations
                 // (units' free times only grow, so it would be moved there next anyway).
-                let (uj, t) = (cost[j].0, fx(ready_at[j]));
+                let (uj, t) = (usize::from(index.unit[j]), fx(ready_at[j]));
                 if t <= free_fx[uj] {
                     ready[uj].insert(rank[j]);
                 } else {
@@ -537,7 +541,7 @@ impl Plan {
             work: order.iter().map(|&i| index.work_of[i]).collect(),
             unit: Vec::with_capacity(n),
             dep_at: Vec::with_capacity(n + 1),
-            deps: Vec::new(),
+            deps: Vec::with_capacity(index.pred.len()),
             has_mxu: index.unit.iter().any(|&u| usize::from(u) == Unit::Mxu.index()),
             runs: std::array::from_fn(|u| index.unit.iter().any(|&x| usize::from(x) == u)),
             replay: Vec::with_capacity(n),
@@ -676,10 +680,7 @@ impl Transfer {
         let order_costs = compiled.as_deref().unwrap_or(&costs);
         // The order depends on nothing but the compiled chip's costs of the distinct works.
         let plan_key = cost_key(1, order_costs);
-        let plan = body.memo.get_or_insert_with(plan_key, || {
-            let node_costs: Vec<(usize, f64, f64)> = index.work_of.iter().map(|&w| order_costs[w as usize]).collect();
-            Plan::new(&index, &list_order(&index, &node_costs))
-        });
+        let plan = body.memo.get_or_insert_with(plan_key, || Plan::new(&index, &list_order(&index, order_costs)));
         let key = cost_key(plan_key, &costs);
         Transfer { carries: k, empty: plan.node.is_empty(), index, plan, costs, key }
     }

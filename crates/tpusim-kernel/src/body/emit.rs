@@ -18,8 +18,8 @@ pub struct V {
 
 /// Emits ops into a [`Builder`] (module docs). Every op the emitter writes is
 /// in the cost table; an op the builder refused would be a bug in a hand-written kernel, so it
-/// panics with the op (not input-dependent).
-#[derive(Debug)]
+/// panics with the op (not input-dependent). A clone continues independently ([`Builder`]).
+#[derive(Debug, Clone)]
 pub struct Emitter {
     b: Builder,
     /// The op being emitted (one value reused: its buffers are not reallocated per op).

@@ -247,8 +247,10 @@ pub fn carried_refs<'a>(refs: usize, ops: impl IntoIterator<Item = (&'a str, Opt
     loads.iter().zip(&stores).map(|(a, b)| *a && *b).collect()
 }
 
-/// Builds one step body from its ops in program order (module docs).
-#[derive(Debug)]
+/// Builds one step body from its ops in program order (module docs). A clone continues
+/// independently: a body and the same body with more ops after it share the build of the ops
+/// before (the two bodies of a step without and with its row's end, [`cached_pair`]).
+#[derive(Debug, Clone)]
 pub struct Builder {
     /// The body's graph, built in place (a [`StepBody`] at [`Builder::finish`]).
     graph: DiGraph<TileOp, ()>,
@@ -320,22 +322,57 @@ pub fn counting_only<T>(f: impl FnOnce() -> T) -> T {
 /// sweep's points that share one, build it once. At most 64 bodies are kept (all dropped when
 /// full). Bodies built for counting only ([`counting_only`]) are neither kept nor looked up.
 pub fn cached(key: String, build: impl FnOnce() -> StepBody) -> StepBody {
-    use std::sync::{Mutex, OnceLock, PoisonError};
-    static CACHE: OnceLock<Mutex<HashMap<String, StepBody>>> = OnceLock::new();
-    const CAPACITY: usize = 64;
+    use std::sync::PoisonError;
     if COUNTING.with(std::cell::Cell::get) {
         return build();
     }
-    let cache = CACHE.get_or_init(Default::default);
-    if let Some(b) = cache.lock().unwrap_or_else(PoisonError::into_inner).get(&key) {
+    if let Some(b) = store().lock().unwrap_or_else(PoisonError::into_inner).get(&key) {
         return b.clone();
     }
     let body = build();
-    let mut c = cache.lock().unwrap_or_else(PoisonError::into_inner);
-    if c.len() >= CAPACITY {
+    let mut c = store().lock().unwrap_or_else(PoisonError::into_inner);
+    if c.len() >= STORE_CAPACITY {
         c.clear();
     }
     c.entry(key).or_insert(body).clone()
+}
+
+/// The step body under `keys[want]`: `build` builds both bodies, `keys[0]`'s and `keys[1]`'s,
+/// when no recent lowering built the one wanted, and both are kept ([`cached`]'s store). A
+/// step and the same step at its row's end are such a pair: every op before the end is
+/// emitted once (a cloned [`Builder`]), and a lowering that uses one uses the other.
+pub fn cached_pair(keys: [String; 2], want: usize, build: impl FnOnce() -> [StepBody; 2]) -> StepBody {
+    use std::sync::PoisonError;
+    if COUNTING.with(std::cell::Cell::get) {
+        let [a, b] = build();
+        return if want == 0 { a } else { b };
+    }
+    if let Some(b) = store().lock().unwrap_or_else(PoisonError::into_inner).get(&keys[want]) {
+        return b.clone();
+    }
+    let bodies = build();
+    let mut c = store().lock().unwrap_or_else(PoisonError::into_inner);
+    if c.len() + 2 > STORE_CAPACITY {
+        c.clear();
+    }
+    let [k0, k1] = keys;
+    let [b0, b1] = bodies;
+    let b0 = c.entry(k0).or_insert(b0).clone();
+    let b1 = c.entry(k1).or_insert(b1).clone();
+    if want == 0 {
+        b0
+    } else {
+        b1
+    }
+}
+
+/// Bodies [`cached`] and [`cached_pair`] keep: at most this many (all dropped when full).
+const STORE_CAPACITY: usize = 64;
+
+/// The bodies recent lowerings of this process built, by key.
+fn store() -> &'static std::sync::Mutex<HashMap<String, StepBody>> {
+    static CACHE: std::sync::OnceLock<std::sync::Mutex<HashMap<String, StepBody>>> = std::sync::OnceLock::new();
+    CACHE.get_or_init(Default::default)
 }
 
 impl Builder {

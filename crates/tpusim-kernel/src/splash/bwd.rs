@@ -426,6 +426,20 @@ impl ColumnSteps {
         }
     }
 
+    /// Which of a program's `n` step classes some step of the grid runs (every batch element
+    /// runs the same classes: the first is walked).
+    pub(crate) fn used_classes(&self, n: usize) -> Vec<bool> {
+        let mut used = vec![false; n];
+        if self.batch > 0 {
+            self.element(0, &mut |s, _| {
+                if let Some(u) = used.get_mut(s.class as usize) {
+                    *u = true;
+                }
+            });
+        }
+        used
+    }
+
     /// The runs of batch elements `lo..hi`, unfolded.
     pub(crate) fn for_each_run_range(&self, lo: u64, hi: u64, f: &mut dyn FnMut(&Step, u64)) {
         for b in lo..hi.min(self.batch) {
@@ -551,12 +565,16 @@ pub fn lower_dkv(chip: &ChipModel, w: &AttentionCall, cfg: &super::SplashConfig)
     // An empty step runs what the kernel runs outside its compute branch: the fused kernel's dq
     // partial zeroed (tokamax writes one every step; JAX zeroes it every step), and `init` or
     // `end` at the line's first or last step.
+    // The classes' keys now, their bodies (`body_args`: masked, first, runs, last) once the
+    // step stream says which classes run; a class no step runs keeps an empty body.
     let mut classes = Vec::new();
+    let mut body_args = Vec::new();
     let mut empty_of = [[0u32; 2]; 2];
     for first in [false, true] {
         for last in [false, true] {
             empty_of[usize::from(first)][usize::from(last)] = classes.len() as u32;
-            classes.push(StepClass { key: ClassKey { tile: "empty", masked: false, first, last }, body: bwd_body(true, &step(false, first, false, last)) });
+            body_args.push((false, first, false, last));
+            classes.push(StepClass { key: ClassKey { tile: "empty", masked: false, first, last }, body: StepBody::default() });
         }
     }
     let mut class_of = [[[0u32; 2]; 2]; 2];
@@ -565,9 +583,10 @@ pub fn lower_dkv(chip: &ChipModel, w: &AttentionCall, cfg: &super::SplashConfig)
             for last in [false, true] {
                 let m = masked(kind);
                 class_of[k][usize::from(first)][usize::from(last)] = classes.len() as u32;
+                body_args.push((m, first, true, last));
                 classes.push(StepClass {
                     key: ClassKey { tile: if k == 0 { "partial" } else { "full" }, masked: m, first, last },
-                    body: bwd_body(true, &step(m, first, true, last)),
+                    body: StepBody::default(),
                 });
             }
         }
@@ -625,6 +644,11 @@ pub fn lower_dkv(chip: &ChipModel, w: &AttentionCall, cfg: &super::SplashConfig)
         kv_out: b.block_kv_dkv * (w.head_dim + w.head_dim_v) * 2,
         final_out_bytes,
     };
+    for ((class, &(m, first, runs, last)), used) in classes.iter_mut().zip(&body_args).zip(steps.used_classes(body_args.len())) {
+        if used {
+            class.body = bwd_body(true, &step(m, first, runs, last));
+        }
+    }
     let grid_steps = w.batch * kb * w.q_heads * width;
     let info = ProgramInfo {
         kind: crate::options::KernelKind::Attention,
@@ -652,9 +676,17 @@ pub fn lower_dkv(chip: &ChipModel, w: &AttentionCall, cfg: &super::SplashConfig)
 }
 
 /// A backward step's body (`dkv`: the dkv kernel's, else the dq kernel's) from its op program
-/// ([`super::bwd_ops`]), shared between lowerings ([`crate::body::cached`]).
+/// ([`super::bwd_ops`]), shared between lowerings ([`crate::body::cached_pair`]: the step and
+/// its row's last step are built together).
 fn bwd_body(dkv: bool, s: &BwdStep<'_>) -> StepBody {
-    crate::body::cached(format!("bwd{dkv}{s:?}"), || if dkv { super::bwd_ops::dkv_step(s) } else { super::bwd_ops::dq_step(s) })
+    let key = |last: bool| format!("bwd{dkv}{:?}", BwdStep { last, ..s.clone() });
+    crate::body::cached_pair([key(false), key(true)], usize::from(s.last), || {
+        if dkv {
+            super::bwd_ops::dkv_step(s)
+        } else {
+            super::bwd_ops::dq_step(s)
+        }
+    })
 }
 
 /// Lowers JAX's dq kernel (the unfused backward's first kernel; module docs).
@@ -694,17 +726,21 @@ pub fn lower_dq(chip: &ChipModel, w: &AttentionCall, cfg: &super::SplashConfig) 
         runs,
         last,
     };
+    // The classes' keys now, their bodies (`body_args`: masked, first, runs, last; `None`: the
+    // empty step's) once the step stream says which classes run.
     let mut classes =
         vec![StepClass { key: ClassKey { tile: "empty", masked: false, first: false, last: false }, body: StepBody::default() }];
+    let mut body_args = vec![None];
     let mut class_of = [[[0u32; 2]; 2]; 2];
     for (k, kind) in [TileKind::Partial, TileKind::Full].into_iter().enumerate() {
         for first in [false, true] {
             for last in [false, true] {
                 let m = masked(kind);
                 class_of[k][usize::from(first)][usize::from(last)] = classes.len() as u32;
+                body_args.push(Some((m, first, true, last)));
                 classes.push(StepClass {
                     key: ClassKey { tile: if k == 0 { "partial" } else { "full" }, masked: m, first, last },
-                    body: bwd_body(false, &step(m, first, true, last)),
+                    body: StepBody::default(),
                 });
             }
         }
@@ -712,10 +748,8 @@ pub fn lower_dq(chip: &ChipModel, w: &AttentionCall, cfg: &super::SplashConfig) 
     // `end()` runs at the row's last grid step (`j == grid_width - 1`), an empty padding step
     // when the row is shorter than the grid: a finalize-only class (the dq cast and store).
     let finalize_class = {
-        classes.push(StepClass {
-            key: ClassKey { tile: "empty", masked: false, first: false, last: true },
-            body: bwd_body(false, &step(false, false, false, true)),
-        });
+        body_args.push(Some((false, false, false, true)));
+        classes.push(StepClass { key: ClassKey { tile: "empty", masked: false, first: false, last: true }, body: StepBody::default() });
         Some(classes.len() as u32 - 1)
     };
     let (tiles, kept, exact, visited_pairs) = tile_counts(w, &cl, &masked);
@@ -747,6 +781,11 @@ pub fn lower_dq(chip: &ChipModel, w: &AttentionCall, cfg: &super::SplashConfig) 
         mask_dedup: cl.distinct.iter().all(super::diagonal_invariant).then_some((b.block_q_dq, b.block_kv_dq)),
         unit_span: w.q_heads,
     };
+    for ((class, args), used) in classes.iter_mut().zip(&body_args).zip(steps.used_classes(body_args.len())) {
+        if let (Some((m, first, runs, last)), true) = (*args, used) {
+            class.body = bwd_body(false, &step(m, first, runs, last));
+        }
+    }
     let info = ProgramInfo {
         kind: crate::options::KernelKind::Attention,
         kernel: "attention backward dq".into(),

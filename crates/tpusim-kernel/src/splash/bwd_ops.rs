@@ -121,8 +121,9 @@ fn scaled(e: &mut Emitter, q: V, base2: bool) -> V {
     q
 }
 
-/// The dq kernel's step (module docs).
-pub(crate) fn dq_step(s: &BwdStep<'_>) -> StepBody {
+/// The dq kernel's step (module docs): its bodies without and with the row's end (`s.last` is
+/// not read).
+pub(crate) fn dq_step(s: &BwdStep<'_>) -> [StepBody; 2] {
     let refs = Refs::new(s.mask, false, false, false);
     let mut e = Emitter::new(refs.carried());
     let (bq, bkv, d, dv) = (s.block_q, s.block_kv, s.d, s.dv);
@@ -160,7 +161,10 @@ pub(crate) fn dq_step(s: &BwdStep<'_>) -> StepBody {
         let next = e.same("arith.addf", &[&prev, &dq]);
         store(&mut e, &next, refs.dq_scratch, &acc, "f32");
     }
-    if s.last {
+    // The step without its row's end, then with it: the ops before the end are emitted once
+    // ([`crate::body::cached_pair`]).
+    let without_end = e.clone().finish().body;
+    {
         let dq = load2(&mut e, refs.dq_scratch, &acc, "f32");
         let dq = e.ew("arith.truncf", &[&dq], "bf16");
         let _ = load3(&mut e, refs.dq, bq, d, "bf16");
@@ -169,7 +173,7 @@ pub(crate) fn dq_step(s: &BwdStep<'_>) -> StepBody {
         let z = e.splat(&acc, "f32");
         store(&mut e, &z, refs.dq_scratch, &acc, "f32");
     }
-    e.finish().body
+    [without_end, e.finish().body]
 }
 
 /// `x` ([rows, cols] f32) cast to bf16 and written to `r`, a `[1, 1, rows, cols]` output.
@@ -182,8 +186,9 @@ fn write4(e: &mut Emitter, x: &V, r: usize) {
 }
 
 /// The dkv kernel's step (module docs): per kv sub-tile of `compute` rows, s = k q^T, p, dv += p
-/// dO, dp = v dO^T, ds = (dp - di) p, dk += ds q, and fused dq += ds^T k.
-pub(crate) fn dkv_step(s: &BwdStep<'_>) -> StepBody {
+/// dO, dp = v dO^T, ds = (dp - di) p, dk += ds q, and fused dq += ds^T k. Its bodies without and
+/// with the row's end (`s.last` is not read).
+pub(crate) fn dkv_step(s: &BwdStep<'_>) -> [StepBody; 2] {
     let (bq, bkv, c, d, dv) = (s.block_q, s.block_kv, s.compute, s.d, s.dv);
     let sub_tiled = c < bkv;
     let refs = Refs::new(s.mask, true, s.fused, sub_tiled);
@@ -264,7 +269,10 @@ pub(crate) fn dkv_step(s: &BwdStep<'_>) -> StepBody {
         let dq = e.ew("arith.truncf", &[&dq], "bf16");
         write4(&mut e, &dq, refs.dq);
     }
-    if s.last {
+    // The step without its row's end, then with it: the ops before the end are emitted once
+    // ([`crate::body::cached_pair`]).
+    let without_end = e.clone().finish().body;
+    {
         for (scratch, out, cols) in [(refs.dk_scratch, refs.dk, d), (refs.dv_scratch, refs.dv, dv)] {
             let x = load2(&mut e, scratch, &[bkv, cols], "f32");
             let x = e.ew("arith.truncf", &[&x], "bf16");
@@ -281,5 +289,5 @@ pub(crate) fn dkv_step(s: &BwdStep<'_>) -> StepBody {
         let z = e.splat(&kv_acc_v, "f32");
         store(&mut e, &z, refs.dv_scratch, &kv_acc_v, "f32");
     }
-    e.finish().body
+    [without_end, e.finish().body]
 }

@@ -186,9 +186,17 @@ pub(crate) fn mask_plan(cl: &Classified, source: MaskSource, any_not_full: bool,
 }
 
 /// The body of one step of a kernel whose body is an op program ([`ops`]: JAX's Splash, JAX's
-/// flash attention), shared between lowerings ([`crate::body::cached`]).
+/// flash attention), shared between lowerings ([`crate::body::cached_pair`]: the step and its
+/// row's last step are built together).
 fn op_body(kernel: Kernel, s: &ops::FwdStep<'_>) -> StepBody {
-    crate::body::cached(format!("{kernel:?}{s:?}"), || if kernel == Kernel::FlashAttention { ops::jax_flash_fwd(s) } else { ops::splash_fwd(s) })
+    let key = |last: bool| format!("{kernel:?}{:?}", ops::FwdStep { last, ..s.clone() });
+    crate::body::cached_pair([key(false), key(true)], usize::from(s.last), || {
+        if kernel == Kernel::FlashAttention {
+            ops::jax_flash_fwd(s)
+        } else {
+            ops::splash_fwd(s)
+        }
+    })
 }
 
 /// Whether a mask keeps a pair by q - k alone, so that blocks at equal q0 - k0 are identical
@@ -664,16 +672,24 @@ pub fn lower(chip: &ChipModel, w: &AttentionCall, cfg: &SplashConfig) -> Result<
             },
         )
     };
+    // The classes' keys now, their bodies once the step stream says which classes run (a class
+    // no step runs keeps an empty body: a padded dense grid's masked tiles, for one, are never a
+    // row's first).
     let mut classes =
         vec![StepClass { key: ClassKey { tile: "empty", masked: false, first: false, last: false }, body: StepBody::default() }];
+    // Per class: the arguments of its body (`None`: the empty step's).
+    let mut body_args: Vec<Option<(bool, bool, bool, bool)>> = vec![None];
     let mut class_of = [[[0u32; 2]; 2]; 2];
     for (k, kind) in [TileKind::Partial, TileKind::Full].into_iter().enumerate() {
         for first in [false, true] {
             for last in [false, true] {
                 let is_masked = masked_kind(kind == TileKind::Partial);
                 class_of[k][usize::from(first)][usize::from(last)] = classes.len() as u32;
-                let body = step_body(is_masked, first, true, last);
-                classes.push(StepClass { key: ClassKey { tile: if k == 0 { "partial" } else { "full" }, masked: is_masked, first, last }, body });
+                body_args.push(Some((is_masked, first, true, last)));
+                classes.push(StepClass {
+                    key: ClassKey { tile: if k == 0 { "partial" } else { "full" }, masked: is_masked, first, last },
+                    body: StepBody::default(),
+                });
             }
         }
     }
@@ -681,7 +697,8 @@ pub fn lower(chip: &ChipModel, w: &AttentionCall, cfg: &SplashConfig) -> Result<
     // JAX's older flash attention (`store_output` at the last kv index, causal rows included).
     let flash = cfg.kernel == Kernel::FlashAttention;
     let finalize_class = ((cfg.kernel == Kernel::Splash || flash) && cfg.traversal == Traversal::FullGrid).then(|| {
-        classes.push(StepClass { key: ClassKey { tile: "empty", masked: false, first: false, last: true }, body: step_body(false, false, false, true) });
+        body_args.push(Some((false, false, false, true)));
+        classes.push(StepClass { key: ClassKey { tile: "empty", masked: false, first: false, last: true }, body: StepBody::default() });
         classes.len() as u32 - 1
     });
     // Stage 5: tile counts over batch and heads.
@@ -752,6 +769,11 @@ pub fn lower(chip: &ChipModel, w: &AttentionCall, cfg: &SplashConfig) -> Result<
                 crate::MAX_ROWS
             ),
         ));
+    }
+    for ((class, args), used) in classes.iter_mut().zip(&body_args).zip(steps.used_classes(body_args.len())) {
+        if let (Some((masked, first, runs, last)), true) = (*args, used) {
+            class.body = step_body(masked, first, runs, last);
+        }
     }
     let info = ProgramInfo {
         kind: crate::options::KernelKind::Attention,
@@ -917,6 +939,46 @@ mod tests {
             // on every computed step of a row except when the block repeats.
             let computed = a.iter().filter(|s| s.class != 0).count() as u64;
             assert_eq!(computed, p.info.tiles.unwrap().visited, "{mask}");
+        }
+    }
+
+    #[test]
+    fn only_the_classes_some_step_runs_get_a_body() {
+        // A class's body is built when a step runs it: a padded dense grid never starts a row on
+        // a masked (padding) tile, a band never has a one-tile row. Every class no step names is
+        // left empty, and every computing or finalizing class a step names has work; forward,
+        // dq and dkv kernels, compact and full grids.
+        let chip = v6e();
+        for (mask, trav, kernel) in [
+            ("full", Traversal::Compact, Kernel::TokamaxSplash),
+            ("band:700+sink:300", Traversal::Compact, Kernel::TokamaxSplash),
+            ("causal", Traversal::FullGrid, Kernel::Splash),
+            ("local:900,100", Traversal::FullGrid, Kernel::Splash),
+        ] {
+            let mut w = AttentionCall::video_default();
+            (w.q_len, w.kv_len, w.q_heads, w.kv_heads) = (5000, 5000, 4, 2);
+            w.mask = Mask::parse(mask).unwrap();
+            let mut c = SplashConfig { kernel, ..cfg(512, 256, 256) };
+            c.traversal = trav;
+            c.masking = Masking::Partial;
+            c.bwd = bwd::BwdBlocks { block_q_dkv: 512, block_kv_dkv: 256, block_kv_dkv_compute: 256, block_q_dq: 512, block_kv_dq: 256, ..c.bwd };
+            for (name, p) in [("fwd", lower(&chip, &w, &c)), ("dq", bwd::lower_dq(&chip, &w, &c)), ("dkv", bwd::lower_dkv(&chip, &w, &c))] {
+                let p = p.unwrap_or_else(|e| panic!("{mask} {name}: {e}"));
+                let mut runs = vec![0u64; p.classes.len()];
+                p.for_each_run(&mut |s, n| runs[s.class as usize] += n);
+                for (i, (class, &n)) in p.classes.iter().zip(&runs).enumerate() {
+                    let k = &class.key;
+                    // An empty tile's step runs `init` / `end` at most (the fused dkv kernel's dq
+                    // partial too), so only a computing or finalizing class must have work.
+                    if n == 0 {
+                        assert!(class.body.is_empty(), "{mask} {name}: class {i} {k:?} runs no step but was built");
+                    } else if k.tile != "empty" || k.last {
+                        assert!(!class.body.is_empty(), "{mask} {name}: class {i} {k:?} runs {n} steps without a body");
+                    }
+                }
+                // Some class is left unbuilt on every one of these grids (the one-tile rows).
+                assert!(p.classes.iter().zip(&runs).any(|(c, &n)| n == 0 && c.key.tile != "empty"), "{mask} {name}");
+            }
         }
     }
 

@@ -233,8 +233,9 @@ pub(crate) fn store(e: &mut Emitter, x: &V, r: usize, shape: &[u64], dtype: &'st
 }
 
 /// A Splash forward step (module docs): `flash_attention_kernel`'s `init`, `body` per sub-tile
-/// and `end`, as JAX's Splash runs them, with the family's differences ([`Flavor`]).
-pub(crate) fn splash_fwd(s: &FwdStep<'_>) -> StepBody {
+/// and `end`, as JAX's Splash runs them, with the family's differences ([`Flavor`]): the step's
+/// bodies without and with `end` (`s.last` is not read; the row's last step takes the second).
+pub(crate) fn splash_fwd(s: &FwdStep<'_>) -> [StepBody; 2] {
     let f = s.flavor;
     let refs = JaxRefs::new(s.mask);
     // Carried: the refs the body loads and stores (the row statistics, the accumulator, and o
@@ -302,7 +303,10 @@ pub(crate) fn splash_fwd(s: &FwdStep<'_>) -> StepBody {
             store(&mut e, &o_next, refs.o_scratch, &acc, "f32");
         }
     }
-    if s.last {
+    // The step without its row's end, then with it: the ops before the end are emitted once
+    // ([`crate::body::cached_pair`]).
+    let without_end = e.clone().finish().body;
+    {
         let l = load2(&mut e, refs.l, &stat, "f32");
         // `1.0 / l` (the IR broadcasts a constant of the compute branch, or a scalar: alike).
         let one = e.splat(&stat, "f32");
@@ -336,8 +340,7 @@ pub(crate) fn splash_fwd(s: &FwdStep<'_>) -> StepBody {
             store(&mut e, &z, refs.o_scratch, &acc, "f32");
         }
     }
-    let built = e.finish();
-    built.body
+    [without_end, e.finish().body]
 }
 
 /// The refs a mask reads: the loaded mask block, the q positions (`q_sequence`), the q and kv
@@ -414,8 +417,9 @@ pub(super) fn apply_mask(e: &mut Emitter, plan: &MaskPlan, refs: MaskRefs, s: &V
 /// JAX's older flash attention forward step (module docs): `_flash_attention_kernel_single_batch`
 /// with block_b 1: `start_new_sequence`, the body when the block is not above the causal
 /// diagonal, `store_output` at the row's last kv block. Its causal mask is added as a bias
-/// (`s + where(mask, 0, mask_value)`); its accumulator is normalized on every block.
-pub(crate) fn jax_flash_fwd(s: &FwdStep<'_>) -> StepBody {
+/// (`s + where(mask, 0, mask_value)`); its accumulator is normalized on every block. The step's
+/// bodies without and with `store_output` (`s.last` is not read).
+pub(crate) fn jax_flash_fwd(s: &FwdStep<'_>) -> [StepBody; 2] {
     // Refs: q, k, v, o, then the scratch m, l, acc (each [1, 1, rows, cols]).
     let (q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref) = (0, 1, 2, 3, 4, 5, 6);
     let mut carried = vec![false; 7];
@@ -501,11 +505,13 @@ pub(crate) fn jax_flash_fwd(s: &FwdStep<'_>) -> StepBody {
             store4(&mut e, &o_next, acc_ref, [bq, dv], "f32");
         }
     }
-    if s.last {
+    // The step without its row's end, then with it: the ops before the end are emitted once
+    // ([`crate::body::cached_pair`]).
+    let without_end = e.clone().finish().body;
+    {
         let o = load4(&mut e, acc_ref, [bq, dv], "f32");
         let o = e.ew("arith.truncf", &[&o], "bf16");
         store4(&mut e, &o, o_ref, [bq, dv], "bf16");
     }
-    let built = e.finish();
-    built.body
+    [without_end, e.finish().body]
 }

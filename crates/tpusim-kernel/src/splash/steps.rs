@@ -202,6 +202,27 @@ impl Steps {
         emitted
     }
 
+    /// Which of a program's `n` step classes some step of the grid runs. Every head with one
+    /// mask runs the same classes (its batch and the copy-elision state change bytes, not
+    /// classes), so one head per distinct mask is walked: O(rows x segments) per mask.
+    pub(crate) fn used_classes(&self, n: usize) -> Vec<bool> {
+        let mut used = vec![false; n];
+        let mut seen = vec![false; self.rows.len()];
+        for h in 0..self.q_heads {
+            let id = self.head_mask[h as usize];
+            if std::mem::replace(&mut seen[id], true) {
+                continue;
+            }
+            let (mut q, mut kv, mut m) = (None, None, None);
+            self.head_runs(0, h, (&mut q, &mut kv, &mut m), &mut |s, _| {
+                if let Some(u) = used.get_mut(s.class as usize) {
+                    *u = true;
+                }
+            });
+        }
+        used
+    }
+
     /// The runs of one (batch, head), updating the copy-elision state.
     fn head_runs(&self, b: u64, h: u64, state: ElisionState<'_>, f: &mut dyn FnMut(&Step, u64)) {
         let (last_q, last_kv, last_mask) = state;

@@ -59,3 +59,28 @@ fn values_carried_from_another_chip_equal_their_source() {
     // v6e's XLU, v5p's VALU, v5e's VALU / EUP / XLU / loaded mask, ... : the notes name them.
     assert!(carried >= 8, "only {carried} carried values found: the notes' wording changed?");
 }
+
+#[test]
+fn every_row_a_preset_names_is_a_row_of_its_chip() {
+    // `fitted_to` and `checked_against` name the rows a value was fitted to or checked against:
+    // each must be a row of the shipped CSV, measured on that preset's chip (a renamed or
+    // removed row would leave a model citing measurements that are not there).
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../traces/measured/calibration.csv");
+    let file = read_file(path, &[]).unwrap();
+    let mut named = 0;
+    for chip in ["v4", "v5e", "v5p", "v6e", "v7x"] {
+        let model = ChipModel::preset(chip).unwrap();
+        for name in FITTED_PARAMS {
+            let p = fitted_param(&model, name).unwrap();
+            for (list, ids) in [("fitted_to", &p.fitted_to), ("checked_against", &p.checked_against)] {
+                for id in ids.iter().flatten() {
+                    let row = file.rows.iter().find(|r| r.id == *id);
+                    let row = row.unwrap_or_else(|| panic!("models/{chip}.toml: {name}.{list} names {id}, which is not a row of {path}"));
+                    assert_eq!(row.chip, chip, "models/{chip}.toml: {name}.{list} names {id}, a row of chip {}", row.chip);
+                    named += 1;
+                }
+            }
+        }
+    }
+    assert!(named >= 20, "only {named} row ids named by the presets: the lists moved?");
+}

@@ -597,6 +597,15 @@ impl ChipModel {
         v.pos("mxu.published_peak_bf16_tflops", &self.mxu.published_peak_bf16_tflops, 1e-3, 1e6);
         v.count("vpu.sublanes", &self.vpu.sublanes, 1, 1024);
         v.count("vpu.lanes", &self.vpu.lanes, 1, 8192);
+        for (key, p) in [("vpu.sublanes", &self.vpu.sublanes), ("vpu.lanes", &self.vpu.lanes)] {
+            if p.value > 0 && !p.value.is_power_of_two() {
+                v.fail(
+                    key,
+                    p.value,
+                    "must be a power of two (1, 2, 4, ...): a vector register is a (sublanes, lanes) tile that Mosaic's layouts halve and pack (8 x 128 on every TPU so far)",
+                );
+            }
+        }
         v.count("vpu.alu_latency_cycles", &self.vpu.alu_latency_cycles, 1, 10_000);
         v.count("eup.latency_cycles", &self.eup.latency_cycles, 1, 10_000);
         v.count("xlu.count", &self.xlu.count, 1, 64);
@@ -1088,6 +1097,16 @@ mod tests {
             for p in [&ici.ports, &ici.torus_dims, &ici.pod_devices, &ici.wraparound_axis_devices, &ici.wraparound_cube_devices] {
                 assert!(p.source.as_deref().is_some_and(|s| s.len() > 20), "{name}");
             }
+        }
+    }
+
+    #[test]
+    fn register_shapes_are_powers_of_two() {
+        let chip = ChipModel::preset("v6e").unwrap();
+        for (key, bad, good) in [("vpu.sublanes", "3", "16"), ("vpu.lanes", "96", "256")] {
+            let e = chip.with_override(key, bad).unwrap_err().to_string();
+            assert!(e.contains(key) && e.contains(bad) && e.contains("power of two"), "{e}");
+            assert!(chip.with_override(key, good).is_ok(), "{key} = {good}");
         }
     }
 

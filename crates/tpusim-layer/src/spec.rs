@@ -364,7 +364,7 @@ impl LayerSpec {
         }
         for &t in &self.target_speedup {
             if !(t.is_finite() && t >= 1.0) {
-                return Err(LayerError::field("target_speedup", t, "expected a speedup of at least 1"));
+                return Err(LayerError::field("target_speedup", t, "expected a finite end-to-end speedup of at least 1 (e.g. 1.5)"));
             }
         }
         let dense_kernel = kernel_spec(self.dense_kernel.as_deref(), "dense_kernel", default_dense_kernel())?;

@@ -254,3 +254,21 @@ def test_a_loop_of_4096_iterations_is_unrolled_and_one_more_is_refused():
     assert r.transcendentals == 4 * 4096 * 8 * 128
     with pytest.raises(tpusim.InputError, match=r"runs 4097 iterations per step; at most 4096 are lowered .*use fewer, larger iterations"):
         tj.simulate(make(4097), x)
+
+
+def test_the_device_kinds_are_the_readers():
+    """tpusim.jax.DEVICE_KINDS (what a description is lowered for) and the Rust reader's list
+    (tpusim_pallas::desc::DEVICE_KINDS, what it accepts) name the same (kind, chip) pairs: the
+    reader's refusal of an unknown kind lists its own, compared here with the Python table."""
+    import json
+    import re
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "tpusim" / "tests" / "data" / "kernel-ir" / "elementwise.json"
+    d = json.loads(path.read_text())
+    d["producer"]["device_kind"] = "TPU v99"
+    with pytest.raises(tpusim.InputError) as e:
+        tpusim._tpusim.simulate_kernel_ir(json.dumps(d), chip="v6e", set=[])
+    listed = re.findall(r'"([^"]+)" \((\w+)\)', str(e.value))
+    assert listed, str(e.value)
+    assert sorted(listed) == sorted((kind, chip) for chip, (kind, _) in tj.DEVICE_KINDS.items())

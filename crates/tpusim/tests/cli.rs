@@ -550,7 +550,7 @@ fn case_study_is_the_first_run() {
 /// factor; a trace's bad chip or override names the trace.
 #[test]
 fn errors_name_the_field_the_user_gave() {
-    let out = bin().args(["run", "--set", "vpu.lanes=100"]).output().unwrap();
+    let out = bin().args(["run", "--set", "vpu.lanes=4096"]).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--block-kv = 2048") && err.contains("this is the default job"), "{err}");
     assert!(!err.contains("was not given"), "the case study gives block_kv: {err}");

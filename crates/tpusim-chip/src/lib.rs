@@ -517,6 +517,10 @@ impl ChipModel {
         if chip.provenance.compiled_for.is_none() {
             chip.provenance.compiled_for = Some(std::sync::Arc::new(self.clone()));
         }
+        // The description states the model as read (its figures are the file's): it says which
+        // overrides changed it since.
+        let base = chip.provenance.compiled_for.as_ref().map_or_else(|| self.description.clone(), |c| c.description.clone());
+        chip.description = format!("{base}; what-if: --set {}", chip.provenance.overrides.join(" --set "));
         Ok(chip)
     }
 
@@ -1058,6 +1062,9 @@ mod tests {
         assert_eq!(fid.overrides, vec!["hbm.bandwidth_gb_per_s=3276".to_string()]);
         assert_ne!(fid.hash, id.hash);
         assert!(fid.to_string().contains("--set hbm.bandwidth_gb_per_s=3276"), "{fid}");
+        // The description's figures are the file's: it names the overrides since, each once.
+        let twice = faster.with_override("mxu.count", "4").unwrap();
+        assert_eq!(twice.description, format!("{}; what-if: --set hbm.bandwidth_gb_per_s=3276 --set mxu.count=4", v6e.description));
         // The same values from a file hash alike; only the source differs.
         let text = PRESET_TEXT[0].1;
         let file = ChipModel::from_toml_str(text, "my-v6e.toml").unwrap();

@@ -180,10 +180,16 @@ fn list_order(index: &Index, work_costs: &[(usize, f64, f64)]) -> Vec<usize> {
         }
     }
     let mut order = Vec::with_capacity(n);
+    // Per unit: when it can start an operation (`None`: it has none). Only the units the last
+    // step touched (the one that issued, those that received a successor) are looked at again;
+    // the others' heaps and free times did not change.
+    let mut cand: [Option<u64>; BODY_UNITS] = [None; BODY_UNITS];
+    let mut dirty: u32 = active.iter().fold(0, |m, &u| m | 1 << u);
     while order.len() < n {
-        // The unit that can start an operation first.
-        let mut best: Option<(u64, usize)> = None;
         for &u in &active {
+            if dirty & 1 << u == 0 {
+                continue;
+            }
             while let Some(&Reverse((t, r))) = pending[u].peek() {
                 if t > free_fx[u] {
                     break;
@@ -191,15 +197,20 @@ fn list_order(index: &Index, work_costs: &[(usize, f64, f64)]) -> Vec<usize> {
                 pending[u].pop();
                 ready[u].insert(r);
             }
-            let start = if ready[u].len > 0 {
-                free[u]
-            } else if let Some(Reverse((t, _))) = pending[u].peek() {
-                free[u].max(*t << 6)
+            cand[u] = if ready[u].len > 0 {
+                Some(free[u])
             } else {
-                continue;
+                pending[u].peek().map(|Reverse((t, _))| free[u].max(*t << 6))
             };
-            if best.is_none_or(|(b, _)| start < b) {
-                best = Some((start, u));
+        }
+        dirty = 0;
+        // The unit that can start an operation first (the first in unit order on a tie).
+        let mut best: Option<(u64, usize)> = None;
+        for &u in &active {
+            if let Some(start) = cand[u] {
+                if best.is_none_or(|(b, _)| start < b) {
+                    best = Some((start, u));
+                }
             }
         }
         let (start, u) = best.expect("a body's graph is acyclic: some operation is always schedulable");
@@ -213,6 +224,7 @@ fn list_order(index: &Index, work_costs: &[(usize, f64, f64)]) -> Vec<usize> {
         free[u] = start + occ;
         free_fx[u] = fx(free[u]);
         let done = start + occ + lat;
+        dirty |= 1 << u;
         for &j in &index.succ[index.succ_at[i] as usize..index.succ_at[i + 1] as usize] {
             let j = j as usize;
             if done > ready_at[j] {
@@ -223,6 +235,7 @@ fn list_order(index: &Index, work_costs: &[(usize, f64, f64)]) -> Vec<usize> {
                 // Ready by the time its unit is free: straight to the unit's ready operations
                 // (units' free times only grow, so it would be moved there next anyway).
                 let (uj, t) = (usize::from(index.unit[j]), fx(ready_at[j]));
+                dirty |= 1 << uj;
                 if t <= free_fx[uj] {
                     ready[uj].insert(rank[j]);
                 } else {

@@ -39,6 +39,17 @@ tpusim_kernel::word_enum! {
     }
 }
 
+impl OptionWord {
+    /// The `tpusim run` flag the option word stands for.
+    pub fn flag(self) -> &'static str {
+        match self {
+            OptionWord::Base2Exp => "--exp base2",
+            OptionWord::ExperimentalScheduler => "--experimental-scheduler",
+            OptionWord::ReturnResiduals => "--return-residuals",
+        }
+    }
+}
+
 /// An error in a measurement file, naming the file, the line (1-based, the header is line 1) and
 /// the column where it is.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -300,7 +311,7 @@ pub fn parse(text: &str, path: &str, known_chips: &[ChipModel]) -> Result<Measur
         let (id, chip) = row.identity(&mut seen, &mut chips)?;
         let (kernel_word, kernel, direction) = row.kernel()?;
         let measured_ms = row.measured_ms()?;
-        let (options, note) = row.options();
+        let (options, note) = row.options()?;
         let (job, mask, timing) = row.job(kernel.map(Kernel::kind), direction, &options)?;
         let (kernel_ir, runtime) = row.described(path)?;
         let m = Measurement {
@@ -496,15 +507,34 @@ impl RowCells<'_> {
     }
 
     /// Stage 3: the known option words of `options` and the rest as a note.
-    fn options(&self) -> (Vec<OptionWord>, String) {
+    ///
+    /// # Errors
+    /// A word that spells an option word otherwise (`base2exp`, `Base2_Exp`, tokamax's
+    /// `use_base2_exp`): taken as a note it would run the row with that option off, silently.
+    fn options(&self) -> Result<(Vec<OptionWord>, String), MeasureError> {
         let (mut options, mut note) = (Vec::new(), Vec::new());
+        let letters = |w: &str| w.chars().filter(char::is_ascii_alphanumeric).collect::<String>().to_ascii_lowercase();
         for w in self.cell("options").unwrap_or("").split_whitespace() {
             match w.parse::<OptionWord>() {
                 Ok(o) => options.push(o),
-                Err(_) => note.push(w),
+                Err(_) => {
+                    if let Some(o) = OptionWord::ALL.iter().find(|o| letters(w).contains(&letters(o.word()))) {
+                        return Err(self.err(
+                            "options",
+                            format!(
+                                "'{w}' looks like the option word `{}` but is not it: write `{}` to run the row with {}, or reword the note (option words are {})",
+                                o.word(),
+                                o.word(),
+                                o.flag(),
+                                OptionWord::ALL.iter().map(|o| format!("`{}`", o.word())).collect::<Vec<_>>().join(", ")
+                            ),
+                        ));
+                    }
+                    note.push(w)
+                }
             }
         }
-        (options, note.join(" "))
+        Ok((options, note.join(" ")))
     }
 
     /// Stage 4: the row's job fields, its mask text and its `timing` cell. Matmul rows reuse the
@@ -649,6 +679,18 @@ mod tests {
         assert_eq!(r.note, "none given");
         let e = one("B0,v6e,tokamax-splash,fwd,1,10,10,7560,7560,128,128,full,,zigzag,,,,,,7.8,t,s").unwrap_err().to_string();
         assert!(e.contains("column masking") && e.contains("all, partial or none"), "{e}");
+    }
+
+    #[test]
+    fn an_option_word_spelt_otherwise_is_an_error_not_a_note() {
+        // Taken as a note, `base2exp` would run the row with natural exp, silently.
+        for (word, option) in [("base2exp", "base2-exp"), ("use_base2_exp", "base2-exp"), ("Experimental_Scheduler", "experimental-scheduler"), ("return-residuals;", "return-residuals")] {
+            let e = one(&format!("A,v6e,tokamax-splash,fwd,1,8,8,4096,4096,128,128,full,,,,512,512,512,{word},1.5,t,s")).unwrap_err().to_string();
+            assert!(e.contains("column options") && e.contains(&format!("'{word}'")) && e.contains(&format!("`{option}`")), "{e}");
+        }
+        // Other words stay a note.
+        let f = one("A,v6e,tokamax-splash,fwd,1,8,8,4096,4096,128,128,full,,,,512,512,512,base2-exp tuned by hand,1.5,t,s").unwrap();
+        assert_eq!((f.rows[0].options.clone(), f.rows[0].note.as_str()), (vec![OptionWord::Base2Exp], "tuned by hand"));
     }
 
     #[test]

@@ -275,7 +275,15 @@ impl Latent {
         if !video.width.is_multiple_of(sw) || !video.height.is_multiple_of(sh) {
             // Suggest sizes of whole patches (stride x patch pixels), the ones that change the grid.
             let (uw, uh) = (sw * pw, sh * ph);
-            let near = |x: u64, s: u64| if x < s { s.to_string() } else { format!("{} or {}", x / s * s, x.div_ceil(s) * s) };
+            let near = |x: u64, s: u64| {
+                if x < s {
+                    s.to_string()
+                } else if x.is_multiple_of(s) {
+                    x.to_string()
+                } else {
+                    format!("{} or {}", x / s * s, x.div_ceil(s) * s)
+                }
+            };
             return Err(LayerError::field(
                 "resolution",
                 format!("{}x{}", video.width, video.height),
@@ -353,6 +361,9 @@ mod tests {
         // A picture the VAE cannot encode whole is refused, naming the nearest sizes, not rounded.
         let e = Latent::of(&m, &Video::parse("1281x721", 81).unwrap()).unwrap_err().to_string();
         assert!(e.contains("resolution") && e.contains("1281x721") && e.contains("1280 or 1296") && e.contains("720 or 736"), "{e}");
+        // A width that is whole patches already is named once.
+        let e = Latent::of(&m, &Video::parse("1280x721", 81).unwrap()).unwrap_err().to_string();
+        assert!(e.contains("width 1280, height 720 or 736"), "{e}");
     }
 
     #[test]

@@ -338,6 +338,8 @@ impl LayerSpec {
         let end_to_end: Option<(&str, String)> = ["dense_steps", "dense_layers", "target_speedup"].into_iter().find_map(|f| {
             set.get(f).map(|v| {
                 let text = match v {
+                    // A NaN or infinite speedup serialises as null: shown as given.
+                    serde_json::Value::Array(_) if f == "target_speedup" => self.target_speedup.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(","),
                     serde_json::Value::Array(a) => a.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(","),
                     other => other.to_string(),
                 };
@@ -607,6 +609,10 @@ mod tests {
             (
                 LayerSpec { attention: Some(AttentionMode::Sparse), target_speedup: vec![1.2], ..Default::default() },
                 "`target_speedup` = 1.2: applies to an end-to-end run",
+            ),
+            (
+                LayerSpec { attention: Some(AttentionMode::Sparse), target_speedup: vec![f64::NAN], ..Default::default() },
+                "`target_speedup` = NaN: applies to an end-to-end run",
             ),
         ];
         for (s, want) in cases {

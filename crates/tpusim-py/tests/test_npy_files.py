@@ -81,6 +81,10 @@ def test_block_map_tiles_at_multiples_of_its_blocks(tmp_path):
         (lambda p: np.savez(p, block_mask=np.zeros((1, 8, 4), np.int8), q_len=Q, kv_len=Q, block_q=256), "missing member 'block_kv'"),
         (lambda p: np.savez(p, block_mask=np.full((1, 8, 4), 3, np.int8), q_len=Q, kv_len=Q, block_q=256, block_kv=512), "expected 0 (empty), 1 (partial) or 2 (full)"),
         (lambda p: np.savez(p, block_mask=np.zeros((1, 4, 4), np.int8), q_len=Q, kv_len=Q, block_q=256, block_kv=512), "shrink_grid=False"),
+        (
+            lambda p: np.savez(p, block_mask=np.zeros((1, 8, 4), np.int8), q_len=Q, kv_len=Q, block_q=256, block_kv=512, mask_nxt=np.zeros(1)),
+            "member 'mask_nxt': not a member of a block map",
+        ),
         (lambda p: np.save(p, np.ones((Q, Q // 2), dtype=bool)), "the workload is 2048 x 2048"),
     ],
 )

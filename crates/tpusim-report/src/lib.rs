@@ -1283,7 +1283,19 @@ pub(crate) fn write_bound_by(s: &mut String, b: &BoundBy<'_>) {
                 ),
             };
             let _ = writeln!(s, "  bound by     {line}");
-            let cells: Vec<String> = table.iter().map(|w| format!("{} -{:.1}%", w.unit, 100.0 * w.gain)).collect();
+            // An MXU that bounds the run but gains nothing from twice its row rate is bound by
+            // what the what-if leaves alone (module `whatif`): say so beside the figure.
+            let cells: Vec<String> = table
+                .iter()
+                .map(|w| {
+                    let why = if w.unit == "mxu" && unit == Unit::Mxu && w.gain < whatif::CO_BOUND_MIN_GAIN {
+                        " (twice the row rate; its fold loads and result latency unchanged)"
+                    } else {
+                        ""
+                    };
+                    format!("{} -{:.1}%{why}", w.unit, 100.0 * w.gain)
+                })
+                .collect();
             let _ = writeln!(s, "  what if 2x   {} (latency saved with one unit twice as fast, same schedule)", cells.join(", "));
         }
         _ => {

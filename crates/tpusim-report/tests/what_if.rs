@@ -40,6 +40,10 @@ fn check(s: &JobSpec, what: &str) -> Report {
     let longest = |among: &[tpusim_kernel::Unit]| among.iter().map(|&u| rep.critical_path_ms[u]).fold(f64::NEG_INFINITY, f64::max);
     let tied: Vec<_> = units.iter().copied().filter(|u| gain_of(u.word()) >= CO_BOUND_FRACTION * best && gain_of(u.word()) > CO_BOUND_MIN_GAIN).collect();
     let text = rep.to_table();
+    // An MXU that bounds the run and gains nothing from twice its row rate is explained beside
+    // its figure, and only then.
+    let explained = rep.bottleneck == tpusim_kernel::Unit::Mxu && gain_of("mxu") < CO_BOUND_MIN_GAIN;
+    assert_eq!(text.contains("% (twice the row rate; its fold loads and result latency unchanged)"), explained, "{what}: {text}");
     if best < DECISIVE_GAIN {
         // No gain decides: the label names the critical path's unit and says why.
         assert_eq!(rep.bound_rule, Some(BoundRule::CriticalPath), "{what}: {table:?}");

@@ -359,7 +359,17 @@ impl SweepDef {
                 if list.is_empty() {
                     return Err(fail("mode = \"points\" needs at least one [[points]] table".into()));
                 }
+                // A label names its point's row (in plots too): two points may not share one.
+                let mut labels: Vec<(&str, usize)> = Vec::new();
                 for (pi, table) in list.iter().enumerate() {
+                    if let Some(l) = table.get("label").and_then(toml::Value::as_str) {
+                        if let Some((_, first)) = labels.iter().find(|(x, _)| *x == l) {
+                            return Err(fail(format!(
+                                "points[{pi}].label = {l:?}: points[{first}] has that label; a label tells a point's row apart, so give each point its own"
+                            )));
+                        }
+                        labels.push((l, pi));
+                    }
                     let mut flat = Vec::new();
                     flatten("", table, &mut flat);
                     let mut point = Vec::with_capacity(flat.len());
@@ -594,6 +604,10 @@ mod tests {
             ("[base]\nbogus = 1\n[axes]\nblock_q = [512]\n", "bogus"),
             ("modes = 1\n", "modes"),
             ("mode = \"grid\"\n[axes]\nblock_q = [512]\n", "grid"),
+            (
+                "[[points]]\nlabel = \"a\"\nblock_q = 512\n[[points]]\nlabel = \"b\"\n[[points]]\nlabel = \"a\"\nblock_q = 1024\n",
+                "points[2].label = \"a\": points[0] has that label",
+            ),
         ];
         for (text, want) in cases {
             let e = parse(text).unwrap_err().to_string();

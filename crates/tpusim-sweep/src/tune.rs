@@ -951,13 +951,26 @@ impl TuneResult {
     }
 
     /// The ranked configurations as lines ready to paste into Python: `BlockSizes(...)` with a
-    /// comment giving the rank, the latency and the options that are not block sizes.
+    /// comment giving the rank, the latency and the options that are not block sizes; a line
+    /// whose `BlockSizes` an earlier rank has says so and which options differ.
     pub fn to_block_sizes(&self) -> String {
         let mut s = String::new();
+        // Per BlockSizes written: its rank and flags (`--name value` options).
+        let mut seen: Vec<(&str, usize, Vec<String>)> = Vec::new();
+        let options = |flags: &str| flags.split(" --").map(|o| o.trim_start_matches("--").to_string()).collect::<Vec<_>>();
         for r in &self.top {
             match &r.block_sizes {
                 Some(b) => {
-                    let _ = writeln!(s, "{b}  # rank {}: {:.3} ms; {}", r.rank, r.latency_ms, r.job.config_spec().to_flags());
+                    let flags = r.job.config_spec().to_flags();
+                    let opts = options(&flags);
+                    let same = seen.iter().find(|(sb, _, _)| *sb == b.as_str()).map(|(_, rank, first)| {
+                        let differ: Vec<String> = opts.iter().filter(|o| !first.contains(o)).map(|o| format!("--{o}")).collect();
+                        format!(" (the BlockSizes of rank {rank}; differs in {})", differ.join(" "))
+                    });
+                    let _ = writeln!(s, "{b}  # rank {}: {:.3} ms; {flags}{}", r.rank, r.latency_ms, same.unwrap_or_default());
+                    if !seen.iter().any(|(sb, _, _)| *sb == b.as_str()) {
+                        seen.push((b.as_str(), r.rank, opts));
+                    }
                 }
                 None => {
                     let _ = writeln!(s, "# rank {}: {:.3} ms; {} (not attention: no BlockSizes)", r.rank, r.latency_ms, r.flags);

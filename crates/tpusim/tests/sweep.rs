@@ -470,3 +470,26 @@ fn sweep_row_errors_name_fields_as_the_sweep_file_gives_them() {
     assert!(e.starts_with("block_q = 100:") && e.contains("seq_len (2048)") && !e.contains('`') && !e.contains(" q_len"), "{e}");
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// `tune --block-sizes` (a fresh user's finding): two ranks with the same `BlockSizes` (they
+/// differ in an option that is not a block size) are told apart on the second's line.
+#[test]
+fn tune_block_sizes_lines_mark_a_repeated_block_size() {
+    let dir = scratch("tune-block-sizes");
+    let out = ok(&["tune", "--heads", "16", "--seq-len", "16384", "--mask", "causal", "--block-sizes", "--top", "6"], &dir);
+    let lines: Vec<&str> = out.lines().filter(|l| l.starts_with("BlockSizes(")).collect();
+    assert_eq!(lines.len(), 6, "{out}");
+    let mut seen: Vec<&str> = Vec::new();
+    let mut repeats = 0;
+    for l in &lines {
+        let b = &l[..l.find(')').unwrap() + 1];
+        let marked = l.contains("(the BlockSizes of rank ");
+        assert_eq!(marked, seen.contains(&b), "{l}");
+        if marked {
+            repeats += 1;
+            assert!(l.contains("; differs in --"), "{l}");
+        }
+        seen.push(b);
+    }
+    assert!(repeats > 0, "no repeated BlockSizes in the top 6 to check: {out}");
+}

@@ -94,6 +94,12 @@ fn read_npz(path: &str) -> Result<Mask, MaskError> {
     let names: Vec<String> = zip.file_names().map(String::from).collect();
     let members: Vec<String> = names.iter().map(|n| n.trim_end_matches(".npy").to_string()).collect();
     if members.iter().any(|m| m == "block_mask") {
+        // A member a block map does not have (a misspelt `mask_next`, say) is refused, as a
+        // JSON mask file's unknown key is: read silently, it would change nothing.
+        const BLOCK_MAP_MEMBERS: [&str; 7] = ["block_mask", "q_len", "kv_len", "block_q", "block_kv", "partial_mask_blocks", "mask_next"];
+        if let Some(m) = members.iter().find(|m| !BLOCK_MAP_MEMBERS.contains(&m.as_str())) {
+            return Err(err(path, format!("member '{m}': not a member of a block map (its members are {})", BLOCK_MAP_MEMBERS.join(", "))));
+        }
         return block_map(path, &mut zip, &members);
     }
     let pick = if members.len() == 1 {

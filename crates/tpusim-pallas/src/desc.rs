@@ -68,6 +68,17 @@ pub struct Producer {
     pub mosaic_version: Option<u64>,
 }
 
+/// The memory spaces a copy's `src_space` / `dst_space` may name (a ref's `memory_space`, or
+/// Mosaic's `#tpu.memory_space` name; `any` is HBM).
+pub const DMA_SPACES: &[&str] = &["any", "hbm", "vmem", "smem", "cmem", "semaphore", "semaphore_mem"];
+
+/// Whether a copy's `src_space` and `dst_space` are both HBM (`any` or `hbm`): it reads and
+/// writes its bytes there.
+pub fn hbm_to_hbm(op: &Op) -> bool {
+    let hbm = |k: &str| op.attrs.get(k).and_then(|v| v.as_str()).is_some_and(|x| x == "any" || x == "hbm");
+    hbm("src_space") && hbm("dst_space")
+}
+
 /// The JAX device kinds a kernel is lowered for, with the chip preset of each (the strings
 /// `jax._src.pallas.mosaic.tpu_info.chip_version_from_device_kind` maps to each generation;
 /// `tpusim.jax.DEVICE_KINDS` lists the same).
@@ -652,8 +663,11 @@ impl Description {
                     bound.extend(a.iter().filter_map(serde_json::Value::as_u64));
                 }
             }
+            // A yield names the results of the region op it ends: both branches of an `scf.if`
+            // yield the same results, so a yield's ids may repeat.
+            let yields = op.op == "scf.yield";
             for id in bound {
-                if !ids.insert(id) && id != 0 {
+                if !ids.insert(id) && id != 0 && !yields {
                     return Some((id, format!("{} at {}", op.op, op.place())));
                 }
             }
@@ -741,7 +755,7 @@ impl Description {
             if matches!(op.op.as_str(), "tpu.enqueue_dma" | "tpu.wait_dma" | "tpu.wait_dma2") {
                 // A misspelt semaphore would silently make a wait wait for every copy.
                 let known: &[&str] = if op.op == "tpu.enqueue_dma" {
-                    &["bytes", "src_ref", "src_offsets", "src_shape", "sem_ref", "sem_alloc", "sem_offsets"]
+                    &["bytes", "src_ref", "src_offsets", "src_shape", "src_space", "dst_space", "sem_ref", "sem_alloc", "sem_offsets"]
                 } else {
                     &["bytes", "sem_ref", "sem_alloc", "sem_offsets"]
                 };
@@ -750,6 +764,14 @@ impl Description {
                     return Err(PallasError::field(&at, "(unknown attribute)", format!("a `{}` has attributes {}", op.op, known.join(", "))));
                 }
                 self.check_semaphore(op, &f, defined)?;
+                for k in ["src_space", "dst_space"] {
+                    if let Some(v) = op.attrs.get(k) {
+                        if !v.as_str().is_some_and(|x| DMA_SPACES.contains(&x)) {
+                            let at = format!("{f} at {}: attrs.{k}", op.place());
+                            return Err(PallasError::field(&at, v, format!("a Mosaic memory space: {}", DMA_SPACES.join(", "))));
+                        }
+                    }
+                }
             }
             if matches!(op.op.as_str(), "tpu.wait_dma" | "tpu.wait_dma2") {
                 if let Some(bytes) = op.attrs.get("bytes") {

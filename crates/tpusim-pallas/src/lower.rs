@@ -552,6 +552,7 @@ fn body_op(d: &Description, op: &Op) -> Result<tpusim_kernel::body::BodyOp, Pall
         // A copy's bytes and semaphore are evaluated at the step ([`copy_facts`]).
         bytes: None,
         semaphore: None,
+        hbm_to_hbm: op.op == "tpu.enqueue_dma" && crate::desc::hbm_to_hbm(op),
         // Decided from the op's uses in the whole body ([`folded_transposes`]).
         folded: false,
     };
@@ -810,7 +811,7 @@ pub fn lower(chip: &ChipModel, d: &Description, dir: &Path) -> Result<(Program, 
         let k = offs.partition_point(|&o| o <= at) - 1;
         let r = &d.refs[windows[k]];
         PallasError::field(
-            &format!("the index map of `{}` at grid index {idx:?}: block index {}", r.name, at - offs[k]),
+            &format!("kernel `{}`: the index map of `{}` at grid index {idx:?}: block index {}", d.kernel_name, r.name, at - offs[k]),
             out[at],
             format!(
                 "expected 0 to {} (array {:?} in blocks of {:?}): a block outside the array (a scalar-prefetch table's entry out of range?)",

@@ -165,6 +165,21 @@ def test_megablox_tgmm_simulates():
     assert r.grid_steps > 0 and r.flops == pytest.approx(2 * 256 * 512 * 256)
 
 
+def test_the_gradient_of_megablox_gmm_reads_its_metadata():
+    """A fresh user's finding: jax.grad of gmm traces three kernels (the forward, dlhs and drhs)
+    but the export keeps two (the forward's result is unused): the host evaluation now drops
+    what the export drops, so each kernel gets its own group metadata (it was refused as a grid
+    sized at run time, with concrete arrays given)."""
+    from jax.experimental.pallas.ops.tpu.megablox import gmm
+
+    m, k, n, g = 1024, 512, 512, 4
+    f = jax.grad(lambda lhs, rhs, gs: gmm(lhs, rhs, gs, tiling=(256, 256, 256)).sum(), argnums=(0, 1))
+    rs = tj.simulate(f, np.zeros((m, k), jnp.bfloat16), np.zeros((g, k, n), jnp.bfloat16), np.array([256] * g, np.int32))
+    assert len(rs.kernels) == 2
+    # dlhs = dout @ rhs^T per group and drhs = lhs^T @ dout per group: 2 m k n FLOPs each.
+    assert [r.flops for r in rs.kernels] == [2 * m * k * n] * 2
+
+
 def test_smem_scratch_filled_by_the_kernel_is_read_back():
     def kernel(gs_ref, x_ref, o_ref, tbl):
         def body(i, c):

@@ -210,7 +210,7 @@ fn bad_kernel_ir_input_is_refused_by_name() {
             // 4 row blocks of 256 in the 1024-row array: index 4 is past it.
             "a block index past its array",
             |d| d["refs"][0]["index_map"][0] = serde_json::json!(["add", ["grid", 0], 4]),
-            &["the index map of `input 0` at grid index [0, 0, 0]: block index 0 = 4", "expected 0 to 3", "[1024, 1024] in blocks of [256, 512]"],
+            &["kernel `tiled_matmul`: the index map of `input 0` at grid index [0, 0, 0]: block index 0 = 4", "expected 0 to 3", "[1024, 1024] in blocks of [256, 512]"],
         ),
         (
             "a device kind JAX does not lower for",

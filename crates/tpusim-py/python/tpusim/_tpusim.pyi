@@ -61,11 +61,11 @@ class Report:
     dma_stall_ms: float
     critical_path_ms: dict[str, float]
     job: dict[str, Any]
-    grid: list[tuple[str, int]]
-    padded: list[tuple[str, int, int]]
+    grid: list[list[str | int]]  # [name, size] pairs
+    padded: list[list[str | int]]  # [name, length, padded length]
     vmem_bytes: int
     vmem_limit_bytes: int
-    vmem_buffers: list[tuple[str, int]]
+    vmem_buffers: list[list[str | int]]  # [buffer, bytes]
     kernel_ms: float
     outside_kernel_ms: float
     host_ms: float
@@ -83,7 +83,7 @@ class Report:
     tile_skip_efficiency: float  # sparse attention
     speedup_vs_dense: float  # sparse attention
     smem_bytes: int  # a kernel read from its IR
-    declared_cost_estimate: dict[str, int]  # a kernel read from its IR that declares one
+    declared_cost_estimate: dict[str, float]  # a kernel read from its IR that declares one (as the description holds it)
     assumptions: list[str]  # a kernel read from its IR
     measured: dict[str, Any]  # a job with a shipped measurement
     def to_dict(self) -> dict[str, Any]: ...

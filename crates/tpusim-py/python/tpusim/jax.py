@@ -571,8 +571,12 @@ class _Reader:
             if name == "scf.while":
                 before, after = op.regions[0].blocks[0], op.regions[1].blocks[0]
                 if any(_is_vector(a.type) for a in list(before.arguments) + list(after.arguments)):
-                    out.append(self.vector_op(op))  # an error in the lowering, naming the op
-                    continue
+                    raise InputError(
+                        f"kernel `{self.kernel_name}`: scf.while at {_loc(op)}: a lax.while_loop that carries a vector "
+                        "is not read (its trip count and carried values are found from scalars only): keep the vector "
+                        "in a ref the loop body reads and writes (a pltpu.VMEM scratch, or the output block) and carry "
+                        "only scalars, or use lax.fori_loop, whose vector carries are read"
+                    )
                 carried = []
                 for a in before.arguments:
                     i = self._new_id()
@@ -783,6 +787,10 @@ class _Reader:
             for s in self._dims(op.operands[0]):
                 n = n * s if isinstance(s, int) and isinstance(n, int) else ["mul", n, s]
             attrs["bytes"] = n
+            # Where it copies from and to (`any` is HBM): a copy from HBM to HBM reads and
+            # writes its bytes there.
+            for key, x in (("src_space", op.operands[0]), ("dst_space", op.operands[1])):
+                attrs[key] = _memspace(x.type)
             view = self.views.get(self._key(op.operands[0]))
             if view is not None:
                 ri, offs, win, _ = view
@@ -1217,8 +1225,15 @@ def _call_operands(fn, args, mesh):
     try:
         with jax.sharding.use_abstract_mesh(mesh):
             closed = jax.make_jaxpr(fn)(*args)
+        jaxpr = closed.jaxpr
+        if not jaxpr.constvars:
+            # The export holds only the kernels whose results are used (a gradient's forward
+            # kernel is dropped): the calls found must be those, in the same order.
+            from jax._src.interpreters import partial_eval as pe
+
+            jaxpr, _ = pe.dce_jaxpr(jaxpr, [True] * len(jaxpr.outvars), instantiate=True)
         found = []
-        _eval_to_calls(closed.jaxpr, list(closed.consts), leaves, found)
+        _eval_to_calls(jaxpr, list(closed.consts), leaves, found)
         return found
     except Exception:
         return None

@@ -68,15 +68,16 @@ pub struct Producer {
     pub mosaic_version: Option<u64>,
 }
 
-/// The memory spaces a copy's `src_space` / `dst_space` may name (a ref's `memory_space`, or
-/// Mosaic's `#tpu.memory_space` name; `any` is HBM).
-pub const DMA_SPACES: &[&str] = &["any", "hbm", "vmem", "smem", "cmem", "semaphore", "semaphore_mem"];
+/// A copy's `src_space` or `dst_space` (`key`): the memory space it names, as a ref's
+/// `memory_space` is written; `None` when absent or not one.
+fn dma_space(op: &Op, key: &str) -> Option<MemorySpace> {
+    op.attrs.get(key).and_then(|v| serde_json::from_value(v.clone()).ok())
+}
 
-/// Whether a copy's `src_space` and `dst_space` are both HBM (`any` or `hbm`): it reads and
-/// writes its bytes there.
+/// Whether a copy's `src_space` and `dst_space` are both HBM (`any`): it reads and writes its
+/// bytes there.
 pub fn hbm_to_hbm(op: &Op) -> bool {
-    let hbm = |k: &str| op.attrs.get(k).and_then(|v| v.as_str()).is_some_and(|x| x == "any" || x == "hbm");
-    hbm("src_space") && hbm("dst_space")
+    dma_space(op, "src_space") == Some(MemorySpace::Any) && dma_space(op, "dst_space") == Some(MemorySpace::Any)
 }
 
 /// The JAX device kinds a kernel is lowered for, with the chip preset of each (the strings
@@ -765,11 +766,9 @@ impl Description {
                 }
                 self.check_semaphore(op, &f, defined)?;
                 for k in ["src_space", "dst_space"] {
-                    if let Some(v) = op.attrs.get(k) {
-                        if !v.as_str().is_some_and(|x| DMA_SPACES.contains(&x)) {
-                            let at = format!("{f} at {}: attrs.{k}", op.place());
-                            return Err(PallasError::field(&at, v, format!("a Mosaic memory space: {}", DMA_SPACES.join(", "))));
-                        }
+                    if let (Some(v), None) = (op.attrs.get(k), dma_space(op, k)) {
+                        let at = format!("{f} at {}: attrs.{k}", op.place());
+                        return Err(PallasError::field(&at, v, "a memory space as a ref's is written: vmem, smem, any (HBM) or semaphore"));
                     }
                 }
             }

@@ -963,14 +963,17 @@ impl TuneResult {
                 Some(b) => {
                     let flags = r.job.config_spec().to_flags();
                     let opts = options(&flags);
-                    let same = seen.iter().find(|(sb, _, _)| *sb == b.as_str()).map(|(_, rank, first)| {
-                        let differ: Vec<String> = opts.iter().filter(|o| !first.contains(o)).map(|o| format!("--{o}")).collect();
-                        format!(" (the BlockSizes of rank {rank}; differs in {})", differ.join(" "))
-                    });
-                    let _ = writeln!(s, "{b}  # rank {}: {:.3} ms; {flags}{}", r.rank, r.latency_ms, same.unwrap_or_default());
-                    if !seen.iter().any(|(sb, _, _)| *sb == b.as_str()) {
-                        seen.push((b.as_str(), r.rank, opts));
-                    }
+                    let same = match seen.iter().find(|(sb, _, _)| *sb == b.as_str()) {
+                        Some((_, rank, first)) => {
+                            let differ: Vec<String> = opts.iter().filter(|o| !first.contains(o)).map(|o| format!("--{o}")).collect();
+                            format!(" (the BlockSizes of rank {rank}; differs in {})", differ.join(" "))
+                        }
+                        None => {
+                            seen.push((b.as_str(), r.rank, opts));
+                            String::new()
+                        }
+                    };
+                    let _ = writeln!(s, "{b}  # rank {}: {:.3} ms; {flags}{same}", r.rank, r.latency_ms);
                 }
                 None => {
                     let _ = writeln!(s, "# rank {}: {:.3} ms; {} (not attention: no BlockSizes)", r.rank, r.latency_ms, r.flags);

@@ -320,30 +320,13 @@ pub fn counting_only<T>(f: impl FnOnce() -> T) -> T {
     f()
 }
 
-/// The step body under `key`, built by `build` when no recent lowering of this process built it
-/// (a hand lowering names a body by its kernel and step fields): lowerings of one shape, and a
-/// sweep's points that share one, build it once. At most 64 bodies are kept (all dropped when
-/// full). Bodies built for counting only ([`counting_only`]) are neither kept nor looked up.
-pub fn cached(key: String, build: impl FnOnce() -> StepBody) -> StepBody {
-    use std::sync::PoisonError;
-    if COUNTING.with(std::cell::Cell::get) {
-        return build();
-    }
-    if let Some(b) = store().lock().unwrap_or_else(PoisonError::into_inner).get(&key) {
-        return b.clone();
-    }
-    let body = build();
-    let mut c = store().lock().unwrap_or_else(PoisonError::into_inner);
-    if c.len() >= STORE_CAPACITY {
-        c.clear();
-    }
-    c.entry(key).or_insert(body).clone()
-}
-
 /// The step body under `keys[want]`: `build` builds both bodies, `keys[0]`'s and `keys[1]`'s,
-/// when no recent lowering built the one wanted, and both are kept ([`cached`]'s store). A
-/// step and the same step at its row's end are such a pair: every op before the end is
-/// emitted once (a cloned [`Builder`]), and a lowering that uses one uses the other.
+/// when no recent lowering of this process built the one wanted (a hand lowering names a body
+/// by its kernel and step fields), and both are kept: lowerings of one shape, and a sweep's
+/// points that share one, build it once. A step and the same step at its row's end are such a
+/// pair: every op before the end is emitted once (a cloned [`Builder`]), and a lowering that
+/// uses one mostly uses the other. At most 64 bodies are kept (all dropped when full). Bodies
+/// built for counting only ([`counting_only`]) are neither kept nor looked up.
 pub fn cached_pair(keys: [String; 2], want: usize, build: impl FnOnce() -> [StepBody; 2]) -> StepBody {
     use std::sync::PoisonError;
     if COUNTING.with(std::cell::Cell::get) {
@@ -369,7 +352,7 @@ pub fn cached_pair(keys: [String; 2], want: usize, build: impl FnOnce() -> [Step
     }
 }
 
-/// Bodies [`cached`] and [`cached_pair`] keep: at most this many (all dropped when full).
+/// Bodies [`cached_pair`] keeps: at most this many (all dropped when full).
 const STORE_CAPACITY: usize = 64;
 
 /// The bodies recent lowerings of this process built, by key.

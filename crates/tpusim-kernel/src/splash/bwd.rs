@@ -565,15 +565,15 @@ pub fn lower_dkv(chip: &ChipModel, w: &AttentionCall, cfg: &super::SplashConfig)
     // An empty step runs what the kernel runs outside its compute branch: the fused kernel's dq
     // partial zeroed (tokamax writes one every step; JAX zeroes it every step), and `init` or
     // `end` at the line's first or last step.
-    // The classes' keys now, their bodies (`body_args`: masked, first, runs, last) once the
-    // step stream says which classes run; a class no step runs keeps an empty body.
+    // The classes' keys now, their bodies once the step stream says which classes run
+    // ([`super::build_used_bodies`]).
     let mut classes = Vec::new();
-    let mut body_args = Vec::new();
+    let mut body_args: Vec<super::BodyArgs> = Vec::new();
     let mut empty_of = [[0u32; 2]; 2];
     for first in [false, true] {
         for last in [false, true] {
             empty_of[usize::from(first)][usize::from(last)] = classes.len() as u32;
-            body_args.push((false, first, false, last));
+            body_args.push(Some((false, first, false, last)));
             classes.push(StepClass { key: ClassKey { tile: "empty", masked: false, first, last }, body: StepBody::default() });
         }
     }
@@ -583,7 +583,7 @@ pub fn lower_dkv(chip: &ChipModel, w: &AttentionCall, cfg: &super::SplashConfig)
             for last in [false, true] {
                 let m = masked(kind);
                 class_of[k][usize::from(first)][usize::from(last)] = classes.len() as u32;
-                body_args.push((m, first, true, last));
+                body_args.push(Some((m, first, true, last)));
                 classes.push(StepClass {
                     key: ClassKey { tile: if k == 0 { "partial" } else { "full" }, masked: m, first, last },
                     body: StepBody::default(),
@@ -644,11 +644,9 @@ pub fn lower_dkv(chip: &ChipModel, w: &AttentionCall, cfg: &super::SplashConfig)
         kv_out: b.block_kv_dkv * (w.head_dim + w.head_dim_v) * 2,
         final_out_bytes,
     };
-    for ((class, &(m, first, runs, last)), used) in classes.iter_mut().zip(&body_args).zip(steps.used_classes(body_args.len())) {
-        if used {
-            class.body = bwd_body(true, &step(m, first, runs, last));
-        }
-    }
+    super::build_used_bodies(&mut classes, &body_args, &steps.used_classes(body_args.len()), |m, first, runs, last| {
+        bwd_body(true, &step(m, first, runs, last))
+    });
     let grid_steps = w.batch * kb * w.q_heads * width;
     let info = ProgramInfo {
         kind: crate::options::KernelKind::Attention,
@@ -726,11 +724,11 @@ pub fn lower_dq(chip: &ChipModel, w: &AttentionCall, cfg: &super::SplashConfig) 
         runs,
         last,
     };
-    // The classes' keys now, their bodies (`body_args`: masked, first, runs, last; `None`: the
-    // empty step's) once the step stream says which classes run.
+    // The classes' keys now, their bodies once the step stream says which classes run
+    // ([`super::build_used_bodies`]).
     let mut classes =
         vec![StepClass { key: ClassKey { tile: "empty", masked: false, first: false, last: false }, body: StepBody::default() }];
-    let mut body_args = vec![None];
+    let mut body_args: Vec<super::BodyArgs> = vec![None];
     let mut class_of = [[[0u32; 2]; 2]; 2];
     for (k, kind) in [TileKind::Partial, TileKind::Full].into_iter().enumerate() {
         for first in [false, true] {
@@ -781,11 +779,9 @@ pub fn lower_dq(chip: &ChipModel, w: &AttentionCall, cfg: &super::SplashConfig) 
         mask_dedup: cl.distinct.iter().all(super::diagonal_invariant).then_some((b.block_q_dq, b.block_kv_dq)),
         unit_span: w.q_heads,
     };
-    for ((class, args), used) in classes.iter_mut().zip(&body_args).zip(steps.used_classes(body_args.len())) {
-        if let (Some((m, first, runs, last)), true) = (*args, used) {
-            class.body = bwd_body(false, &step(m, first, runs, last));
-        }
-    }
+    super::build_used_bodies(&mut classes, &body_args, &steps.used_classes(body_args.len()), |m, first, runs, last| {
+        bwd_body(false, &step(m, first, runs, last))
+    });
     let info = ProgramInfo {
         kind: crate::options::KernelKind::Attention,
         kernel: "attention backward dq".into(),

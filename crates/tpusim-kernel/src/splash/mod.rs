@@ -199,6 +199,21 @@ fn op_body(kernel: Kernel, s: &ops::FwdStep<'_>) -> StepBody {
     })
 }
 
+/// A step class's body arguments: (masked, first, runs, last); `None` for the empty step's
+/// class, whose body stays empty.
+pub(crate) type BodyArgs = Option<(bool, bool, bool, bool)>;
+
+/// Gives each class some step of the grid runs (`used`, from the step stream) the body `body`
+/// builds from its arguments; a class no step runs keeps its empty body (lowering builds only
+/// the bodies it simulates).
+pub(crate) fn build_used_bodies(classes: &mut [StepClass], args: &[BodyArgs], used: &[bool], body: impl Fn(bool, bool, bool, bool) -> StepBody) {
+    for ((class, args), &used) in classes.iter_mut().zip(args).zip(used) {
+        if let (Some((masked, first, runs, last)), true) = (*args, used) {
+            class.body = body(masked, first, runs, last);
+        }
+    }
+}
+
 /// Whether a mask keeps a pair by q - k alone, so that blocks at equal q0 - k0 are identical
 /// (what lets [`steps`] name a deduplicated mask block by its offset).
 pub(crate) fn diagonal_invariant(m: &Mask) -> bool {
@@ -678,7 +693,7 @@ pub fn lower(chip: &ChipModel, w: &AttentionCall, cfg: &SplashConfig) -> Result<
     let mut classes =
         vec![StepClass { key: ClassKey { tile: "empty", masked: false, first: false, last: false }, body: StepBody::default() }];
     // Per class: the arguments of its body (`None`: the empty step's).
-    let mut body_args: Vec<Option<(bool, bool, bool, bool)>> = vec![None];
+    let mut body_args: Vec<BodyArgs> = vec![None];
     let mut class_of = [[[0u32; 2]; 2]; 2];
     for (k, kind) in [TileKind::Partial, TileKind::Full].into_iter().enumerate() {
         for first in [false, true] {
@@ -770,11 +785,7 @@ pub fn lower(chip: &ChipModel, w: &AttentionCall, cfg: &SplashConfig) -> Result<
             ),
         ));
     }
-    for ((class, args), used) in classes.iter_mut().zip(&body_args).zip(steps.used_classes(body_args.len())) {
-        if let (Some((masked, first, runs, last)), true) = (*args, used) {
-            class.body = step_body(masked, first, runs, last);
-        }
-    }
+    build_used_bodies(&mut classes, &body_args, &steps.used_classes(body_args.len()), step_body);
     let info = ProgramInfo {
         kind: crate::options::KernelKind::Attention,
         kernel: "attention forward".into(),

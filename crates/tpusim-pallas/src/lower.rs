@@ -544,6 +544,7 @@ fn body_op(d: &Description, op: &Op) -> Result<tpusim_kernel::body::BodyOp, Pall
     let attrs = Attrs {
         dims: ints("dims"),
         dimension: op.attrs.get("dimension").and_then(|x| x.as_u64()),
+        offsets: ints("offsets"),
         mkn,
         batch: op.attrs.get("batch").and_then(|b| b.as_u64()),
         lhs_dtype: text("lhs_dtype"),

@@ -343,3 +343,30 @@ def test_a_while_loop_carrying_a_vector_is_refused_with_a_rewrite_that_works():
         tj.simulate(call(carried), x)
     (r,) = tj.simulate(call(in_ref), x)
     assert r.latency_ms > 0
+
+
+def test_data_moved_off_the_register_tile_is_shifted_on_the_xlu_and_vpu():
+    """A fresh user's finding: `jnp.roll` by 3 lanes (a slice and a concatenation) was free,
+    while `pltpu.roll` by the same 3 lanes runs on the XLU. A start off the (8, 128) tile now
+    costs a shift: an XLU rotation and a VPU select per register moved across lanes; a shift
+    by whole registers (128 lanes, 8 rows) stays free."""
+
+    def call(body):
+        def kernel(x_ref, o_ref):
+            o_ref[...] = body(x_ref[...])
+
+        return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((512, 1024), jnp.float32))
+
+    x = jax.ShapeDtypeStruct((512, 1024), jnp.float32)
+    busy = lambda body: tj.simulate(call(body), x).kernels[0].busy_ms
+    copy = busy(lambda v: v)
+    whole = busy(lambda v: jnp.roll(v, 128, axis=1))
+    lanes = busy(lambda v: jnp.roll(v, 3, axis=1))
+    rotate = busy(lambda v: pltpu.roll(v, 3, 1))
+    rows = busy(lambda v: jnp.roll(v, 3, axis=0))
+    assert whole["xlu"] == copy["xlu"] == 0 and whole["vpu"] == copy["vpu"], (whole, copy)
+    # Every register of the result moves across lanes: at least the rotation's XLU time.
+    assert lanes["xlu"] >= rotate["xlu"] > 0, (lanes, rotate)
+    assert lanes["vpu"] > copy["vpu"], (lanes, copy)
+    # Across sublanes: VPU work only.
+    assert rows["xlu"] == 0 and rows["vpu"] > copy["vpu"], rows

@@ -22,8 +22,9 @@ pub const UNIT_LANES: u64 = 128;
 /// How an op uses the units.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum OpCost {
-    /// No unit time: layout-preserving reshapes and casts, broadcasts, concatenations of whole
-    /// registers, constants, iota (formed once per kernel), loads and stores (the vector
+    /// No unit time: layout-preserving reshapes and casts, broadcasts, slices and
+    /// concatenations of whole registers (one that starts off the register tile is shifted:
+    /// `Builder::relayout`), constants, iota (formed once per kernel), loads and stores (the vector
     /// load/store slots issue beside the ALUs), semaphores. One exception, made
     /// where the store is lowered: a store of a constant fills its buffer at one VPU operation
     /// per register (the hand-written lowerings' zero-fill rule).

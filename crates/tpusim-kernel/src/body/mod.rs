@@ -56,6 +56,10 @@ pub struct Attrs {
     pub dims: Vec<u64>,
     /// Concatenation: the dimension joined.
     pub dimension: Option<u64>,
+    /// A strided slice extracted or inserted (`vector.extract_strided_slice`,
+    /// `vector.insert_strided_slice`): where it starts, one offset per dimension (empty: not
+    /// known, taken as aligned).
+    pub offsets: Vec<u64>,
     /// Matmul: rows, contraction and columns.
     pub mkn: Option<[u64; 3]>,
     /// Matmul: the batch (1 when absent).
@@ -539,7 +543,10 @@ impl Builder {
         let vr = cost::vregs(shape, &varies);
         let mut out = Val { shape: shape.clone(), varies, ns, deps: self.slab_deps(ns), carry: None, unit: None };
         match c {
-            OpCost::Free => self.free(op, &ins, &mut out),
+            OpCost::Free => {
+                self.free(op, &ins, &mut out);
+                self.relayout(op, &ins, &mut out);
+            }
             OpCost::Vpu(k) => {
                 for (s, m) in self.reps(ns) {
                     self.mult = m;
@@ -582,6 +589,85 @@ impl Builder {
         }
         self.vals.insert(op.id, std::rc::Rc::new(out));
         Ok(())
+    }
+
+    /// Data a slice or concatenation moves off its register tile (a start not a multiple of
+    /// the lanes, 128, or of the sublane tile, 8 rows of 32-bit data, 16 of 16-bit, 32 of
+    /// 8-bit): Mosaic shifts it into place (`apply_vector_layout`'s relayout). Assumed, per
+    /// (8,128) register unit moved: a lane shift is one XLU rotation and one VPU select merging
+    /// the two source registers a result register takes lanes from; a sublane shift, a sublane
+    /// rotation and a select on the VPU (two operations, as [`Self::reduce`] counts sublane
+    /// rotations). The registers moved: an extracted slice's result, an inserted slice's source,
+    /// and each concatenated operand that starts off the tile. A value constant along the
+    /// dimension (a broadcast) is formed in place and moves nothing. Aligned slices and
+    /// concatenations of whole registers stay free.
+    fn relayout(&mut self, op: &BodyOp, ins: &[&Val], out: &mut Val) {
+        let rank = op.shape.len();
+        if rank == 0 {
+            return;
+        }
+        let sub_tile = cost::UNIT_SUBLANES * (4 / elem_bytes(&op.dtype).clamp(1, 4));
+        // (registers shifted across lanes, across sublanes) when data of `shape` varying along
+        // `varies` (the result's rank) starts at `at` along dimension `d`.
+        let off = |shape: &[u64], varies: &[bool], d: usize, at: u64| -> (f64, f64) {
+            let regs = if varies.get(d).copied().unwrap_or(false) { cost::vregs(shape, varies) } else { 0.0 };
+            if d + 1 == rank && at % cost::UNIT_LANES != 0 {
+                (regs, 0.0)
+            } else if d + 2 == rank && at % sub_tile != 0 {
+                (0.0, regs)
+            } else {
+                (0.0, 0.0)
+            }
+        };
+        let add = |a: (f64, f64), b: (f64, f64)| (a.0 + b.0, a.1 + b.1);
+        let minor = rank.saturating_sub(2)..rank;
+        let offsets = &op.attrs.offsets;
+        let (lanes, sublanes) = match op.name.as_str() {
+            "vector.extract_strided_slice" if offsets.len() == rank => minor.map(|d| off(&out.shape, &out.varies, d, offsets[d])).fold((0.0, 0.0), add),
+            "vector.insert_strided_slice" => match ins.first() {
+                // The source's dimensions are the result's last ones.
+                Some(src) if src.shape.len() <= rank && offsets.len() == rank => {
+                    let lead = rank - src.shape.len();
+                    let shape = [vec![1; lead], src.shape.clone()].concat();
+                    let varies = [vec![false; lead], src.varies.clone()].concat();
+                    minor.map(|d| off(&shape, &varies, d, offsets[d])).fold((0.0, 0.0), add)
+                }
+                _ => (0.0, 0.0),
+            },
+            "tpu.concatenate" => {
+                let d = op.attrs.dimension.unwrap_or(0) as usize;
+                let mut at = 0;
+                let mut moved = (0.0, 0.0);
+                if minor.contains(&d) && out.varies.get(d).copied().unwrap_or(false) {
+                    for v in ins.iter().take_while(|v| v.shape.len() == rank) {
+                        moved = add(moved, off(&v.shape, &v.varies, d, at));
+                        at += v.shape[d];
+                    }
+                }
+                moved
+            }
+            _ => (0.0, 0.0),
+        };
+        if lanes == 0.0 && sublanes == 0.0 {
+            return;
+        }
+        let ns = out.ns;
+        let src = out.clone();
+        for (s, m) in self.reps(ns) {
+            self.mult = m;
+            let share = slab_share(&op.shape, s, ns);
+            let rotated = (lanes > 0.0).then(|| {
+                let (n, sl) = self.node("lane shift", Work::CrossLane { vregs: lanes * share }, &[&src], &[], s, ns);
+                Val::after(smallvec::smallvec![(n, sl)], Unit::Xlu)
+            });
+            let ops = (lanes + 2.0 * sublanes) * share;
+            let (n, sl) = match &rotated {
+                Some(r) => self.node("shift select", Work::Vector { ops, loaded_mask_vregs: 0.0 }, &[r], &[], 0, 1),
+                None => self.node("shift select", Work::Vector { ops, loaded_mask_vregs: 0.0 }, &[&src], &[], s, ns),
+            };
+            out.set(s, smallvec::smallvec![(n, sl)]);
+        }
+        out.unit = Some(Unit::Vpu);
     }
 
     /// A copy the body starts (`tpu.enqueue_dma`): a node on the DMA engines after the work

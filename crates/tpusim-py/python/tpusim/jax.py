@@ -775,6 +775,10 @@ class _Reader:
             attrs["kind"] = str(a["kind"])
         elif name == "tpu.concatenate":
             attrs["dimension"] = self._int_attr(a["dimension"])
+        elif name in ("vector.extract_strided_slice", "vector.insert_strided_slice") and "offsets" in a:
+            # Where the slice starts: a start off the register tile shifts the data across
+            # lanes or sublanes.
+            attrs["offsets"] = list(_ints(a["offsets"]))
         elif name in ("tpu.transpose", "vector.transpose") and "permutation" in a:
             attrs["permutation"] = list(_ints(a["permutation"]))
         elif name in ("tpu.matmul", "vector.contract"):

@@ -226,3 +226,36 @@ def test_a_float_runtime_table_is_named_by_its_numpy_type(tmp_path):
     np.save(tmp_path / "lens.npy", np.array([1, 2, 3, 4], np.float32))
     _, err = run_cli("run", "--kernel-ir", path, "--runtime", f"lens={tmp_path / 'lens.npy'}", expect=2)
     assert "float32" in err and "integer" in err, err
+
+
+def test_gmm_with_shape_only_weights_reads_its_metadata_from_concrete_group_sizes():
+    """A fresh user's finding: weights given as jax.ShapeDtypeStruct (as for a model too large to
+    allocate) with a concrete group_sizes were refused as a grid sized at run time. The host
+    evaluation now runs what it can: values computed from a shape-only argument stay unknown,
+    the group metadata is computed from group_sizes alone."""
+    f, lhs, rhs = _gmm()
+    shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in (lhs, rhs)]
+    for sizes in ([128, 128, 128, 128], [100, 156, 60, 196]):
+        gs = np.array(sizes, np.int32)
+        concrete = tj.simulate(f, lhs, rhs, gs).kernels[0]
+        shaped = tj.simulate(f, *shapes, gs).kernels[0]
+        assert shaped.grid_steps == concrete.grid_steps and shaped.latency_ms == concrete.latency_ms
+
+    # A table computed from a shape-only argument is never filled with made-up values: the
+    # kernel's prefetch table stays a runtime operand.
+    def kernel(idx_ref, x_ref, o_ref):
+        o_ref[...] = x_ref[...]
+
+    def g(x, y):
+        idx = (x[:4, 0] > 0).astype(jnp.int32) + jnp.sum(y)
+        return pl.pallas_call(
+            kernel,
+            grid_spec=pltpu.PrefetchScalarGridSpec(
+                num_scalar_prefetch=1, grid=(4,), in_specs=[pl.BlockSpec((8, 128), lambda i, t: (t[i], 0))], out_specs=pl.BlockSpec((8, 128), lambda i, t: (i, 0))
+            ),
+            out_shape=jax.ShapeDtypeStruct((32, 128), jnp.float32),
+        )(idx, x)
+
+    (d,), _ = tj.describe_all(g, jax.ShapeDtypeStruct((32, 128), jnp.float32), np.zeros(4, np.int32))
+    (table,) = [r for r in d["refs"] if r["kind"] == "prefetch"]
+    assert "runtime" in table["values"], table

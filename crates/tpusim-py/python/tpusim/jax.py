@@ -1027,7 +1027,7 @@ def _kernels_of(module, args, operands=None):
         if not computed:
             computed.append(operands())
         vals = computed[0]
-        if vals is None or len(vals) != len(calls) or i >= len(vals[ci]):
+        if vals is None or len(vals) != len(calls) or i >= len(vals[ci]) or vals[ci][i] is _UNKNOWN:
             return None
         return np.asarray(vals[ci][i])
 
@@ -1077,8 +1077,9 @@ def _kernels_of(module, args, operands=None):
                     dim = [k for k, b in enumerate(bounds) if b < 0][i]
                     raise InputError(
                         f"kernel `{name}`: grid dimension {dim} is sized at run time (a dynamic grid, operand {i} of the call: {why}), "
-                        "and its size could not be computed: pass concrete arrays (not jax.ShapeDtypeStruct) for every argument, "
-                        "so that tpusim.jax runs the XLA ops that compute it on the host CPU"
+                        "and its size could not be computed: pass concrete arrays (not jax.ShapeDtypeStruct) for the arguments it is "
+                        "computed from (e.g. a grouped matmul's group_sizes; weights may stay shapes), so that tpusim.jax runs the XLA ops "
+                        "that compute it on the host CPU"
                     )
                 grid_values.append(int(np.asarray(val).reshape(-1)[0]))
             prefetch = []
@@ -1182,10 +1183,21 @@ def _has_pallas(jaxpr):
     return False
 
 
+class _Unknown:
+    """A value the host evaluation does not have: a shape-only argument (`jax.ShapeDtypeStruct`)
+    and everything computed from it. A table or grid size it reaches stays a runtime value,
+    never a made-up one."""
+
+
+_UNKNOWN = _Unknown()
+
+
 def _eval_to_calls(jaxpr, consts, vals, found):
     """Runs `jaxpr` on concrete values with JAX's own ops (on the host CPU), recording the operand
     values of each `pallas_call` (in program order) instead of running it (its results are zeros:
-    a value computed from a kernel's output is not a value the description can use)."""
+    a value computed from a kernel's output is not a value the description can use). A value in
+    `vals` may be `_UNKNOWN` (a shape-only argument): an op with an unknown operand is not run and
+    its results are unknown."""
     import numpy as np
 
     env = {}
@@ -1206,6 +1218,8 @@ def _eval_to_calls(jaxpr, consts, vals, found):
         elif sub is not None and _has_pallas(sub[0]):
             j, c = sub
             outs = _eval_to_calls(j, c, ins[len(ins) - len(j.invars):], found)
+        elif any(x is _UNKNOWN for x in ins):
+            outs = [_UNKNOWN] * len(eqn.outvars)
         else:
             outs = eqn.primitive.bind(*ins, **eqn.params)
             if not eqn.primitive.multiple_results:
@@ -1221,11 +1235,17 @@ def _call_operands(fn, args, mesh):
     sizes, scalar-prefetch tables and inputs as the jitted function computes them from concrete
     `args` (XLA ops before the kernel, such as megablox's group metadata, run on the host CPU with
     JAX). None when an argument is a shape only or the function cannot run so (the description
-    then marks what it could not evaluate as runtime values)."""
+    then marks what it could not evaluate as runtime values). A shape-only argument
+    (`jax.ShapeDtypeStruct`, e.g. a model's weights) is not evaluated: what is computed from it
+    stays unknown (`_UNKNOWN`), and what is not (group metadata from a concrete `group_sizes`) is
+    computed."""
     jax = _jax()
     leaves = jax.tree.leaves(list(args))
-    if any(isinstance(a, jax.ShapeDtypeStruct) or not hasattr(a, "__array__") for a in leaves):
+    if any(not isinstance(a, jax.ShapeDtypeStruct) and not hasattr(a, "__array__") for a in leaves):
         return None
+    if all(isinstance(a, jax.ShapeDtypeStruct) for a in leaves):
+        return None
+    leaves = [_UNKNOWN if isinstance(a, jax.ShapeDtypeStruct) else a for a in leaves]
     try:
         with jax.sharding.use_abstract_mesh(mesh):
             closed = jax.make_jaxpr(fn)(*args)

@@ -456,6 +456,8 @@ struct Walker<'a> {
     b: tpusim_kernel::body::Builder,
     /// The transposes the compiler folds into their matmul ([`folded_transposes`]).
     folded: &'a HashSet<u64>,
+    /// The loads nothing uses ([`folded_transposes`]).
+    dead: &'a HashSet<u64>,
 }
 
 /// The transposes Mosaic's canonicalization folds into the matmul that reads them (jax
@@ -466,8 +468,10 @@ struct Walker<'a> {
 /// not where the product is an f32 x f32 matrix-vector one with the rhs contracted along its
 /// last dimension (`rhs_contracting`), which Mosaic leaves as it is. A description is written
 /// before that pass (`tpusim.jax.describe` reads the kernel as lowered), so the reader applies
-/// it. By op id.
-fn folded_transposes(d: &Description) -> HashSet<u64> {
+/// it. By op id; second, the loads whose result nothing uses (a store through a slice of a ref
+/// reads the old window first), which Mosaic erases, so they shift nothing ([`body_op`]'s
+/// offsets).
+fn folded_transposes(d: &Description) -> (HashSet<u64>, HashSet<u64>) {
     /// Per value id: how many uses, and whether the last is a matmul's (its id, operand index).
     type Uses = HashMap<u64, (u32, Option<(u64, usize)>)>;
     fn scan<'o>(ops: &'o [Op], uses: &mut Uses, by_id: &mut HashMap<u64, &'o Op>) {
@@ -493,6 +497,7 @@ fn folded_transposes(d: &Description) -> HashSet<u64> {
     let mut uses = HashMap::new();
     let mut by_id = HashMap::new();
     scan(&d.body, &mut uses, &mut by_id);
+    let dead = by_id.iter().filter(|(id, op)| matches!(op.op.as_str(), "vector.load" | "tpu.load") && !uses.contains_key(*id)).map(|(&id, _)| id).collect();
     let mut out = HashSet::new();
     for (&id, op) in &by_id {
         if !matches!(op.op.as_str(), "tpu.transpose" | "vector.transpose") {
@@ -521,7 +526,7 @@ fn folded_transposes(d: &Description) -> HashSet<u64> {
             out.insert(id);
         }
     }
-    out
+    (out, dead)
 }
 
 /// A description op as the body builder reads it.
@@ -544,7 +549,20 @@ fn body_op(d: &Description, op: &Op) -> Result<tpusim_kernel::body::BodyOp, Pall
     let attrs = Attrs {
         dims: ints("dims"),
         dimension: op.attrs.get("dimension").and_then(|x| x.as_u64()),
-        offsets: ints("offsets"),
+        offsets: match op.op.as_str() {
+            // A load or store at constant indices: where its window starts (the indices after
+            // the ref); one at indices computed at run time is taken as aligned.
+            "vector.load" | "tpu.load" | "vector.store" | "tpu.vector_store" => {
+                let at = op.operands.iter().skip_while(|o| !matches!(o, Operand::Ref(_))).skip(1);
+                at.map(|o| match o {
+                    Operand::Scalar(crate::expr::Expr::Const(c)) => u64::try_from(*c).ok(),
+                    _ => None,
+                })
+                .collect::<Option<Vec<u64>>>()
+                .unwrap_or_default()
+            }
+            _ => ints("offsets"),
+        },
         mkn,
         batch: op.attrs.get("batch").and_then(|b| b.as_u64()),
         lhs_dtype: text("lhs_dtype"),
@@ -624,6 +642,9 @@ impl Walker<'_> {
                 _ => {
                     let mut bop = body_op(self.d, op)?;
                     bop.attrs.folded = self.folded.contains(&op.id);
+                    if self.dead.contains(&op.id) {
+                        bop.attrs.offsets.clear();
+                    }
                     self.b.op(&bop).map_err(|e| kernel_err(self.d, op, e.0))?;
                 }
             }
@@ -774,13 +795,36 @@ pub fn lower(chip: &ChipModel, d: &Description, dir: &Path) -> Result<(Program, 
     let windows: Vec<usize> =
         d.refs.iter().enumerate().filter(|(_, r)| matches!(r.kind, RefKind::Input | RefKind::Output) && r.memory_space != MemorySpace::Any).map(|(i, _)| i).collect();
     let wbytes: Vec<u64> = windows.iter().map(|&i| block_bytes(&d.refs[i])).collect::<Result<_, _>>()?;
+    // Windows whose array the blocks do not divide (a grid of cdiv(size, block)): the copy of a
+    // block at the array's edge moves only the part inside the array (Pallas clamps the DMA to
+    // the array's bounds; the rest of the buffer is left unspecified). Per such window, the
+    // array's shape and the element's bytes.
+    let edge: Vec<Option<(Vec<u64>, u64)>> = windows
+        .iter()
+        .map(|&i| {
+            let r = &d.refs[i];
+            let a = r.array_shape.as_ref().filter(|a| a.len() == r.shape.len() && r.index_map.as_ref().is_some_and(|m| m.len() == a.len()))?;
+            let partial = a.iter().zip(&r.shape).any(|(&x, &b)| b > 0 && x % b != 0);
+            partial.then(|| (a.clone(), dtype_bytes(&r.dtype, "dtype").unwrap_or(4)))
+        })
+        .collect();
+    // Bytes of window `w`'s block at block indices `at`.
+    let copy_bytes = |w: usize, at: &[i64]| -> u64 {
+        match &edge[w] {
+            None => wbytes[w],
+            Some((a, eb)) => {
+                let shape = &d.refs[windows[w]].shape;
+                shape.iter().zip(a).zip(at).map(|((&b, &x), &i)| b.min(x.saturating_sub(i.max(0) as u64 * b))).product::<u64>() * eb
+            }
+        }
+    };
     let is_out: Vec<bool> = windows.iter().map(|&i| d.refs[i].kind == RefKind::Output).collect();
     // Parallel units: the leading parallel dimensions.
     let lead_par = d.dimension_semantics.iter().take_while(|s| matches!(s, DimSemantics::Parallel | DimSemantics::CoreParallel)).count();
     let unit_size: u64 = d.grid[lead_par..].iter().product::<u64>().max(1);
     let units = d.grid[..lead_par].iter().product::<u64>().max(1);
     let carried = carried_refs(d);
-    let folded = folded_transposes(d);
+    let (folded, dead) = folded_transposes(d);
     // Step generation.
     let ndim = d.grid.len();
     let mut idx = vec![0i64; ndim];
@@ -888,14 +932,14 @@ pub fn lower(chip: &ChipModel, d: &Description, dir: &Path) -> Result<(Program, 
             changes[w] = changes_next;
             if is_out[w] {
                 if changes_next {
-                    out_bytes += wbytes[w];
+                    out_bytes += copy_bytes(w, &cur[offs[w]..offs[w + 1]]);
                     last = true;
                 }
                 if changed_in && !first_step {
                     first = true;
                 }
             } else if changed_in {
-                in_bytes += wbytes[w];
+                in_bytes += copy_bytes(w, &cur[offs[w]..offs[w + 1]]);
             }
         }
         // The body's path at this step (SMEM state carried from the previous step).
@@ -921,7 +965,7 @@ pub fn lower(chip: &ChipModel, d: &Description, dir: &Path) -> Result<(Program, 
                         ),
                     });
                 }
-                let mut b = Walker { d, b: tpusim_kernel::body::Builder::new(carried.clone()), folded: &folded };
+                let mut b = Walker { d, b: tpusim_kernel::body::Builder::new(carried.clone()), folded: &folded, dead: &dead };
                 let cell = std::cell::RefCell::new(before.clone().unwrap_or_default());
                 let mut env = StepEnv { idx: &idx, ivs: Vec::new(), tables: &tables, smem: Some(&cell) };
                 b.walk(&d.body, &mut env)?;

@@ -370,3 +370,44 @@ def test_data_moved_off_the_register_tile_is_shifted_on_the_xlu_and_vpu():
     assert lanes["vpu"] > copy["vpu"], (lanes, copy)
     # Across sublanes: VPU work only.
     assert rows["xlu"] == 0 and rows["vpu"] > copy["vpu"], rows
+
+
+def test_a_ref_window_off_the_register_tile_is_shifted_and_an_aligned_one_is_not():
+    """A fresh user's finding: `x_ref[:, 1:897]` cost what `x_ref[:, 128:1024]` did. A load or
+    store at constant indices off the tile now shifts its value (a store's unused read of the
+    old window, which Mosaic erases, shifts nothing)."""
+
+    def load(a):
+        def kernel(x_ref, o_ref):
+            o_ref[...] = x_ref[:, a : a + 896] * 2
+
+        return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((512, 896), jnp.float32))
+
+    def store(a):
+        def kernel(x_ref, o_ref):
+            o_ref[...] = jnp.zeros(o_ref.shape, jnp.float32)
+            o_ref[:, a : a + 896] = x_ref[...] * 2
+
+        return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((512, 1024), jnp.float32))
+
+    wide, narrow = jax.ShapeDtypeStruct((512, 1024), jnp.float32), jax.ShapeDtypeStruct((512, 896), jnp.float32)
+    off, on = (tj.simulate(load(a), wide).kernels[0].busy_ms for a in (1, 128))
+    assert on["xlu"] == 0 and off["xlu"] > 0 and off["vpu"] > on["vpu"], (off, on)
+    off_store, on_store = (tj.simulate(store(a), narrow).kernels[0].busy_ms for a in (3, 128))
+    assert on_store["xlu"] == 0 and off_store["xlu"] > 0, (off_store, on_store)
+    # The same 448 registers move in both: one shift each, not two (the store's read is dead).
+    assert off_store["xlu"] == pytest.approx(off["xlu"])
+
+
+def test_a_block_at_the_arrays_edge_copies_only_what_the_array_holds():
+    """A fresh user's finding: a (257, 1024) array in blocks of 256 rows was charged two whole
+    blocks each way (4.19 MB for 2.1 MB of data). The edge block's copies are clamped to the
+    array."""
+
+    def f(x):
+        spec = pl.BlockSpec((256, 1024), lambda i: (i, 0))
+        return pl.pallas_call(lambda x_ref, o_ref: o_ref.__setitem__(..., x_ref[...] * 2), grid=(pl.cdiv(x.shape[0], 256),), in_specs=[spec], out_specs=spec, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
+
+    for rows in (257, 1000, 1024):
+        (r,) = tj.simulate(f, jax.ShapeDtypeStruct((rows, 1024), jnp.float32))
+        assert r.hbm_bytes == 2 * rows * 1024 * 4, (rows, r.hbm_bytes)

@@ -543,9 +543,19 @@ impl Builder {
         let vr = cost::vregs(shape, &varies);
         let mut out = Val { shape: shape.clone(), varies, ns, deps: self.slab_deps(ns), carry: None, unit: None };
         match c {
+            OpCost::Free if is_store(name) => match self.relayout(op, &ins, &out) {
+                // The value shifted into place, then stored.
+                Some(v) => {
+                    let shifted: SmallVec<[&Val; 4]> = std::iter::once(&v).chain(ins.iter().skip(1).copied()).collect();
+                    self.free(op, &shifted, &mut out);
+                }
+                None => self.free(op, &ins, &mut out),
+            },
             OpCost::Free => {
                 self.free(op, &ins, &mut out);
-                self.relayout(op, &ins, &mut out);
+                if let Some(v) = self.relayout(op, &ins, &out) {
+                    out = v;
+                }
             }
             OpCost::Vpu(k) => {
                 for (s, m) in self.reps(ns) {
@@ -601,10 +611,16 @@ impl Builder {
     /// and each concatenated operand that starts off the tile. A value constant along the
     /// dimension (a broadcast) is formed in place and moves nothing. Aligned slices and
     /// concatenations of whole registers stay free.
-    fn relayout(&mut self, op: &BodyOp, ins: &[&Val], out: &mut Val) {
-        let rank = op.shape.len();
-        if rank == 0 {
-            return;
+    ///
+    /// Returns the value shifted (a store's operand, to be stored; else `out`, the op's result),
+    /// or `None` when nothing moves.
+    fn relayout(&mut self, op: &BodyOp, ins: &[&Val], out: &Val) -> Option<Val> {
+        let offsets = &op.attrs.offsets;
+        let store = is_store(&op.name);
+        // A store shifts the value it writes (its first operand; the op has no result).
+        let rank = if store { ins.first().map_or(0, |v| v.shape.len()) } else { op.shape.len() };
+        if rank == 0 || (store && offsets.len() != rank) {
+            return None;
         }
         let sub_tile = cost::UNIT_SUBLANES * (4 / elem_bytes(&op.dtype).clamp(1, 4));
         // (registers shifted across lanes, across sublanes) when data of `shape` varying along
@@ -621,9 +637,14 @@ impl Builder {
         };
         let add = |a: (f64, f64), b: (f64, f64)| (a.0 + b.0, a.1 + b.1);
         let minor = rank.saturating_sub(2)..rank;
-        let offsets = &op.attrs.offsets;
         let (lanes, sublanes) = match op.name.as_str() {
-            "vector.extract_strided_slice" if offsets.len() == rank => minor.map(|d| off(&out.shape, &out.varies, d, offsets[d])).fold((0.0, 0.0), add),
+            "vector.extract_strided_slice" | "vector.load" | "tpu.load" if offsets.len() == rank => {
+                minor.map(|d| off(&out.shape, &out.varies, d, offsets[d])).fold((0.0, 0.0), add)
+            }
+            "vector.store" | "tpu.vector_store" => {
+                let v = ins[0];
+                minor.map(|d| off(&v.shape, &v.varies, d, offsets[d])).fold((0.0, 0.0), add)
+            }
             "vector.insert_strided_slice" => match ins.first() {
                 // The source's dimensions are the result's last ones.
                 Some(src) if src.shape.len() <= rank && offsets.len() == rank => {
@@ -649,13 +670,15 @@ impl Builder {
             _ => (0.0, 0.0),
         };
         if lanes == 0.0 && sublanes == 0.0 {
-            return;
+            return None;
         }
-        let ns = out.ns;
-        let src = out.clone();
+        // The value shifted: a store's operand, else the op's result.
+        let src: Val = if store { ins[0].clone() } else { out.clone() };
+        let mut moved = src.clone();
+        let ns = src.ns;
         for (s, m) in self.reps(ns) {
             self.mult = m;
-            let share = slab_share(&op.shape, s, ns);
+            let share = slab_share(&src.shape, s, ns);
             let rotated = (lanes > 0.0).then(|| {
                 let (n, sl) = self.node("lane shift", Work::CrossLane { vregs: lanes * share }, &[&src], &[], s, ns);
                 Val::after(smallvec::smallvec![(n, sl)], Unit::Xlu)
@@ -665,9 +688,10 @@ impl Builder {
                 Some(r) => self.node("shift select", Work::Vector { ops, loaded_mask_vregs: 0.0 }, &[r], &[], 0, 1),
                 None => self.node("shift select", Work::Vector { ops, loaded_mask_vregs: 0.0 }, &[&src], &[], s, ns),
             };
-            out.set(s, smallvec::smallvec![(n, sl)]);
+            moved.set(s, smallvec::smallvec![(n, sl)]);
         }
-        out.unit = Some(Unit::Vpu);
+        moved.unit = Some(Unit::Vpu);
+        Some(moved)
     }
 
     /// A copy the body starts (`tpu.enqueue_dma`): a node on the DMA engines after the work

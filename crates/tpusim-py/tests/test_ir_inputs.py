@@ -2,6 +2,8 @@
 vector, a kernel's own cost estimate, scalar-prefetch indices outside the array, operands larger
 than HBM, and the Python arguments around them (set=, args, path=, top=)."""
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -411,3 +413,20 @@ def test_a_block_at_the_arrays_edge_copies_only_what_the_array_holds():
     for rows in (257, 1000, 1024):
         (r,) = tj.simulate(f, jax.ShapeDtypeStruct((rows, 1024), jnp.float32))
         assert r.hbm_bytes == 2 * rows * 1024 * 4, (rows, r.hbm_bytes)
+
+
+def test_a_kernel_called_inside_a_loop_is_reported_once_with_a_warning():
+    """A fresh user's finding: a kernel inside fori_loop or scan was reported as one call with no
+    word that the loop runs it several times."""
+
+    def f(x):
+        return pl.pallas_call(lambda x_ref, o_ref: o_ref.__setitem__(..., x_ref[...] + 1), out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
+
+    x = jax.ShapeDtypeStruct((256, 512), jnp.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        once = tj.simulate(f, x).latency_ms
+    for looped in (lambda x: jax.lax.fori_loop(0, 3, lambda i, a: f(a), x), lambda x: jax.lax.scan(lambda c, _: (f(c), None), x, None, length=5)[0]):
+        with pytest.warns(UserWarning, match=r"inside a loop \(`stablehlo.while`.*multiply by the trip count"):
+            r = tj.simulate(looped, x)
+        assert r.latency_ms == once

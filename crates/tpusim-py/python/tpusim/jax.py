@@ -213,6 +213,30 @@ def _find_calls(module):
     return calls, funcs, call_sites, others
 
 
+def _enclosing_loop(op, funcs, call_sites, depth=0):
+    """The `stablehlo.while` (a `fori_loop`, `scan` or `while_loop`) that runs `op`, directly or
+    through the functions that call its function, or None."""
+    o = op.operation
+    while True:
+        try:
+            o = o.parent
+        except Exception:
+            return None
+        if o is None:
+            return None
+        if o.name == "stablehlo.while":
+            return o
+        if o.name == "func.func":
+            if depth > 32:
+                return None
+            name = o.attributes["sym_name"].value
+            for site in call_sites.get(name, []):
+                found = _enclosing_loop(site, funcs, call_sites, depth + 1)
+                if found is not None:
+                    return found
+            return None
+
+
 def _arg_name(block, idx):
     """The name JAX gave argument `idx` of `main` (its location, the traced parameter's name), or
     `argIDX`."""
@@ -1144,6 +1168,15 @@ def _kernels_of(module, args, operands=None):
                     if w < len(shapes):
                         r["array_shape"] = shapes[w]
                     w += 1
+            loop = _enclosing_loop(op, funcs, call_sites)
+            if loop is not None:
+                import warnings
+
+                warnings.warn(
+                    f"kernel `{name}` is called inside a loop (`stablehlo.while` at {_loc(loop)}: a fori_loop, scan or while_loop): "
+                    "its report is one call; the loop runs it once per iteration, so multiply by the trip count",
+                    stacklevel=3,
+                )
             out.append(full)
             kept_ops.append(op)
     if calls and not out and skipped:

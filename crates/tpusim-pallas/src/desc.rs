@@ -515,7 +515,11 @@ impl Description {
                     ));
                 }
                 if let Some(k) = a.iter().position(|&x| x == 0) {
-                    return Err(PallasError::field(&format!("{f}.array_shape[{k}]"), 0, "expected a whole number from 1"));
+                    return Err(PallasError::field(
+                        &format!("{f}.array_shape[{k}]"),
+                        0,
+                        format!("expected a whole number from 1: the kernel's operand `{}` is an array of shape {a:?}, with no elements; simulate it with arrays of at least one element", r.name),
+                    ));
                 }
             }
             if let Some(im) = &r.index_map {

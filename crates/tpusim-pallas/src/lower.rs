@@ -173,7 +173,7 @@ fn eval_err(d: &Description, e: EvalError, what: &str, loc: &str) -> PallasError
                 Some(Values::Runtime(n)) => n.as_str(),
                 _ => name,
             };
-            format!("{what}{at} reads the runtime operand `{given}` ({name}), whose values were not given: pass a concrete array for it (Python) or `--runtime {given}=FILE.npy` (CLI)")
+            format!("{what}{at} reads the runtime operand `{given}` ({name}), whose values were not given: pass a concrete array for it (Python: `tpusim.jax.describe` then writes its values into the description, which `tpusim sweep` can run) or `--runtime {given}=FILE.npy` (`tpusim run`)")
         }
         EvalError::OutOfBounds(r, idx) => {
             let name = d.refs.get(r).map(|x| x.name.as_str()).unwrap_or("?");
@@ -1054,8 +1054,9 @@ pub fn lower(chip: &ChipModel, d: &Description, dir: &Path) -> Result<(Program, 
                 chip.vmem.size_mib.value
             )
         } else {
+            let whose = if d.vmem_limit_bytes.is_some() { "the kernel's own `vmem_limit_bytes`" } else { "the compiler's default scoped limit" };
             format!(
-                "the scoped limit is {limit} bytes ({:.1} MiB); the kernel sets `vmem_limit_bytes` in its compiler parameters to raise it (physical VMEM: {} MiB)",
+                "the scoped limit is {limit} bytes ({:.1} MiB, {whose}): use smaller blocks, or raise the limit with `vmem_limit_bytes` in the kernel's compiler parameters (`pltpu.CompilerParams(vmem_limit_bytes=...)`, at most the physical {} MiB)",
                 limit as f64 / 1048576.0,
                 chip.vmem.size_mib.value
             )

@@ -135,6 +135,8 @@ pub struct RooflineFigure {
     pub points: Vec<Point>,
     /// Footnotes.
     pub notes: Vec<String>,
+    /// The jobs not drawn and why (`label: not drawn: ...`; also among the footnotes).
+    pub left_out: Vec<String>,
 }
 
 impl RooflineFigure {
@@ -183,20 +185,22 @@ impl RooflineFigure {
             );
         }
         notes.extend(runs.iter().map(describe));
-        notes.extend(left_out);
-        Ok(RooflineFigure { title: title.map(str::to_string).unwrap_or_else(|| format!("Roofline on {chips}")), roofs, points, notes })
+        notes.extend(left_out.iter().cloned());
+        Ok(RooflineFigure { title: title.map(str::to_string).unwrap_or_else(|| format!("Roofline on {chips}")), roofs, points, notes, left_out })
     }
 }
 
 impl Figure for RooflineFigure {
     /// Per chip its ridge (`ridge v6e: 668 FLOP/B`), per point its intensity, rate, MFU and
-    /// softmax ceiling (`point dense: 2920 FLOP/B, 390 TFLOP/s, 43% MFU, softmax ceiling (EUP) 407 TFLOP/s`).
+    /// softmax ceiling (`point dense: 2920 FLOP/B, 390 TFLOP/s, 43% MFU, softmax ceiling (EUP) 407 TFLOP/s`),
+    /// then each job not drawn and why.
     fn facts(&self) -> Vec<String> {
         let mut f: Vec<String> = self.roofs.iter().map(|r| format!("ridge {}: {:.0} FLOP/B", r.chip, r.peak / r.bw)).collect();
         for p in &self.points {
             let ceiling = p.softmax.map_or(String::new(), |(u, v)| format!(", softmax ceiling ({u}) {:.0} TFLOP/s", v / 1e12));
             f.push(format!("point {}: {:.0} FLOP/B, {:.0} TFLOP/s, {:.0}% MFU{ceiling}", p.label, p.intensity, p.achieved / 1e12, 100.0 * p.mfu));
         }
+        f.extend(self.left_out.iter().cloned());
         f
     }
 

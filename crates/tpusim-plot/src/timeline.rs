@@ -531,8 +531,17 @@ pub fn write_chrome_trace_with(
         )));
     }
     if n == 0 {
+        // The flags that set the window, as given.
+        let mut given = Vec::new();
+        if let Some(h) = window.head {
+            given.push(format!("--timeline-head {h}"));
+        }
+        if let Some((a, b)) = window.steps {
+            given.push(format!("--timeline-steps {a}:{b}"));
+        }
+        let given = if given.is_empty() { String::new() } else { format!(" ({})", given.join(", ")) };
         return Err(PlotError::Input(format!(
-            "{flag} {}: the window holds no grid step (the run has {} steps and {} {})",
+            "{flag} {}: the window{given} holds no grid step (the run has {} steps and {} {}, indexed from 0)",
             path.display(),
             run_steps,
             timed.first_extent(),

@@ -430,3 +430,25 @@ def test_a_kernel_called_inside_a_loop_is_reported_once_with_a_warning():
         with pytest.warns(UserWarning, match=r"inside a loop \(`stablehlo.while`.*multiply by the trip count"):
             r = tj.simulate(looped, x)
         assert r.latency_ms == once
+
+
+def test_fresh_user_messages_name_what_to_change():
+    """A kernel that set its own small VMEM limit and overflows it is told to use smaller blocks or
+    raise the limit (the message read as if the kernel raised it); a kernel that only moves data is not said to have skipped its steps."""
+
+    def copy(limit=None):
+        def f(x):
+            spec = pl.BlockSpec((512, 1024), lambda i: (i, 0))
+            params = pltpu.CompilerParams(vmem_limit_bytes=limit) if limit else None
+            return pl.pallas_call(
+                lambda x_ref, o_ref: o_ref.__setitem__(..., x_ref[...]), grid=(x.shape[0] // 512,), in_specs=[spec], out_specs=spec,
+                out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), compiler_params=params,
+            )(x)
+
+        return f
+
+    x = jax.ShapeDtypeStruct((2048, 1024), jnp.float32)
+    with pytest.raises(tpusim.InputError, match=r"the kernel's own `vmem_limit_bytes`\): use smaller blocks, or raise the limit"):
+        tj.simulate(copy(1 << 20), x)
+    text = str(tj.simulate(copy(), x).kernels[0])
+    assert "none with work on the MXU, VPU, EUP or XLU (data movement only)" in text and "0 computed" not in text, text

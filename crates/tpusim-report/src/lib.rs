@@ -1024,8 +1024,13 @@ impl Report {
             let _ = writeln!(s, "  lengths      {}", pads.join(", "));
         }
         let grid: Vec<String> = self.grid.iter().map(|(n, v)| format!("{v} {n}")).collect();
-        let computed =
-            if self.steps_computed < self.grid_steps { format!(", {} computed", self.steps_computed) } else { String::new() };
+        let computed = match self.steps_computed {
+            n if n >= self.grid_steps => String::new(),
+            // A kernel that only moves data (its copies are the pipeline's): no step runs work
+            // on the MXU, VPU, EUP or XLU, which is not every step skipped.
+            0 => ", none with work on the MXU, VPU, EUP or XLU (data movement only)".to_string(),
+            n => format!(", {n} computed (the others only copy or skip)"),
+        };
         let grid = if grid.is_empty() { "(no grid)".to_string() } else { grid.join(" x ") };
         let steps = if self.grid_steps == 1 { "grid step" } else { "grid steps" };
         let _ = writeln!(s, "  grid         {grid} -> {} {steps}{computed}", self.grid_steps);
@@ -1240,9 +1245,10 @@ pub(crate) fn write_bound_by(s: &mut String, b: &BoundBy<'_>) {
     let share = |u: Unit| if b.latency_ms > 0.0 { 100.0 * b.critical_path_ms[u] / b.latency_ms } else { 0.0 };
     let crit = b.critical_path_ms[b.bottleneck];
     let busy = b.utilization[b.bottleneck];
-    // Throughput-bound when the unit is busy for (nearly) all of its critical-path share: it
-    // could not finish sooner without more throughput; latency-bound otherwise.
-    let how = if busy * b.latency_ms >= 0.98 * crit { "throughput" } else { "latency" };
+    // Throughput-bound when the unit is busy for nearly all of its critical-path share (idle at
+    // most 5% of it: the pipeline's first copy latency and last write-back on an HBM-bound run):
+    // it could not finish sooner without more throughput; latency-bound otherwise.
+    let how = if busy * b.latency_ms >= 0.95 * crit { "throughput" } else { "latency" };
     let unit = b.bottleneck;
     let (sh, bz) = (share(unit), busy * 100.0);
     // The other units busier than a few percent, busiest first: what overlaps the bottleneck.

@@ -123,13 +123,17 @@ fn timeline_of_an_ir_kernel_adds_up_to_its_report() {
     let out = tpusim(&["run", "--kernel-ir", &f, "--timeline", d.join("e.json").to_str().unwrap(), "--timeline-head", "9"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
-    assert!(err.contains("holds no grid step") && err.contains("4 indices of grid dimension 0"), "{err}");
+    assert!(err.contains("window (--timeline-head 9) holds no grid step") && err.contains("4 indices of grid dimension 0"), "{err}");
     assert!(!d.join("e.json").exists());
     // A file tpusim did not write is not replaced.
     let foreign = d.join("mine.json");
     std::fs::write(&foreign, "{}").unwrap();
     input_error(&["run", "--kernel-ir", &f, "--timeline", foreign.to_str().unwrap()], &["--timeline", "--force"]);
     assert_eq!(std::fs::read_to_string(&foreign).unwrap(), "{}");
+}
+
+fn base_of(f: &str) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(f).unwrap()).unwrap()
 }
 
 /// A named edit of the fixture and what the refusal must say.
@@ -163,6 +167,11 @@ fn bad_kernel_ir_input_is_refused_by_name() {
     d["refs"][0]["shape"][1] = 200.into();
     std::fs::write(&bad, serde_json::to_string(&d).unwrap()).unwrap();
     input_error(&["run", "--kernel-ir", bad.to_str().unwrap()], &["refs[0] (input 0).shape[1] = 200", "128 lanes"]);
+    // An operand with no elements names the ref and its shape.
+    let mut e = base_of(&f);
+    e["refs"][0]["array_shape"][0] = 0.into();
+    std::fs::write(&bad, serde_json::to_string(&e).unwrap()).unwrap();
+    input_error(&["run", "--kernel-ir", bad.to_str().unwrap()], &["array_shape[0] = 0", "operand `input 0` is an array of shape [0,", "no elements"]);
     // References to what the description does not hold: each names the field and the range.
     let base: Value = serde_json::from_str(&std::fs::read_to_string(&f).unwrap()).unwrap();
     let edits: [Edit; 16] = [
@@ -404,9 +413,11 @@ fn a_kernel_without_matmul_flops_is_left_off_the_roofline_and_a_timeline_takes_o
     input_error(&["plot", "roofline", "--kernel-ir", &ew, "--out", alone.to_str().unwrap()], &["no matmul FLOPs", "breakdown or timeline"]);
     assert!(!alone.exists());
     let both = d.join("both.svg");
-    ok(&["plot", "roofline", "--kernel-ir", &ew, "--kernel-ir", &fixture(), "--out", both.to_str().unwrap()]);
+    let out = ok(&["plot", "roofline", "--kernel-ir", &ew, "--kernel-ir", &fixture(), "--out", both.to_str().unwrap()]);
     let svg = std::fs::read_to_string(&both).unwrap();
     assert!(svg.contains("elementwise: not drawn"), "the left-out kernel is named in the notes");
+    // and in what the command prints (a fresh user saw one point listed and no word of the other).
+    assert!(out.contains("elementwise: not drawn: it executes no matmul FLOPs"), "{out}");
     let t = d.join("t.svg");
     input_error(
         &["plot", "timeline", "--kernel-ir", &fixture(), "--kernel-ir", &ew, "--out", t.to_str().unwrap()],

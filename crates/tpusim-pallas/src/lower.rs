@@ -797,8 +797,10 @@ pub fn lower(chip: &ChipModel, d: &Description, dir: &Path) -> Result<(Program, 
     let wbytes: Vec<u64> = windows.iter().map(|&i| block_bytes(&d.refs[i])).collect::<Result<_, _>>()?;
     // Windows whose array the blocks do not divide (a grid of cdiv(size, block)): the copy of a
     // block at the array's edge moves only the part inside the array (Pallas clamps the DMA to
-    // the array's bounds; the rest of the buffer is left unspecified). Per such window, the
-    // array's shape and the element's bytes.
+    // the array's bounds; the rest of the buffer is left unspecified), in whole tiles of the
+    // array's HBM layout (XLA tiles an array's two minor dimensions as VMEM does: 128 lanes, 8
+    // rows of 32-bit data, 16 of 16-bit, 32 of 8-bit), never more than the block. Per such
+    // window, the array's shape and the element's bytes.
     let edge: Vec<Option<(Vec<u64>, u64)>> = windows
         .iter()
         .map(|&i| {
@@ -814,7 +816,14 @@ pub fn lower(chip: &ChipModel, d: &Description, dir: &Path) -> Result<(Program, 
             None => wbytes[w],
             Some((a, eb)) => {
                 let shape = &d.refs[windows[w]].shape;
-                shape.iter().zip(a).zip(at).map(|((&b, &x), &i)| b.min(x.saturating_sub(i.max(0) as u64 * b))).product::<u64>() * eb
+                let n = shape.len();
+                let tile = |k: usize| match n - k {
+                    1 => 128,
+                    2 => 8 * (4 / eb.clamp(&1, &4)),
+                    _ => 1,
+                };
+                let inside = |k: usize, b: u64, x: u64, i: i64| b.min(x.saturating_sub(i.max(0) as u64 * b).next_multiple_of(tile(k)));
+                shape.iter().zip(a).zip(at).enumerate().map(|(k, ((&b, &x), &i))| inside(k, b, x, i)).product::<u64>() * eb
             }
         }
     };

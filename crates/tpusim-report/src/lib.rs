@@ -942,7 +942,7 @@ impl Report {
         if detail {
             let fill = notes::measure_mxu(run);
             let explained: Vec<String> =
-                [notes::mxu_fill(run, &fill), notes::eight_bit_peak(run, &fill), notes::unfitted_parameters(run, &rep)].into_iter().flatten().collect();
+                [notes::mxu_fill(run, &fill), notes::eight_bit_peak(run, &fill), notes::short_steps(run, &rep), notes::unfitted_parameters(run, &rep)].into_iter().flatten().collect();
             rep.notes.extend(explained);
         } else {
             rep.notes.clear();

@@ -543,7 +543,7 @@ impl Builder {
         let vr = cost::vregs(shape, &varies);
         let mut out = Val { shape: shape.clone(), varies, ns, deps: self.slab_deps(ns), carry: None, unit: None };
         match c {
-            OpCost::Free if is_store(name) => match self.relayout(op, &ins, &out) {
+            OpCost::Free if !op.attrs.offsets.is_empty() && is_store(name) => match self.relayout(op, &ins, &out) {
                 // The value shifted into place, then stored.
                 Some(v) => {
                     let shifted: SmallVec<[&Val; 4]> = std::iter::once(&v).chain(ins.iter().skip(1).copied()).collect();
@@ -616,6 +616,10 @@ impl Builder {
     /// or `None` when nothing moves.
     fn relayout(&mut self, op: &BodyOp, ins: &[&Val], out: &Val) -> Option<Val> {
         let offsets = &op.attrs.offsets;
+        // Only a concatenation can move data without offsets (the common case: nothing to do).
+        if offsets.is_empty() && op.name != "tpu.concatenate" {
+            return None;
+        }
         let store = is_store(&op.name);
         // A store shifts the value it writes (its first operand; the op has no result).
         let rank = if store { ins.first().map_or(0, |v| v.shape.len()) } else { op.shape.len() };

@@ -631,9 +631,9 @@ impl Builder {
         // `varies` (the result's rank) starts at `at` along dimension `d`.
         let off = |shape: &[u64], varies: &[bool], d: usize, at: u64| -> (f64, f64) {
             let regs = if varies.get(d).copied().unwrap_or(false) { cost::vregs(shape, varies) } else { 0.0 };
-            if d + 1 == rank && at % cost::UNIT_LANES != 0 {
+            if d + 1 == rank && !at.is_multiple_of(cost::UNIT_LANES) {
                 (regs, 0.0)
-            } else if d + 2 == rank && at % sub_tile != 0 {
+            } else if d + 2 == rank && !at.is_multiple_of(sub_tile) {
                 (0.0, regs)
             } else {
                 (0.0, 0.0)

@@ -817,19 +817,24 @@ pub fn calibrate(
             None => (Status::NotSelected, 0.0, None),
         };
         let s = spec(name).expect("known name");
+        // At a bound, or within a millionth of one in the fit's log space (a value driven to
+        // 4e-14 cycles is at the bound 0).
+        let at_bound = st == Status::Fitted
+            && (after <= s.lo || after >= s.hi || (s.to_u(after) - s.u_lo()).abs() < 1e-6 || (s.u_hi() - s.to_u(after)).abs() < 1e-6);
         if st == Status::Fitted {
             let p = param_mut(&mut fitted, name);
             p.fitted_to = Some(ids.clone());
             p.checked_against = None;
             p.source = None;
             p.note = Some(format!(
-                "fitted by tpusim calibrate on {date} to {} ({} rows): {objective}; 95% confidence interval {}; {}",
+                "fitted by tpusim calibrate on {date} to {} ({} rows): {objective}; 95% confidence interval {}{}; {}",
                 file.path,
                 ids.len(),
                 match interval {
                     Some((lo, hi)) => format!("{lo} to {hi}"),
                     None => "not available".to_string(),
                 },
+                if at_bound { "; at a bound of its range: the rows do not pin it from that side" } else { "" },
                 match fitted_names.iter().filter(|n| *n != name).copied().collect::<Vec<_>>().join(", ") {
                     others if others.is_empty() => "fitted alone".to_string(),
                     others => format!("jointly with: {others}"),
@@ -842,11 +847,16 @@ pub fn calibrate(
             after,
             elasticity: el,
             interval,
-            at_bound: st == Status::Fitted && (after <= s.lo || after >= s.hi),
+            at_bound,
             status: st,
         });
     }
-    fitted.description = format!("{} [calibrated by tpusim calibrate on {date} to {}]", base.description, file.path);
+    fitted.description = if fitted_names.is_empty() {
+        // Nothing fitted: the values (and the rows they were fitted to) are the base model's.
+        format!("{} [tpusim calibrate on {date} to {} fitted no parameter: the values are the base model's]", base.description, file.path)
+    } else {
+        format!("{} [calibrated by tpusim calibrate on {date} to {}]", base.description, file.path)
+    };
     fitted.validate("calibrated model")?;
     fitted.provenance.source =
         format!("tpusim calibrate from {} to {}", if chip_arg.is_empty() { &base.name } else { chip_arg }, file.path);
@@ -988,7 +998,8 @@ impl Calibration {
                 "new".into()
             };
             let status = match &p.status {
-                Status::Fitted if p.at_bound => "fitted (at a bound of its range)".to_string(),
+                Status::Fitted if p.at_bound => "fitted (at a bound of its range: the rows do not pin it from that side; check the value before using the model)".to_string(),
+                Status::Fitted if p.interval.is_none() => "fitted (no 95% interval: the rows do not pin it)".to_string(),
                 Status::Fitted => "fitted".to_string(),
                 Status::NotIdentifiable(r) => r.clone(),
                 Status::NotSelected => "not selected (--params)".to_string(),

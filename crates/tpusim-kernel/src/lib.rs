@@ -58,6 +58,16 @@ pub const MAX_TILES: u64 = 1 << 28;
 /// generation is linear in it.
 pub const MAX_ROWS: u64 = 1 << 24;
 
+/// What to change when a tiling overflows VMEM: smaller blocks, or a higher scoped limit when the
+/// tiling fits the physical VMEM.
+fn vmem_advice(needed: u64, physical_mib: f64) -> String {
+    if needed as f64 > physical_mib * 1048576.0 {
+        format!("use smaller blocks (it needs more than the physical VMEM, {physical_mib} MiB)")
+    } else {
+        format!("use smaller blocks or raise `vmem_limit_mib` (physical VMEM: {physical_mib} MiB)")
+    }
+}
+
 /// An error in a kernel configuration: the field, its value and what is allowed.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum KernelError {
@@ -72,7 +82,7 @@ pub enum KernelError {
         allowed: String,
     },
     /// The tiling does not fit the scoped VMEM limit.
-    #[error("tiling needs {needed} bytes of VMEM ({breakdown}) but the scoped limit is {limit} bytes ({limit_mib} MiB); use smaller blocks or raise `vmem_limit_mib` (physical VMEM: {physical_mib} MiB)")]
+    #[error("tiling needs {needed} bytes of VMEM ({breakdown}) but the scoped limit is {limit} bytes ({limit_mib} MiB); {}", vmem_advice(*.needed, *.physical_mib))]
     Vmem {
         /// Bytes the tiling needs.
         needed: u64,

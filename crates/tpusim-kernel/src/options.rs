@@ -225,6 +225,36 @@ impl Kernel {
         self.defaults().kind
     }
 
+    /// The options of an attention configuration this family's library has no setting for, each
+    /// as `name value (the family runs default)`; empty when the library runs the configuration
+    /// as it is. Every family's kernel fixes its grid traversal and which blocks it masks; the exp
+    /// base is a setting of tokamax's only (`use_base2_exp`); JAX's flash attention computes its
+    /// causal mask and loads none. With a full mask, masking `all` and
+    /// `partial` do the same work (only padding is masked). tpusim times the others as design
+    /// what-ifs: a report says so in a note, `tpusim tune` marks them.
+    pub fn what_ifs(self, traversal: Traversal, masking: Masking, mask_source: MaskSource, exp: Exp, full_mask: bool) -> Vec<String> {
+        let d = self.defaults();
+        if d.kind != KernelKind::Attention {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        if traversal != d.traversal {
+            out.push(format!("traversal {traversal} ({self} runs {})", d.traversal));
+        }
+        let same_work = full_mask && masking != Masking::None && d.masking != Masking::None;
+        if masking != d.masking && !same_work {
+            out.push(format!("masking {masking} ({self} runs {})", d.masking));
+        }
+        // JAX's flash attention computes its causal mask; it takes no mask blocks to load.
+        if self == Kernel::FlashAttention && mask_source == MaskSource::Loaded && !full_mask {
+            out.push(format!("mask_source {mask_source} ({self} computes its causal mask)"));
+        }
+        if exp != d.exp && self != Kernel::TokamaxSplash {
+            out.push(format!("exp {exp} ({self} runs {})", d.exp));
+        }
+        out
+    }
+
     /// The family's defaults (module docs): the library's own rules, never a workload's.
     pub fn defaults(self) -> FamilyDefaults {
         let attention = FamilyDefaults {
@@ -319,6 +349,25 @@ mod tests {
             assert!(d.blocks.q >= 8 && d.blocks.kv >= 128, "{k}");
             assert!(!k.help().is_empty(), "{k}");
         }
+    }
+
+    #[test]
+    fn what_ifs_are_the_options_a_library_has_no_setting_for() {
+        // Each family's own options run as they are.
+        for k in Kernel::ALL {
+            let d = k.defaults();
+            assert!(k.what_ifs(d.traversal, d.masking, d.mask_source, d.exp, false).is_empty(), "{k}");
+        }
+        // A fresh user's finding: flash-attention ran (and tune ranked first) a compacted grid
+        // with partial masking and loaded mask blocks, which JAX's flash attention cannot run.
+        let w = Kernel::FlashAttention.what_ifs(Traversal::Compact, Masking::Partial, MaskSource::Loaded, Exp::Base2, false);
+        assert_eq!(w.len(), 4, "{w:?}");
+        assert!(w[0].starts_with("traversal compact (flash-attention runs full-grid)"), "{w:?}");
+        // tokamax sets its exp base (use_base2_exp); with a full mask, all and partial are the
+        // same work.
+        assert!(Kernel::TokamaxSplash.what_ifs(Traversal::Compact, Masking::All, MaskSource::Computed, Exp::Natural, true).is_empty());
+        assert_eq!(Kernel::Splash.what_ifs(Traversal::FullGrid, Masking::None, MaskSource::Computed, Exp::Natural, true).len(), 1);
+        assert!(Kernel::PallasMatmul.what_ifs(Traversal::Compact, Masking::None, MaskSource::Loaded, Exp::Base2, false).is_empty());
     }
 
     #[test]

@@ -150,6 +150,28 @@ impl HeatmapFigure {
                 if lower { "lowest" } else { "highest" }
             ));
         }
+        // A width picked per point (no block_kv_compute in the sweep: tokamax's family takes the
+        // largest that fits VMEM) moves with the blocks and can make neighbouring cells jump.
+        if ![&spec.x, &spec.y, &spec.z].iter().any(|c| c.as_str() == "block_kv_compute") {
+            if let Ok(cc) = t.col("block_kv_compute", "block_kv_compute") {
+                let mut widths: Vec<f64> = Vec::new();
+                for (line, r) in &rows {
+                    if let Ok(Some(v)) = t.num(*line, r, cc) {
+                        if !widths.contains(&v) {
+                            widths.push(v);
+                        }
+                    }
+                }
+                if widths.len() > 1 {
+                    widths.sort_by(f64::total_cmp);
+                    let list: Vec<String> = widths.iter().map(|w| format!("{w}")).collect();
+                    notes.push(format!(
+                        "block_kv_compute differs between cells ({}): where the sweep gives none, each point takes its family's rule (tokamax-splash: the largest width that fits VMEM), so neighbouring cells may jump; give block_kv_compute in the sweep to hold it.",
+                        list.join(", ")
+                    ));
+                }
+            }
+        }
         let zdesc = describe_column(&spec.z);
         let title =
             spec.title.clone().unwrap_or_else(|| format!("{} over {} x {}", zdesc.split(" (").next().unwrap_or(&zdesc), spec.y, spec.x));
@@ -271,6 +293,17 @@ mod tests {
         assert_eq!(f.xs, vec![512.0, 1024.0]);
         assert_eq!(f.cells[1][0], None);
         assert_eq!(f.best, Some((0, 1)));
+        assert!(!f.notes.iter().any(|n| n.contains("block_kv_compute")));
+    }
+
+    #[test]
+    fn a_width_picked_per_point_is_named() {
+        // A fresh user's finding: cliffs in a block-size heatmap came from the sub-tile width
+        // tokamax's rule picks per point, which the figure did not mention.
+        let t = Table::parse("block_q,block_kv,block_kv_compute,latency_ms\n512,512,512,3\n512,1024,256,9\n1024,512,512,2\n1024,1024,1024,2.5\n", "s.csv", "--input").unwrap();
+        let spec = HeatmapSpec { x: "block_kv".into(), y: "block_q".into(), z: "latency_ms".into(), ..Default::default() };
+        let f = HeatmapFigure::from_table(&t, &spec).unwrap();
+        assert!(f.notes.iter().any(|n| n.starts_with("block_kv_compute differs between cells (256, 512, 1024)")), "{:?}", f.notes);
     }
 
     #[test]

@@ -919,6 +919,14 @@ impl Report {
                     w.mask, c.kernel
                 ));
             }
+            let what_ifs = c.kernel.what_ifs(c.traversal, c.masking, c.mask_source, c.exp, w.mask.is_full());
+            if !what_ifs.is_empty() {
+                rep.notes.push(format!(
+                    "a design what-if: {} has no setting for {}; tpusim times the kernel as if it had one (tpusim tune marks such configurations with *)",
+                    c.kernel,
+                    what_ifs.join(", ")
+                ));
+            }
             if c.tile_align {
                 rep.notes.push(format!(
                     "`tile_align=true` changes the attention output: {:.2}% of pairs kept vs {:.2}% in the exact mask",

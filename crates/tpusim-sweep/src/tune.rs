@@ -1060,7 +1060,7 @@ impl TuneResult {
                 };
                 let _ = writeln!(
                     s,
-                    "  {:>4}  {:>10}  {:>7}  {:>7}  {:>8}  {:>7}  {:<9}  {:<7}  {:<8}  {:<5}  {:<12}  {:>5}  {:>8}",
+                    "  {:>4}  {:>10}  {:>7}  {:>7}  {:>8}  {:>7}  {:<10}  {:<8}  {:<9}  {:<5}  {:<12}  {:>5}  {:>8}",
                     "rank",
                     "latency_ms",
                     "vs given",
@@ -1085,23 +1085,33 @@ impl TuneResult {
             }
             Job::Described(_) => {}
         }
+        // Options the family's library has no setting for (design what-ifs), marked with `*`.
+        let mut what_if_kernel = None;
+        let mut runnable: Option<&Ranked> = None;
         for r in &self.top {
             let vs = r.speedup_vs_given.map_or("-".to_string(), |x| format!("{x:.3}x"));
             match &r.job {
-                Job::Attention { config: c, .. } => {
+                Job::Attention { config: c, workload: w, .. } => {
                     let (bq, bkv, bc) = Target::of(&r.job).of_config(c);
+                    let what_ifs = c.kernel.what_ifs(c.traversal, c.masking, c.mask_source, c.exp, w.mask.is_full());
+                    let mark = |name: &str, word: &str| if what_ifs.iter().any(|x| x.starts_with(name)) { format!("{word}*") } else { word.to_string() };
+                    if what_ifs.is_empty() {
+                        runnable = runnable.or(Some(r));
+                    } else {
+                        what_if_kernel = Some(c.kernel);
+                    }
                     let _ = writeln!(
                         s,
-                        "  {:>4}  {:>10.3}  {:>7}  {:>7}  {:>8}  {:>7}  {:<9}  {:<7}  {:<8}  {:<5}  {:<12}  {:>4.1}%  {:>8.1}",
+                        "  {:>4}  {:>10.3}  {:>7}  {:>7}  {:>8}  {:>7}  {:<10}  {:<8}  {:<9}  {:<5}  {:<12}  {:>4.1}%  {:>8.1}",
                         r.rank,
                         r.latency_ms,
                         vs,
                         bq,
                         bkv,
                         bc,
-                        c.traversal.word(),
-                        c.masking.word(),
-                        c.mask_source.word(),
+                        mark("traversal", c.traversal.word()),
+                        mark("masking", c.masking.word()),
+                        mark("mask_source", c.mask_source.word()),
                         if c.tile_align { "yes" } else { "no" },
                         r.bottleneck.word(),
                         r.mfu * 100.0,
@@ -1126,6 +1136,20 @@ impl TuneResult {
                 Job::Described(_) => {}
             }
         }
+        if let Some(k) = what_if_kernel {
+            let d = k.defaults();
+            let best = match runnable {
+                Some(r) => format!("the fastest it runs as it is: rank {} ({:.3} ms)", r.rank, r.latency_ms),
+                None => "none of these runs as it is (give --traversal and --masking to hold them at its own)".to_string(),
+            };
+            let _ = writeln!(
+                s,
+                "  * a design what-if: {k} has no setting for it (it runs traversal {}, masking {}{}); {best}",
+                d.traversal,
+                d.masking,
+                if k == tpusim_kernel::Kernel::FlashAttention { ", its mask computed" } else { "" }
+            );
+        }
         // Ranked rows with the same blocks and the same latency differ only in options that
         // change nothing for this job (masking a full mask without padding, say): say so.
         let same = |a: &Ranked, b: &Ranked| a.latency_ms.to_bits() == b.latency_ms.to_bits() && a.block_sizes == b.block_sizes && a.block_sizes.is_some();
@@ -1142,7 +1166,8 @@ impl TuneResult {
             i = j + 1;
         }
         if let Some(cmd) = &self.best_command {
-            let _ = writeln!(s, "\n  best: {cmd}");
+            let what_if = if self.top.first().is_some_and(|r| runnable.is_none_or(|x| x.rank != r.rank) && what_if_kernel.is_some()) { " (a design what-if, *)" } else { "" };
+            let _ = writeln!(s, "\n  best{what_if}: {cmd}");
         }
         s
     }

@@ -146,7 +146,7 @@ impl AttentionCall {
             if n != self.q_heads && n != self.kv_heads {
                 return Err(WorkloadError::new(
                     "`mask`",
-                    format!("{n} per-head masks"),
+                    format!("{} ({n} per-head masks)", self.mask),
                     &format!("a per-head mask lists one mask per q head ({}) or per kv head ({})", self.q_heads, self.kv_heads),
                 ));
             }

@@ -178,7 +178,24 @@ pub fn cmd_validate(a: &ValidateArgs) -> Result<String, CliError> {
             ValidateFormat::Csv => Err(CliError::input("--cv --format csv: the cross-validation report comes as table, json or markdown")),
         };
     }
+    if !a.into.is_empty() && matches!(a.format, ValidateFormat::Json | ValidateFormat::Csv) {
+        return Err(CliError::input(format!(
+            "--into with --format {}: a file's generated part is Markdown (drop --format, or give --format markdown)",
+            if a.format == ValidateFormat::Json { "json" } else { "csv" }
+        )));
+    }
     let v = validate(&file, &chips);
+    if v.rows.is_empty() {
+        // Nothing predicted is a failed validation, not an empty success.
+        let why: Vec<String> = v.skipped.iter().take(3).map(|r| format!("{} (line {}): {}", r.id, r.line, r.reason)).collect();
+        return Err(CliError::input(format!(
+            "{}: no row could be predicted ({} skipped{}{})",
+            a.file,
+            v.skipped.len(),
+            if why.is_empty() { "" } else { ": " },
+            why.join("; ")
+        )));
+    }
     let text = match a.format {
         ValidateFormat::Table => v.to_table(),
         ValidateFormat::Json => v.to_json(),
@@ -188,12 +205,14 @@ pub fn cmd_validate(a: &ValidateArgs) -> Result<String, CliError> {
     if a.into.is_empty() {
         return Ok(text);
     }
-    splice_parts(&a.into, &[(tpusim_calib::docs::TAG_IN_SAMPLE, text)])
+    splice_parts(&a.into, &[(tpusim_calib::docs::TAG_IN_SAMPLE, v.to_markdown())])
 }
 
 pub fn cmd_calibrate(a: &CalibrateArgs) -> Result<String, CliError> {
     let base = ChipModel::load(&a.chip)?;
-    for p in &a.params {
+    // `fitted.NAME`, as `--set` spells the field, is NAME.
+    let params: Vec<String> = a.params.iter().map(|p| p.strip_prefix("fitted.").unwrap_or(p).to_string()).collect();
+    for p in &params {
         if !FITTED_PARAMS.contains(&p.as_str()) {
             return Err(CliError::input(format!(
                 "--params {p}: not a fitted parameter; the fitted parameters are {}",
@@ -207,7 +226,7 @@ pub fn cmd_calibrate(a: &CalibrateArgs) -> Result<String, CliError> {
         tpusim_io::check_replace(std::path::Path::new(path), "calibrate", a.force).map_err(|e| CliError::input(format!("--out {e}")))?;
     }
     let file = read_file(&a.file, std::slice::from_ref(&base))?;
-    let opts = CalibrateOptions { params: a.params.clone(), cross_validate: !a.no_cv, date: None };
+    let opts = CalibrateOptions { params, cross_validate: !a.no_cv, date: None };
     let cal = calibrate(&file, &base, &a.chip, &opts)?;
     let mut out = match a.format {
         CalibrateFormat::Table => cal.to_table(),

@@ -578,3 +578,50 @@ fn errors_name_the_field_the_user_gave() {
     expect_input_error(&["run", "--trace", set, "--set", "mxu.count=0"], &["chip model --set: field 'mxu.count' = 0"]);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A fresh user's finding: `tune --kernel flash-attention` ranked first a compacted grid with
+/// partial masking, which JAX's flash attention cannot run, without a word. Such options are now
+/// marked as design what-ifs, the fastest configuration the library runs as it is is named, and
+/// `run` says so in a note.
+#[test]
+fn design_what_ifs_are_marked_in_tune_and_noted_in_run() {
+    let out = Command::new(env!("CARGO_BIN_EXE_tpusim"))
+        .args(["tune", "--kernel", "flash-attention", "--heads", "2", "--seq-len", "2048", "--mask", "causal", "--top", "40"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("compact*") && text.contains("* a design what-if: flash-attention has no setting for it (it runs traversal full-grid, masking all"), "{text}");
+    // Either a runnable rank is named or the command says none is, with how to hold them.
+    assert!(text.contains("the fastest it runs as it is: rank") || text.contains("none of these runs as it is"), "{text}");
+    let run = |extra: &[&str]| {
+        let mut a = vec!["run", "--kernel", "flash-attention", "--heads", "2", "--seq-len", "2048", "--mask", "causal"];
+        a.extend_from_slice(extra);
+        String::from_utf8_lossy(&Command::new(env!("CARGO_BIN_EXE_tpusim")).args(&a).output().unwrap().stdout).into_owned()
+    };
+    assert!(run(&["--traversal", "compact"]).contains("a design what-if: flash-attention has no setting for traversal compact"));
+    assert!(!run(&[]).contains("design what-if"));
+}
+
+/// A fresh user's findings: a `--set` the chip refuses was blamed on the sweep file's base; a
+/// per-head mask of the wrong count did not echo the mask; a tiling larger than the physical
+/// VMEM was told to raise the scoped limit.
+#[test]
+fn errors_name_what_the_user_gave() {
+    let dir = std::env::temp_dir().join(format!("tpusim-cli-blame-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let sweep = dir.join("s.toml");
+    std::fs::write(&sweep, "[base]\nheads = 2\nseq_len = 1024\n[axes]\nblock_q = [128, 256]\n").unwrap();
+    let err = |args: &[&str]| {
+        let o = Command::new(env!("CARGO_BIN_EXE_tpusim")).args(args).output().unwrap();
+        assert_eq!(o.status.code(), Some(2), "{args:?}");
+        String::from_utf8_lossy(&o.stderr).into_owned()
+    };
+    let e = err(&["sweep", sweep.to_str().unwrap(), "--out", dir.join("s.csv").to_str().unwrap(), "--set", "hbm.nope=1"]);
+    assert!(e.contains("--set: field 'hbm.nope'") && !e.contains("sweep file"), "{e}");
+    let e = err(&["run", "--heads", "8", "--seq-len", "4096", "--mask", "per-head[4*band:100;3*causal]"]);
+    assert!(e.contains("per-head[4*band:100;3*causal] (7 per-head masks)"), "{e}");
+    let e = err(&["layer", "--chip", "v4"]);
+    assert!(e.contains("use smaller blocks (it needs more than the physical VMEM, 16 MiB)") && !e.contains("raise `vmem_limit_mib`"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

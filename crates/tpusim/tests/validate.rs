@@ -278,3 +278,24 @@ fn calibrate_checks_its_output_first_and_prints_its_results_when_writing_fails()
     assert_eq!(r["chip_model"]["hash"].as_str(), Some(hash.as_str()));
     assert_eq!(r["chip_model"]["source"].as_str(), Some(model.as_str()));
 }
+
+/// A fresh user's findings: a file whose every row is skipped validated "successfully" with 0
+/// predicted (calibrate refused the same file); `--into` with `--format json` spliced JSON into a
+/// Markdown file; calibrate refused `--params fitted.NAME`, as `--set` spells the field.
+#[test]
+fn nothing_predicted_is_an_error_and_into_takes_markdown() {
+    let d = TempDir::new("none");
+    let header = "id,chip,kernel,direction,batch,q_heads,kv_heads,q_len,kv_len,head_dim,head_dim_v,mask,traversal,masking,tile_align,block_q,block_kv,block_kv_compute,options,measured_ms,timing,source,kernel_ir\n";
+    let row = "BAD-1,v6e,tokamax-splash,fwd,32,8,8,512,512,256,256,full,compact,partial,no,100,512,512,base2-exp experimental-scheduler,0.596,device time,me,\n";
+    let csv = d.file("bad.csv", &format!("{header}{row}"));
+    let out = tpusim(&["validate", &csv]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stdout));
+    let err = text(&out.stderr);
+    assert!(err.contains("no row could be predicted (1 skipped: BAD-1 (line 2)"), "{err}");
+    let md = d.file("r.md", "# r\n<!-- tpusim validate: begin -->\n<!-- tpusim validate: end -->\n");
+    let out = tpusim(&["validate", SHIPPED, "--format", "json", "--into", &md]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("--into with --format json: a file's generated part is Markdown"), "{}", text(&out.stderr));
+    let out = tpusim(&["calibrate", SHIPPED, "--chip", "v6e", "--params", "fitted.nonsense", "--no-cv"]);
+    assert!(text(&out.stderr).contains("--params nonsense: not a fitted parameter"), "{}", text(&out.stderr));
+}

@@ -374,8 +374,18 @@ pub fn mask_from_json(text: &str, path: &str) -> Result<Mask, MaskError> {
 /// # Errors
 /// [`MaskError::File`] naming the path and the field.
 pub fn read_mask_file(path: &str) -> Result<Mask, MaskError> {
-    if super::npy::is_numpy_path(path) {
-        return super::npy::read_numpy_mask(path);
-    }
-    mask_from_json(&read_text(path)?, path)
+    let read = || {
+        if super::npy::is_numpy_path(path) {
+            return super::npy::read_numpy_mask(path);
+        }
+        mask_from_json(&read_text(path)?, path)
+    };
+    read().map_err(|e| match e {
+        // `file:a.json+causal` reads `a.json+causal` as the path: say how to join a file.
+        MaskError::File { path, message } if !std::path::Path::new(&path).exists() && path.contains(['+', '&', ')']) => MaskError::File {
+            message: format!("{message} (a `file:` term takes the rest of the mask text as its path: put it last, or in ( ), e.g. causal+(file:a.json))"),
+            path,
+        },
+        e => e,
+    })
 }

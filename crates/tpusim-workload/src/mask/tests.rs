@@ -442,3 +442,11 @@ fn offsets_are_refused_where_splash_has_none_and_out_of_range() {
     }
     assert!(err("nonsense").contains("causal[@offset:N]"), "the allowed list names the offset");
 }
+
+#[test]
+fn a_file_term_followed_by_an_operator_says_how_to_join_it() {
+    let e = super::files::read_mask_file("/nonexistent/b.json+causal").unwrap_err().to_string();
+    assert!(e.contains("put it last, or in ( )"), "{e}");
+    let e = super::files::read_mask_file("/nonexistent/b.json").unwrap_err().to_string();
+    assert!(!e.contains("put it last"), "{e}");
+}

@@ -348,7 +348,9 @@ impl SweepDef {
                     }
                     let mut values = Vec::with_capacity(list.len());
                     for (i, raw) in list.into_iter().enumerate() {
-                        values.push(value_of(&key, raw, &chip, dir).map_err(|e| fail(format!("axes.{key}[{i}]: {e}")))?);
+                        // An unknown key is the key's error, not its first value's.
+                        let at = |e: &str| if e.starts_with("unknown key") { format!("axes.{key}: {e}") } else { format!("axes.{key}[{i}]: {e}") };
+                        values.push(value_of(&key, raw, &chip, dir).map_err(|e| fail(at(&e)))?);
                     }
                     inputs.push(key);
                     axes.push(values);

@@ -619,6 +619,9 @@ fn errors_name_what_the_user_gave() {
     };
     let e = err(&["sweep", sweep.to_str().unwrap(), "--out", dir.join("s.csv").to_str().unwrap(), "--set", "hbm.nope=1"]);
     assert!(e.contains("--set: field 'hbm.nope'") && !e.contains("sweep file"), "{e}");
+    std::fs::write(&sweep, "[base]\nheads = 2\nseq_len = 1024\n[axes]\nblock_qq = [128, 256]\n").unwrap();
+    let e = err(&["sweep", sweep.to_str().unwrap(), "--out", dir.join("s2.csv").to_str().unwrap()]);
+    assert!(e.contains("axes.block_qq: unknown key 'block_qq'"), "{e}");
     let e = err(&["run", "--heads", "8", "--seq-len", "4096", "--mask", "per-head[4*band:100;3*causal]"]);
     assert!(e.contains("per-head[4*band:100;3*causal] (7 per-head masks)"), "{e}");
     let e = err(&["layer", "--chip", "v4"]);

@@ -361,11 +361,19 @@ impl Space {
     /// The attention search space of `spec` over workload `w`.
     fn attention(spec: &JobSpec, w: &tpusim_workload::AttentionCall, target: Target, opts: &TuneOptions) -> Space {
         let mut sp = Space { target: Some(target), ..Space::default() };
-        let traversals = axis("traversal", spec.traversal, Traversal::ALL, &mut sp);
+        // The backward kernels take no forward grid traversal or masking rule: searching them
+        // in a backward run would rank equal twins.
+        let backward = matches!(target, Target::Backward { .. });
+        if backward && (spec.traversal.is_none() || spec.masking.is_none()) {
+            sp.fixed.push("traversal and masking (the backward kernels' own: they change nothing in a backward run)".into());
+        }
+        let traversals = if backward { vec![None] } else { axis("traversal", spec.traversal, Traversal::ALL, &mut sp) };
         // A full mask has nothing to apply but the padding: `all` masks what `partial` does, and
         // where the mask comes from changes nothing (searching them would rank equal twins).
         let full = w.mask.is_full();
-        let maskings = if full && spec.masking.is_none() {
+        let maskings = if backward {
+            vec![None]
+        } else if full && spec.masking.is_none() {
             sp.searched.push("masking (partial, none; all is partial for a full mask)".into());
             vec![Some(Masking::Partial), Some(Masking::None)]
         } else {

@@ -628,3 +628,18 @@ fn errors_name_what_the_user_gave() {
     assert!(e.contains("use smaller blocks (it needs more than the physical VMEM, 16 MiB)") && !e.contains("raise `vmem_limit_mib`"), "{e}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A fresh user's finding: tuning a backward run searched the forward's traversal and masking,
+/// which change nothing there (equal twins in the ranking). They are held fixed and said so.
+#[test]
+fn backward_tuning_holds_the_forward_options() {
+    let o = Command::new(env!("CARGO_BIN_EXE_tpusim"))
+        .args(["tune", "--kernel", "splash", "--heads", "2", "--seq-len", "2048", "--mask", "causal", "--direction", "bwd", "--top", "3"])
+        .output()
+        .unwrap();
+    let t = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let searched = t.lines().find(|l| l.trim_start().starts_with("searched")).unwrap_or_default();
+    assert!(!searched.contains("traversal") && !searched.contains("masking ("), "{t}");
+    assert!(t.contains("fixed        traversal and masking (the backward kernels' own"), "{t}");
+}

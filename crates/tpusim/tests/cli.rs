@@ -585,7 +585,7 @@ fn errors_name_the_field_the_user_gave() {
 /// `run` says so in a note.
 #[test]
 fn design_what_ifs_are_marked_in_tune_and_noted_in_run() {
-    let out = Command::new(env!("CARGO_BIN_EXE_tpusim"))
+    let out = bin()
         .args(["tune", "--kernel", "flash-attention", "--heads", "2", "--seq-len", "2048", "--mask", "causal", "--top", "40"])
         .output()
         .unwrap();
@@ -597,7 +597,7 @@ fn design_what_ifs_are_marked_in_tune_and_noted_in_run() {
     let run = |extra: &[&str]| {
         let mut a = vec!["run", "--kernel", "flash-attention", "--heads", "2", "--seq-len", "2048", "--mask", "causal"];
         a.extend_from_slice(extra);
-        String::from_utf8_lossy(&Command::new(env!("CARGO_BIN_EXE_tpusim")).args(&a).output().unwrap().stdout).into_owned()
+        String::from_utf8_lossy(&bin().args(&a).output().unwrap().stdout).into_owned()
     };
     assert!(run(&["--traversal", "compact"]).contains("a design what-if: flash-attention has no setting for traversal compact"));
     assert!(!run(&[]).contains("design what-if"));
@@ -612,11 +612,7 @@ fn errors_name_what_the_user_gave() {
     std::fs::create_dir_all(&dir).unwrap();
     let sweep = dir.join("s.toml");
     std::fs::write(&sweep, "[base]\nheads = 2\nseq_len = 1024\n[axes]\nblock_q = [128, 256]\n").unwrap();
-    let err = |args: &[&str]| {
-        let o = Command::new(env!("CARGO_BIN_EXE_tpusim")).args(args).output().unwrap();
-        assert_eq!(o.status.code(), Some(2), "{args:?}");
-        String::from_utf8_lossy(&o.stderr).into_owned()
-    };
+    let err = input_error;
     let e = err(&["sweep", sweep.to_str().unwrap(), "--out", dir.join("s.csv").to_str().unwrap(), "--set", "hbm.nope=1"]);
     assert!(e.contains("--set: field 'hbm.nope'") && !e.contains("sweep file"), "{e}");
     std::fs::write(&sweep, "[base]\nheads = 2\nseq_len = 1024\n[axes]\nblock_qq = [128, 256]\n").unwrap();
@@ -633,7 +629,7 @@ fn errors_name_what_the_user_gave() {
 /// which change nothing there (equal twins in the ranking). They are held fixed and said so.
 #[test]
 fn backward_tuning_holds_the_forward_options() {
-    let o = Command::new(env!("CARGO_BIN_EXE_tpusim"))
+    let o = bin()
         .args(["tune", "--kernel", "splash", "--heads", "2", "--seq-len", "2048", "--mask", "causal", "--direction", "bwd", "--top", "3"])
         .output()
         .unwrap();

@@ -454,9 +454,9 @@ fn for_bounds(d: &Description, op: &Op, env: &StepEnv<'_>) -> Result<(i64, i64, 
 struct Walker<'a> {
     d: &'a Description,
     b: tpusim_kernel::body::Builder,
-    /// The transposes the compiler folds into their matmul ([`folded_transposes`]).
+    /// The transposes the compiler folds into their matmul ([`canonicalized`]).
     folded: &'a HashSet<u64>,
-    /// The loads nothing uses ([`folded_transposes`]).
+    /// The loads nothing uses ([`canonicalized`]).
     dead: &'a HashSet<u64>,
 }
 
@@ -471,7 +471,7 @@ struct Walker<'a> {
 /// it. By op id; second, the loads whose result nothing uses (a store through a slice of a ref
 /// reads the old window first), which Mosaic erases, so they shift nothing ([`body_op`]'s
 /// offsets).
-fn folded_transposes(d: &Description) -> (HashSet<u64>, HashSet<u64>) {
+fn canonicalized(d: &Description) -> (HashSet<u64>, HashSet<u64>) {
     /// Per value id: how many uses, and whether the last is a matmul's (its id, operand index).
     type Uses = HashMap<u64, (u32, Option<(u64, usize)>)>;
     fn scan<'o>(ops: &'o [Op], uses: &mut Uses, by_id: &mut HashMap<u64, &'o Op>) {
@@ -572,7 +572,7 @@ fn body_op(d: &Description, op: &Op) -> Result<tpusim_kernel::body::BodyOp, Pall
         bytes: None,
         semaphore: None,
         hbm_to_hbm: op.op == "tpu.enqueue_dma" && crate::desc::hbm_to_hbm(op),
-        // Decided from the op's uses in the whole body ([`folded_transposes`]).
+        // Decided from the op's uses in the whole body ([`canonicalized`]).
         folded: false,
     };
     let args = op
@@ -818,8 +818,8 @@ pub fn lower(chip: &ChipModel, d: &Description, dir: &Path) -> Result<(Program, 
                 let shape = &d.refs[windows[w]].shape;
                 let n = shape.len();
                 let tile = |k: usize| match n - k {
-                    1 => 128,
-                    2 => 8 * (4 / eb.clamp(&1, &4)),
+                    1 => tpusim_kernel::vmem::LANES,
+                    2 => tpusim_kernel::dtype::Dtype::of_bytes(*eb).unwrap_or(tpusim_kernel::dtype::Dtype::F32).tile_rows(),
                     _ => 1,
                 };
                 let inside = |k: usize, b: u64, x: u64, i: i64| b.min(x.saturating_sub(i.max(0) as u64 * b).next_multiple_of(tile(k)));
@@ -833,7 +833,7 @@ pub fn lower(chip: &ChipModel, d: &Description, dir: &Path) -> Result<(Program, 
     let unit_size: u64 = d.grid[lead_par..].iter().product::<u64>().max(1);
     let units = d.grid[..lead_par].iter().product::<u64>().max(1);
     let carried = carried_refs(d);
-    let (folded, dead) = folded_transposes(d);
+    let (folded, dead) = canonicalized(d);
     // Step generation.
     let ndim = d.grid.len();
     let mut idx = vec![0i64; ndim];

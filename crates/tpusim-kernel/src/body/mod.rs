@@ -57,8 +57,8 @@ pub struct Attrs {
     /// Concatenation: the dimension joined.
     pub dimension: Option<u64>,
     /// A strided slice extracted or inserted (`vector.extract_strided_slice`,
-    /// `vector.insert_strided_slice`): where it starts, one offset per dimension (empty: not
-    /// known, taken as aligned).
+    /// `vector.insert_strided_slice`), or a load or store at constant indices: where it starts,
+    /// one offset per dimension (empty: not known, taken as aligned).
     pub offsets: Vec<u64>,
     /// Matmul: rows, contraction and columns.
     pub mkn: Option<[u64; 3]>,
@@ -626,7 +626,7 @@ impl Builder {
         if rank == 0 || (store && offsets.len() != rank) {
             return None;
         }
-        let sub_tile = cost::UNIT_SUBLANES * (4 / elem_bytes(&op.dtype).clamp(1, 4));
+        let sub_tile = crate::dtype::Dtype::of_bytes(elem_bytes(&op.dtype)).unwrap_or(crate::dtype::Dtype::F32).tile_rows();
         // (registers shifted across lanes, across sublanes) when data of `shape` varying along
         // `varies` (the result's rank) starts at `at` along dimension `d`.
         let off = |shape: &[u64], varies: &[bool], d: usize, at: u64| -> (f64, f64) {

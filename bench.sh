@@ -8,6 +8,6 @@ cd "$(dirname "$0")"
 # Absolute paths: cargo runs each bench in its package folder.
 splice=(--splice "$PWD/README.md" --splice "$PWD/studies/README.md")
 if [[ ${TPUSIM_BENCH_SKIP_1M:-0} == 1 ]]; then splice=(); fi
-cargo bench -p tpusim-report --bench simulate -- "${splice[@]}"
+cargo bench -p tpusim-job --bench simulate -- "${splice[@]}"
 cargo bench -p tpusim --bench commands -- "${splice[@]}"
 cargo bench -p tpusim-pallas --bench from_description -- "${splice[@]}"

@@ -1,6 +1,6 @@
 //! The error-band file (`tpusim validate --bands`): every calibration row's leave-one-out error
 //! ([`crate::cross_validate`]) grouped by chip x kernel family x direction x scope
-//! ([`tpusim_report::bands`]), with what the file was computed from, so that a test can tell
+//! ([`tpusim_job::bands`]), with what the file was computed from, so that a test can tell
 //! when it no longer matches the models ([`stale`]).
 
 use crate::cv::CrossValidation;
@@ -8,7 +8,7 @@ use crate::measure::{measured_scope, MeasurementFile};
 use crate::validate::{validate, ChipSet, Validation};
 use std::collections::BTreeMap;
 use tpusim_kernel::KernelKind;
-use tpusim_report::bands::{fnv_hex, median_p90, row_key, Band, BandFile, BandKey};
+use tpusim_job::bands::{fnv_hex, median_p90, row_key, Band, BandFile, BandKey};
 
 /// The band key of each row of `file`, by id.
 fn keys(file: &MeasurementFile) -> BTreeMap<String, BandKey> {
@@ -25,14 +25,14 @@ fn keys(file: &MeasurementFile) -> BTreeMap<String, BandKey> {
         .collect()
 }
 
-/// The chip's band of every kernel read from its IR (`tpusim_report::bands::kernel_ir_key`) at
+/// The chip's band of every kernel read from its IR (`tpusim_job::bands::kernel_ir_key`) at
 /// the row's scope: a profiler's device time of a described kernel is the kernel's.
 fn described_key(m: &crate::measure::Measurement) -> BandKey {
     let scope = match measured_scope(&m.timing) {
         tpusim_kernel::Scope::Op => tpusim_kernel::Scope::Kernel,
         s => s,
     };
-    BandKey { chip: m.chip.clone(), family: tpusim_report::bands::KERNEL_IR_FAMILY.into(), direction: "any".into(), scope: scope.to_string() }
+    BandKey { chip: m.chip.clone(), family: tpusim_job::bands::KERNEL_IR_FAMILY.into(), direction: "any".into(), scope: scope.to_string() }
 }
 
 /// Rounds an error to the band file's precision (1e-4).
@@ -93,7 +93,7 @@ pub fn band_file(path: &str, bytes: &[u8], file: &MeasurementFile, chips: &ChipS
         held_out: cv
             .rows
             .iter()
-            .map(|r| tpusim_report::bands::HeldOut { id: r.id.clone(), fitted_ms: r.fitted_ms, loo_ms: r.loo_ms, group_ms: r.group_ms })
+            .map(|r| tpusim_job::bands::HeldOut { id: r.id.clone(), fitted_ms: r.fitted_ms, loo_ms: r.loo_ms, group_ms: r.group_ms })
             .collect(),
         not_used: cv.unused.clone(),
     }

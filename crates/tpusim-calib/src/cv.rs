@@ -9,7 +9,7 @@ use crate::stats::median;
 use crate::validate::{ChipSet, Usage};
 use crate::CalibError;
 use serde::Serialize;
-use tpusim_report::bands::BandFile;
+use tpusim_job::bands::BandFile;
 use std::fmt::Write as _;
 
 /// One row's in-sample and held-out predictions.

@@ -12,7 +12,7 @@ use crate::fit::ErrorStats;
 use crate::measure::MeasurementFile;
 use crate::validate::{ChipSet, Validation};
 use std::fmt::Write as _;
-use tpusim_report::bands::BandFile;
+use tpusim_job::bands::BandFile;
 
 /// The tag of the in-sample table (`tpusim validate --format markdown`), in VALIDATION.md.
 pub const TAG_IN_SAMPLE: &str = "validate";
@@ -84,7 +84,7 @@ pub const CASE_STUDY_SPEEDUP: (&str, &str) = ("VD-B0", "VD-B3");
 pub fn command(path: &str) -> String {
     format!(
         "tpusim validate {path} --bands --out {} --into README.md --into traces/measured/VALIDATION.md",
-        tpusim_report::bands::BANDS_PATH
+        tpusim_job::bands::BANDS_PATH
     )
 }
 
@@ -178,7 +178,7 @@ pub fn summary(file: &MeasurementFile, v: &Validation, cv: &CrossValidation) -> 
 }
 
 /// The rows of kernels read from their IR (`kernel_ir`), per kernel family and chip: never
-/// fitted, so every prediction is held out. A family with fewer than [`tpusim_report::bands::MIN_ROWS`]
+/// fitted, so every prediction is held out. A family with fewer than [`tpusim_job::bands::MIN_ROWS`]
 /// rows on a chip is not covered (no band is claimed from it).
 fn described_families(s: &mut String, file: &MeasurementFile, v: &Validation) {
     let mut groups: Vec<(String, String)> = Vec::new();
@@ -200,7 +200,7 @@ fn described_families(s: &mut String, file: &MeasurementFile, v: &Validation) {
         let mut signed: Vec<f64> = rows.iter().map(|r| r.error).collect();
         signed.sort_by(f64::total_cmp);
         let median = signed.get(signed.len() / 2).map_or("-".to_string(), |e| format!("{:+.1}%", e * 100.0));
-        let covered = if rows.len() < tpusim_report::bands::MIN_ROWS { " (not covered: fewer than 5 rows)" } else { "" };
+        let covered = if rows.len() < tpusim_job::bands::MIN_ROWS { " (not covered: fewer than 5 rows)" } else { "" };
         let _ = writeln!(s, "| {family}{covered} | {chip} | {} | {} | {median} |", rows.len(), pct_abs(ErrorStats::of(&p, &m)));
     }
 }

@@ -51,7 +51,7 @@ use serde::Serialize;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use tpusim_chip::{ChipModel, Param};
-use tpusim_report::JobSpec;
+use tpusim_job::JobSpec;
 
 /// The chip model's fitted parameters (candidates: at most [`MAX_FITTED`] are fitted per chip,
 /// chosen by identifiability; module docs).
@@ -186,7 +186,7 @@ struct Row {
 fn simulate_ms(chip: &ChipModel, spec: &JobSpec) -> Result<f64, String> {
     let job = spec.build(chip).map_err(|e| e.to_string())?;
     let lowered = job.lower(chip).map_err(|e| e.to_string())?;
-    Ok(tpusim_report::simulate_call(chip, &lowered).iter().map(|p| p.result.seconds).sum::<f64>() * 1e3)
+    Ok(tpusim_job::simulate_call(chip, &lowered).iter().map(|p| p.result.seconds).sum::<f64>() * 1e3)
 }
 
 /// Predicted times (ms) of rows on a chip, simulated on all cores. A failed row gives NaN.

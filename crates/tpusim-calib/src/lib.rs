@@ -3,7 +3,7 @@
 //!
 //! * [`measure`]: the measurement CSV format (documented in `traces/measured/README.md`), strict
 //!   parsing with errors that name the file, line and column, and the mapping of a row onto a
-//!   [`tpusim_report::JobSpec`].
+//!   [`tpusim_job::JobSpec`].
 //! * [`mod@validate`]: predicts every row, reports signed errors, skipped rows with reasons, an error
 //!   summary (median and mean |error|, worst row) and, for rows that differ only in tiling or
 //!   kernel options, whether the predicted ranking matches the measured one (Kendall's tau).
@@ -16,7 +16,7 @@
 //! * [`cv`]: `validate --cv`, every chip refitted without each row (and each head_dim group) to
 //!   judge the models out of sample.
 //!
-//! Depends on `tpusim-report` and the crates below it; nothing depends on it but the binary.
+//! Depends on `tpusim-job` and the crates below it; nothing depends on it but the binary.
 
 #![warn(missing_docs)]
 

@@ -7,7 +7,7 @@
 use crate::measure::{parse, Measurement};
 use std::sync::OnceLock;
 use tpusim_chip::ChipModel;
-use tpusim_report::{Job, Measured};
+use tpusim_job::{Job, Measured};
 
 /// The file the shipped measurements come from (as the repository names it).
 pub const SHIPPED_PATH: &str = "traces/measured/calibration.csv";
@@ -59,15 +59,15 @@ pub fn shipped_measurement(chip: &ChipModel, job: &Job, latency_ms: f64) -> Opti
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tpusim_report::JobSpec;
+    use tpusim_job::JobSpec;
 
     #[test]
     fn the_case_study_finds_its_row_and_a_changed_job_finds_none() {
         let chip = ChipModel::preset("v6e").unwrap();
-        let job = tpusim_report::case_study().build(&chip).unwrap();
+        let job = tpusim_job::case_study().build(&chip).unwrap();
         let m = shipped_measurement(&chip, &job, 75.0).expect("the case study is a shipped row");
         assert_eq!((m.id.as_str(), m.measured_ms), ("VD-B0", 78.7));
-        let other = JobSpec { block_q: Some(2048), ..tpusim_report::case_study() }.build(&chip).unwrap();
+        let other = JobSpec { block_q: Some(2048), ..tpusim_job::case_study() }.build(&chip).unwrap();
         assert!(shipped_measurement(&chip, &other, 75.0).is_none());
         // A what-if chip is not the chip that was measured.
         let fast = JobSpec { set: vec!["hbm.bandwidth_gb_per_s=3276".into()], ..Default::default() }.chip().unwrap();

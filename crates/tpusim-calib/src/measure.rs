@@ -24,7 +24,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use tpusim_chip::ChipModel;
 use tpusim_kernel::{Direction, Exp, Kernel, KernelKind, MaskSource, Masking, Scope, Traversal};
-use tpusim_report::JobSpec;
+use tpusim_job::JobSpec;
 use tpusim_workload::Mask;
 
 tpusim_kernel::word_enum! {

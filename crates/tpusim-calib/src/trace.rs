@@ -22,7 +22,7 @@ use serde_json::Value;
 use std::collections::{BTreeMap, HashMap};
 use std::io::Read;
 use tpusim_kernel::{Direction, Exp};
-use tpusim_report::{Job, JobSpec, SpecError};
+use tpusim_job::{Job, JobSpec, SpecError};
 
 /// An error reading a trace or turning it into rows.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

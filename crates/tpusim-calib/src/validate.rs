@@ -6,7 +6,7 @@ use serde::Serialize;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use tpusim_chip::ChipModel;
-use tpusim_report::{run, Job, Report};
+use tpusim_job::{run, Job, Report};
 
 /// Chip models to use instead of a row's `chip`: a row whose `chip` equals a model's `name` is
 /// predicted on that model (e.g. a calibrated `my-v6e.toml` named `v6e`); other rows load their
@@ -321,7 +321,7 @@ fn described_job(m: &Measurement, path: &str) -> Result<Job, String> {
         tpusim_kernel::Scope::Op => tpusim_kernel::Scope::Kernel,
         s => s,
     };
-    Ok(Job::Described(tpusim_report::DescribedJob::new(path, desc, dir).with_scope(scope)?))
+    Ok(Job::Described(tpusim_job::DescribedJob::new(path, desc, dir).with_scope(scope)?))
 }
 
 /// Error summary of predicted rows.

@@ -5,7 +5,7 @@
 
 use tpusim_calib::bands::stale;
 use tpusim_calib::{read_file, ChipSet};
-use tpusim_report::bands::{shipped, BandFile, MIN_ROWS};
+use tpusim_job::bands::{shipped, BandFile, MIN_ROWS};
 
 const CSV: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../traces/measured/calibration.csv");
 const BANDS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../traces/measured/bands.json");
@@ -21,7 +21,7 @@ fn the_shipped_band_file_is_not_stale() {
     }
     // Every predicted row is in one band of its family, a row of a kernel read from its IR also
     // in its chip's `kernel-ir` band; the tokamax forward rows of v6e make a quoted one.
-    let ir = tpusim_report::bands::KERNEL_IR_FAMILY;
+    let ir = tpusim_job::bands::KERNEL_IR_FAMILY;
     assert_eq!(on_disk.bands.iter().filter(|b| b.key.family != ir).map(|b| b.n).sum::<usize>(), on_disk.in_sample.len());
     let described = file.rows.iter().filter(|m| m.kernel_ir.is_some()).count();
     assert_eq!(on_disk.bands.iter().filter(|b| b.key.family == ir).map(|b| b.n).sum::<usize>(), described);

@@ -23,8 +23,8 @@ fn file_with(rows: &[&str]) -> (tempfile::TempDir, String) {
 fn run_ir(path: &std::path::Path, scope: tpusim_kernel::Scope) -> f64 {
     let chip = tpusim_chip::ChipModel::load("v6e").unwrap();
     let (desc, dir) = tpusim_pallas::Description::read(path).unwrap();
-    let job = tpusim_report::DescribedJob::new(path.to_string_lossy(), desc, dir).with_scope(scope).unwrap();
-    tpusim_report::run(&chip, &tpusim_report::Job::Described(job)).unwrap().result.seconds * 1e3
+    let job = tpusim_job::DescribedJob::new(path.to_string_lossy(), desc, dir).with_scope(scope).unwrap();
+    tpusim_job::run(&chip, &tpusim_job::Job::Described(job)).unwrap().result.seconds * 1e3
 }
 
 #[test]

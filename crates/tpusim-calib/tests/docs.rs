@@ -8,7 +8,7 @@ use tpusim_calib::bands::stale;
 use tpusim_calib::docs::{command, parts_from_band_file, TAG_BANDS, TAG_CV, TAG_IN_SAMPLE, TAG_PARAMS, TAG_SUMMARY};
 use tpusim_calib::{read_file, ChipSet};
 use tpusim_io::mark::spliced_part;
-use tpusim_report::bands::BandFile;
+use tpusim_job::bands::BandFile;
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")

@@ -2,7 +2,7 @@
 //! peak memory, the machine it ran on with the date, and `--splice FILE` arguments naming the
 //! hand-written files whose generated parts ([`crate::mark::splice_into`]) take its tables.
 //!
-//! The benches (`cargo bench -p tpusim-report --bench simulate`, `cargo bench -p tpusim --bench
+//! The benches (`cargo bench -p tpusim-job --bench simulate`, `cargo bench -p tpusim --bench
 //! commands`, or `./bench.sh`, which runs them and splices) print Markdown tables;
 //! with `-- --splice /abs/path/README.md` they also write them between the file's markers.
 

@@ -27,7 +27,7 @@
 //! The total must not exceed the kernel's scoped VMEM limit ([`VmemBudget::check`]).
 //!
 //! **Evidence** (each a public report of the real compiler; the cases are a test table in
-//! `crates/tpusim-report/tests/vmem_cases.rs`, which prints each margin):
+//! `crates/tpusim-job/tests/vmem_cases.rs`, which prints each margin):
 //!
 //! | case | real compiler | this rule |
 //! |---|---|---|

@@ -59,7 +59,7 @@ use crate::spec::{AttentionMode, Exchange, LayerPlan, Placement, Weights};
 use crate::topology::Collective;
 use petgraph::graph::{DiGraph, NodeIndex};
 use serde::Serialize;
-use tpusim_report::JobSpec;
+use tpusim_job::JobSpec;
 use tpusim_workload::{AttentionCall, Mask};
 
 tpusim_kernel::word_enum! {

@@ -105,7 +105,7 @@ impl LayerRun {
     }
 }
 
-/// The layer's what-if table: for each unit of the chip ([`tpusim_report::whatif::doubled`]'s
+/// The layer's what-if table: for each unit of the chip ([`tpusim_job::whatif::doubled`]'s
 /// fields) and for the ICI links (`ici.link_bandwidth_gb_per_s` x2), the layer run again on a
 /// chip model with that one change, and the gain `1 - t'/t`; and the entry with the largest gain
 /// (the layer's bottleneck). Every op keeps its lowering (a what-if model keeps the issue order
@@ -113,8 +113,8 @@ impl LayerRun {
 ///
 /// # Errors
 /// [`LayerError`] as [`run`] (never for a spec that ran on `chip`).
-pub fn what_if_2x(spec: &LayerSpec, chip: &ChipModel, base: &LayerRun) -> Result<(Vec<tpusim_report::whatif::WhatIf>, String), LayerError> {
-    use tpusim_report::whatif::{doubled, format_value, with_all, WhatIf};
+pub fn what_if_2x(spec: &LayerSpec, chip: &ChipModel, base: &LayerRun) -> Result<(Vec<tpusim_job::whatif::WhatIf>, String), LayerError> {
+    use tpusim_job::whatif::{doubled, format_value, with_all, WhatIf};
     let t = base.result.seconds;
     let mut sets: Vec<(String, Vec<(String, f64)>)> =
         tpusim_kernel::Unit::ALL.iter().map(|&u| (u.word().to_string(), doubled(chip, u))).collect();

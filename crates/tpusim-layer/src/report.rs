@@ -238,7 +238,7 @@ pub struct LayerReport {
     /// Per unit of the chip, and the ICI links, what making it alone twice as fast saves in the
     /// layer's latency ([`crate::what_if_2x`]); `None` unless computed.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub what_if_2x: Option<Vec<tpusim_report::whatif::WhatIf>>,
+    pub what_if_2x: Option<Vec<tpusim_job::whatif::WhatIf>>,
     /// The unit or `ici` with the largest 2x gain (with `what_if_2x`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub bottleneck: Option<String>,
@@ -427,7 +427,7 @@ impl LayerReport {
         );
         if let (Some(t), Some(b)) = (&self.what_if_2x, &self.bottleneck) {
             let cells: Vec<String> = t.iter().map(|w| format!("{} -{:.1}%", w.unit, 100.0 * w.gain)).collect();
-            use tpusim_report::whatif::{CO_BOUND_FRACTION, CO_BOUND_MIN_GAIN};
+            use tpusim_job::whatif::{CO_BOUND_FRACTION, CO_BOUND_MIN_GAIN};
             let top = t.iter().find(|w| &w.unit == b).map_or(0.0, |w| w.gain);
             let co: Vec<String> = t
                 .iter()

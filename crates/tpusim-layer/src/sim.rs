@@ -5,7 +5,7 @@
 //!   crate's `xla-matmul` family with balanced output tiles, halved until the tiling fits VMEM),
 //!   simulated by the engine.
 //! * **Attention**: the Splash simulation of the kernel crate and engine, through the job layer
-//!   (`tpusim_report::run`), exactly as `tpusim run` runs the same call and kernel options.
+//!   (`tpusim_job::run`), exactly as `tpusim run` runs the same call and kernel options.
 //! * **Fusions**: `tpusim_engine::simulate_fusion` (bytes read and written at the sustained HBM
 //!   bandwidth plus one HBM round trip of latency).
 //! * **Collectives**: [`crate::topology::time_collective`] on the chip group's box; the
@@ -89,7 +89,7 @@ pub fn cost(plan: &LayerPlan, work: &Work, name: &str) -> Result<OpCost, LayerEr
             Ok(from_sim(chip, &r, 2.0 * *m as f64 * *n as f64 * *k as f64, detail))
         }
         Work::Attention { call, kernel } => {
-            let spec = kernel.overlay(&tpusim_report::JobSpec {
+            let spec = kernel.overlay(&tpusim_job::JobSpec {
                 batch: Some(call.batch),
                 heads: Some(call.q_heads),
                 kv_heads: Some(call.kv_heads),
@@ -104,9 +104,9 @@ pub fn cost(plan: &LayerPlan, work: &Work, name: &str) -> Result<OpCost, LayerEr
                 op: name.into(),
                 message: format!("{e} (the self-attention kernels' options come from `dense_kernel` and `sparse_kernel` trace files)"),
             };
-            let job = spec.build(chip).map_err(|e| err(tpusim_report::render_fields(&e.to_string(), tpusim_report::FieldStyle::Key)))?;
-            let run = tpusim_report::run_with_dense(chip, &job, None)
-                .map_err(|e| err(tpusim_report::render_fields(&e.to_string(), tpusim_report::FieldStyle::Key)))?;
+            let job = spec.build(chip).map_err(|e| err(tpusim_job::render_fields(&e.to_string(), tpusim_job::FieldStyle::Key)))?;
+            let run = tpusim_job::run_with_dense(chip, &job, None)
+                .map_err(|e| err(tpusim_job::render_fields(&e.to_string(), tpusim_job::FieldStyle::Key)))?;
             let info = &run.program.info;
             let flops = 2.0 * (call.head_dim + call.head_dim_v) as f64 * info.kept_pairs as f64;
             let blocks: Vec<String> = info.blocks.iter().map(|(_, v)| v.to_string()).collect();

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use std::sync::OnceLock;
 use tpusim_chip::ChipModel;
 use tpusim_kernel::{Kernel, Masking, Traversal};
-use tpusim_report::JobSpec;
+use tpusim_job::JobSpec;
 use tpusim_workload::Mask;
 
 tpusim_kernel::word_enum! {

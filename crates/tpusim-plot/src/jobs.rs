@@ -7,7 +7,7 @@ use crate::PlotError;
 use tpusim_chip::ChipModel;
 use tpusim_engine::SimResult;
 use tpusim_kernel::{PerUnit, Unit};
-use tpusim_report::{run, DescribedJob, Job, JobSpec, Report, Run};
+use tpusim_job::{run, DescribedJob, Job, JobSpec, Report, Run};
 
 /// A job to run and the label that names it in a figure.
 #[derive(Debug, Clone, PartialEq)]
@@ -76,7 +76,7 @@ impl JobRun {
 
 /// Expands trace files x chips into labelled job specs.
 ///
-/// With no trace files, the default job of `tpusim run` ([`tpusim_report::case_study_or`]: the
+/// With no trace files, the default job of `tpusim run` ([`tpusim_job::case_study_or`]: the
 /// built-in case study, labelled `video-720p-dense`, on `overlay`'s chip and overrides) when
 /// `overlay` gives no job field, else one job from `overlay` alone (the family's defaults),
 /// labelled `default`. Each trace file's label is its file stem; with more than one
@@ -118,9 +118,9 @@ pub fn expand_with(
     let mut bases = Vec::new();
     if traces.is_empty() && kernel_irs.is_empty() {
         // The default job of `tpusim run` (the built-in case study) unless job flags are given.
-        if tpusim_report::gives_no_job(overlay) {
-            let stem = std::path::Path::new(tpusim_report::CASE_STUDY_PATH).file_stem().and_then(|s| s.to_str()).unwrap_or("default");
-            bases.push((stem.to_string(), tpusim_report::case_study(), None));
+        if tpusim_job::gives_no_job(overlay) {
+            let stem = std::path::Path::new(tpusim_job::CASE_STUDY_PATH).file_stem().and_then(|s| s.to_str()).unwrap_or("default");
+            bases.push((stem.to_string(), tpusim_job::case_study(), None));
         } else {
             bases.push(("default".to_string(), JobSpec::default(), None));
         }
@@ -170,7 +170,7 @@ pub fn expand_with(
 /// # Errors
 /// [`PlotError`] prefixed with the job's label: chip, spec or lowering errors.
 pub fn run_one(j: &LabelledSpec) -> Result<JobRun, PlotError> {
-    let ctx = |source: tpusim_report::SpecError| PlotError::Spec { context: format!("job {}: ", j.label), source };
+    let ctx = |source: tpusim_job::SpecError| PlotError::Spec { context: format!("job {}: ", j.label), source };
     let chip = j.spec.chip().map_err(ctx)?;
     if let Some(path) = &j.kernel_ir {
         return run_kernel_ir(&chip, path, j.label.clone());
@@ -274,7 +274,7 @@ mod tests {
         let j = expand(&[], &JobSpec::default(), &["v6e".into(), "v5e".into()], &[]).unwrap();
         // No trace and no job flag: the default job of `tpusim run`, the case study.
         assert_eq!(j.iter().map(|j| j.label.as_str()).collect::<Vec<_>>(), ["video-720p-dense (v6e)", "video-720p-dense (v5e)"]);
-        assert_eq!(j[0].spec.kernel, tpusim_report::case_study().kernel);
+        assert_eq!(j[0].spec.kernel, tpusim_job::case_study().kernel);
         let flagged = JobSpec { heads: Some(4), ..JobSpec::default() };
         let j2 = expand(&[], &flagged, &[], &[]).unwrap();
         assert_eq!((j2[0].label.as_str(), j2[0].spec.heads), ("default", Some(4)));

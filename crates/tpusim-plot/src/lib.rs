@@ -21,7 +21,7 @@
 //! in the same directory, then a rename).
 //!
 //! Errors are [`PlotError`] values naming the flag, file or column at fault; the binary maps them
-//! to exit code 2. Depends on `tpusim-report`, `tpusim-layer` and the crates below them.
+//! to exit code 2. Depends on `tpusim-job`, `tpusim-layer` and the crates below them.
 
 pub mod axis;
 pub mod breakdown;
@@ -55,7 +55,7 @@ pub enum PlotError {
         /// Which job, e.g. `job dense: `.
         context: String,
         /// The job's error.
-        source: tpusim_report::SpecError,
+        source: tpusim_job::SpecError,
     },
     /// Drawing failed (a plotters backend error: not the input's fault).
     #[error("drawing failed: {0}")]

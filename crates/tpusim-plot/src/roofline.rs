@@ -28,7 +28,7 @@ use plotters::element::DashedPathElement;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 use tpusim_chip::ChipModel;
-use tpusim_report::Job;
+use tpusim_job::Job;
 
 /// Roofs of one chip.
 #[derive(Debug, Clone, PartialEq)]

@@ -159,7 +159,7 @@ pub const MAX_LEGEND: usize = 12;
 /// Job and chip columns (job fields, `chip.SECTION.FIELD`, `set`, `label`), other than x, y and
 /// the series, that take several values among the rows of one series at one x, in column order.
 fn other_varied(t: &Table, rows: &[(usize, &[String])], xc: usize, yc: usize, sc: Option<usize>) -> Vec<usize> {
-    let fields = tpusim_report::JobSpec::fields();
+    let fields = tpusim_job::JobSpec::fields();
     let candidate = |c: usize| {
         let h = &t.header[c];
         c != xc && c != yc && Some(c) != sc && (h.starts_with("chip.") || h == "label" || fields.iter().any(|f| f == h))

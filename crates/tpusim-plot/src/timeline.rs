@@ -44,7 +44,7 @@ use std::path::Path;
 use tpusim_chip::ChipModel;
 use tpusim_engine::{schedule_body, simulate_observed, SimResult, StepTiming};
 use tpusim_kernel::{PhaseWork, Program, Step, Unit};
-use tpusim_report::Run;
+use tpusim_job::Run;
 
 /// A track of the timeline: a unit of the TensorCore, a DMA direction, or step control.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
@@ -404,7 +404,7 @@ impl<'a> Timed<'a> {
     /// The phases of a run (a kernel read from its IR: its one kernel, steps by grid index).
     pub fn of_run(run: &'a Run) -> Self {
         let described = match &run.job {
-            tpusim_report::Job::Described(d) => Some(d.description.grid.len().min(255) as u8),
+            tpusim_job::Job::Described(d) => Some(d.description.grid.len().min(255) as u8),
             _ => None,
         };
         let phases = run
@@ -913,7 +913,7 @@ pub fn read_chrome_trace(path: &str, flag: &str) -> Result<Vec<UsEvent>, PlotErr
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tpusim_report::JobSpec;
+    use tpusim_job::JobSpec;
 
     fn small_run() -> Run {
         let spec = JobSpec {
@@ -926,7 +926,7 @@ mod tests {
         };
         let chip = spec.chip().unwrap();
         let job = spec.build(&chip).unwrap();
-        tpusim_report::run(&chip, &job).unwrap()
+        tpusim_job::run(&chip, &job).unwrap()
     }
 
     #[test]

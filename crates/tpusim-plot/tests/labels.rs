@@ -9,7 +9,7 @@ use tpusim_plot::style::{self, overlaps};
 use tpusim_plot::table::Table;
 use tpusim_plot::validation::{ValidationFigure, ValidationSpec};
 use tpusim_plot::{render_bytes, Format};
-use tpusim_report::JobSpec;
+use tpusim_job::JobSpec;
 
 fn trace(name: &str, chip: &str) -> LabelledSpec {
     let path = format!("{}/../../traces/{name}.toml", env!("CARGO_MANIFEST_DIR"));

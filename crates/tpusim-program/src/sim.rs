@@ -8,7 +8,7 @@
 //!   bf16 operands; a dot with other operand types is timed as bf16 (the report says so). The
 //!   element-wise ops fused into its output ride under the matmul (not timed), as in the layer.
 //! * **Pallas kernels**: the kernel description through `tpusim-pallas` and the engine
-//!   (`tpusim_report::run` of a `Job::Described`).
+//!   (`tpusim_job::run` of a `Job::Described`).
 //! * **Collectives** on the slice's links (`tpusim_slice::topology::time_transfers`): device i of
 //!   the program (its replica-group and source-target ids) is chip i in row-major order of the
 //!   slice shape. Per group of n devices with B operand bytes per device: an all-gather sends
@@ -232,8 +232,8 @@ pub fn simulate_program(chip: &ChipModel, d: &ProgramDescription, slice: Option<
                         let desc = tpusim_pallas::Description::from_json(&d.kernels[k].to_string(), &format!("kernels[{k}]"))
                             .map_err(|err| first.error(err.to_string()))?;
                         let name = desc.kernel_name.clone();
-                        let job = tpusim_report::Job::Described(tpusim_report::DescribedJob::new(format!("kernels[{k}]"), desc, dir));
-                        let run = tpusim_report::run(chip, &job).map_err(|err| first.error(err.to_string()))?;
+                        let job = tpusim_job::Job::Described(tpusim_job::DescribedJob::new(format!("kernels[{k}]"), desc, dir));
+                        let run = tpusim_job::run(chip, &job).map_err(|err| first.error(err.to_string()))?;
                         let c = (run.result.seconds, run.result.hbm_bytes, run.result.flops, run.result.transcendentals, name);
                         kernel_cache.insert(k, c.clone());
                         c

@@ -1,9 +1,9 @@
 //! `decode_kernel_ir`: a decode kernel's description simulated and reported against the HBM
-//! roofline (`tpusim_report::decode`), for `tpusim.jax.decode`.
+//! roofline (`tpusim_job::decode`), for `tpusim.jax.decode`.
 
 use crate::input_err;
 use pyo3::prelude::*;
-use tpusim_report::JobSpec;
+use tpusim_job::JobSpec;
 
 /// Simulates a decode kernel's description (JSON text) on `chip` with `set` overrides and
 /// reports it against the HBM roofline: `lengths` (tokens per sequence), `page_size` (tokens),
@@ -29,13 +29,13 @@ pub(crate) fn decode_kernel_ir(
     let model = spec.chip().map_err(|e| input_err(e.to_string()))?;
     let text = description.to_string();
     let dir = std::path::PathBuf::from(folder);
-    let shape = tpusim_report::decode::DecodeShape { lengths, page_size, kv_bytes_per_page, q_bytes, o_bytes, pages_per_block };
+    let shape = tpusim_job::decode::DecodeShape { lengths, page_size, kv_bytes_per_page, q_bytes, o_bytes, pages_per_block };
     crate::interruptible_once(py, move || {
         let d = tpusim_pallas::Description::from_json(&text, "kernel description").map_err(|e| e.to_string())?;
-        let job = tpusim_report::Job::Described(tpusim_report::DescribedJob::new("-", d, dir));
-        let run = tpusim_report::run(&model, &job).map_err(|e| e.to_string())?;
-        let rep = tpusim_report::decode::DecodeReport::from_run(&run, &shape)?;
-        let k = tpusim_report::Report::from_run(&run);
+        let job = tpusim_job::Job::Described(tpusim_job::DescribedJob::new("-", d, dir));
+        let run = tpusim_job::run(&model, &job).map_err(|e| e.to_string())?;
+        let rep = tpusim_job::decode::DecodeReport::from_run(&run, &shape)?;
+        let k = tpusim_job::Report::from_run(&run);
         Ok::<_, String>((rep.to_json(), rep.to_table(), k.to_json()))
     })?
     .map_err(input_err)

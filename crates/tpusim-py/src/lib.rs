@@ -3,7 +3,7 @@
 //! the command line stays the pure-Rust `tpusim` binary.
 //!
 //! Every function goes through the same job layer as the command line
-//! ([`tpusim_report::JobSpec`]): keyword arguments are the job fields (`heads`, `seq_len`,
+//! ([`tpusim_job::JobSpec`]): keyword arguments are the job fields (`heads`, `seq_len`,
 //! `block_q`, ...; the CLI's flags with underscores), masks may also be Splash mask objects or
 //! NumPy arrays (module `masks`), block sizes may be a Splash `BlockSizes` / tokamax config object, and
 //! errors are Python exceptions (`tpusim.InputError`, a `ValueError`, for bad input) carrying the
@@ -21,8 +21,8 @@ use serde_json::Value;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use tpusim_report::fields::{self, Rule};
-use tpusim_report::{render_fields, FieldStyle, Job, JobSpec, Report};
+use tpusim_job::fields::{self, Rule};
+use tpusim_job::{render_fields, FieldStyle, Job, JobSpec, Report};
 use tpusim_workload::tiles::{TileGrid, TileStats};
 
 /// mimalloc, as the `tpusim` binary: lowering builds step bodies of thousands of small nodes,
@@ -56,7 +56,7 @@ fn spec_err_as_given(spec: &JobSpec, e: impl std::fmt::Display) -> PyErr {
 
 /// `e`'s message with `spec`'s job fields named as the caller gave them (see [`spec_err_as_given`]).
 fn as_given(spec: &JobSpec, e: impl std::fmt::Display) -> String {
-    tpusim_report::render_fields_with(&e.to_string(), &mut |f| spec.field_as_given(f).to_string())
+    tpusim_job::render_fields_with(&e.to_string(), &mut |f| spec.field_as_given(f).to_string())
 }
 
 /// How often a long call checks for Ctrl-C (Python's signal handlers), milliseconds: the
@@ -155,7 +155,7 @@ fn bool_arg(name: &str, v: &Bound<'_, PyAny>) -> PyResult<bool> {
 }
 
 /// A keyword argument for job field `key`, checked against the field's rule (the command
-/// line's, [`tpusim_report::fields`]): `heads = '10': expected a whole number from 1 to 1048576`.
+/// line's, [`tpusim_job::fields`]): `heads = '10': expected a whole number from 1 to 1048576`.
 /// `Ok(None)` for a number in MiB, which the caller keeps as a float (NaN and infinities have
 /// no JSON form, and are refused by the job layer with the chip's limit).
 fn field_value(key: &str, v: &Bound<'_, PyAny>) -> PyResult<Option<Value>> {
@@ -498,7 +498,7 @@ fn job_spec(py: Python<'_>, kwargs: Option<&Bound<'_, PyDict>>, skip: &[&str]) -
 /// The job of `simulate()` with no job keyword (`chip` and `set` do not count): the built-in
 /// case study, as `tpusim run` with no job flag.
 fn default_job(spec: JobSpec) -> JobSpec {
-    tpusim_report::case_study_or(spec)
+    tpusim_job::case_study_or(spec)
 }
 
 /// Builds and runs a job (its report with the what-if table, notes and shipped measurement);
@@ -506,7 +506,7 @@ fn default_job(spec: JobSpec) -> JobSpec {
 fn run_job(spec: &JobSpec) -> Result<Report, String> {
     let chip = spec.chip().map_err(|e| as_given(spec, e))?;
     let job = spec.build(&chip).map_err(|e| as_given(spec, e))?;
-    let run = tpusim_report::run(&chip, &job).map_err(|e| as_given(spec, e))?;
+    let run = tpusim_job::run(&chip, &job).map_err(|e| as_given(spec, e))?;
     let mut rep = Report::from_run(&run);
     rep.render_notes(&mut |f, v| spec.describe_setting(f, v, FieldStyle::Key));
     rep.measured = tpusim_calib::shipped_measurement(&chip, &job, rep.latency_ms);
@@ -617,7 +617,7 @@ impl PyReport {
         match d.get_item(name) {
             Ok(v) => Ok(v),
             Err(_) => Err(pyo3::exceptions::PyAttributeError::new_err(
-                if matches!(self.report.job, Job::Described(_)) && tpusim_report::DESCRIBED_LACKS.contains(&name) {
+                if matches!(self.report.job, Job::Described(_)) && tpusim_job::DESCRIBED_LACKS.contains(&name) {
                     format!("Report has no field '{name}': a kernel read from its IR lacks it (its IR does not state an attention workload)")
                 } else {
                     format!("Report has no field '{name}'")
@@ -710,8 +710,8 @@ fn tune<'py>(
     let (spec, given) = job_spec(py, kwargs, &[])?;
     // With no job keyword: the default job's workload and kernel, its blocks searched.
     // ... compared with the default job at its own blocks, as `simulate()` runs it.
-    let baseline = tpusim_report::tune_baseline(&spec);
-    let spec = tpusim_report::tune_default_or(spec);
+    let baseline = tpusim_job::tune_baseline(&spec);
+    let spec = tpusim_job::tune_default_or(spec);
     let cancel = Arc::new(AtomicBool::new(false));
     let opts = tpusim_sweep::TuneOptions { top, allow_inexact, allow_approximate, refine, exhaustive, cancel: Some(cancel.clone()), baseline, ..d };
     let job = spec.clone();
@@ -1112,8 +1112,8 @@ fn simulate_kernel_ir(py: Python<'_>, description: &str, chip: &str, set: Vec<St
     let dir = std::path::PathBuf::from(folder);
     let rep = interruptible_once(py, move || {
         let d = tpusim_pallas::Description::from_json(&text, "kernel description")?;
-        let job = Job::Described(tpusim_report::DescribedJob::new("-", d, dir));
-        Ok::<_, tpusim_report::JobError>(Report::from_run(&tpusim_report::run(&model, &job)?))
+        let job = Job::Described(tpusim_job::DescribedJob::new("-", d, dir));
+        Ok::<_, tpusim_job::JobError>(Report::from_run(&tpusim_job::run(&model, &job)?))
     })?
     .map_err(|e| input_err(e.to_string()))?;
     Ok(PyReport::new(rep))

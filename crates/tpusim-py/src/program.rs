@@ -3,7 +3,7 @@
 
 use crate::input_err;
 use pyo3::prelude::*;
-use tpusim_report::JobSpec;
+use tpusim_job::JobSpec;
 
 /// Simulates a program description (JSON text, `crates/tpusim-program/PROGRAM.md`) on `chip`
 /// with `set` overrides over `slice` (`AxB`; `None`: the program's mesh shape). Returns (report

@@ -55,7 +55,7 @@ use serde::Deserialize;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use tpusim_chip::ChipModel;
-use tpusim_report::{render_fields, FieldStyle, JobSpec};
+use tpusim_job::{render_fields, FieldStyle, JobSpec};
 use tpusim_workload::Mask;
 
 /// Most points a sweep may have.
@@ -107,7 +107,7 @@ pub struct IrFile {
     /// The path, resolved from the sweep file's folder.
     pub path: String,
     /// The description as a job (its side files resolved from its folder).
-    pub job: tpusim_report::DescribedJob,
+    pub job: tpusim_job::DescribedJob,
     /// A hash of its bytes and its side files'.
     hash: u64,
 }
@@ -133,7 +133,7 @@ fn read_ir(raw: &toml::Value, dir: &Path) -> Result<IrFile, String> {
         }
     }
     let path = path.display().to_string();
-    Ok(IrFile { job: tpusim_report::DescribedJob::new(path.clone(), description, ir_dir), path, hash: crate::stable_hash(&all) })
+    Ok(IrFile { job: tpusim_job::DescribedJob::new(path.clone(), description, ir_dir), path, hash: crate::stable_hash(&all) })
 }
 
 /// One input value: a kernel description for `kernel_ir`, else a partial job ([`value_spec`]).
@@ -247,23 +247,23 @@ fn value_spec(key: &str, raw: &toml::Value, chip: &ChipModel, dir: &Path) -> Res
     }
     let mut t = toml::Table::new();
     t.insert(key.to_string(), raw.clone());
-    if tpusim_report::fields::rule(key).is_none() {
+    if tpusim_job::fields::rule(key).is_none() {
         let section = key.split('.').next().unwrap_or("");
         let hint = if chip.sections().iter().any(|s| s == section) { format!(" (a chip field is written chip.{key})") } else { String::new() };
         return Err(format!(
             "unknown key '{key}': expected a job field or chip.SECTION.FIELD{hint}; the job fields are {}",
-            tpusim_report::fields::file_keys().join(", ")
+            tpusim_job::fields::file_keys().join(", ")
         ));
     }
     // The key, the value and what is allowed, in words.
-    let spec = tpusim_report::fields::spec_from_toml(&t)?;
+    let spec = tpusim_job::fields::spec_from_toml(&t)?;
     let mut spec = spec;
     spec.resolve_paths_from(dir)?;
     check_spec(&spec)?;
     // Overrides are checked against the base chip, as chip.SECTION.FIELD values are (together:
     // one may need another, as a smaller VMEM its scoped limit).
     if !spec.set.is_empty() {
-        tpusim_report::apply_overrides(chip.clone(), &spec.set).map_err(|e| format!("set: {}", e.to_string().replace("chip model --set: ", "")))?;
+        tpusim_job::apply_overrides(chip.clone(), &spec.set).map_err(|e| format!("set: {}", e.to_string().replace("chip model --set: ", "")))?;
     }
     Ok(spec)
 }
@@ -299,7 +299,7 @@ impl SweepDef {
             Some(v) => Some(Arc::new(read_ir(&v, dir).map_err(|e| fail(format!("base.{e}")))?)),
             None => None,
         };
-        let mut base = tpusim_report::fields::spec_from_toml(&raw.base).map_err(|e| fail(format!("base: {e}")))?;
+        let mut base = tpusim_job::fields::spec_from_toml(&raw.base).map_err(|e| fail(format!("base: {e}")))?;
         // A chip the file's own base builds, broken by the command line's overrides, is the
         // command line's error (not the file's).
         let file_chip_ok = set.is_empty() || base.chip().is_ok();

@@ -1,8 +1,8 @@
 //! Evaluating jobs end to end, sharing work between the points of a sweep.
 //!
 //! A point is evaluated as `tpusim run` evaluates a job ([`JobSpec::chip`], [`JobSpec::build`],
-//! [`tpusim_report::run`], [`Report::from_run`]), with three savings that never change a
-//! result (tested against `tpusim_report::run`):
+//! [`tpusim_job::run`], [`Report::from_run`]), with three savings that never change a
+//! result (tested against `tpusim_job::run`):
 //!
 //! * **Chips** are parsed once per (chip, `set` overrides).
 //! * **Lowering** is shared by points that differ only in the chip's `[device]`, `[fitted]`, `[ici]` and
@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use tpusim_chip::ChipModel;
 use tpusim_engine::SimResult;
 use tpusim_kernel::Lowered;
-use tpusim_report::{combine, run_with_dense, Job, JobError, JobSpec, Report, Run};
+use tpusim_job::{combine, run_with_dense, Job, JobError, JobSpec, Report, Run};
 
 /// Caches stop growing at this many entries (memory stays bounded on huge sweeps).
 const CACHE_LIMIT: usize = 100_000;
@@ -229,7 +229,7 @@ impl Evaluator {
                 ),
                 _ => None,
             };
-            let run = tpusim_report::run_lowered(&chip.chip, job, low.clone(), dense);
+            let run = tpusim_job::run_lowered(&chip.chip, job, low.clone(), dense);
             let rep = Report::row_of(&run, chip.identity.clone());
             Ok(if self.what_if_2x { rep.with_what_if(&run) } else { rep })
         });
@@ -255,7 +255,7 @@ impl Evaluator {
             }
         };
         let r = cell.get_or_init(|| {
-            let mut r = combine(chip, &tpusim_report::simulate_call(chip, &lower_dense()?));
+            let mut r = combine(chip, &tpusim_job::simulate_call(chip, &lower_dense()?));
             for t in &mut r.class_timing {
                 t.ops = Vec::new();
             }
@@ -274,7 +274,7 @@ impl Evaluator {
             Ok(c) => c,
             Err(e) => return Outcome { job: Some(job), chip: None, report: Err(e) },
         };
-        let report = tpusim_report::run(&chip.chip, &job).map_err(|e| e.to_string()).map(|run| {
+        let report = tpusim_job::run(&chip.chip, &job).map_err(|e| e.to_string()).map(|run| {
             let rep = Report::row_of(&run, chip.identity.clone());
             if self.what_if_2x {
                 rep.with_what_if(&run)
@@ -285,7 +285,7 @@ impl Evaluator {
         Outcome { job: Some(job), chip: Some(chip.identity.clone()), report }
     }
 
-    /// [`tpusim_report::run`] with the dense baseline taken from the cache (one job, no
+    /// [`tpusim_job::run`] with the dense baseline taken from the cache (one job, no
     /// shared lowering).
     ///
     /// # Errors
@@ -326,7 +326,7 @@ mod tests {
     fn reference(s: &JobSpec) -> Result<Report, String> {
         let chip = s.chip().map_err(|e| e.to_string())?;
         let job = s.build(&chip).map_err(|e| e.to_string())?;
-        let mut r = tpusim_report::run(&chip, &job).map(|r| Report::from_run_as(&r, r.chip.identity())).map_err(|e| e.to_string())?;
+        let mut r = tpusim_job::run(&chip, &job).map(|r| Report::from_run_as(&r, r.chip.identity())).map_err(|e| e.to_string())?;
         r.step_classes.clear();
         r.notes.clear();
         for p in &mut r.phases {

@@ -40,7 +40,7 @@ use std::io::Write;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
-use tpusim_report::JobSpec;
+use tpusim_job::JobSpec;
 
 /// A slice of a sweep: the points with `index % count == index_of_shard`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -120,7 +120,7 @@ pub struct SweepOptions {
     /// Longest time between flushes of `OUT.partial`.
     pub flush_every: Duration,
     /// Add each point's what-if table (`--what-if-2x`): the `bottleneck` and `co_bound` columns
-    /// and one `gain_2x_UNIT` column per unit ([`tpusim_report::whatif`]); six re-timings a point.
+    /// and one `gain_2x_UNIT` column per unit ([`tpusim_job::whatif`]); six re-timings a point.
     /// Part of the output's identity: a file written with it is another sweep's for resuming and
     /// merging (its definition carries `-what-if-2x`).
     pub what_if_2x: bool,

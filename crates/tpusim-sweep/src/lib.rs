@@ -1,7 +1,7 @@
 //! Sweeps, shards, merges and block-size tuning for tpusim (`tpusim sweep`, `tpusim merge`,
 //! `tpusim tune`).
 //!
-//! * [`def`]: sweep files. A sweep file is TOML: `[base]` is a [`tpusim_report::JobSpec`] (the
+//! * [`def`]: sweep files. A sweep file is TOML: `[base]` is a [`tpusim_job::JobSpec`] (the
 //!   same keys as the `tpusim run` flags) and `[axes]` lists values for job fields and chip fields
 //!   (`chip.SECTION.FIELD`); the sweep is their cartesian product (`mode = "product"`, the
 //!   default) or the listed `[[points]]` (`mode = "points"`). Points are numbered 0..N in a fixed
@@ -21,7 +21,7 @@
 //! * [`mod@tune`]: searches block sizes and kernel options for one workload within the block rules
 //!   and the VMEM limit, and ranks them by predicted latency.
 //!
-//! Depends on `tpusim-report` and the crates below it; never on the binary.
+//! Depends on `tpusim-job` and the crates below it; never on the binary.
 
 pub mod def;
 pub mod eval;
@@ -47,7 +47,7 @@ pub enum SweepError {
     Input(String),
     /// The job itself is invalid (names the field).
     #[error(transparent)]
-    Spec(#[from] tpusim_report::SpecError),
+    Spec(#[from] tpusim_job::SpecError),
     /// Writing or removing an output file failed, or worker threads could not start.
     #[error("{0}")]
     Io(String),

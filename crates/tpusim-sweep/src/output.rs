@@ -12,14 +12,14 @@
 //! 1. `index`: the point's number (0-based);
 //! 2. the sweep's inputs: one column per axis key (or per key used by any point), holding the
 //!    value as written (empty where a point does not give it);
-//! 3. the resolved job (defaults applied): every field of [`tpusim_report::JobSpec`] but `set`
+//! 3. the resolved job (defaults applied): every field of [`tpusim_job::JobSpec`] but `set`
 //!    and `seq_len` ([`job_columns`], in the struct's order), except keys that are already input
 //!    columns (empty where they do not apply, or when the job could not be built);
 //! 4. the chip model the point ran on ([`tpusim_chip::ChipIdentity`]): `chip_source` (`preset`
 //!    or the chip TOML's path), `chip_set` (the `--set` overrides applied, `;`-separated) and
 //!    `chip_hash` (a hash of the model's parameter values: rows with equal hashes ran on
 //!    identical models);
-//! 5. the metrics of [`tpusim_report::Report`]: `latency_ms`, `cycles`, `flops`, `mfu`,
+//! 5. the metrics of [`tpusim_job::Report`]: `latency_ms`, `cycles`, `flops`, `mfu`,
 //!    `achieved_tflops`, (with `--what-if-2x`: `bottleneck`, `co_bound`, `gain_2x_UNIT`),
 //!    `util_mxu` .. `util_step_control` (busy fraction),
 //!    `busy_ms_mxu` .. `busy_ms_step_control`, `transcendentals`, `hbm_bytes`,
@@ -32,7 +32,7 @@
 //!    sweep-file keys.
 //!
 //! A sweep of kernel descriptions (`kernel_ir`, [`crate::def`]) has the same metric columns (one
-//! report, [`tpusim_report::Report`], for either front end; a kernel read from its IR counts its
+//! report, [`tpusim_job::Report`], for either front end; a kernel read from its IR counts its
 //! grid steps as tiles and leaves the attention densities empty) after its own inputs: `index`,
 //! the inputs, `kernel_ir` (the file, resolved from the sweep file's folder; unless an input),
 //! `kernel_name`, `chip` (unless an input), the chip-model columns, the metrics and `error`.
@@ -45,7 +45,7 @@ use crate::def::{Point, SweepDef};
 use crate::eval::Outcome;
 use crate::SweepError;
 use tpusim_kernel::Unit;
-use tpusim_report::{Job, JobSpec};
+use tpusim_job::{Job, JobSpec};
 
 /// Output format of a sweep.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -316,7 +316,7 @@ impl Layout {
         cells.push(Cell::opt(point.kernel_ir.map(|f| Cell::Str(f.job.kernel_name.clone()))));
         if chip_col {
             let chip = outcome.report.as_ref().ok().map(|r| r.chip.clone()).or_else(|| point.spec.chip.clone());
-            cells.push(Cell::Str(chip.unwrap_or_else(|| tpusim_report::spec::DEFAULT_CHIP.to_string())));
+            cells.push(Cell::Str(chip.unwrap_or_else(|| tpusim_job::spec::DEFAULT_CHIP.to_string())));
         }
         match &outcome.chip {
             Some(id) => cells.extend([Cell::Str(id.source.clone()), Cell::Str(id.overrides.join(";")), Cell::Str(id.hash.clone())]),
@@ -350,7 +350,7 @@ impl Layout {
             .map(|r| r.chip.clone())
             .ok()
             .or_else(|| point.spec.chip.clone())
-            .or_else(|| Some(tpusim_report::spec::DEFAULT_CHIP.to_string()));
+            .or_else(|| Some(tpusim_job::spec::DEFAULT_CHIP.to_string()));
         let job = job_cells(outcome.job.as_ref(), chip);
         cells.extend(self.job.iter().map(|&i| job[i].clone()));
         match &outcome.chip {
@@ -366,7 +366,7 @@ impl Layout {
                 cells.extend(std::iter::repeat_n(Cell::Empty, metric_columns(self.what_if).len()));
                 // Job fields named as the sweep file names them (a length given as seq_len is
                 // seq_len).
-                cells.push(Cell::Str(point.spec.render_error(e, tpusim_report::FieldStyle::Key)));
+                cells.push(Cell::Str(point.spec.render_error(e, tpusim_job::FieldStyle::Key)));
             }
         }
         cells
@@ -443,7 +443,7 @@ struct Head<'a> {
     achieved_tflops: f64,
     bottleneck: Unit,
     co_bound: &'a [Unit],
-    what_if_2x: Option<&'a [tpusim_report::whatif::WhatIf]>,
+    what_if_2x: Option<&'a [tpusim_job::whatif::WhatIf]>,
     utilization: &'a tpusim_kernel::PerUnit<f64>,
     busy_ms: &'a tpusim_kernel::PerUnit<f64>,
 }
@@ -494,7 +494,7 @@ fn metric_columns(what_if: bool) -> Vec<String> {
     c
 }
 
-fn metric_cells(r: &tpusim_report::Report, what_if: bool) -> Vec<Cell> {
+fn metric_cells(r: &tpusim_job::Report, what_if: bool) -> Vec<Cell> {
     let mut c = head_cells(
         &Head {
             latency_ms: r.latency_ms,

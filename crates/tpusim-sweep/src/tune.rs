@@ -32,7 +32,7 @@
 //!
 //! **Pruning.** Stages 2 and 3 lower every candidate first (which also finds the ones the block
 //! rules or VMEM refuse) and bound its latency from below without scheduling any body
-//! ([`tpusim_report::latency_lower_bound_s`]: per core, the grid-step overheads plus the MXU's
+//! ([`tpusim_job::latency_lower_bound_s`]: per core, the grid-step overheads plus the MXU's
 //! occupancy, each other unit's occupancy, the DMA time; plus the exact XLA and host phases).
 //! They then simulate candidates in order of that bound, eight (`PRUNE_CHUNK`) at a time, and stop
 //! once the next bound is above the latency of `top` distinct simulated jobs (and, in stage 2,
@@ -55,7 +55,7 @@ use std::fmt::Write as _;
 use std::time::Instant;
 use tpusim_chip::ChipModel;
 use tpusim_kernel::{Direction, KernelError, MaskSource, Masking, SplashConfig, Traversal, Unit};
-use tpusim_report::{Job, JobError, JobSpec, Report};
+use tpusim_job::{Job, JobError, JobSpec, Report};
 
 /// How to tune.
 #[derive(Debug, Clone)]
@@ -81,7 +81,7 @@ pub struct TuneOptions {
     pub exhaustive: bool,
     /// The job the ranking compares against (`vs given`) when it is not the searched spec's own:
     /// the default job, whose blocks are searched, is compared with the case study at its own
-    /// blocks ([`tpusim_report::tune_baseline`]); `None`: the searched spec's job.
+    /// blocks ([`tpusim_job::tune_baseline`]); `None`: the searched spec's job.
     pub baseline: Option<JobSpec>,
 }
 
@@ -117,7 +117,7 @@ pub struct Ranked {
     /// Latency of the given configuration / this latency (above 1: faster than given).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub speedup_vs_given: Option<f64>,
-    /// The limiting unit: the one whose 2x speed-up gains the most ([`tpusim_report::whatif`]).
+    /// The limiting unit: the one whose 2x speed-up gains the most ([`tpusim_job::whatif`]).
     pub bottleneck: Unit,
     /// Model FLOP utilisation.
     pub mfu: f64,
@@ -172,7 +172,7 @@ pub struct TuneResult {
     /// the sequence), counted once in `valid`.
     pub duplicates: usize,
     /// Valid configurations lowered but not simulated: a lower bound on their latency
-    /// ([`tpusim_report::latency_lower_bound_s`]) was above the latency of enough simulated ones
+    /// ([`tpusim_job::latency_lower_bound_s`]) was above the latency of enough simulated ones
     /// that they could not rank (module docs, "Pruning"). 0 with [`TuneOptions::exhaustive`].
     pub pruned: usize,
     /// Wall time, seconds.
@@ -730,7 +730,7 @@ fn held_fixed_rules(spec: &JobSpec, given: &Job, chip: &ChipModel) -> Result<(),
     if !spec.set_fields().contains_key(spec.field_as_given(name)) {
         return Ok(());
     }
-    Err(SweepError::Spec(tpusim_report::SpecError::Field {
+    Err(SweepError::Spec(tpusim_job::SpecError::Field {
         field: name.to_string(),
         value,
         allowed: format!(
@@ -823,8 +823,8 @@ fn rank(
             latency_ms: *l,
             speedup_vs_given: given_latency_ms.map(|g| g / l),
             // By the what-if rule of `tpusim run` (the unit whose 2x speed-up gains the most).
-            bottleneck: tpusim_report::run(chip, job)
-                .map(|run| tpusim_report::Report::from_run_as(&run, run.chip.identity()).with_what_if(&run).bottleneck)
+            bottleneck: tpusim_job::run(chip, job)
+                .map(|run| tpusim_job::Report::from_run_as(&run, run.chip.identity()).with_what_if(&run).bottleneck)
                 .unwrap_or(r.bottleneck),
             mfu: r.mfu,
             vmem_bytes: r.vmem_bytes,
@@ -876,11 +876,11 @@ enum Pre {
 }
 
 /// Builds and lowers a candidate and bounds its latency from below
-/// ([`tpusim_report::latency_lower_bound_s`]); the outcome [`evaluate`] would give for a
+/// ([`tpusim_job::latency_lower_bound_s`]); the outcome [`evaluate`] would give for a
 /// candidate that does not run, or is dropped as inexact, without simulating it.
 fn prepare(chip: &ChipModel, spec: &JobSpec, cand: &Cand, opts: &TuneOptions) -> Pre {
     let s = spec.overlay(cand);
-    let render = |e: &dyn std::fmt::Display| s.render_error(&e.to_string(), tpusim_report::FieldStyle::Flag);
+    let render = |e: &dyn std::fmt::Display| s.render_error(&e.to_string(), tpusim_job::FieldStyle::Flag);
     let job = match s.build(chip) {
         Ok(j) => j,
         Err(e) => return Pre::Done(Eval::Other(render(&e))),
@@ -896,7 +896,7 @@ fn prepare(chip: &ChipModel, spec: &JobSpec, cand: &Cand, opts: &TuneOptions) ->
             if inexact(spec, cand, opts, partial == Some(true)) {
                 return Pre::Done(Eval::Inexact);
             }
-            let bound_ms = tpusim_report::latency_lower_bound_s(chip, &lowered) * 1e3;
+            let bound_ms = tpusim_job::latency_lower_bound_s(chip, &lowered) * 1e3;
             Pre::Lowered(Box::new(job), bound_ms)
         }
         Err(JobError::Kernel(KernelError::Vmem { .. })) => Pre::Done(Eval::Vmem),
@@ -907,7 +907,7 @@ fn prepare(chip: &ChipModel, spec: &JobSpec, cand: &Cand, opts: &TuneOptions) ->
 
 fn evaluate(ev: &Evaluator, chip_key: &str, chip: &ChipModel, spec: &JobSpec, cand: &Cand, opts: &TuneOptions) -> Eval {
     let s = spec.overlay(cand);
-    let render = |e: &dyn std::fmt::Display| s.render_error(&e.to_string(), tpusim_report::FieldStyle::Flag);
+    let render = |e: &dyn std::fmt::Display| s.render_error(&e.to_string(), tpusim_job::FieldStyle::Flag);
     let job = match s.build(chip) {
         Ok(j) => j,
         Err(e) => return Eval::Other(render(&e)),
@@ -915,7 +915,7 @@ fn evaluate(ev: &Evaluator, chip_key: &str, chip: &ChipModel, spec: &JobSpec, ca
     match ev.run(chip_key, chip, &job) {
         Ok(run) => {
             // No what-if table per candidate: the ranked ones get theirs (six re-timings each).
-            let r = tpusim_report::Report::from_run_as(&run, run.chip.identity());
+            let r = tpusim_job::Report::from_run_as(&run, run.chip.identity());
             if inexact(spec, cand, opts, r.tiles.is_some_and(|t| t.partial > 0)) {
                 return Eval::Inexact;
             }

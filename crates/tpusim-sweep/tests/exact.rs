@@ -2,7 +2,7 @@
 //! timing-only axes (points sharing one lowering, re-timed on their own chips), block axes (a
 //! lowering per point), the cached dense baselines, and with `--what-if-2x` the what-if columns.
 
-use tpusim_report::{run, Report};
+use tpusim_job::{run, Report};
 use tpusim_sweep::{run_sweep, SweepDef, SweepOptions};
 
 /// Parses a CSV sweep output into (column names, rows); rows have no quoted commas here except

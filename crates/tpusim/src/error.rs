@@ -2,7 +2,7 @@
 //! exit code (2 for bad input, 1 for an internal or I/O failure), with job fields named as the
 //! flags the user typed.
 
-use tpusim_report::{render_fields, FieldStyle};
+use tpusim_job::{render_fields, FieldStyle};
 
 /// An error for the user, printed once as `error: ...`.
 #[derive(Debug)]
@@ -71,7 +71,7 @@ impl<E: ErrorKind> From<E> for CliError {
     }
 }
 
-impl ErrorKind for tpusim_report::SpecError {}
+impl ErrorKind for tpusim_job::SpecError {}
 impl ErrorKind for tpusim_chip::ChipError {}
 impl ErrorKind for tpusim_kernel::KernelError {}
 impl ErrorKind for tpusim_calib::MeasureError {}

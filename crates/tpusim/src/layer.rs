@@ -6,7 +6,7 @@ use crate::run::Format;
 use clap::Args;
 use tpusim_layer::spec::render_layer_fields;
 use tpusim_layer::{LayerError, LayerSpec};
-use tpusim_report::JobSpec;
+use tpusim_job::JobSpec;
 
 /// Flags of `tpusim layer`.
 #[derive(Args, Debug)]

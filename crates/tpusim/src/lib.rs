@@ -33,5 +33,5 @@ pub use tpusim_chip as chip;
 pub use tpusim_engine as engine;
 pub use tpusim_kernel as kernel;
 pub use tpusim_layer as layer;
-pub use tpusim_report::{run, Job, JobSpec, Report, Run, SpecError};
+pub use tpusim_job::{run, Job, JobSpec, Report, Run, SpecError};
 pub use tpusim_workload as workload;

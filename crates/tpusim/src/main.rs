@@ -65,10 +65,10 @@ enum Command {
 }
 
 /// The CLI with the default job stated in the long help of the commands that run it (`run`,
-/// `tune`, the job plots), from [`tpusim_report::default_job_text`]: the help says what runs.
+/// `tune`, the job plots), from [`tpusim_job::default_job_text`]: the help says what runs.
 fn cli_command() -> clap::Command {
     use clap::CommandFactory;
-    let text = tpusim_report::default_job_text();
+    let text = tpusim_job::default_job_text();
     let run = format!(
         "Simulate one kernel call and report latency, utilisation and the bounding unit.\n\nWith no job flag it runs the default job: {text}. Every option not given takes the kernel family's default (--kernel)."
     );

@@ -17,7 +17,7 @@ use tpusim_plot::tiles::TilesFigure;
 use tpusim_plot::timeline::{self, Window};
 use tpusim_plot::validation::{parse_bands, ValidationFigure, ValidationSpec};
 use tpusim_plot::{render, Figure, Output};
-use tpusim_report::JobSpec;
+use tpusim_job::JobSpec;
 use tpusim_workload::tiles::TileGrid;
 
 /// Flags of `tpusim plot`.
@@ -330,7 +330,7 @@ pub struct TimelineArgs {
 
 fn one_run(job: &JobArgs, kind: &str) -> Result<JobRun, CliError> {
     let spec = job.spec_or_default()?;
-    let trace = if job.is_default() { Some(tpusim_report::CASE_STUDY_PATH) } else { job.trace.as_deref() };
+    let trace = if job.is_default() { Some(tpusim_job::CASE_STUDY_PATH) } else { job.trace.as_deref() };
     let label = trace.and_then(|t| std::path::Path::new(t).file_stem().and_then(|s| s.to_str())).unwrap_or("default").to_string();
     jobs::run_one(&jobs::LabelledSpec { label, spec, kernel_ir: None }).map_err(|e| match e {
         tpusim_plot::PlotError::Spec { source, .. } => job.error(format!("plot {kind}: {source}")),
@@ -442,7 +442,7 @@ pub fn cmd_plot(a: &PlotArgs) -> Result<String, CliError> {
             let spec = p.job.spec_or_default()?;
             let chip = spec.chip().map_err(|e| p.job.error(format!("plot tiles: {e}")))?;
             let job = spec.build(&chip).map_err(|e| p.job.error(format!("plot tiles: {e}")))?;
-            let tpusim_report::Job::Attention { workload: w, config: c, .. } = &job else {
+            let tpusim_job::Job::Attention { workload: w, config: c, .. } = &job else {
                 return Err(CliError::input("plot tiles needs an attention job (an attention --kernel); this job is a matmul"));
             };
             let head = u64::from(p.head);
@@ -529,13 +529,13 @@ fn timeline_plot(p: &TimelineArgs) -> Result<String, CliError> {
                 }
                 None => one_run(&p.job, "timeline")?,
             };
-            if let (Some(h), tpusim_report::Job::Attention { workload: w, .. }) = (p.head, r.job()) {
+            if let (Some(h), tpusim_job::Job::Attention { workload: w, .. }) = (p.head, r.job()) {
                 let n = w.batch * w.q_heads;
                 if u64::from(h) >= n {
                     return Err(CliError::input(format!("--head {h}: the job has {n} batch x heads (0 to {})", n - 1)));
                 }
             }
-            if let tpusim_report::Job::Described(d) = r.job() {
+            if let tpusim_job::Job::Described(d) = r.job() {
                 let n = d.description.grid.first().copied().unwrap_or(1);
                 if let Some(h) = p.head.filter(|&h| u64::from(h) >= n) {
                     return Err(CliError::input(format!("--head {h}: the kernel's grid dimension 0 has {n} indices (0 to {})", n - 1)));

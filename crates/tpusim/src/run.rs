@@ -3,7 +3,7 @@
 use crate::error::CliError;
 use clap::{Args, Subcommand, ValueEnum};
 use tpusim_chip::ChipModel;
-use tpusim_report::{render_fields_with, run, JobSpec, Report};
+use tpusim_job::{render_fields_with, run, JobSpec, Report};
 
 #[derive(Subcommand, Debug)]
 pub enum ChipCommand {
@@ -94,15 +94,15 @@ impl JobArgs {
     /// Whether these flags give no job (no trace and no job field: only --chip and --set), so
     /// that the default job runs ([`JobArgs::spec_or_default`]).
     pub fn is_default(&self) -> bool {
-        self.trace.is_none() && tpusim_report::gives_no_job(&self.job)
+        self.trace.is_none() && tpusim_job::gives_no_job(&self.job)
     }
 
     /// The job these flags describe, or with no job flag the default job: the built-in case
-    /// study on the chip and overrides given ([`tpusim_report::case_study_or`], described by
-    /// [`tpusim_report::default_job_text`]), the one default of `run`, `tune` and `plot`.
+    /// study on the chip and overrides given ([`tpusim_job::case_study_or`], described by
+    /// [`tpusim_job::default_job_text`]), the one default of `run`, `tune` and `plot`.
     pub fn spec_or_default(&self) -> Result<JobSpec, CliError> {
         if self.is_default() {
-            Ok(tpusim_report::case_study_or(self.job.clone()))
+            Ok(tpusim_job::case_study_or(self.job.clone()))
         } else {
             self.spec()
         }
@@ -126,7 +126,7 @@ impl JobArgs {
         } else if let (Some(t), true) = (&self.trace, spec.set_fields().contains_key(field)) {
             format!("{field} = {value} (in --trace {t})")
         } else if case_study && spec.set_fields().contains_key(field) {
-            format!("{field} {value} (the built-in case study's, {})", tpusim_report::CASE_STUDY_PATH)
+            format!("{field} {value} (the built-in case study's, {})", tpusim_job::CASE_STUDY_PATH)
         } else {
             format!("{field} {value} (the default of --kernel {})", spec.kernel())
         }
@@ -190,7 +190,7 @@ impl JobArgs {
 /// The job of `tpusim run --kernel-ir FILE`: the kernel description (its runtime operands bound
 /// from `--runtime`), on the chip of `--chip` and `--set` (every other job flag is refused by
 /// name).
-fn kernel_ir_job(a: &RunArgs, path: &str) -> Result<(ChipModel, tpusim_report::Job), CliError> {
+fn kernel_ir_job(a: &RunArgs, path: &str) -> Result<(ChipModel, tpusim_job::Job), CliError> {
     let given: Vec<String> = a
         .job
         .job
@@ -219,12 +219,12 @@ fn kernel_ir_job(a: &RunArgs, path: &str) -> Result<(ChipModel, tpusim_report::J
         given.push((name.to_string(), v));
     }
     tpusim_pallas::runtime::bind_runtime(&mut desc, &given).map_err(|e| CliError::input(e.to_string()))?;
-    let job = tpusim_report::DescribedJob::new(path, desc, dir);
+    let job = tpusim_job::DescribedJob::new(path, desc, dir);
     let job = match spec.scope {
         Some(scope) => job.with_scope(scope).map_err(|e| CliError::input(format!("--scope {scope}: {e}")))?,
         None => job,
     };
-    Ok((chip, tpusim_report::Job::Described(job)))
+    Ok((chip, tpusim_job::Job::Described(job)))
 }
 
 /// Writes the `--timeline` file of a run and appends what it holds to the
@@ -300,7 +300,7 @@ pub fn cmd_run(a: &RunArgs) -> Result<String, CliError> {
         (Some(path), _) => CliError::input(format!("--kernel-ir {path}: {e}")),
         (None, CliError::Input(m)) if case_study => CliError::Input(format!(
             "{m} (this is the default job, {})",
-            tpusim_report::default_job_text()
+            tpusim_job::default_job_text()
         )),
         (None, other) => other,
     })?;

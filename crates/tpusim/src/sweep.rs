@@ -242,9 +242,9 @@ pub fn cmd_tune(a: &TuneArgs) -> Result<String, CliError> {
         return Err(CliError::input(format!("--kernel-ir {f}: {TUNE_KERNEL_IR}")));
     }
     // With no job flag: the default job's workload and kernel, its block sizes searched.
-    let spec = if a.job.is_default() { tpusim_report::tune_default_or(a.job.job.clone()) } else { a.job.spec()? };
+    let spec = if a.job.is_default() { tpusim_job::tune_default_or(a.job.job.clone()) } else { a.job.spec()? };
     // ... compared with the default job at its own blocks, as `tpusim run` runs it.
-    let baseline = if a.job.is_default() { tpusim_report::tune_baseline(&a.job.job) } else { None };
+    let baseline = if a.job.is_default() { tpusim_job::tune_baseline(&a.job.job) } else { None };
     let opts = TuneOptions {
         top: a.top,
         allow_inexact: a.allow_inexact,

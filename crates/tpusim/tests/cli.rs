@@ -477,21 +477,21 @@ fn help_text_and_plot_defaults_equal_the_run_default() {
     let tiles_flag = svg("tiles", &["--heads", "10"]);
     assert!(!tiles_flag.contains(&format!("at {bq} x {bkv} tiles")), "a job flag starts from the family's defaults: {tiles_flag}");
     // Roofline and breakdown expand their jobs through the plot crate: the default is the run's.
-    let none = tpusim_report::JobSpec::default();
+    let none = tpusim_job::JobSpec::default();
     let jobs = tpusim_plot::jobs::expand(&[], &none, &[], &[]).unwrap();
     assert_eq!(jobs.len(), 1);
-    assert_eq!(jobs[0].spec, tpusim_report::case_study_or(none.clone()));
+    assert_eq!(jobs[0].spec, tpusim_job::case_study_or(none.clone()));
     let chip = jobs[0].spec.chip().unwrap();
     let built = serde_json::to_value(jobs[0].spec.build(&chip).unwrap()).unwrap();
     assert_eq!(built, ran["job"], "the roofline's default job is the run's");
-    let flagged = tpusim_report::JobSpec { heads: Some(10), ..Default::default() };
+    let flagged = tpusim_job::JobSpec { heads: Some(10), ..Default::default() };
     assert_eq!(tpusim_plot::jobs::expand(&[], &flagged, &[], &[]).unwrap()[0].spec, flagged);
     // `tune` with no job flag searches the default job's blocks and compares with the default
     // job as `run` runs it (the case study's own blocks), not with the family's default blocks.
-    let opts = tpusim_sweep::TuneOptions { top: 1, baseline: tpusim_report::tune_baseline(&none), ..Default::default() };
-    let tuned = tpusim_sweep::tune(&tpusim_report::tune_default_or(none.clone()), &opts).unwrap();
+    let opts = tpusim_sweep::TuneOptions { top: 1, baseline: tpusim_job::tune_baseline(&none), ..Default::default() };
+    let tuned = tpusim_sweep::tune(&tpusim_job::tune_default_or(none.clone()), &opts).unwrap();
     assert_eq!(tuned.given_latency_ms, ran["latency_ms"].as_f64(), "the ranking's `given` is the run's default job");
-    assert!(tpusim_report::tune_baseline(&flagged).is_none(), "a given job is its own baseline");
+    assert!(tpusim_job::tune_baseline(&flagged).is_none(), "a given job is its own baseline");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -353,15 +353,15 @@ fn case_study_timeline_totals_equal_report() {
     // ... and the whole case study through the same event generator (its files would be
     // hundreds of MB, which is why the CLI asks for a window).
     for job in ["dense", "sparse", "aligned"] {
-        let spec = tpusim_report::JobSpec::from_toml_file(root().join(format!("plots/jobs/{job}.toml")).to_str().unwrap()).unwrap();
+        let spec = tpusim_job::JobSpec::from_toml_file(root().join(format!("plots/jobs/{job}.toml")).to_str().unwrap()).unwrap();
         let chip = spec.chip().unwrap();
-        let r = tpusim_report::run(&chip, &spec.build(&chip).unwrap()).unwrap();
+        let r = tpusim_job::run(&chip, &spec.build(&chip).unwrap()).unwrap();
         let us = 1e6 / chip.clock_hz();
         let mut sums: BTreeMap<String, f64> = TRACKS.iter().map(|t| (t.to_string(), 0.0)).collect();
         tpusim_plot::timeline::for_each_event(&r.chip, &r.program, &Default::default(), &mut |e| {
             *sums.get_mut(e.track.name()).unwrap() += e.dur * us;
         });
-        let report = serde_json::to_value(tpusim_report::Report::from_run(&r)).unwrap();
+        let report = serde_json::to_value(tpusim_job::Report::from_run(&r)).unwrap();
         assert_totals_match(&sums, &report);
     }
 }

@@ -1520,7 +1520,7 @@ tune.last_failures = []
 
 
 class DecodeReport:
-    """A decode step simulated from its Mosaic IR (`tpusim_report::decode`): `latency_ms`,
+    """A decode step simulated from its Mosaic IR (`tpusim_job::decode`): `latency_ms`,
     `hbm_bytes`, `must_move_bytes`, `roofline_fraction`, `bound` (the bound that sets the
     latency) and `bounds`, `below_roof` (why the step is below the roof), `dmas`, `kernel` (the
     kernel's own report as a dict); `json` and `str()` the whole report."""

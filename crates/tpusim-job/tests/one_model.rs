@@ -7,7 +7,7 @@
 
 use std::path::Path;
 use tpusim_chip::ChipModel;
-use tpusim_report::{DescribedJob, Job, JobSpec, Report};
+use tpusim_job::{DescribedJob, Job, JobSpec, Report};
 
 /// The JAX Splash forward of the hand model read from its IR, as a job.
 fn ir_job() -> Job {
@@ -23,11 +23,11 @@ fn hand_job(chip: &ChipModel) -> Job {
 }
 
 fn ir_ms(chip: &ChipModel) -> f64 {
-    tpusim_report::run(chip, &ir_job()).unwrap().result.seconds * 1e3
+    tpusim_job::run(chip, &ir_job()).unwrap().result.seconds * 1e3
 }
 
 fn hand_ms(chip: &ChipModel) -> f64 {
-    tpusim_report::run(chip, &hand_job(chip)).unwrap().result.seconds * 1e3
+    tpusim_job::run(chip, &hand_job(chip)).unwrap().result.seconds * 1e3
 }
 
 #[test]
@@ -57,7 +57,7 @@ fn both_front_ends_answer_every_what_if_alike() {
     }
     // The register shape scales both alike: twice the lanes halves the vector work.
     let wide = base.with_override("vpu.lanes", "256").unwrap();
-    let vpu = |c: &ChipModel| tpusim_report::run(c, &ir_job()).unwrap().result.busy[tpusim_kernel::Unit::Vpu];
+    let vpu = |c: &ChipModel| tpusim_job::run(c, &ir_job()).unwrap().result.busy[tpusim_kernel::Unit::Vpu];
     assert!((vpu(&wide) / vpu(&base) - 0.5).abs() < 1e-9, "{} / {}", vpu(&wide), vpu(&base));
 }
 
@@ -68,8 +68,8 @@ fn both_front_ends_answer_every_what_if_alike() {
 #[test]
 fn both_front_ends_report_the_same_metrics() {
     let chip = ChipModel::preset("v6e").unwrap();
-    let ir = Report::from_run(&tpusim_report::run(&chip, &ir_job()).unwrap());
-    let hand = Report::from_run(&tpusim_report::run(&chip, &hand_job(&chip)).unwrap());
+    let ir = Report::from_run(&tpusim_job::run(&chip, &ir_job()).unwrap());
+    let hand = Report::from_run(&tpusim_job::run(&chip, &hand_job(&chip)).unwrap());
     assert_eq!(ir.latency_ms, hand.latency_ms);
     assert_eq!(ir.what_if_2x, hand.what_if_2x);
     assert_eq!((ir.bottleneck, &ir.co_bound, ir.bound_rule), (hand.bottleneck, &hand.co_bound, hand.bound_rule));
@@ -104,13 +104,13 @@ fn both_front_ends_report_the_same_metrics() {
 fn an_xla_dot_job_takes_the_tiling_the_program_path_takes() {
     for (chip, m) in [("v6e", 18_900u64), ("v4", 4096)] {
         let chip = tpusim_chip::ChipModel::preset(chip).unwrap();
-        let spec = tpusim_report::JobSpec::from_toml_str(&format!("kernel = 'xla-matmul'\nm = {m}\nn = 4096\nk = 4096\n"), "test").unwrap();
+        let spec = tpusim_job::JobSpec::from_toml_str(&format!("kernel = 'xla-matmul'\nm = {m}\nn = 4096\nk = 4096\n"), "test").unwrap();
         let job = spec.build(&chip).unwrap_or_else(|e| panic!("{}: {e}", chip.name));
         let mm = tpusim_workload::MatmulCall { m, n: 4096, k: 4096 };
         let (want, _) = tpusim_kernel::matmul::lower_xla(&chip, &mm).unwrap();
-        let tpusim_report::Job::Matmul { config, .. } = &job else { panic!("a matmul job") };
+        let tpusim_job::Job::Matmul { config, .. } = &job else { panic!("a matmul job") };
         assert_eq!(config, &want, "{}", chip.name);
-        assert!(tpusim_report::run(&chip, &job).is_ok(), "{}", chip.name);
+        assert!(tpusim_job::run(&chip, &job).is_ok(), "{}", chip.name);
     }
     assert_eq!(tpusim_kernel::matmul::balanced_block(18_900, 2048, 8), 1896);
 }

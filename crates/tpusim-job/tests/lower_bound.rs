@@ -1,11 +1,11 @@
-//! The latency lower bound `tpusim tune` prunes with ([`tpusim_report::latency_lower_bound_s`])
+//! The latency lower bound `tpusim tune` prunes with ([`tpusim_job::latency_lower_bound_s`])
 //! never exceeds the simulated latency, on every kernel family, direction and scope, on
 //! single- and two-core chips; and it is not vacuous (at least the busiest unit's share). The
 //! tuner bounds from bodies built for counting only (`tpusim_kernel::body::counting_only`): their
 //! bound equals the full bodies' exactly.
 
 use proptest::prelude::*;
-use tpusim_report::{latency_lower_bound_s, run, JobSpec};
+use tpusim_job::{latency_lower_bound_s, run, JobSpec};
 
 fn spec(toml: &str) -> JobSpec {
     toml::from_str(toml).unwrap_or_else(|e| panic!("{e}: {toml}"))

@@ -1,12 +1,12 @@
 //! The VMEM rule (`tpusim_kernel::vmem`) against what the real compiler did: tilings that
 //! compiled and ran must fit, tilings it refused must be refused with an estimate near the
 //! compiler's. Each case is built as `tpusim run` builds it (the family's defaults, its scoped
-//! limit) and prints its margin; `cargo test -p tpusim-report --test vmem_cases -- --nocapture`
+//! limit) and prints its margin; `cargo test -p tpusim-job --test vmem_cases -- --nocapture`
 //! shows the table.
 
 use tpusim_chip::ChipModel;
 use tpusim_kernel::{KernelError, Kernel};
-use tpusim_report::JobSpec;
+use tpusim_job::JobSpec;
 
 /// What the real compiler did with a case.
 enum Expect {
@@ -102,7 +102,7 @@ fn vmem_rule_agrees_with_the_real_compiler() {
                 let worst = v.max_by(|a, b| (a.total() as f64 / a.limit_bytes as f64).total_cmp(&(b.total() as f64 / b.limit_bytes as f64))).unwrap();
                 (worst.total(), worst.limit_bytes, true)
             }
-            (Err(tpusim_report::JobError::Kernel(KernelError::Vmem { needed, limit, .. })), Expect::Refused(lo, hi)) => (needed, limit, (*lo..=*hi).contains(&(needed as f64))),
+            (Err(tpusim_job::JobError::Kernel(KernelError::Vmem { needed, limit, .. })), Expect::Refused(lo, hi)) => (needed, limit, (*lo..=*hi).contains(&(needed as f64))),
             (Ok(_), Expect::Refused(..)) => (0, 0, false),
             (Err(e), _) => {
                 failures.push(format!("{}: {e}", c.what));

@@ -7,7 +7,7 @@
 
 use serde_json::{json, Value};
 use tpusim_chip::ChipModel;
-use tpusim_report::{DescribedJob, Job, Report};
+use tpusim_job::{DescribedJob, Job, Report};
 
 const ROW_BYTES: i64 = 128 * 4;
 
@@ -39,7 +39,7 @@ fn run(v: &Value) -> Result<Report, String> {
     let d = read(v)?;
     let chip = ChipModel::preset("v6e").expect("preset");
     let job = Job::Described(DescribedJob::new("ragged.json", d, "."));
-    tpusim_report::run(&chip, &job).map(|r| Report::from_run(&r)).map_err(|e| e.to_string())
+    tpusim_job::run(&chip, &job).map(|r| Report::from_run(&r)).map_err(|e| e.to_string())
 }
 
 #[test]

@@ -5,8 +5,8 @@
 //! share.
 
 use proptest::prelude::*;
-use tpusim_report::whatif::{doubled, with_all, BoundRule, CO_BOUND_FRACTION, CO_BOUND_MIN_GAIN, DECISIVE_GAIN};
-use tpusim_report::{run, JobSpec, Report};
+use tpusim_job::whatif::{doubled, with_all, BoundRule, CO_BOUND_FRACTION, CO_BOUND_MIN_GAIN, DECISIVE_GAIN};
+use tpusim_job::{run, JobSpec, Report};
 
 fn spec(toml: &str) -> JobSpec {
     toml::from_str(toml).unwrap_or_else(|e| panic!("{e}: {toml}"))

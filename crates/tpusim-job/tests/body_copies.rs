@@ -5,7 +5,7 @@
 
 use serde_json::{json, Value};
 use tpusim_chip::ChipModel;
-use tpusim_report::{DescribedJob, Job, Report};
+use tpusim_job::{DescribedJob, Job, Report};
 
 /// Bytes of one f32 block of 512 x 1024 (2 MiB).
 const BLOCK: u64 = 512 * 1024 * 4;
@@ -66,7 +66,7 @@ fn run(v: &Value) -> Report {
 fn run_on(chip: &ChipModel, v: &Value) -> Result<Report, String> {
     let d = tpusim_pallas::Description::from_json(&v.to_string(), "copies.json").map_err(|e| e.to_string())?;
     let job = Job::Described(DescribedJob::new("copies.json", d, "."));
-    tpusim_report::run(chip, &job).map(|r| Report::from_run(&r)).map_err(|e| e.to_string())
+    tpusim_job::run(chip, &job).map(|r| Report::from_run(&r)).map_err(|e| e.to_string())
 }
 
 /// `then` on grid step `step` only.

@@ -1,7 +1,7 @@
 //! The mechanisms of the fidelity work, each checked in the direction its source says: megacore
 //! splitting, the op scope's bytes, kernel options, and the compiler's limits (VMEM, SMEM, HBM).
 
-use tpusim_report::{run, JobSpec, Report};
+use tpusim_job::{run, JobSpec, Report};
 
 /// Runs a job given as trace TOML keys.
 fn report(toml: &str) -> Report {

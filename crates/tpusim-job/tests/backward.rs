@@ -3,7 +3,7 @@
 
 use proptest::prelude::*;
 use tpusim_kernel::{Part, PhaseWork, Program};
-use tpusim_report::{run, JobSpec, Report};
+use tpusim_job::{run, JobSpec, Report};
 use tpusim_workload::Mask;
 
 fn spec(toml: &str) -> JobSpec {
@@ -222,7 +222,7 @@ fn backward_blocks_follow_each_library() {
     let config = |toml: &str| {
         let s = spec(toml);
         match s.build(&s.chip().unwrap()).unwrap() {
-            tpusim_report::Job::Attention { config, .. } => config.bwd,
+            tpusim_job::Job::Attention { config, .. } => config.bwd,
             _ => panic!("attention"),
         }
     };

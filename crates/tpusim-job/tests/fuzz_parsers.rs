@@ -2,12 +2,12 @@
 //! layer owns - chip TOML, trace files (JobSpec TOML), the mask grammar, mask files - and random
 //! job specs run end to end. Each must give a value or an error, never a panic.
 //!
-//! `PROPTEST_CASES=20000 cargo test --release -p tpusim-report --test fuzz_parsers` runs a longer
+//! `PROPTEST_CASES=20000 cargo test --release -p tpusim-job --test fuzz_parsers` runs a longer
 //! campaign; CI runs the default (bounded) number of cases.
 
 use proptest::prelude::*;
 use tpusim_chip::ChipModel;
-use tpusim_report::{run, JobSpec};
+use tpusim_job::{run, JobSpec};
 use tpusim_workload::Mask;
 
 const V6E: &str = include_str!("../../../models/v6e.toml");
@@ -63,7 +63,7 @@ proptest! {
             if let Ok(chip) = spec.chip() {
                 if let Ok(job) = spec.build(&chip) {
                     // Sizes from mutated text can be large; keep the run bounded.
-                    if let tpusim_report::Job::Attention { workload, .. } = &job {
+                    if let tpusim_job::Job::Attention { workload, .. } = &job {
                         prop_assume!(workload.q_len <= 1 << 16 && workload.kv_len <= 1 << 16 && workload.q_heads <= 64 && workload.batch <= 8);
                     }
                     let _ = run(&chip, &job);

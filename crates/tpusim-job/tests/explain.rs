@@ -4,7 +4,7 @@
 //! with what making that unit twice as fast buys.
 
 use tpusim_kernel::Unit;
-use tpusim_report::{run, JobSpec, Report};
+use tpusim_job::{run, JobSpec, Report};
 
 fn report(toml: &str) -> Report {
     let spec = JobSpec::from_toml_str(toml, "test").unwrap_or_else(|e| panic!("{toml}: {e}"));
@@ -100,7 +100,7 @@ fn the_bottleneck_is_the_unit_whose_2x_speed_up_gains_most_or_the_critical_paths
         let top = Unit::ALL.iter().copied().max_by(|&a, &b| gain(a).total_cmp(&gain(b))).unwrap();
         let line = r.to_table().lines().find(|l| l.contains("bound by")).unwrap().to_string();
         let tied = Unit::ALL.iter().filter(|&&u| u != top && gain(u) >= 0.8 * gain(top) && gain(u) > 0.01).count();
-        if gain(top) >= tpusim_report::whatif::DECISIVE_GAIN && tied == 0 {
+        if gain(top) >= tpusim_job::whatif::DECISIVE_GAIN && tied == 0 {
             assert_eq!(r.bottleneck, top, "{job}: bound by {} but {table:?}", r.bottleneck);
             assert!(line.contains(&format!("bound by     {} (2x faster: -{:.1}% latency", r.bottleneck, 100.0 * gain(r.bottleneck))), "{job}: {line}");
         } else if tied == 0 {

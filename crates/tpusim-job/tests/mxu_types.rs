@@ -5,7 +5,7 @@
 use serde_json::{json, Value};
 use tpusim_chip::ChipModel;
 use tpusim_kernel::Unit;
-use tpusim_report::{DescribedJob, Job, Report};
+use tpusim_job::{DescribedJob, Job, Report};
 
 /// A one-step kernel: `m x k` by `k x n` from VMEM scratch typed `lhs` and `rhs`, accumulated in f32.
 fn kernel(m: u64, k: u64, n: u64, lhs: &str, rhs: &str) -> Value {
@@ -32,7 +32,7 @@ fn mxu_ms(chip: &str, v: &Value) -> f64 {
     let chip = ChipModel::preset(chip).expect("preset");
     let d = tpusim_pallas::Description::from_json(&v.to_string(), "mm.json").expect("reads");
     let job = Job::Described(DescribedJob::new("mm.json", d, "."));
-    let r = Report::from_run(&tpusim_report::run(&chip, &job).expect("simulates"));
+    let r = Report::from_run(&tpusim_job::run(&chip, &job).expect("simulates"));
     r.busy_ms[Unit::Mxu]
 }
 
@@ -63,7 +63,7 @@ fn report(chip: &str, v: &Value) -> Report {
     let chip = ChipModel::preset(chip).expect("preset");
     let d = tpusim_pallas::Description::from_json(&v.to_string(), "mm.json").expect("reads");
     let job = Job::Described(DescribedJob::new("mm.json", d, "."));
-    Report::from_run(&tpusim_report::run(&chip, &job).expect("simulates"))
+    Report::from_run(&tpusim_job::run(&chip, &job).expect("simulates"))
 }
 
 /// The MFU stays against the bf16 peak: a note names the 8-bit type's faster peak where its row

@@ -4,11 +4,11 @@
 
 use serde_json::json;
 use tpusim_chip::ChipModel;
-use tpusim_report::decode::{DecodeReport, DecodeShape};
+use tpusim_job::decode::{DecodeReport, DecodeShape};
 
-/// A description run as a job ([`tpusim_report::Job::Described`]).
-fn run_kernel_ir(chip: &ChipModel, d: &tpusim_pallas::Description, dir: &std::path::Path) -> Result<tpusim_report::Run, tpusim_report::JobError> {
-    tpusim_report::run(chip, &tpusim_report::Job::Described(tpusim_report::DescribedJob::new("test", d.clone(), dir)))
+/// A description run as a job ([`tpusim_job::Job::Described`]).
+fn run_kernel_ir(chip: &ChipModel, d: &tpusim_pallas::Description, dir: &std::path::Path) -> Result<tpusim_job::Run, tpusim_job::JobError> {
+    tpusim_job::run(chip, &tpusim_job::Job::Described(tpusim_job::DescribedJob::new("test", d.clone(), dir)))
 }
 
 const PS: u64 = 16;

@@ -7,7 +7,7 @@ use crate::cv::CrossValidation;
 use crate::measure::{measured_scope, MeasurementFile};
 use crate::validate::{validate, ChipSet, Validation};
 use std::collections::BTreeMap;
-use tpusim_kernel::KernelKind;
+use tpusim_model::KernelKind;
 use tpusim_job::bands::{fnv_hex, median_p90, row_key, Band, BandFile, BandKey};
 
 /// The band key of each row of `file`, by id.

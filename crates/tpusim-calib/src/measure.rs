@@ -23,11 +23,12 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use tpusim_chip::ChipModel;
-use tpusim_kernel::{Direction, Exp, Kernel, KernelKind, MaskSource, Masking, Scope, Traversal};
+use tpusim_kernel::{Direction, Exp, Kernel, MaskSource, Masking, Scope, Traversal};
+use tpusim_model::KernelKind;
 use tpusim_job::JobSpec;
 use tpusim_workload::Mask;
 
-tpusim_kernel::word_enum! {
+tpusim_model::word_enum! {
     /// A word of the `options` column that names a kernel option (the rest of the text is a note).
     pub enum OptionWord {
         /// tokamax's `use_base2_exp`: `--exp base2`.
@@ -469,7 +470,7 @@ impl RowCells<'_> {
     }
 
     /// A typed word, parsed by the enum that defines it (its error lists the words), or empty.
-    fn typed<T: std::str::FromStr<Err = tpusim_kernel::WordError>>(&self, name: &str) -> Result<Option<T>, MeasureError> {
+    fn typed<T: std::str::FromStr<Err = tpusim_model::WordError>>(&self, name: &str) -> Result<Option<T>, MeasureError> {
         self.cell(name).map(|s| s.parse::<T>().map_err(|e| self.err(name, format!("{e}, or empty")))).transpose()
     }
 

@@ -8,7 +8,7 @@ use petgraph::Direction;
 use std::sync::Arc;
 use serde::Serialize;
 use tpusim_chip::ChipModel;
-use tpusim_kernel::{mxu::MxuType, PerUnit, StepBody, Unit, Work};
+use tpusim_model::{mxu::MxuType, PerUnit, StepBody, Unit, Work};
 
 /// Cycles per unit ([`Unit`]): busy time or a share of the critical path. `hbm` is DMA transfer
 /// time, `step_control` the grid-step overhead.
@@ -34,7 +34,7 @@ pub type UnitCycles = PerUnit<f64>;
 ///   after it starts (the result latency is that less the occupancy). Copies queue one after
 ///   another, so n copies of b bytes take about n x max(b / bandwidth, issue) + one latency, and
 ///   a copy waited for before the next starts takes issue + latency + transfer.
-/// * a wait for copies: no time (it orders the body: [`tpusim_kernel::Work::DmaWait`]).
+/// * a wait for copies: no time (it orders the body: [`tpusim_model::Work::DmaWait`]).
 ///
 /// Vector, transcendental and cross-lane work is counted by lowering in (8,128)-register units of
 /// 1024 elements; a chip whose registers hold `sublanes x lanes` elements needs
@@ -336,7 +336,7 @@ struct Index {
     transcendental_vregs: f64,
     dma_bytes: u64,
     /// The body's isolated schedules ([`Transfer::isolated`]), per order and costs.
-    timings: tpusim_kernel::Memo,
+    timings: tpusim_model::Memo,
     /// Applications of the body's transfers seen before, by every run sharing the body
     /// ([`Transfer::apply`]).
     applied: std::sync::Mutex<AppliedMemo>,
@@ -363,7 +363,7 @@ const INDEX_KEY: u64 = 0;
 
 impl Index {
     fn of(body: &StepBody) -> Arc<Index> {
-        assert!(body.counted.is_none(), "a body built for counting only has no order to simulate (tpusim_kernel::body::counting_only)");
+        assert!(body.counted.is_none(), "a body built for counting only has no order to simulate (tpusim_model::body::counting_only)");
         body.memo.get_or_insert_with(INDEX_KEY, || {
             let mut works: Vec<Work> = Vec::new();
             let mut count: Vec<u32> = Vec::new();
@@ -434,7 +434,7 @@ impl Index {
                 dma_bytes: body.dma_bytes(),
                 transcendental_vregs: body.transcendental_vregs(),
                 works,
-                timings: tpusim_kernel::Memo::with_capacity(64),
+                timings: tpusim_model::Memo::with_capacity(64),
                 applied: Default::default(),
                 rank,
                 by_rank,
@@ -517,7 +517,7 @@ const NONE: u16 = u16::MAX;
 
 /// A body's issue order for one compiled chip with its dependencies in issue positions: what
 /// [`Transfer`] replays. Depends on the compiled chip only through the order; cached in the
-/// body's [`tpusim_kernel::Memo`].
+/// body's [`tpusim_model::Memo`].
 #[derive(Debug)]
 struct Plan {
     /// Node at each issue position.

@@ -1,4 +1,4 @@
-//! Cycle-approximate simulation of a lowered kernel ([`tpusim_kernel::Program`]) on a chip model.
+//! Cycle-approximate simulation of a lowered kernel ([`tpusim_model::Program`]) on a chip model.
 //!
 //! Two levels:
 //!
@@ -46,7 +46,7 @@ pub use body::{matmul_parts, mxu_type_factors, op_cycles, quantize, schedule_bod
 
 use serde::Serialize;
 use tpusim_chip::ChipModel;
-use tpusim_kernel::{Fusion, Lowered, Part, PerUnit, PhaseWork, Program, RunItem, Step, Unit};
+use tpusim_model::{Fusion, Lowered, Part, PerUnit, PhaseWork, Program, RunItem, Step, Unit};
 
 /// One TensorCore's share of a run.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -244,7 +244,8 @@ pub fn cycles_lower_bound(chip: &ChipModel, program: &Program) -> f64 {
         for (a, b) in t.1.iter_mut().zip(b) {
             *a += n * b;
         }
-        t.2 += n * (quantize(s.in_bytes as f64 / bpc) + quantize(s.out_bytes as f64 / bpc) + b[Unit::Hbm.index()]);
+        let c = program.copies_of(s);
+        t.2 += n * (quantize(c.in_bytes as f64 / bpc) + quantize(c.out_bytes as f64 / bpc) + b[Unit::Hbm.index()]);
     };
     let mut bound = 0.0f64;
     for &(lo, hi) in &ranges {
@@ -328,6 +329,8 @@ fn run_cores(chip: &ChipModel, program: &Program, observe: &mut dyn FnMut(&Step,
 
 /// What every core's pipeline shares: the step classes' transfers and isolated schedules.
 struct Shared {
+    /// The program's copy sets ([`Step::copies`] indexes them).
+    copies: std::sync::Arc<tpusim_model::copies::CopySets>,
     transfers: Vec<Transfer>,
     timing: Vec<BodyTiming>,
     /// Per class: its isolated critical path as fractions of its cycles.
@@ -342,7 +345,7 @@ impl Shared {
         let timing: Vec<BodyTiming> = transfers.iter().map(|t| t.isolated(false)).collect();
         let crit_share =
             timing.iter().map(|t| if t.cycles > 0.0 { t.critical.scaled(1.0 / t.cycles) } else { UnitCycles::default() }).collect();
-        Shared { transfers, timing, crit_share, carries }
+        Shared { copies: program.copies.clone(), transfers, timing, crit_share, carries }
     }
 
     fn combine(self, chip: &ChipModel, program: &Program, cores: Vec<CoreState>) -> SimResult {
@@ -623,7 +626,8 @@ impl<'a> Pipeline<'a> {
         match self.next.take() {
             None => {
                 // The first step's inputs are issued at time 0 (the pipeline prologue).
-                self.t.pending = (s.in_bytes > 0).then(|| self.transfer(0.0, self.lat_in, s.in_bytes));
+                let bytes = self.shared.copies.get(s.copies).in_bytes;
+                self.t.pending = (bytes > 0).then(|| self.transfer(0.0, self.lat_in, bytes));
             }
             Some(p) => self.advance(&p, Some(s), observe),
         }
@@ -659,7 +663,7 @@ impl<'a> Pipeline<'a> {
     fn memo_key(&mut self, cur: &Step, next: Option<&Step>) {
         let mut k = std::mem::take(&mut self.memo.key);
         k.clear();
-        k.extend([i64::from(cur.class), cur.in_bytes as i64, cur.out_bytes as i64, next.map_or(-1, |n| n.in_bytes as i64)]);
+        k.extend([i64::from(cur.class), i64::from(cur.copies), next.map_or(-1, |n| self.shared.copies.get(n.copies).in_bytes as i64)]);
         self.state_key(&mut k);
         self.memo.key = k;
     }
@@ -738,7 +742,8 @@ impl<'a> Pipeline<'a> {
         // The next step's inputs are issued as this step starts (double buffering).
         // Its buffer is the one the previous step read, so it also waits for that step to be done.
         let buffer_free = start.max(self.t.done);
-        self.t.pending = next.and_then(|n| (n.in_bytes > 0).then(|| self.transfer(buffer_free, self.lat_in, n.in_bytes)));
+        let next_in = next.map_or(0, |n| self.shared.copies.get(n.copies).in_bytes);
+        self.t.pending = (next_in > 0).then(|| self.transfer(buffer_free, self.lat_in, next_in));
         let (front_end, done) = if tr.empty {
             (start, start)
         } else {
@@ -755,7 +760,8 @@ impl<'a> Pipeline<'a> {
             self.t.hbm_free = self.t.hbm_free.max(units[Unit::Hbm.index()]);
             (e, d)
         };
-        let dma_out = (cur.out_bytes > 0).then(|| self.transfer(done, self.lat_out, cur.out_bytes));
+        let cur_out = self.shared.copies.get(cur.copies).out_bytes;
+        let dma_out = (cur_out > 0).then(|| self.transfer(done, self.lat_out, cur_out));
         if let Some((_, e)) = dma_out {
             self.t.out_done = self.t.out_done.max(e);
         }
@@ -810,9 +816,11 @@ impl<'a> Pipeline<'a> {
         self.class_steps[c] += n;
         self.busy.add_scaled(&self.shared.timing[c].busy, n as f64);
         // The DMA engines are busy for the transfers' (quantised) times.
-        self.busy[Unit::Hbm] += n as f64 * (quantize(s.in_bytes as f64 / self.bpc) + quantize(s.out_bytes as f64 / self.bpc));
-        self.in_bytes += n * s.in_bytes;
-        self.out_bytes += n * s.out_bytes;
+        let cs = self.shared.copies.get(s.copies);
+        let (inb, outb) = (cs.in_bytes, cs.out_bytes);
+        self.busy[Unit::Hbm] += n as f64 * (quantize(inb as f64 / self.bpc) + quantize(outb as f64 / self.bpc));
+        self.in_bytes += n * inb;
+        self.out_bytes += n * outb;
         self.steps += n;
     }
 
@@ -829,8 +837,8 @@ impl<'a> Pipeline<'a> {
         };
         let mut key = std::mem::take(&mut self.memo.key);
         key.clear();
-        key.extend([-2, i64::from(pending.class), pending.in_bytes as i64, pending.out_bytes as i64]);
-        key.extend([i64::from(s.class), s.in_bytes as i64, s.out_bytes as i64]);
+        key.extend([-2, i64::from(pending.class), i64::from(pending.copies)]);
+        key.extend([i64::from(s.class), i64::from(s.copies)]);
         self.state_key(&mut key);
         if let Some(&i) = self.memo.run_map.get(key.as_slice()) {
             let out = &self.memo.run_outs[i];
@@ -991,9 +999,9 @@ impl<'a> Pipeline<'a> {
         key.clear();
         key.push(row.len() as i64);
         for (s, n) in row {
-            key.extend([i64::from(s.class), s.in_bytes as i64, s.out_bytes as i64, *n as i64]);
+            key.extend([i64::from(s.class), i64::from(s.copies), *n as i64]);
         }
-        key.extend([i64::from(pending.class), pending.in_bytes as i64, pending.out_bytes as i64]);
+        key.extend([i64::from(pending.class), i64::from(pending.copies)]);
         self.state_key(&mut key);
         if let Some(&i) = self.memo.row_map.get(key.as_slice()) {
             self.memo.key = key;

@@ -168,7 +168,7 @@ fn more_bandwidth_is_never_slower() {
 /// 8-bit weights load in half a bf16 fold's time where the type is native.
 #[test]
 fn eight_bit_matmuls_stream_and_latch_by_the_chips_cadences() {
-    use tpusim_kernel::{mxu::MxuType, Work};
+    use tpusim_model::{mxu::MxuType, Work};
     let v7x = ChipModel::preset("v7x").unwrap();
     let mm = |m: u64, k: u64, n: u64, t: MxuType| Work::Matmul { m, k, n, m_total: m, mxu_type: t };
     // (chip, type, stream-bound ratio, load-bound ratio) against bf16 on the same chip.
@@ -195,10 +195,10 @@ fn eight_bit_matmuls_stream_and_latch_by_the_chips_cadences() {
 }
 
 /// A program whose bodies are copies without their memos (every transfer replayed afresh).
-fn unmemoised(p: &tpusim_kernel::Program) -> tpusim_kernel::Program {
+fn unmemoised(p: &tpusim_model::Program) -> tpusim_model::Program {
     let mut q = p.clone();
     for c in &mut q.classes {
-        c.body = tpusim_kernel::StepBody::from_graph((*c.body.graph).clone(), c.body.carries);
+        c.body = tpusim_model::StepBody::from_graph((*c.body.graph).clone(), c.body.carries);
     }
     q
 }

@@ -3,7 +3,8 @@
 use proptest::prelude::*;
 use tpusim_chip::ChipModel;
 use tpusim_engine::{simulate, SimResult};
-use tpusim_kernel::{splash, Masking, SplashConfig, Traversal, Unit};
+use tpusim_kernel::{splash, Masking, SplashConfig, Traversal};
+use tpusim_model::Unit;
 use tpusim_workload::{AttentionCall, Mask};
 
 fn case(len: u64, heads: u64, d: u64, bq: u64, bkv: u64, mask: &str, trav: Traversal, masking: Masking) -> (AttentionCall, SplashConfig) {

@@ -22,10 +22,8 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use tpusim_chip::ChipModel;
 use tpusim_engine::{simulate_lowered, CoreResult, PhaseResult, SimResult, UnitCycles};
-use tpusim_kernel::{
-    lower_attention, matmul, Direction, KernelError, Lowered, MatmulConfig, Part, PerUnit, Phase, PhaseWork, Program, Scope, SplashConfig,
-    TileCounts, Unit,
-};
+use tpusim_kernel::{lower_attention, matmul, Direction, KernelError, MatmulConfig, Scope, SplashConfig};
+use tpusim_model::{Lowered, Part, PerUnit, Phase, PhaseWork, Program, TileCounts, Unit};
 use tpusim_pallas::{Description, IrFacts, PallasError};
 use tpusim_workload::{AttentionCall, Mask, MatmulCall};
 
@@ -695,7 +693,7 @@ pub struct ClassSummary {
     pub busy_cycles: BTreeMap<Unit, f64>,
     /// Tile operations of the body.
     pub ops: usize,
-    /// The body's signature (hex, [`tpusim_kernel::StepBody::signature`]): equal signatures,
+    /// The body's signature (hex, [`tpusim_model::StepBody::signature`]): equal signatures,
     /// equal bodies, whichever front end built them (the agreement suite compares them).
     pub signature: String,
 }
@@ -708,7 +706,7 @@ fn steps_computed(program: &Program, r: &SimResult) -> u64 {
 
 /// The summaries of a program's step classes that ran (`steps > 0`), in class order; `label`
 /// names a class's tile kind and whether it masks.
-pub(crate) fn class_summaries(program: &Program, r: &SimResult, label: &dyn Fn(&tpusim_kernel::StepClass) -> (String, bool)) -> Vec<ClassSummary> {
+pub(crate) fn class_summaries(program: &Program, r: &SimResult, label: &dyn Fn(&tpusim_model::StepClass) -> (String, bool)) -> Vec<ClassSummary> {
     program
         .classes
         .iter()

@@ -18,7 +18,7 @@
 use crate::{Report, Run};
 use tpusim_chip::{ChipModel, Param};
 use tpusim_engine::{matmul_parts, mxu_type_factors, op_cycles};
-use tpusim_kernel::{mxu::MxuType, Unit, Work};
+use tpusim_model::{mxu::MxuType, Unit, Work};
 
 /// MXU efficiency while busy below which [`mxu_fill`] explains it.
 pub const MXU_FILL_NOTE_BELOW: f64 = 0.5;

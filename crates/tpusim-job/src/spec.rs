@@ -13,9 +13,8 @@ use clap::Args;
 use serde::{Deserialize, Serialize};
 use std::sync::OnceLock;
 use tpusim_chip::{ChipError, ChipModel};
-use tpusim_kernel::{
-    splash, BwdBlocks, Direction, Exp, KernelError, KernelKind, MaskSource, Masking, MatmulConfig, Scope, SplashConfig, Traversal,
-};
+use tpusim_kernel::{splash, BwdBlocks, Direction, Exp, KernelError, MaskSource, Masking, MatmulConfig, Scope, SplashConfig, Traversal};
+use tpusim_model::KernelKind;
 use tpusim_workload::{AttentionCall, Mask, MatmulCall, WorkloadError};
 
 pub use tpusim_kernel::Kernel;
@@ -732,7 +731,7 @@ impl JobSpec {
                 format!(
                     "{}'s BlockSizes with block sizes given cannot run a backward without its backward blocks (\"Need to specify backward blocks.\"): give {} too, or no block at all for its defaults (every block 128)",
                     config.kernel,
-                    tpusim_kernel::words::or_list(&list.iter().map(String::as_str).collect::<Vec<_>>()).replace(" or ", " and ")
+                    tpusim_model::words::or_list(&list.iter().map(String::as_str).collect::<Vec<_>>()).replace(" or ", " and ")
                 ),
             ));
         }

@@ -24,7 +24,7 @@
 use crate::{run_lowered, Run};
 use serde::Serialize;
 use tpusim_chip::ChipModel;
-use tpusim_kernel::{PerUnit, Unit};
+use tpusim_model::{PerUnit, Unit};
 
 /// A unit whose 2x gain is at least this fraction of the largest gain is co-bound.
 pub const CO_BOUND_FRACTION: f64 = 0.8;

@@ -2,7 +2,7 @@
 //! visits, monotonicity in the mask, fused against unfused, and refusals of bad blocks.
 
 use proptest::prelude::*;
-use tpusim_kernel::{Part, PhaseWork, Program};
+use tpusim_model::{Part, PhaseWork, Program};
 use tpusim_job::{run, JobSpec, Report};
 use tpusim_workload::Mask;
 

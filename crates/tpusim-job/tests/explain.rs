@@ -3,7 +3,7 @@
 //! fitted to a measurement of the kind of kernel it runs, and a bottleneck label that must agree
 //! with what making that unit twice as fast buys.
 
-use tpusim_kernel::Unit;
+use tpusim_model::Unit;
 use tpusim_job::{run, JobSpec, Report};
 
 fn report(toml: &str) -> Report {

@@ -1,7 +1,7 @@
 //! The latency lower bound `tpusim tune` prunes with ([`tpusim_job::latency_lower_bound_s`])
 //! never exceeds the simulated latency, on every kernel family, direction and scope, on
 //! single- and two-core chips; and it is not vacuous (at least the busiest unit's share). The
-//! tuner bounds from bodies built for counting only (`tpusim_kernel::body::counting_only`): their
+//! tuner bounds from bodies built for counting only (`tpusim_model::body::counting_only`): their
 //! bound equals the full bodies' exactly.
 
 use proptest::prelude::*;
@@ -18,13 +18,13 @@ fn check(s: &JobSpec, what: &str) -> Option<(f64, f64)> {
     let job = s.build(&chip).ok()?;
     let lowered = job.lower(&chip).ok()?;
     let bound = latency_lower_bound_s(&chip, &lowered);
-    let counted = tpusim_kernel::body::counting_only(|| job.lower(&chip)).unwrap_or_else(|e| panic!("{what}: counting: {e}"));
+    let counted = tpusim_model::body::counting_only(|| job.lower(&chip)).unwrap_or_else(|e| panic!("{what}: counting: {e}"));
     assert_eq!(latency_lower_bound_s(&chip, &counted).to_bits(), bound.to_bits(), "{what}: the counted bodies' bound differs");
     let r = run(&chip, &job).unwrap_or_else(|e| panic!("{what}: {e}"));
     let t = r.result.seconds;
     assert!(bound <= t * (1.0 + 1e-12), "{what}: bound {bound} s above the simulated {t} s");
     let cores = chip.tensorcores() as f64;
-    let busiest = tpusim_kernel::Unit::COMPUTE.iter().map(|&u| r.result.busy[u] / cores).fold(0.0, f64::max) / chip.clock_hz();
+    let busiest = tpusim_model::Unit::COMPUTE.iter().map(|&u| r.result.busy[u] / cores).fold(0.0, f64::max) / chip.clock_hz();
     assert!(bound >= 0.5 * busiest, "{what}: bound {bound} s is below half the busiest unit's {busiest} s per core");
     Some((bound, t))
 }

@@ -1,10 +1,10 @@
 //! A kernel read from its IR multiplies 8-bit operands at the chip's 8-bit rates: the reader's
-//! `lhs_dtype` / `rhs_dtype` reach the engine (`tpusim_kernel::mxu::MxuType`), and the MXU's busy
+//! `lhs_dtype` / `rhs_dtype` reach the engine (`tpusim_model::mxu::MxuType`), and the MXU's busy
 //! time follows the chip model's XLA cadences against bf16.
 
 use serde_json::{json, Value};
 use tpusim_chip::ChipModel;
-use tpusim_kernel::Unit;
+use tpusim_model::Unit;
 use tpusim_job::{DescribedJob, Job, Report};
 
 /// A one-step kernel: `m x k` by `k x n` from VMEM scratch typed `lhs` and `rhs`, accumulated in f32.

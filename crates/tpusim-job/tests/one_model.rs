@@ -57,7 +57,7 @@ fn both_front_ends_answer_every_what_if_alike() {
     }
     // The register shape scales both alike: twice the lanes halves the vector work.
     let wide = base.with_override("vpu.lanes", "256").unwrap();
-    let vpu = |c: &ChipModel| tpusim_job::run(c, &ir_job()).unwrap().result.busy[tpusim_kernel::Unit::Vpu];
+    let vpu = |c: &ChipModel| tpusim_job::run(c, &ir_job()).unwrap().result.busy[tpusim_model::Unit::Vpu];
     assert!((vpu(&wide) / vpu(&base) - 0.5).abs() < 1e-9, "{} / {}", vpu(&wide), vpu(&base));
 }
 
@@ -78,7 +78,7 @@ fn both_front_ends_report_the_same_metrics() {
     assert_eq!((&ir.utilization, &ir.busy_ms), (&hand.utilization, &hand.busy_ms));
     // The critical path is summed step by step, and the hand model folds identical heads into
     // scaled sums: equal to rounding.
-    for u in tpusim_kernel::Unit::ALL {
+    for u in tpusim_model::Unit::ALL {
         let (a, b) = (ir.critical_path_ms[*u], hand.critical_path_ms[*u]);
         assert!((a - b).abs() <= 1e-12 * a.abs().max(1.0), "critical path {u}: IR {a} ms, hand {b} ms");
     }

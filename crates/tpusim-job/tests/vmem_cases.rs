@@ -1,4 +1,4 @@
-//! The VMEM rule (`tpusim_kernel::vmem`) against what the real compiler did: tilings that
+//! The VMEM rule (`tpusim_model::vmem`) against what the real compiler did: tilings that
 //! compiled and ran must fit, tilings it refused must be refused with an estimate near the
 //! compiler's. Each case is built as `tpusim run` builds it (the family's defaults, its scoped
 //! limit) and prints its margin; `cargo test -p tpusim-job --test vmem_cases -- --nocapture`
@@ -80,7 +80,7 @@ fn cases() -> Vec<Case> {
         },
     ];
     // Every attention family at its own default blocks and scoped limit on the default workload.
-    for k in Kernel::ALL.iter().copied().filter(|k| k.kind() == tpusim_kernel::KernelKind::Attention) {
+    for k in Kernel::ALL.iter().copied().filter(|k| k.kind() == tpusim_model::KernelKind::Attention) {
         v.push(Case { what: k.word(), spec: attention("v6e", Some(k)), expect: Expect::Runs });
     }
     v
@@ -96,7 +96,7 @@ fn vmem_rule_agrees_with_the_real_compiler() {
         let (needed, limit, ok) = match (job.lower(&chip), &c.expect) {
             (Ok(l), Expect::Runs) => {
                 let v = l.phases.iter().filter_map(|p| match &p.work {
-                    tpusim_kernel::PhaseWork::Kernel(k) => Some(&k.vmem),
+                    tpusim_model::PhaseWork::Kernel(k) => Some(&k.vmem),
                     _ => None,
                 });
                 let worst = v.max_by(|a, b| (a.total() as f64 / a.limit_bytes as f64).total_cmp(&(b.total() as f64 / b.limit_bytes as f64))).unwrap();

@@ -22,7 +22,7 @@ fn check(s: &JobSpec, what: &str) -> Report {
     assert!(table.len() >= 6, "{what}: {table:?}");
     for w in &table {
         // An independent run: the overrides applied one by one, the job built and lowered again.
-        let unit = tpusim_kernel::Unit::ALL.iter().copied().find(|u| u.word() == w.unit);
+        let unit = tpusim_model::Unit::ALL.iter().copied().find(|u| u.word() == w.unit);
         let set = match unit {
             Some(u) => doubled(&chip, u),
             None => vec![("host.dispatch_us".to_string(), 0.5 * chip.host.dispatch_us.value)],
@@ -36,13 +36,13 @@ fn check(s: &JobSpec, what: &str) -> Report {
     }
     let best = table.iter().filter(|w| w.unit != "host").map(|w| w.gain).fold(f64::NEG_INFINITY, f64::max);
     let gain_of = |u: &str| table.iter().find(|w| w.unit == u).unwrap().gain;
-    let units = tpusim_kernel::Unit::ALL;
-    let longest = |among: &[tpusim_kernel::Unit]| among.iter().map(|&u| rep.critical_path_ms[u]).fold(f64::NEG_INFINITY, f64::max);
+    let units = tpusim_model::Unit::ALL;
+    let longest = |among: &[tpusim_model::Unit]| among.iter().map(|&u| rep.critical_path_ms[u]).fold(f64::NEG_INFINITY, f64::max);
     let tied: Vec<_> = units.iter().copied().filter(|u| gain_of(u.word()) >= CO_BOUND_FRACTION * best && gain_of(u.word()) > CO_BOUND_MIN_GAIN).collect();
     let text = rep.to_table();
     // An MXU that bounds the run and gains nothing from twice its row rate is explained beside
     // its figure, and only then.
-    let explained = rep.bottleneck == tpusim_kernel::Unit::Mxu && gain_of("mxu") < CO_BOUND_MIN_GAIN;
+    let explained = rep.bottleneck == tpusim_model::Unit::Mxu && gain_of("mxu") < CO_BOUND_MIN_GAIN;
     assert_eq!(text.contains("% (twice the row rate; its fold loads and result latency unchanged)"), explained, "{what}: {text}");
     if best < DECISIVE_GAIN {
         // No gain decides: the label names the critical path's unit and says why.
@@ -97,7 +97,7 @@ fn chains_of_cross_lane_reductions_are_bound_by_the_xlu_on_the_critical_path() {
     );
     let table = rep.what_if_2x.as_ref().unwrap();
     assert!(table.iter().all(|w| w.gain < 0.02), "{table:?}");
-    assert_eq!((rep.bottleneck, rep.bound_rule), (tpusim_kernel::Unit::Xlu, Some(BoundRule::CriticalPath)));
+    assert_eq!((rep.bottleneck, rep.bound_rule), (tpusim_model::Unit::Xlu, Some(BoundRule::CriticalPath)));
 }
 
 /// A run no unit twice as fast speeds up by 10% is labelled by its critical path, not by the
@@ -108,13 +108,13 @@ fn chains_of_cross_lane_reductions_are_bound_by_the_xlu_on_the_critical_path() {
 #[test]
 fn small_gains_give_the_critical_paths_unit() {
     let dense = check(&spec("heads = 10\nseq_len = 75600\n"), "tokamax 128 blocks");
-    assert_eq!(dense.bottleneck, tpusim_kernel::Unit::Mxu, "{:?}", dense.what_if_2x);
-    let share = 100.0 * dense.critical_path_ms[tpusim_kernel::Unit::Mxu] / dense.latency_ms;
+    assert_eq!(dense.bottleneck, tpusim_model::Unit::Mxu, "{:?}", dense.what_if_2x);
+    let share = 100.0 * dense.critical_path_ms[tpusim_model::Unit::Mxu] / dense.latency_ms;
     assert!(share > 50.0, "{share}");
     assert!(dense.to_table().contains(&format!("bound by     mxu ({share:.0}% of the critical path")), "{}", dense.to_table());
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../traces/video-720p-aligned.toml");
     let aligned = check(&JobSpec::from_toml_file(dir).unwrap(), "aligned");
-    assert_eq!(aligned.bottleneck, tpusim_kernel::Unit::Eup, "{:?}", aligned.what_if_2x);
+    assert_eq!(aligned.bottleneck, tpusim_model::Unit::Eup, "{:?}", aligned.what_if_2x);
 }
 
 #[test]
@@ -132,7 +132,7 @@ fn an_hbm_bound_matmul_names_hbm() {
     // overhead, sets the time, so 2x HBM bandwidth buys the most. (At the family's default
     // blocks the same matmul is bound by step control: many small steps.)
     let rep = check(&spec("kernel = 'matmul'\nm = 8\nn = 8192\nk = 8192\nblock_m = 8\nblock_n = 2048\nblock_k = 2048\n"), "skinny matmul");
-    assert_eq!(rep.bottleneck, tpusim_kernel::Unit::Hbm, "{:?}", rep.what_if_2x);
+    assert_eq!(rep.bottleneck, tpusim_model::Unit::Hbm, "{:?}", rep.what_if_2x);
 }
 
 proptest! {

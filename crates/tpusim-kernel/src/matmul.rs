@@ -8,7 +8,9 @@
 //! multiple of their block are padded up.
 
 use crate::ir::{ClassKey, Step, StepBody, StepClass};
-use crate::{Kernel, KernelError, Program, ProgramInfo, StepSource};
+use crate::{Kernel, KernelError, Program, ProgramInfo, VmemBudget};
+use tpusim_model::copies::{CopyRule, CopySets};
+use tpusim_model::decl::{KernelDecl, RefDecl};
 use serde::Serialize;
 use tpusim_chip::ChipModel;
 use tpusim_workload::MatmulCall;
@@ -48,27 +50,59 @@ impl MatmulConfig {
     }
 }
 
+/// The matmul's step stream: runs per output block (the grid's two parallel dimensions).
 #[derive(Debug, Clone)]
 pub(crate) struct Steps {
     nm: u64,
     nn: u64,
     nk: u64,
-    x_bytes: u64,
-    y_bytes: u64,
-    o_bytes: u64,
     class_of: [[u32; 2]; 2],
+    /// The copy-set id of a step by [`copy_key`].
+    copies: Vec<u32>,
+}
+
+/// A step's copies as a key into [`Steps::copies`]: x and y copied in (their block index
+/// changed), o written back, and which of the step's m, n and k blocks is the last (an edge
+/// block, when the dimension is not a multiple of its block).
+fn copy_key(x: bool, y: bool, o: bool, last: [bool; 3]) -> usize {
+    usize::from(x) | usize::from(y) << 1 | usize::from(o) << 2 | usize::from(last[0]) << 3 | usize::from(last[1]) << 4 | usize::from(last[2]) << 5
 }
 
 impl Steps {
-    /// Runs of identical steps: within an output block, the k steps between the first and the
-    /// last differ only in their coordinates (x and y blocks change every step).
-    pub(crate) fn for_each_run(&self, f: &mut dyn FnMut(&Step, u64)) {
-        self.for_each_run_range(0, self.nm * self.nn, f)
+    /// The copy-set id of step (i, j, k) with x and y copied or not.
+    fn copies(&self, (i, j, k): (u64, u64, u64), x: bool, y: bool) -> u32 {
+        let o = k + 1 == self.nk;
+        self.copies[copy_key(x, y, o, [i + 1 == self.nm, j + 1 == self.nn, k + 1 == self.nk])]
     }
 
-    /// Runs of the output blocks `lo..hi` (flattened (m block, n block), the grid's two parallel
-    /// dimensions).
-    pub(crate) fn for_each_run_range(&self, lo: u64, hi: u64, f: &mut dyn FnMut(&Step, u64)) {
+    /// Every grid step in order, each with its copies (x and y copied when their block index
+    /// changes from the previous step's).
+    fn for_each(&self, f: &mut dyn FnMut(&Step)) {
+        let mut last_x = None;
+        let mut last_y = None;
+        for i in 0..self.nm {
+            for j in 0..self.nn {
+                for k in 0..self.nk {
+                    let x = last_x != Some((i, k));
+                    let y = last_y != Some((k, j));
+                    (last_x, last_y) = (Some((i, k)), Some((k, j)));
+                    let last = k + 1 == self.nk;
+                    f(&Step {
+                        class: self.class_of[usize::from(k == 0)][usize::from(last)],
+                        copies: self.copies((i, j, k), x, y),
+                        coords: [0, i as u32, j as u32, k as u32],
+                    });
+                }
+            }
+        }
+    }
+}
+
+impl tpusim_model::StepStream for Steps {
+    /// Runs of the output blocks `lo..hi` (flattened (m block, n block)): within an output
+    /// block, the k steps between the first and the last differ only in their coordinates (x
+    /// and y blocks change every step).
+    fn for_each_run_range(&self, lo: u64, hi: u64, f: &mut dyn FnMut(&Step, u64)) {
         if self.nk < 3 {
             let mut idx = 0u64;
             let per = self.nk;
@@ -82,48 +116,11 @@ impl Steps {
         }
         for u in lo..hi.min(self.nm * self.nn) {
             let (i, j) = (u / self.nn, u % self.nn);
-            {
-                // x (i, 0) always differs from the previous step's x; y (0, j) too unless nk == 1.
-                let both = self.x_bytes + self.y_bytes;
-                f(&Step { class: self.class_of[1][0], in_bytes: both, out_bytes: 0, coords: [0, i as u32, j as u32, 0] }, 1);
-                f(&Step { class: self.class_of[0][0], in_bytes: both, out_bytes: 0, coords: [0, i as u32, j as u32, 1] }, self.nk - 2);
-                f(
-                    &Step {
-                        class: self.class_of[0][1],
-                        in_bytes: both,
-                        out_bytes: self.o_bytes,
-                        coords: [0, i as u32, j as u32, (self.nk - 1) as u32],
-                    },
-                    1,
-                );
-            }
-        }
-    }
-
-    pub(crate) fn for_each(&self, f: &mut dyn FnMut(&Step)) {
-        let mut last_x = None;
-        let mut last_y = None;
-        for i in 0..self.nm {
-            for j in 0..self.nn {
-                for k in 0..self.nk {
-                    let mut in_bytes = 0;
-                    if last_x != Some((i, k)) {
-                        in_bytes += self.x_bytes;
-                        last_x = Some((i, k));
-                    }
-                    if last_y != Some((k, j)) {
-                        in_bytes += self.y_bytes;
-                        last_y = Some((k, j));
-                    }
-                    let last = k + 1 == self.nk;
-                    f(&Step {
-                        class: self.class_of[usize::from(k == 0)][usize::from(last)],
-                        in_bytes,
-                        out_bytes: if last { self.o_bytes } else { 0 },
-                        coords: [0, i as u32, j as u32, k as u32],
-                    });
-                }
-            }
+            let at = |k: u64| [0, i as u32, j as u32, k as u32];
+            // x (i, k) always differs from the previous step's x; y (k, j) too (nk >= 3).
+            f(&Step { class: self.class_of[1][0], copies: self.copies((i, j, 0), true, true), coords: at(0) }, 1);
+            f(&Step { class: self.class_of[0][0], copies: self.copies((i, j, 1), true, true), coords: at(1) }, self.nk - 2);
+            f(&Step { class: self.class_of[0][1], copies: self.copies((i, j, self.nk - 1), true, true), coords: at(self.nk - 1) }, 1);
         }
     }
 }
@@ -133,10 +130,11 @@ impl Steps {
 /// zeroed, every step adds `x @ y` to it, the last k step writes it out as bf16. Refs: x, y, z
 /// (the output) and the accumulator (scratch); the accumulator and z are read before they are
 /// written (`ref[...] = v`), so both are carried.
-fn body(bm: u64, bn: u64, bk: u64, first: bool, last: bool) -> StepBody {
+fn body(decl: &KernelDecl, (bm, bn, bk): (u64, u64, u64), first: bool, last: bool) -> StepBody {
     use crate::body::Emitter;
-    let (x, y, z, acc) = (0, 1, 2, 3);
-    let mut e = Emitter::new(vec![false, false, true, true]);
+    let r = |name: &str| decl.index_of(name).expect("declared");
+    let (x, y, z, acc) = (r("x"), r("y"), r("o"), r("acc"));
+    let mut e = Emitter::new(decl.carried());
     let tile = [bm, bn];
     if first {
         let zero = e.splat(&tile, "f32");
@@ -164,23 +162,32 @@ fn body(bm: u64, bn: u64, bk: u64, first: bool, last: bool) -> StepBody {
     e.finish().body
 }
 
-/// The VMEM a tiling takes, against its limit: the tutorial's kernel holds x, y and o blocks
-/// (bf16, double-buffered), an f32 accumulator in scratch and the f32 product of the step; XLA's
-/// own dot is not held to the scoped limit of Pallas kernels (all of VMEM).
-fn tiling_vmem(chip: &ChipModel, cfg: &MatmulConfig) -> crate::VmemBudget {
-    let (bm, bn, bk) = (cfg.block_m, cfg.block_n, cfg.block_k);
-    let limit = cfg.vmem_limit_bytes.unwrap_or_else(|| if cfg.kernel == Kernel::XlaMatmul { chip.vmem_size_bytes() } else { chip.vmem_limit_bytes() });
+/// The kernel's `pallas_call` (the tutorial's, as its Mosaic IR has it): grid (m blocks, n
+/// blocks, k blocks), the first two parallel; x (block_m x block_k), y (block_k x block_n) and the
+/// output (block_m x block_n) bf16 windows, double-buffered; an f32 accumulator in scratch; the
+/// step's f32 product in the body.
+pub fn declaration(mm: &MatmulCall, cfg: &MatmulConfig) -> KernelDecl {
     use crate::dtype::Dtype::{Bf16, F32};
-    crate::vmem::footprint(
-        &[
-            crate::VmemBuffer::window("x", &[bm, bk], Bf16),
-            crate::VmemBuffer::window("y", &[bk, bn], Bf16),
-            crate::VmemBuffer::window("o", &[bm, bn], Bf16),
-            crate::VmemBuffer::scratch("acc", &[bm, bn], F32),
-            crate::VmemBuffer::internal("dot result", &[bm, bn], F32),
+    use tpusim_model::expr::Expr::Grid;
+    let (bm, bn, bk) = (cfg.block_m, cfg.block_n, cfg.block_k);
+    KernelDecl {
+        grid: vec![mm.m.div_ceil(bm), mm.n.div_ceil(bn), mm.k.div_ceil(bk)],
+        parallel_dims: 2,
+        refs: vec![
+            RefDecl::input("x", &[bm, bk], Bf16, vec![Grid(0), Grid(2)]).of_array(&[mm.m, mm.k]),
+            RefDecl::input("y", &[bk, bn], Bf16, vec![Grid(2), Grid(1)]).of_array(&[mm.k, mm.n]),
+            RefDecl::output("o", &[bm, bn], Bf16, vec![Grid(0), Grid(1)]).of_array(&[mm.m, mm.n]),
+            RefDecl::scratch("acc", &[bm, bn], F32),
         ],
-        limit,
-    )
+        internal: vec![tpusim_model::VmemBuffer::internal("dot result", &[bm, bn], F32)],
+    }
+}
+
+/// The VMEM a tiling takes ([`declaration`]), against its limit: the scoped limit of a Pallas
+/// kernel; XLA's own dot is not held to it (all of VMEM).
+fn tiling_vmem(chip: &ChipModel, mm: &MatmulCall, cfg: &MatmulConfig) -> VmemBudget {
+    let limit = cfg.vmem_limit_bytes.unwrap_or_else(|| if cfg.kernel == Kernel::XlaMatmul { chip.vmem_size_bytes() } else { chip.vmem_limit_bytes() });
+    declaration(mm, cfg).vmem(limit)
 }
 
 /// The most grid steps a matmul lowers to (2^32, the IR path's bound too).
@@ -222,8 +229,10 @@ pub fn lower(chip: &ChipModel, mm: &MatmulCall, cfg: &MatmulConfig) -> Result<Pr
             return Err(KernelError::config(f, v, format!("must not exceed {name} ({dim}) rounded up to {unit}")));
         }
     }
-    let vmem = tiling_vmem(chip, cfg);
-    vmem.check(chip)?;
+    let decl = declaration(mm, cfg);
+    let limit = cfg.vmem_limit_bytes.unwrap_or_else(|| if cfg.kernel == Kernel::XlaMatmul { chip.vmem_size_bytes() } else { chip.vmem_limit_bytes() });
+    let vmem = decl.vmem(limit);
+    crate::check_vmem(&vmem, chip)?;
     let (nm, nn, nk) = (mm.m.div_ceil(bm), mm.n.div_ceil(bn), mm.k.div_ceil(bk));
     if nm.saturating_mul(nn) > crate::MAX_TILES {
         return Err(KernelError::config(
@@ -246,11 +255,11 @@ pub fn lower(chip: &ChipModel, mm: &MatmulCall, cfg: &MatmulConfig) -> Result<Pr
     for first in [false, true] {
         for last in [false, true] {
             class_of[usize::from(first)][usize::from(last)] = classes.len() as u32;
-            classes.push(StepClass { key: ClassKey { tile: "full", masked: false, first, last }, body: body(bm, bn, bk, first, last) });
+            classes.push(StepClass { key: ClassKey { tile: "full", masked: false, first, last }, body: body(&decl, (bm, bn, bk), first, last) });
         }
     }
     let info = ProgramInfo {
-        kind: crate::options::KernelKind::Matmul,
+        kind: tpusim_model::KernelKind::Matmul,
         kernel: "matmul".into(),
         grid: vec![("m blocks".into(), nm), ("n blocks".into(), nn), ("k blocks".into(), nk)],
         blocks: vec![("block_m".into(), bm), ("block_n".into(), bn), ("block_k".into(), bk)],
@@ -258,8 +267,20 @@ pub fn lower(chip: &ChipModel, mm: &MatmulCall, cfg: &MatmulConfig) -> Result<Pr
         grid_steps: nm * nn * nk,
         ..Default::default()
     };
-    let steps = Steps { nm, nn, nk, x_bytes: bm * bk * 2, y_bytes: bk * bn * 2, o_bytes: bm * bn * 2, class_of };
-    Ok(Program { classes, parallel_units: nm * nn, vmem, info, steps: StepSource::Matmul(steps) })
+    // Every step's copies by Pallas's rule over the declaration ([`copy_key`]).
+    let rule = CopyRule::new(&decl);
+    let mut sets = CopySets::default();
+    let last_block = [nm - 1, nn - 1, nk - 1].map(|b| b as i64);
+    let copies = (0..64usize)
+        .map(|key| {
+            let last = [key & 8 != 0, key & 16 != 0, key & 32 != 0];
+            let idx = |d: usize| if last[d] { last_block[d] } else { 0 };
+            let at = [[idx(0), idx(2)], [idx(2), idx(1)], [idx(0), idx(1)]];
+            sets.intern(rule.copies(|w| key & (1 << w) != 0, |w| Some(&at[w][..])))
+        })
+        .collect();
+    let steps = Steps { nm, nn, nk, class_of, copies };
+    Ok(Program::new(classes, nm * nn, vmem, info, decl, sets, steps))
 }
 
 // XLA's own dot (not a Pallas kernel) as the `xla-matmul` family: its output tiles are the
@@ -311,7 +332,7 @@ pub fn xla_tiling(chip: &ChipModel, mm: &MatmulCall) -> MatmulConfig {
     let (mut cap_m, mut cap_n) = (d.q, d.kv);
     loop {
         let cfg = xla_config(chip, mm, cap_m, cap_n);
-        if tiling_vmem(chip, &cfg).check(chip).is_ok() || (cap_m <= 128 && cap_n <= 128) {
+        if tiling_vmem(chip, mm, &cfg).fits() || (cap_m <= 128 && cap_n <= 128) {
             return cfg;
         }
         if cap_m >= cap_n {
@@ -344,8 +365,8 @@ mod tests {
         let (mut n, mut bytes, mut out, mut flops) = (0, 0, 0, 0.0);
         p.for_each_step(&mut |s| {
             n += 1;
-            bytes += s.in_bytes;
-            out += s.out_bytes;
+            bytes += p.copies_of(s).in_bytes;
+            out += p.copies_of(s).out_bytes;
             flops += p.classes[s.class as usize].body.flops();
         });
         assert_eq!(n, 8);

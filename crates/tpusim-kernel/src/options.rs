@@ -112,28 +112,17 @@ impl Direction {
     /// Parses the measurement CSV's `direction` words too: `bwd(dq,dk,dv)` is the backward.
     ///
     /// # Errors
-    /// [`crate::words::WordError`] listing the words.
-    pub fn from_measurement(word: &str) -> Result<Direction, crate::words::WordError> {
+    /// [`tpusim_model::words::WordError`] listing the words.
+    pub fn from_measurement(word: &str) -> Result<Direction, tpusim_model::words::WordError> {
         let w = word.trim();
         if w.starts_with("bwd(") && w.ends_with(')') {
             return Ok(Direction::Bwd);
         }
-        w.parse().map_err(|e: crate::words::WordError| crate::words::WordError { allowed: format!("{}, or bwd(dq,dk,dv)", e.allowed), ..e })
+        w.parse().map_err(|e: tpusim_model::words::WordError| tpusim_model::words::WordError { allowed: format!("{}, or bwd(dq,dk,dv)", e.allowed), ..e })
     }
 }
 
-/// What kind of computation a kernel family is.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum KernelKind {
-    /// Flash attention (Splash and its descendants).
-    #[default]
-    Attention,
-    /// A matmul.
-    Matmul,
-    /// A data-movement fusion.
-    Copy,
-}
+pub use tpusim_model::KernelKind;
 
 /// Block sizes a family uses when a job gives none (the library's own defaults).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -62,7 +62,7 @@ use serde::Serialize;
 use tpusim_job::JobSpec;
 use tpusim_workload::{AttentionCall, Mask};
 
-tpusim_kernel::word_enum! {
+tpusim_model::word_enum! {
     /// What part of the layer an op belongs to (the report's breakdown).
     pub enum Category {
         /// Self- and cross-attention kernels and the SVG head router.

@@ -117,7 +117,7 @@ pub fn what_if_2x(spec: &LayerSpec, chip: &ChipModel, base: &LayerRun) -> Result
     use tpusim_job::whatif::{doubled, format_value, with_all, WhatIf};
     let t = base.result.seconds;
     let mut sets: Vec<(String, Vec<(String, f64)>)> =
-        tpusim_kernel::Unit::ALL.iter().map(|&u| (u.word().to_string(), doubled(chip, u))).collect();
+        tpusim_model::Unit::ALL.iter().map(|&u| (u.word().to_string(), doubled(chip, u))).collect();
     sets.push(("ici".into(), vec![("ici.link_bandwidth_gb_per_s".into(), 2.0 * chip.ici.link_bandwidth_gb_per_s.value)]));
     let mut table = Vec::new();
     for (unit, set) in sets {

@@ -136,7 +136,7 @@ pub struct OpReport {
     pub hbm_bytes: u64,
     /// Bounding unit (TensorCore ops).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub bottleneck: Option<tpusim_kernel::Unit>,
+    pub bottleneck: Option<tpusim_model::Unit>,
     /// Shape, kernel, bytes.
     pub detail: String,
     /// A collective's busiest link, bytes.

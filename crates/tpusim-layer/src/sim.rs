@@ -30,7 +30,7 @@ use crate::LayerError;
 use serde::Serialize;
 use std::collections::HashMap;
 use tpusim_engine::{simulate, simulate_fusion, SimResult};
-use tpusim_kernel::{Fusion, PerUnit, Unit};
+use tpusim_model::{Fusion, PerUnit, Unit};
 pub use tpusim_slice::xla::{balanced_block, lower_xla_matmul, xla_matmul_config};
 use tpusim_slice::{issue_order, Queue, SliceOp};
 use tpusim_workload::MatmulCall;

@@ -13,7 +13,7 @@ use tpusim_kernel::{Kernel, Masking, Traversal};
 use tpusim_job::JobSpec;
 use tpusim_workload::Mask;
 
-tpusim_kernel::word_enum! {
+tpusim_model::word_enum! {
     /// How classifier-free guidance's two passes (conditional and unconditional) are laid out.
     pub enum Cfg {
         /// Two chip groups when the slice splits in two and each half divides the heads, else a batch of 2 on every chip.
@@ -27,7 +27,7 @@ tpusim_kernel::word_enum! {
     }
 }
 
-tpusim_kernel::word_enum! {
+tpusim_model::word_enum! {
     /// Which self-attention kernel runs.
     pub enum AttentionMode {
         /// The dense kernel on the full mask.
@@ -37,7 +37,7 @@ tpusim_kernel::word_enum! {
     }
 }
 
-tpusim_kernel::word_enum! {
+tpusim_model::word_enum! {
     /// Where the temporal heads' token permutation runs.
     pub enum Placement {
         /// Before the input all-to-all, on the sequence-sharded tensors (a cross-chip exchange), and its inverse after the return all-to-all.
@@ -47,7 +47,7 @@ tpusim_kernel::word_enum! {
     }
 }
 
-tpusim_kernel::word_enum! {
+tpusim_model::word_enum! {
     /// How a permutation of sequence-sharded tensors crosses chips (placement `before`).
     pub enum Exchange {
         /// XLA's SPMD partitioner replicates a reshape it cannot partition (every chip gathers the whole tensor, then keeps its shard).
@@ -57,7 +57,7 @@ tpusim_kernel::word_enum! {
     }
 }
 
-tpusim_kernel::word_enum! {
+tpusim_model::word_enum! {
     /// Where each chip's copy of the block's weights comes from.
     pub enum Weights {
         /// Every chip holds all weights.

@@ -8,7 +8,7 @@
 
 use crate::sim::{LayerResult, Resource};
 use serde_json::{json, Value};
-use tpusim_kernel::Unit;
+use tpusim_model::Unit;
 
 /// Track names in display order: ops, the six units, ICI.
 pub const TRACKS: [&str; 8] = ["TensorCore ops", "MXU", "VPU", "EUP", "XLU", "HBM", "step control", "ICI"];

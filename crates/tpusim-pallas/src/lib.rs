@@ -2,15 +2,17 @@
 //! `tpusim.jax` writes from a kernel's Mosaic IR; format and version rule in
 //! `crates/tpusim-pallas/DESCRIPTION.md`), read and checked ([`desc`]), with its index maps and
 //! branch conditions as expressions over grid indices and prefetch values ([`expr`]), lowered to
-//! the same [`tpusim_kernel::Program`] the hand-written lowerings produce ([`lower()`]): each
-//! step's path through the body fed op by op to the kernel crate's one body builder and op-cost
-//! table ([`tpusim_kernel::body`]), which the hand-written kernels' bodies go through too.
+//! the same [`tpusim_model::Program`] the hand-written lowerings produce ([`lower()`]): the
+//! kernel's `pallas_call` as a declaration ([`tpusim_model::decl`]) whose windows Pallas's
+//! copy rule ([`tpusim_model::copies`]) copies, and each step's path through the body fed op by
+//! op to the one body builder and op-cost table ([`tpusim_model::body`]), which the
+//! hand-written kernels (crate `tpusim-kernel`) go through too.
 //!
-//! `kernel_name` and `kernel_metadata` are labels: nothing dispatches on them. Depends on chip,
-//! workload and kernel; never on the engine or above.
+//! `kernel_name` and `kernel_metadata` are labels: nothing dispatches on them. Depends on chip
+//! and model; never on the hand-written families, the engine or above.
 
 pub mod desc;
-pub mod expr;
+pub use tpusim_model::expr;
 pub mod lower;
 mod npy;
 pub mod runtime;

@@ -11,13 +11,13 @@
 //! * **Copies the kernel starts** (`tpu.enqueue_dma`, `tpu.wait_dma2`) are ops of the step's
 //!   body: each copy's size and semaphore are evaluated at the step (they are part of its step
 //!   class), and the body builder puts the copy on the DMA engines, overlapping the work after
-//!   it until a wait needs it ([`tpusim_kernel::body`]).
+//!   it until a wait needs it ([`tpusim_model::body`]).
 //! * **Megacore.** The grid's leading dimensions marked parallel form the parallel units a
 //!   two-core device splits over its TensorCores ([`Program::core_ranges`]).
 //! * **Body.** The ops of the path a step class takes are handed, one by one, to the body
-//!   builder the hand-written kernels use too ([`tpusim_kernel::body`]): it prices each vector
-//!   op on its unit from one op-cost table ([`tpusim_kernel::body::cost`]), splits it into
-//!   [`tpusim_kernel::SLAB_ROWS`]-row slabs, gives it issue slots that follow the data flow and
+//!   builder the hand-written kernels use too ([`tpusim_model::body`]): it prices each vector
+//!   op on its unit from one op-cost table ([`tpusim_model::body::cost`]), splits it into
+//!   [`tpusim_model::SLAB_ROWS`]-row slabs, gives it issue slots that follow the data flow and
 //!   carries the state of refs the body both loads and stores (scratch accumulators, output
 //!   blocks accumulated in place) from one step to the next.
 
@@ -28,8 +28,11 @@ use crate::PallasError;
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use tpusim_chip::ChipModel;
-use tpusim_kernel::listed::ListedSteps;
-use tpusim_kernel::{ClassKey, KernelKind, Program, ProgramInfo, Step, StepBody, StepClass, TileCounts, VmemBudget};
+use tpusim_model::copies::{CopyRule, CopySets};
+use tpusim_model::decl::{KernelDecl, RefDecl, RefRole, Space};
+use tpusim_model::dtype::Dtype;
+use tpusim_model::listed::ListedSteps;
+use tpusim_model::{ClassKey, KernelKind, Program, ProgramInfo, Step, StepClass, TileCounts, VmemBudget, VmemBuffer};
 
 /// Most `scf.for` iterations lowered per step body (they are unrolled).
 pub const MAX_UNROLL: i64 = 4096;
@@ -450,10 +453,10 @@ fn for_bounds(d: &Description, op: &Op, env: &StepEnv<'_>) -> Result<(i64, i64, 
 }
 
 /// Walks a step's path through the body (control flow evaluated at the step), feeding its ops
-/// to the kernel crate's one body builder ([`tpusim_kernel::body::Builder`]).
+/// to the kernel crate's one body builder ([`tpusim_model::body::Builder`]).
 struct Walker<'a> {
     d: &'a Description,
-    b: tpusim_kernel::body::Builder,
+    b: tpusim_model::body::Builder,
     /// The transposes the compiler folds into their matmul ([`canonicalized`]).
     folded: &'a HashSet<u64>,
     /// The loads nothing uses ([`canonicalized`]).
@@ -530,8 +533,8 @@ fn canonicalized(d: &Description) -> (HashSet<u64>, HashSet<u64>) {
 }
 
 /// A description op as the body builder reads it.
-fn body_op(d: &Description, op: &Op) -> Result<tpusim_kernel::body::BodyOp, PallasError> {
-    use tpusim_kernel::body::{Arg, Attrs, BodyOp};
+fn body_op(d: &Description, op: &Op) -> Result<tpusim_model::body::BodyOp, PallasError> {
+    use tpusim_model::body::{Arg, Attrs, BodyOp};
     let ints = |k: &str| -> Vec<u64> { op.attrs.get(k).and_then(|v| v.as_array()).map(|a| a.iter().filter_map(|x| x.as_u64()).collect()).unwrap_or_default() };
     let text = |k: &str| op.attrs.get(k).and_then(|x| x.as_str()).map(str::to_string);
     let mkn = match op.attrs.get("mkn") {
@@ -615,7 +618,7 @@ impl Walker<'_> {
                         self.walk(ops, env)?;
                         if body {
                             // The next iteration's slabs issue after this one's (slab-major order).
-                            let slabs = ops.iter().map(|o| tpusim_kernel::body::slabs_of(&o.shape)).max().unwrap_or(1);
+                            let slabs = ops.iter().map(|o| tpusim_model::body::slabs_of(&o.shape)).max().unwrap_or(1);
                             self.b.advance(slabs);
                         }
                         Ok(())
@@ -658,21 +661,11 @@ impl Walker<'_> {
             let ids: Vec<u64> = y.attrs.get("results").and_then(|r| r.as_array()).map(|a| a.iter().filter_map(|x| x.as_u64()).collect()).unwrap_or_default();
             for (k, o) in y.operands.iter().enumerate() {
                 if let (Operand::Op(from), Some(id)) = (o, ids.get(k)) {
-                    self.b.bind(*id, &tpusim_kernel::body::Arg::Op(*from));
+                    self.b.bind(*id, &tpusim_model::body::Arg::Op(*from));
                 }
             }
         }
     }
-}
-
-fn has_matmul(b: &StepBody) -> bool {
-    b.graph.node_weights().any(|op| matches!(op.work, tpusim_kernel::Work::Matmul { .. }))
-}
-
-/// Calls `f(class, steps)` for every run of the stream.
-fn listed_count(l: &ListedSteps, classes: &[StepClass], f: &mut dyn FnMut(&StepClass, u64)) {
-    let p = Program::from_listed(Vec::new(), l.clone(), VmemBudget::default(), ProgramInfo::default());
-    p.for_each_run(&mut |s, n| f(&classes[s.class as usize], n));
 }
 
 /// Whether the body stores to SMEM (`memref.store`): then its SMEM state is carried from step
@@ -696,12 +689,56 @@ fn carried_refs(d: &Description) -> Vec<bool> {
     }
     let mut ops = Vec::new();
     visit(&d.body, &mut ops);
-    tpusim_kernel::body::carried_refs(d.refs.len(), ops)
+    tpusim_model::body::carried_refs(d.refs.len(), ops)
 }
 
-/// Bytes of a window's block.
-fn block_bytes(r: &Ref) -> Result<u64, PallasError> {
-    Ok(r.shape.iter().product::<u64>() * dtype_bytes(&r.dtype, "dtype")?)
+/// The kernel's `pallas_call` as a declaration ([`tpusim_model::decl`]): its grid, leading
+/// parallel dimensions and refs in the description's order, each with its role, block, element
+/// type, memory space, pipeline buffers, array and index map, and whether the body carries it
+/// (loads and stores it).
+///
+/// # Errors
+/// [`PallasError::Field`] for an element type the description may not name.
+fn declaration(d: &Description) -> Result<KernelDecl, PallasError> {
+    let carried = carried_refs(d);
+    let lead_par = d.dimension_semantics.iter().take_while(|s| matches!(s, DimSemantics::Parallel | DimSemantics::CoreParallel)).count();
+    let refs = d
+        .refs
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let elem_bytes = dtype_bytes(&r.dtype, &format!("refs[{i}] ({}).dtype", r.name))?;
+            let windowed = matches!(r.kind, RefKind::Input | RefKind::Output);
+            Ok(RefDecl {
+                name: r.name.clone(),
+                role: match r.kind {
+                    RefKind::Prefetch => RefRole::Prefetch,
+                    RefKind::Input => RefRole::Input,
+                    RefKind::Output => RefRole::Output,
+                    RefKind::Scratch => RefRole::Scratch,
+                },
+                block: r.shape.clone(),
+                dtype: Dtype::of_bytes(elem_bytes).unwrap_or(Dtype::F32),
+                elem_bytes,
+                space: match r.memory_space {
+                    MemorySpace::Vmem => Space::Vmem,
+                    MemorySpace::Smem => Space::Smem,
+                    MemorySpace::Any => Space::Any,
+                    MemorySpace::Semaphore => Space::Semaphore,
+                },
+                buffers: match r.kind {
+                    _ if r.memory_space == MemorySpace::Any => 0,
+                    RefKind::Input | RefKind::Output => r.pipeline_mode.buffers() as u32,
+                    RefKind::Scratch => 1,
+                    RefKind::Prefetch => 0,
+                },
+                array: r.array_shape.clone(),
+                index_map: r.index_map.clone().filter(|_| windowed && r.memory_space != MemorySpace::Any),
+                carried: carried.get(i).copied().unwrap_or(false),
+            })
+        })
+        .collect::<Result<Vec<_>, PallasError>>()?;
+    Ok(KernelDecl { grid: d.grid.clone(), parallel_dims: lead_par, refs, internal: Vec::new() })
 }
 
 /// Checks that the kernel's HBM operands (its inputs and outputs outside VMEM and SMEM: the
@@ -761,6 +798,370 @@ fn check_block_shapes(chip: &ChipModel, d: &Description) -> Result<(), PallasErr
     Ok(())
 }
 
+/// Reads the prefetch tables and counts what the kernel keeps in SMEM (tables, SMEM windows and
+/// scratch).
+///
+/// # Errors
+/// [`PallasError`] for a table of the wrong shape or SMEM overflow.
+fn prefetch_tables<'d>(chip: &ChipModel, d: &'d Description, dir: &Path) -> Result<(Tables<'d>, u64), PallasError> {
+    let mut tables: Vec<Option<Table>> = (0..d.refs.len()).map(|_| None).collect();
+    let mut smem = 0u64;
+    for (i, r) in d.refs.iter().enumerate() {
+        let bytes = r.shape.iter().product::<u64>() * dtype_bytes(&r.dtype, "dtype")?;
+        if r.kind == RefKind::Prefetch {
+            tables[i] = Some(read_table(r, i, dir)?);
+            smem += bytes;
+        } else if r.memory_space == MemorySpace::Smem {
+            smem += bytes * if r.kind == RefKind::Scratch { 1 } else { r.pipeline_mode.buffers() };
+        }
+    }
+    if smem > chip.smem_bytes() {
+        return Err(PallasError::Kernel {
+            kernel: d.kernel_name.clone(),
+            message: format!("its scalar-prefetch tables and SMEM buffers need {smem} bytes but SMEM holds {} bytes", chip.smem_bytes()),
+        });
+    }
+    Ok((Tables { tables, refs: &d.refs }, smem))
+}
+
+/// The windows' block indices at a grid step: per window of the copy rule (its order), the
+/// evaluated index map, in one flat buffer (window w at `offs[w]..offs[w + 1]`).
+struct Windows<'a> {
+    d: &'a Description,
+    /// Ref index of each window.
+    refs: Vec<usize>,
+    offs: Vec<usize>,
+    /// A window whose index map equals an earlier window's (K and V of attention) copies its
+    /// values instead of evaluating them again.
+    same_as: Vec<Option<usize>>,
+    /// Per window and dimension, the number of blocks when its array's shape is known (flat, as
+    /// the block indices are; u64::MAX when not): a block index outside them (a scalar-prefetch
+    /// table pointing past the array) copies memory the array does not have.
+    limits: Vec<u64>,
+}
+
+impl<'a> Windows<'a> {
+    fn new(d: &'a Description, rule: &CopyRule) -> Self {
+        let refs: Vec<usize> = rule.windows().collect();
+        let mut offs = vec![0usize];
+        for &w in &refs {
+            offs.push(offs.last().copied().unwrap_or(0) + d.refs[w].index_map.as_ref().map_or(0, Vec::len));
+        }
+        let same_as = (0..refs.len()).map(|w| (0..w).find(|&e| d.refs[refs[e]].index_map == d.refs[refs[w]].index_map)).collect();
+        let limits = refs
+            .iter()
+            .flat_map(|&w| {
+                let r = &d.refs[w];
+                let n = r.index_map.as_ref().map_or(0, Vec::len);
+                match r.array_shape.as_ref().filter(|a| a.len() == r.shape.len() && a.len() == n) {
+                    Some(a) => a.iter().zip(&r.shape).map(|(&x, &b)| x.div_ceil(b.max(1))).collect::<Vec<_>>(),
+                    None => vec![u64::MAX; n],
+                }
+            })
+            .collect();
+        Windows { d, refs, offs, same_as, limits }
+    }
+
+    /// Window `w`'s block indices in `buf`.
+    fn of<'b>(&self, buf: &'b [i64], w: usize) -> &'b [i64] {
+        &buf[self.offs[w]..self.offs[w + 1]]
+    }
+
+    /// Evaluates every window's index map at grid index `idx` into `out`.
+    ///
+    /// # Errors
+    /// An index map that reads an unknown value, or a block outside its array.
+    fn at(&self, tables: &Tables<'_>, idx: &[i64], out: &mut Vec<i64>) -> Result<(), PallasError> {
+        let d = self.d;
+        out.clear();
+        let env = StepEnv { idx, ivs: Vec::new(), tables, smem: None };
+        for (k, &w) in self.refs.iter().enumerate() {
+            if let Some(e) = self.same_as[k] {
+                out.extend_from_within(self.offs[e]..self.offs[e + 1]);
+                continue;
+            }
+            let r = &d.refs[w];
+            for e in r.index_map.as_ref().expect("a window has an index map") {
+                out.push(e.eval(&env).map_err(|x| eval_err(d, x, &format!("the index map of `{}`", r.name), ""))?);
+            }
+        }
+        // A negative index is past every limit as u64.
+        if out.iter().zip(&self.limits).any(|(&b, &n)| b as u64 >= n) {
+            return Err(self.out_of_array(idx, out));
+        }
+        Ok(())
+    }
+
+    fn out_of_array(&self, idx: &[i64], out: &[i64]) -> PallasError {
+        let at = out.iter().zip(&self.limits).position(|(&b, &n)| b as u64 >= n).unwrap_or(0);
+        let k = self.offs.partition_point(|&o| o <= at) - 1;
+        let r = &self.d.refs[self.refs[k]];
+        PallasError::field(
+            &format!("kernel `{}`: the index map of `{}` at grid index {idx:?}: block index {}", self.d.kernel_name, r.name, at - self.offs[k]),
+            out[at],
+            format!(
+                "expected 0 to {} (array {:?} in blocks of {:?}): a block outside the array (a scalar-prefetch table's entry out of range?)",
+                self.limits[at] - 1,
+                r.array_shape.as_deref().unwrap_or_default(),
+                r.shape
+            ),
+        )
+    }
+}
+
+/// What the step generation of a lowering builds.
+struct Generated {
+    classes: Vec<StepClass>,
+    listed: ListedSteps,
+    sets: CopySets,
+    dmas: DmaTally,
+    /// The largest body value of any class (shape, element type) and its bytes.
+    largest: Option<(Vec<u64>, Dtype)>,
+    largest_bytes: u64,
+    /// Matmuls with an f32 operand.
+    f32_mm: u64,
+}
+
+/// The step classes met so far: a step's class is its path through the body (branch decisions,
+/// trip counts, its copies' sizes and semaphores) and whether it starts and ends an output
+/// block; each class's body is built once, the first time a step takes it.
+struct Classes<'a> {
+    d: &'a Description,
+    carried: Vec<bool>,
+    folded: HashSet<u64>,
+    dead: HashSet<u64>,
+    ids: HashMap<Vec<i64>, u32, fnv::FnvBuildHasher>,
+    /// Neighbouring steps mostly take the same path: the last one.
+    last: (Vec<i64>, Option<u32>),
+}
+
+impl Classes<'_> {
+    /// The class of the step at `idx` whose path key is `key`, built if new (with the SMEM state
+    /// as the step began, `before`).
+    fn of(&mut self, g: &mut Generated, key: &[i64], idx: &[i64], tables: &Tables<'_>, before: &Option<SmemState>, (first, last): (bool, bool)) -> Result<u32, PallasError> {
+        if let Some(c) = self.last.1.filter(|_| key == self.last.0.as_slice()).or_else(|| self.ids.get(key).copied()) {
+            self.remember(key, c);
+            return Ok(c);
+        }
+        let d = self.d;
+        if g.classes.len() >= MAX_CLASSES {
+            return Err(PallasError::Kernel {
+                kernel: d.kernel_name.clone(),
+                message: format!(
+                    "its steps take more than {MAX_CLASSES} distinct paths through the body (a path: the branches taken, the loops' trip counts, and the sizes and semaphores of the copies it starts)"
+                ),
+            });
+        }
+        let mut b = Walker { d, b: tpusim_model::body::Builder::new(self.carried.clone()), folded: &self.folded, dead: &self.dead };
+        let cell = std::cell::RefCell::new(before.clone().unwrap_or_default());
+        let mut env = StepEnv { idx, ivs: Vec::new(), tables, smem: Some(&cell) };
+        b.walk(&d.body, &mut env)?;
+        let built = b.b.finish();
+        if built.largest_bytes > g.largest_bytes {
+            g.largest_bytes = built.largest_bytes;
+            g.largest = built.largest_value;
+        }
+        g.f32_mm += built.f32_matmuls;
+        let body = built.body;
+        let tile = if body.is_empty() { "empty" } else { "full" };
+        let id = g.classes.len() as u32;
+        g.classes.push(StepClass { key: ClassKey { tile, masked: false, first, last }, body });
+        self.ids.insert(key.to_vec(), id);
+        self.remember(key, id);
+        Ok(id)
+    }
+
+    fn remember(&mut self, key: &[i64], c: u32) {
+        if self.last.1 != Some(c) {
+            self.last.1 = Some(c);
+            self.last.0.clear();
+            self.last.0.extend_from_slice(key);
+        }
+    }
+}
+
+/// Generates every grid step in order: its copies by Pallas's rule ([`tpusim_model::copies`]:
+/// an input window copied when its block index differs from the previous step's, an output
+/// written back when the next step's differs, at the array's edge only what is inside), its path
+/// through the body and so its class; runs of equal steps per parallel unit.
+///
+/// # Errors
+/// [`PallasError`] from evaluating index maps and paths, or too many classes.
+fn generate(d: &Description, decl: &KernelDecl, tables: &Tables<'_>) -> Result<Generated, PallasError> {
+    let steps_total = d.grid_steps();
+    let rule = CopyRule::new(decl);
+    let win = Windows::new(d, &rule);
+    let nw = rule.len();
+    let unit_size: u64 = d.grid[decl.parallel_dims.min(d.grid.len())..].iter().product::<u64>().max(1);
+    let (folded, dead) = canonicalized(d);
+    let mut classes = Classes { d, carried: decl.carried(), folded, dead, ids: HashMap::default(), last: (Vec::new(), None) };
+    let mut g = Generated { classes: Vec::new(), listed: ListedSteps::new(), sets: CopySets::default(), dmas: DmaTally::default(), largest: None, largest_bytes: 0, f32_mm: 0 };
+    let ndim = d.grid.len();
+    let advance = |idx: &mut [i64]| {
+        for k in (0..ndim).rev() {
+            idx[k] += 1;
+            if (idx[k] as u64) < d.grid[k] {
+                return;
+            }
+            idx[k] = 0;
+        }
+    };
+    let (mut idx, mut next_idx) = (vec![0i64; ndim], vec![0i64; ndim]);
+    let (mut cur, mut next) = (Vec::new(), Vec::new());
+    win.at(tables, &idx, &mut cur)?;
+    let path = path_skeleton(&d.body);
+    let mutable_smem = stores_smem(&d.body);
+    let mut smem_state = SmemState::default();
+    let mut key: Vec<i64> = Vec::new();
+    let mut runs: Vec<(Step, u64)> = Vec::new();
+    // Per window: whether its block index changes from this step to the next (the next step's
+    // "changed since the previous step"); the first step copies every input.
+    let mut changes: Vec<bool> = vec![true; nw];
+    let mut moved: Vec<bool> = vec![false; nw];
+    // Copy sets by (windows copied, block indices of the edge windows among them).
+    let mut set_ids: HashMap<(Vec<bool>, Vec<i64>), u32, fnv::FnvBuildHasher> = HashMap::default();
+    let mut edge_at: Vec<i64> = Vec::new();
+    for step in 0..steps_total {
+        let (first_step, last_step) = (step == 0, step + 1 == steps_total);
+        if !last_step {
+            next_idx.copy_from_slice(&idx);
+            advance(&mut next_idx);
+            win.at(tables, &next_idx, &mut next)?;
+        }
+        let (mut first, mut last) = (first_step, last_step);
+        for w in 0..nw {
+            let changed_in = changes[w];
+            let changes_next = last_step || win.of(&next, w) != win.of(&cur, w);
+            changes[w] = changes_next;
+            if rule.is_output(w) {
+                moved[w] = changes_next;
+                last |= changes_next;
+                first |= changed_in && !first_step;
+            } else {
+                moved[w] = changed_in;
+            }
+        }
+        edge_at.clear();
+        for w in (0..nw).filter(|&w| moved[w] && rule.has_edge(w)) {
+            edge_at.extend_from_slice(win.of(&cur, w));
+        }
+        let copies = match set_ids.get(&(moved.clone(), edge_at.clone())) {
+            Some(&id) => id,
+            None => {
+                let id = g.sets.intern(rule.copies(|w| moved[w], |w| Some(win.of(&cur, w))));
+                set_ids.insert((moved.clone(), edge_at.clone()), id);
+                id
+            }
+        };
+        // The body's path at this step (SMEM state carried from the previous step).
+        let before = if mutable_smem { Some(smem_state.clone()) } else { None };
+        let cell = std::cell::RefCell::new(std::mem::take(&mut smem_state));
+        let mut env = StepEnv { idx: &idx, ivs: Vec::new(), tables, smem: Some(&cell) };
+        key.clear();
+        let mut step_dma = DmaTally::default();
+        walk_path(d, &path, &mut env, &mut key, &mut step_dma)?;
+        smem_state = cell.into_inner();
+        smem_state.vars.clear();
+        g.dmas.merge_step(&step_dma);
+        key.extend([i64::from(first), i64::from(last)]);
+        let class = classes.of(&mut g, &key, &idx, tables, &before, (first, last))?;
+        let coords = [
+            idx.first().copied().unwrap_or(0) as u32,
+            if ndim >= 3 { idx[ndim - 2] as u32 } else { 0 },
+            idx.last().copied().unwrap_or(0) as u32,
+            0,
+        ];
+        let s = Step { class, copies, coords };
+        match runs.last_mut() {
+            Some((r, n)) if r.class == s.class && r.copies == s.copies && r.coords[2] + *n as u32 == s.coords[2] && r.coords[..2] == s.coords[..2] => *n += 1,
+            _ => runs.push((s, 1)),
+        }
+        if (step + 1) % unit_size == 0 {
+            g.listed.push_unit(std::mem::take(&mut runs));
+        }
+        // cur <- next (buffers reused).
+        std::mem::swap(&mut cur, &mut next);
+        std::mem::swap(&mut idx, &mut next_idx);
+    }
+    Ok(g)
+}
+
+/// The kernel's VMEM by the declaration ([`KernelDecl::vmem`]: windows x their buffer counts,
+/// scratch once, the largest body value once) against its scoped limit.
+///
+/// # Errors
+/// [`PallasError::Kernel`] naming every buffer and what to change when it does not fit.
+fn check_vmem(chip: &ChipModel, d: &Description, decl: &KernelDecl) -> Result<VmemBudget, PallasError> {
+    // A scoped limit above the chip's VMEM cannot hold more than the chip has: checked against
+    // the physical size (and said so).
+    let physical = chip.vmem_size_bytes();
+    let declared = d.vmem_limit_bytes.unwrap_or_else(|| chip.vmem_limit_bytes());
+    let limit = declared.min(physical);
+    let vmem = decl.vmem(limit);
+    if vmem.total() <= limit {
+        return Ok(vmem);
+    }
+    let advice = if declared > physical {
+        format!(
+            "the kernel's `vmem_limit_bytes` ({declared} bytes, {:.1} MiB) is above the chip's physical VMEM ({} MiB, {physical} bytes): use smaller blocks",
+            declared as f64 / 1048576.0,
+            chip.vmem.size_mib.value
+        )
+    } else {
+        let whose = if d.vmem_limit_bytes.is_some() { "the kernel's own `vmem_limit_bytes`" } else { "the compiler's default scoped limit" };
+        format!(
+            "the scoped limit is {limit} bytes ({:.1} MiB, {whose}): use smaller blocks, or raise the limit with `vmem_limit_bytes` in the kernel's compiler parameters (`pltpu.CompilerParams(vmem_limit_bytes=...)`, at most the physical {} MiB)",
+            limit as f64 / 1048576.0,
+            chip.vmem.size_mib.value
+        )
+    };
+    Err(PallasError::Kernel {
+        kernel: d.kernel_name.clone(),
+        message: format!(
+            "its buffers need {} bytes of VMEM ({}) but {advice}",
+            vmem.total(),
+            vmem.buffers.iter().map(|(n, b)| format!("{n} {b}")).collect::<Vec<_>>().join(", "),
+        ),
+    })
+}
+
+/// The assumptions a lowering of `d` made, for the report.
+fn assumptions(chip: &ChipModel, d: &Description, folded: usize, f32_mm: u64) -> Vec<String> {
+    let mut out = vec![
+        "body ops cost (8,128) 32-bit registers on their unit (the model crate's one table, crates/tpusim-model/src/body/cost.rs); loads, stores, broadcasts and reshapes are free".to_string(),
+        "windows follow Pallas's pipeline rule (copy when the block index changes, write back when it will change); every window is timed double-buffered".to_string(),
+        "scalar-unit work (index arithmetic, SMEM loads) is part of the fixed grid-step overhead".to_string(),
+        "VMEM: windows x their buffer counts, scratch, and the largest intermediate once (Mosaic's internal scratch is not in the IR)".to_string(),
+    ];
+    if let Some((kind, preset)) = crate::desc::DEVICE_KINDS.iter().find(|(k, _)| *k == d.producer.device_kind) {
+        if *preset != chip.name {
+            out.push(format!(
+                "lowered for {kind} ({preset}) and simulated on {}: Mosaic's choices for {preset} (layouts, tiling, the VMEM limit) are kept; lower for the chip simulated to see its own",
+                chip.name
+            ));
+        }
+    }
+    let physical = chip.vmem_size_bytes();
+    let declared = d.vmem_limit_bytes.unwrap_or_else(|| chip.vmem_limit_bytes());
+    if declared > physical {
+        out.push(format!("the kernel's `vmem_limit_bytes` ({declared} bytes) is above the chip's physical VMEM: its buffers are checked against the physical {physical} bytes"));
+    }
+    if folded > 0 {
+        out.push(format!(
+            "{folded} transpose{} read only as a matmul's rhs cost nothing: Mosaic folds such a transpose into the matmul (its transposed rhs, latched as the weights load; canonicalize_matmul)",
+            if folded == 1 { "" } else { "s" }
+        ));
+    }
+    if f32_mm > 0 {
+        out.push("f32-operand matmuls at the default precision take one MXU pass, their f32 operands rounded to bf16 on the VPU first (one operation per f32 register; tpusim_model::mxu)".into());
+    }
+    let lead_par = d.dimension_semantics.iter().take_while(|s| matches!(s, DimSemantics::Parallel | DimSemantics::CoreParallel)).count();
+    if d.dimension_semantics.iter().skip(lead_par).any(|s| matches!(s, DimSemantics::Parallel | DimSemantics::CoreParallel)) {
+        out.push("only the grid's leading parallel dimensions are split over megacore TensorCores".into());
+    }
+    out
+}
+
 /// Lowers a description to a program on `chip`; `dir` resolves `.npy` side files.
 ///
 /// # Errors
@@ -772,368 +1173,37 @@ pub fn lower(chip: &ChipModel, d: &Description, dir: &Path) -> Result<(Program, 
     if steps_total > MAX_GRID_STEPS {
         return Err(PallasError::field("grid", format!("{:?} ({steps_total} steps)", d.grid), format!("at most {MAX_GRID_STEPS} grid steps are supported: use larger blocks")));
     }
-    // Prefetch tables.
-    let mut tables: Vec<Option<Table>> = (0..d.refs.len()).map(|_| None).collect();
-    let mut smem = 0u64;
-    for (i, r) in d.refs.iter().enumerate() {
-        if r.kind == RefKind::Prefetch {
-            tables[i] = Some(read_table(r, i, dir)?);
-            smem += r.shape.iter().product::<u64>() * dtype_bytes(&r.dtype, "dtype")?;
-        } else if r.memory_space == MemorySpace::Smem {
-            smem += block_bytes(r)? * if r.kind == RefKind::Scratch { 1 } else { r.pipeline_mode.buffers() };
-        }
-    }
-    if smem > chip.smem_bytes() {
-        return Err(PallasError::Kernel {
-            kernel: d.kernel_name.clone(),
-            message: format!("its scalar-prefetch tables and SMEM buffers need {smem} bytes but SMEM holds {} bytes", chip.smem_bytes()),
-        });
-    }
+    let (tables, smem) = prefetch_tables(chip, d, dir)?;
     check_block_shapes(chip, d)?;
     check_hbm(chip, d)?;
-    let tables = Tables { tables, refs: &d.refs };
-    let windows: Vec<usize> =
-        d.refs.iter().enumerate().filter(|(_, r)| matches!(r.kind, RefKind::Input | RefKind::Output) && r.memory_space != MemorySpace::Any).map(|(i, _)| i).collect();
-    let wbytes: Vec<u64> = windows.iter().map(|&i| block_bytes(&d.refs[i])).collect::<Result<_, _>>()?;
-    // Windows whose array the blocks do not divide (a grid of cdiv(size, block)): the copy of a
-    // block at the array's edge moves only the part inside the array (Pallas clamps the DMA to
-    // the array's bounds; the rest of the buffer is left unspecified), in whole tiles of the
-    // array's HBM layout (XLA tiles an array's two minor dimensions as VMEM does: 128 lanes, 8
-    // rows of 32-bit data, 16 of 16-bit, 32 of 8-bit), never more than the block. Per such
-    // window, the array's shape and the element's bytes.
-    let edge: Vec<Option<(Vec<u64>, u64)>> = windows
-        .iter()
-        .map(|&i| {
-            let r = &d.refs[i];
-            let a = r.array_shape.as_ref().filter(|a| a.len() == r.shape.len() && r.index_map.as_ref().is_some_and(|m| m.len() == a.len()))?;
-            let partial = a.iter().zip(&r.shape).any(|(&x, &b)| b > 0 && x % b != 0);
-            partial.then(|| (a.clone(), dtype_bytes(&r.dtype, "dtype").unwrap_or(4)))
-        })
-        .collect();
-    // Bytes of window `w`'s block at block indices `at`.
-    let copy_bytes = |w: usize, at: &[i64]| -> u64 {
-        match &edge[w] {
-            None => wbytes[w],
-            Some((a, eb)) => {
-                let shape = &d.refs[windows[w]].shape;
-                let n = shape.len();
-                let tile = |k: usize| match n - k {
-                    1 => tpusim_kernel::vmem::LANES,
-                    2 => tpusim_kernel::dtype::Dtype::of_bytes(*eb).unwrap_or(tpusim_kernel::dtype::Dtype::F32).tile_rows(),
-                    _ => 1,
-                };
-                let inside = |k: usize, b: u64, x: u64, i: i64| b.min(x.saturating_sub(i.max(0) as u64 * b).next_multiple_of(tile(k)));
-                shape.iter().zip(a).zip(at).enumerate().map(|(k, ((&b, &x), &i))| inside(k, b, x, i)).product::<u64>() * eb
-            }
-        }
-    };
-    let is_out: Vec<bool> = windows.iter().map(|&i| d.refs[i].kind == RefKind::Output).collect();
-    // Parallel units: the leading parallel dimensions.
-    let lead_par = d.dimension_semantics.iter().take_while(|s| matches!(s, DimSemantics::Parallel | DimSemantics::CoreParallel)).count();
-    let unit_size: u64 = d.grid[lead_par..].iter().product::<u64>().max(1);
-    let units = d.grid[..lead_par].iter().product::<u64>().max(1);
-    let carried = carried_refs(d);
-    let (folded, dead) = canonicalized(d);
-    // Step generation.
-    let ndim = d.grid.len();
-    let mut idx = vec![0i64; ndim];
-    // Every window's block index at a step, in one flat buffer (window w at `offs[w]..offs[w + 1]`).
-    let mut offs = vec![0usize];
-    for &w in &windows {
-        offs.push(offs.last().copied().unwrap_or(0) + d.refs[w].index_map.as_ref().map_or(0, Vec::len));
+    let mut decl = declaration(d)?;
+    let g = generate(d, &decl, &tables)?;
+    if let Some((shape, dtype)) = &g.largest {
+        decl.internal.push(VmemBuffer::internal("largest body value", shape, *dtype));
     }
-    // A window whose index map equals an earlier window's (K and V of attention) copies its
-    // values instead of evaluating them again.
-    let same_as: Vec<Option<usize>> =
-        (0..windows.len()).map(|w| (0..w).find(|&e| d.refs[windows[e]].index_map == d.refs[windows[w]].index_map)).collect();
-    // Per window, the number of blocks along each dimension when its array's shape is known
-    // (flat, as the block indices are; u64::MAX when not): a block index outside them (a
-    // scalar-prefetch table pointing past the array) copies memory the array does not have.
-    let limits: Vec<u64> = windows
-        .iter()
-        .flat_map(|&w| {
-            let r = &d.refs[w];
-            let n = r.index_map.as_ref().map_or(0, Vec::len);
-            match r.array_shape.as_ref().filter(|a| a.len() == r.shape.len() && a.len() == n) {
-                Some(a) => a.iter().zip(&r.shape).map(|(&x, &b)| x.div_ceil(b.max(1))).collect::<Vec<_>>(),
-                None => vec![u64::MAX; n],
-            }
-        })
-        .collect();
-    let out_of_array = |idx: &[i64], out: &[i64]| -> PallasError {
-        let at = out.iter().zip(&limits).position(|(&b, &n)| b as u64 >= n).unwrap_or(0);
-        let k = offs.partition_point(|&o| o <= at) - 1;
-        let r = &d.refs[windows[k]];
-        PallasError::field(
-            &format!("kernel `{}`: the index map of `{}` at grid index {idx:?}: block index {}", d.kernel_name, r.name, at - offs[k]),
-            out[at],
-            format!(
-                "expected 0 to {} (array {:?} in blocks of {:?}): a block outside the array (a scalar-prefetch table's entry out of range?)",
-                limits[at] - 1,
-                r.array_shape.as_deref().unwrap_or_default(),
-                r.shape
-            ),
-        )
-    };
-    let block_indices = |idx: &[i64], out: &mut Vec<i64>| -> Result<(), PallasError> {
-        out.clear();
-        let env = StepEnv { idx, ivs: Vec::new(), tables: &tables, smem: None };
-        for (k, &w) in windows.iter().enumerate() {
-            if let Some(e) = same_as[k] {
-                out.extend_from_within(offs[e]..offs[e + 1]);
-                continue;
-            }
-            let r = &d.refs[w];
-            for e in r.index_map.as_ref().expect("checked") {
-                out.push(e.eval(&env).map_err(|x| eval_err(d, x, &format!("the index map of `{}`", r.name), ""))?);
-            }
-        }
-        // A negative index is past every limit as u64.
-        if out.iter().zip(&limits).any(|(&b, &n)| b as u64 >= n) {
-            return Err(out_of_array(idx, out));
-        }
-        Ok(())
-    };
-    let path = path_skeleton(&d.body);
-    let advance = |idx: &mut [i64]| {
-        for k in (0..ndim).rev() {
-            idx[k] += 1;
-            if (idx[k] as u64) < d.grid[k] {
-                return;
-            }
-            idx[k] = 0;
-        }
-    };
-    let mut classes: Vec<StepClass> = Vec::new();
-    // A step's class: its path through the body (branch decisions, trip counts) then whether it
-    // starts and ends an output block.
-    let mut class_ids: HashMap<Vec<i64>, u32, fnv::FnvBuildHasher> = HashMap::default();
-    let mut key: Vec<i64> = Vec::new();
-    let (mut last_key, mut last_class): (Vec<i64>, Option<u32>) = (Vec::new(), None);
-    let mut listed = ListedSteps::new();
-    let mut largest = 0u64;
-    let mut f32_mm = 0u64;
-    let (mut cur, mut next) = (Vec::new(), Vec::new());
-    block_indices(&idx, &mut cur)?;
-    let mut runs: Vec<(Step, u64)> = Vec::new();
-    let mutable_smem = stores_smem(&d.body);
-    let mut smem_state = SmemState::default();
-    let mut dmas = DmaTally::default();
-    let mut next_idx = idx.clone();
-    // Per window: whether its block index changes from this step to the next (the next step's
-    // "changed since the previous step").
-    let mut changes: Vec<bool> = vec![true; windows.len()];
-    for step in 0..steps_total {
-        let first_step = step == 0;
-        let last_step = step + 1 == steps_total;
-        if !last_step {
-            next_idx.copy_from_slice(&idx);
-            advance(&mut next_idx);
-            block_indices(&next_idx, &mut next)?;
-        }
-        let mut in_bytes = 0u64;
-        let mut out_bytes = 0u64;
-        let mut first = first_step;
-        let mut last = last_step;
-        for w in 0..windows.len() {
-            let changed_in = changes[w];
-            let changes_next = last_step || next[offs[w]..offs[w + 1]] != cur[offs[w]..offs[w + 1]];
-            changes[w] = changes_next;
-            if is_out[w] {
-                if changes_next {
-                    out_bytes += copy_bytes(w, &cur[offs[w]..offs[w + 1]]);
-                    last = true;
-                }
-                if changed_in && !first_step {
-                    first = true;
-                }
-            } else if changed_in {
-                in_bytes += copy_bytes(w, &cur[offs[w]..offs[w + 1]]);
-            }
-        }
-        // The body's path at this step (SMEM state carried from the previous step).
-        let before = if mutable_smem { Some(smem_state.clone()) } else { None };
-        let cell = std::cell::RefCell::new(std::mem::take(&mut smem_state));
-        let mut env = StepEnv { idx: &idx, ivs: Vec::new(), tables: &tables, smem: Some(&cell) };
-        key.clear();
-        let mut step_dma = DmaTally::default();
-        walk_path(d, &path, &mut env, &mut key, &mut step_dma)?;
-        smem_state = cell.into_inner();
-        smem_state.vars.clear();
-        dmas.merge_step(&step_dma);
-        key.push(i64::from(first));
-        key.push(i64::from(last));
-        let class = match last_class.filter(|_| key == last_key).or_else(|| class_ids.get(key.as_slice()).copied()) {
-            Some(c) => c,
-            None => {
-                if classes.len() >= MAX_CLASSES {
-                    return Err(PallasError::Kernel {
-                        kernel: d.kernel_name.clone(),
-                        message: format!(
-                            "its steps take more than {MAX_CLASSES} distinct paths through the body (a path: the branches taken, the loops' trip counts, and the sizes and semaphores of the copies it starts)"
-                        ),
-                    });
-                }
-                let mut b = Walker { d, b: tpusim_kernel::body::Builder::new(carried.clone()), folded: &folded, dead: &dead };
-                let cell = std::cell::RefCell::new(before.clone().unwrap_or_default());
-                let mut env = StepEnv { idx: &idx, ivs: Vec::new(), tables: &tables, smem: Some(&cell) };
-                b.walk(&d.body, &mut env)?;
-                let built = b.b.finish();
-                let body = built.body;
-                largest = largest.max(built.largest_bytes);
-                f32_mm += built.f32_matmuls;
-                let tile = if body.is_empty() { "empty" } else { "full" };
-                let id = classes.len() as u32;
-                classes.push(StepClass { key: ClassKey { tile, masked: false, first, last }, body });
-                class_ids.insert(key.clone(), id);
-                id
-            }
-        };
-        // Neighbouring steps mostly take the same path: remember the last one.
-        if last_class != Some(class) {
-            last_class = Some(class);
-            last_key.clone_from(&key);
-        }
-        let coords = [
-            idx.first().copied().unwrap_or(0) as u32,
-            if ndim >= 3 { idx[ndim - 2] as u32 } else { 0 },
-            idx.last().copied().unwrap_or(0) as u32,
-            0,
-        ];
-        let s = Step { class, in_bytes, out_bytes, coords };
-        match runs.last_mut() {
-            Some((r, n)) if r.class == s.class && r.in_bytes == s.in_bytes && r.out_bytes == s.out_bytes && r.coords[2] + *n as u32 == s.coords[2] && r.coords[..2] == s.coords[..2] => *n += 1,
-            _ => runs.push((s, 1)),
-        }
-        if (step + 1) % unit_size == 0 {
-            listed.push_unit(std::mem::take(&mut runs));
-        }
-        // cur <- next (buffers reused).
-        std::mem::swap(&mut cur, &mut next);
-        std::mem::swap(&mut idx, &mut next_idx);
-    }
-    debug_assert_eq!(listed.units(), units);
-    // "Computed" steps: those whose body runs a matmul when some step does (the kernel's main
-    // work: init- or finalize-only steps of an attention kernel do not count), else those whose
-    // body runs any work.
-    let any_mxu = classes.iter().any(|c| has_matmul(&c.body));
-    let computes_count = |c: &StepClass| if any_mxu { has_matmul(&c.body) } else { !c.body.is_empty() };
-    let computed: u64 = {
-        let mut n = 0u64;
-        listed_count(&listed, &classes, &mut |cls, k| {
-            if computes_count(cls) {
-                n += k
-            }
-        });
-        n
-    };
-    // VMEM by the kernel crate's one rule (tpusim_kernel::vmem): windows x their buffer counts,
-    // scratch once, the largest body value once.
-    let mut buffers = Vec::new();
-    for r in &d.refs {
-        if r.memory_space != MemorySpace::Vmem {
-            continue;
-        }
-        let count = match r.kind {
-            RefKind::Input | RefKind::Output => r.pipeline_mode.buffers(),
-            RefKind::Scratch => 1,
-            RefKind::Prefetch => 0,
-        };
-        if count > 0 {
-            use tpusim_kernel::vmem::Role;
-            let dtype = tpusim_kernel::dtype::Dtype::of_bytes(dtype_bytes(&r.dtype, "dtype")?).unwrap_or(tpusim_kernel::dtype::Dtype::F32);
-            let role = if r.kind == RefKind::Scratch { Role::Scratch } else { Role::Window { buffers: count as u32 } };
-            buffers.push(tpusim_kernel::VmemBuffer { name: r.name.clone(), shape: r.shape.clone(), dtype, role });
-        }
-    }
-    // A scoped limit above the chip's VMEM cannot hold more than the chip has: checked against
-    // the physical size (and said so).
-    let physical = chip.vmem_size_bytes();
-    let declared = d.vmem_limit_bytes.unwrap_or_else(|| chip.vmem_limit_bytes());
-    let limit = declared.min(physical);
-    let mut vmem = tpusim_kernel::footprint(&buffers, limit);
-    if largest > 0 {
-        vmem.buffers.push(("largest body value".into(), largest));
-    }
-    if vmem.total() > limit {
-        let advice = if declared > physical {
-            format!(
-                "the kernel's `vmem_limit_bytes` ({declared} bytes, {:.1} MiB) is above the chip's physical VMEM ({} MiB, {physical} bytes): use smaller blocks",
-                declared as f64 / 1048576.0,
-                chip.vmem.size_mib.value
-            )
-        } else {
-            let whose = if d.vmem_limit_bytes.is_some() { "the kernel's own `vmem_limit_bytes`" } else { "the compiler's default scoped limit" };
-            format!(
-                "the scoped limit is {limit} bytes ({:.1} MiB, {whose}): use smaller blocks, or raise the limit with `vmem_limit_bytes` in the kernel's compiler parameters (`pltpu.CompilerParams(vmem_limit_bytes=...)`, at most the physical {} MiB)",
-                limit as f64 / 1048576.0,
-                chip.vmem.size_mib.value
-            )
-        };
-        return Err(PallasError::Kernel {
-            kernel: d.kernel_name.clone(),
-            message: format!(
-                "its buffers need {} bytes of VMEM ({}) but {advice}",
-                vmem.total(),
-                vmem.buffers.iter().map(|(n, b)| format!("{n} {b}")).collect::<Vec<_>>().join(", "),
-            ),
-        });
-    }
-    let mut assumptions = vec![
-        "body ops cost (8,128) 32-bit registers on their unit (the kernel crate's one table, crates/tpusim-kernel/src/body/cost.rs); loads, stores, broadcasts and reshapes are free".to_string(),
-        "windows follow Pallas's pipeline rule (copy when the block index changes, write back when it will change); every window is timed double-buffered".to_string(),
-        "scalar-unit work (index arithmetic, SMEM loads) is part of the fixed grid-step overhead".to_string(),
-        "VMEM: windows x their buffer counts, scratch, and the largest intermediate once (Mosaic's internal scratch is not in the IR)".to_string(),
-    ];
-    if let Some((kind, preset)) = crate::desc::DEVICE_KINDS.iter().find(|(k, _)| *k == d.producer.device_kind) {
-        if *preset != chip.name {
-            assumptions.push(format!(
-                "lowered for {kind} ({preset}) and simulated on {}: Mosaic's choices for {preset} (layouts, tiling, the VMEM limit) are kept; lower for the chip simulated to see its own",
-                chip.name
-            ));
-        }
-    }
-    if declared > physical {
-        assumptions.push(format!(
-            "the kernel's `vmem_limit_bytes` ({declared} bytes) is above the chip's physical VMEM: its buffers are checked against the physical {physical} bytes"
-        ));
-    }
-    if !folded.is_empty() {
-        assumptions.push(format!(
-            "{} transpose{} read only as a matmul's rhs cost nothing: Mosaic folds such a transpose into the matmul (its transposed rhs, latched as the weights load; canonicalize_matmul)",
-            folded.len(),
-            if folded.len() == 1 { "" } else { "s" }
-        ));
-    }
-    if f32_mm > 0 {
-        assumptions.push("f32-operand matmuls at the default precision take one MXU pass, their f32 operands rounded to bf16 on the VPU first (one operation per f32 register; tpusim_kernel::mxu)".into());
-    }
-    if d.dimension_semantics.iter().skip(lead_par).any(|s| matches!(s, DimSemantics::Parallel | DimSemantics::CoreParallel)) {
-        assumptions.push("only the grid's leading parallel dimensions are split over megacore TensorCores".into());
-    }
+    let vmem = check_vmem(chip, d, &decl)?;
+    let assumptions = assumptions(chip, d, canonicalized(d).0.len(), g.f32_mm);
     let info = ProgramInfo {
         kernel: d.kernel_name.clone(),
         kind: KernelKind::Matmul,
-        grid: d.grid.iter().enumerate().map(|(i, &g)| (format!("dim {i} ({})", d.dimension_semantics.get(i).map(|s| format!("{s:?}").to_lowercase()).unwrap_or_else(|| "arbitrary".into())), g)).collect(),
-        blocks: Vec::new(),
-        padded: Vec::new(),
-        tiles: Some(TileCounts { total: steps_total, visited: computed, empty: steps_total - computed, partial: 0, full: computed, masked: 0 }),
-        kept_pairs: 0,
-        visited_pairs: 0,
-        exact_kept_pairs: 0,
+        grid: d.grid.iter().enumerate().map(|(i, &n)| (format!("dim {i} ({})", d.dimension_semantics.get(i).map(|s| format!("{s:?}").to_lowercase()).unwrap_or_else(|| "arbitrary".into())), n)).collect(),
         grid_steps: steps_total,
         smem_bytes: smem,
+        ..ProgramInfo::default()
     };
+    let classes = g.classes.len();
+    let mut program = Program::from_listed(g.classes, g.listed, vmem, info, decl, g.sets);
+    let computed = program.steps_computed();
+    program.info.tiles = Some(TileCounts { total: steps_total, visited: computed, empty: steps_total - computed, partial: 0, full: computed, masked: 0 });
     let facts = IrFacts {
         kernel_name: d.kernel_name.clone(),
         steps_computed: computed,
         grid_steps: steps_total,
-        classes: classes.len(),
+        classes,
         smem_bytes: smem,
         assumptions,
         declared_cost: d.cost_estimate,
-        dmas,
+        dmas: g.dmas,
     };
-    let _ = units;
-    Ok((Program::from_listed(classes, listed, vmem, info), facts))
+    Ok((program, facts))
 }

@@ -11,7 +11,7 @@ use crate::{draw_err, sig3, Figure, PlotError};
 use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
-use tpusim_kernel::{PerUnit, Unit};
+use tpusim_model::{PerUnit, Unit};
 
 /// One bar.
 #[derive(Debug, Clone, PartialEq)]
@@ -54,7 +54,7 @@ impl BreakdownFigure {
             for (p, lowered) in run.phases.iter().zip(&run.lowered.phases) {
                 let busy = PerUnit(std::array::from_fn(|u| p.result.busy.0[u] * ms));
                 let latency_ms = p.result.seconds * 1e3;
-                if matches!(lowered.work, tpusim_kernel::PhaseWork::Fusion(_)) {
+                if matches!(lowered.work, tpusim_model::PhaseWork::Fusion(_)) {
                     // XLA fusions: summed into one bar per job.
                     let b = outside.get_or_insert(Bar {
                         label: format!("{}: XLA ops", r.label),

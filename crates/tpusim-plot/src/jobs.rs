@@ -6,7 +6,7 @@
 use crate::PlotError;
 use tpusim_chip::ChipModel;
 use tpusim_engine::SimResult;
-use tpusim_kernel::{PerUnit, Unit};
+use tpusim_model::{PerUnit, Unit};
 use tpusim_job::{run, DescribedJob, Job, JobSpec, Report, Run};
 
 /// A job to run and the label that names it in a figure.

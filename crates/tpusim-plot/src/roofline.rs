@@ -96,8 +96,8 @@ impl Point {
         let chip = r.chip();
         let clock = chip.clock_hz();
         let ceiling = |busy: f64| (busy > 0.0).then(|| res.flops / (busy / clock));
-        let vpu = ceiling(res.busy[tpusim_kernel::Unit::Vpu]);
-        let eup = ceiling(res.busy[tpusim_kernel::Unit::Eup]);
+        let vpu = ceiling(res.busy[tpusim_model::Unit::Vpu]);
+        let eup = ceiling(res.busy[tpusim_model::Unit::Eup]);
         let softmax = match (vpu, eup) {
             (Some(v), Some(e)) if e < v => Some(("EUP", e)),
             (Some(v), _) => Some(("VPU", v)),

@@ -51,8 +51,8 @@ pub fn series(i: usize) -> RGBColor {
 }
 
 /// Colour of a unit (the timeline draws DMA out in [`LIGHT_GREEN`], beside DMA in's HBM green).
-pub fn unit_color(u: tpusim_kernel::Unit) -> RGBColor {
-    use tpusim_kernel::Unit;
+pub fn unit_color(u: tpusim_model::Unit) -> RGBColor {
+    use tpusim_model::Unit;
     match u {
         Unit::Mxu => BLUE,
         Unit::Vpu => ORANGE,

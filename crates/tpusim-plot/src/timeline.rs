@@ -43,7 +43,7 @@ use std::io::{BufWriter, Write};
 use std::path::Path;
 use tpusim_chip::ChipModel;
 use tpusim_engine::{schedule_body, simulate_observed, SimResult, StepTiming};
-use tpusim_kernel::{PhaseWork, Program, Step, Unit};
+use tpusim_model::{PhaseWork, Program, Step, Unit};
 use tpusim_job::Run;
 
 /// A track of the timeline: a unit of the TensorCore, a DMA direction, or step control.
@@ -212,7 +212,7 @@ pub fn for_each_event(chip: &ChipModel, program: &Program, window: &Window, f: &
             f(&base);
         }
         if let Some((a, b)) = t.dma_in {
-            f(&Event { track: Track::DmaIn, name: "dma in", start: a, dur: b - a, bytes: s.in_bytes, ..base });
+            f(&Event { track: Track::DmaIn, name: "dma in", start: a, dur: b - a, bytes: program.copies_of(s).in_bytes, ..base });
         }
         for op in &t.ops {
             let dur = op.end - op.start;
@@ -222,7 +222,7 @@ pub fn for_each_event(chip: &ChipModel, program: &Program, window: &Window, f: &
             }
         }
         if let Some((a, b)) = t.dma_out {
-            f(&Event { track: Track::DmaOut, name: "write-back", start: a, dur: b - a, bytes: s.out_bytes, ..base });
+            f(&Event { track: Track::DmaOut, name: "write-back", start: a, dur: b - a, bytes: program.copies_of(s).out_bytes, ..base });
         }
     })
 }
@@ -236,7 +236,7 @@ pub fn count_events(chip: &ChipModel, program: &Program, window: &Window) -> u64
     let mut i = 0u64;
     program.for_each_step(&mut |s| {
         if window.contains(i, s) {
-            n += step_ev + per_class[s.class as usize] + u64::from(s.in_bytes > 0) + u64::from(s.out_bytes > 0);
+            n += step_ev + per_class[s.class as usize] + u64::from(program.copies_of(s).in_bytes > 0) + u64::from(program.copies_of(s).out_bytes > 0);
         }
         i += 1;
     });
@@ -365,7 +365,7 @@ pub enum TimedWork<'a> {
     /// A Pallas kernel's program.
     Kernel(&'a Program),
     /// An XLA data-movement fusion.
-    Fusion(&'a tpusim_kernel::library::Fusion),
+    Fusion(&'a tpusim_model::Fusion),
 }
 
 /// A phase of a run as a timeline draws it: its work, the label of its part (`forward`, `dq`,
@@ -424,7 +424,7 @@ impl<'a> Timed<'a> {
             .collect();
         let args = match described {
             Some(dims) => StepArgs::Grid { dims },
-            None if run.program.info.kind == tpusim_kernel::KernelKind::Attention => StepArgs::Attention,
+            None if run.program.info.kind == tpusim_model::KernelKind::Attention => StepArgs::Attention,
             None => StepArgs::Matmul,
         };
         Timed { chip: &run.chip, phases, kernel: &run.program.info.kernel, seconds: run.result.seconds, args }
@@ -942,7 +942,7 @@ mod tests {
         assert_eq!(SimResult { critical: r.result.critical, ..res.clone() }, r.result);
         let b = &r.result.busy;
         let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * b.abs().max(1.0);
-        use tpusim_kernel::Unit;
+        use tpusim_model::Unit;
         assert!(
             close(busy[0], b[Unit::Mxu]) && close(busy[1], b[Unit::Vpu]) && close(busy[2], b[Unit::Eup]) && close(busy[3], b[Unit::Xlu]),
             "{busy:?} {b:?}"

@@ -193,7 +193,7 @@ pub fn simulate_program(chip: &ChipModel, d: &ProgramDescription, slice: Option<
                 e.name = format!("fusion {gi}: {}", short.join(", "));
                 let r = tpusim_engine::simulate_fusion(
                     chip,
-                    &tpusim_kernel::Fusion { name: e.name.clone(), read_bytes: g.read_bytes, write_bytes: g.write_bytes },
+                    &tpusim_model::Fusion { name: e.name.clone(), read_bytes: g.read_bytes, write_bytes: g.write_bytes },
                 );
                 e.seconds = r.seconds;
                 e.detail = format!("{} ops, {} B read, {} B written", g.ops.len(), g.read_bytes, g.write_bytes);

@@ -5,7 +5,8 @@
 
 use crate::SliceError;
 pub use tpusim_kernel::matmul::{balanced_block, xla_config as xla_matmul_config};
-use tpusim_kernel::{matmul, MatmulConfig, Program};
+use tpusim_kernel::{matmul, MatmulConfig};
+use tpusim_model::Program;
 use tpusim_workload::MatmulCall;
 
 /// Lowers a matmul as XLA's dot ([`tpusim_kernel::matmul::lower_xla`]): its configuration and

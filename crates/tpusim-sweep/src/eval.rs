@@ -22,7 +22,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use tpusim_chip::ChipModel;
 use tpusim_engine::SimResult;
-use tpusim_kernel::Lowered;
+use tpusim_model::Lowered;
 use tpusim_job::{combine, run_with_dense, Job, JobError, JobSpec, Report, Run};
 
 /// Caches stop growing at this many entries (memory stays bounded on huge sweeps).

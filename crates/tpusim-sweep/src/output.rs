@@ -44,7 +44,7 @@
 use crate::def::{Point, SweepDef};
 use crate::eval::Outcome;
 use crate::SweepError;
-use tpusim_kernel::Unit;
+use tpusim_model::Unit;
 use tpusim_job::{Job, JobSpec};
 
 /// Output format of a sweep.
@@ -444,8 +444,8 @@ struct Head<'a> {
     bottleneck: Unit,
     co_bound: &'a [Unit],
     what_if_2x: Option<&'a [tpusim_job::whatif::WhatIf]>,
-    utilization: &'a tpusim_kernel::PerUnit<f64>,
-    busy_ms: &'a tpusim_kernel::PerUnit<f64>,
+    utilization: &'a tpusim_model::PerUnit<f64>,
+    busy_ms: &'a tpusim_model::PerUnit<f64>,
 }
 
 fn head_cells(h: &Head<'_>, what_if: bool) -> Vec<Cell> {

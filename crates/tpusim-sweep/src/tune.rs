@@ -54,7 +54,8 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fmt::Write as _;
 use std::time::Instant;
 use tpusim_chip::ChipModel;
-use tpusim_kernel::{Direction, KernelError, MaskSource, Masking, SplashConfig, Traversal, Unit};
+use tpusim_kernel::{Direction, KernelError, MaskSource, Masking, SplashConfig, Traversal};
+use tpusim_model::Unit;
 use tpusim_job::{Job, JobError, JobSpec, Report};
 
 /// How to tune.
@@ -886,12 +887,12 @@ fn prepare(chip: &ChipModel, spec: &JobSpec, cand: &Cand, opts: &TuneOptions) ->
         Err(e) => return Pre::Done(Eval::Other(render(&e))),
     };
     // The bound needs each body's operations, not their order: bodies built for counting only.
-    match tpusim_kernel::body::counting_only(|| job.lower(chip)) {
+    match tpusim_model::body::counting_only(|| job.lower(chip)) {
         Ok(lowered) => {
             // As `evaluate` judges it from the report's tiles (the first kernel's).
             let partial = lowered.phases.iter().find_map(|p| match &p.work {
-                tpusim_kernel::PhaseWork::Kernel(k) => Some(k.info.tiles.is_some_and(|t| t.partial > 0)),
-                tpusim_kernel::PhaseWork::Fusion(_) => None,
+                tpusim_model::PhaseWork::Kernel(k) => Some(k.info.tiles.is_some_and(|t| t.partial > 0)),
+                tpusim_model::PhaseWork::Fusion(_) => None,
             });
             if inexact(spec, cand, opts, partial == Some(true)) {
                 return Pre::Done(Eval::Inexact);

@@ -45,7 +45,7 @@ fn check_sweep(text: &str, what_if: bool, every: usize) {
         if let Some(d) = rep.dense_latency_ms {
             assert_eq!(got("dense_latency_ms"), d, "row {i}: dense baseline");
         }
-        for u in tpusim_kernel::Unit::ALL {
+        for u in tpusim_model::Unit::ALL {
             assert_eq!(got(&format!("busy_ms_{u}")), rep.busy_ms[*u], "row {i}: busy {u}");
         }
         if what_if {

@@ -57,8 +57,13 @@ use super::bwd_ops::BwdStep;
 use super::{check_blocks_named, classify, padded_lengths, Classified, Seg, Steps};
 use crate::ir::{ClassKey, Step, StepBody, StepClass};
 use crate::options::{Exp, Kernel, MaskSource, Masking, Traversal};
+use super::Tagged;
 use crate::vmem::VmemBuffer;
-use crate::{KernelError, Program, ProgramInfo, StepSource, TileCounts, VmemBudget};
+use crate::{KernelError, Program, ProgramInfo, TileCounts, VmemBudget};
+use tpusim_model::copies::CopySets;
+use tpusim_model::decl::{KernelDecl, RefDecl};
+use tpusim_model::expr::Expr;
+use tpusim_model::RunItem;
 use serde::Serialize;
 use tpusim_chip::ChipModel;
 use tpusim_workload::tiles::TileKind;
@@ -167,103 +172,155 @@ pub struct BwdVmemOptions {
     pub padded: bool,
 }
 
-/// The arrays the dkv (or fused) kernel holds in VMEM, as the family's `pallas_call` declares
-/// them ([`crate::vmem`] says how they count):
+/// The events of the dkv kernel's step stream that change its windows' block indices: each
+/// window of its declaration names the one its block index follows ([`dkv_refs`]).
+pub(crate) mod column_event {
+    /// The (batch x head, q block) of the q-side windows changed (or, on tokamax's static grid,
+    /// any step: it fetches them every step).
+    pub const Q_SIDE: u32 = 0;
+    /// The q block alone changed: windows whose index map has no head (JAX's q positions and q
+    /// segment ids).
+    pub const QI: u32 = 1;
+    /// The (kv block, kv head) changed: k and v.
+    pub const KV: u32 = 2;
+    /// The kv block alone changed: the kv segment ids.
+    pub const KJ: u32 = 3;
+    /// A loaded mask block.
+    pub const MASK: u32 = 4;
+    /// The fused kernel's dq partial written back (every step it computes, or every step of a
+    /// full grid).
+    pub const DQ: u32 = 5;
+    /// dk and dv written back (the kv block's last q step of its head group).
+    pub const KV_OUT: u32 = 6;
+    /// The grid's last step: outputs of constant block index written back.
+    pub const FINAL: u32 = 7;
+    /// Events.
+    pub const COUNT: u32 = 8;
+}
+
+/// The dkv (or fused) kernel's `pallas_call` as the family declares it (the grid left for the
+/// lowering), each window with the step-stream event its block index follows
+/// ([`column_event`]); blocks as the kernel's refs see them (a squeezed dimension as 1):
 ///
-/// * tokamax (`_splash_attention_bwd_dkv`): windows q, dO (block_q_dkv x d, dv), k, v
-///   (block_kv_dkv x d, dv), bf16; logsumexp and di (8 x block_q_dkv f32); the segment ids when
-///   padded (8 x block_q_dkv and block_kv_dkv x 128, int32), the q positions of a computed mask
-///   (8 x block_q_dkv int32), the int8 mask block (block_kv_dkv x block_q_dkv) when loaded;
-///   outputs the dq partial (block_q_dkv x d), dk and dv (bf16); scratch dk and dv (f32) and,
-///   when the kv block has several sub-tiles, dq (block_q_dkv x d f32); in the body the score
+/// * tokamax (`_splash_attention_bwd_dkv`): prefetch tables `data_next`, `block_mask` (and
+///   `mask_next` when masks are loaded); windows q, dO (block_q_dkv x d, dv), k, v (block_kv_dkv
+///   x d, dv), bf16; logsumexp and di (8 x block_q_dkv f32); the segment ids when padded (8 x
+///   block_q_dkv and block_kv_dkv x 128, int32), the int8 mask block (block_kv_dkv x
+///   block_q_dkv) when loaded, the q positions of a computed mask (8 x block_q_dkv int32);
+///   scratch dq (block_q_dkv x d f32, when the kv block has several sub-tiles), dk and dv
+///   (f32); outputs the dq partial (block_q_dkv x d), dk and dv (bf16); in the body the score
 ///   tiles (block_kv_dkv_compute x block_q_dkv f32: s, p, dp, ds).
-/// * JAX's Splash (`_splash_attention_bwd_dkv`; the other families' backward): the same inputs;
-///   the f32 dk and dv accumulators (and the fused kernel's dq scratch) are outputs with a
-///   constant block index, so double-buffered windows; outputs dq (fused), dk and dv.
-pub fn dkv_vmem_buffers(w: &AttentionCall, b: &BwdBlocks, kernel: Kernel, o: BwdVmemOptions) -> Vec<VmemBuffer> {
+/// * JAX's Splash (`_splash_attention_bwd_dkv`; the other families' backward): the same inputs
+///   (the (bool) mask blocks as int32); the f32 dq (fused, sub-tiled), dk and dv accumulators are
+///   outputs of constant block index, one buffer each, written back after the grid's last step.
+pub(crate) fn dkv_refs(w: &AttentionCall, b: &BwdBlocks, kernel: Kernel, o: BwdVmemOptions) -> (Vec<Tagged>, Vec<VmemBuffer>) {
     use crate::dtype::Dtype::{Bf16, F32, I32, I8};
+    use column_event::{DQ, FINAL, KJ, KV, KV_OUT, MASK, QI, Q_SIDE};
     let (bq, bkv, c, d, dv) = (b.block_q_dkv, b.block_kv_dkv, b.block_kv_dkv_compute, w.head_dim, w.head_dim_v);
-    let win = VmemBuffer::window;
-    let mut v = vec![
-        win("q", &[bq, d], Bf16),
-        win("k", &[bkv, d], Bf16),
-        win("v", &[bkv, dv], Bf16),
-        win("logsumexp", &[8, bq], F32),
-        win("dO", &[bq, dv], Bf16),
-        win("di", &[8, bq], F32),
-    ];
+    let tokamax = kernel == Kernel::TokamaxSplash;
+    // Grid (kv block, head, q block): index maps for reports.
+    let map = |dims: &[Option<usize>]| dims.iter().map(|g| g.map_or(Expr::Const(0), Expr::Grid)).collect::<Vec<_>>();
+    let (j, h, i) = (Some(0), Some(1), Some(2));
+    let input = |name: &str, shape: &[u64], dtype, m: &[Option<usize>], e: u32| (RefDecl::input(name, shape, dtype, map(m)), Some(e));
+    let output = |name: &str, shape: &[u64], dtype, m: &[Option<usize>], e: u32| (RefDecl::output(name, shape, dtype, map(m)), Some(e));
+    let headless = if tokamax { Q_SIDE } else { QI };
+    let mut r: Vec<Tagged> = vec![(RefDecl::prefetch("data_next", &[1]), None), (RefDecl::prefetch("block_mask", &[1]), None)];
+    if o.loaded {
+        r.push((RefDecl::prefetch("mask_next", &[1]), None));
+    }
+    r.extend([
+        input("q", &[1, bq, d], Bf16, &[h, i, None], Q_SIDE),
+        input("k", &[1, bkv, d], Bf16, &[h, j, None], KV),
+        input("v", &[1, bkv, dv], Bf16, &[h, j, None], KV),
+        input("logsumexp", &[1, 8, bq], F32, &[h, None, i], Q_SIDE),
+        input("dO", &[1, bq, dv], Bf16, &[h, i, None], Q_SIDE),
+        input("di", &[1, 8, bq], F32, &[h, None, i], Q_SIDE),
+    ]);
     if o.padded {
-        v.extend([win("q segment ids", &[8, bq], I32), win("kv segment ids", &[bkv, 128], I32)]);
+        r.push(input("q segment ids", &[8, bq], I32, &[None, i], headless));
+        r.push(input("kv segment ids", &[bkv, 128], I32, &[j, None], KJ));
     }
     if o.loaded {
-        // JAX's kernels hold the (bool) mask blocks as int32, tokamax as int8.
-        v.push(win("mask", &[bkv, bq], if kernel == Kernel::TokamaxSplash { I8 } else { I32 }));
+        r.push(input("mask", &[1, bkv, bq], if tokamax { I8 } else { I32 }, &[None, None, None], MASK));
     }
     if o.computed {
-        v.push(win("q positions", &[8, bq], I32));
+        r.push(input("q positions", &[8, bq], I32, &[None, i], headless));
     }
-    let dq_elem = if o.dq_elem == 4 { F32 } else { Bf16 };
-    if b.fused {
-        v.push(win("dq partial", &[bq, d], dq_elem));
-    }
-    v.extend([win("dk", &[bkv, d], Bf16), win("dv", &[bkv, dv], Bf16)]);
+    // The f32 accumulators: tokamax's scratch, JAX's outputs of constant block index.
     let acc = |name: &str, shape: &[u64]| {
-        if kernel == Kernel::TokamaxSplash {
-            VmemBuffer::scratch(name, shape, F32)
+        if tokamax {
+            (RefDecl::scratch(name, shape, F32), None)
         } else {
-            VmemBuffer::window(name, shape, F32)
+            (RefDecl::output(name, shape, F32, map(&[None, None])).buffered(1), Some(FINAL))
         }
     };
-    v.extend([acc("dk f32", &[bkv, d]), acc("dv f32", &[bkv, dv])]);
     if b.fused && bkv != c {
-        v.push(acc("dq f32", &[bq, d]));
+        r.push(acc("dq f32", &[bq, d]));
     }
-    v.push(VmemBuffer::internal("score tile", &[c, bq], F32));
-    v
+    r.extend([acc("dk f32", &[bkv, d]), acc("dv f32", &[bkv, dv])]);
+    if b.fused {
+        r.push(output("dq partial", &[1, 1, bq, d], if o.dq_elem == 4 { F32 } else { Bf16 }, &[j, h, i, None], DQ));
+    }
+    r.push(output("dk", &[1, bkv, d], Bf16, &[h, j, None], KV_OUT));
+    r.push(output("dv", &[1, bkv, dv], Bf16, &[h, j, None], KV_OUT));
+    (r, vec![VmemBuffer::internal("score tile", &[c, bq], F32)])
 }
 
-/// VMEM the dkv (or fused) kernel needs ([`dkv_vmem_buffers`] counted by
+/// VMEM the dkv (or fused) kernel needs (its declaration, [`dkv_refs`], counted by
 /// [`crate::vmem::footprint`]).
 pub fn dkv_vmem(w: &AttentionCall, b: &BwdBlocks, kernel: Kernel, o: BwdVmemOptions, limit_bytes: u64) -> VmemBudget {
-    crate::vmem::footprint(&dkv_vmem_buffers(w, b, kernel, o), limit_bytes)
+    let (refs, internal) = dkv_refs(w, b, kernel, o);
+    super::declare(refs, internal, Vec::new(), 0).0.vmem(limit_bytes)
 }
 
-/// The arrays JAX's dq kernel (`_splash_attention_bwd_dq`) holds in VMEM: windows q, dO
-/// (block_q_dq x d, dv), k, v (block_kv_dq x d, dv), bf16; logsumexp and di (1 x block_q_dq
-/// f32, a tile each); the segment ids when padded (block_q_dq x 128 and 8 x block_kv_dq int32),
-/// the q positions of a computed mask (block_q_dq x 128 int32), the int8 mask block when loaded;
-/// outputs the f32 dq accumulator (a constant block index: double-buffered) and dq (bf16); in
-/// the body the score tiles (block_q_dq x block_kv_dq f32).
-pub fn dq_vmem_buffers(w: &AttentionCall, b: &BwdBlocks, o: BwdVmemOptions) -> Vec<VmemBuffer> {
+/// JAX's dq kernel's `pallas_call` (`_splash_attention_bwd_dq`), each window with the
+/// forward step stream's event its block index follows ([`super::steps::event`]): prefetch
+/// tables `data_next`, `block_mask` (and `mask_next` when masks are loaded); windows q, dO
+/// (1 x block_q_dq x d, dv), k, v (1 x block_kv_dq x d, dv), bf16; logsumexp and di (1 x 1 x
+/// block_q_dq f32); the segment ids when padded (block_q_dq x 128 and 8 x block_kv_dq int32),
+/// the mask block when loaded (its bool blocks as int32), the q positions of a computed mask
+/// (block_q_dq x 128 int32); outputs the f32 dq accumulator (constant block index, one buffer,
+/// written back after the grid's last step) and dq (bf16); in the body the score tiles
+/// (block_q_dq x block_kv_dq f32).
+pub(crate) fn dq_refs(w: &AttentionCall, b: &BwdBlocks, o: BwdVmemOptions) -> (Vec<Tagged>, Vec<VmemBuffer>) {
     use crate::dtype::Dtype::{Bf16, F32, I32};
+    use super::steps::event::{FINAL, KJ, KV, MASK, OUT, Q, QI};
     let (bq, bkv, d, dv) = (b.block_q_dq, b.block_kv_dq, w.head_dim, w.head_dim_v);
-    let win = VmemBuffer::window;
-    let mut v = vec![
-        win("q", &[bq, d], Bf16),
-        win("k", &[bkv, d], Bf16),
-        win("v", &[bkv, dv], Bf16),
-        win("logsumexp", &[1, bq], F32),
-        win("dO", &[bq, dv], Bf16),
-        win("di", &[1, bq], F32),
-    ];
+    let map = |dims: &[Option<usize>]| dims.iter().map(|g| g.map_or(Expr::Const(0), Expr::Grid)).collect::<Vec<_>>();
+    let (h, i, j) = (Some(0), Some(1), Some(2));
+    let input = |name: &str, shape: &[u64], dtype, m: &[Option<usize>], e: u32| (RefDecl::input(name, shape, dtype, map(m)), Some(e));
+    let mut r: Vec<Tagged> = vec![(RefDecl::prefetch("data_next", &[1]), None), (RefDecl::prefetch("block_mask", &[1]), None)];
+    if o.loaded {
+        r.push((RefDecl::prefetch("mask_next", &[1]), None));
+    }
+    r.extend([
+        input("q", &[1, bq, d], Bf16, &[h, i, None], Q),
+        input("k", &[1, bkv, d], Bf16, &[h, j, None], KV),
+        input("v", &[1, bkv, dv], Bf16, &[h, j, None], KV),
+        input("logsumexp", &[1, 1, bq], F32, &[h, None, i], Q),
+        input("dO", &[1, bq, dv], Bf16, &[h, i, None], Q),
+        input("di", &[1, 1, bq], F32, &[h, None, i], Q),
+    ]);
     if o.padded {
-        v.extend([win("q segment ids", &[bq, 128], I32), win("kv segment ids", &[8, bkv], I32)]);
+        r.push(input("q segment ids", &[bq, 128], I32, &[i, None], QI));
+        r.push(input("kv segment ids", &[8, bkv], I32, &[None, j], KJ));
     }
     if o.loaded {
-        // The (bool) mask blocks held as int32.
-        v.push(win("mask", &[bq, bkv], I32));
+        r.push(input("mask", &[1, bq, bkv], I32, &[None, None, None], MASK));
     }
     if o.computed {
-        v.push(win("q positions", &[bq, 128], I32));
+        r.push(input("q positions", &[bq, 128], I32, &[i, None], QI));
     }
-    v.extend([win("dq f32", &[bq, d], F32), win("dq", &[bq, d], Bf16)]);
-    v.push(VmemBuffer::internal("score tile", &[bq, bkv], F32));
-    v
+    r.push((RefDecl::output("dq f32", &[bq, d], F32, map(&[None, None])).buffered(1), Some(FINAL)));
+    r.push((RefDecl::output("dq", &[1, bq, d], Bf16, map(&[h, i, None])), Some(OUT)));
+    (r, vec![VmemBuffer::internal("score tile", &[bq, bkv], F32)])
 }
 
-/// VMEM the dq kernel needs ([`dq_vmem_buffers`] counted by [`crate::vmem::footprint`]).
+/// VMEM the dq kernel needs (its declaration, [`dq_refs`], counted by
+/// [`crate::vmem::footprint`]).
 pub fn dq_vmem(w: &AttentionCall, b: &BwdBlocks, o: BwdVmemOptions, limit_bytes: u64) -> VmemBudget {
-    crate::vmem::footprint(&dq_vmem_buffers(w, b, o), limit_bytes)
+    let (refs, internal) = dq_refs(w, b, o);
+    super::declare(refs, internal, Vec::new(), 0).0.vmem(limit_bytes)
 }
 
 /// The dkv kernel's step stream: per batch element (the parallel unit), kv block j, head h, the
@@ -293,20 +350,10 @@ pub(crate) struct ColumnSteps {
     /// empty step still runs the kernel's `init` and `end` branches).
     class_of: [[[u32; 2]; 2]; 2],
     empty_of: [[u32; 2]; 2],
-    /// Bytes of the q-side windows of one q block: q, dO, logsumexp and di (and, for tokamax,
-    /// the q positions of a computed mask).
-    q_side: u64,
-    /// JAX: the q positions block of a computed mask (8 x block_q_dkv int32), copied when the q
-    /// block alone changes (index map `(0, next_i)`); 0 for tokamax (in `q_side`).
-    qpos_bytes: u64,
-    kv_bytes: u64,
-    mask_bytes: u64,
-    dq_out: u64,
-    kv_out: u64,
-    /// Bytes written back once, after the grid's last step: JAX's f32 dk and dv accumulators
-    /// (and the fused kernel's dq accumulator when the kv block has sub-tiles) are outputs of
-    /// constant block index.
-    final_out_bytes: u64,
+    /// The copy-set id of each combination of [`column_event`]s.
+    copies: Vec<u32>,
+    /// Whether partial steps load mask blocks.
+    loads_mask: bool,
 }
 
 /// What the dkv kernel's q-side windows hold in VMEM, carried from one step to the next (copy
@@ -315,23 +362,24 @@ pub(crate) struct ColumnSteps {
 struct QSide {
     /// (batch x head, q block) of q, dO, logsumexp and di.
     block: Option<(u32, u64)>,
-    /// q block of the q positions (JAX: index map `(0, next_i)`, no head).
+    /// q block of the windows whose index map has no head (JAX: `(0, next_i)`).
     qpos: Option<u64>,
 }
 
 impl ColumnSteps {
-    /// Bytes a step pointing its q-side windows at (`bh`, q block `qi`) copies, and the new state.
-    fn q_fetch(&self, st: &mut QSide, bh: u32, qi: u64) -> u64 {
-        let mut bytes = 0;
+    /// The events of a step pointing its q-side windows at (`bh`, q block `qi`), and the new
+    /// state.
+    fn q_fetch(st: &mut QSide, bh: u32, qi: u64) -> usize {
+        let mut events = 0;
         if st.block != Some((bh, qi)) {
-            bytes += self.q_side;
+            events |= 1 << column_event::Q_SIDE;
             st.block = Some((bh, qi));
         }
         if st.qpos != Some(qi) {
-            bytes += self.qpos_bytes;
+            events |= 1 << column_event::QI;
             st.qpos = Some(qi);
         }
-        bytes
+        events
     }
 
     /// The steps of one (kv block, head) line. Coordinates are (batch x head, kv block, q block):
@@ -379,50 +427,41 @@ impl ColumnSteps {
                 let load_kv = i == 0 && first_head;
                 let last = i + 1 == total && last_head;
                 let empty = self.empty_of[usize::from(load_kv)][usize::from(last)];
+                let both = 1 << column_event::Q_SIDE | 1 << column_event::QI;
                 let (class, q_in) = match kind {
-                    None if self.fetch_empty => (empty, self.q_side + self.qpos_bytes),
+                    None if self.fetch_empty => (empty, both),
                     // JAX's shrunk grid: padding steps point at q block 0 (data_next = 0).
-                    None if self.shrunk && k == 0 => (empty, self.q_fetch(st, bh, 0)),
+                    None if self.shrunk && k == 0 => (empty, Self::q_fetch(st, bh, 0)),
                     // JAX's full grid: empty steps point at the next non-empty block.
-                    None if !self.shrunk && k == 0 => (empty, self.q_fetch(st, bh, target)),
+                    None if !self.shrunk && k == 0 => (empty, Self::q_fetch(st, bh, target)),
                     None => (empty, 0),
                     Some(kd) => {
                         let ki = usize::from(kd == TileKind::Full);
-                        let mask = if kd == TileKind::Partial { self.mask_bytes } else { 0 };
+                        let mask = if kd == TileKind::Partial && self.loads_mask { 1 << column_event::MASK } else { 0 };
                         let q = if self.fetch_empty {
-                            self.q_side + self.qpos_bytes
+                            both
                         } else if k == 0 {
-                            self.q_fetch(st, bh, q0)
+                            Self::q_fetch(st, bh, q0)
                         } else {
                             // Inside a stretch the q block changes every step.
                             st.block = Some((bh, q0 + k + run - 1));
                             st.qpos = Some(q0 + k + run - 1);
-                            self.q_side + self.qpos_bytes
+                            both
                         };
-                        (self.class_of[ki][usize::from(load_kv)][usize::from(last)], q + mask)
+                        (self.class_of[ki][usize::from(load_kv)][usize::from(last)], q | mask)
                     }
                 };
-                let in_bytes = q_in + if load_kv { self.kv_bytes } else { 0 };
-                let dq = if kind.is_some() || !self.shrunk { self.dq_out } else { 0 };
-                let final_out = if last && j + 1 == self.cols[0].len() as u64 && h + 1 == self.q_heads { self.final_out_bytes } else { 0 };
-                let out_bytes = dq + if last { self.kv_out } else { 0 } + final_out;
-                f(&Step { class, in_bytes, out_bytes, coords: [bh, j as u32, (q0 + k) as u32, 0] }, run);
+                // k and v with the (kv block, kv head); the kv segment ids with the kv block.
+                let kv = if load_kv { 1 << column_event::KV | if h == 0 { 1 << column_event::KJ } else { 0 } } else { 0 };
+                // The fused kernel's dq partial (declared only when fused) after every step that computes,
+                // and every step of an unshrunk grid.
+                let dq = if kind.is_some() || !self.shrunk { 1 << column_event::DQ } else { 0 };
+                let final_out = if last && j + 1 == self.cols[0].len() as u64 && h + 1 == self.q_heads { 1 << column_event::FINAL } else { 0 };
+                let events = q_in | kv | dq | if last { 1 << column_event::KV_OUT } else { 0 } | final_out;
+                f(&Step { class, copies: self.copies[events], coords: [bh, j as u32, (q0 + k) as u32, 0] }, run);
                 k += run;
             }
             idx += n;
-        }
-    }
-
-    /// The runs of batch elements `lo..hi`, each element's stream emitted once and repeated.
-    pub(crate) fn for_each_run_block(&self, lo: u64, hi: u64, f: &mut dyn FnMut(crate::RunItem<'_>)) {
-        let hi = hi.min(self.batch);
-        if lo >= hi {
-            return;
-        }
-        f(crate::RunItem::HeadStart);
-        self.element(lo, &mut |s, n| f(crate::RunItem::Run(s, n)));
-        if hi - lo > 1 {
-            f(crate::RunItem::RepeatHead(hi - lo - 1));
         }
     }
 
@@ -440,19 +479,34 @@ impl ColumnSteps {
         used
     }
 
-    /// The runs of batch elements `lo..hi`, unfolded.
-    pub(crate) fn for_each_run_range(&self, lo: u64, hi: u64, f: &mut dyn FnMut(&Step, u64)) {
-        for b in lo..hi.min(self.batch) {
-            self.element(b, f);
-        }
-    }
-
     fn element(&self, b: u64, f: &mut dyn FnMut(&Step, u64)) {
         let mut st = QSide::default();
         for j in 0..self.cols[0].len() as u64 {
             for h in 0..self.q_heads {
                 self.line(j, h, b, &mut st, f);
             }
+        }
+    }
+}
+
+impl tpusim_model::StepStream for ColumnSteps {
+    /// The runs of batch elements `lo..hi`, unfolded.
+    fn for_each_run_range(&self, lo: u64, hi: u64, f: &mut dyn FnMut(&Step, u64)) {
+        for b in lo..hi.min(self.batch) {
+            self.element(b, f);
+        }
+    }
+
+    /// The runs of batch elements `lo..hi`, each element's stream emitted once and repeated.
+    fn for_each_run_block(&self, lo: u64, hi: u64, f: &mut dyn FnMut(RunItem<'_>)) {
+        let hi = hi.min(self.batch);
+        if lo >= hi {
+            return;
+        }
+        f(RunItem::HeadStart);
+        self.element(lo, &mut |s, n| f(RunItem::Run(s, n)));
+        if hi - lo > 1 {
+            f(RunItem::RepeatHead(hi - lo - 1));
         }
     }
 }
@@ -531,8 +585,9 @@ pub fn lower_dkv(chip: &ChipModel, w: &AttentionCall, cfg: &super::SplashConfig)
     let computed = any_not_full && source == MaskSource::Computed;
     let loaded = any_not_full && source == MaskSource::Loaded && cfg.masking != Masking::None;
     let opts = BwdVmemOptions { dq_elem, computed, loaded, padded: padded_lengths(w, b.block_q_dkv, b.block_kv_dkv) };
-    let vmem = dkv_vmem(w, &b, cfg.kernel, opts, cfg.vmem_limit(chip));
-    vmem.check(chip)?;
+    let (refs, internal) = dkv_refs(w, &b, cfg.kernel, opts);
+    let vmem = super::declare(refs.clone(), internal.clone(), Vec::new(), 0).0.vmem(cfg.vmem_limit(chip));
+    crate::check_vmem(&vmem, chip)?;
     let partials = if b.fused { kb * (w.batch * w.q_heads) * cl.grid.padded_q_len() * w.head_dim * dq_elem } else { 0 };
     let grads = (w.batch * w.q_heads * w.q_len + w.batch * w.kv_heads * w.kv_len) * (w.head_dim + w.head_dim_v) * 2;
     // The fused kernel's dq partials (one per kv block) can outgrow everything else: then the
@@ -548,7 +603,6 @@ pub fn lower_dkv(chip: &ChipModel, w: &AttentionCall, cfg: &super::SplashConfig)
     // block loaded (JAX's int32, tokamax's int8), segment ids for padded lengths.
     let plan = super::mask_plan(&cl, source, any_not_full, static_grid(cfg.kernel));
     let masked = masked_fn(cfg.kernel, cfg.masking, any_not_full);
-    let n_sub = b.block_kv_dkv / b.block_kv_dkv_compute;
     let step = |m: bool, first: bool, runs: bool, last: bool| BwdStep {
         block_q: b.block_q_dkv,
         block_kv: b.block_kv_dkv,
@@ -611,17 +665,9 @@ pub fn lower_dkv(chip: &ChipModel, w: &AttentionCall, cfg: &super::SplashConfig)
         .collect();
     let col_width = cols.iter().flat_map(|c| c.iter().map(|segs| segs.iter().map(|s| s.n as u64).sum::<u64>())).max().unwrap_or(0);
     let width = if shrunk { col_width } else { qb };
-    // q positions (8 x block_q_dkv int32) of a computed mask: JAX's index map has no head, so
-    // they are kept apart from the q side there.
-    let qpos = if computed { 8 * b.block_q_dkv * 4 } else { 0 };
-    let lse_di = 2 * 8 * b.block_q_dkv * 4 + if static_g { qpos } else { 0 };
-    // JAX: dk and dv accumulators (f32) and the fused dq accumulator (sub-tiled kv blocks) are
-    // outputs of constant block index, written back once after the last step.
-    let final_out_bytes = if static_g {
-        0
-    } else {
-        b.block_kv_dkv * (w.head_dim + w.head_dim_v) * 4 + if b.fused && n_sub > 1 { b.block_q_dkv * w.head_dim * 4 } else { 0 }
-    };
+    let (decl, tags) = super::declare(refs, internal, vec![w.batch, kb, w.q_heads, width], 1);
+    let mut sets = CopySets::default();
+    let copies = super::copy_table(&decl, &tags, column_event::COUNT, &mut sets);
     let steps = ColumnSteps {
         batch: w.batch,
         q_heads: w.q_heads,
@@ -635,21 +681,15 @@ pub fn lower_dkv(chip: &ChipModel, w: &AttentionCall, cfg: &super::SplashConfig)
         shrunk,
         class_of,
         empty_of,
-        q_side: b.block_q_dkv * (w.head_dim + w.head_dim_v) * 2 + lse_di,
-        qpos_bytes: if static_g { 0 } else { qpos },
-        kv_bytes: b.block_kv_dkv * (w.head_dim + w.head_dim_v) * 2,
-        // JAX's kernels hold the (bool) mask blocks as int32; tokamax int8.
-        mask_bytes: if loaded { b.block_q_dkv * b.block_kv_dkv * if static_g { 1 } else { 4 } } else { 0 },
-        dq_out: if b.fused { b.block_q_dkv * w.head_dim * dq_elem } else { 0 },
-        kv_out: b.block_kv_dkv * (w.head_dim + w.head_dim_v) * 2,
-        final_out_bytes,
+        copies,
+        loads_mask: loaded,
     };
     super::build_used_bodies(&mut classes, &body_args, &steps.used_classes(body_args.len()), |m, first, runs, last| {
-        bwd_body(true, &step(m, first, runs, last))
+        bwd_body(true, &decl, &step(m, first, runs, last))
     });
     let grid_steps = w.batch * kb * w.q_heads * width;
     let info = ProgramInfo {
-        kind: crate::options::KernelKind::Attention,
+        kind: tpusim_model::KernelKind::Attention,
         kernel: if b.fused { "attention backward (fused dq/dk/dv)".into() } else { "attention backward dkv".into() },
         grid: vec![
             ("batch".into(), w.batch),
@@ -670,19 +710,21 @@ pub fn lower_dkv(chip: &ChipModel, w: &AttentionCall, cfg: &super::SplashConfig)
         grid_steps,
         smem_bytes: 0,
     };
-    Ok(Program { classes, parallel_units: w.batch, vmem, info, steps: StepSource::Columns(steps) })
+    Ok(Program::new(classes, w.batch, vmem, info, decl, sets, steps))
 }
 
 /// A backward step's body (`dkv`: the dkv kernel's, else the dq kernel's) from its op program
 /// ([`super::bwd_ops`]), shared between lowerings ([`crate::body::cached_pair`]: the step and
 /// its row's last step are built together).
-fn bwd_body(dkv: bool, s: &BwdStep<'_>) -> StepBody {
+///
+/// The key leaves the declaration out, as the forward's ([`super::op_body`]).
+fn bwd_body(dkv: bool, decl: &KernelDecl, s: &BwdStep<'_>) -> StepBody {
     let key = |last: bool| format!("bwd{dkv}{:?}", BwdStep { last, ..s.clone() });
     crate::body::cached_pair([key(false), key(true)], usize::from(s.last), || {
         if dkv {
-            super::bwd_ops::dkv_step(s)
+            super::bwd_ops::dkv_step(decl, s)
         } else {
-            super::bwd_ops::dq_step(s)
+            super::bwd_ops::dq_step(decl, s)
         }
     })
 }
@@ -707,8 +749,9 @@ pub fn lower_dq(chip: &ChipModel, w: &AttentionCall, cfg: &super::SplashConfig) 
     let loaded = any_not_full && source == MaskSource::Loaded && cfg.masking != Masking::None;
     let computed = any_not_full && source == MaskSource::Computed;
     let opts = BwdVmemOptions { dq_elem: 2, computed, loaded, padded: padded_lengths(w, b.block_q_dq, b.block_kv_dq) };
-    let vmem = dq_vmem(w, &b, opts, cfg.vmem_limit(chip));
-    vmem.check(chip)?;
+    let (refs, internal) = dq_refs(w, &b, opts);
+    let vmem = super::declare(refs.clone(), internal.clone(), Vec::new(), 0).0.vmem(cfg.vmem_limit(chip));
+    crate::check_vmem(&vmem, chip)?;
     let plan = super::mask_plan(&cl, source, any_not_full, false);
     let masked = masked_fn(cfg.kernel, cfg.masking, any_not_full);
     let step = |m: bool, first: bool, runs: bool, last: bool| BwdStep {
@@ -752,6 +795,9 @@ pub fn lower_dq(chip: &ChipModel, w: &AttentionCall, cfg: &super::SplashConfig) 
     };
     let (tiles, kept, exact, visited_pairs) = tile_counts(w, &cl, &masked);
     let width = cl.width;
+    let (decl, tags) = super::declare(refs, internal, vec![w.batch, w.q_heads, cl.grid.q_tiles(), width], 1);
+    let mut sets = CopySets::default();
+    let copies = super::copy_table(&decl, &tags, super::steps::event::COUNT, &mut sets);
     let steps = Steps {
         batch: w.batch,
         q_heads: w.q_heads,
@@ -765,25 +811,19 @@ pub fn lower_dq(chip: &ChipModel, w: &AttentionCall, cfg: &super::SplashConfig) 
         finalize_class,
         // Padding steps point at kv block 0 (the dq MaskInfo's data_next, as the forward's).
         pad_to_block0: true,
-        q_bytes: b.block_q_dq * (w.head_dim + w.head_dim_v) * 2 + 2 * b.block_q_dq * 4,
-        kv_bytes: b.block_kv_dq * (w.head_dim + w.head_dim_v) * 2,
-        // The (bool) mask blocks held as int32.
-        mask_bytes: if loaded { b.block_q_dq * b.block_kv_dq * 4 } else { 0 },
-        o_bytes: b.block_q_dq * w.head_dim * 2,
-        // The q positions of a computed mask (block_q_dq x 128 int32, index map `(i, 0)`).
-        qpos_bytes: if computed { b.block_q_dq * 128 * 4 } else { 0 },
-        // The f32 dq accumulator is an output of constant block index: written back once.
-        final_out_bytes: b.block_q_dq * w.head_dim * 4,
+        copies,
+        loads_mask: loaded,
+        final_out: true,
         masked_partial: cfg.masking != Masking::None,
         // JAX dedups identical partial mask blocks (splash::steps).
         mask_dedup: cl.distinct.iter().all(super::diagonal_invariant).then_some((b.block_q_dq, b.block_kv_dq)),
         unit_span: w.q_heads,
     };
     super::build_used_bodies(&mut classes, &body_args, &steps.used_classes(body_args.len()), |m, first, runs, last| {
-        bwd_body(false, &step(m, first, runs, last))
+        bwd_body(false, &decl, &step(m, first, runs, last))
     });
     let info = ProgramInfo {
-        kind: crate::options::KernelKind::Attention,
+        kind: tpusim_model::KernelKind::Attention,
         kernel: "attention backward dq".into(),
         grid: vec![
             ("batch x heads".into(), w.batch * w.q_heads),
@@ -801,5 +841,5 @@ pub fn lower_dq(chip: &ChipModel, w: &AttentionCall, cfg: &super::SplashConfig) 
     };
     // Every dimension of JAX's dq kernel is "arbitrary": only a vmapped batch is parallel, so a
     // parallel unit is a batch element's heads.
-    Ok(Program { classes, parallel_units: w.batch, vmem, info, steps: StepSource::Splash(steps) })
+    Ok(Program::new(classes, w.batch, vmem, info, decl, sets, steps))
 }

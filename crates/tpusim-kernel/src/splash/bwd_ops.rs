@@ -7,9 +7,10 @@
 //! runs kv-major (s = k q^T: kv along the rows, q along the lanes) over sub-tiles of the kv block;
 //! fused, it also writes dq = ds^T k per step (a partial per kv block, summed outside).
 
-use super::ops::{apply_mask, load2, load3, store, MaskPlan, MaskRefs};
+use super::ops::{apply_mask, load2, load3, ref_indices, store, MaskPlan, MaskRefs};
 use crate::body::{Emitter, V};
-use crate::StepBody;
+use crate::ir::StepBody;
+use tpusim_model::decl::KernelDecl;
 
 /// One backward step's shape and branches.
 #[derive(Debug, Clone, PartialEq)]
@@ -34,69 +35,34 @@ pub(crate) struct BwdStep<'a> {
     pub last: bool,
 }
 
-/// The backward kernels' refs in their `pallas_call`'s order (unused ones `usize::MAX`).
-struct Refs {
+/// The backward kernels' refs by name from the family's declaration ([`super::bwd::dkv_refs`],
+/// [`super::bwd::dq_refs`]), with the declaration's carried flags (the scratch and the outputs,
+/// which `ref[...] = x` reads before it writes).
+#[derive(Debug, Clone, Copy)]
+struct Named {
     q: usize,
     k: usize,
     v: usize,
     lse: usize,
     d_o: usize,
     di: usize,
-    q_seg: usize,
-    kv_seg: usize,
-    mask: usize,
-    q_seq: usize,
+    mask: MaskRefs,
     dq_scratch: usize,
     dk_scratch: usize,
     dv_scratch: usize,
     dq: usize,
     dk: usize,
     dv: usize,
-    count: usize,
 }
 
-impl Refs {
-    fn mask_refs(&self) -> MaskRefs {
-        MaskRefs { mask: self.mask, q_seq: self.q_seq, q_seg: self.q_seg, kv_seg: self.kv_seg }
-    }
-}
-
-impl Refs {
-    /// `dkv`: the dkv kernel's refs (`sub_tiled`: its dq scratch), else the dq kernel's.
-    fn new(plan: Option<&MaskPlan>, dkv: bool, fused: bool, sub_tiled: bool) -> Refs {
-        let loaded = plan.is_some_and(|p| p.loaded);
-        let mut n = if loaded { 3 } else { 2 };
-        let mut next = |on: bool| {
-            if on {
-                n += 1;
-                n - 1
-            } else {
-                usize::MAX
-            }
-        };
-        let (q, k, v, lse, d_o, di) = (next(true), next(true), next(true), next(true), next(true), next(true));
-        let segments = plan.is_some_and(|p| p.segments);
-        let (q_seg, kv_seg) = (next(segments), next(segments));
-        let mask = next(loaded);
-        let q_seq = next(plan.is_some_and(|p| p.function.is_some()));
-        let dq_scratch = next(!dkv || (fused && sub_tiled));
-        let (dk_scratch, dv_scratch) = (next(dkv), next(dkv));
-        let dq = next(!dkv || fused);
-        let (dk, dv) = (next(dkv), next(dkv));
-        Refs { q, k, v, lse, d_o, di, q_seg, kv_seg, mask, q_seq, dq_scratch, dk_scratch, dv_scratch, dq, dk, dv, count: n }
-    }
-
-    /// Carried: the refs the body both loads and stores (the scratch and the outputs, which
-    /// `ref[...] = x` reads before it writes).
-    fn carried(&self) -> Vec<bool> {
-        let mut c = vec![false; self.count];
-        for r in [self.dq_scratch, self.dk_scratch, self.dv_scratch, self.dq, self.dk, self.dv] {
-            if r < self.count {
-                c[r] = true;
-            }
-        }
-        c
-    }
+/// The refs of `decl` by the names the backward families declare them with; `dq`: the dq
+/// output's name (`dq` for the dq kernel, `dq partial` for the fused dkv kernel).
+fn named(decl: &KernelDecl, dq: &str) -> (Named, Vec<bool>) {
+    let ([q, k, v, lse, d_o, di, q_seg, kv_seg, mask, q_seq, dq_scratch, dk_scratch, dv_scratch, dq, dk, dv], carried) = ref_indices(
+        decl,
+        ["q", "k", "v", "logsumexp", "dO", "di", "q segment ids", "kv segment ids", "mask", "q positions", "dq f32", "dk f32", "dv f32", dq, "dk", "dv"],
+    );
+    (Named { q, k, v, lse, d_o, di, mask: MaskRefs { mask, q_seq, q_seg, kv_seg }, dq_scratch, dk_scratch, dv_scratch, dq, dk, dv }, carried)
 }
 
 /// A `[1, 1, n]` row statistic (logsumexp, di) read as `[n]` then `[n, 1]` (q along the rows) or
@@ -123,9 +89,9 @@ fn scaled(e: &mut Emitter, q: V, base2: bool) -> V {
 
 /// The dq kernel's step (module docs): its bodies without and with the row's end (`s.last` is
 /// not read).
-pub(crate) fn dq_step(s: &BwdStep<'_>) -> [StepBody; 2] {
-    let refs = Refs::new(s.mask, false, false, false);
-    let mut e = Emitter::new(refs.carried());
+pub(crate) fn dq_step(decl: &KernelDecl, s: &BwdStep<'_>) -> [StepBody; 2] {
+    let (refs, carried) = named(decl, "dq");
+    let mut e = Emitter::new(carried);
     let (bq, bkv, d, dv) = (s.block_q, s.block_kv, s.d, s.dv);
     let acc = [bq, d];
     let exp = if s.base2 { "math.exp2" } else { "math.exp" };
@@ -144,7 +110,7 @@ pub(crate) fn dq_step(s: &BwdStep<'_>) -> [StepBody; 2] {
         let zero = e.constant(&[bq, bkv], "f32");
         let mut qk = e.matmul(&q, &k, &zero, [bq, d, bkv]);
         if let Some(plan) = s.mask {
-            qk = apply_mask(&mut e, plan, refs.mask_refs(), &qk, true);
+            qk = apply_mask(&mut e, plan, refs.mask, &qk, true);
         }
         let lse = e.broadcast(&lse, &[bq, bkv]);
         let centred = e.same("arith.subf", &[&qk, &lse]);
@@ -188,11 +154,11 @@ fn write4(e: &mut Emitter, x: &V, r: usize) {
 /// The dkv kernel's step (module docs): per kv sub-tile of `compute` rows, s = k q^T, p, dv += p
 /// dO, dp = v dO^T, ds = (dp - di) p, dk += ds q, and fused dq += ds^T k. Its bodies without and
 /// with the row's end (`s.last` is not read).
-pub(crate) fn dkv_step(s: &BwdStep<'_>) -> [StepBody; 2] {
+pub(crate) fn dkv_step(decl: &KernelDecl, s: &BwdStep<'_>) -> [StepBody; 2] {
     let (bq, bkv, c, d, dv) = (s.block_q, s.block_kv, s.compute, s.d, s.dv);
     let sub_tiled = c < bkv;
-    let refs = Refs::new(s.mask, true, s.fused, sub_tiled);
-    let mut e = Emitter::new(refs.carried());
+    let (refs, carried) = named(decl, "dq partial");
+    let mut e = Emitter::new(carried);
     let exp = if s.base2 { "math.exp2" } else { "math.exp" };
     let (kv_acc, kv_acc_v) = ([bkv, d], [bkv, dv]);
     let dq_acc = [bq, d];
@@ -224,7 +190,7 @@ pub(crate) fn dkv_step(s: &BwdStep<'_>) -> [StepBody; 2] {
             let zero = e.constant(&[c, bq], "f32");
             let mut qk = e.matmul(&k, &q, &zero, [c, d, bq]);
             if let Some(plan) = s.mask {
-                qk = apply_mask(&mut e, plan, refs.mask_refs(), &qk, false);
+                qk = apply_mask(&mut e, plan, refs.mask, &qk, false);
             }
             let lse = e.broadcast(&lse, &[c, bq]);
             let centred = e.same("arith.subf", &[&qk, &lse]);

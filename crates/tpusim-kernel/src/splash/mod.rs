@@ -38,7 +38,7 @@
 //!
 //! **Limits.** Blocks follow the (8, 128) rules (MaxDiffusion's mask-free kernel and JAX's
 //! backward kernels lay q along the lanes: their q blocks are multiples of 128 or q_len); VMEM holds 32-bit data in (8, 128) tiles, bf16 in (16, 128) and int8 in (32, 128), each last dimension padded to 128 lanes, and counts as
-//! [`crate::vmem`] says (the family's buffers: [`vmem_buffers`]);
+//! [`crate::vmem`] says (over the family's declaration: [`family_refs`]);
 //! the mask metadata Splash prefetches into SMEM must fit SMEM ([`smem_bytes`]); q, k, v and o
 //! must fit the device's HBM.
 
@@ -50,10 +50,11 @@ mod steps;
 use crate::ir::{ClassKey, StepBody, StepClass};
 pub use crate::options::{Exp, Kernel, MaskSource, Masking, Traversal};
 use crate::vmem::VmemBuffer;
-use crate::{KernelError, Program, ProgramInfo, StepSource, TileCounts, VmemBudget};
+use crate::{KernelError, Program, ProgramInfo, TileCounts, VmemBudget};
+use tpusim_model::copies::{CopyRule, CopySets};
+use tpusim_model::decl::{KernelDecl, RefDecl};
 use serde::Serialize;
 use std::collections::HashMap;
-pub use steps::RunItem;
 pub(crate) use steps::{Seg, Steps};
 use tpusim_chip::ChipModel;
 use tpusim_workload::tiles::{for_each_tile_run_row, TileGrid, TileKind};
@@ -188,13 +189,16 @@ pub(crate) fn mask_plan(cl: &Classified, source: MaskSource, any_not_full: bool,
 /// The body of one step of a kernel whose body is an op program ([`ops`]: JAX's Splash, JAX's
 /// flash attention), shared between lowerings ([`crate::body::cached_pair`]: the step and its
 /// row's last step are built together).
-fn op_body(kernel: Kernel, s: &ops::FwdStep<'_>) -> StepBody {
+///
+/// The key leaves the declaration out: it names the refs the body touches, which the step's
+/// arguments and the family decide, and a body does not depend on their indices.
+fn op_body(kernel: Kernel, decl: &KernelDecl, s: &ops::FwdStep<'_>) -> StepBody {
     let key = |last: bool| format!("{kernel:?}{:?}", ops::FwdStep { last, ..s.clone() });
     crate::body::cached_pair([key(false), key(true)], usize::from(s.last), || {
         if kernel == Kernel::FlashAttention {
-            ops::jax_flash_fwd(s)
+            ops::jax_flash_fwd(decl, s)
         } else {
-            ops::splash_fwd(s)
+            ops::splash_fwd(decl, s)
         }
     })
 }
@@ -236,93 +240,148 @@ pub(crate) fn loads_mask(w: &AttentionCall, cfg: &SplashConfig) -> bool {
     loaded && cfg.masking != Masking::None && !w.mask.is_full()
 }
 
-/// The arrays a forward kernel of `cfg.kernel`'s family holds in VMEM, as its `pallas_call`
-/// declares them ([`crate::vmem`] says how they count), each block tile-padded:
+/// A window or operand of a hand-written family's `pallas_call`, with the step-stream event its
+/// block index follows ([`steps::event`]; `None`: never copied by the pipeline).
+pub(crate) type Tagged = (RefDecl, Option<u32>);
+
+/// The forward kernel's `pallas_call` as `cfg.kernel`'s family declares it (the grid left for
+/// the lowering to fill in), each window with the step-stream event its block index follows;
+/// blocks as the kernel's refs see them (a squeezed `None` dimension as 1):
 ///
-/// * tokamax's Splash and MaxDiffusion's sparse kernel (tokamax's fork; `_splash_attention_forward`):
-///   windows q (block_q x d), k, v (block_kv x d, dv), o (block_q x dv), bf16; when the lengths
-///   are padded the segment ids (block_q x 128 and 8 x block_kv, int32); the int8 mask block
-///   (block_q x block_kv) when masks are loaded, the q positions (block_q x 128 int32) when a
-///   mask is computed; logsumexp and max logits (block_q x 128 f32) when residuals are returned;
-///   scratch m and l (block_q x 128 f32) and o (block_q x dv f32); in the body the score tile
-///   (block_q x block_kv_compute f32) and p (bf16).
-/// * JAX's Splash (`splash_attention_kernel.py`): the same inputs; m, l and o_scratch are
-///   outputs with a constant block index (windows, so double-buffered), plus o and, with
-///   residuals, logsumexp (block_q x 128 f32); in the body the score tile, p (f32) and v cast to
-///   f32 (block_kv_compute x dv).
-/// * JAX's older flash attention (`flash_attention.py`): windows q, k, v, o, the segment ids
-///   when padded, l and m (block_q x 128 f32) with residuals; scratch m, l (block_q x 128 f32)
-///   and acc (block_q x dv f32) unless one kv step covers the sequence (block_kv_compute =
-///   kv_len); the score tile (block_q x block_kv_compute f32).
+/// * JAX's Splash (`splash_attention_kernel.py` `_splash_attention_forward`): prefetch tables
+///   `data_next`, `block_mask` (and `mask_next` when masks are loaded); windows q (1 x block_q x
+///   d), k, v (1 x block_kv x d, dv), bf16; when the lengths are padded the segment ids (block_q
+///   x 128 and 8 x block_kv, int32); the mask block (1 x block_q x block_kv, its bool blocks as
+///   int32) when masks are loaded, the q positions (block_q x 128 int32) when a mask is
+///   computed; outputs m and l (block_q x 128 f32) and o_scratch (block_q x dv f32) with a
+///   constant block index, written back once after the grid's last step and kept in one buffer
+///   (as the kernel's IR has them), o (1 x block_q x dv bf16) and, with residuals, logsumexp (1
+///   x block_q x 128 f32); in the body the score tile (block_q x block_kv_compute f32), p (f32)
+///   and v cast to f32 (block_kv_compute x dv).
+/// * tokamax's Splash and MaxDiffusion's sparse kernel (tokamax's fork;
+///   `_splash_attention_forward`): the same inputs (the mask block int8); outputs o and, with
+///   residuals, logsumexp and max logits (block_q x 128 f32); scratch m and l (block_q x 128 f32)
+///   and o (block_q x dv f32); in the body the score tile and p (bf16).
+/// * JAX's older flash attention (`flash_attention.py`): windows q, k, v, the segment ids when
+///   padded, o, l and m (block_q x 128 f32) with residuals; scratch m, l (block_q x 128 f32) and
+///   acc (block_q x dv f32) unless one kv step covers the sequence (block_kv_compute = kv_len);
+///   the score tile (block_q x block_kv_compute f32).
 /// * MaxDiffusion's mask-free kernel (`custom_splash_attention.py`), which computes the scores
 ///   kv-major (k q^T): windows q, k, v; outputs m and l (8 x block_q f32), o_scratch (dv x
 ///   block_q f32) with constant block indices, and o (dv x block_q bf16); with residuals m and l
 ///   of the row (8 x block_q f32); the score tile (block_kv_compute x block_q f32).
-pub fn vmem_buffers(w: &AttentionCall, cfg: &SplashConfig) -> Vec<VmemBuffer> {
+pub(crate) fn family_refs(w: &AttentionCall, cfg: &SplashConfig) -> (Vec<Tagged>, Vec<VmemBuffer>) {
     use crate::dtype::Dtype::{Bf16, F32, I32, I8};
+    use steps::event::{FINAL, KJ, KV, MASK, OUT, Q, QI};
+    use tpusim_model::expr::Expr::{Const, Grid};
     let (bq, bkv, c, d, dv) = (cfg.block_q, cfg.block_kv, cfg.block_kv_compute, w.head_dim, w.head_dim_v);
-    let win = VmemBuffer::window;
-    let mut b = vec![win("q", &[bq, d], Bf16), win("k", &[bkv, d], Bf16), win("v", &[bkv, dv], Bf16)];
+    // Index maps for reports: the head and q block from the grid, the kv block from the step
+    // stream (data_next); the generator supplies the events (module docs of `steps`).
+    let at = |dims: &[Option<usize>]| dims.iter().map(|g| g.map_or(Const(0), Grid)).collect::<Vec<_>>();
+    let input = |name: &str, shape: &[u64], dtype, map: &[Option<usize>]| RefDecl::input(name, shape, dtype, at(map));
+    let output = |name: &str, shape: &[u64], dtype, map: &[Option<usize>]| RefDecl::output(name, shape, dtype, at(map));
+    let (h, i, j) = (Some(0), Some(1), Some(2));
+    let mut r: Vec<Tagged> = Vec::new();
     let padded = padded_lengths(w, bq, bkv);
     let masked = cfg.masking != Masking::None && !w.mask.is_full();
     let loaded = loads_mask(w, cfg);
     let computed = masked && !loaded;
-    if cfg.kernel == Kernel::SplashDense {
-        b.extend([win("m", &[8, bq], F32), win("l", &[8, bq], F32), win("o_scratch", &[dv, bq], F32), win("o", &[dv, bq], Bf16)]);
-        if cfg.return_residuals {
-            b.extend([win("m out", &[8, bq], F32), win("l out", &[8, bq], F32)]);
+    let jax = cfg.kernel == Kernel::Splash;
+    if jax {
+        r.push((RefDecl::prefetch("data_next", &[1]), None));
+        r.push((RefDecl::prefetch("block_mask", &[1]), None));
+        if loaded {
+            r.push((RefDecl::prefetch("mask_next", &[1]), None));
         }
-        b.push(VmemBuffer::internal("scores", &[c, bq], F32));
-        return b;
     }
+    if cfg.kernel == Kernel::SplashDense {
+        r.push((input("q", &[1, d, bq], Bf16, &[h, None, i]), Some(Q)));
+        r.push((input("k", &[1, bkv, d], Bf16, &[h, j, None]), Some(KV)));
+        r.push((input("v", &[1, bkv, dv], Bf16, &[h, j, None]), Some(KV)));
+        r.push((output("m", &[8, bq], F32, &[None, None]), Some(FINAL)));
+        r.push((output("l", &[8, bq], F32, &[None, None]), Some(FINAL)));
+        r.push((output("o_scratch", &[dv, bq], F32, &[None, None]), Some(FINAL)));
+        r.push((output("o", &[1, dv, bq], Bf16, &[h, None, i]), Some(OUT)));
+        if cfg.return_residuals {
+            r.push((output("m out", &[1, 8, bq], F32, &[h, None, i]), Some(OUT)));
+            r.push((output("l out", &[1, 8, bq], F32, &[h, None, i]), Some(OUT)));
+        }
+        return (r, vec![VmemBuffer::internal("scores", &[c, bq], F32)]);
+    }
+    r.push((input("q", &[1, bq, d], Bf16, &[h, i, None]), Some(Q)));
+    r.push((input("k", &[1, bkv, d], Bf16, &[h, j, None]), Some(KV)));
+    r.push((input("v", &[1, bkv, dv], Bf16, &[h, j, None]), Some(KV)));
     if padded {
-        b.extend([win("q segment ids", &[bq, 128], I32), win("kv segment ids", &[8, bkv], I32)]);
+        r.push((input("q segment ids", &[bq, 128], I32, &[i, None]), Some(QI)));
+        r.push((input("kv segment ids", &[8, bkv], I32, &[None, j]), Some(KJ)));
     }
     if loaded {
         // JAX's Splash: bool mask blocks passed as int32 (the kernel's memref is `i32`).
-        b.push(win("mask", &[bq, bkv], if cfg.kernel == Kernel::Splash { I32 } else { I8 }));
+        r.push((input("mask", &[1, bq, bkv], if jax { I32 } else { I8 }, &[Some(3), None, None]), Some(MASK)));
     }
     if computed && cfg.kernel != Kernel::FlashAttention {
-        b.push(win("q positions", &[bq, 128], I32));
+        r.push((input("q positions", &[bq, 128], I32, &[i, None]), Some(QI)));
     }
-    b.push(VmemBuffer::internal("scores", &[bq, c], F32));
+    let mut internal = vec![VmemBuffer::internal("scores", &[bq, c], F32)];
+    let scratch = |name: &str, shape: &[u64]| (RefDecl::scratch(name, shape, F32), None);
     match cfg.kernel {
         Kernel::Splash => {
-            b.extend([win("m", &[bq, 128], F32), win("l", &[bq, 128], F32), win("o_scratch", &[bq, dv], F32)]);
-            b.push(win("o", &[bq, dv], Bf16));
+            // Outputs of constant block index: one buffer, written back after the last step.
+            let constant = |name: &str, shape: &[u64]| (output(name, shape, F32, &[None, None]).buffered(1), Some(FINAL));
+            r.extend([constant("m", &[bq, 128]), constant("l", &[bq, 128]), constant("o_scratch", &[bq, dv])]);
+            r.push((output("o", &[1, bq, dv], Bf16, &[h, i, None]), Some(OUT)));
             if cfg.return_residuals {
-                b.push(win("logsumexp", &[bq, 128], F32));
+                r.push((output("logsumexp", &[1, bq, 128], F32, &[h, i, None]), Some(OUT)));
             }
-            b.push(VmemBuffer::internal("p", &[bq, c], F32));
-            b.push(VmemBuffer::internal("v f32", &[c, dv], F32));
+            internal.extend([VmemBuffer::internal("p", &[bq, c], F32), VmemBuffer::internal("v f32", &[c, dv], F32)]);
         }
         Kernel::FlashAttention => {
-            b.push(win("o", &[bq, dv], Bf16));
+            r.push((output("o", &[1, 1, bq, dv], Bf16, &[Some(0), h, i, None]), Some(OUT)));
             if cfg.return_residuals {
-                b.extend([win("l", &[bq, 128], F32), win("m", &[bq, 128], F32)]);
+                r.push((output("l out", &[1, 1, bq, 128], F32, &[Some(0), h, i, None]), Some(OUT)));
+                r.push((output("m out", &[1, 1, bq, 128], F32, &[Some(0), h, i, None]), Some(OUT)));
             }
             // One kv step per row (block_k = kv_len) needs no running state.
             if c != w.kv_len {
-                b.extend([VmemBuffer::scratch("m", &[bq, 128], F32), VmemBuffer::scratch("l", &[bq, 128], F32)]);
-                b.push(VmemBuffer::scratch("acc", &[bq, dv], F32));
+                r.extend([scratch("m", &[1, 1, bq, 128]), scratch("l", &[1, 1, bq, 128]), scratch("acc", &[1, 1, bq, dv])]);
             }
         }
         _ => {
-            b.push(win("o", &[bq, dv], Bf16));
+            r.push((output("o", &[1, bq, dv], Bf16, &[h, i, None]), Some(OUT)));
             if cfg.return_residuals {
-                b.extend([win("logsumexp", &[bq, 128], F32), win("max logits", &[bq, 128], F32)]);
+                r.push((output("logsumexp", &[1, bq, 128], F32, &[h, i, None]), Some(OUT)));
+                r.push((output("max logits", &[1, bq, 128], F32, &[h, i, None]), Some(OUT)));
             }
-            b.extend([VmemBuffer::scratch("m", &[bq, 128], F32), VmemBuffer::scratch("l", &[bq, 128], F32)]);
-            b.push(VmemBuffer::scratch("o", &[bq, dv], F32));
-            b.push(VmemBuffer::internal("p", &[bq, c], Bf16));
+            r.extend([scratch("m", &[bq, 128]), scratch("l", &[bq, 128]), scratch("o_scratch", &[bq, dv])]);
+            internal.push(VmemBuffer::internal("p", &[bq, c], Bf16));
         }
     }
-    b
+    (r, internal)
 }
 
-/// VMEM a forward tiling needs ([`vmem_buffers`] counted by [`crate::vmem::footprint`]).
+/// The declaration of a family's `pallas_call` ([`family_refs`]) over `grid`, its leading
+/// `parallel_dims` dimensions parallel.
+pub(crate) fn declare(refs: Vec<Tagged>, internal: Vec<VmemBuffer>, grid: Vec<u64>, parallel_dims: usize) -> (KernelDecl, Vec<Option<u32>>) {
+    let (refs, tags): (Vec<RefDecl>, Vec<Option<u32>>) = refs.into_iter().unzip();
+    (KernelDecl { grid, parallel_dims, refs, internal }, tags)
+}
+
+/// The copy-set id of every combination of step-stream events ([`steps::event`]): Pallas's
+/// rule over the declaration's windows ([`tpusim_model::copies`]), each window copied when its
+/// event happens.
+pub(crate) fn copy_table(decl: &KernelDecl, tags: &[Option<u32>], events: u32, sets: &mut CopySets) -> Vec<u32> {
+    let rule = CopyRule::new(decl);
+    let window_tags: Vec<Option<u32>> = rule.windows().map(|r| tags[r]).collect();
+    (0..1usize << events)
+        .map(|key| sets.intern(rule.copies(|w| window_tags[w].is_some_and(|e| key >> e & 1 == 1), |_| None)))
+        .collect()
+}
+
+/// VMEM a forward tiling needs (its declaration, [`family_refs`], counted by
+/// [`crate::vmem::footprint`]).
 pub fn vmem_budget(w: &AttentionCall, cfg: &SplashConfig, limit_bytes: u64) -> VmemBudget {
-    crate::vmem::footprint(&vmem_buffers(w, cfg), limit_bytes)
+    let (refs, internal) = family_refs(w, cfg);
+    declare(refs, internal, Vec::new(), 0).0.vmem(limit_bytes)
 }
 
 /// Checks a kernel's block sizes against the (8, 128) rules and the lengths; `names` are the
@@ -618,11 +677,14 @@ pub fn lower(chip: &ChipModel, w: &AttentionCall, cfg: &SplashConfig) -> Result<
     w.validate()?;
     w.mask.check_lengths(w.q_len, w.kv_len)?;
     check_blocks(w, cfg, chip)?;
-    let vmem = vmem_budget(w, cfg, cfg.vmem_limit(chip));
-    vmem.check(chip)?;
+    let (refs, internal) = family_refs(w, cfg);
+    let vmem = declare(refs.clone(), internal.clone(), Vec::new(), 0).0.vmem(cfg.vmem_limit(chip));
+    crate::check_vmem(&vmem, chip)?;
     check_hbm(chip, w, cfg.return_residuals, 0, None)?;
     // Stage 2: the masks at the tiling.
     let cl = classify(w, cfg.block_q, cfg.block_kv, cfg.tile_align, ("`block_q`", "`block_kv`"))?;
+    // The `pallas_call` over the grid the masks give.
+    let (decl, tags) = declare(refs, internal, vec![w.batch, w.q_heads, cl.grid.q_tiles(), cl.width], 2);
     // A mask with no closed form (a block file) can only be loaded, whatever the option says.
     let source = if cl.distinct.iter().any(|m| m.expression_terms().loaded_only) { MaskSource::Loaded } else { cfg.mask_source };
     let any_not_full = cl.distinct.iter().any(|m| !m.is_full()) || cfg.tile_align;
@@ -672,6 +734,7 @@ pub fn lower(chip: &ChipModel, w: &AttentionCall, cfg: &SplashConfig) -> Result<
     let step_body = |masked: bool, first: bool, runs: bool, last: bool| {
         op_body(
             cfg.kernel,
+            &decl,
             &ops::FwdStep {
                 flavor,
                 block_q: cfg.block_q,
@@ -736,18 +799,10 @@ pub fn lower(chip: &ChipModel, w: &AttentionCall, cfg: &SplashConfig) -> Result<
                 Traversal::FullGrid => cl.grid.q_tiles() * cl.width,
             };
     }
-    // Stage 6: the step stream.
-    // Residuals (f32, lane-replicated to 128 per q row): logsumexp and max logits, JAX's Splash
-    // logsumexp only (`save_residuals` in `_splash_attention_forward`).
-    let residual_arrays = if cfg.kernel == Kernel::Splash { 1 } else { 2 };
-    let residual_bytes = if cfg.return_residuals { residual_arrays * cfg.block_q * 128 * 4 } else { 0 };
-    // JAX's Splash: the q positions block (block_q x 128 int32, index map (i, 0)) when the mask
-    // is computed, and m, l and o_scratch as outputs of constant block index (written back once,
-    // after the last step).
+    // Stage 6: the step stream, its copies by Pallas's rule over the family's declaration.
     let jax_splash = cfg.kernel == Kernel::Splash;
-    let computes_mask = cfg.masking != Masking::None && any_not_full && source == MaskSource::Computed;
-    let qpos_bytes = if jax_splash && computes_mask { cfg.block_q * 128 * 4 } else { 0 };
-    let final_out_bytes = if jax_splash { cfg.block_q * (128 + 128 + w.head_dim_v) * 4 } else { 0 };
+    let mut sets = CopySets::default();
+    let copies = copy_table(&decl, &tags, steps::event::COUNT, &mut sets);
     let steps = Steps {
         batch: w.batch,
         q_heads: w.q_heads,
@@ -762,14 +817,9 @@ pub fn lower(chip: &ChipModel, w: &AttentionCall, cfg: &SplashConfig) -> Result<
         // JAX's older flash attention points skipped causal steps at kv block 0 too (its
         // `kv_index_map`: "prefetch the next valid kv block, i.e. the 0th one").
         pad_to_block0: (cfg.kernel == Kernel::Splash || flash) && cfg.traversal == Traversal::FullGrid,
-        q_bytes: cfg.block_q * w.head_dim * 2,
-        kv_bytes: cfg.block_kv * (w.head_dim + w.head_dim_v) * 2,
-        // JAX's Splash keeps its partial mask blocks as bool, which its `pallas_call` passes as
-        // int32 (the kernel's memref is `i32`): 4 bytes per element; int8 for the others.
-        mask_bytes: if source == MaskSource::Loaded { cfg.block_q * cfg.block_kv * if jax_splash { 4 } else { 1 } } else { 0 },
-        o_bytes: cfg.block_q * w.head_dim_v * 2 + residual_bytes,
-        qpos_bytes,
-        final_out_bytes,
+        copies,
+        loads_mask: source == MaskSource::Loaded,
+        final_out: tags.contains(&Some(steps::event::FINAL)),
         masked_partial: cfg.masking != Masking::None,
         mask_dedup: (jax_splash && cl.distinct.iter().all(diagonal_invariant)).then_some((cfg.block_q, cfg.block_kv)),
         unit_span: 1,
@@ -787,7 +837,7 @@ pub fn lower(chip: &ChipModel, w: &AttentionCall, cfg: &SplashConfig) -> Result<
     }
     build_used_bodies(&mut classes, &body_args, &steps.used_classes(body_args.len()), step_body);
     let info = ProgramInfo {
-        kind: crate::options::KernelKind::Attention,
+        kind: tpusim_model::KernelKind::Attention,
         kernel: "attention forward".into(),
         grid: vec![
             ("batch x heads".into(), w.batch * w.q_heads),
@@ -810,13 +860,13 @@ pub fn lower(chip: &ChipModel, w: &AttentionCall, cfg: &SplashConfig) -> Result<
         grid_steps,
         smem_bytes: smem,
     };
-    Ok(Program { classes, parallel_units: w.batch * w.q_heads, vmem, info, steps: StepSource::Splash(steps) })
+    Ok(Program::new(classes, w.batch * w.q_heads, vmem, info, decl, sets, steps))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Step, Work};
+    use crate::ir::{Step, Work};
 
     fn v6e() -> ChipModel {
         ChipModel::preset("v6e").unwrap()
@@ -912,7 +962,7 @@ mod tests {
         w.kv_heads = 1;
         let p = lower(&v6e(), &w, &cfg(1024, 1024, 512)).unwrap();
         let mut bytes = 0;
-        p.for_each_step(&mut |s| bytes += s.in_bytes);
+        p.for_each_step(&mut |s| bytes += p.copies_of(s).in_bytes);
         assert_eq!(bytes, 4 * 1024 * 128 * 2 + 1024 * 256 * 2);
     }
 
@@ -1012,7 +1062,7 @@ mod tests {
         assert_eq!(casts(Kernel::TokamaxSplash), (0.0, 0));
         // At the default precision the f32 p.v is one MXU pass: its FLOPs and matmul shapes are
         // those of the bf16 one.
-        assert_eq!(crate::mxu::matmul_passes(crate::dtype::Dtype::F32, crate::dtype::Dtype::F32, crate::mxu::Precision::Default), 1);
+        assert_eq!(tpusim_model::mxu::matmul_passes(crate::dtype::Dtype::F32, crate::dtype::Dtype::F32, tpusim_model::mxu::Precision::Default), 1);
     }
 
     #[test]
@@ -1028,8 +1078,8 @@ mod tests {
         let p = lower(&v6e(), &w, &c).unwrap();
         let (mut inb, mut outb, mut fin) = (0, 0, 0);
         p.for_each_step(&mut |s| {
-            inb += s.in_bytes;
-            outb += s.out_bytes;
+            inb += p.copies_of(s).in_bytes;
+            outb += p.copies_of(s).out_bytes;
             fin += u64::from(p.classes[s.class as usize].key.tile == "empty" && !p.classes[s.class as usize].body.is_empty());
         });
         assert_eq!(inb, 16 * (512 * 128 * 2 + 512 * 128 * 4) + 4 * 9 * 512 * 256 * 2);
@@ -1038,7 +1088,7 @@ mod tests {
         assert_eq!(fin, 4 * 3);
         // The run stream (heads folded) gives the same bytes.
         let mut runs = 0;
-        p.for_each_run(&mut |s, n| runs += (s.in_bytes + s.out_bytes) * n);
+        p.for_each_run(&mut |s, n| runs += (p.copies_of(s).in_bytes + p.copies_of(s).out_bytes) * n);
         assert_eq!(runs, inb + outb);
     }
 

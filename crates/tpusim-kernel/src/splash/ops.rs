@@ -11,7 +11,8 @@
 //! the partial mask block loaded, segment ids compared).
 
 use crate::body::{Arg, Attrs, Emitter, V};
-use crate::StepBody;
+use crate::ir::StepBody;
+use tpusim_model::decl::KernelDecl;
 use tpusim_workload::Mask;
 
 /// Lanes of a vector register: the width of Splash's lane-replicated row statistics (m, l) and
@@ -162,43 +163,20 @@ pub(crate) fn mask_function(e: &mut Emitter, m: &Mask, q: &V, k: &V) -> V {
     }
 }
 
-/// Refs of JAX's Splash forward kernel in its `pallas_call`'s order.
-struct JaxRefs {
-    q: usize,
-    k: usize,
-    v: usize,
-    q_seg: usize,
-    kv_seg: usize,
-    mask: usize,
-    q_seq: usize,
-    m: usize,
-    l: usize,
-    o_scratch: usize,
-    o: usize,
-    lse: usize,
-    count: usize,
-}
-
-impl JaxRefs {
-    fn new(plan: Option<&MaskPlan>) -> JaxRefs {
-        let loaded = plan.is_some_and(|p| p.loaded);
-        let mut n = if loaded { 3 } else { 2 };
-        let mut next = |on: bool| {
-            if on {
-                n += 1;
-                n - 1
-            } else {
-                usize::MAX
-            }
-        };
-        let (q, k, v) = (next(true), next(true), next(true));
-        let segments = plan.is_some_and(|p| p.segments);
-        let (q_seg, kv_seg) = (next(segments), next(segments));
-        let mask = next(loaded);
-        let q_seq = next(plan.is_some_and(|p| p.function.is_some()));
-        let (m, l, o_scratch, o, lse) = (next(true), next(true), next(true), next(true), next(true));
-        JaxRefs { q, k, v, q_seg, kv_seg, mask, q_seq, m, l, o_scratch, o, lse, count: n }
-    }
+/// The indices of the refs named `names` in a family's declaration ([`super::family_refs`],
+/// the `pallas_call`'s order) and the declaration's carried flags. A name the declaration lacks
+/// (a ref of a branch the family never takes, or running state a kernel keeps outside its
+/// `pallas_call`) gets an index past the declared refs, carried, so that what the op program
+/// reads and writes of it stays its own.
+pub(crate) fn ref_indices<const N: usize>(decl: &KernelDecl, names: [&str; N]) -> ([usize; N], Vec<bool>) {
+    let mut carried = decl.carried();
+    let idx = names.map(|n| {
+        decl.index_of(n).unwrap_or_else(|| {
+            carried.push(true);
+            carried.len() - 1
+        })
+    });
+    (idx, carried)
 }
 
 /// `alpha` ([bq, 128]) tiled to the head dimension (`jnp.tile(alpha, (1, r))[..., :dv]`).
@@ -235,16 +213,15 @@ pub(crate) fn store(e: &mut Emitter, x: &V, r: usize, shape: &[u64], dtype: &'st
 /// A Splash forward step (module docs): `flash_attention_kernel`'s `init`, `body` per sub-tile
 /// and `end`, as JAX's Splash runs them, with the family's differences ([`Flavor`]): the step's
 /// bodies without and with `end` (`s.last` is not read; the row's last step takes the second).
-pub(crate) fn splash_fwd(s: &FwdStep<'_>) -> [StepBody; 2] {
+pub(crate) fn splash_fwd(decl: &KernelDecl, s: &FwdStep<'_>) -> [StepBody; 2] {
     let f = s.flavor;
-    let refs = JaxRefs::new(s.mask);
-    // Carried: the refs the body loads and stores (the row statistics, the accumulator, and o
-    // and the logsumexp, which `ref[...] = x` reads before it writes).
-    let mut carried = vec![false; refs.count + 1];
-    let max_ref = refs.count;
-    for r in [refs.m, refs.l, refs.o_scratch, refs.o, refs.lse, max_ref] {
-        carried[r] = true;
-    }
+    // Carried (the declaration's): the refs the body loads and stores (the row statistics, the
+    // accumulator, and o and the residuals, which `ref[...] = x` reads before it writes).
+    let ([q_ref, k_ref, v_ref, q_seg, kv_seg, mask_ref, q_seq, m_ref, l_ref, o_scratch, o_ref, lse_ref, max_ref], carried) = ref_indices(
+        decl,
+        ["q", "k", "v", "q segment ids", "kv segment ids", "mask", "q positions", "m", "l", "o_scratch", "o", "logsumexp", "max logits"],
+    );
+    let mask_refs = MaskRefs { mask: mask_ref, q_seq, q_seg, kv_seg };
     let mut e = Emitter::new(carried);
     let (bq, c, d, dv) = (s.block_q, s.compute, s.d, s.dv);
     let stat = [bq, LANES];
@@ -252,17 +229,17 @@ pub(crate) fn splash_fwd(s: &FwdStep<'_>) -> [StepBody; 2] {
     let exp = if f.base2 { "math.exp2" } else { "math.exp" };
     if s.first {
         let z = e.splat(&acc, "f32");
-        store(&mut e, &z, refs.o_scratch, &acc, "f32");
+        store(&mut e, &z, o_scratch, &acc, "f32");
         let m0 = e.splat(&stat, "f32");
-        store(&mut e, &m0, refs.m, &stat, "f32");
+        store(&mut e, &m0, m_ref, &stat, "f32");
         let l0 = e.splat(&stat, "f32");
-        store(&mut e, &l0, refs.l, &stat, "f32");
+        store(&mut e, &l0, l_ref, &stat, "f32");
     }
     if s.runs {
         for _ in 0..s.block_kv / c {
-            let m_prev = load2(&mut e, refs.m, &stat, "f32");
-            let l_prev = load2(&mut e, refs.l, &stat, "f32");
-            let q = load3(&mut e, refs.q, bq, d, "bf16");
+            let m_prev = load2(&mut e, m_ref, &stat, "f32");
+            let l_prev = load2(&mut e, l_ref, &stat, "f32");
+            let q = load3(&mut e, q_ref, bq, d, "bf16");
             if f.base2 {
                 // q x log2(e) (tokamax's `q *= LOG2E`) takes VPU time but is not a dependency
                 // of the QK matmul: the compiler scales the block while the previous step's
@@ -270,11 +247,11 @@ pub(crate) fn splash_fwd(s: &FwdStep<'_>) -> [StepBody; 2] {
                 let log2e = e.splat(&q.shape, "bf16");
                 e.same("arith.mulf", &[&q, &log2e]);
             }
-            let k = load3(&mut e, refs.k, c, d, "bf16");
+            let k = load3(&mut e, k_ref, c, d, "bf16");
             let zero = e.constant(&[bq, c], "f32");
             let mut qk = e.matmul(&q, &k, &zero, [bq, d, c]);
             if let Some(plan) = s.mask {
-                qk = apply_mask(&mut e, plan, MaskRefs { mask: refs.mask, q_seq: refs.q_seq, q_seg: refs.q_seg, kv_seg: refs.kv_seg }, &qk, true);
+                qk = apply_mask(&mut e, plan, mask_refs, &qk, true);
             }
             let m_curr = e.reduce(&qk, &[1]);
             let m_col = e.shape_cast(&m_curr, &[bq, 1]);
@@ -290,41 +267,41 @@ pub(crate) fn splash_fwd(s: &FwdStep<'_>) -> [StepBody; 2] {
             let alpha = e.same(exp, &[&dm]);
             let al = e.same("arith.mulf", &[&alpha, &l_prev]);
             let l_next = e.same("arith.addf", &[&l_curr, &al]);
-            store(&mut e, &m_next, refs.m, &stat, "f32");
-            store(&mut e, &l_next, refs.l, &stat, "f32");
-            let v = load3(&mut e, refs.v, c, dv, "bf16");
+            store(&mut e, &m_next, m_ref, &stat, "f32");
+            store(&mut e, &l_next, l_ref, &stat, "f32");
+            let v = load3(&mut e, v_ref, c, dv, "bf16");
             let (p, v) = if f.f32_v { (s_curr, e.ew("arith.extf", &[&v], "f32")) } else { (e.ew("arith.truncf", &[&s_curr], "bf16"), v) };
             let zero_o = e.constant(&acc, "f32");
             let o_curr = e.matmul(&p, &v, &zero_o, [bq, c, dv]);
             let alpha_o = tile_lanes(&mut e, &alpha, dv);
-            let o_prev = load2(&mut e, refs.o_scratch, &acc, "f32");
+            let o_prev = load2(&mut e, o_scratch, &acc, "f32");
             let ao = e.same("arith.mulf", &[&alpha_o, &o_prev]);
             let o_next = e.same("arith.addf", &[&ao, &o_curr]);
-            store(&mut e, &o_next, refs.o_scratch, &acc, "f32");
+            store(&mut e, &o_next, o_scratch, &acc, "f32");
         }
     }
     // The step without its row's end, then with it: the ops before the end are emitted once
     // ([`crate::body::cached_pair`]).
     let without_end = e.clone().finish().body;
     {
-        let l = load2(&mut e, refs.l, &stat, "f32");
+        let l = load2(&mut e, l_ref, &stat, "f32");
         // `1.0 / l` (the IR broadcasts a constant of the compute branch, or a scalar: alike).
         let one = e.splat(&stat, "f32");
         let inv = e.same("arith.divf", &[&one, &l]);
         let inv = tile_lanes(&mut e, &inv, dv);
-        let o_acc = load2(&mut e, refs.o_scratch, &acc, "f32");
+        let o_acc = load2(&mut e, o_scratch, &acc, "f32");
         let o = e.same("arith.mulf", &[&o_acc, &inv]);
         let o = e.ew("arith.truncf", &[&o], "bf16");
-        let _ = load3(&mut e, refs.o, bq, dv, "bf16");
+        let _ = load3(&mut e, o_ref, bq, dv, "bf16");
         let o = e.shape_cast(&o, &[1, bq, dv]);
-        e.store(&o, refs.o);
+        e.store(&o, o_ref);
         if s.residuals {
             let log_l = e.same(if f.base2 { "math.log2" } else { "math.log" }, &[&l]);
-            let m = load2(&mut e, refs.m, &stat, "f32");
+            let m = load2(&mut e, m_ref, &stat, "f32");
             let lse = e.same("arith.addf", &[&log_l, &m]);
-            let _ = load3(&mut e, refs.lse, bq, LANES, "f32");
+            let _ = load3(&mut e, lse_ref, bq, LANES, "f32");
             let lse = e.shape_cast(&lse, &[1, bq, LANES]);
-            e.store(&lse, refs.lse);
+            e.store(&lse, lse_ref);
             if f.max_logits {
                 let _ = load3(&mut e, max_ref, bq, LANES, "f32");
                 let m = e.shape_cast(&m, &[1, bq, LANES]);
@@ -333,11 +310,11 @@ pub(crate) fn splash_fwd(s: &FwdStep<'_>) -> [StepBody; 2] {
         }
         if f.resets_scratch {
             let z = e.splat(&stat, "f32");
-            store(&mut e, &z, refs.m, &stat, "f32");
+            store(&mut e, &z, m_ref, &stat, "f32");
             let z = e.splat(&stat, "f32");
-            store(&mut e, &z, refs.l, &stat, "f32");
+            store(&mut e, &z, l_ref, &stat, "f32");
             let z = e.splat(&acc, "f32");
-            store(&mut e, &z, refs.o_scratch, &acc, "f32");
+            store(&mut e, &z, o_scratch, &acc, "f32");
         }
     }
     [without_end, e.finish().body]
@@ -346,7 +323,7 @@ pub(crate) fn splash_fwd(s: &FwdStep<'_>) -> [StepBody; 2] {
 /// The refs a mask reads: the loaded mask block, the q positions (`q_sequence`), the q and kv
 /// segment ids.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct MaskRefs {
+pub(crate) struct MaskRefs {
     pub mask: usize,
     pub q_seq: usize,
     pub q_seg: usize,
@@ -419,13 +396,9 @@ pub(super) fn apply_mask(e: &mut Emitter, plan: &MaskPlan, refs: MaskRefs, s: &V
 /// diagonal, `store_output` at the row's last kv block. Its causal mask is added as a bias
 /// (`s + where(mask, 0, mask_value)`); its accumulator is normalized on every block. The step's
 /// bodies without and with `store_output` (`s.last` is not read).
-pub(crate) fn jax_flash_fwd(s: &FwdStep<'_>) -> [StepBody; 2] {
-    // Refs: q, k, v, o, then the scratch m, l, acc (each [1, 1, rows, cols]).
-    let (q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref) = (0, 1, 2, 3, 4, 5, 6);
-    let mut carried = vec![false; 7];
-    for r in [m_ref, l_ref, acc_ref, o_ref] {
-        carried[r] = true;
-    }
+pub(crate) fn jax_flash_fwd(decl: &KernelDecl, s: &FwdStep<'_>) -> [StepBody; 2] {
+    // Refs (the declaration's): q, k, v, o, then the scratch m, l, acc (each [1, 1, rows, cols]).
+    let ([q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref], carried) = ref_indices(decl, ["q", "k", "v", "o", "m", "l", "acc"]);
     let mut e = Emitter::new(carried);
     let (bq, c, d, dv) = (s.block_q, s.compute, s.d, s.dv);
     let stat = [bq, LANES];

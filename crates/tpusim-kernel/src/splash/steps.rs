@@ -2,17 +2,29 @@
 
 use super::Traversal;
 use crate::ir::Step;
+pub use tpusim_model::RunItem;
 use tpusim_workload::tiles::TileKind;
 
-/// One item of a run-length step stream with head repetition ([`crate::Program::for_each_run_block`]).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum RunItem<'a> {
-    /// A new (batch, head) begins; the runs until the next `HeadStart` belong to it.
-    HeadStart,
-    /// `n` consecutive steps identical to the given one but for their kv coordinate.
-    Run(&'a Step, u64),
-    /// The previous head's runs repeat this many more times (for the following heads).
-    RepeatHead(u64),
+/// The events of a step stream that change windows' block indices: each window of a family's
+/// declaration names the one its block index follows ([`super::Family::refs`]), and a step's
+/// copies are the copy-set id of the events it saw ([`Steps::copies`]).
+pub(crate) mod event {
+    /// The (batch x head, q block) changed: q.
+    pub const Q: u32 = 0;
+    /// The q block alone changed: windows whose index map has no head (q positions, q segment ids).
+    pub const QI: u32 = 1;
+    /// The (batch, kv head, kv block) changed: k and v.
+    pub const KV: u32 = 2;
+    /// The kv block alone changed: kv segment ids.
+    pub const KJ: u32 = 3;
+    /// A loaded mask block changed.
+    pub const MASK: u32 = 4;
+    /// The row ends: o (and its residuals) written back.
+    pub const OUT: u32 = 5;
+    /// The grid's last step: outputs of constant block index written back.
+    pub const FINAL: u32 = 6;
+    /// Events.
+    pub const COUNT: u32 = 7;
 }
 
 /// What a step stream carries from one step to the next for copy elision: the (batch x head,
@@ -53,16 +65,13 @@ pub(crate) struct Steps {
     /// one copies kv block 0 unless it is already the block in VMEM. `false`: they repeat the
     /// last block (no copy).
     pub(crate) pad_to_block0: bool,
-    pub(crate) q_bytes: u64,
-    pub(crate) kv_bytes: u64,
-    pub(crate) mask_bytes: u64,
-    pub(crate) o_bytes: u64,
-    /// A block copied when the q block index alone changes (not the head): JAX's Splash's q
-    /// positions (`q_sequence`, block_q x 128 int32, index map `(i, 0)`) when it computes the mask.
-    pub(crate) qpos_bytes: u64,
-    /// Bytes written back once, after the grid's last step: outputs whose block index never
-    /// changes (JAX's Splash keeps m, l and o_scratch as such outputs).
-    pub(crate) final_out_bytes: u64,
+    /// The copy-set id of each combination of [`event`]s (bit `e` set: event `e` happened).
+    pub(crate) copies: Vec<u32>,
+    /// Whether partial steps load mask blocks.
+    pub(crate) loads_mask: bool,
+    /// Whether outputs of constant block index are written back after the grid's last step
+    /// (JAX's Splash keeps m, l and o_scratch as such outputs).
+    pub(crate) final_out: bool,
     pub(crate) masked_partial: bool,
     /// JAX's Splash with a loaded mask: `process_mask` stores each distinct partial block once
     /// and `mask_next` names the block a step reads, so a mask block is copied only when that
@@ -76,73 +85,6 @@ pub(crate) struct Steps {
 }
 
 impl Steps {
-    /// Emits the grid in order as runs `(first step, count)`: the steps of a run differ only in
-    /// their kv coordinate, which increases by one per step (a run never spans two rows).
-    /// Runs cover the interior of each segment of same-kind tiles at once, so the cost is
-    /// O(rows x segments), not O(steps).
-    pub(crate) fn for_each_run(&self, f: &mut dyn FnMut(&Step, u64)) {
-        self.for_each_run_range(0, (self.batch * self.q_heads).div_ceil(self.unit_span), f)
-    }
-
-    /// [`Steps::for_each_run`] for the (batch, head) units `lo..hi` only, unfolded.
-    pub(crate) fn for_each_run_range(&self, lo: u64, hi: u64, f: &mut dyn FnMut(&Step, u64)) {
-        let mut last_q: Option<(u32, u32)> = None;
-        let mut last_kv: Option<(u64, u64, u32)> = None;
-        let mut last_mask: Option<i64> = None;
-        let (lo, hi) = (lo.saturating_mul(self.unit_span), hi.saturating_mul(self.unit_span));
-        for i in lo..hi.min(self.batch * self.q_heads) {
-            self.head_runs(i / self.q_heads, i % self.q_heads, (&mut last_q, &mut last_kv, &mut last_mask), f);
-        }
-    }
-
-    /// Like [`Steps::for_each_run`], but a stretch of consecutive (batch, head) pairs whose step
-    /// streams are identical but for coordinates is emitted once, followed by
-    /// [`RunItem::RepeatHead`]. Heads are identical when they use the same mask and their first
-    /// step always reloads its kv block (no copy elision across the head boundary).
-    pub(crate) fn for_each_run_block(&self, lo: u64, hi: u64, f: &mut dyn FnMut(RunItem<'_>)) {
-        let mut last_q: Option<(u32, u32)> = None;
-        let mut last_kv: Option<(u64, u64, u32)> = None;
-        let mut last_mask: Option<i64> = None;
-        let (lo, hi) = (lo.saturating_mul(self.unit_span), hi.saturating_mul(self.unit_span));
-        let total = hi.min(self.batch * self.q_heads);
-        // Per distinct mask: may consecutive heads elide the kv copy at their boundary?
-        let reloads = self.reloads();
-        let mut i = lo;
-        while i < total {
-            let (b, h) = (i / self.q_heads, i % self.q_heads);
-            let id = self.head_mask[h as usize];
-            f(RunItem::HeadStart);
-            self.head_runs(b, h, (&mut last_q, &mut last_kv, &mut last_mask), &mut |s, n| f(RunItem::Run(s, n)));
-            i += 1;
-            if !reloads[id] {
-                continue;
-            }
-            // Heads after the next one with the same mask repeat the next one exactly (but for
-            // the grid's last head, which writes the final outputs).
-            let j = self.fold_end(i, id, total);
-            if j - i >= 3 {
-                let (b, h) = (i / self.q_heads, i % self.q_heads);
-                f(RunItem::HeadStart);
-                self.head_runs(b, h, (&mut last_q, &mut last_kv, &mut last_mask), &mut |s, n| f(RunItem::Run(s, n)));
-                f(RunItem::RepeatHead(j - i - 1));
-                // Leave the elision state as the last repeated head would.
-                let (bl, hl) = ((j - 1) / self.q_heads, (j - 1) % self.q_heads);
-                let mut q = None;
-                let mut kv = None;
-                let mut m = last_mask;
-                self.head_runs(bl, hl, (&mut q, &mut kv, &mut m), &mut |_, _| {});
-                if q.is_some() {
-                    last_q = q;
-                }
-                if kv.is_some() {
-                    last_kv = kv;
-                }
-                last_mask = m;
-                i = j;
-            }
-        }
-    }
-
     /// Per distinct mask: whether consecutive heads always reload their first kv block (so heads
     /// with that mask can be folded by [`Steps::for_each_run_block`]).
     fn reloads(&self) -> Vec<bool> {
@@ -170,11 +112,11 @@ impl Steps {
         j
     }
 
-    /// [`Steps::same_mask_until`], stopping before the grid's last head when it writes
-    /// [`Steps::final_out_bytes`] (its last step differs from the other heads').
+    /// [`Steps::same_mask_until`], stopping before the grid's last head when it writes the
+    /// outputs of constant block index (its last step differs from the other heads').
     fn fold_end(&self, i: u64, id: usize, total: u64) -> u64 {
         let j = self.same_mask_until(i, id, total);
-        if self.final_out_bytes > 0 && j > i && j == self.batch * self.q_heads {
+        if self.final_out && j > i && j == self.batch * self.q_heads {
             j - 1
         } else {
             j
@@ -225,15 +167,21 @@ impl Steps {
 
     /// The runs of one (batch, head), updating the copy-elision state.
     fn head_runs(&self, b: u64, h: u64, state: ElisionState<'_>, f: &mut dyn FnMut(&Step, u64)) {
+        use event::{FINAL, KJ, KV, MASK, OUT, Q, QI};
         let (last_q, last_kv, last_mask) = state;
         let rows = &self.rows[self.head_mask[h as usize]];
         let bh = (b * self.q_heads + h) as u32;
         let kvh = b * (self.q_heads / self.group) + h / self.group;
         let last_head = b * self.q_heads + h + 1 == self.batch * self.q_heads;
         let nrows = rows.len();
+        let bit = |e: u32| 1usize << e;
+        let id = |events: usize| self.copies[events];
+        // The kv windows' events when the kv block becomes `kj`: KV, and KJ when the block index
+        // itself changes (a new head may start on the block the last one ended on).
+        let kv_events = |last_kv: &Option<(u64, u64, u32)>, kj: u32| bit(KV) | if last_kv.map(|l| l.2) != Some(kj) { bit(KJ) } else { 0 };
         for (qi, row) in rows.iter().enumerate() {
             // The grid's last step also writes the outputs whose block index never changes.
-            let row_out = self.o_bytes + if last_head && qi + 1 == nrows { self.final_out_bytes } else { 0 };
+            let row_out = bit(OUT) | if last_head && qi + 1 == nrows { bit(FINAL) } else { 0 };
             let qi = qi as u32;
             let len: u64 = row.iter().map(|s| s.n as u64).sum();
             let n_steps = match self.traversal {
@@ -248,26 +196,28 @@ impl Steps {
                           last_kv: &mut Option<(u64, u64, u32)>,
                           last_mask: &mut Option<i64>,
                           f: &mut dyn FnMut(&Step, u64)| {
-                let mut in_bytes = 0;
+                let mut events = 0;
                 if *last_q != Some((bh, qi)) {
-                    in_bytes += self.q_bytes;
+                    events |= bit(Q);
                     if last_q.map(|l| l.1) != Some(qi) {
-                        in_bytes += self.qpos_bytes;
+                        events |= bit(QI);
                     }
                     *last_q = Some((bh, qi));
                 }
                 if *last_kv != Some((b, kvh, kj)) {
-                    in_bytes += self.kv_bytes;
+                    events |= kv_events(last_kv, kj);
                     *last_kv = Some((b, kvh, kj));
                 }
-                if kind == TileKind::Partial && self.masked_partial {
-                    in_bytes += self.mask_fetch(last_mask, qi, kj);
+                if kind == TileKind::Partial && self.masked_partial && self.mask_fetch(last_mask, qi, kj) {
+                    events |= bit(MASK);
                 }
                 let k = usize::from(kind == TileKind::Full);
                 let first = usize::from(j == 0);
                 let last = usize::from(j + 1 == len && (self.finalize_class.is_none() || n_steps == len));
-                let out_bytes = if j + 1 == n_steps { row_out } else { 0 };
-                f(&Step { class: self.class_of[k][first][last], in_bytes, out_bytes, coords: [bh, qi, kj, 0] }, 1);
+                if j + 1 == n_steps {
+                    events |= row_out;
+                }
+                f(&Step { class: self.class_of[k][first][last], copies: id(events), coords: [bh, qi, kj, 0] }, 1);
             };
             let mut j = 0u64;
             for seg in row {
@@ -276,16 +226,12 @@ impl Steps {
                 if n >= 3 {
                     // Interior steps: a new kv block each, neither first nor last of the row.
                     let k = usize::from(seg.kind == TileKind::Full);
-                    let mask = if seg.kind == TileKind::Partial && self.masked_partial { self.mask_bytes } else { 0 };
-                    let step = Step {
-                        class: self.class_of[k][0][0],
-                        in_bytes: self.kv_bytes + mask,
-                        out_bytes: 0,
-                        coords: [bh, qi, seg.kj0 + 1, 0],
-                    };
+                    let masked = seg.kind == TileKind::Partial && self.masked_partial && self.loads_mask;
+                    let events = bit(KV) | bit(KJ) | if masked { bit(MASK) } else { 0 };
+                    let step = Step { class: self.class_of[k][0][0], copies: id(events), coords: [bh, qi, seg.kj0 + 1, 0] };
                     f(&step, n - 2);
                     *last_kv = Some((b, kvh, seg.kj0 + seg.n - 2));
-                    if mask > 0 {
+                    if masked {
                         // Inside a run of partial blocks each is another block (q0 - k0 moves).
                         *last_mask = Some(self.mask_key(qi, seg.kj0 + seg.n - 2));
                     }
@@ -297,15 +243,14 @@ impl Steps {
             }
             if n_steps > len {
                 // Empty steps: fixed cost only; data_next repeats the last block, so no copy.
-                let empty =
-                    |j: u64, out_bytes: u64| Step { class: self.empty_class, in_bytes: 0, out_bytes, coords: [bh, qi, j as u32, 0] };
+                let empty = |j: u64, events: usize| Step { class: self.empty_class, copies: id(events), coords: [bh, qi, j as u32, 0] };
                 let mut pad = len;
                 // With deduplicated mask blocks, padding steps read mask block 0 (mask_next = 0).
-                let mask_pad = if self.pad_to_block0 && self.masked_partial && self.mask_bytes > 0 && self.mask_dedup.is_some() {
+                let mask_pad = if self.pad_to_block0 && self.masked_partial && self.loads_mask && self.mask_dedup.is_some() {
                     let key = self.first_mask_key(rows);
                     if *last_mask != Some(key) {
                         *last_mask = Some(key);
-                        self.mask_bytes
+                        bit(MASK)
                     } else {
                         0
                     }
@@ -313,26 +258,25 @@ impl Steps {
                     0
                 };
                 if mask_pad > 0 && *last_kv == Some((b, kvh, 0)) {
-                    let mut first_pad = Step { in_bytes: mask_pad, ..empty(len, 0) };
                     if n_steps - len == 1 {
-                        first_pad.out_bytes = row_out;
-                        first_pad.class = self.finalize_class.unwrap_or(self.empty_class);
-                        f(&first_pad, 1);
-                        continue;
-                    }
-                    f(&first_pad, 1);
-                    pad += 1;
-                } else if self.pad_to_block0 && *last_kv != Some((b, kvh, 0)) {
-                    // The first padding step fetches kv block 0 (data_next = 0).
-                    let first_pad = Step { in_bytes: self.kv_bytes + mask_pad, ..empty(len, 0) };
-                    *last_kv = Some((b, kvh, 0));
-                    if n_steps - len == 1 {
-                        let mut fin = Step { out_bytes: row_out, ..first_pad };
+                        let mut fin = empty(len, mask_pad | row_out);
                         fin.class = self.finalize_class.unwrap_or(self.empty_class);
                         f(&fin, 1);
                         continue;
                     }
-                    f(&first_pad, 1);
+                    f(&empty(len, mask_pad), 1);
+                    pad += 1;
+                } else if self.pad_to_block0 && *last_kv != Some((b, kvh, 0)) {
+                    // The first padding step fetches kv block 0 (data_next = 0).
+                    let events = kv_events(last_kv, 0) | mask_pad;
+                    *last_kv = Some((b, kvh, 0));
+                    if n_steps - len == 1 {
+                        let mut fin = empty(len, events | row_out);
+                        fin.class = self.finalize_class.unwrap_or(self.empty_class);
+                        f(&fin, 1);
+                        continue;
+                    }
+                    f(&empty(len, events), 1);
                     pad += 1;
                 }
                 if n_steps - pad > 1 {
@@ -354,17 +298,20 @@ impl Steps {
         }
     }
 
-    /// Bytes a partial step copies for its mask block, updating the elision state.
-    fn mask_fetch(&self, last_mask: &mut Option<i64>, qi: u32, kj: u32) -> u64 {
+    /// Whether a partial step copies its mask block, updating the elision state.
+    fn mask_fetch(&self, last_mask: &mut Option<i64>, qi: u32, kj: u32) -> bool {
+        if !self.loads_mask {
+            return false;
+        }
         if self.mask_dedup.is_none() {
-            return self.mask_bytes;
+            return true;
         }
         let key = self.mask_key(qi, kj);
         if *last_mask == Some(key) {
-            return 0;
+            return false;
         }
         *last_mask = Some(key);
-        self.mask_bytes
+        true
     }
 
     /// The key of a mask's first partial block in grid order (mask block 0 of `process_mask`).
@@ -374,13 +321,69 @@ impl Steps {
             .find_map(|(qi, r)| r.iter().find(|s| s.kind == TileKind::Partial).map(|s| self.mask_key(qi as u32, s.kj0)))
             .unwrap_or(0)
     }
+}
 
-    /// Emits every grid step in order (runs expanded).
-    pub(crate) fn for_each(&self, f: &mut dyn FnMut(&Step)) {
-        self.for_each_run(&mut |s, n| {
-            for i in 0..n {
-                f(&Step { coords: [s.coords[0], s.coords[1], s.coords[2] + i as u32, s.coords[3]], ..*s });
+impl tpusim_model::StepStream for Steps {
+    /// Emits the grid in order as runs `(first step, count)`: the steps of a run differ only in
+    /// their kv coordinate, which increases by one per step (a run never spans two rows).
+    /// Runs cover the interior of each segment of same-kind tiles at once, so the cost is
+    /// O(rows x segments), not O(steps).
+    /// The (batch, head) units `lo..hi` only, unfolded.
+    fn for_each_run_range(&self, lo: u64, hi: u64, f: &mut dyn FnMut(&Step, u64)) {
+        let mut last_q: Option<(u32, u32)> = None;
+        let mut last_kv: Option<(u64, u64, u32)> = None;
+        let mut last_mask: Option<i64> = None;
+        let (lo, hi) = (lo.saturating_mul(self.unit_span), hi.saturating_mul(self.unit_span));
+        for i in lo..hi.min(self.batch * self.q_heads) {
+            self.head_runs(i / self.q_heads, i % self.q_heads, (&mut last_q, &mut last_kv, &mut last_mask), f);
+        }
+    }
+
+    /// Like the runs, but a stretch of consecutive (batch, head) pairs whose step
+    /// streams are identical but for coordinates is emitted once, followed by
+    /// [`RunItem::RepeatHead`]. Heads are identical when they use the same mask and their first
+    /// step always reloads its kv block (no copy elision across the head boundary).
+    fn for_each_run_block(&self, lo: u64, hi: u64, f: &mut dyn FnMut(RunItem<'_>)) {
+        let mut last_q: Option<(u32, u32)> = None;
+        let mut last_kv: Option<(u64, u64, u32)> = None;
+        let mut last_mask: Option<i64> = None;
+        let (lo, hi) = (lo.saturating_mul(self.unit_span), hi.saturating_mul(self.unit_span));
+        let total = hi.min(self.batch * self.q_heads);
+        // Per distinct mask: may consecutive heads elide the kv copy at their boundary?
+        let reloads = self.reloads();
+        let mut i = lo;
+        while i < total {
+            let (b, h) = (i / self.q_heads, i % self.q_heads);
+            let id = self.head_mask[h as usize];
+            f(RunItem::HeadStart);
+            self.head_runs(b, h, (&mut last_q, &mut last_kv, &mut last_mask), &mut |s, n| f(RunItem::Run(s, n)));
+            i += 1;
+            if !reloads[id] {
+                continue;
             }
-        });
+            // Heads after the next one with the same mask repeat the next one exactly (but for
+            // the grid's last head, which writes the final outputs).
+            let j = self.fold_end(i, id, total);
+            if j - i >= 3 {
+                let (b, h) = (i / self.q_heads, i % self.q_heads);
+                f(RunItem::HeadStart);
+                self.head_runs(b, h, (&mut last_q, &mut last_kv, &mut last_mask), &mut |s, n| f(RunItem::Run(s, n)));
+                f(RunItem::RepeatHead(j - i - 1));
+                // Leave the elision state as the last repeated head would.
+                let (bl, hl) = ((j - 1) / self.q_heads, (j - 1) % self.q_heads);
+                let mut q = None;
+                let mut kv = None;
+                let mut m = last_mask;
+                self.head_runs(bl, hl, (&mut q, &mut kv, &mut m), &mut |_, _| {});
+                if q.is_some() {
+                    last_q = q;
+                }
+                if kv.is_some() {
+                    last_kv = kv;
+                }
+                last_mask = m;
+                i = j;
+            }
+        }
     }
 }

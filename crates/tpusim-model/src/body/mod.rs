@@ -120,6 +120,8 @@ pub struct Built {
     pub body: StepBody,
     /// Bytes of the largest vector value (tile padded): VMEM Mosaic materialises at once.
     pub largest_bytes: u64,
+    /// The largest vector value's shape and element type (the first of that size), if any.
+    pub largest_value: Option<(Vec<u64>, crate::dtype::Dtype)>,
     /// Matmuls with an f32 operand.
     pub f32_matmuls: u64,
 }
@@ -285,6 +287,7 @@ pub struct Builder {
     row_reduction: bool,
     seq: u64,
     largest: u64,
+    largest_value: Option<(Vec<u64>, crate::dtype::Dtype)>,
     f32_matmuls: u64,
     /// Operations only, no edges or carried state ([`counting_only`]): their works, consecutive
     /// equal ones counted once.
@@ -385,6 +388,7 @@ impl Builder {
             row_reduction: false,
             seq: 0,
             largest: 0,
+            largest_value: None,
             f32_matmuls: 0,
             counting: COUNTING.with(std::cell::Cell::get),
             tally: Vec::new(),
@@ -537,7 +541,11 @@ impl Builder {
         // along every dimension) a register Mosaic rematerialises.
         if rank >= 2 && varies.iter().any(|&v| v) && !matches!(c, OpCost::Free) {
             let dtype = crate::dtype::Dtype::of_bytes(elem_bytes(&op.dtype)).unwrap_or(crate::dtype::Dtype::F32);
-            self.largest = self.largest.max(crate::vmem::tiled_bytes(shape, dtype));
+            let bytes = crate::vmem::tiled_bytes(shape, dtype);
+            if bytes > self.largest {
+                self.largest = bytes;
+                self.largest_value = Some((shape.clone(), dtype));
+            }
         }
         let ns = nslabs(shape, &varies);
         let vr = cost::vregs(shape, &varies);
@@ -1146,7 +1154,7 @@ impl Builder {
     pub fn finish(mut self) -> Built {
         if self.counting {
             let body = StepBody::counted(self.tally);
-            return Built { body, largest_bytes: self.largest, f32_matmuls: self.f32_matmuls };
+            return Built { body, largest_bytes: self.largest, largest_value: self.largest_value, f32_matmuls: self.f32_matmuls };
         }
         let mut writes: Vec<(RefSlab, Deps)> = self.writers.drain().collect();
         writes.sort_by_key(|w| w.0);
@@ -1162,7 +1170,7 @@ impl Builder {
         }
         self.carries = self.carries.max(self.slots.len() as u16);
         let graph = std::mem::take(&mut self.graph);
-        Built { body: StepBody::from_graph(graph, self.carries), largest_bytes: self.largest, f32_matmuls: self.f32_matmuls }
+        Built { body: StepBody::from_graph(graph, self.carries), largest_bytes: self.largest, largest_value: self.largest_value, f32_matmuls: self.f32_matmuls }
     }
 }
 

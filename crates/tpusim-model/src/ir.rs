@@ -511,11 +511,9 @@ pub struct StepClass {
 pub struct Step {
     /// Index into [`crate::Program::classes`].
     pub class: u32,
-    /// Bytes copied HBM -> VMEM for this step's inputs (0 when every input's block index is
-    /// the same as the previous step's, so the copy is elided).
-    pub in_bytes: u64,
-    /// Bytes copied VMEM -> HBM after this step (an output block that is complete).
-    pub out_bytes: u64,
+    /// The copies the pipeline makes around this step: an index into
+    /// [`crate::Program::copies`] (0: none; [`crate::copies`] says which copies run).
+    pub copies: u32,
     /// Grid coordinates: (batch x head, q block or row block, kv block or column block, k block).
     pub coords: [u32; 4],
 }

@@ -32,7 +32,7 @@ pub struct ListedSteps {
 
 fn same_but_coords(a: &[(Step, u64)], b: &[(Step, u64)]) -> bool {
     a.len() == b.len()
-        && a.iter().zip(b).all(|((x, n), (y, m))| n == m && x.class == y.class && x.in_bytes == y.in_bytes && x.out_bytes == y.out_bytes)
+        && a.iter().zip(b).all(|((x, n), (y, m))| n == m && x.class == y.class && x.copies == y.copies)
 }
 
 impl ListedSteps {
@@ -69,13 +69,6 @@ impl ListedSteps {
         self.units.len()
     }
 
-    /// Expands a run into its steps.
-    pub(crate) fn expand(&self, s: &Step, n: u64, f: &mut dyn FnMut(&Step)) {
-        for i in 0..n {
-            f(&Step { coords: [s.coords[0], s.coords[1], s.coords[2] + i as u32, s.coords[3]], ..*s });
-        }
-    }
-
     /// Visits the units `lo..hi` as (stored unit, first unit index it stands for, how many).
     fn for_each_unit(&self, lo: u64, hi: u64, f: &mut dyn FnMut(&UnitRuns, u64, u64)) {
         let mut start = 0u64;
@@ -91,9 +84,12 @@ impl ListedSteps {
         }
     }
 
+}
+
+impl crate::StepStream for ListedSteps {
     /// Runs of the units `lo..hi`, no folding. Repeated units give their stored runs again, each
     /// with its own coordinates (the stored ones shifted by the unit's offset).
-    pub(crate) fn for_each_run_range(&self, lo: u64, hi: u64, f: &mut dyn FnMut(&Step, u64)) {
+    fn for_each_run_range(&self, lo: u64, hi: u64, f: &mut dyn FnMut(&Step, u64)) {
         self.for_each_unit(lo, hi, &mut |u, first, k| {
             for r in first..first + k {
                 let d = u.offsets[r as usize];
@@ -107,7 +103,7 @@ impl ListedSteps {
     }
 
     /// Runs of the units `lo..hi` with repeated units folded (`RunItem::RepeatHead`).
-    pub(crate) fn for_each_run_block(&self, lo: u64, hi: u64, f: &mut dyn FnMut(RunItem<'_>)) {
+    fn for_each_run_block(&self, lo: u64, hi: u64, f: &mut dyn FnMut(RunItem<'_>)) {
         self.for_each_unit(lo, hi, &mut |u, _, k| {
             f(RunItem::HeadStart);
             for (s, n) in &u.runs {
@@ -123,9 +119,10 @@ impl ListedSteps {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::StepStream;
 
     fn st(class: u32, b: u64, c: u32) -> Step {
-        Step { class, in_bytes: b, out_bytes: 0, coords: [0, 0, c, 0] }
+        Step { class, copies: b as u32, coords: [0, 0, c, 0] }
     }
 
     #[test]

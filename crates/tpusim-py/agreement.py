@@ -1,10 +1,12 @@
 """Prints the agreement table of the IR path against the hand-written lowerings (markdown), for
 traces/measured/VALIDATION.md: for each configuration, the kernel lowered with JAX for TPU and
 simulated from its Mosaic IR (tpusim.jax) beside the hand model of the same kernel family.
-Both build their step bodies from op sequences through one body builder, so the distinct step
-bodies that ran (each with its op count and signature, and its step count), the counts (grid
-steps, steps computed, FLOPs, EUP ops, HBM bytes) and the latency must be equal exactly
-(`tests/test_agreement.py` holds the table to that).
+Both build their step bodies from op sequences through one body builder and declare their
+`pallas_call` alike (one declaration, Pallas's copy rule over it), so the distinct step bodies
+that ran (each with its op count and signature, and its step count), the pipeline around them
+(the VMEM buffers in order: role, shape, dtype, buffer count, bytes; every grid step's copies;
+the steps that compute), the counts (grid steps, FLOPs, EUP ops, HBM bytes) and the latency
+must be equal exactly (`tests/test_agreement.py` holds the table to that).
 
 Run: target/py-venv/bin/python crates/tpusim-py/agreement.py  (after ./test.sh installed the wheel)
 """
@@ -19,7 +21,7 @@ import tpusim  # noqa: E402
 import tpusim.jax as tj  # noqa: E402
 from kernels import bf16, flash, splash, splash_bwd, tutorial_matmul  # noqa: E402
 
-FIELDS = ("grid_steps", "steps_computed", "flops", "transcendentals", "hbm_bytes")
+FIELDS = ("grid_steps", "flops", "transcendentals", "hbm_bytes")
 
 
 #: (name, chip, ir thunk, hand kwargs) of every row.
@@ -98,9 +100,10 @@ def _bwd_kernel(mask, b, fused, kern, c=None):
 
 
 class Phase:
-    """One kernel phase of a hand-model report, with a report's count fields and bodies."""
+    """One kernel phase of a hand-model report, with a report's count fields, bodies and
+    pipeline."""
 
-    def __init__(self, p):
+    def __init__(self, p, pipeline):
         self.grid_steps = p["grid_steps"]
         self.tiles = p.get("tiles")
         self.flops = p["flops"]
@@ -108,6 +111,7 @@ class Phase:
         self.hbm_bytes = p["hbm_bytes"]
         self.latency_ms = p["latency_ms"]
         self.step_classes = p.get("step_classes", [])
+        self.pipelines = [pipeline]
 
 
 def bodies(report):
@@ -128,13 +132,42 @@ def hand(kw):
     r = tpusim.simulate(**kw)
     if part is None:
         return r
-    return Phase(next(p for p in r.phases if p["kernel"] and p["part"] == part))
+    phase = next(p for p in r.phases if p["kernel"] and p["part"] == part)
+    return Phase(phase, next(p for p in r.pipelines if p["part"] == part))
 
 
 def hand_value(hand, f):
-    if f == "steps_computed":
-        return hand.tiles["visited"] if hand.tiles else hand.grid_steps
     return getattr(hand, f)
+
+
+def pipeline(report):
+    """The main kernel's pipeline as both front ends must declare it: steps computed, the VMEM
+    buffers in order (role, shape, dtype, buffer count, bytes; not their names) and every grid
+    step's copies (ref, direction, bytes, DMAs, shape, buffers), run-length coded in step
+    order."""
+    p = report.pipelines[0]
+    sets = [tuple((c["r"], c["dir"], c["bytes"], c["dmas"], tuple(c["shape"]), c["buffers"]) for c in s["copies"]) for s in p["copy_sets"]]
+    steps = []
+    for n, i in p["steps"]:
+        if steps and steps[-1][1] == sets[i]:
+            steps[-1] = (steps[-1][0] + n, sets[i])
+        else:
+            steps.append((n, sets[i]))
+    vmem = [(b["role"], tuple(b["shape"]), b["dtype"], b["buffers"], b["bytes"]) for b in p["vmem"]]
+    return {"steps_computed": p["steps_computed"], "vmem": vmem, "copies": steps}
+
+
+def pipeline_diff(a, b):
+    """The first difference between two pipelines ([`pipeline`]), as text, or None."""
+    for k in ("steps_computed", "vmem", "copies"):
+        if a[k] != b[k]:
+            if k == "steps_computed":
+                return f"steps_computed {a[k]} / {b[k]}"
+            for i, (x, y) in enumerate(zip(a[k], b[k])):
+                if x != y:
+                    return f"{k}[{i}]: {x} / {y}"
+            return f"{k}: {len(a[k])} / {len(b[k])} entries"
+    return None
 
 
 def rows():
@@ -149,11 +182,11 @@ def rows():
 
 
 def main():
-    print("| kernel | chip | " + " | ".join(f"{f} IR / hand" for f in FIELDS) + " | step bodies (ops x steps) | latency ms IR / hand |")
-    print("|---|---|" + "---|" * (len(FIELDS) + 2))
+    print("| kernel | chip | " + " | ".join(f"{f} IR / hand" for f in FIELDS) + " | steps computed IR / hand (with VMEM and copies) | step bodies (ops x steps) | latency ms IR / hand |")
+    print("|---|---|" + "---|" * (len(FIELDS) + 3))
     for name, chip, ir, hand in rows():
         if ir is None:
-            print(f"| {name} | {chip} | refused: {hand.split(': ', 1)[-1][:90]} |" + " |" * (len(FIELDS) + 1))
+            print(f"| {name} | {chip} | refused: {hand.split(': ', 1)[-1][:90]} |" + " |" * (len(FIELDS) + 2))
             continue
         cells = []
         for f in FIELDS:
@@ -163,6 +196,8 @@ def main():
         b_ir, b_hand = bodies(ir), bodies(hand)
         same = "=" if b_ir == b_hand else "**differ**"
         shown = ", ".join(f"{ops} x {n}" for _, ops, n in b_ir)
+        p_ir, p_hand = pipeline(ir), pipeline(hand)
+        cells.append(f"{p_ir['steps_computed']} / {p_hand['steps_computed']} " + ("=" if p_ir == p_hand else "**differ**"))
         lat = "=" if ir.latency_ms == hand.latency_ms else "**differ**"
         print(f"| {name} | {chip} | " + " | ".join(cells) + f" | {shown} {same} | {ir.latency_ms:.4f} / {hand.latency_ms:.4f} {lat} |")
 

@@ -55,9 +55,10 @@ pub fn op_cycles(chip: &ChipModel, work: &Work) -> (f64, f64) {
         Work::CrossLane { vregs } => {
             (regs(vregs) * chip.fitted.xlu_cycles_per_vreg.value / chip.xlu.count.value as f64, chip.xlu.latency_cycles.value as f64)
         }
-        Work::Dma { bytes } => {
+        Work::Dma { bytes, hbm_to_hbm } => {
             let transfer = bytes as f64 / chip.dma_bytes_per_cycle(chip.tensorcores());
-            let latency = chip.dma_latency_cycles();
+            // An HBM-to-HBM copy crosses two legs (the read, then the write), each with its latency.
+            let latency = chip.dma_latency_cycles() * if hbm_to_hbm { 2.0 } else { 1.0 };
             let issue = chip.hbm.dma_issue_ns.value * 1e-9 * chip.clock_hz();
             let in_flight = (latency + transfer) / f64::from(chip.hbm.dmas_in_flight.value.max(1));
             let occupancy = transfer.max(issue).max(in_flight);
@@ -483,7 +484,7 @@ pub(crate) enum WorkKey {
     Vector(u64, u64),
     Transcendental(u64),
     CrossLane(u64),
-    Dma(u64),
+    Dma(u64, bool),
     DmaWait(bool),
 }
 
@@ -494,7 +495,7 @@ impl WorkKey {
             Work::Vector { ops, loaded_mask_vregs } => WorkKey::Vector(ops.to_bits(), loaded_mask_vregs.to_bits()),
             Work::Transcendental { vregs } => WorkKey::Transcendental(vregs.to_bits()),
             Work::CrossLane { vregs } => WorkKey::CrossLane(vregs.to_bits()),
-            Work::Dma { bytes } => WorkKey::Dma(bytes),
+            Work::Dma { bytes, hbm_to_hbm } => WorkKey::Dma(bytes, hbm_to_hbm),
             Work::DmaWait { queued } => WorkKey::DmaWait(queued),
         }
     }

@@ -453,6 +453,27 @@ fn uniform_shift(before: &Times, after: &Times, c: f64) -> bool {
     b.iter().zip(&a).all(|(x, y)| y - x == c || (*x <= before.front && *y <= after.front && x == y))
 }
 
+/// Two transfers that share the DMA engines' bandwidth (processor sharing: while both move,
+/// each at half the rate): each given as (data start, cycles it takes alone); returns their
+/// end times. Times are whole quanta in, whole quanta out.
+fn shared_pair((a0, wa): (f64, f64), (b0, wb): (f64, f64)) -> (f64, f64) {
+    // The earlier one moves alone until the later starts, then they share.
+    let (first, second, swapped) = if a0 <= b0 { ((a0, wa), (b0, wb), false) } else { ((b0, wb), (a0, wa), true) };
+    let alone = (second.0 - first.0).max(0.0);
+    let (e1, e2) = if first.1 <= alone {
+        (first.0 + first.1, second.0 + second.1)
+    } else {
+        let r = first.1 - alone;
+        let both = r.min(second.1);
+        (second.0 + r + both, second.0 + second.1 + both)
+    };
+    if swapped {
+        (e2, e1)
+    } else {
+        (e1, e2)
+    }
+}
+
 /// The pipeline of one TensorCore (module docs, level 2).
 struct Pipeline<'a> {
     shared: &'a Shared,
@@ -461,6 +482,8 @@ struct Pipeline<'a> {
     lat_in: f64,
     lat_out: f64,
     overhead: f64,
+    /// The scalar core's time to issue one DMA's descriptor, cycles.
+    issue: f64,
     t: Times,
     tot: Totals,
     class_steps: Vec<u64>,
@@ -586,6 +609,7 @@ impl<'a> Pipeline<'a> {
             lat_in: quantize(chip.dma_latency_cycles()),
             lat_out: quantize(chip.writeback_latency_cycles()),
             overhead: quantize(chip.fitted.grid_step_overhead_cycles.value),
+            issue: quantize(chip.hbm.dma_issue_ns.value * 1e-9 * chip.clock_hz()),
             t: Times {
                 units: [0.0; 4],
                 carries: vec![0.0; shared.carries],
@@ -610,14 +634,36 @@ impl<'a> Pipeline<'a> {
         }
     }
 
+    /// The copies of one step issued at `issue` (the scalar core has issued their
+    /// descriptors): their data moves once the DMA latency has passed and the engines are free
+    /// (module docs), one after another at the core's sustained bandwidth.
     fn transfer(&mut self, issue: f64, lat: f64, bytes: u64) -> (f64, f64) {
-        // Only the pipeline's first input DMA pays the issue latency (module docs).
-        let lat = if self.started { 0.0 } else { lat };
         self.started = true;
         let start = (issue + lat).max(self.t.hbm_free);
         let end = start + quantize(bytes as f64 / self.bpc);
         self.t.hbm_free = end;
         (start, end)
+    }
+
+    /// A step's write-backs issued at `issue`: their data moves once the DMA latency has passed,
+    /// sharing the engines' bandwidth with the next step's input copies when those are still
+    /// moving (both at half the rate until one is done: the engines interleave the copies in
+    /// flight; work is conserved), so a step too short to hide its copies waits for its inputs
+    /// and the write-back before it (module docs). Returns the write-back's data interval.
+    fn write_back(&mut self, issue: f64, bytes: u64) -> (f64, f64) {
+        self.started = true;
+        let b0 = issue + self.lat_out;
+        let wb = quantize(bytes as f64 / self.bpc);
+        let Some((a0, a_end)) = self.t.pending.filter(|&(_, e)| e > b0) else {
+            // Nothing else moving: the write-back queues behind what went before.
+            let start = b0.max(self.t.hbm_free);
+            self.t.hbm_free = start + wb;
+            return (start, start + wb);
+        };
+        let (a_end, b_end) = shared_pair((a0, a_end - a0), (b0, wb));
+        self.t.pending = Some((a0, a_end));
+        self.t.hbm_free = self.t.hbm_free.max(a_end).max(b_end);
+        (b0, b_end)
     }
 
     /// Feeds one step: the previous pending step runs, knowing this one (whose inputs it
@@ -626,8 +672,9 @@ impl<'a> Pipeline<'a> {
         match self.next.take() {
             None => {
                 // The first step's inputs are issued at time 0 (the pipeline prologue).
-                let bytes = self.shared.copies.get(s.copies).in_bytes;
-                self.t.pending = (bytes > 0).then(|| self.transfer(0.0, self.lat_in, bytes));
+                let c = self.shared.copies.get(s.copies);
+                let (bytes, issue) = (c.in_bytes, f64::from(c.in_dmas) * self.issue);
+                self.t.pending = (bytes > 0).then(|| self.transfer(issue, self.lat_in, bytes));
             }
             Some(p) => self.advance(&p, Some(s), observe),
         }
@@ -663,7 +710,7 @@ impl<'a> Pipeline<'a> {
     fn memo_key(&mut self, cur: &Step, next: Option<&Step>) {
         let mut k = std::mem::take(&mut self.memo.key);
         k.clear();
-        k.extend([i64::from(cur.class), i64::from(cur.copies), next.map_or(-1, |n| self.shared.copies.get(n.copies).in_bytes as i64)]);
+        k.extend([i64::from(cur.class), i64::from(cur.copies), next.map_or(-1, |n| i64::from(n.copies))]);
         self.state_key(&mut k);
         self.memo.key = k;
     }
@@ -737,12 +784,17 @@ impl<'a> Pipeline<'a> {
         let front = self.t.front;
         let prev_done = self.t.done;
         let ready = cur_in.map_or(front, |(_, e)| e);
-        let start = (front + self.overhead).max(ready);
-        let waited = (ready - (front + self.overhead)).max(0.0);
+        // The scalar core's work of the step: the fixed overhead and the descriptors of the copies
+        // it starts (the next step's inputs, this step's write-backs).
+        let next_c = next.map(|n| self.shared.copies.get(n.copies));
+        let cur_c = self.shared.copies.get(cur.copies);
+        let scalar = self.overhead + self.issue * f64::from(next_c.map_or(0, |c| c.in_dmas) + cur_c.out_dmas);
+        let start = (front + scalar).max(ready);
+        let waited = (ready - (front + scalar)).max(0.0);
         // The next step's inputs are issued as this step starts (double buffering).
         // Its buffer is the one the previous step read, so it also waits for that step to be done.
         let buffer_free = start.max(self.t.done);
-        let next_in = next.map_or(0, |n| self.shared.copies.get(n.copies).in_bytes);
+        let next_in = next_c.map_or(0, |c| c.in_bytes);
         self.t.pending = (next_in > 0).then(|| self.transfer(buffer_free, self.lat_in, next_in));
         let (front_end, done) = if tr.empty {
             (start, start)
@@ -760,8 +812,8 @@ impl<'a> Pipeline<'a> {
             self.t.hbm_free = self.t.hbm_free.max(units[Unit::Hbm.index()]);
             (e, d)
         };
-        let cur_out = self.shared.copies.get(cur.copies).out_bytes;
-        let dma_out = (cur_out > 0).then(|| self.transfer(done, self.lat_out, cur_out));
+        let cur_out = cur_c.out_bytes;
+        let dma_out = (cur_out > 0).then(|| self.write_back(done, cur_out));
         if let Some((_, e)) = dma_out {
             self.t.out_done = self.t.out_done.max(e);
         }
@@ -819,6 +871,8 @@ impl<'a> Pipeline<'a> {
         let cs = self.shared.copies.get(s.copies);
         let (inb, outb) = (cs.in_bytes, cs.out_bytes);
         self.busy[Unit::Hbm] += n as f64 * (quantize(inb as f64 / self.bpc) + quantize(outb as f64 / self.bpc));
+        // The scalar core: the step's overhead and the descriptors of its copies.
+        self.busy[Unit::StepControl] += n as f64 * (self.overhead + self.issue * f64::from(cs.in_dmas + cs.out_dmas));
         self.in_bytes += n * inb;
         self.out_bytes += n * outb;
         self.steps += n;
@@ -1054,8 +1108,8 @@ impl<'a> Pipeline<'a> {
             self.advance(&p, None, observe);
         }
         let body_end = self.t.done.max(self.t.front);
-        // The last write-back lands a write-back latency after its transfer.
-        let out_end = if self.out_bytes > 0 { self.t.out_done + self.lat_out } else { 0.0 };
+        // The last write-back lands when its transfer ends (its latency came before the data).
+        let out_end = if self.out_bytes > 0 { self.t.out_done } else { 0.0 };
         let cycles = body_end.max(out_end);
         // The tail after the last issue: results draining (the last body's units), then the
         // write-back.
@@ -1064,7 +1118,6 @@ impl<'a> Pipeline<'a> {
             self.tot.critical.add_scaled(&self.shared.crit_share[c as usize], drain);
         }
         self.tot.critical[Unit::Hbm] += cycles - body_end;
-        self.busy[Unit::StepControl] = self.steps as f64 * self.overhead;
         CoreState {
             cycles,
             busy: self.busy,

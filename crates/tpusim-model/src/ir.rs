@@ -154,8 +154,11 @@ pub enum Work {
     /// A copy the kernel starts itself inside its body (`tpu.enqueue_dma`): `bytes` between HBM
     /// and VMEM on the DMA engines, overlapping the compute units' work until a wait needs it.
     Dma {
-        /// Bytes moved.
+        /// Bytes the DMA engines carry (an HBM-to-HBM copy's twice: read, then written).
         bytes: u64,
+        /// From HBM to HBM: the copy's data crosses two DMA legs (HBM read, HBM write), each
+        /// with its latency.
+        hbm_to_hbm: bool,
     },
     /// A wait for copies (`tpu.wait_dma`): no unit time (it is the scalar unit's,
     /// [`Unit::StepControl`], and holds no DMA engine); the TensorCore issues in order, so
@@ -409,7 +412,7 @@ impl StepBody {
     pub fn dma_bytes(&self) -> u64 {
         self.works()
             .map(|(w, n)| match w {
-                Work::Dma { bytes } => u64::from(n) * bytes,
+                Work::Dma { bytes, .. } => u64::from(n) * bytes,
                 _ => 0,
             })
             .sum()
@@ -462,8 +465,11 @@ impl StepBody {
                     eat(&[3]);
                     eat(&vregs.to_bits().to_le_bytes());
                 }
-                Work::Dma { bytes } => {
+                Work::Dma { bytes, hbm_to_hbm } => {
                     eat(&[4]);
+                    if hbm_to_hbm {
+                        eat(&[1]);
+                    }
                     eat(&bytes.to_le_bytes());
                 }
                 Work::DmaWait { queued } => eat(&[5, u8::from(queued)]),

@@ -60,6 +60,33 @@ pub enum KernelKind {
     Copy,
 }
 
+/// A VMEM buffer of a program's declaration ([`Program::pipeline`]).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct DeclaredBuffer {
+    /// `window`, `scratch` or `internal` (the largest body value).
+    pub role: &'static str,
+    /// Its shape, elements per dimension.
+    pub shape: Vec<u64>,
+    /// Element type.
+    pub dtype: dtype::Dtype,
+    /// Buffers kept (a window's pipeline buffers; 1 otherwise).
+    pub buffers: u32,
+    /// Bytes of all its buffers, tile-padded ([`vmem`]).
+    pub bytes: u64,
+}
+
+/// The pipeline around a program's bodies ([`Program::pipeline`]): what both front ends must
+/// declare alike.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Pipeline {
+    /// VMEM buffers in declaration order.
+    pub vmem: Vec<DeclaredBuffer>,
+    /// The distinct copy sets (index 0: none).
+    pub copy_sets: Vec<copies::CopySet>,
+    /// Every grid step's copy set in step order, as (steps, copy-set index) runs.
+    pub steps: Vec<(u64, u32)>,
+}
+
 /// One item of a run-length step stream with head repetition ([`Program::for_each_run_block`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum RunItem<'a> {
@@ -227,6 +254,38 @@ impl Program {
             }
         });
         n
+    }
+
+    /// What the pipeline around the bodies is, for comparing front ends ([`Pipeline`]): the
+    /// declaration's VMEM buffers in order (windows with their buffer counts, scratch, then the
+    /// largest body value: the one [`vmem::footprint`] counts) and every grid step's copies,
+    /// run-length coded in step order.
+    pub fn pipeline(&self) -> Pipeline {
+        let mut buffers = self.decl.buffers();
+        let largest = buffers.iter().filter(|b| b.role == vmem::Role::Internal).map(VmemBuffer::bytes).max();
+        let mut kept = false;
+        buffers.retain(|b| {
+            let keep = b.role != vmem::Role::Internal || (!kept && Some(b.bytes()) == largest);
+            kept |= b.role == vmem::Role::Internal && keep;
+            keep
+        });
+        let vmem = buffers
+            .into_iter()
+            .map(|b| {
+                let (role, buffers) = match b.role {
+                    vmem::Role::Window { buffers } => ("window", buffers),
+                    vmem::Role::Scratch => ("scratch", 1),
+                    vmem::Role::Internal => ("internal", 1),
+                };
+                DeclaredBuffer { role, bytes: b.bytes() * u64::from(buffers), shape: b.shape, dtype: b.dtype, buffers }
+            })
+            .collect();
+        let mut steps: Vec<(u64, u32)> = Vec::new();
+        self.for_each_run(&mut |s, n| match steps.last_mut() {
+            Some((k, id)) if *id == s.copies => *k += n,
+            _ => steps.push((n, s.copies)),
+        });
+        Pipeline { vmem, copy_sets: (0..self.copies.len() as u32).map(|i| self.copies.get(i).clone()).collect(), steps }
     }
 
     /// The copies around `step` ([`copies`]).

@@ -718,7 +718,9 @@ fn declaration(d: &Description) -> Result<KernelDecl, PallasError> {
                     RefKind::Scratch => RefRole::Scratch,
                 },
                 block: r.shape.clone(),
-                dtype: Dtype::of_bytes(elem_bytes).unwrap_or(Dtype::F32),
+                // The element type by its name where the model knows it (i32, bf16, fp8, ...),
+                // else a type of its width (VMEM tiles by width alone).
+                dtype: r.dtype.to_lowercase().parse::<Dtype>().ok().filter(|t| t.bytes() == elem_bytes).or_else(|| Dtype::of_bytes(elem_bytes)).unwrap_or(Dtype::F32),
                 elem_bytes,
                 space: match r.memory_space {
                     MemorySpace::Vmem => Space::Vmem,

@@ -503,18 +503,41 @@ fn default_job(spec: JobSpec) -> JobSpec {
 
 /// Builds and runs a job (its report with the what-if table, notes and shipped measurement);
 /// errors name fields as the caller gave them (a length given as seq_len is named seq_len).
-fn run_job(spec: &JobSpec) -> Result<Report, String> {
+fn run_job(spec: &JobSpec) -> Result<(Report, String), String> {
     let chip = spec.chip().map_err(|e| as_given(spec, e))?;
     let job = spec.build(&chip).map_err(|e| as_given(spec, e))?;
     let run = tpusim_job::run(&chip, &job).map_err(|e| as_given(spec, e))?;
     let mut rep = Report::from_run(&run);
     rep.render_notes(&mut |f, v| spec.describe_setting(f, v, FieldStyle::Key));
     rep.measured = tpusim_calib::shipped_measurement(&chip, &job, rep.latency_ms);
-    Ok(rep)
+    Ok((rep, pipelines(&run)))
+}
+
+/// Every kernel phase's pipeline ([`tpusim_model::Program::pipeline`]) as JSON: a list of
+/// `{part, kernel, steps_computed, vmem, copy_sets, steps}`, in phase order.
+fn pipelines(run: &tpusim_job::Run) -> String {
+    let list: Vec<Value> = run
+        .lowered
+        .phases
+        .iter()
+        .filter_map(|p| match &p.work {
+            tpusim_model::PhaseWork::Kernel(prog) => {
+                let mut v = serde_json::to_value(prog.pipeline()).unwrap_or(Value::Null);
+                if let Value::Object(m) = &mut v {
+                    m.insert("part".into(), serde_json::to_value(p.part).unwrap_or(Value::Null));
+                    m.insert("kernel".into(), Value::String(prog.info.kernel.clone()));
+                    m.insert("steps_computed".into(), Value::from(prog.steps_computed()));
+                }
+                Some(v)
+            }
+            tpusim_model::PhaseWork::Fusion(_) => None,
+        })
+        .collect();
+    Value::Array(list).to_string()
 }
 
 /// Builds and runs a job on another thread without the GIL, Ctrl-C checked meanwhile.
-fn run_spec(py: Python<'_>, spec: JobSpec, given: &Given) -> PyResult<Report> {
+fn run_spec(py: Python<'_>, spec: JobSpec, given: &Given) -> PyResult<(Report, String)> {
     interruptible_once(py, move || run_job(&spec))?.map_err(|e| input_err(given.fix(e)))
 }
 
@@ -530,6 +553,8 @@ struct PyReport {
     json: String,
     table: String,
     report: Report,
+    /// Every kernel phase's pipeline as JSON ([`pipelines`]).
+    pipelines: String,
 }
 
 #[pymethods]
@@ -604,6 +629,19 @@ impl PyReport {
     fn band<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         self.get(py, "band")
     }
+    /// What the pipeline around each kernel's step bodies is, per kernel phase in order: a list
+    /// of `{part, kernel, steps_computed, vmem, copy_sets, steps}`: `steps_computed` the kernel's grid
+    /// steps that compute (`Report.steps_computed`'s definition), `vmem` the `pallas_call`'s VMEM buffers in
+    /// its order (`{role, shape, dtype, buffers, bytes}`: windows with their pipeline buffers,
+    /// scratch, the largest body value), `copy_sets` the distinct sets of copies Pallas's rule
+    /// makes around a step (each a `{copies: [{r, dir, bytes, dmas, shape, buffers}], in_bytes,
+    /// out_bytes, in_dmas, out_dmas}`; index 0 copies nothing) and `steps` every grid step's set
+    /// in step order as `[steps, set index]` runs. What the hand models and the IR path must
+    /// declare alike (`crates/tpusim-py/agreement.py`).
+    #[getter]
+    fn pipelines<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        from_json(py, &self.pipelines)
+    }
     /// The whole report as a dict (the JSON of `tpusim run --format json`).
     fn to_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         from_json(py, &self.json)
@@ -649,8 +687,8 @@ impl PyReport {
 }
 
 impl PyReport {
-    fn new(report: Report) -> Self {
-        PyReport { json: report.to_json(), table: report.to_table(), report }
+    fn new((report, pipelines): (Report, String)) -> Self {
+        PyReport { json: report.to_json(), table: report.to_table(), report, pipelines }
     }
     fn get<'py>(&self, py: Python<'py>, key: &str) -> PyResult<Bound<'py, PyAny>> {
         Ok(from_json(py, &self.json)?.get_item(key).unwrap_or_else(|_| py.None().into_bound(py)))
@@ -900,7 +938,7 @@ fn sweep<'py>(py: Python<'py>, points: &Bound<'py, PyAny>, base: Option<&Bound<'
         // A point that does not run (a block rule, a VMEM overflow) keeps its row, with the
         // reason in `error`, as `tpusim sweep` does; the others' `error` is None.
         let r = match r {
-            Ok(r) => r,
+            Ok((r, _)) => r,
             Err(e) => {
                 for (k, v) in d.iter() {
                     row.set_item(k, v)?;
@@ -1113,7 +1151,8 @@ fn simulate_kernel_ir(py: Python<'_>, description: &str, chip: &str, set: Vec<St
     let rep = interruptible_once(py, move || {
         let d = tpusim_pallas::Description::from_json(&text, "kernel description")?;
         let job = Job::Described(tpusim_job::DescribedJob::new("-", d, dir));
-        Ok::<_, tpusim_job::JobError>(Report::from_run(&tpusim_job::run(&model, &job)?))
+        let run = tpusim_job::run(&model, &job)?;
+        Ok::<_, tpusim_job::JobError>((Report::from_run(&run), pipelines(&run)))
     })?
     .map_err(|e| input_err(e.to_string()))?;
     Ok(PyReport::new(rep))

@@ -1,7 +1,8 @@
 """The agreement table of traces/measured/VALIDATION.md holds: every configuration of
 `agreement.py` lowered by JAX, read from its Mosaic IR and simulated, against the hand model of
 its family. Both front ends build their bodies from op sequences through the one body builder:
-the distinct step bodies that ran (op count and signature, with their step counts), the counts
+the distinct step bodies that ran (op count and signature, with their step counts), the pipeline
+around them (steps computed, the VMEM buffers in order, every grid step's copies), the counts
 and the latency are equal exactly. Known misses are strict xfails: each fails this test the day
 it is fixed, so that the table and this list are updated together."""
 
@@ -35,6 +36,9 @@ def test_ir_path_agrees_with_the_hand_model(name, chip, ir, kw):
     for f in agreement.FIELDS:
         assert getattr(r, f) == agreement.hand_value(hand, f), (f, getattr(r, f), agreement.hand_value(hand, f))
     assert agreement.bodies(r) == agreement.bodies(hand), (agreement.bodies(r), agreement.bodies(hand))
+    # The pipeline around the bodies: steps computed, VMEM buffers in order, every step's copies.
+    p_ir, p_hand = agreement.pipeline(r), agreement.pipeline(hand)
+    assert p_ir == p_hand, agreement.pipeline_diff(p_ir, p_hand)
     assert r.latency_ms == hand.latency_ms, (r.latency_ms, hand.latency_ms)
 
 

@@ -529,7 +529,7 @@ fn columns(rows: &[Vec<Seg>], kv_blocks: u64) -> Vec<Vec<Seg>> {
 }
 
 /// Tile counts of a classification over batch and heads (for reports).
-fn tile_counts(w: &AttentionCall, cl: &Classified, masked: impl Fn(TileKind) -> bool) -> (TileCounts, u64, u64, u64) {
+pub(crate) fn tile_counts(w: &AttentionCall, cl: &Classified, masked: impl Fn(TileKind) -> bool) -> (TileCounts, u64, u64, u64) {
     let mut t = TileCounts::default();
     let (mut kept, mut exact, mut visited) = (0, 0, 0);
     for h in 0..w.q_heads {

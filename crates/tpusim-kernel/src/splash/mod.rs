@@ -308,9 +308,15 @@ pub(crate) fn family_refs(w: &AttentionCall, cfg: &SplashConfig) -> (Vec<Tagged>
         }
         return (r, vec![VmemBuffer::internal("scores", &[c, bq], F32)]);
     }
-    r.push((input("q", &[1, bq, d], Bf16, &[h, i, None]), Some(Q)));
-    r.push((input("k", &[1, bkv, d], Bf16, &[h, j, None]), Some(KV)));
-    r.push((input("v", &[1, bkv, dv], Bf16, &[h, j, None]), Some(KV)));
+    // JAX's older flash attention takes (batch, heads, seq, dim) arrays: batch and head
+    // squeezed; the Splash kernels (heads, seq, dim).
+    let lead: &[u64] = if cfg.kernel == Kernel::FlashAttention { &[1, 1] } else { &[1] };
+    let lead_map: &[Option<usize>] = if cfg.kernel == Kernel::FlashAttention { &[None, h] } else { &[h] };
+    let block = |rows: u64, cols: u64| [lead, &[rows, cols][..]].concat();
+    let map = |m: &[Option<usize>]| [lead_map, m].concat();
+    r.push((input("q", &block(bq, d), Bf16, &map(&[i, None])), Some(Q)));
+    r.push((input("k", &block(bkv, d), Bf16, &map(&[j, None])), Some(KV)));
+    r.push((input("v", &block(bkv, dv), Bf16, &map(&[j, None])), Some(KV)));
     if padded {
         r.push((input("q segment ids", &[bq, 128], I32, &[i, None]), Some(QI)));
         r.push((input("kv segment ids", &[8, bkv], I32, &[None, j]), Some(KJ)));
@@ -663,6 +669,106 @@ pub fn smem_bytes(family: Kernel, traversal: Traversal, m: MetadataShape) -> u64
     }
 }
 
+/// The SMEM a forward's mask metadata needs: the largest over its distinct masks
+/// ([`smem_bytes`]).
+///
+/// # Errors
+/// [`KernelError::Smem`] naming the blocks when it does not fit.
+fn fwd_smem(chip: &ChipModel, cfg: &SplashConfig, cl: &Classified, source: MaskSource) -> Result<u64, KernelError> {
+    // A full mask needs no metadata in tokamax even when the lengths are padded to the blocks:
+    // the padding is masked with segment ids, not with mask blocks.
+    let smem = cl
+        .stats
+        .iter()
+        .zip(&cl.distinct)
+        .map(|(st, m)| {
+            smem_bytes(
+                cfg.kernel,
+                cfg.traversal,
+                MetadataShape {
+                    q_blocks: cl.grid.q_tiles(),
+                    kv_blocks: cl.grid.kv_tiles(),
+                    width: cl.width,
+                    active: st.partial + st.full,
+                    all_full: m.is_full(),
+                    loaded: source == MaskSource::Loaded,
+                },
+            )
+        })
+        .max()
+        .unwrap_or(0);
+    if smem > chip.smem_bytes() {
+        return Err(KernelError::Smem { needed: smem, limit: chip.smem_bytes(), block_q: cfg.block_q, block_kv: cfg.block_kv });
+    }
+    Ok(smem)
+}
+
+/// A forward's step classes (their bodies left empty until the step stream says which run),
+/// each class's body arguments, the class of each (tile kind, first, last) and the
+/// finalize-only class of a family that finalizes at a row's last grid step.
+///
+/// The classes' keys now, their bodies once the step stream says which classes run (a class no
+/// step runs keeps an empty body: a padded dense grid's masked tiles, for one, are never a
+/// row's first).
+fn fwd_classes(cfg: &SplashConfig, masked_kind: &dyn Fn(bool) -> bool) -> (Vec<StepClass>, Vec<BodyArgs>, [[[u32; 2]; 2]; 2], Option<u32>) {
+    let mut classes =
+        vec![StepClass { key: ClassKey { tile: "empty", masked: false, first: false, last: false }, body: StepBody::default() }];
+    // Per class: the arguments of its body (`None`: the empty step's).
+    let mut body_args: Vec<BodyArgs> = vec![None];
+    let mut class_of = [[[0u32; 2]; 2]; 2];
+    for (k, kind) in [TileKind::Partial, TileKind::Full].into_iter().enumerate() {
+        for first in [false, true] {
+            for last in [false, true] {
+                let is_masked = masked_kind(kind == TileKind::Partial);
+                class_of[k][usize::from(first)][usize::from(last)] = classes.len() as u32;
+                body_args.push(Some((is_masked, first, true, last)));
+                classes.push(StepClass {
+                    key: ClassKey { tile: if k == 0 { "partial" } else { "full" }, masked: is_masked, first, last },
+                    body: StepBody::default(),
+                });
+            }
+        }
+    }
+    // JAX's Splash finalizes at the row's last grid step, which may be empty (steps.rs); so does
+    // JAX's older flash attention (`store_output` at the last kv index, causal rows included).
+    let flash = cfg.kernel == Kernel::FlashAttention;
+    let finalize_class = ((cfg.kernel == Kernel::Splash || flash) && cfg.traversal == Traversal::FullGrid).then(|| {
+        body_args.push(Some((false, false, false, true)));
+        classes.push(StepClass { key: ClassKey { tile: "empty", masked: false, first: false, last: true }, body: StepBody::default() });
+        classes.len() as u32 - 1
+    });
+    (classes, body_args, class_of, finalize_class)
+}
+
+/// A forward's facts for reports: grid, blocks, padding, tile counts ((tiles, kept pairs, kept
+/// pairs of the exact mask, visited pairs), [`bwd::tile_counts`]), grid steps and SMEM.
+fn fwd_info(w: &AttentionCall, cfg: &SplashConfig, cl: &Classified, (tiles, kept, exact, visited_pairs): (TileCounts, u64, u64, u64), grid_steps: u64, smem: u64) -> ProgramInfo {
+    ProgramInfo {
+        kind: tpusim_model::KernelKind::Attention,
+        kernel: "attention forward".into(),
+        grid: vec![
+            ("batch x heads".into(), w.batch * w.q_heads),
+            ("q blocks".into(), cl.grid.q_tiles()),
+            (
+                match cfg.traversal {
+                    Traversal::FullGrid if cl.width < cl.grid.kv_tiles() => "kv steps (after grid shrinking)".into(),
+                    Traversal::FullGrid => "kv steps".into(),
+                    Traversal::Compact => "kv steps (compacted, varies by row)".into(),
+                },
+                cl.width,
+            ),
+        ],
+        blocks: vec![("block_q".into(), cfg.block_q), ("block_kv".into(), cfg.block_kv), ("block_kv_compute".into(), cfg.block_kv_compute)],
+        padded: vec![("q_len".into(), w.q_len, cl.grid.padded_q_len()), ("kv_len".into(), w.kv_len, cl.grid.padded_kv_len())],
+        tiles: Some(tiles),
+        kept_pairs: kept,
+        visited_pairs,
+        exact_kept_pairs: exact,
+        grid_steps,
+        smem_bytes: smem,
+    }
+}
+
 /// Lowers one attention call's forward pass with a Splash configuration, in stages: checks
 /// (shapes, blocks, VMEM, HBM), mask classification, SMEM, step bodies, counts, step stream.
 ///
@@ -689,31 +795,7 @@ pub fn lower(chip: &ChipModel, w: &AttentionCall, cfg: &SplashConfig) -> Result<
     let source = if cl.distinct.iter().any(|m| m.expression_terms().loaded_only) { MaskSource::Loaded } else { cfg.mask_source };
     let any_not_full = cl.distinct.iter().any(|m| !m.is_full()) || cfg.tile_align;
     // Stage 3: SMEM.
-    // A full mask needs no metadata in tokamax even when the lengths are padded to the blocks:
-    // the padding is masked with segment ids, not with mask blocks.
-    let smem = cl
-        .stats
-        .iter()
-        .zip(&cl.distinct)
-        .map(|(st, m)| {
-            smem_bytes(
-                cfg.kernel,
-                cfg.traversal,
-                MetadataShape {
-                    q_blocks: cl.grid.q_tiles(),
-                    kv_blocks: cl.grid.kv_tiles(),
-                    width: cl.width,
-                    active: st.partial + st.full,
-                    all_full: m.is_full(),
-                    loaded: source == MaskSource::Loaded,
-                },
-            )
-        })
-        .max()
-        .unwrap_or(0);
-    if smem > chip.smem_bytes() {
-        return Err(KernelError::Smem { needed: smem, limit: chip.smem_bytes(), block_q: cfg.block_q, block_kv: cfg.block_kv });
-    }
+    let smem = fwd_smem(chip, cfg, &cl, source)?;
     // Stage 4: one body per (tile kind, first, last), an op program ([`ops`]) masked by the
     // costliest distinct mask's function.
     let masked_kind = |partial: bool| match cfg.masking {
@@ -750,57 +832,23 @@ pub fn lower(chip: &ChipModel, w: &AttentionCall, cfg: &SplashConfig) -> Result<
             },
         )
     };
-    // The classes' keys now, their bodies once the step stream says which classes run (a class
-    // no step runs keeps an empty body: a padded dense grid's masked tiles, for one, are never a
-    // row's first).
-    let mut classes =
-        vec![StepClass { key: ClassKey { tile: "empty", masked: false, first: false, last: false }, body: StepBody::default() }];
-    // Per class: the arguments of its body (`None`: the empty step's).
-    let mut body_args: Vec<BodyArgs> = vec![None];
-    let mut class_of = [[[0u32; 2]; 2]; 2];
-    for (k, kind) in [TileKind::Partial, TileKind::Full].into_iter().enumerate() {
-        for first in [false, true] {
-            for last in [false, true] {
-                let is_masked = masked_kind(kind == TileKind::Partial);
-                class_of[k][usize::from(first)][usize::from(last)] = classes.len() as u32;
-                body_args.push(Some((is_masked, first, true, last)));
-                classes.push(StepClass {
-                    key: ClassKey { tile: if k == 0 { "partial" } else { "full" }, masked: is_masked, first, last },
-                    body: StepBody::default(),
-                });
-            }
-        }
-    }
-    // JAX's Splash finalizes at the row's last grid step, which may be empty (steps.rs); so does
-    // JAX's older flash attention (`store_output` at the last kv index, causal rows included).
-    let flash = cfg.kernel == Kernel::FlashAttention;
-    let finalize_class = ((cfg.kernel == Kernel::Splash || flash) && cfg.traversal == Traversal::FullGrid).then(|| {
-        body_args.push(Some((false, false, false, true)));
-        classes.push(StepClass { key: ClassKey { tile: "empty", masked: false, first: false, last: true }, body: StepBody::default() });
-        classes.len() as u32 - 1
-    });
+    let (mut classes, body_args, class_of, finalize_class) = fwd_classes(cfg, &masked_kind);
     // Stage 5: tile counts over batch and heads.
-    let mut tiles = TileCounts::default();
-    let (mut kept, mut exact, mut visited_pairs, mut grid_steps) = (0u64, 0u64, 0u64, 0u64);
-    for h in 0..w.q_heads {
-        let st = cl.stats[cl.head_mask[h as usize]];
-        tiles.total += w.batch * (st.empty + st.partial + st.full);
-        tiles.empty += w.batch * st.empty;
-        tiles.partial += w.batch * st.partial;
-        tiles.full += w.batch * st.full;
-        tiles.visited += w.batch * (st.partial + st.full);
-        tiles.masked += w.batch * (if masked_kind(true) { st.partial } else { 0 } + if masked_kind(false) { st.full } else { 0 });
-        kept += w.batch * st.kept;
-        exact += w.batch * st.exact_kept;
-        visited_pairs += w.batch * st.visited_pairs;
-        grid_steps += w.batch
-            * match cfg.traversal {
-                Traversal::Compact => st.partial + st.full,
-                Traversal::FullGrid => cl.grid.q_tiles() * cl.width,
-            };
-    }
+    let counts = bwd::tile_counts(w, &cl, |k| masked_kind(k == TileKind::Partial));
+    let grid_steps: u64 = (0..w.q_heads)
+        .map(|h| {
+            let st = cl.stats[cl.head_mask[h as usize]];
+            w.batch
+                * match cfg.traversal {
+                    Traversal::Compact => st.partial + st.full,
+                    Traversal::FullGrid => cl.grid.q_tiles() * cl.width,
+                }
+        })
+        .sum();
+    let info = fwd_info(w, cfg, &cl, counts, grid_steps, smem);
     // Stage 6: the step stream, its copies by Pallas's rule over the family's declaration.
     let jax_splash = cfg.kernel == Kernel::Splash;
+    let flash = cfg.kernel == Kernel::FlashAttention;
     let mut sets = CopySets::default();
     let copies = copy_table(&decl, &tags, steps::event::COUNT, &mut sets);
     let steps = Steps {
@@ -836,30 +884,6 @@ pub fn lower(chip: &ChipModel, w: &AttentionCall, cfg: &SplashConfig) -> Result<
         ));
     }
     build_used_bodies(&mut classes, &body_args, &steps.used_classes(body_args.len()), step_body);
-    let info = ProgramInfo {
-        kind: tpusim_model::KernelKind::Attention,
-        kernel: "attention forward".into(),
-        grid: vec![
-            ("batch x heads".into(), w.batch * w.q_heads),
-            ("q blocks".into(), cl.grid.q_tiles()),
-            (
-                match cfg.traversal {
-                    Traversal::FullGrid if cl.width < cl.grid.kv_tiles() => "kv steps (after grid shrinking)".into(),
-                    Traversal::FullGrid => "kv steps".into(),
-                    Traversal::Compact => "kv steps (compacted, varies by row)".into(),
-                },
-                cl.width,
-            ),
-        ],
-        blocks: vec![("block_q".into(), cfg.block_q), ("block_kv".into(), cfg.block_kv), ("block_kv_compute".into(), cfg.block_kv_compute)],
-        padded: vec![("q_len".into(), w.q_len, cl.grid.padded_q_len()), ("kv_len".into(), w.kv_len, cl.grid.padded_kv_len())],
-        tiles: Some(tiles),
-        kept_pairs: kept,
-        visited_pairs,
-        exact_kept_pairs: exact,
-        grid_steps,
-        smem_bytes: smem,
-    };
     Ok(Program::new(classes, w.batch * w.q_heads, vmem, info, decl, sets, steps))
 }
 
@@ -1090,6 +1114,43 @@ mod tests {
         let mut runs = 0;
         p.for_each_run(&mut |s, n| runs += (p.copies_of(s).in_bytes + p.copies_of(s).out_bytes) * n);
         assert_eq!(runs, inb + outb);
+    }
+
+    #[test]
+    fn vmem_and_copies_come_from_the_declaration() {
+        // JAX's Splash, 1 head, causal 2048 at 512 blocks: VMEM and every step's copies are
+        // derived from the family's one declaration, so changing a ref there changes both.
+        let mut w = AttentionCall::video_default();
+        (w.q_len, w.kv_len, w.q_heads, w.kv_heads) = (2048, 2048, 1, 1);
+        w.mask = Mask::parse("causal").unwrap();
+        let c = SplashConfig { block_q: 512, block_kv: 512, block_kv_compute: 512, ..SplashConfig::for_family(Kernel::Splash) };
+        let (refs, internal) = family_refs(&w, &c);
+        let (decl, tags) = declare(refs.clone(), internal.clone(), vec![1, 1, 4, 4], 2);
+        let vmem = |d: &KernelDecl| d.vmem(u64::MAX).total();
+        // What the kernel's IR says (m, l and o_scratch in one buffer each).
+        assert_eq!(vmem(&decl), 3_407_872);
+        let kv_copy = |d: &KernelDecl, tags: &[Option<u32>]| {
+            let mut sets = CopySets::default();
+            let ids = copy_table(d, tags, steps::event::COUNT, &mut sets);
+            sets.get(ids[1 << steps::event::KV]).in_bytes
+        };
+        assert_eq!(kv_copy(&decl, &tags), 2 * 512 * 128 * 2);
+        // k's block twice as wide: its VMEM (two buffers) and its copy grow by one block each.
+        let k = decl.index_of("k").unwrap();
+        let mut wide = decl.clone();
+        wide.refs[k].block = vec![1, 512, 256];
+        assert_eq!(vmem(&wide), vmem(&decl) + 2 * 512 * 128 * 2);
+        assert_eq!(kv_copy(&wide, &tags), kv_copy(&decl, &tags) + 512 * 128 * 2);
+        // q in three buffers (`pl.Buffered(3)`): one more q block of VMEM, the same copies.
+        let q = decl.index_of("q").unwrap();
+        let mut deep = decl.clone();
+        deep.refs[q].buffers = 3;
+        assert_eq!(vmem(&deep), vmem(&decl) + 512 * 128 * 2);
+        assert_eq!(kv_copy(&deep, &tags), kv_copy(&decl, &tags));
+        // The lowering's program carries that declaration and its VMEM.
+        let p = lower(&v6e(), &w, &c).unwrap();
+        assert_eq!(p.vmem.total(), 3_407_872);
+        assert_eq!(p.decl.refs, decl.refs);
     }
 
     #[test]

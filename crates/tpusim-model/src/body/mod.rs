@@ -712,7 +712,7 @@ impl Builder {
         let bytes = op.attrs.bytes.ok_or_else(|| OpError("a copy without its size in bytes (`attrs.bytes`)".into()))?;
         let after: SmallVec<[(NodeIdx, u64); 4]> = self.last_on_unit.iter().flatten().copied().collect();
         let traffic = if op.attrs.hbm_to_hbm { 2 * bytes } else { bytes };
-        let (n, sl) = self.node_from("dma", Work::Dma { bytes: traffic }, &[], &after, 0, 1, self.base);
+        let (n, sl) = self.node_from("dma", Work::Dma { bytes: traffic, hbm_to_hbm: op.attrs.hbm_to_hbm }, &[], &after, 0, 1, self.base);
         if !self.counting {
             self.outstanding.entry(op.attrs.semaphore.clone()).or_default().push_back((n, sl, bytes));
         }

@@ -183,3 +183,38 @@ def test_a_tpu_trace_is_read_as_the_module_line_of_device_0(tmp_path):
     with pytest.raises(tpusim.InputError, match=r"kernel_pattern '.*microbench_copy_t2.*'.*XLA Modules"):
         tpusim.trace_ops(str(p), mm._selection("microbench_copy_t2", False, Dev())[0], device=dev, line=line)
 
+
+def public_rows(root):
+    with open(root / "traces" / "measured" / "microbench-v6e.csv") as f:
+        return list(csv.DictReader(line for line in f if not line.startswith("#")))
+
+
+def test_the_public_rows_are_the_kits_kernels_and_each_simulates(root):
+    """traces/measured/microbench-v6e.csv: every row is a catalogue entry's (id, kernel word,
+    description path), the judge rows say how they were taken, `tpusim validate` predicts every
+    row, and the shipped descriptions are what the kit describes today (a few cheap ones)."""
+    rows = public_rows(root)
+    by_id = {e.row_id("v6e"): e for e in mb.catalogue()}
+    assert [r["id"] for r in rows][:10] == [f"MB-v6e-copy-t{t}" for t in (1, 2, 4, 8, 16, 32, 64, 128)] + [
+        "MB-v6e-dma-hbm-hbm-rows2048", "MB-v6e-dma-via-vmem-rows2048"]
+    assert sum(r["kernel"] == "kv-cache-update-vllm" for r in rows) == 12 and len(rows) == 22
+    for r in rows:
+        e = by_id[r["id"]]
+        assert r["kernel"] == e.kernel and r["chip"] == "v6e" and e.public
+        assert f"(tpusim.microbench entry {e.name})" in r["source"]
+        folder = "microbench" if e.role == "mechanism" else "kv-cache-update-vllm"
+        assert r["kernel_ir"] == f"kernels/{folder}/{r['id']}.json.gz"
+        assert r["kernel"].startswith(mb.PREFIX) == (e.role == "mechanism")
+        if e.role == "judge":
+            assert "DMA tracing on" in r["timing"] and "never fitted" in r["timing"]
+    out, _ = run_cli("validate", root / "traces" / "measured" / "microbench-v6e.csv", "--format", "json")
+    v = json.loads(out)
+    assert v["skipped"] == [] and sorted(x["id"] for x in v["rows"]) == sorted(r["id"] for r in rows)
+    for rid in ("MB-v6e-copy-t1", "MB-v6e-copy-t128", "VLLM-KVUPD-v6e-nspb8", "VLLM-KVUPD-v6e-pipelined-nspb8"):
+        fn, args = by_id[rid].build()
+        (d,), _ = tj.describe_all(fn, *args, chip="v6e")
+        (r,) = [r for r in rows if r["id"] == rid]
+        stored = json.loads(gzip.decompress((root / "traces" / "measured" / r["kernel_ir"]).read_bytes()))
+        fresh = json.loads(json.dumps(d))
+        stored.pop("producer"), fresh.pop("producer")
+        assert stored == fresh, f"{rid}: the shipped description is not what the kit describes: python -m tpusim.microbench --describe"

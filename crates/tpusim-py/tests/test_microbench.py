@@ -218,3 +218,21 @@ def test_the_public_rows_are_the_kits_kernels_and_each_simulates(root):
         fresh = json.loads(json.dumps(d))
         stored.pop("producer"), fresh.pop("producer")
         assert stored == fresh, f"{rid}: the shipped description is not what the kit describes: python -m tpusim.microbench --describe"
+
+
+def test_a_kernel_that_fails_is_reported_and_the_others_are_written(tmp_path):
+    import dataclasses
+    import io
+
+    (good,) = mb.select("step-empty-g1$")
+
+    def broken(interpret=False):
+        raise ValueError("boom: this kernel does not lower")
+
+    bad = dataclasses.replace(good, name="microbench-step-broken", build=broken)
+    log = io.StringIO()
+    rows, failures = mm.measure([bad, good], str(tmp_path / "rows.csv"), str(tmp_path / "k"), chip="v6e", repeats=2, dry_run=True, log=log)
+    assert [r["id"] for r in rows] == ["DRYRUN-MB-v6e-step-empty-g1"]
+    assert failures == [("microbench-step-broken", "ValueError: boom: this kernel does not lower")]
+    assert "microbench-step-broken: FAILED" in log.getvalue()
+    assert "DRYRUN-MB-v6e-step-empty-g1" in (tmp_path / "rows.csv").read_text()

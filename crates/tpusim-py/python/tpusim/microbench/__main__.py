@@ -115,15 +115,22 @@ def main(argv=None):
     if not a.out:
         return usage("--measure needs --out (the CSV file the rows go to)")
     out_dir = a.out_dir or os.path.join(os.path.dirname(os.path.abspath(a.out)), "microbench-kernels")
+    from .. import InputError
+
     try:
-        rows = m.measure(entries, a.out, out_dir, chip=a.chip, repeats=a.repeats, dry_run=a.dry_run, force=a.force)
+        rows, failures = m.measure(entries, a.out, out_dir, chip=a.chip, repeats=a.repeats, dry_run=a.dry_run, force=a.force)
+    except InputError as e:
+        return usage(str(e))
     except m.MeasureError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    print(f"wrote {len(rows)} rows to {a.out} and their descriptions to {out_dir}")
-    if not a.dry_run:
-        print(f"next: tpusim calibrate {a.out} --chip {rows[0]['chip'] if rows else 'CHIP'} --out my-chip.toml")
-    return 0
+    if rows:
+        print(f"wrote {len(rows)} rows to {a.out} and their descriptions to {out_dir}")
+    for name, why in failures:
+        print(f"error: {name} was not measured: {why}", file=sys.stderr)
+    if rows and not a.dry_run:
+        print(f"next: tpusim calibrate {a.out} --chip {rows[0]['chip']} --out my-{rows[0]['chip']}.toml")
+    return 1 if failures else 0
 
 
 if __name__ == "__main__":

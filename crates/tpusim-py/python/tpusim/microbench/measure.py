@@ -236,11 +236,18 @@ def write_rows(path, rows, dry_run):
 
 def measure(entries, out, out_dir, chip=None, repeats=200, dry_run=False, force=False, log=sys.stderr):
     """Describes and times every entry, then writes the rows to `out` (CSV) and the kernel
-    descriptions to `out_dir` (`<row id>.json.gz`). Returns the rows. On a TPU the chip is the
-    device's (a `chip` that disagrees is an error); a dry run needs `chip` (the descriptions are
-    lowered for it)."""
+    descriptions to `out_dir` (`<row id>.json.gz`). On a TPU the chip is the device's (a `chip`
+    that disagrees is an error); a dry run needs `chip` (the descriptions are lowered for it).
+    An entry that fails (it does not lower, compile or run) is reported and left out; the others'
+    rows are written. Returns (rows, failures: [(entry name, reason)]).
+
+    Raises `MeasureError` before any work for a missing TPU, an unknown device kind, a bad
+    `out`, and `tpusim.InputError` for a JAX other than the one `tpusim.jax` reads."""
     import jax
 
+    from ..jax import _jax
+
+    _jax()  # the JAX release tpusim.jax reads, or an InputError saying which to install
     check_out(out, force)
     if dry_run:
         device = jax.devices("cpu")[0]
@@ -263,14 +270,20 @@ def measure(entries, out, out_dir, chip=None, repeats=200, dry_run=False, force=
         raise MeasureError("--dry-run needs --chip (the chip the descriptions are lowered for)")
     os.makedirs(out_dir, exist_ok=True)
     csv_dir = os.path.dirname(os.path.abspath(out))
-    rows = []
+    rows, failures = [], []
+    note = " (interpret mode: means nothing)" if dry_run else ""
     for n, e in enumerate(entries, 1):
-        desc = describe_entry(e, os.path.join(out_dir, e.row_id(chip) + ".json.gz"), chip)
-        timed = time_entry(e, repeats=repeats, dry_run=dry_run, device=device)
+        try:
+            desc = describe_entry(e, os.path.join(out_dir, e.row_id(chip) + ".json.gz"), chip)
+            timed = time_entry(e, repeats=repeats, dry_run=dry_run, device=device)
+        except Exception as ex:  # noqa: BLE001 - one kernel's failure is reported; the others run
+            failures.append((e.name, f"{type(ex).__name__}: {ex}"))
+            print(f"[{n}/{len(entries)}] {e.name}: FAILED: {failures[-1][1]}", file=log, flush=True)
+            continue
         rows.append(row(e, chip, timed, desc, csv_dir, repeats, dry_run, device))
-        note = " (interpret mode: means nothing)" if dry_run else ""
         print(f"[{n}/{len(entries)}] {e.name}: {timed['median_ms']:.4f} ms{note}", file=log, flush=True)
-    write_rows(out, rows, dry_run)
+    if rows:
+        write_rows(out, rows, dry_run)
     if dry_run:
         print(BANNER, file=log)
-    return rows
+    return rows, failures

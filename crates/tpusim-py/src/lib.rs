@@ -1061,6 +1061,40 @@ fn measurements_from_trace<'py>(
     Ok(list)
 }
 
+/// The device ops of a profiler trace, selected as `measurements_from_trace` selects them, as a
+/// list of dicts `{device, line, name, ts_us, dur_us}` in trace order (times in microseconds,
+/// the trace's clock): for timings that are not a kernel family's row, such as the jitted
+/// module's device time that `python -m tpusim.microbench --measure` takes.
+///
+/// `trace` is Chrome trace JSON, gzip-compressed or not (XProf's `HOST.trace.json.gz`, a
+/// Perfetto JSON export); `kernel_pattern`, `device` and `line` are regular expressions on the
+/// op's name, its process's `process_name` and its thread's `thread_name` (the name is
+/// searched, not anchored). Raises `InputError` for an unreadable or malformed trace, a bad
+/// expression, or a pattern that matches nothing (the message lists the trace's processes,
+/// threads and most frequent op names).
+#[pyfunction]
+#[pyo3(signature = (trace, kernel_pattern, device = "^/device:", line = "^XLA Ops$"))]
+fn trace_ops<'py>(py: Python<'py>, trace: &str, kernel_pattern: &str, device: &str, line: &str) -> PyResult<Bound<'py, PyList>> {
+    let sel = tpusim_calib::Selection { pattern: kernel_pattern.to_string(), device: device.to_string(), line: line.to_string() };
+    let trace_path = trace.to_string();
+    let ops = interruptible_once(py, move || {
+        let t = tpusim_calib::read_trace(&trace_path)?;
+        tpusim_calib::select_ops(&t, &sel, &trace_path)
+    })?
+    .map_err(|e| input_err(e.to_string().replace("--kernel-pattern", "kernel_pattern").replace("--device", "device").replace("--line", "line")))?;
+    let list = PyList::empty(py);
+    for o in ops {
+        let d = PyDict::new(py);
+        d.set_item("device", o.device)?;
+        d.set_item("line", o.line)?;
+        d.set_item("name", o.name)?;
+        d.set_item("ts_us", o.ts_us)?;
+        d.set_item("dur_us", o.dur_us)?;
+        list.append(d)?;
+    }
+    Ok(list)
+}
+
 /// The `--mask` text of a mask given from Python (a Splash mask object, or text); raises
 /// `InputError` for masks with no text form (arrays).
 #[pyfunction]
@@ -1180,6 +1214,7 @@ fn tpusim_py(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(validate, m)?)?;
     m.add_function(wrap_pyfunction!(sweep, m)?)?;
     m.add_function(wrap_pyfunction!(measurements_from_trace, m)?)?;
+    m.add_function(wrap_pyfunction!(trace_ops, m)?)?;
     m.add_function(wrap_pyfunction!(mask_text, m)?)?;
     m.add_function(wrap_pyfunction!(tile_counts, m)?)?;
     m.add_function(wrap_pyfunction!(simulate_kernel_ir, m)?)?;

@@ -129,3 +129,17 @@ def test_timeline_shows_the_measured_trace_beside_the_simulation(trace_file, tmp
     measured = [e for e in ev if e.get("pid") == 200 and e.get("ph") == "X"]
     assert len(measured) == 12 and min(e["ts"] for e in measured) == 0.0
     assert any(e.get("pid") == 1 and e.get("ph") == "X" for e in ev)
+
+
+def test_trace_ops_lists_the_selected_device_ops(trace_file):
+    """`tpusim.trace_ops`: the events `measurements_from_trace` selects, one dict each, for
+    timings that are not a kernel family's row (the module line, here)."""
+    ops = tpusim.trace_ops(str(trace_file), r"^jit_attention\(", line="^XLA Modules$")
+    assert len(ops) == 12 and {o["device"] for o in ops} == {"/device:TPU:0", "/device:TPU:1"}
+    assert {o["line"] for o in ops} == {"XLA Modules"}
+    assert sorted(o["dur_us"] for o in ops if o["device"] == "/device:TPU:0") == sorted(ms * 1e3 + 80.0 for ms in DURS_MS)
+    dev1 = tpusim.trace_ops(str(trace_file), "splash_mha_fwd", device="TPU:1$")
+    assert [o["name"] for o in dev1] == [f"splash_mha_fwd_no_residuals.{1 + i % 2}" for i in range(len(DURS_MS))]
+    assert all(b["ts_us"] > a["ts_us"] for a, b in zip(dev1, dev1[1:]))
+    with pytest.raises(tpusim.InputError, match=r"kernel_pattern 'nothing'.*device '\^/device:'.*XLA Ops"):
+        tpusim.trace_ops(str(trace_file), "nothing")

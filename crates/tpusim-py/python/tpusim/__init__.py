@@ -21,6 +21,7 @@ from ._tpusim import (  # noqa: F401  (the compiled module, crate tpusim-py)
     simulate,
     sweep,
     tile_counts,
+    trace_ops,
     tune,
     validate,
 )
@@ -36,6 +37,7 @@ __all__ = [
     "simulate",
     "sweep",
     "tile_counts",
+    "trace_ops",
     "tune",
     "validate",
 ]

@@ -8,7 +8,7 @@ use petgraph::Direction;
 use std::sync::Arc;
 use serde::Serialize;
 use tpusim_chip::ChipModel;
-use tpusim_model::{mxu::MxuType, PerUnit, StepBody, Unit, Work};
+use tpusim_model::{mxu::MxuType, DmaPath, PerUnit, StepBody, Unit, Work};
 
 /// Cycles per unit ([`Unit`]): busy time or a share of the critical path. `hbm` is DMA transfer
 /// time, `step_control` the grid-step overhead.
@@ -55,10 +55,15 @@ pub fn op_cycles(chip: &ChipModel, work: &Work) -> (f64, f64) {
         Work::CrossLane { vregs } => {
             (regs(vregs) * chip.fitted.xlu_cycles_per_vreg.value / chip.xlu.count.value as f64, chip.xlu.latency_cycles.value as f64)
         }
-        Work::Dma { bytes, hbm_to_hbm } => {
+        Work::Dma { bytes, path } => {
             let transfer = bytes as f64 / chip.dma_bytes_per_cycle(chip.tensorcores());
-            // An HBM-to-HBM copy crosses two legs (the read, then the write), each with its latency.
-            let latency = chip.dma_latency_cycles() * if hbm_to_hbm { 2.0 } else { 1.0 };
+            // Each HBM leg its latency: an HBM-to-HBM copy's read, then its write; a copy between
+            // on-chip memories takes a read's.
+            let latency = match path {
+                DmaPath::HbmToVmem | DmaPath::Local => chip.dma_latency_cycles(),
+                DmaPath::VmemToHbm => chip.writeback_latency_cycles(),
+                DmaPath::HbmToHbm => chip.dma_latency_cycles() + chip.writeback_latency_cycles(),
+            };
             let issue = chip.hbm.dma_issue_ns.value * 1e-9 * chip.clock_hz();
             let in_flight = (latency + transfer) / f64::from(chip.hbm.dmas_in_flight.value.max(1));
             let occupancy = transfer.max(issue).max(in_flight);
@@ -484,7 +489,7 @@ pub(crate) enum WorkKey {
     Vector(u64, u64),
     Transcendental(u64),
     CrossLane(u64),
-    Dma(u64, bool),
+    Dma(u64, DmaPath),
     DmaWait(bool),
 }
 
@@ -495,7 +500,7 @@ impl WorkKey {
             Work::Vector { ops, loaded_mask_vregs } => WorkKey::Vector(ops.to_bits(), loaded_mask_vregs.to_bits()),
             Work::Transcendental { vregs } => WorkKey::Transcendental(vregs.to_bits()),
             Work::CrossLane { vregs } => WorkKey::CrossLane(vregs.to_bits()),
-            Work::Dma { bytes, hbm_to_hbm } => WorkKey::Dma(bytes, hbm_to_hbm),
+            Work::Dma { bytes, path } => WorkKey::Dma(bytes, path),
             Work::DmaWait { queued } => WorkKey::DmaWait(queued),
         }
     }

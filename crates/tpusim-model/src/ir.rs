@@ -156,9 +156,8 @@ pub enum Work {
     Dma {
         /// Bytes the DMA engines carry (an HBM-to-HBM copy's twice: read, then written).
         bytes: u64,
-        /// From HBM to HBM: the copy's data crosses two DMA legs (HBM read, HBM write), each
-        /// with its latency.
-        hbm_to_hbm: bool,
+        /// Where the data goes: its HBM legs (a read, a write, or both), each with its latency.
+        path: DmaPath,
     },
     /// A wait for copies (`tpu.wait_dma`): no unit time (it is the scalar unit's,
     /// [`Unit::StepControl`], and holds no DMA engine); the TensorCore issues in order, so
@@ -168,6 +167,43 @@ pub enum Work {
         /// step begins.
         queued: bool,
     },
+}
+
+/// Where a copy's data goes, by the HBM legs it crosses: an HBM read, an HBM write, both (a copy
+/// from HBM to HBM), or neither (between on-chip memories). Each HBM leg pays its latency.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DmaPath {
+    /// HBM to VMEM or SMEM: one HBM read.
+    HbmToVmem,
+    /// VMEM or SMEM to HBM: one HBM write.
+    VmemToHbm,
+    /// HBM to HBM: a read, then a write.
+    HbmToHbm,
+    /// Between on-chip memories (VMEM, SMEM): no HBM leg.
+    Local,
+}
+
+impl DmaPath {
+    /// The path of a copy that reads from HBM (`src_hbm`) and/or writes to it (`dst_hbm`).
+    pub fn of(src_hbm: bool, dst_hbm: bool) -> Self {
+        match (src_hbm, dst_hbm) {
+            (true, false) => DmaPath::HbmToVmem,
+            (false, true) => DmaPath::VmemToHbm,
+            (true, true) => DmaPath::HbmToHbm,
+            (false, false) => DmaPath::Local,
+        }
+    }
+
+    /// Whether it reads from HBM.
+    pub fn reads_hbm(self) -> bool {
+        matches!(self, DmaPath::HbmToVmem | DmaPath::HbmToHbm)
+    }
+
+    /// Whether it writes to HBM.
+    pub fn writes_hbm(self) -> bool {
+        matches!(self, DmaPath::VmemToHbm | DmaPath::HbmToHbm)
+    }
 }
 
 impl Work {
@@ -465,11 +501,8 @@ impl StepBody {
                     eat(&[3]);
                     eat(&vregs.to_bits().to_le_bytes());
                 }
-                Work::Dma { bytes, hbm_to_hbm } => {
-                    eat(&[4]);
-                    if hbm_to_hbm {
-                        eat(&[1]);
-                    }
+                Work::Dma { bytes, path } => {
+                    eat(&[4, path as u8]);
                     eat(&bytes.to_le_bytes());
                 }
                 Work::DmaWait { queued } => eat(&[5, u8::from(queued)]),

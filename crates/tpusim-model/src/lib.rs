@@ -36,7 +36,7 @@ pub mod __private {
 
 pub use call::{Fusion, Lowered, Part, Phase, PhaseWork};
 pub use decl::{KernelDecl, RefDecl, RefRole, Space};
-pub use ir::{ClassKey, Memo, PerUnit, Step, StepBody, StepClass, TileOp, Unit, Work};
+pub use ir::{ClassKey, DmaPath, Memo, PerUnit, Step, StepBody, StepClass, TileOp, Unit, Work};
 pub use vmem::{footprint, VmemBuffer};
 pub use words::WordError;
 

@@ -74,10 +74,16 @@ fn dma_space(op: &Op, key: &str) -> Option<MemorySpace> {
     op.attrs.get(key).and_then(|v| serde_json::from_value(v.clone()).ok())
 }
 
-/// Whether a copy's `src_space` and `dst_space` are both HBM (`any`): it reads and writes its
-/// bytes there.
-pub fn hbm_to_hbm(op: &Op) -> bool {
-    dma_space(op, "src_space") == Some(MemorySpace::Any) && dma_space(op, "dst_space") == Some(MemorySpace::Any)
+/// Where a copy's data goes: whether it reads from HBM and whether it writes to HBM (`any`), by
+/// its `src_space` and `dst_space`; a description written before they were recorded names its
+/// source ref (`src_ref`), whose memory space says where it reads, and the copy is taken to go
+/// to the other side (HBM to VMEM, or VMEM to HBM).
+pub fn dma_path(op: &Op, refs: &[Ref]) -> tpusim_model::DmaPath {
+    let hbm = |s: Option<MemorySpace>| s.map(|m| m == MemorySpace::Any);
+    let src_ref = op.attrs.get("src_ref").and_then(|v| v.as_u64()).and_then(|r| refs.get(r as usize)).map(|r| r.memory_space == MemorySpace::Any);
+    let src = hbm(dma_space(op, "src_space")).or(src_ref).unwrap_or(true);
+    let dst = hbm(dma_space(op, "dst_space")).unwrap_or(!src);
+    tpusim_model::DmaPath::of(src, dst)
 }
 
 /// The JAX device kinds a kernel is lowered for, with the chip preset of each (the strings

@@ -574,7 +574,7 @@ fn body_op(d: &Description, op: &Op) -> Result<tpusim_model::body::BodyOp, Palla
         // A copy's bytes and semaphore are evaluated at the step ([`copy_facts`]).
         bytes: None,
         semaphore: None,
-        hbm_to_hbm: op.op == "tpu.enqueue_dma" && crate::desc::hbm_to_hbm(op),
+        dma_path: (op.op == "tpu.enqueue_dma").then(|| crate::desc::dma_path(op, &d.refs)),
         // Decided from the op's uses in the whole body ([`canonicalized`]).
         folded: false,
     };

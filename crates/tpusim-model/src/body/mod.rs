@@ -77,9 +77,10 @@ pub struct Attrs {
     /// then the element's indices, evaluated in this step); absent: not known, and a wait then
     /// waits for every copy the body started before it.
     pub semaphore: Option<Vec<i64>>,
-    /// A copy from HBM to HBM: it reads its bytes from HBM and writes them back, so the DMA
+    /// A copy (`tpu.enqueue_dma`): where its data goes ([`crate::ir::DmaPath`]; absent: HBM to
+    /// VMEM). A copy from HBM to HBM reads its bytes from HBM and writes them back, so the DMA
     /// engines carry them twice (the waits still count them once).
-    pub hbm_to_hbm: bool,
+    pub dma_path: Option<crate::ir::DmaPath>,
     /// A transpose the compiler folds into the matmul that reads it (Mosaic's
     /// `canonicalize_matmul`: a transpose of the two minor dimensions whose one use is a
     /// matmul's rhs becomes that matmul's transposed rhs, which the MXU latches as it loads the
@@ -711,8 +712,9 @@ impl Builder {
     fn dma(&mut self, op: &BodyOp) -> Result<(), OpError> {
         let bytes = op.attrs.bytes.ok_or_else(|| OpError("a copy without its size in bytes (`attrs.bytes`)".into()))?;
         let after: SmallVec<[(NodeIdx, u64); 4]> = self.last_on_unit.iter().flatten().copied().collect();
-        let traffic = if op.attrs.hbm_to_hbm { 2 * bytes } else { bytes };
-        let (n, sl) = self.node_from("dma", Work::Dma { bytes: traffic, hbm_to_hbm: op.attrs.hbm_to_hbm }, &[], &after, 0, 1, self.base);
+        let path = op.attrs.dma_path.unwrap_or(crate::ir::DmaPath::HbmToVmem);
+        let traffic = if path == crate::ir::DmaPath::HbmToHbm { 2 * bytes } else { bytes };
+        let (n, sl) = self.node_from("dma", Work::Dma { bytes: traffic, path }, &[], &after, 0, 1, self.base);
         if !self.counting {
             self.outstanding.entry(op.attrs.semaphore.clone()).or_default().push_back((n, sl, bytes));
         }

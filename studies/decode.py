@@ -5,8 +5,8 @@ simulated from their Mosaic IR on v6e with given sequence lengths and page table
 
 * decode-tiling: page size x pages per compute block, each point re-lowered (the tiling lives in
   the lowering), latency and HBM roofline fraction.
-* decode-sensitivity: the two assumed DMA parameters of the chip model (hbm.dma_issue_ns,
-  hbm.dmas_in_flight) swept around their values for one configuration.
+* decode-sensitivity: the two assumed DMA parameters of the chip model (fitted.dma_issue_ns,
+  fitted.dmas_in_flight) swept around their values for one configuration.
 * decode-rpa: a ragged paged attention decode batch at its explicit block sizes.
 """
 
@@ -58,7 +58,7 @@ def main():
     sens = []
     for issue in (5, 10, 20, 40, 80):
         for f in (16, 32, 64, 128, 256):
-            r = paged(32, 4, set={"hbm.dma_issue_ns": issue, "hbm.dmas_in_flight": f})
+            r = paged(32, 4, set={"fitted.dma_issue_ns": issue, "fitted.dmas_in_flight": f})
             sens.append({"dma_issue_ns": issue, "dmas_in_flight": f, **r.row()})
     import csv as _csv
 

@@ -53,17 +53,37 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use tpusim_chip::{ChipModel, Param};
 use tpusim_job::JobSpec;
 
-/// The chip model's fitted parameters (candidates: at most [`MAX_FITTED`] are fitted per chip,
-/// chosen by identifiability; module docs).
-pub const FITTED_PARAMS: &[&str] =
-    &["valu_vreg_ops_per_cycle", "eup_vregs_per_cycle", "xlu_cycles_per_vreg", "loaded_mask_ops_per_vreg", "grid_step_overhead_cycles"];
+/// The chip model's fitted parameters (candidates: at most [`MAX_FITTED`] are fitted per stage,
+/// chosen by identifiability; module docs): the unit rates, then the step and DMA mechanisms
+/// ([`MECHANISM_PARAMS`]).
+pub const FITTED_PARAMS: &[&str] = &[
+    "valu_vreg_ops_per_cycle",
+    "eup_vregs_per_cycle",
+    "xlu_cycles_per_vreg",
+    "loaded_mask_ops_per_vreg",
+    "grid_step_overhead_cycles",
+    "dma_latency_ns",
+    "dma_issue_ns",
+    "dmas_in_flight",
+];
+
+/// The step and DMA mechanisms: fitted in the first stage, from mechanism rows alone (rows whose
+/// `kernel` starts [`MECHANISM_KERNEL_PREFIX`]: microbenchmarks that isolate them), when a chip
+/// has such rows; otherwise from its library rows like the rest (module docs, "Stages").
+pub const MECHANISM_PARAMS: &[&str] = &["grid_step_overhead_cycles", "dma_latency_ns", "dma_issue_ns", "dmas_in_flight"];
+
+/// The `kernel` word prefix of a mechanism row: a microbenchmark kernel read from its IR
+/// (`python -m tpusim.microbench`), which calibration fits the mechanisms to. Every other kernel
+/// read from its IR is a judge: validated, never fitted.
+pub const MECHANISM_KERNEL_PREFIX: &str = "microbench-";
 
 /// Leave-one-out up to this many rows; k-fold above.
 pub const LOO_MAX_ROWS: usize = 30;
 /// Folds of k-fold cross-validation for more than [`LOO_MAX_ROWS`] rows.
 pub const KFOLDS: usize = 10;
 
-/// Most parameters fitted per chip (the rest keep their values and provenance).
+/// Most parameters fitted per chip and stage (the rest keep their values and provenance): at most
+/// three mechanisms from the mechanism rows, then at most three more from the library rows.
 pub const MAX_FITTED: usize = 3;
 
 /// Smallest norm of a parameter's elasticity column, beyond what earlier parameters explain, for
@@ -89,6 +109,9 @@ fn spec(name: &str) -> Option<Spec> {
         "xlu_cycles_per_vreg" => (1e-3, 1e4, 0.0),
         "loaded_mask_ops_per_vreg" => (1e-3, 1e3, 0.0),
         "grid_step_overhead_cycles" => (0.0, 1e7, 100.0),
+        "dma_latency_ns" => (0.0, 1e6, 100.0),
+        "dma_issue_ns" => (0.0, 1e6, 5.0),
+        "dmas_in_flight" => (1.0, 1e6, 0.0),
         _ => return None,
     };
     let name = FITTED_PARAMS.iter().find(|n| **n == name)?;
@@ -122,6 +145,9 @@ fn param_mut<'a>(chip: &'a mut ChipModel, name: &str) -> &'a mut Param<f64> {
         "xlu_cycles_per_vreg" => &mut f.xlu_cycles_per_vreg,
         "loaded_mask_ops_per_vreg" => &mut f.loaded_mask_ops_per_vreg,
         "grid_step_overhead_cycles" => &mut f.grid_step_overhead_cycles,
+        "dma_latency_ns" => &mut f.dma_latency_ns,
+        "dma_issue_ns" => &mut f.dma_issue_ns,
+        "dmas_in_flight" => &mut f.dmas_in_flight,
         other => panic!("not a fitted parameter: {other}"),
     }
 }
@@ -157,6 +183,9 @@ pub fn fitted_param<'a>(chip: &'a ChipModel, name: &str) -> Option<&'a Param<f64
         "xlu_cycles_per_vreg" => &f.xlu_cycles_per_vreg,
         "loaded_mask_ops_per_vreg" => &f.loaded_mask_ops_per_vreg,
         "grid_step_overhead_cycles" => &f.grid_step_overhead_cycles,
+        "dma_latency_ns" => &f.dma_latency_ns,
+        "dma_issue_ns" => &f.dma_issue_ns,
+        "dmas_in_flight" => &f.dmas_in_flight,
         _ => return None,
     })
 }
@@ -180,11 +209,37 @@ pub fn with_fitted(chip: &ChipModel, name: &str, value: f64) -> Result<ChipModel
 struct Row {
     id: String,
     measured_ms: f64,
-    spec: JobSpec,
+    job: RowJob,
+    /// A mechanism row (a microbenchmark: [`MECHANISM_KERNEL_PREFIX`]), fitted in the first stage.
+    mechanism: bool,
 }
 
-fn simulate_ms(chip: &ChipModel, spec: &JobSpec) -> Result<f64, String> {
-    let job = spec.build(chip).map_err(|e| e.to_string())?;
+/// What a row runs: a hand-modelled job (built for each chip, as its defaults may read it) or a
+/// kernel read from its IR (a mechanism row's microbenchmark).
+#[derive(Debug, Clone)]
+enum RowJob {
+    Spec(JobSpec),
+    Described(Box<tpusim_job::Job>),
+}
+
+impl RowJob {
+    fn head_dim(&self) -> Option<u64> {
+        match self {
+            RowJob::Spec(s) => s.head_dim,
+            RowJob::Described(_) => None,
+        }
+    }
+}
+
+fn simulate_ms(chip: &ChipModel, job: &RowJob) -> Result<f64, String> {
+    let built;
+    let job = match job {
+        RowJob::Spec(spec) => {
+            built = spec.build(chip).map_err(|e| e.to_string())?;
+            &built
+        }
+        RowJob::Described(j) => &**j,
+    };
     let lowered = job.lower(chip).map_err(|e| e.to_string())?;
     Ok(tpusim_job::simulate_call(chip, &lowered).iter().map(|p| p.result.seconds).sum::<f64>() * 1e3)
 }
@@ -205,7 +260,7 @@ fn predict_all(chip: &ChipModel, rows: &[&Row]) -> Vec<f64> {
                         if i >= n {
                             break;
                         }
-                        mine.push((i, simulate_ms(chip, &rows[i].spec).unwrap_or(f64::NAN)));
+                        mine.push((i, simulate_ms(chip, &rows[i].job).unwrap_or(f64::NAN)));
                     }
                     mine
                 })
@@ -766,32 +821,67 @@ pub fn calibrate(
             file.path, base.name
         )));
     }
+    // Stages (module docs): the mechanisms from the mechanism rows, when there are any; then the
+    // rest from the library rows, the mechanisms held.
+    let mechanism_rows: Vec<usize> = (0..rows.len()).filter(|&i| rows[i].mechanism).collect();
+    let library_rows: Vec<usize> = (0..rows.len()).filter(|&i| !rows[i].mechanism).collect();
+    let stage1: Vec<&str> = if mechanism_rows.is_empty() { Vec::new() } else { names.iter().copied().filter(|n| MECHANISM_PARAMS.contains(n)).collect() };
+    let stage2: Vec<&str> = names.iter().copied().filter(|n| !stage1.contains(n)).collect();
+    let stages = [(stage1, mechanism_rows), (stage2, library_rows)];
     let refs: Vec<&Row> = rows.iter().collect();
     let meas: Vec<f64> = rows.iter().map(|r| r.measured_ms).collect();
     let before_pred = predict_all(base, &refs);
-    let (mut fitted, status, ci, evaluations) = fit_rows(base, base, &refs, &names, true);
-    let after_pred = predict_all(&fitted, &refs);
-
-    // cross-validation: leave-one-out (k-fold above LOO_MAX_ROWS), then head_dim groups
-    let n = rows.len();
-    let (cv_name, loo_folds): (String, Vec<Vec<usize>>) = if !opts.cross_validate || n < 2 {
-        ("none".to_string(), Vec::new())
-    } else if n <= LOO_MAX_ROWS {
-        ("leave-one-out".to_string(), (0..n).map(|i| vec![i]).collect())
-    } else {
-        (format!("{KFOLDS}-fold"), (0..KFOLDS).map(|f| (0..n).filter(|i| i % KFOLDS == f).collect()).collect())
-    };
-    let held = held_out(&fitted, base, &rows, &names, &loo_folds);
-    let mut groups: Vec<(Option<u64>, Vec<usize>)> = Vec::new();
-    for (i, r) in rows.iter().enumerate() {
-        match groups.iter_mut().find(|(d, _)| *d == r.spec.head_dim) {
-            Some((_, g)) => g.push(i),
-            None => groups.push((r.spec.head_dim, vec![i])),
+    let mut fitted = base.clone();
+    let mut evaluations = 0;
+    // Per candidate: (status, elasticity, interval, the rows of its stage).
+    let mut outcome: Vec<(&str, Status, f64, Option<(f64, f64)>, Vec<String>)> = Vec::new();
+    for (stage_names, idx) in &stages {
+        if stage_names.is_empty() || idx.is_empty() {
+            continue;
+        }
+        let stage_rows: Vec<&Row> = idx.iter().map(|&i| &rows[i]).collect();
+        let (chip, status, ci, ev) = fit_rows(&fitted, &fitted, &stage_rows, stage_names, true);
+        fitted = chip;
+        evaluations += ev;
+        let ids: Vec<String> = stage_rows.iter().map(|r| r.id.clone()).collect();
+        for (k, n) in stage_names.iter().enumerate() {
+            outcome.push((n, status[k].0.clone(), status[k].1, ci[k], ids.clone()));
         }
     }
-    let group_folds: Vec<Vec<usize>> =
-        if opts.cross_validate && groups.len() >= 2 { groups.into_iter().map(|(_, g)| g).collect() } else { Vec::new() };
-    let held_group = held_out(&fitted, base, &rows, &names, &group_folds);
+    let after_pred = predict_all(&fitted, &refs);
+
+    // Cross-validation per stage (module docs): each held-out row refits its own stage's
+    // parameters without it, the other stage held at the fit.
+    let mut held = vec![None; rows.len()];
+    let mut held_group = vec![None; rows.len()];
+    let mut cv_name = "none".to_string();
+    for (stage_names, idx) in &stages {
+        let n = idx.len();
+        if stage_names.is_empty() || !opts.cross_validate || n < 2 {
+            continue;
+        }
+        let stage_rows: Vec<Row> = idx.iter().map(|&i| rows[i].clone()).collect();
+        let loo_folds: Vec<Vec<usize>> = if n <= LOO_MAX_ROWS {
+            (0..n).map(|i| vec![i]).collect()
+        } else {
+            (0..KFOLDS).map(|f| (0..n).filter(|i| i % KFOLDS == f).collect()).collect()
+        };
+        cv_name = if n <= LOO_MAX_ROWS && cv_name != format!("{KFOLDS}-fold") { "leave-one-out".to_string() } else { format!("{KFOLDS}-fold") };
+        let mut groups: Vec<(Option<u64>, Vec<usize>)> = Vec::new();
+        for (i, r) in stage_rows.iter().enumerate() {
+            match groups.iter_mut().find(|(d, _)| *d == r.job.head_dim()) {
+                Some((_, g)) => g.push(i),
+                None => groups.push((r.job.head_dim(), vec![i])),
+            }
+        }
+        let group_folds: Vec<Vec<usize>> = if groups.len() >= 2 { groups.into_iter().map(|(_, g)| g).collect() } else { Vec::new() };
+        for (k, h) in held_out(&fitted, base, &stage_rows, stage_names, &loo_folds).into_iter().enumerate() {
+            held[idx[k]] = h;
+        }
+        for (k, h) in held_out(&fitted, base, &stage_rows, stage_names, &group_folds).into_iter().enumerate() {
+            held_group[idx[k]] = h;
+        }
+    }
     let stats_of = |h: &[Option<f64>]| {
         let pairs: Vec<(f64, f64)> = h.iter().zip(&meas).filter_map(|(p, m)| p.map(|p| (p, *m))).collect();
         if pairs.is_empty() {
@@ -806,14 +896,15 @@ pub fn calibrate(
     // provenance of the fitted values
     let date = opts.date.clone().unwrap_or_else(today);
     let ids: Vec<String> = rows.iter().map(|r| r.id.clone()).collect();
-    let fitted_names: Vec<&str> = names.iter().zip(&status).filter(|(_, (s, _))| *s == Status::Fitted).map(|(n, _)| *n).collect();
+    let fitted_names: Vec<&str> = outcome.iter().filter(|o| o.1 == Status::Fitted).map(|o| o.0).collect();
     let objective = "least squares on ln(predicted/measured), rows weighted equally (Levenberg-Marquardt in log parameters)".to_string();
     let mut params = Vec::new();
     for name in FITTED_PARAMS {
         let before = fitted_value(base, name).unwrap_or(0.0);
         let after = fitted_value(&fitted, name).unwrap_or(0.0);
-        let (st, el, interval) = match names.iter().position(|n| n == name) {
-            Some(i) => (status[i].0.clone(), status[i].1, ci[i]),
+        let found = outcome.iter().find(|o| o.0 == *name);
+        let (st, el, interval) = match found {
+            Some(o) => (o.1.clone(), o.2, o.3),
             None => (Status::NotSelected, 0.0, None),
         };
         let s = spec(name).expect("known name");
@@ -821,25 +912,28 @@ pub fn calibrate(
         // 4e-14 cycles is at the bound 0).
         let at_bound = st == Status::Fitted
             && (after <= s.lo || after >= s.hi || (s.to_u(after) - s.u_lo()).abs() < 1e-6 || (s.u_hi() - s.to_u(after)).abs() < 1e-6);
-        if st == Status::Fitted {
+        if let (Status::Fitted, Some(o)) = (&st, found) {
+            let stage_ids = o.4.clone();
+            let mechanism = MECHANISM_PARAMS.contains(name) && rows.iter().any(|r| r.mechanism);
+            let together: Vec<&str> =
+                outcome.iter().filter(|x| x.1 == Status::Fitted && x.0 != *name && x.4 == o.4).map(|x| x.0).collect();
             let p = param_mut(&mut fitted, name);
-            p.fitted_to = Some(ids.clone());
-            p.checked_against = None;
-            p.source = None;
             p.note = Some(format!(
-                "fitted by tpusim calibrate on {date} to {} ({} rows): {objective}; 95% confidence interval {}{}; {}",
+                "fitted by tpusim calibrate on {date} to {} ({} {} rows{}): {objective}; 95% confidence interval {}{}; {}",
                 file.path,
-                ids.len(),
+                stage_ids.len(),
+                if mechanism { "mechanism" } else { "library" },
+                if mechanism { ", the first stage" } else if rows.iter().any(|r| r.mechanism) { ", the second stage, the mechanisms held" } else { "" },
                 match interval {
                     Some((lo, hi)) => format!("{lo} to {hi}"),
                     None => "not available".to_string(),
                 },
                 if at_bound { "; at a bound of its range: the rows do not pin it from that side" } else { "" },
-                match fitted_names.iter().filter(|n| *n != name).copied().collect::<Vec<_>>().join(", ") {
-                    others if others.is_empty() => "fitted alone".to_string(),
-                    others => format!("jointly with: {others}"),
-                }
+                if together.is_empty() { "fitted alone".to_string() } else { format!("jointly with: {}", together.join(", ")) }
             ));
+            p.fitted_to = Some(stage_ids);
+            p.checked_against = None;
+            p.source = None;
         }
         params.push(ParamFit {
             name: name.to_string(),
@@ -910,9 +1004,18 @@ fn held_out(fitted: &ChipModel, base: &ChipModel, rows: &[Row], names: &[&str], 
 }
 
 fn prepare(m: &Measurement, base: &ChipModel) -> Result<Row, String> {
-    let (spec, _) = m.job_spec(&base.name)?;
-    simulate_ms(base, &spec).map_err(|e| format!("the simulator rejects this row: {e}"))?;
-    Ok(Row { id: m.id.clone(), measured_ms: m.measured_ms, spec })
+    let (job, mechanism) = match &m.kernel_ir {
+        Some(path) if m.kernel_word.starts_with(MECHANISM_KERNEL_PREFIX) => (RowJob::Described(Box::new(crate::validate::described_job(m, path)?)), true),
+        Some(_) => {
+            return Err(format!(
+                "a library kernel read from its IR (`kernel_ir`, kernel {}): a judge of the model, `tpusim validate` predicts it and no fit uses it (only mechanism rows, kernel {MECHANISM_KERNEL_PREFIX}..., are fitted)",
+                m.kernel_word
+            ))
+        }
+        None => (RowJob::Spec(m.job_spec(&base.name)?.0), false),
+    };
+    simulate_ms(base, &job).map_err(|e| format!("the simulator rejects this row: {e}"))?;
+    Ok(Row { id: m.id.clone(), measured_ms: m.measured_ms, job, mechanism })
 }
 
 /// Writes a chip model as a complete TOML file in the presets' layout (one inline table per

@@ -307,7 +307,7 @@ pub fn predict(m: &Measurement, chips: &ChipSet) -> Result<PredictedRow, String>
 
 /// The job of a row of a kernel read from its IR: its description (`kernel_ir`) with the row's
 /// runtime values bound, timed at the row's scope (a host-timed row as a call).
-fn described_job(m: &Measurement, path: &str) -> Result<Job, String> {
+pub(crate) fn described_job(m: &Measurement, path: &str) -> Result<Job, String> {
     let (mut desc, dir) = tpusim_pallas::Description::read(std::path::Path::new(path)).map_err(|e| format!("kernel_ir {e}"))?;
     let mut given = Vec::new();
     for (name, file) in &m.runtime {

@@ -206,18 +206,6 @@ pub struct Hbm {
     /// Sustained HBM <-> VMEM DMA bandwidth of one TensorCore, GB/s. TensorCores that stream at
     /// once share the device's peak: each gets at most peak / active cores.
     pub dma_bandwidth_gb_per_s: Param<f64>,
-    /// Latency from a DMA's issue to its data arriving in VMEM (HBM -> VMEM), ns.
-    pub dma_latency_ns: Param<f64>,
-    /// Latency of a write-back DMA (VMEM -> HBM), ns.
-    pub writeback_latency_ns: Param<f64>,
-    /// Scalar-core time to issue one DMA a kernel starts itself (`tpu.enqueue_dma`: descriptor
-    /// address arithmetic and the issue), ns. Not published: an assumed value, named in decode
-    /// reports, whose sensitivity the decode study plots.
-    pub dma_issue_ns: Param<f64>,
-    /// DMAs one TensorCore keeps in flight at once (each holds its slot for `dma_latency_ns`
-    /// plus its bytes at `dma_bandwidth_gb_per_s`). Not published: an assumed value, named in
-    /// decode reports, whose sensitivity the decode study plots.
-    pub dmas_in_flight: Param<u32>,
 }
 
 /// The inter-chip interconnect (ICI): the links that join the JAX devices of a slice into a mesh
@@ -263,8 +251,12 @@ pub struct Host {
     pub dispatch_us: Param<f64>,
 }
 
-/// Parameters that are not public and were fitted to measurements (at most three, each a
-/// physical rate or cost).
+/// Parameters that are not public and are fitted to measurements, each a physical rate or cost,
+/// in two stages (`tpusim calibrate`): the step and DMA mechanisms (`dma_latency_ns`,
+/// `dma_issue_ns`, `dmas_in_flight`, `grid_step_overhead_cycles`) from microbenchmark rows that
+/// isolate them, then the unit rates (`valu_vreg_ops_per_cycle`, `eup_vregs_per_cycle`,
+/// `xlu_cycles_per_vreg`, `loaded_mask_ops_per_vreg`) from a chip's library rows with the
+/// mechanisms held; at most three per stage. A value not fitted says where it comes from.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Fitted {
@@ -277,8 +269,20 @@ pub struct Fitted {
     /// VPU register operations to apply a loaded int8 mask block to one (8,128) register of
     /// scores (unpack the packed int8 rows, compare, select).
     pub loaded_mask_ops_per_vreg: Param<f64>,
-    /// Fixed scalar-unit cost of one grid step (pipeline bookkeeping, semaphore waits), cycles.
+    /// Fixed scalar-unit cost of one grid step (pipeline bookkeeping), cycles, beyond the issue
+    /// of the step's copies (`dma_issue_ns` each).
     pub grid_step_overhead_cycles: Param<f64>,
+    /// Latency of one HBM leg of a DMA, ns: from its issue until its data moves (an HBM read)
+    /// or until its write lands (an HBM write). A pipeline step whose body is shorter pays it
+    /// (its next inputs are not in yet); a copy from HBM to HBM pays two.
+    pub dma_latency_ns: Param<f64>,
+    /// Scalar-core time to issue one DMA (descriptor arithmetic and the issue), ns: every copy
+    /// the pipeline makes around a step and every copy a kernel starts itself.
+    pub dma_issue_ns: Param<f64>,
+    /// DMAs one TensorCore keeps in flight at once (each holds its slot for its latency plus its
+    /// bytes at `hbm.dma_bandwidth_gb_per_s`, so many small copies move at most this many per
+    /// latency: Little's law).
+    pub dmas_in_flight: Param<f64>,
 }
 
 /// One JAX device of a TPU chip, as a Pallas kernel sees it: its TensorCores (each with the
@@ -630,10 +634,6 @@ impl ChipModel {
         v.pos("hbm.capacity_gib", &self.hbm.capacity_gib, 1e-3, 1e6);
         v.pos("hbm.bandwidth_gb_per_s", &self.hbm.bandwidth_gb_per_s, 1e-3, 1e7);
         v.pos("hbm.dma_bandwidth_gb_per_s", &self.hbm.dma_bandwidth_gb_per_s, 1e-3, 1e7);
-        v.nonneg("hbm.dma_latency_ns", &self.hbm.dma_latency_ns, 1e6);
-        v.nonneg("hbm.writeback_latency_ns", &self.hbm.writeback_latency_ns, 1e6);
-        v.nonneg("hbm.dma_issue_ns", &self.hbm.dma_issue_ns, 1e6);
-        v.count("hbm.dmas_in_flight", &self.hbm.dmas_in_flight, 1, 1_000_000);
         v.count("ici.torus_dims", &self.ici.torus_dims, 1, 3);
         v.count("ici.ports", &self.ici.ports, 2, 64);
         if self.ici.ports.value < 2 * self.ici.torus_dims.value {
@@ -658,6 +658,9 @@ impl ChipModel {
         v.fit("fitted.xlu_cycles_per_vreg", &self.fitted.xlu_cycles_per_vreg, 1e-3, 1e4);
         v.fit("fitted.loaded_mask_ops_per_vreg", &self.fitted.loaded_mask_ops_per_vreg, 1e-3, 1e3);
         v.fit_nonneg("fitted.grid_step_overhead_cycles", &self.fitted.grid_step_overhead_cycles, 1e7);
+        v.fit_nonneg("fitted.dma_latency_ns", &self.fitted.dma_latency_ns, 1e6);
+        v.fit_nonneg("fitted.dma_issue_ns", &self.fitted.dma_issue_ns, 1e6);
+        v.fit("fitted.dmas_in_flight", &self.fitted.dmas_in_flight, 1.0, 1e6);
     }
 
     /// Clock frequency, Hz.
@@ -709,14 +712,14 @@ impl ChipModel {
         self.dma_bytes_per_cycle(self.tensorcores()) * self.tensorcores() as f64 * self.clock_hz() / 1e9
     }
 
-    /// HBM -> VMEM DMA latency, cycles.
+    /// Latency of one HBM leg of a DMA (a read or a write), cycles (`fitted.dma_latency_ns`).
     pub fn dma_latency_cycles(&self) -> f64 {
-        self.hbm.dma_latency_ns.value * 1e-9 * self.clock_hz()
+        self.fitted.dma_latency_ns.value * 1e-9 * self.clock_hz()
     }
 
-    /// VMEM -> HBM write-back latency, cycles.
-    pub fn writeback_latency_cycles(&self) -> f64 {
-        self.hbm.writeback_latency_ns.value * 1e-9 * self.clock_hz()
+    /// Scalar-core time to issue one DMA, cycles (`fitted.dma_issue_ns`).
+    pub fn dma_issue_cycles(&self) -> f64 {
+        self.fitted.dma_issue_ns.value * 1e-9 * self.clock_hz()
     }
 
     /// HBM capacity of the device, bytes.

@@ -29,8 +29,8 @@ pub type UnitCycles = PerUnit<f64>;
 /// * a copy the body starts (`tpu.enqueue_dma`): the DMA engines are taken for the largest of
 ///   its bytes at the sustained bandwidth of one core of the device's TensorCores all streaming
 ///   (`hbm.dma_bandwidth_gb_per_s`, at most the device's peak over its cores), the scalar core's
-///   issue (`hbm.dma_issue_ns`) and its share of the in-flight slots ((latency + transfer) /
-///   `hbm.dmas_in_flight`, Little's law); its data lands issue + `hbm.dma_latency_ns` + transfer
+///   issue (`fitted.dma_issue_ns`) and its share of the in-flight slots ((latency + transfer) /
+///   `fitted.dmas_in_flight`, Little's law); its data lands issue + `fitted.dma_latency_ns` + transfer
 ///   after it starts (the result latency is that less the occupancy). Copies queue one after
 ///   another, so n copies of b bytes take about n x max(b / bandwidth, issue) + one latency, and
 ///   a copy waited for before the next starts takes issue + latency + transfer.
@@ -61,11 +61,11 @@ pub fn op_cycles(chip: &ChipModel, work: &Work) -> (f64, f64) {
             // on-chip memories takes a read's.
             let latency = match path {
                 DmaPath::HbmToVmem | DmaPath::Local => chip.dma_latency_cycles(),
-                DmaPath::VmemToHbm => chip.writeback_latency_cycles(),
-                DmaPath::HbmToHbm => chip.dma_latency_cycles() + chip.writeback_latency_cycles(),
+                DmaPath::VmemToHbm => chip.dma_latency_cycles(),
+                DmaPath::HbmToHbm => 2.0 * chip.dma_latency_cycles(),
             };
-            let issue = chip.hbm.dma_issue_ns.value * 1e-9 * chip.clock_hz();
-            let in_flight = (latency + transfer) / f64::from(chip.hbm.dmas_in_flight.value.max(1));
+            let issue = chip.dma_issue_cycles();
+            let in_flight = (latency + transfer) / chip.fitted.dmas_in_flight.value.max(1.0);
             let occupancy = transfer.max(issue).max(in_flight);
             // The data lands issue + latency + transfer after the copy starts, however long it
             // holds the engines.

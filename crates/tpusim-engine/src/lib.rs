@@ -159,7 +159,7 @@ pub fn simulate_fusion(chip: &ChipModel, f: &Fusion) -> SimResult {
     let bytes = f.read_bytes + f.write_bytes;
     let bpc = chip.sustained_hbm_gb_per_s() * 1e9 / chip.clock_hz();
     let move_cycles = bytes as f64 / bpc;
-    let cycles = move_cycles + chip.dma_latency_cycles() + chip.writeback_latency_cycles();
+    let cycles = move_cycles + 2.0 * chip.dma_latency_cycles();
     let mut busy = UnitCycles::default();
     busy[Unit::Hbm] = move_cycles;
     let mut critical = UnitCycles::default();
@@ -607,9 +607,9 @@ impl<'a> Pipeline<'a> {
             core,
             bpc,
             lat_in: quantize(chip.dma_latency_cycles()),
-            lat_out: quantize(chip.writeback_latency_cycles()),
+            lat_out: quantize(chip.dma_latency_cycles()),
             overhead: quantize(chip.fitted.grid_step_overhead_cycles.value),
-            issue: quantize(chip.hbm.dma_issue_ns.value * 1e-9 * chip.clock_hz()),
+            issue: quantize(chip.dma_issue_cycles()),
             t: Times {
                 units: [0.0; 4],
                 carries: vec![0.0; shared.carries],

@@ -10,8 +10,8 @@
 //!   in-flight slots (`tpusim_engine::op_cycles`), overlapping compute until a wait needs them.
 //!   The report lists two closed-form lower bounds beside it, summed over the step's DMAs (the
 //!   rule: the step takes the largest of the three; the engine's is at least each):
-//!   - issue: `DMAs x hbm.dma_issue_ns` (the scalar core issues them one by one);
-//!   - in flight: `sum over DMAs of (hbm.dma_latency_ns + bytes / bandwidth) / hbm.dmas_in_flight`
+//!   - issue: `DMAs x fitted.dma_issue_ns` (the scalar core issues them one by one);
+//!   - in flight: `sum over DMAs of (fitted.dma_latency_ns + bytes / bandwidth) / fitted.dmas_in_flight`
 //!     (Little's law: at most that many DMAs hold a slot, each for its latency plus its bytes).
 //!
 //!   Both parameters are named assumptions of the chip model (`models/README.md`).
@@ -142,9 +142,9 @@ impl DecodeReport {
         let bw = bw_gbs * 1e9;
         let dmas = facts.dmas.clone();
         let engine_ms = r.seconds * 1e3;
-        let issue_ns = chip.hbm.dma_issue_ns.value;
-        let lat_ns = chip.hbm.dma_latency_ns.value;
-        let inflight = chip.hbm.dmas_in_flight.value.max(1) as f64;
+        let issue_ns = chip.fitted.dma_issue_ns.value;
+        let lat_ns = chip.fitted.dma_latency_ns.value;
+        let inflight = chip.fitted.dmas_in_flight.value.max(1.0);
         let per_core_bw = chip.hbm.dma_bandwidth_gb_per_s.value * 1e9;
         let issue_ms = dmas.count as f64 * issue_ns * 1e-6 / active;
         let slot_s: f64 = dmas.sizes.iter().map(|(&b, &n)| n as f64 * (lat_ns * 1e-9 + b as f64 / per_core_bw)).sum();
@@ -162,12 +162,12 @@ impl DecodeReport {
                     r.grid_steps
                 ),
             },
-            Bound { name: "DMA issue".into(), ms: issue_ms, reason: format!("{} DMAs x hbm.dma_issue_ns {issue_ns} ns (assumed) over {active} core(s)", dmas.count) },
+            Bound { name: "DMA issue".into(), ms: issue_ms, reason: format!("{} DMAs x fitted.dma_issue_ns {issue_ns} ns (assumed) over {active} core(s)", dmas.count) },
             Bound {
                 name: "DMAs in flight".into(),
                 ms: inflight_ms,
                 reason: format!(
-                    "{} DMAs x (hbm.dma_latency_ns {lat_ns} ns + {:.0} bytes / {:.0} GB/s) / hbm.dmas_in_flight {inflight} (assumed)",
+                    "{} DMAs x (fitted.dma_latency_ns {lat_ns} ns + {:.0} bytes / {:.0} GB/s) / fitted.dmas_in_flight {inflight} (assumed)",
                     dmas.count,
                     if dmas.count > 0 { dmas.bytes as f64 / dmas.count as f64 } else { 0.0 },
                     chip.hbm.dma_bandwidth_gb_per_s.value
@@ -204,8 +204,8 @@ impl DecodeReport {
             ));
         }
         let assumed = vec![
-            format!("hbm.dma_issue_ns = {issue_ns} ({})", chip.hbm.dma_issue_ns.source.as_deref().unwrap_or("no source")),
-            format!("hbm.dmas_in_flight = {inflight} ({})", chip.hbm.dmas_in_flight.source.as_deref().unwrap_or("no source")),
+            format!("fitted.dma_issue_ns = {issue_ns} ({})", chip.fitted.dma_issue_ns.note.as_deref().unwrap_or("no source")),
+            format!("fitted.dmas_in_flight = {inflight} ({})", chip.fitted.dmas_in_flight.note.as_deref().unwrap_or("no source")),
         ];
         Ok(DecodeReport {
             chip: chip.name.clone(),

@@ -124,11 +124,11 @@ fn a_wait_counts_the_bytes_it_waits_for_on_its_semaphore() {
 
 #[test]
 fn a_copy_costs_at_least_its_issue() {
-    // 256 empty copies take the DMA engines 256 issues (hbm.dma_issue_ns each), not nothing.
+    // 256 empty copies take the DMA engines 256 issues (fitted.dma_issue_ns each), not nothing.
     let chip = ChipModel::preset("v6e").unwrap();
     let body: Vec<Value> = (0..256).map(|i| start(1 + i, 0, 0)).chain([wait(300, None, 0)]).collect();
     let r = run(&kernel(body));
-    let issue_ms = 256.0 * chip.hbm.dma_issue_ns.value * 1e-6;
+    let issue_ms = 256.0 * chip.fitted.dma_issue_ns.value * 1e-6;
     assert!(r.latency_ms >= issue_ms && r.latency_ms < issue_ms + 0.002, "{} vs {issue_ms}", r.latency_ms);
     assert_eq!(r.hbm_bytes, 0);
 }
@@ -167,11 +167,11 @@ fn a_copy_waited_for_at_once_takes_issue_latency_and_transfer_whatever_the_slots
     // latency is not counted twice when one copy holds the only slot).
     let body = vec![start(1, BLOCK, 0), wait(2, Some(BLOCK), 0)];
     let chip = ChipModel::preset("v6e").unwrap();
-    let one = chip.clone().with_override("hbm.dmas_in_flight", "1").unwrap();
+    let one = chip.clone().with_override("fitted.dmas_in_flight", "1").unwrap();
     let (a, b) = (run_on(&chip, &kernel(body.clone())).unwrap().latency_ms, run_on(&one, &kernel(body.clone())).unwrap().latency_ms);
     assert!((a - b).abs() < 1e-9, "{a} vs {b}");
     // A longer issue is on the chain of a copy waited for at once.
-    let slow = chip.with_override("hbm.dma_issue_ns", "2000").unwrap();
+    let slow = chip.with_override("fitted.dma_issue_ns", "2000").unwrap();
     let c = run_on(&slow, &kernel(body)).unwrap().latency_ms;
     assert!((c - a - (2000.0 - 20.0) * 1e-6).abs() < 1e-6, "{c} vs {a}");
 }

@@ -70,7 +70,7 @@ fn issue_cost_sets_the_latency_in_closed_form() {
     // 10 us per DMA issue dominates: the engine queues the copies at 10 us each, so the latency
     // is DMAs x 10 us plus the last copy's latency and the steps' overheads (under 2 us), and
     // the report's closed-form issue bound is that product.
-    let chip = ChipModel::preset("v6e").unwrap().with_override("hbm.dma_issue_ns", "10000").unwrap();
+    let chip = ChipModel::preset("v6e").unwrap().with_override("fitted.dma_issue_ns", "10000").unwrap();
     let lengths = [100u64, 37];
     let r = report(&chip, &lengths);
     let dmas = (7 + 3) as f64;
@@ -88,9 +88,9 @@ fn dmas_in_flight_cost_in_closed_form() {
     // (plus its issue and the step's overhead, under 2 us).
     let chip = ChipModel::preset("v6e")
         .unwrap()
-        .with_override("hbm.dmas_in_flight", "1")
+        .with_override("fitted.dmas_in_flight", "1")
         .unwrap()
-        .with_override("hbm.dma_latency_ns", "100000")
+        .with_override("fitted.dma_latency_ns", "100000")
         .unwrap();
     let r = report(&chip, &[64]);
     let bw = chip.hbm.dma_bandwidth_gb_per_s.value * 1e9;
@@ -100,9 +100,9 @@ fn dmas_in_flight_cost_in_closed_form() {
     // More DMAs in flight never slow the step.
     let more = ChipModel::preset("v6e")
         .unwrap()
-        .with_override("hbm.dmas_in_flight", "4")
+        .with_override("fitted.dmas_in_flight", "4")
         .unwrap()
-        .with_override("hbm.dma_latency_ns", "100000")
+        .with_override("fitted.dma_latency_ns", "100000")
         .unwrap();
     assert!(report(&more, &[64]).latency_ms < r.latency_ms);
 }

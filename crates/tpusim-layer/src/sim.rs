@@ -9,7 +9,7 @@
 //! * **Fusions**: `tpusim_engine::simulate_fusion` (bytes read and written at the sustained HBM
 //!   bandwidth plus one HBM round trip of latency).
 //! * **Collectives**: [`crate::topology::time_collective`] on the chip group's box; the
-//!   TensorCore issues one DMA per message a device sends (`hbm.dma_issue_ns` each).
+//!   TensorCore issues one DMA per message a device sends (`fitted.dma_issue_ns` each).
 //!
 //! **Schedule.** The slice crate's one schedule (`tpusim_slice::schedule`, which a jitted
 //! program read from its StableHLO runs too): TensorCore ops one at a time in issue order, each
@@ -40,7 +40,7 @@ use tpusim_workload::MatmulCall;
 pub struct OpCost {
     /// Time, seconds (a collective: on the ICI).
     pub seconds: f64,
-    /// TensorCore time to issue a collective, seconds: one `hbm.dma_issue_ns` per message a
+    /// TensorCore time to issue a collective, seconds: one `fitted.dma_issue_ns` per message a
     /// device sends (0 for TensorCore ops).
     pub issue_seconds: f64,
     /// Useful matmul FLOPs (2 m n k; attention 2 (d + dv) per kept pair).
@@ -141,7 +141,7 @@ pub fn cost(plan: &LayerPlan, work: &Work, name: &str) -> Result<OpCost, LayerEr
             };
             Ok(OpCost {
                 seconds: t.seconds,
-                issue_seconds: c.messages_per_device(plan.group.devices()) as f64 * chip.hbm.dma_issue_ns.value * 1e-9,
+                issue_seconds: c.messages_per_device(plan.group.devices()) as f64 * chip.fitted.dma_issue_ns.value * 1e-9,
                 flops: 0.0,
                 executed_flops: 0.0,
                 hbm_bytes: 0,

@@ -272,7 +272,7 @@ fn collectives_issue_right_after_their_input() {
     let at = |name: &str| r.graph.ops().position(|(_, o)| o.name == name).unwrap_or_else(|| panic!("no op {name}"));
     let (v_proj, a2a_v, a2a_q) = (at("v proj"), at("all-to-all v"), at("all-to-all q"));
     let issue = r.costs[a2a_v].issue_seconds;
-    assert_eq!(issue, 3.0 * chip.hbm.dma_issue_ns.value * 1e-9, "three messages to the other devices of a group of 4");
+    assert_eq!(issue, 3.0 * chip.fitted.dma_issue_ns.value * 1e-9, "three messages to the other devices of a group of 4");
     assert!((r.schedule[a2a_v].start - (r.schedule[v_proj].end + issue)).abs() < 1e-12, "{:?} {:?}", r.schedule[v_proj], r.schedule[a2a_v]);
     assert!(r.schedule[a2a_v].start < r.schedule[a2a_q].start, "v leaves first: its input is ready first");
 }

@@ -24,7 +24,7 @@
 //! **The overlap rule (schedule)** is the slice crate's one schedule (`tpusim_slice::schedule`,
 //! which `tpusim layer` runs too): groups issue in creation order, each collective moved to just
 //! after the last group it reads; the TensorCore runs fusions, dots and kernels one at a time;
-//! a collective costs the TensorCore one DMA issue (`hbm.dma_issue_ns`, a named assumption of the
+//! a collective costs the TensorCore one DMA issue (`fitted.dma_issue_ns`, a named assumption of the
 //! chip model) per message the device sends, then runs on the ICI concurrently with later
 //! compute, and its consumers wait for its end. So a step whose transfer hides behind compute
 //! takes the compute plus the issue cost; the program's time is at least the larger of its
@@ -155,11 +155,11 @@ pub fn simulate_program(chip: &ChipModel, d: &ProgramDescription, slice: Option<
         )));
     }
     let Grouped { groups, classes, counts } = group(d)?;
-    let issue_s = chip.hbm.dma_issue_ns.value * 1e-9;
+    let issue_s = chip.fitted.dma_issue_ns.value * 1e-9;
     let mut assumptions = vec![
         "ops outside shard_map run whole on every device (global shapes)".to_string(),
         "fusions are HBM-bound (their VPU / EUP work is not timed)".to_string(),
-        format!("a collective costs the TensorCore hbm.dma_issue_ns = {} ns per message a device sends", chip.hbm.dma_issue_ns.value),
+        format!("a collective costs the TensorCore fitted.dma_issue_ns = {} ns per message a device sends", chip.fitted.dma_issue_ns.value),
     ];
     let mut kernel_cache: HashMap<usize, (f64, u64, f64, f64, String)> = HashMap::new();
     let mut dot_cache: HashMap<(u64, u64, u64), (f64, u64)> = HashMap::new();

@@ -181,7 +181,7 @@ fn a_permute_hides_behind_independent_compute() {
     let dot_s = r.entries.iter().find(|e| e.kind == GroupKind::Dot).unwrap().seconds;
     let perm = r.entries.iter().find(|e| e.kind == GroupKind::Collective).unwrap();
     assert!(perm.seconds < dot_s, "the case needs a transfer shorter than the dot: {} vs {dot_s}", perm.seconds);
-    let issue = chip.hbm.dma_issue_ns.value * 1e-9;
+    let issue = chip.fitted.dma_issue_ns.value * 1e-9;
     assert_eq!(perm.issue_seconds, issue, "one message per device");
     assert!((r.latency_ms - (dot_s + issue) * 1e3).abs() < 1e-12, "{} vs {}", r.latency_ms, (dot_s + issue) * 1e3);
     assert!(r.latency_ms >= r.compute_only_ms.max(r.ici_only_ms) - 1e-12);

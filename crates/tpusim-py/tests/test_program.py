@@ -187,7 +187,7 @@ def test_ring_attention_step_overlaps_the_kv_pass_with_the_kernel():
     """One ring-attention step on 8 chips (2x4): each chip's KV block goes to the next with
     ppermute while the kernel computes on the current one. The overlap rule (tpusim-program
     `sim`): the transfers hide behind the kernel, which is then longer by the named issue cost
-    (`hbm.dma_issue_ns` per message: one per permute); the latency lies between the larger of the
+    (`fitted.dma_issue_ns` per message: one per permute); the latency lies between the larger of the
     compute-only and ICI-only schedules and their sum. When the kernel needs the passed blocks,
     nothing overlaps."""
     mesh = tj.mesh((RING,), ("r",))
@@ -206,7 +206,7 @@ def test_ring_attention_step_overlaps_the_kv_pass_with_the_kernel():
     # Each device sends its 256 KiB block once; the 2x4 mesh's wraparound pair (3 -> 4) is 4 hops.
     link_s = skv * d * 2 / (tpusim.chip("v6e")["ici"]["link_bandwidth_gb_per_s"]["value"] * 1e9)
     assert perms[0]["seconds"] == pytest.approx(link_s + 4 * 1e-6, rel=1e-9)
-    issue = 2 * 20e-9  # hbm.dma_issue_ns of v6e, one message per permute
+    issue = 2 * 20e-9  # fitted.dma_issue_ns of v6e, one message per permute
     assert r.latency_ms == pytest.approx((kernel["seconds"] + issue) * 1e3, rel=1e-9)
     assert max(r.compute_only_ms, r.ici_only_ms) <= r.latency_ms + 1e-12 <= r.compute_only_ms + r.ici_only_ms + 2e-12
     assert r.ici_hidden_ms == pytest.approx(ici * 1e3, rel=1e-9)

@@ -7,7 +7,7 @@
 //! * **TensorCore ops** (fusions, dots, kernels) run one at a time in issue order, each when its
 //!   inputs are done and the core is free (XLA runs one op at a time on a core).
 //! * **Collectives** are asynchronous: the TensorCore issues one (its `issue_seconds`: one DMA
-//!   issue per message the device sends, `hbm.dma_issue_ns`, a named assumption of the chip
+//!   issue per message the device sends, `fitted.dma_issue_ns`, a named assumption of the chip
 //!   model) when its inputs are done and the core is free, then it runs on the ICI, one at a
 //!   time, concurrently with later compute; its consumers wait for its end. So a transfer that
 //!   hides behind compute costs the compute plus its issue time; the latency is at least the

@@ -377,7 +377,7 @@ mod tests {
         for (k, v) in [
             ("hbm.bandwidth_gb_per_s", "100"),
             ("hbm.dma_bandwidth_gb_per_s", "50"),
-            ("hbm.dma_latency_ns", "5"),
+            ("fitted.dma_latency_ns", "5"),
             ("device.clock_ghz", "0.5"),
             ("device.tensorcores", "2"),
             ("fitted.valu_vreg_ops_per_cycle", "9"),

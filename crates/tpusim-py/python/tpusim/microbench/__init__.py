@@ -83,7 +83,7 @@ def _entries():
     def add(name, kernel, mechanism, pins, builder, **kw):
         out.append(Entry(name, kernel, mechanism, pins, partial(builder, name=name.replace("-", "_")), **kw))
 
-    step_dma = "grid-step overhead (fitted.grid_step_overhead_cycles), per-copy issue cost and latency (hbm.dma_issue_ns, hbm.dma_latency_ns)"
+    step_dma = "grid-step overhead (fitted.grid_step_overhead_cycles), per-copy issue cost and latency (fitted.dma_issue_ns, fitted.dma_latency_ns)"
     for t in (1, 2, 4, 8, 16, 32, 64, 128):
         add(
             f"microbench-copy-t{t}", "microbench-copy",
@@ -110,14 +110,14 @@ def _entries():
     add(
         "microbench-dma-hbm-hbm-rows2048", "microbench-dma",
         "one program: 2048 one-row (1 KiB) HBM-to-HBM copies started, then waited (one semaphore)",
-        "per-copy issue cost (hbm.dma_issue_ns), copies in flight (hbm.dmas_in_flight), HBM-to-HBM copies",
+        "per-copy issue cost (fitted.dma_issue_ns), copies in flight (fitted.dmas_in_flight), HBM-to-HBM copies",
         partial(k.dma_hbm_hbm_rows, 2048), carry=1,
         public="tengyifei/playground pallas/index-copy.ipynb, v6e, variant (c)",
     )
     add(
         "microbench-dma-via-vmem-rows2048", "microbench-dma",
         "one program: one 2 MiB HBM-to-VMEM copy and its wait, then 2048 one-row VMEM-to-HBM copies started, then waited",
-        "per-copy issue cost (hbm.dma_issue_ns), copies in flight (hbm.dmas_in_flight), one large copy's latency and rate",
+        "per-copy issue cost (fitted.dma_issue_ns), copies in flight (fitted.dmas_in_flight), one large copy's latency and rate",
         partial(k.dma_via_vmem_rows, 2048), carry=1,
         public="tengyifei/playground pallas/index-copy.ipynb, v6e, variant (d)",
     )
@@ -125,14 +125,14 @@ def _entries():
         add(
             f"microbench-dma-serial-{label}", "microbench-dma",
             f"one program: 8 HBM-to-VMEM copies of {label.upper()}iB ({tiles} f32 (8, 128) tiles), each waited before the next starts",
-            "the DMA latency (hbm.dma_latency_ns) and issue cost at small sizes, the HBM-to-VMEM rate at large ones",
+            "the DMA latency (fitted.dma_latency_ns) and issue cost at small sizes, the HBM-to-VMEM rate at large ones",
             partial(k.dma_serial, tiles),
         )
     for n in (1, 2, 4, 8, 16, 32, 64):
         add(
             f"microbench-dma-inflight-k{n}", "microbench-dma",
             f"one program: 256 one-tile (4 KiB) HBM-to-VMEM copies in groups of {n}: start {n}, wait them, next group",
-            "copies in flight (hbm.dmas_in_flight) and the per-copy issue cost (hbm.dma_issue_ns) against the DMA latency",
+            "copies in flight (fitted.dmas_in_flight) and the per-copy issue cost (fitted.dma_issue_ns) against the DMA latency",
             partial(k.dma_inflight, n),
         )
     for n in (1, 8, 64):
@@ -161,7 +161,7 @@ def _entries():
         add(
             f"microbench-step-one-copy-{shape[0]}x{shape[1]}", "microbench-step",
             f"one grid step copying one f32{list(shape)} block ({kib} KiB): launch, pipeline fill (the first copy) and drain (the write-back)",
-            "the first copy's DMA latency (hbm.dma_latency_ns), the call's fixed cost, the write-back",
+            "the first copy's DMA latency (fitted.dma_latency_ns), the call's fixed cost, the write-back",
             partial(k.copy, shape, shape, jnp.float32),
         )
 

@@ -164,7 +164,7 @@ impl PipelineMode {
     }
 }
 
-/// Values of a scalar-prefetch table.
+/// Values of a table in SMEM: a scalar-prefetch ref's, or an SMEM input's.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", deny_unknown_fields)]
 pub enum Values {
@@ -201,9 +201,19 @@ pub struct Ref {
     /// Windows: pipelining.
     #[serde(default)]
     pub pipeline_mode: PipelineMode,
-    /// Prefetch tables: the values.
+    /// Tables the call passes: the values of a prefetch ref (required) or of an input in SMEM
+    /// (a grid-less `pallas_call`'s or a `pl.kernel`'s `pltpu.SMEM` operand; optional: without
+    /// them a read of it is not evaluated).
     #[serde(default)]
     pub values: Option<Values>,
+}
+
+impl Ref {
+    /// Whether the ref is a table whose values a description may hold ([`Ref::values`]): a
+    /// scalar-prefetch ref, or an input in SMEM.
+    pub fn holds_table(&self) -> bool {
+        self.kind == RefKind::Prefetch || (self.kind == RefKind::Input && self.memory_space == MemorySpace::Smem)
+    }
 }
 
 /// An operand of an op.
@@ -501,6 +511,13 @@ impl Description {
                     &format!("{f}.values"),
                     "(missing)",
                     "a prefetch table needs its values (inline, file or runtime)",
+                ));
+            }
+            if r.values.is_some() && !r.holds_table() {
+                return Err(PallasError::field(
+                    &format!("{f}.values"),
+                    format!("on a {:?} ref in {:?}", r.kind, r.memory_space).to_lowercase(),
+                    "values are the contents of a table the call passes: a prefetch ref's, or an input's in SMEM",
                 ));
             }
             if let Some(k) = r.shape.iter().position(|&x| x == 0) {

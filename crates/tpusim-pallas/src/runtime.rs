@@ -93,7 +93,7 @@ pub fn runtime_operands(d: &Description) -> Vec<(usize, String)> {
         .iter()
         .enumerate()
         .filter_map(|(i, r)| match &r.values {
-            Some(Values::Runtime(n)) if r.kind == RefKind::Prefetch => Some((i, n.clone())),
+            Some(Values::Runtime(n)) if r.holds_table() => Some((i, n.clone())),
             _ => None,
         })
         .collect()
@@ -114,7 +114,7 @@ pub fn bind_runtime(d: &mut Description, given: &[(String, RuntimeValue)]) -> Re
                 &format!("--runtime {name}"),
                 name,
                 if names.is_empty() {
-                    format!("kernel `{}` has no runtime operand (every prefetch table is a constant of the lowering)", d.kernel_name)
+                    format!("kernel `{}` has no runtime operand (every table it reads is a constant of the lowering)", d.kernel_name)
                 } else {
                     format!("kernel `{}` has the runtime operands {}", d.kernel_name, names.join(", "))
                 },

@@ -1,9 +1,12 @@
-"""Tables a kernel takes in SMEM without scalar prefetch, as tokamax's grouped matmuls launch:
+"""What tokamax's grouped matmuls do as they launch, each in a small kernel of its own. Tables a
+kernel takes in SMEM without scalar prefetch:
 a `pl.kernel` on a TensorCore mesh (its windows' index maps are affine maps, not index-map
 functions) with its group sizes in SMEM, and a grid-less `pallas_call` whose SMEM operands XLA ops
 compute from concrete arguments inside a `jax.custom_batching.custom_vmap` (as every tokamax op
 call is wrapped). Their values are read as prefetch tables' are, so the branches, loop bounds and
-copy sizes that read them are evaluated; a table given as a shape only is named."""
+copy sizes that read them are evaluated; a table given as a shape only is named. And a
+`pltpu.emit_pipeline` block that does not divide its array, whose edge copy is rounded up to the
+array's tiling."""
 
 import jax
 import jax.numpy as jnp
@@ -136,3 +139,28 @@ def test_values_on_a_ref_that_is_no_table_are_refused():
     d["refs"][x_ref]["values"] = {"inline": [0]}
     with pytest.raises(tpusim.InputError, match=rf"refs\[{x_ref}\].*values.*a prefetch ref's, or an input's in SMEM"):
         tpusim._tpusim.simulate_kernel_ir(json.dumps(d), chip="v6e")
+
+
+def test_an_emit_pipeline_edge_block_copies_the_tiles_it_rounds_up_to():
+    """A 256-column block of a 200-column f32 array: emit_pipeline copies the edge block rounded
+    up to whole 128-lane tiles (256 columns), which memory holds; it was refused as longer than
+    the array."""
+    rows, cols, block = 256, 200, 256
+
+    def kernel(x_hbm, o_hbm):
+        def inner(x_ref, o_ref):
+            o_ref[...] = x_ref[...] + 1
+
+        spec = pl.BlockSpec((rows, block), lambda j: (0, j))
+        pltpu.emit_pipeline(inner, grid=(1,), in_specs=[spec], out_specs=[spec])(x_hbm, o_hbm)
+
+    def f(x):
+        return pl.pallas_call(
+            kernel,
+            in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+            out_specs=pl.BlockSpec(memory_space=pl.ANY),
+            out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+        )(x)
+
+    [r] = tj.simulate(f, jax.ShapeDtypeStruct((rows, cols), jnp.float32), chip="v6e")
+    assert r.hbm_bytes == 2 * rows * block * 4, r.hbm_bytes

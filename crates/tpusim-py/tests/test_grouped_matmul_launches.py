@@ -164,3 +164,50 @@ def test_an_emit_pipeline_edge_block_copies_the_tiles_it_rounds_up_to():
 
     [r] = tj.simulate(f, jax.ShapeDtypeStruct((rows, cols), jnp.float32), chip="v6e")
     assert r.hbm_bytes == 2 * rows * block * 4, r.hbm_bytes
+
+
+def _copies(ops):
+    for o in ops:
+        if o["op"] == "tpu.enqueue_dma":
+            yield o
+        for k in ("then", "else"):
+            yield from _copies(o.get(k, []))
+
+
+def test_emit_pipeline_buffers_are_recorded_with_the_slots_their_copies_fill():
+    """tokamax's Pallas ragged dot pipelines its lhs through `pl.Buffered(input_buffer_count,
+    use_lookahead=True)`: the description lists each buffer emit_pipeline allocates (first
+    dimension: its buffer count) and names the buffer each copy fills or drains."""
+    rows, blocks = 128, 8
+
+    def kernel(x_hbm, o_hbm):
+        def inner(x_ref, o_ref):
+            o_ref[...] = x_ref[...] * 2
+
+        pltpu.emit_pipeline(
+            inner,
+            grid=(blocks,),
+            in_specs=[pl.BlockSpec((rows, 128), lambda i: (i, 0), pipeline_mode=pl.Buffered(3, use_lookahead=True))],
+            out_specs=[pl.BlockSpec((rows, 128), lambda i: (i, 0))],
+        )(x_hbm, o_hbm)
+
+    def f(x):
+        return pl.pallas_call(
+            kernel,
+            in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+            out_specs=pl.BlockSpec(memory_space=pl.ANY),
+            out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+        )(x)
+
+    x = jax.ShapeDtypeStruct((rows * blocks, 128), jnp.float32)
+    [d], _ = tj.describe_all(f, x, chip="v6e")
+    allocs = {a["id"]: a for a in d["allocations"]}
+    copies = list(_copies(d["body"]))
+    ins = [c["attrs"] for c in copies if c["attrs"].get("src_ref") == 0]
+    outs = [c["attrs"] for c in copies if c["attrs"].get("dst_ref") == 1]
+    assert ins and outs, [c["attrs"] for c in copies]
+    assert {tuple(allocs[a["dst_alloc"]]["shape"]) for a in ins} == {(3, rows, 128)}, ins
+    assert {tuple(allocs[a["src_alloc"]]["shape"]) for a in outs} == {(2, rows, 128)}, outs
+    assert all(len(a["dst_offsets"]) == 3 for a in ins)
+    [r] = tj.simulate(f, x, chip="v6e")
+    assert r.hbm_bytes == 2 * rows * blocks * 128 * 4

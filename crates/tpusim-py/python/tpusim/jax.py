@@ -414,6 +414,8 @@ class _Reader:
         self.refs = {}  # block argument value -> ref index
         self.views = {}  # sliced memref value -> (ref index, offsets, window shape, kept dims)
         self.sem_allocs = {}  # semaphore value allocated in the body -> its id (views: -1 - id)
+        self.buf_allocs = {}  # buffer a scoped region allocates (memref.alloca) -> its id (views: -1 - id)
+        self.allocations = []  # what the body allocates: id, shape, dtype, memory space, loc
         self.dyn_dims = {}  # memref value with dimensions sized at run time -> its dimensions (ints, expressions)
         self.grid_sizes = []  # the grid's sizes, dynamic ones as computed (for `tpu.iteration_bound`)
         self._asm = None
@@ -685,6 +687,13 @@ class _Reader:
                 # A semaphore `pl.run_scoped` allocates (`pltpu.emit_pipeline`'s): named by an id
                 # of its own, so that copies and waits on it can be paired.
                 self.sem_allocs[self._key(op.results[0])] = self._new_id()
+                self._allocation(op, self.sem_allocs[self._key(op.results[0])])
+                continue
+            if name == "memref.alloca":
+                # A buffer `pl.run_scoped` allocates (`pltpu.emit_pipeline`'s: one slot per
+                # buffer of a `pl.Buffered(n)` window along its first dimension).
+                self.buf_allocs[self._key(op.results[0])] = self._new_id()
+                self._allocation(op, self.buf_allocs[self._key(op.results[0])])
                 continue
             if name == "memref.load" and self.refs.get(self._key(op.operands[0])) in self.mutable:
                 ri = self.refs[self._key(op.operands[0])]
@@ -748,8 +757,8 @@ class _Reader:
             self.dyn_dims[self._key(op.results[0])] = sizes
         if src in self.views:
             ri, offs, win, dims = self.views[src]
-        elif src in self.refs or src in self.sem_allocs:
-            ri = self.refs[src] if src in self.refs else -1 - self.sem_allocs[src]
+        elif src in self.refs or src in self.sem_allocs or src in self.buf_allocs:
+            ri = self.refs[src] if src in self.refs else -1 - self.sem_allocs.get(src, self.buf_allocs.get(src))
             shape, _ = _shape_dtype(op.operands[0].type)
             offs, win, dims = [0] * len(shape), list(shape), list(range(len(shape)))
         else:
@@ -795,6 +804,28 @@ class _Reader:
         else:
             attrs["sem_ref"] = ri
         attrs["sem_offsets"] = list(offs)
+
+    def _allocation(self, op, i):
+        shape, dtype = _shape_dtype(op.results[0].type)
+        self.allocations.append({"id": i, "shape": shape, "dtype": dtype, "memory_space": _memspace(op.results[0].type), "loc": _loc(op)})
+
+    def _window(self, v, attrs, prefix):
+        """Names what a copy's source (`prefix` "src") or target ("dst") is a window of, when it is
+        traced to one: a kernel ref (`{prefix}_ref`) or a buffer the body allocates
+        (`{prefix}_alloc`), with the window's offsets (and a source's shape)."""
+        view = self.views.get(self._key(v))
+        if view is None:
+            return
+        ri, offs, win, _ = view
+        if ri >= 0:
+            attrs[f"{prefix}_ref"] = ri
+        elif (-1 - ri) in self.buf_allocs.values():
+            attrs[f"{prefix}_alloc"] = -1 - ri
+        else:
+            return
+        attrs[f"{prefix}_offsets"] = offs
+        if prefix == "src":
+            attrs["src_shape"] = win
 
     def _bind(self, r):
         i = self._new_id()
@@ -851,10 +882,8 @@ class _Reader:
             # writes its bytes there.
             for key, x in (("src_space", op.operands[0]), ("dst_space", op.operands[1])):
                 attrs[key] = _memspace(x.type)
-            view = self.views.get(self._key(op.operands[0]))
-            if view is not None:
-                ri, offs, win, _ = view
-                attrs["src_ref"], attrs["src_offsets"], attrs["src_shape"] = ri, offs, win
+            self._window(op.operands[0], attrs, "src")
+            self._window(op.operands[1], attrs, "dst")
             # The semaphore the copy signals on arrival (`target_semaphore`: the last semaphore
             # operand; a remote copy's `source_semaphore` comes before it).
             sems = [x for x in op.operands if "semaphore" in str(x.type)]
@@ -957,6 +986,7 @@ class _Reader:
             "dimension_semantics": sem,
             "refs": refs,
             "body": body,
+            "allocations": self.allocations,
         }
 
 
@@ -1237,6 +1267,8 @@ def _kernels_of(module, args, operands=None):
                 "refs": desc["refs"],
                 "body": desc["body"],
             }
+            if desc["allocations"]:
+                full["allocations"] = desc["allocations"]
             # Array shapes of the windows, from the call's operands and results.
             shapes = [list(ir.RankedTensorType(x.type).shape) for x in list(op.operands)[ndyn + nprefetch:]] + [
                 list(ir.RankedTensorType(x.type).shape) for x in op.results

@@ -583,8 +583,8 @@ impl Description {
             if !ids.insert(a.id) {
                 return Err(PallasError::field(&format!("{f}.id"), a.id, "expected each allocation's id once"));
             }
-            if a.shape.is_empty() || a.shape.contains(&0) {
-                return Err(PallasError::field(&format!("{f}.shape"), format!("{:?}", a.shape), "expected one or more dimensions, each from 1"));
+            if a.shape.contains(&0) {
+                return Err(PallasError::field(&format!("{f}.shape"), format!("{:?}", a.shape), "expected dimensions from 1 (none for a single semaphore)"));
             }
         }
         let mut defined = std::collections::HashSet::new();

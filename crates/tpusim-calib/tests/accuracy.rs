@@ -139,6 +139,10 @@ const DESCRIBED_MEDIANS: &[(&str, &str, f64)] = &[
     ("megablox-gmm", "v6e", 0.588),
     // fp8 x fp8 matmuls at v7x's fp8 rates (0.578 while they were priced as bf16).
     ("gmm-v2", "v7x", 0.288),
+    // tokamax's grouped matmuls (openxla/tokamax @ d52c0797 autotuning data): 0.0.12's Pallas
+    // kernel and gmm_v2, each a grid-less emit_pipeline.
+    ("tokamax-gmm", "v6e", 0.079),
+    ("tokamax-gmm-v2", "v6e", 0.092),
 ];
 
 #[test]

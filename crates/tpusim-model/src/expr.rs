@@ -83,7 +83,8 @@ pub enum Expr {
     Grid(usize),
     /// Induction variable of the enclosing `scf.for` at nesting depth `d` (0 = outermost).
     Iv(usize),
-    /// An element of prefetch ref `r` (index into the description's refs) at the indices.
+    /// An element of table `r` (index into the description's refs: a prefetch ref, or an SMEM
+    /// input whose values the description holds) at the indices.
     Load(usize, Vec<Expr>),
     /// A binary operation.
     Bin(BinOp, Box<Expr>, Box<Expr>),
@@ -101,9 +102,10 @@ pub enum Expr {
 pub enum EvalError {
     /// It reads a value not known before the run (the reason from the file).
     Unknown(String),
-    /// It reads a prefetch ref whose values are a runtime input (the ref's index).
+    /// It reads a table whose values are a runtime input, or a ref whose values the
+    /// description does not hold (the ref's index).
     Runtime(usize),
-    /// An index is out of a prefetch table's bounds (ref, flat index attempted, indices).
+    /// An index is out of a table's bounds (ref, indices).
     OutOfBounds(usize, Vec<i64>),
     /// Division by zero, or an undefined induction variable.
     Invalid(String),

@@ -48,6 +48,30 @@ pub struct Description {
     pub refs: Vec<Ref>,
     /// The kernel body: ops and control flow.
     pub body: Vec<Op>,
+    /// What the body allocates in scoped regions (`pl.run_scoped`, and so
+    /// `pltpu.emit_pipeline`'s buffers and semaphores), by the ids copies name them with
+    /// (`src_alloc`, `dst_alloc`, `sem_alloc`); empty when none (or not recorded).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allocations: Vec<Allocation>,
+}
+
+/// A buffer or semaphore array the body allocates (`memref.alloca`, `tpu.sem_alloc`).
+/// `pltpu.emit_pipeline` allocates one buffer per pipelined window, its first dimension the
+/// window's buffer count (`pl.Buffered(n)`), and its copies fill one slot each.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Allocation {
+    /// The id copies and waits name it by.
+    pub id: u64,
+    /// Its shape.
+    pub shape: Vec<u64>,
+    /// Element type (a semaphore type for semaphores).
+    pub dtype: String,
+    /// Where it lives.
+    pub memory_space: MemorySpace,
+    /// `file:line` of the allocation, for messages.
+    #[serde(default)]
+    pub loc: String,
 }
 
 /// Labels of the program that wrote the file.
@@ -170,7 +194,7 @@ impl PipelineMode {
     }
 }
 
-/// Values of a scalar-prefetch table.
+/// Values of a table in SMEM: a scalar-prefetch ref's, or an SMEM input's.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", deny_unknown_fields)]
 pub enum Values {
@@ -207,9 +231,19 @@ pub struct Ref {
     /// Windows: pipelining.
     #[serde(default)]
     pub pipeline_mode: PipelineMode,
-    /// Prefetch tables: the values.
+    /// Tables the call passes: the values of a prefetch ref (required) or of an input in SMEM
+    /// (a grid-less `pallas_call`'s or a `pl.kernel`'s `pltpu.SMEM` operand; optional: without
+    /// them a read of it is not evaluated).
     #[serde(default)]
     pub values: Option<Values>,
+}
+
+impl Ref {
+    /// Whether the ref is a table whose values a description may hold ([`Ref::values`]): a
+    /// scalar-prefetch ref, or an input in SMEM.
+    pub fn holds_table(&self) -> bool {
+        self.kind == RefKind::Prefetch || (self.kind == RefKind::Input && self.memory_space == MemorySpace::Smem)
+    }
 }
 
 /// An operand of an op.
@@ -509,6 +543,13 @@ impl Description {
                     "a prefetch table needs its values (inline, file or runtime)",
                 ));
             }
+            if r.values.is_some() && !r.holds_table() {
+                return Err(PallasError::field(
+                    &format!("{f}.values"),
+                    format!("on a {:?} ref in {:?}", r.kind, r.memory_space).to_lowercase(),
+                    "values are the contents of a table the call passes: a prefetch ref's, or an input's in SMEM",
+                ));
+            }
             if let Some(k) = r.shape.iter().position(|&x| x == 0) {
                 return Err(PallasError::field(&format!("{f}.shape[{k}]"), 0, "expected a whole number from 1 (a block or scratch buffer of no elements)"));
             }
@@ -541,6 +582,17 @@ impl Description {
                 }
             }
         }
+        let mut ids = std::collections::HashSet::new();
+        for (i, a) in self.allocations.iter().enumerate() {
+            let f = format!("allocations[{i}]");
+            dtype_bytes(&a.dtype, &format!("{f}.dtype"))?;
+            if !ids.insert(a.id) {
+                return Err(PallasError::field(&format!("{f}.id"), a.id, "expected each allocation's id once"));
+            }
+            if a.shape.contains(&0) {
+                return Err(PallasError::field(&format!("{f}.shape"), format!("{:?}", a.shape), "expected dimensions from 1 (none for a single semaphore)"));
+            }
+        }
         let mut defined = std::collections::HashSet::new();
         if let Some((id, op)) = Self::collect_ids(&self.body, &mut defined) {
             return Err(PallasError::field(
@@ -557,10 +609,17 @@ impl Description {
     /// per dimension of its array, reading only what exists.
     fn check_dma_source(&self, op: &Op, f: &str, defined: &std::collections::HashSet<u64>) -> Result<(), PallasError> {
         let at = |k: &str| format!("{f} at {}: attrs.{k}", op.place());
+        if op.attrs.contains_key("src_alloc") {
+            if op.attrs.contains_key("src_ref") {
+                return Err(PallasError::field(&at("src_alloc"), "given with src_ref", "a source is a window of a ref (`src_ref`) or of a buffer the body allocates (`src_alloc`), not both"));
+            }
+            let rank = self.allocation(op, f, "src_alloc")?.shape.len();
+            return self.check_offsets(op, f, "src_offsets", rank, defined);
+        }
         let Some(v) = op.attrs.get("src_ref") else {
             for k in ["src_offsets", "src_shape"] {
                 if op.attrs.contains_key(k) {
-                    return Err(PallasError::field(&at(k), "given without src_ref", "a source window needs the ref it is a window of (`src_ref`)"));
+                    return Err(PallasError::field(&at(k), "given without src_ref", "a source window needs the ref it is a window of (`src_ref` or `src_alloc`)"));
                 }
             }
             return Ok(());
@@ -585,6 +644,50 @@ impl Description {
             }
         }
         Ok(())
+    }
+
+    /// A copy's target: `dst_ref` one of the refs or `dst_alloc` an allocation, with
+    /// `dst_offsets` one expression per dimension of its array (or of the allocation).
+    fn check_dma_target(&self, op: &Op, f: &str, defined: &std::collections::HashSet<u64>) -> Result<(), PallasError> {
+        let at = |k: &str| format!("{f} at {}: attrs.{k}", op.place());
+        let rank = match (op.attrs.get("dst_ref"), op.attrs.contains_key("dst_alloc")) {
+            (Some(_), true) => {
+                return Err(PallasError::field(&at("dst_alloc"), "given with dst_ref", "a target is a window of a ref (`dst_ref`) or of a buffer the body allocates (`dst_alloc`), not both"));
+            }
+            (Some(v), false) => {
+                let r = v.as_u64().filter(|&r| (r as usize) < self.refs.len()).ok_or_else(|| PallasError::field(&at("dst_ref"), v, self.refs_allowed()))? as usize;
+                let rf = &self.refs[r];
+                rf.array_shape.as_ref().unwrap_or(&rf.shape).len()
+            }
+            (None, true) => self.allocation(op, f, "dst_alloc")?.shape.len(),
+            (None, false) => {
+                if op.attrs.contains_key("dst_offsets") {
+                    return Err(PallasError::field(&at("dst_offsets"), "given without dst_ref or dst_alloc", "a target window needs what it is a window of"));
+                }
+                return Ok(());
+            }
+        };
+        self.check_offsets(op, f, "dst_offsets", rank, defined)
+    }
+
+    /// The allocation a copy's `key` (`src_alloc`, `dst_alloc`) names.
+    fn allocation(&self, op: &Op, f: &str, key: &str) -> Result<&Allocation, PallasError> {
+        let v = &op.attrs[key];
+        let ids: Vec<u64> = self.allocations.iter().map(|a| a.id).collect();
+        v.as_u64()
+            .and_then(|id| self.allocations.iter().find(|a| a.id == id))
+            .ok_or_else(|| PallasError::field(&format!("{f} at {}: attrs.{key}", op.place()), v, format!("expected the id of an allocation the description lists ({ids:?})")))
+    }
+
+    /// A copy's `key` offsets: one expression per dimension (`rank`), reading only what exists.
+    fn check_offsets(&self, op: &Op, f: &str, key: &str, rank: usize, defined: &std::collections::HashSet<u64>) -> Result<(), PallasError> {
+        let at = format!("{f} at {}: attrs.{key}", op.place());
+        let x = op.attrs.get(key).ok_or_else(|| PallasError::field(&at, "(missing)", format!("one expression per dimension ({rank})")))?;
+        let es: Vec<Expr> = serde_json::from_value(x.clone()).map_err(|e| PallasError::field(&at, x, format!("expected a list of expressions ({e})")))?;
+        if es.len() != rank {
+            return Err(PallasError::field(&at, x, format!("one expression per dimension ({rank})")));
+        }
+        es.iter().try_for_each(|e| self.check_expr(e, &at, Some(defined)))
     }
 
     /// A copy's or wait's semaphore: `sem_ref` a semaphore ref (or `sem_alloc`, the id of one the
@@ -762,11 +865,12 @@ impl Description {
                 }
                 self.check_expr(&e, &at, Some(defined))?;
                 self.check_dma_source(op, &f, defined)?;
+                self.check_dma_target(op, &f, defined)?;
             }
             if matches!(op.op.as_str(), "tpu.enqueue_dma" | "tpu.wait_dma" | "tpu.wait_dma2") {
                 // A misspelt semaphore would silently make a wait wait for every copy.
                 let known: &[&str] = if op.op == "tpu.enqueue_dma" {
-                    &["bytes", "src_ref", "src_offsets", "src_shape", "src_space", "dst_space", "sem_ref", "sem_alloc", "sem_offsets"]
+                    &["bytes", "src_ref", "src_alloc", "src_offsets", "src_shape", "src_space", "dst_ref", "dst_alloc", "dst_offsets", "dst_space", "sem_ref", "sem_alloc", "sem_offsets"]
                 } else {
                     &["bytes", "sem_ref", "sem_alloc", "sem_offsets"]
                 };

@@ -43,7 +43,7 @@ pub const MAX_GRID_STEPS: u64 = 1 << 28;
 /// Most distinct step classes (paths through the body).
 pub const MAX_CLASSES: usize = 4096;
 
-/// A prefetch table's values.
+/// A table's values (a prefetch ref's or an SMEM input's).
 #[derive(Debug, Clone)]
 enum Table {
     Known { shape: Vec<u64>, values: Vec<i64> },
@@ -159,7 +159,7 @@ fn read_table(r: &Ref, i: usize, dir: &Path) -> Result<Table, PallasError> {
             Ok(Table::Known { shape, values })
         }
         Some(Values::Runtime(_)) => Ok(Table::Runtime),
-        None => Err(PallasError::field(&field, "(missing)", "a prefetch table needs its values")),
+        None => Err(PallasError::field(&field, "(missing)", "a table needs its values")),
     }
 }
 
@@ -170,6 +170,12 @@ fn eval_err(d: &Description, e: EvalError, what: &str, loc: &str) -> PallasError
         EvalError::Unknown(why) => format!(
             "{what}{at} reads {why}, a value the simulator does not evaluate (it evaluates integer constants, grid and loop indices, scalar-prefetch arguments and SMEM scalars): it cannot tell which steps take which path (pass the value as a scalar-prefetch argument of the pallas_call)"
         ),
+        EvalError::Runtime(r) if d.refs.get(r).is_some_and(|x| x.values.is_none()) => {
+            let name = d.refs.get(r).map(|x| x.name.as_str()).unwrap_or("?");
+            format!(
+                "{what}{at} reads `{name}`, whose values the description does not hold (only a prefetch table's or an SMEM input's are): describe the kernel again with `tpusim.jax.describe` and concrete arguments"
+            )
+        }
         EvalError::Runtime(r) => {
             let name = d.refs.get(r).map(|x| x.name.as_str()).unwrap_or("?");
             let given = match d.refs.get(r).and_then(|x| x.values.as_ref()) {
@@ -180,7 +186,7 @@ fn eval_err(d: &Description, e: EvalError, what: &str, loc: &str) -> PallasError
         }
         EvalError::OutOfBounds(r, idx) => {
             let name = d.refs.get(r).map(|x| x.name.as_str()).unwrap_or("?");
-            format!("{what}{at} reads the prefetch operand `{name}` at {idx:?}, outside its shape")
+            format!("{what}{at} reads the table `{name}` at {idx:?}, outside its shape")
         }
         EvalError::Invalid(m) => format!("{what}{at}: {m}"),
     };
@@ -814,6 +820,10 @@ fn prefetch_tables<'d>(chip: &ChipModel, d: &'d Description, dir: &Path) -> Resu
             tables[i] = Some(read_table(r, i, dir)?);
             smem += bytes;
         } else if r.memory_space == MemorySpace::Smem {
+            // An SMEM input whose values the description holds is read as a prefetch table is.
+            if r.values.is_some() {
+                tables[i] = Some(read_table(r, i, dir)?);
+            }
             smem += bytes * if r.kind == RefKind::Scratch { 1 } else { r.pipeline_mode.buffers() };
         }
     }

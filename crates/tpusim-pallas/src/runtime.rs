@@ -93,7 +93,7 @@ pub fn runtime_operands(d: &Description) -> Vec<(usize, String)> {
         .iter()
         .enumerate()
         .filter_map(|(i, r)| match &r.values {
-            Some(Values::Runtime(n)) if r.kind == RefKind::Prefetch => Some((i, n.clone())),
+            Some(Values::Runtime(n)) if r.holds_table() => Some((i, n.clone())),
             _ => None,
         })
         .collect()
@@ -114,7 +114,7 @@ pub fn bind_runtime(d: &mut Description, given: &[(String, RuntimeValue)]) -> Re
                 &format!("--runtime {name}"),
                 name,
                 if names.is_empty() {
-                    format!("kernel `{}` has no runtime operand (every prefetch table is a constant of the lowering)", d.kernel_name)
+                    format!("kernel `{}` has no runtime operand (every table it reads is a constant of the lowering)", d.kernel_name)
                 } else {
                     format!("kernel `{}` has the runtime operands {}", d.kernel_name, names.join(", "))
                 },
@@ -221,8 +221,8 @@ pub fn run_scalar_op(
 ///
 /// # Errors
 /// [`PallasError::Kernel`] naming the source ref, the offsets and the array's shape when the
-/// window leaves the array (a page-table entry out of range) or is longer than it, or a size is
-/// negative.
+/// window leaves the array (a page-table entry out of range) or is longer than it (the array's
+/// two minor dimensions taken in whole tiles of its layout), or a size is negative.
 pub fn check_dma_source(d: &Description, op: &Op, env: &dyn Env, eval_err: &dyn Fn(crate::expr::EvalError, &str) -> PallasError) -> Result<Option<u64>, PallasError> {
     let Some(r) = op.attrs.get("src_ref").and_then(|x| x.as_u64()) else { return Ok(None) };
     let Some(rf) = d.refs.get(r as usize) else { return Ok(None) };
@@ -234,8 +234,19 @@ pub fn check_dma_source(d: &Description, op: &Op, env: &dyn Env, eval_err: &dyn 
     }
     let win: Vec<u64> = sizes.iter().map(|&n| n as u64).collect();
     let array = rf.array_shape.clone().unwrap_or_else(|| rf.shape.clone());
+    let elem = crate::desc::dtype_bytes(&rf.dtype, "dtype")?;
+    // Memory holds an array in whole tiles of its two minor dimensions (128 lanes; 8 rows of
+    // 32-bit data, 16 of 16-bit, 32 of 8-bit), so a window may reach into its last tile's
+    // padding: `pltpu.emit_pipeline` copies an edge block rounded up to the tiling (a block of
+    // 2944 columns of a 2880-column array copies 2944).
+    let rows = tpusim_model::dtype::Dtype::of_bytes(elem).unwrap_or(tpusim_model::dtype::Dtype::F32).tile_rows();
+    let tiled = |k: usize, n: u64| match array.len() - k {
+        1 => n.next_multiple_of(tpusim_model::vmem::LANES),
+        2 => n.next_multiple_of(rows),
+        _ => n,
+    };
     for (k, &o) in offs.iter().enumerate() {
-        let n = array.get(k).copied().unwrap_or(1);
+        let n = array.get(k).map_or(1, |&n| tiled(k, n));
         let w = win.get(k).copied().unwrap_or(1);
         if w > n {
             return Err(smem_err(
@@ -256,7 +267,6 @@ pub fn check_dma_source(d: &Description, op: &Op, env: &dyn Env, eval_err: &dyn 
             ));
         }
     }
-    let elem = crate::desc::dtype_bytes(&rf.dtype, "dtype")?;
     Ok(Some(win.iter().product::<u64>() * elem))
 }
 

@@ -873,8 +873,8 @@ fn rows_csv(rows: &Bound<'_, PyAny>) -> PyResult<String> {
 fn validate<'py>(py: Python<'py>, rows: &Bound<'py, PyAny>, chips: Option<Vec<String>>) -> PyResult<Bound<'py, PyAny>> {
     let models =
         chips.unwrap_or_default().iter().map(|c| tpusim_chip::ChipModel::load(c)).collect::<Result<Vec<_>, _>>().map_err(spec_err)?;
-    let file = if let Ok(p) = rows.extract::<String>() {
-        tpusim_calib::read_file(&p, &models).map_err(spec_err)?
+    let source = if let Ok(p) = rows.extract::<String>() {
+        Ok(p)
     } else {
         if rows.is_none() || rows.cast::<PyDict>().is_ok() || rows.try_iter().is_err() {
             return Err(input_err(format!(
@@ -882,10 +882,18 @@ fn validate<'py>(py: Python<'py>, rows: &Bound<'py, PyAny>, chips: Option<Vec<St
                 repr(rows)
             )));
         }
-        let text = rows_csv(rows)?;
-        tpusim_calib::parse(&text, "rows", &models).map_err(spec_err)?
+        Err(rows_csv(rows)?)
     };
-    let v = interruptible_once(py, move || tpusim_calib::validate(&file, &tpusim_calib::ChipSet { models }))?;
+    // Reading the rows (each kernel_ir row's description too) runs with the validation, off the
+    // GIL: a file of many described rows takes seconds to read, and Ctrl-C must stop it.
+    let v = interruptible_once(py, move || {
+        let file = match &source {
+            Ok(path) => tpusim_calib::read_file(path, &models),
+            Err(text) => tpusim_calib::parse(text, "rows", &models),
+        }?;
+        Ok::<_, tpusim_calib::measure::MeasureError>(tpusim_calib::validate(&file, &tpusim_calib::ChipSet { models }))
+    })?
+    .map_err(spec_err)?;
     from_json(py, &v.to_json())
 }
 

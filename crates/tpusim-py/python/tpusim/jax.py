@@ -389,10 +389,14 @@ def _is_kernel_func(f):
 class _Reader:
     """Reads one kernel module into a description dict."""
 
-    def __init__(self, module, kernel_name, prefetch_values):
+    def __init__(self, module, kernel_name, prefetch_values, smem_input_values=None):
         self.module = module
         self.kernel_name = kernel_name
         self.prefetch_values = prefetch_values
+        # Input window -> the values of an SMEM input (a table the call passes in SMEM without
+        # scalar prefetch: a grid-less `pallas_call`'s or a `pl.kernel`'s `pltpu.SMEM` operand).
+        self.smem_input_values = smem_input_values or {}
+        self.tables = set()  # refs whose values the description holds (prefetch, SMEM inputs)
         self.funcs = {}
         for f in module.body.operations:
             if f.operation.name == "func.func":
@@ -410,6 +414,8 @@ class _Reader:
         self.refs = {}  # block argument value -> ref index
         self.views = {}  # sliced memref value -> (ref index, offsets, window shape, kept dims)
         self.sem_allocs = {}  # semaphore value allocated in the body -> its id (views: -1 - id)
+        self.buf_allocs = {}  # buffer a scoped region allocates (memref.alloca) -> its id (views: -1 - id)
+        self.allocations = []  # what the body allocates: id, shape, dtype, memory space, loc
         self.dyn_dims = {}  # memref value with dimensions sized at run time -> its dimensions (ints, expressions)
         self.grid_sizes = []  # the grid's sizes, dynamic ones as computed (for `tpu.iteration_bound`)
         self._asm = None
@@ -484,7 +490,7 @@ class _Reader:
         elif name in ("memref.load", "tpu.load") and len(op.operands) >= 1:
             base = self._key(op.operands[0])
             ri = self.refs.get(base)
-            if ri is not None and self.ref_kinds[ri] == "prefetch":
+            if ri is not None and (self.ref_kinds[ri] == "prefetch" or ri in self.tables):
                 self.scalars[k] = ["load", ri, [self.scalar(x) for x in op.operands[1:]]]
             elif ri is not None:
                 self.scalars[k] = ["unknown", f"a value the kernel loads from `{self.ref_names[ri]}` at run time"]
@@ -525,6 +531,34 @@ class _Reader:
         self.scalars = saved
         self.refs = saved_refs
         return out or []
+
+    def transform(self, attr, nidx, ref_name):
+        """A window's index map from its `transform_indices`: the symbol of an index-map function
+        of the module, or an affine map over the grid indices (`pl.kernel` on a TensorCore mesh
+        writes `affine_map<(d0) -> (0)>` for a whole-array window). Anything else is an error
+        naming the kernel and the ref."""
+        _, _, ir, _ = _ir()
+        try:
+            amap = ir.AffineMapAttr(attr).value
+        except Exception:
+            amap = None
+        if amap is None:
+            try:
+                sym = ir.FlatSymbolRefAttr(attr).value
+            except Exception:
+                sym = str(attr).lstrip("@")
+            if sym not in self.funcs:
+                raise InputError(
+                    f"kernel `{self.kernel_name}`: the index map of `{ref_name}` is `{attr}`: neither a function of the kernel's "
+                    "module nor an affine map over the grid indices (the two forms of a window's transform_indices tpusim.jax reads)"
+                )
+            return self.index_map(sym, nidx)
+        if amap.n_symbols or amap.n_dims != nidx:
+            raise InputError(
+                f"kernel `{self.kernel_name}`: the index map of `{ref_name}` is `{attr}`: expected an affine map of the "
+                f"{nidx} grid indices and no symbols"
+            )
+        return [_affine_expr(e, self.kernel_name, ref_name) for e in amap.results]
 
     # the body ---------------------------------------------------------------------------
     def body_ops(self, block, depth):
@@ -653,6 +687,13 @@ class _Reader:
                 # A semaphore `pl.run_scoped` allocates (`pltpu.emit_pipeline`'s): named by an id
                 # of its own, so that copies and waits on it can be paired.
                 self.sem_allocs[self._key(op.results[0])] = self._new_id()
+                self._allocation(op, self.sem_allocs[self._key(op.results[0])])
+                continue
+            if name == "memref.alloca":
+                # A buffer `pl.run_scoped` allocates (`pltpu.emit_pipeline`'s: one slot per
+                # buffer of a `pl.Buffered(n)` window along its first dimension).
+                self.buf_allocs[self._key(op.results[0])] = self._new_id()
+                self._allocation(op, self.buf_allocs[self._key(op.results[0])])
                 continue
             if name == "memref.load" and self.refs.get(self._key(op.operands[0])) in self.mutable:
                 ri = self.refs[self._key(op.operands[0])]
@@ -716,8 +757,8 @@ class _Reader:
             self.dyn_dims[self._key(op.results[0])] = sizes
         if src in self.views:
             ri, offs, win, dims = self.views[src]
-        elif src in self.refs or src in self.sem_allocs:
-            ri = self.refs[src] if src in self.refs else -1 - self.sem_allocs[src]
+        elif src in self.refs or src in self.sem_allocs or src in self.buf_allocs:
+            ri = self.refs[src] if src in self.refs else -1 - self.sem_allocs.get(src, self.buf_allocs.get(src))
             shape, _ = _shape_dtype(op.operands[0].type)
             offs, win, dims = [0] * len(shape), list(shape), list(range(len(shape)))
         else:
@@ -763,6 +804,28 @@ class _Reader:
         else:
             attrs["sem_ref"] = ri
         attrs["sem_offsets"] = list(offs)
+
+    def _allocation(self, op, i):
+        shape, dtype = _shape_dtype(op.results[0].type)
+        self.allocations.append({"id": i, "shape": shape, "dtype": dtype, "memory_space": _memspace(op.results[0].type), "loc": _loc(op)})
+
+    def _window(self, v, attrs, prefix):
+        """Names what a copy's source (`prefix` "src") or target ("dst") is a window of, when it is
+        traced to one: a kernel ref (`{prefix}_ref`) or a buffer the body allocates
+        (`{prefix}_alloc`), with the window's offsets (and a source's shape)."""
+        view = self.views.get(self._key(v))
+        if view is None:
+            return
+        ri, offs, win, _ = view
+        if ri >= 0:
+            attrs[f"{prefix}_ref"] = ri
+        elif (-1 - ri) in self.buf_allocs.values():
+            attrs[f"{prefix}_alloc"] = -1 - ri
+        else:
+            return
+        attrs[f"{prefix}_offsets"] = offs
+        if prefix == "src":
+            attrs["src_shape"] = win
 
     def _bind(self, r):
         i = self._new_id()
@@ -819,10 +882,8 @@ class _Reader:
             # writes its bytes there.
             for key, x in (("src_space", op.operands[0]), ("dst_space", op.operands[1])):
                 attrs[key] = _memspace(x.type)
-            view = self.views.get(self._key(op.operands[0]))
-            if view is not None:
-                ri, offs, win, _ = view
-                attrs["src_ref"], attrs["src_offsets"], attrs["src_shape"] = ri, offs, win
+            self._window(op.operands[0], attrs, "src")
+            self._window(op.operands[1], attrs, "dst")
             # The semaphore the copy signals on arrival (`target_semaphore`: the last semaphore
             # operand; a remote copy's `source_semaphore` comes before it).
             sems = [x for x in op.operands if "semaphore" in str(x.type)]
@@ -887,8 +948,7 @@ class _Reader:
                     if "window_bounds" in wp:
                         ref["shape"] = list(_ints(wp["window_bounds"]))
                     if "transform_indices" in wp:
-                        sym = str(wp["transform_indices"]).lstrip("@")
-                        ref["index_map"] = self.index_map(sym, nidx)
+                        ref["index_map"] = self.transform(wp["transform_indices"], nidx, nm)
                     else:
                         ref["memory_space"] = "any" if ms != "smem" else ms
                     if "pipeline_mode" in wp:
@@ -899,12 +959,15 @@ class _Reader:
                     ref["index_map"] = [0] * len(ref["shape"])
             if kind == "prefetch":
                 ref["values"] = self.prefetch_values[j] if j < len(self.prefetch_values) else {"runtime": nm}
+            elif kind == "input" and ms == "smem" and (j - nprefetch) in self.smem_input_values:
+                ref["values"] = self.smem_input_values[j - nprefetch]
             self.refs[self._key(arg)] = len(refs)
             kinds.append(kind)
             names.append(nm)
             refs.append(ref)
         self.ref_kinds, self.ref_names = kinds, names
         self.ref_spaces = [r["memory_space"] for r in refs]
+        self.tables = {i for i, r in enumerate(refs) if "values" in r}
         # SMEM refs the kernel stores to: their loads are ops read in program order.
         self.mutable = set()
 
@@ -923,6 +986,7 @@ class _Reader:
             "dimension_semantics": sem,
             "refs": refs,
             "body": body,
+            "allocations": self.allocations,
         }
 
 
@@ -934,6 +998,27 @@ def _yielded(region, i):
             if i < len(ops) and isinstance(ops[i], dict) and "scalar" in ops[i]:
                 return ops[i]["scalar"]
     return ["unknown", "a value yielded by a branch"]
+
+
+def _affine_expr(e, kernel, ref_name):
+    """An MLIR affine expression (of a window's affine index map) as a description expression:
+    constants, grid indices (`d0`, ...), `+`, `*`, `floordiv`, `ceildiv` and `mod` (the
+    remainder of floor division: at least 0 for a positive divisor)."""
+    _, _, ir, _ = _ir()
+    for cls in (ir.AffineConstantExpr, ir.AffineDimExpr, ir.AffineAddExpr, ir.AffineMulExpr, ir.AffineFloorDivExpr, ir.AffineCeilDivExpr, ir.AffineModExpr):
+        try:
+            x = cls(e)
+        except Exception:
+            continue
+        if cls is ir.AffineConstantExpr:
+            return int(x.value)
+        if cls is ir.AffineDimExpr:
+            return ["grid", int(x.position)]
+        a, b = _affine_expr(x.lhs, kernel, ref_name), _affine_expr(x.rhs, kernel, ref_name)
+        if cls is ir.AffineModExpr:
+            return ["sub", a, ["mul", ["floordiv", a, b], b]]
+        return [{ir.AffineAddExpr: "add", ir.AffineMulExpr: "mul", ir.AffineFloorDivExpr: "floordiv", ir.AffineCeilDivExpr: "ceildiv"}[cls], a, b]
+    raise InputError(f"kernel `{kernel}`: the index map of `{ref_name}` holds the affine expression `{e}`, which tpusim.jax does not read (it reads constants, grid indices, +, *, floordiv, ceildiv and mod)")
 
 
 _VECTOR_SIDE_EFFECTS = {"tpu.vector_store", "vector.store", "tpu.store", "tpu.strided_store", "tpu.enqueue_dma", "tpu.wait_dma2", "tpu.wait_dma", "tpu.sem_signal", "tpu.sem_wait"}
@@ -1120,7 +1205,31 @@ def _kernels_of(module, args, operands=None):
                     prefetch.append({"inline": [int(x) for x in np.asarray(val).reshape(-1)]})
             n_in = len(op.operands) - nprefetch - ndyn
             n_out = len(op.results)
-            reader = _Reader(kmod, name, prefetch)
+            # Integer inputs the call passes in SMEM (a grid-less pallas_call's or a pl.kernel's
+            # `pltpu.SMEM` operands: group sizes, metadata tables computed by XLA ops): their
+            # values, found as the prefetch tables' are, so that the branches, loop bounds and
+            # copies that read them are evaluated; one not found is a runtime operand.
+            smem_inputs = {}
+            kargs = list(kf.regions[0].blocks[0].arguments) if kf is not None else []
+            for w in range(n_in):
+                j = len(bounds) + nprefetch + w
+                if j >= len(kargs) or _memspace(kargs[j].type) != "smem":
+                    continue
+                _, dt = _shape_dtype(kargs[j].type)
+                if not (dt.startswith("i") or dt.startswith("ui")):
+                    continue
+                i = ndyn + nprefetch + w
+                val, why = _value_of(op.operands[i], funcs, call_sites, args)
+                if val is None:
+                    val = computed_value(ci, i)
+                if val is None:
+                    import re
+
+                    m = re.match(r"argument `([^`]+)` of the function", why or "")
+                    smem_inputs[w] = {"runtime": m.group(1) if m else f"SMEM input {w} of {name} ({why})"}
+                else:
+                    smem_inputs[w] = {"inline": [int(x) for x in np.asarray(val).reshape(-1)]}
+            reader = _Reader(kmod, name, prefetch, smem_inputs)
             it = iter(grid_values)
             reader.grid_sizes = [b if b >= 0 else next(it) for b in bounds]
             desc = reader.read((n_in, n_out))
@@ -1158,6 +1267,8 @@ def _kernels_of(module, args, operands=None):
                 "refs": desc["refs"],
                 "body": desc["body"],
             }
+            if desc["allocations"]:
+                full["allocations"] = desc["allocations"]
             # Array shapes of the windows, from the call's operands and results.
             shapes = [list(ir.RankedTensorType(x.type).shape) for x in list(op.operands)[ndyn + nprefetch:]] + [
                 list(ir.RankedTensorType(x.type).shape) for x in op.results
@@ -1189,14 +1300,14 @@ def _kernels_of(module, args, operands=None):
     return out, outside, kept_ops
 
 
-_CALLS = ("jit", "pjit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr", "remat", "checkpoint")
+_CALLS = ("jit", "pjit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr", "custom_vmap_call", "remat", "checkpoint")
 
 
 def _sub_jaxpr(eqn):
     """The (jaxpr, consts) a call-like equation runs on its operands, or None."""
     if eqn.primitive.name not in _CALLS:
         return None
-    for key in ("jaxpr", "call_jaxpr", "fun_jaxpr"):
+    for key in ("jaxpr", "call_jaxpr", "fun_jaxpr", "call"):
         j = eqn.params.get(key)
         if j is None:
             continue

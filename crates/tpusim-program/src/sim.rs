@@ -3,7 +3,7 @@
 //! * **Fusions**: `tpusim_engine::simulate_fusion` (their bytes after fusion at the sustained
 //!   HBM bandwidth plus one HBM round trip of latency; their VPU and EUP work is not timed, so
 //!   a fusion is HBM-bound by rule).
-//! * **Dots**: XLA's dot as `tpusim layer` times it (`tpusim_slice::xla::lower_xla_matmul`, the
+//! * **Dots**: XLA's dot as `tpusim layer` times it (`tpusim_kernel::matmul::lower_xla`, the
 //!   `xla-matmul` family through the engine) for M x N x K, times the batch. The family moves
 //!   bf16 operands; a dot with other operand types is timed as bf16 (the report says so). The
 //!   element-wise ops fused into its output ride under the matmul (not timed), as in the layer.
@@ -111,7 +111,7 @@ pub struct ProgramReport {
 
 fn dot_cost(chip: &ChipModel, m: u64, n: u64, k: u64, name: &str) -> Result<(f64, u64), ProgramError> {
     let mm = MatmulCall { m, n, k };
-    let (_, prog) = tpusim_slice::xla::lower_xla_matmul(chip, &mm, name).map_err(|e| ProgramError::Kernel(e.to_string()))?;
+    let (_, prog) = tpusim_kernel::matmul::lower_xla(chip, &mm).map_err(|e| ProgramError::Kernel(format!("op `{name}`: {e}")))?;
     let r = tpusim_engine::simulate(chip, &prog);
     Ok((r.seconds, r.hbm_bytes))
 }

@@ -1353,7 +1353,7 @@ mod tests {
         w.q_len = 16384;
         w.kv_len = 16384;
         w.mask = Mask::Causal { offset: 0 };
-        let mut config = SplashConfig::with_blocks(&w, &chip, 2048, 2048, None);
+        let mut config = SplashConfig::with_blocks(2048, 2048, None);
         config.traversal = tpusim_kernel::Traversal::Compact;
         config.masking = tpusim_kernel::Masking::Partial;
         let run = run(&chip, &Job::Attention { workload: w, config, direction: Direction::Fwd, scope: Scope::Kernel }).unwrap();
@@ -1378,7 +1378,7 @@ mod tests {
         w.kv_len = 4096;
         w.q_heads = 1;
         w.kv_heads = 1;
-        let mut config = SplashConfig::with_blocks(&w, &chip, 1024, 1024, None);
+        let mut config = SplashConfig::with_blocks(1024, 1024, None);
         config.bwd.block_q_dkv = 512;
         config.bwd.block_kv_dkv = 256;
         config.bwd.block_kv_dkv_compute = 256;

@@ -201,26 +201,6 @@ pub fn run_all(jobs: &[LabelledSpec]) -> Result<Vec<JobRun>, PlotError> {
     jobs.iter().map(run_one).collect()
 }
 
-/// The attention workload and configuration of a run.
-///
-/// # Errors
-/// [`PlotError`] naming `kind` when the job is not attention.
-pub fn splash_of<'a>(
-    r: &'a JobRun,
-    kind: &str,
-) -> Result<(&'a tpusim_workload::AttentionCall, &'a tpusim_kernel::SplashConfig), PlotError> {
-    match r.job() {
-        Job::Attention { workload, config, .. } => Ok((workload, config)),
-        Job::Matmul { .. } => {
-            Err(PlotError::Input(format!("{kind} needs an attention job (an attention --kernel); job {} is a matmul", r.label)))
-        }
-        Job::Described(_) => Err(PlotError::Input(format!(
-            "{kind} needs an attention job (an attention --kernel); {} is a kernel read from its IR, whose workload the IR does not state",
-            r.label
-        ))),
-    }
-}
-
 /// A one-line description of a job: chip, workload and kernel configuration.
 pub fn describe(r: &JobRun) -> String {
     let chip = &r.report.chip;

@@ -1483,8 +1483,8 @@ def tune(make_fn, candidates, *args, chip="v6e", device_kind=None, set=None, top
     """Lowers `make_fn(candidate)` for each candidate (block sizes live in the lowering) and
     simulates it; returns a `TuneResult`: [(candidate, latency_ms, CallReport)] fastest first
     (the `top` fastest when given). Candidates that fail (a lowering error, VMEM overflow) are
-    left out of the ranking, listed with their reasons in the result's `failures` (and in
-    `tune.last_failures`), and a warning says how many failed and why the first did."""
+    left out of the ranking, listed with their reasons in the result's `failures`, and a warning
+    says how many failed and why the first did."""
     import warnings
 
     if top is not None and (isinstance(top, bool) or not isinstance(top, int) or top < 1):
@@ -1497,7 +1497,6 @@ def tune(make_fn, candidates, *args, chip="v6e", device_kind=None, set=None, top
         except InputError as e:
             failures.append((c, str(e)))
     ranked.sort(key=lambda x: x[1])
-    tune.last_failures = failures
     if not ranked:
         if not failures:
             raise InputError("candidates: none given (an empty list); give the block sizes (or other values) make_fn takes")
@@ -1510,9 +1509,6 @@ def tune(make_fn, candidates, *args, chip="v6e", device_kind=None, set=None, top
             stacklevel=2,
         )
     return TuneResult(ranked[:top] if top else ranked, failures)
-
-
-tune.last_failures = []
 
 
 # ----------------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ mod paths;
 pub mod spec;
 pub mod whatif;
 
-pub use spec::{apply_overrides, render_fields, render_fields_with, FieldStyle, JobSpec, SpecError, DEFAULT_KERNEL};
+pub use spec::{apply_overrides, render_fields, render_fields_with, FieldStyle, JobSpec, KernelIrValue, SpecError, DEFAULT_KERNEL};
 
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -72,6 +72,10 @@ pub struct DescribedJob {
     pub kernel_metadata: Option<String>,
     /// The device kind it was lowered for (empty when the description does not say).
     pub device_kind: String,
+    /// The runtime values bound, `NAME=FILE.npy` each, as the job gave them
+    /// ([`JobSpec::runtime`]).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub runtime: Vec<String>,
     /// The description, runtime values bound.
     #[serde(skip)]
     pub description: std::sync::Arc<Description>,
@@ -92,6 +96,7 @@ impl DescribedJob {
             kernel_name: description.kernel_name.clone(),
             kernel_metadata: description.kernel_metadata.clone(),
             device_kind: description.producer.device_kind.clone(),
+            runtime: Vec::new(),
             description: std::sync::Arc::new(description),
             dir: dir.into(),
             scope: Scope::Kernel,
@@ -101,11 +106,12 @@ impl DescribedJob {
     /// The job timed at `scope` ([`DescribedJob::scope`]).
     ///
     /// # Errors
-    /// `Scope::Op` (the XLA ops around a described kernel are not in its description), as text.
+    /// `Scope::Op` (the XLA ops around a described kernel are not in its description), as what
+    /// is allowed instead.
     pub fn with_scope(mut self, scope: Scope) -> Result<Self, String> {
         if scope == Scope::Op {
             return Err(
-                "`op` needs the XLA ops around the kernel, which a kernel description does not hold: use `kernel` or `call` (the kernel plus the host's dispatch), or tpusim.jax.simulate_program for the whole program"
+                "needs the XLA ops around the kernel, which a kernel description does not hold: use kernel, or call (the kernel plus the host's dispatch), or tpusim.jax.simulate_program for the whole program"
                     .into(),
             );
         }
@@ -179,11 +185,6 @@ impl Job {
                 Ok((lowered, Some(facts)))
             }
         }
-    }
-
-    /// Whether the call is host-timed (scope `call`: the host's dispatch and sync count).
-    pub fn host_timed(&self) -> bool {
-        matches!(self, Job::Attention { scope: Scope::Call, .. } | Job::Matmul { scope: Scope::Call, .. })
     }
 
     /// The dense baseline of a sparse attention job: the same kernel, blocks and direction with
@@ -548,7 +549,7 @@ pub fn render_settings(text: &str, name: &mut dyn FnMut(&str, &str) -> String) -
 
 /// Whether `spec` gives no job field: nothing but `chip` and `set` (the hardware).
 pub fn gives_no_job(spec: &JobSpec) -> bool {
-    spec.set_fields().keys().all(|k| k == "chip" || k == "set") && spec.mask_value.is_none() && !spec.no_fused_bwd
+    spec.set_fields().keys().all(|k| k == "chip" || k == "set") && spec.mask_value.is_none() && spec.kernel_ir_value.is_none() && !spec.no_fused_bwd
 }
 
 /// The built-in case study's job: what `traces/video-720p-dense.toml` runs (row VD-B0 of the

@@ -229,10 +229,11 @@ pub fn simulate_program(chip: &ChipModel, d: &ProgramDescription, slice: Option<
                 let c = match kernel_cache.get(&k) {
                     Some(c) => c.clone(),
                     None => {
-                        let desc = tpusim_pallas::Description::from_json(&d.kernels[k].to_string(), &format!("kernels[{k}]"))
-                            .map_err(|err| first.error(err.to_string()))?;
-                        let name = desc.kernel_name.clone();
-                        let job = tpusim_job::Job::Described(tpusim_job::DescribedJob::new(format!("kernels[{k}]"), desc, dir));
+                        let value = tpusim_job::KernelIrValue { file: format!("kernels[{k}]"), text: d.kernels[k].to_string(), dir: dir.to_path_buf() };
+                        let spec = tpusim_job::JobSpec { kernel_ir_value: Some(value), ..Default::default() };
+                        let job = spec.build(chip).map_err(|err| first.error(err.to_string()))?;
+                        let tpusim_job::Job::Described(described) = &job else { unreachable!("a kernel description builds a described job") };
+                        let name = described.kernel_name.clone();
                         let run = tpusim_job::run(chip, &job).map_err(|err| first.error(err.to_string()))?;
                         let c = (run.result.seconds, run.result.hbm_bytes, run.result.flops, run.result.transcendentals, name);
                         kernel_cache.insert(k, c.clone());

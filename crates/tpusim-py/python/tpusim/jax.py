@@ -1393,7 +1393,9 @@ def simulate(fn, *args, chip="v6e", device_kind=None, set=None, **options):
     Each is the `tpusim.Report` that `tpusim.simulate` returns, from the same run and report code:
     the same metrics by the same names with the same meanings (`latency_ms`, `cycles`, `flops`,
     `transcendentals`, `hbm_bytes`, `mfu`, `bottleneck` and `co_bound` from the what-if 2x table,
-    `what_if_2x`, `cost_estimate`, `band`, `grid_steps`, `steps_computed`, `vmem_bytes`, ...). Its
+    `what_if_2x`, `cost_estimate`, `band`, `grid_steps`, `steps_computed` (the grid steps whose body
+    does MXU work, or in a kernel without MXU work any unit work: not those that only initialize or
+    finalize an output; the count `tpusim.simulate` gives a hand-modelled kernel), `vmem_bytes`, ...). Its
     `job` is `{"kind": "described", "file", "kernel_name", "device_kind"}`, it adds
     `declared_cost_estimate`, `smem_bytes` and `assumptions` (what the IR path assumed), and it has
     no attention-only fields (masks, densities, the dense baseline): reading one raises an

@@ -28,10 +28,7 @@ fn keys(file: &MeasurementFile) -> BTreeMap<String, BandKey> {
 /// The chip's band of every kernel read from its IR (`tpusim_job::bands::kernel_ir_key`) at
 /// the row's scope: a profiler's device time of a described kernel is the kernel's.
 fn described_key(m: &crate::measure::Measurement) -> BandKey {
-    let scope = match measured_scope(&m.timing) {
-        tpusim_kernel::Scope::Op => tpusim_kernel::Scope::Kernel,
-        s => s,
-    };
+    let scope = m.described_scope();
     BandKey { chip: m.chip.clone(), family: tpusim_job::bands::KERNEL_IR_FAMILY.into(), direction: "any".into(), scope: scope.to_string() }
 }
 

@@ -214,11 +214,15 @@ struct Row {
     mechanism: bool,
 }
 
+/// A candidate parameter's outcome: its name, status, elasticity, 95% interval and the rows of
+/// its stage.
+type Outcome<'a> = (&'a str, Status, f64, Option<(f64, f64)>, Vec<String>);
+
 /// What a row runs: a hand-modelled job (built for each chip, as its defaults may read it) or a
 /// kernel read from its IR (a mechanism row's microbenchmark).
 #[derive(Debug, Clone)]
 enum RowJob {
-    Spec(JobSpec),
+    Spec(Box<JobSpec>),
     Described(Box<tpusim_job::Job>),
 }
 
@@ -834,7 +838,7 @@ pub fn calibrate(
     let mut fitted = base.clone();
     let mut evaluations = 0;
     // Per candidate: (status, elasticity, interval, the rows of its stage).
-    let mut outcome: Vec<(&str, Status, f64, Option<(f64, f64)>, Vec<String>)> = Vec::new();
+    let mut outcome: Vec<Outcome> = Vec::new();
     for (stage_names, idx) in &stages {
         if stage_names.is_empty() || idx.is_empty() {
             continue;
@@ -1004,15 +1008,18 @@ fn held_out(fitted: &ChipModel, base: &ChipModel, rows: &[Row], names: &[&str], 
 }
 
 fn prepare(m: &Measurement, base: &ChipModel) -> Result<Row, String> {
-    let (job, mechanism) = match &m.kernel_ir {
-        Some(path) if m.kernel_word.starts_with(MECHANISM_KERNEL_PREFIX) => (RowJob::Described(Box::new(crate::validate::described_job(m, path)?)), true),
+    let (job, mechanism) = match m.described_spec() {
+        Some(spec) if m.kernel_word.starts_with(MECHANISM_KERNEL_PREFIX) => {
+            let job = spec.build(base).map_err(|e| tpusim_job::render_fields(&e.to_string(), tpusim_job::FieldStyle::Key))?;
+            (RowJob::Described(Box::new(job)), true)
+        }
         Some(_) => {
             return Err(format!(
                 "a library kernel read from its IR (`kernel_ir`, kernel {}): a judge of the model, `tpusim validate` predicts it and no fit uses it (only mechanism rows, kernel {MECHANISM_KERNEL_PREFIX}..., are fitted)",
                 m.kernel_word
             ))
         }
-        None => (RowJob::Spec(m.job_spec(&base.name)?.0), false),
+        None => (RowJob::Spec(Box::new(m.job_spec(&base.name)?.0)), false),
     };
     simulate_ms(base, &job).map_err(|e| format!("the simulator rejects this row: {e}"))?;
     Ok(Row { id: m.id.clone(), measured_ms: m.measured_ms, job, mechanism })

@@ -211,6 +211,29 @@ impl Measurement {
         }
     }
 
+    /// The scope a row of a kernel read from its IR is timed at: the row's (`timing`), but a
+    /// profiler's device time of a described kernel is the kernel's (its description holds no
+    /// XLA op around it).
+    pub fn described_scope(&self) -> Scope {
+        match measured_scope(&self.timing) {
+            Scope::Op => Scope::Kernel,
+            s => s,
+        }
+    }
+
+    /// The job of a row of a kernel read from its IR: its description (`kernel_ir`) with the
+    /// row's runtime values, on the row's chip, at [`Measurement::described_scope`]; `None` for a
+    /// row of a kernel family ([`Measurement::job_spec`]).
+    pub fn described_spec(&self) -> Option<JobSpec> {
+        Some(JobSpec {
+            chip: Some(self.chip.clone()),
+            kernel_ir: Some(self.kernel_ir.clone()?),
+            runtime: self.runtime.iter().map(|(name, file)| format!("{name}={file}")).collect(),
+            scope: Some(self.described_scope()),
+            ..Default::default()
+        })
+    }
+
     /// The mask, `full` when empty.
     pub fn mask_or_full(&self) -> &str {
         self.mask.as_deref().filter(|m| !m.is_empty()).unwrap_or("full")
@@ -613,7 +636,7 @@ impl RowCells<'_> {
                 return Err(self.err("runtime", format!("\"{pair}\": expected NAME=FILE.npy (pairs separated by `;`)")));
             };
             if kernel_ir.is_none() {
-                return Err(self.err("runtime", "runtime values are for a kernel read from its IR: give its description in `kernel_ir`".into()));
+                return Err(self.err("runtime", "runtime values are for a kernel read from its IR: give its description in the kernel_ir column".into()));
             }
             if runtime.iter().any(|(n, _)| n == name.trim()) {
                 return Err(self.err("runtime", format!("{}: given twice (each runtime operand takes one file)", name.trim())));

@@ -281,8 +281,9 @@ fn blocks_of(job: &Job) -> String {
 /// The reason, as text.
 pub fn predict(m: &Measurement, chips: &ChipSet) -> Result<PredictedRow, String> {
     let chip = chips.chip_for(&m.chip)?;
-    let (job, note) = match &m.kernel_ir {
-        Some(path) => (described_job(m, path)?, None),
+    let (job, note) = match m.described_spec() {
+        // A described row's errors name its columns (`kernel_ir`, `runtime`) as the CSV does.
+        Some(spec) => (spec.build(&chip).map_err(|e| tpusim_job::render_fields(&e.to_string(), tpusim_job::FieldStyle::Key))?, None),
         None => {
             let (spec, note) = m.job_spec(&m.chip)?;
             (spec.build(&chip).map_err(|e| format!("the simulator rejects this row: {e}"))?, note)
@@ -303,25 +304,6 @@ pub fn predict(m: &Measurement, chips: &ChipSet) -> Result<PredictedRow, String>
         note,
         chip_hash: chip.parameter_hash(),
     })
-}
-
-/// The job of a row of a kernel read from its IR: its description (`kernel_ir`) with the row's
-/// runtime values bound, timed at the row's scope (a host-timed row as a call).
-pub(crate) fn described_job(m: &Measurement, path: &str) -> Result<Job, String> {
-    let (mut desc, dir) = tpusim_pallas::Description::read(std::path::Path::new(path)).map_err(|e| format!("kernel_ir {e}"))?;
-    let mut given = Vec::new();
-    for (name, file) in &m.runtime {
-        let v = tpusim_pallas::runtime::RuntimeValue::from_npy(std::path::Path::new(file)).map_err(|e| format!("runtime {name}: {e}"))?;
-        given.push((name.clone(), v));
-    }
-    tpusim_pallas::runtime::bind_runtime(&mut desc, &given).map_err(|e| e.to_string())?;
-    // A profiler's device time of a described kernel is the kernel's (its description holds no
-    // XLA op around it).
-    let scope = match crate::measure::measured_scope(&m.timing) {
-        tpusim_kernel::Scope::Op => tpusim_kernel::Scope::Kernel,
-        s => s,
-    };
-    Ok(Job::Described(tpusim_job::DescribedJob::new(path, desc, dir).with_scope(scope)?))
 }
 
 /// Error summary of predicted rows.

@@ -20,11 +20,11 @@ fn file_with(rows: &[&str]) -> (tempfile::TempDir, String) {
     (dir, path)
 }
 
+/// `tpusim run --kernel-ir PATH --scope SCOPE`'s latency, ms.
 fn run_ir(path: &std::path::Path, scope: tpusim_kernel::Scope) -> f64 {
     let chip = tpusim_chip::ChipModel::load("v6e").unwrap();
-    let (desc, dir) = tpusim_pallas::Description::read(path).unwrap();
-    let job = tpusim_job::DescribedJob::new(path.to_string_lossy(), desc, dir).with_scope(scope).unwrap();
-    tpusim_job::run(&chip, &tpusim_job::Job::Described(job)).unwrap().result.seconds * 1e3
+    let spec = tpusim_job::JobSpec { kernel_ir: Some(path.to_string_lossy().into_owned()), scope: Some(scope), ..Default::default() };
+    tpusim_job::run(&chip, &spec.build(&chip).unwrap()).unwrap().result.seconds * 1e3
 }
 
 #[test]
@@ -64,7 +64,7 @@ fn a_described_row_is_predicted_as_run_predicts_it_at_its_scope() {
 #[test]
 fn bad_described_cells_are_named() {
     for (row, column, says) in [
-        ("X,v6e,elementwise,,n=ir/lens.npy,0.01,,", "runtime", "give its description in `kernel_ir`"),
+        ("X,v6e,elementwise,,n=ir/lens.npy,0.01,,", "runtime", "give its description in the kernel_ir column"),
         ("X,v6e,elementwise,ir/elementwise.json,lens,0.01,,", "runtime", "expected NAME=FILE.npy"),
         ("X,v6e,elementwise,ir/elementwise.json,a=x.npy;a=y.npy,0.01,,", "runtime", "given twice"),
     ] {

@@ -11,7 +11,8 @@
 //! list naming the measurement rows it was fitted to (parameters in the `[fitted]` table).
 //! Unknown keys, missing sources and out-of-range values are errors ([`ChipError`]).
 //!
-//! This crate depends on nothing else in the workspace.
+//! Of the workspace it depends on `tpusim-io` alone (for the words of a TOML parse error,
+//! `tpusim_io::plain_error`); it knows nothing of workloads, kernels or simulation.
 
 use serde::{Deserialize, Serialize};
 use std::fmt;

@@ -920,7 +920,7 @@ mod tests {
     fn splash_body() -> StepBody {
         let chip = ChipModel::preset("v6e").unwrap();
         let w = tpusim_workload::AttentionCall::video_default();
-        let c = tpusim_kernel::SplashConfig::with_blocks(&w, &chip, 1024, 512, None);
+        let c = tpusim_kernel::SplashConfig::with_blocks(1024, 512, None);
         let p = tpusim_kernel::splash::lower(&chip, &w, &c).unwrap();
         p.classes.iter().map(|c| c.body.clone()).max_by_key(|b| b.graph.node_count()).unwrap()
     }

@@ -13,7 +13,7 @@ fn v6e() -> ChipModel {
 fn busy_never_exceeds_total() {
     let chip = v6e();
     let w = AttentionCall::video_default();
-    let p = splash::lower(&chip, &w, &SplashConfig::with_blocks(&w, &chip, 2048, 2048, None)).unwrap();
+    let p = splash::lower(&chip, &w, &SplashConfig::with_blocks(2048, 2048, None)).unwrap();
     let r = simulate(&chip, &p);
     for (n, u) in r.utilization().iter() {
         assert!((0.0..=1.0 + 1e-9).contains(&u), "{n} {u}");
@@ -25,7 +25,7 @@ fn busy_never_exceeds_total() {
 fn body_schedule_overlaps_units() {
     let chip = v6e();
     let w = AttentionCall::video_default();
-    let p = splash::lower(&chip, &w, &SplashConfig::with_blocks(&w, &chip, 2048, 2048, None)).unwrap();
+    let p = splash::lower(&chip, &w, &SplashConfig::with_blocks(2048, 2048, None)).unwrap();
     let t = schedule_body(&chip, &p.classes[1].body);
     let serial = t.busy.total();
     let longest = Unit::COMPUTE.iter().map(|&u| t.busy[u]).fold(0.0, f64::max);
@@ -37,7 +37,7 @@ fn body_schedule_overlaps_units() {
 fn critical_path_sums_to_total() {
     let chip = v6e();
     let w = AttentionCall::video_default();
-    let p = splash::lower(&chip, &w, &SplashConfig::with_blocks(&w, &chip, 2048, 2048, None)).unwrap();
+    let p = splash::lower(&chip, &w, &SplashConfig::with_blocks(2048, 2048, None)).unwrap();
     let r = simulate(&chip, &p);
     let sum: f64 = r.critical.total();
     assert!((sum / r.cycles - 1.0).abs() < 1e-6, "{sum} vs {}", r.cycles);
@@ -60,7 +60,7 @@ fn steady_state_fast_path_equals_step_by_step() {
                 w.q_heads = 3;
                 w.kv_heads = 3;
                 w.mask = tpusim_workload::Mask::parse(m).unwrap();
-                let mut c = SplashConfig::with_blocks(&w, &v6e(), 2048, 2048, None);
+                let mut c = SplashConfig::with_blocks(2048, 2048, None);
                 c.block_q = 1024;
                 c.block_kv = 512;
                 c.block_kv_compute = 512;
@@ -115,7 +115,7 @@ fn repeated_heads_fold_exactly() {
         w.kv_len = len;
         w.mask = tpusim_workload::Mask::parse(masks[mask]).unwrap();
         for t in [tpusim_kernel::Traversal::Compact, tpusim_kernel::Traversal::FullGrid] {
-            let mut c = SplashConfig::with_blocks(&w, &chip, 2048, 2048, None);
+            let mut c = SplashConfig::with_blocks(2048, 2048, None);
             c.block_q = 512;
             c.block_kv = bkv;
             c.block_kv_compute = bkv.min(512);
@@ -215,7 +215,7 @@ fn remembered_applications_equal_replaying() {
     w.q_heads = 2;
     w.kv_heads = 2;
     w.mask = tpusim_workload::Mask::parse("band:3000+sink:700").unwrap();
-    let mut c = SplashConfig::with_blocks(&w, &chip, 2048, 2048, None);
+    let mut c = SplashConfig::with_blocks(2048, 2048, None);
     c.block_q = 1024;
     c.block_kv = 512;
     c.block_kv_compute = 512;
@@ -249,7 +249,7 @@ fn remembered_applications_equal_replaying_input_by_input() {
     use body::{Scratch, Transfer, BODY_UNITS, IN_CARRIES, IN_START, TIME_QUANTUM};
     let chip = v6e();
     let w = AttentionCall::video_default();
-    let mut c = SplashConfig::with_blocks(&w, &chip, 2048, 2048, None);
+    let mut c = SplashConfig::with_blocks(2048, 2048, None);
     c.block_q = 512;
     c.block_kv = 512;
     c.block_kv_compute = 256;

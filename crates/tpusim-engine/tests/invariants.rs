@@ -8,7 +8,6 @@ use tpusim_model::Unit;
 use tpusim_workload::{AttentionCall, Mask};
 
 fn case(len: u64, heads: u64, d: u64, bq: u64, bkv: u64, mask: &str, trav: Traversal, masking: Masking) -> (AttentionCall, SplashConfig) {
-    let chip = ChipModel::preset("v6e").unwrap();
     let w = AttentionCall {
         batch: 1,
         q_heads: heads,
@@ -19,7 +18,7 @@ fn case(len: u64, heads: u64, d: u64, bq: u64, bkv: u64, mask: &str, trav: Trave
         head_dim_v: d,
         mask: Mask::parse(mask).unwrap(),
     };
-    let mut c = SplashConfig::with_blocks(&w, &chip, 2048, 2048, None);
+    let mut c = SplashConfig::with_blocks(2048, 2048, None);
     c.block_q = bq.min(len.next_multiple_of(8));
     c.block_kv = bkv.min(len.next_multiple_of(128));
     c.block_kv_compute = c.block_kv;

@@ -30,6 +30,10 @@ pub enum Rule {
     Text,
     /// A list of `SECTION.FIELD=VALUE` texts (`set`).
     TextList,
+    /// The path of a kernel description file (`kernel_ir`).
+    File,
+    /// A list of `NAME=FILE.npy` texts (`runtime`).
+    RuntimeList,
 }
 
 /// The option-word fields.
@@ -97,6 +101,8 @@ impl Rule {
             Rule::Mib => MIB_ALLOWED.into(),
             Rule::Text => "expected text".into(),
             Rule::TextList => "expected a list of SECTION.FIELD=VALUE texts, e.g. [\"hbm.bandwidth_gb_per_s=3276\"]".into(),
+            Rule::File => "expected the path of a kernel description file (text)".into(),
+            Rule::RuntimeList => "expected a list of NAME=FILE.npy texts, e.g. [\"lengths=lengths.npy\"]".into(),
         }
     }
 
@@ -135,6 +141,8 @@ pub fn rule(field: &str) -> Option<Rule> {
         "vmem_limit_mib" => Some(Rule::Mib),
         "chip" | "mask" => Some(Rule::Text),
         "set" => Some(Rule::TextList),
+        "kernel_ir" => Some(Rule::File),
+        "runtime" => Some(Rule::RuntimeList),
         _ => None,
     }
 }
@@ -152,9 +160,8 @@ fn check_toml(r: Rule, v: &toml::Value) -> Result<(), String> {
         (Rule::Whole { .. } | Rule::Mib, T::Integer(i)) => r.accepts_whole(i128::from(*i)),
         (Rule::Mib, T::Float(f)) => f.is_finite() && *f > 0.0,
         (Rule::Word(w), T::String(s)) => w.accepts(s),
-        (Rule::Bool, T::Boolean(_)) | (Rule::Text, T::String(_)) => true,
-        (Rule::TextList, T::Array(a)) => a.iter().all(|x| x.is_str()),
-        (Rule::TextList, T::String(_)) => false,
+        (Rule::Bool, T::Boolean(_)) | (Rule::Text | Rule::File, T::String(_)) => true,
+        (Rule::TextList | Rule::RuntimeList, T::Array(a)) => a.iter().all(|x| x.is_str()),
         _ => false,
     };
     if ok {

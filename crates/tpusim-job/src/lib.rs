@@ -15,7 +15,7 @@ mod paths;
 pub mod spec;
 pub mod whatif;
 
-pub use spec::{apply_overrides, render_fields, render_fields_with, FieldStyle, JobSpec, SpecError, DEFAULT_KERNEL};
+pub use spec::{apply_overrides, render_fields, render_fields_with, FieldStyle, JobSpec, KernelIrValue, SpecError, DEFAULT_KERNEL};
 
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -72,6 +72,10 @@ pub struct DescribedJob {
     pub kernel_metadata: Option<String>,
     /// The device kind it was lowered for (empty when the description does not say).
     pub device_kind: String,
+    /// The runtime values bound, `NAME=FILE.npy` each, as the job gave them
+    /// ([`JobSpec::runtime`]).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub runtime: Vec<String>,
     /// The description, runtime values bound.
     #[serde(skip)]
     pub description: std::sync::Arc<Description>,
@@ -92,6 +96,7 @@ impl DescribedJob {
             kernel_name: description.kernel_name.clone(),
             kernel_metadata: description.kernel_metadata.clone(),
             device_kind: description.producer.device_kind.clone(),
+            runtime: Vec::new(),
             description: std::sync::Arc::new(description),
             dir: dir.into(),
             scope: Scope::Kernel,
@@ -101,11 +106,12 @@ impl DescribedJob {
     /// The job timed at `scope` ([`DescribedJob::scope`]).
     ///
     /// # Errors
-    /// `Scope::Op` (the XLA ops around a described kernel are not in its description), as text.
+    /// `Scope::Op` (the XLA ops around a described kernel are not in its description), as what
+    /// is allowed instead.
     pub fn with_scope(mut self, scope: Scope) -> Result<Self, String> {
         if scope == Scope::Op {
             return Err(
-                "`op` needs the XLA ops around the kernel, which a kernel description does not hold: use `kernel` or `call` (the kernel plus the host's dispatch), or tpusim.jax.simulate_program for the whole program"
+                "needs the XLA ops around the kernel, which a kernel description does not hold: use kernel, or call (the kernel plus the host's dispatch), or tpusim.jax.simulate_program for the whole program"
                     .into(),
             );
         }
@@ -179,11 +185,6 @@ impl Job {
                 Ok((lowered, Some(facts)))
             }
         }
-    }
-
-    /// Whether the call is host-timed (scope `call`: the host's dispatch and sync count).
-    pub fn host_timed(&self) -> bool {
-        matches!(self, Job::Attention { scope: Scope::Call, .. } | Job::Matmul { scope: Scope::Call, .. })
     }
 
     /// The dense baseline of a sparse attention job: the same kernel, blocks and direction with
@@ -406,8 +407,11 @@ pub struct Report {
     pub arithmetic_intensity: f64,
     /// Grid steps run.
     pub grid_steps: u64,
-    /// Grid steps whose body runs work on some unit, over every kernel of the call (the rest only
-    /// pay the step overhead and their copies).
+    /// Grid steps that compute, over every kernel of the call ([`Program::steps_computed`], one
+    /// definition for every front end): in a kernel whose bodies do MXU work, the steps whose
+    /// body does (not the steps that only initialize or finalize an output); in a kernel without
+    /// MXU work, the steps whose body does any work on a unit. The rest only pay the step
+    /// overhead and their copies, or set up or write out what the computing steps accumulate.
     pub steps_computed: u64,
     /// The unit that bounds the run ([`whatif::bottleneck_of`]): the one whose 2x speed-up gains
     /// the most when that gain is large (10% or more) and untied; otherwise the unit with the
@@ -548,7 +552,7 @@ pub fn render_settings(text: &str, name: &mut dyn FnMut(&str, &str) -> String) -
 
 /// Whether `spec` gives no job field: nothing but `chip` and `set` (the hardware).
 pub fn gives_no_job(spec: &JobSpec) -> bool {
-    spec.set_fields().keys().all(|k| k == "chip" || k == "set") && spec.mask_value.is_none() && !spec.no_fused_bwd
+    spec.set_fields().keys().all(|k| k == "chip" || k == "set") && spec.mask_value.is_none() && spec.kernel_ir_value.is_none() && !spec.no_fused_bwd
 }
 
 /// The built-in case study's job: what `traces/video-720p-dense.toml` runs (row VD-B0 of the
@@ -698,12 +702,6 @@ pub struct ClassSummary {
     pub signature: String,
 }
 
-/// Grid steps of `program` whose body runs work on some unit (a non-empty body), from the run's
-/// per-class step counts.
-fn steps_computed(program: &Program, r: &SimResult) -> u64 {
-    program.classes.iter().zip(&r.class_steps).filter(|(c, _)| !c.body.is_empty()).map(|(_, &n)| n).sum()
-}
-
 /// The summaries of a program's step classes that ran (`steps > 0`), in class order; `label`
 /// names a class's tile kind and whether it masks.
 pub(crate) fn class_summaries(program: &Program, r: &SimResult, label: &dyn Fn(&tpusim_model::StepClass) -> (String, bool)) -> Vec<ClassSummary> {
@@ -835,20 +833,15 @@ impl Report {
             },
             arithmetic_intensity: if r.hbm_bytes > 0 { r.flops / r.hbm_bytes as f64 } else { 0.0 },
             grid_steps: r.grid_steps,
-            steps_computed: facts.map_or_else(
-                || {
-                    run.lowered
-                        .phases
-                        .iter()
-                        .zip(&run.phases)
-                        .map(|(l, p)| match &l.work {
-                            PhaseWork::Kernel(k) => steps_computed(k, &p.result),
-                            PhaseWork::Fusion(_) => 0,
-                        })
-                        .sum()
-                },
-                |f| f.steps_computed,
-            ),
+            steps_computed: run
+                .lowered
+                .phases
+                .iter()
+                .map(|l| match &l.work {
+                    PhaseWork::Kernel(k) => k.steps_computed(),
+                    PhaseWork::Fusion(_) => 0,
+                })
+                .sum(),
             bottleneck: r.bottleneck(),
             co_bound: Vec::new(),
             bound_rule: None,
@@ -1035,7 +1028,7 @@ impl Report {
             // A kernel that only moves data (its copies are the pipeline's): no step runs work
             // on the MXU, VPU, EUP or XLU, which is not every step skipped.
             0 => ", none with work on the MXU, VPU, EUP or XLU (data movement only)".to_string(),
-            n => format!(", {n} computed (the others only copy or skip)"),
+            n => format!(", {n} computed (the others only copy, skip, or set up or write out an output)"),
         };
         let grid = if grid.is_empty() { "(no grid)".to_string() } else { grid.join(" x ") };
         let steps = if self.grid_steps == 1 { "grid step" } else { "grid steps" };
@@ -1353,7 +1346,7 @@ mod tests {
         w.q_len = 16384;
         w.kv_len = 16384;
         w.mask = Mask::Causal { offset: 0 };
-        let mut config = SplashConfig::with_blocks(&w, &chip, 2048, 2048, None);
+        let mut config = SplashConfig::with_blocks(2048, 2048, None);
         config.traversal = tpusim_kernel::Traversal::Compact;
         config.masking = tpusim_kernel::Masking::Partial;
         let run = run(&chip, &Job::Attention { workload: w, config, direction: Direction::Fwd, scope: Scope::Kernel }).unwrap();
@@ -1368,6 +1361,28 @@ mod tests {
         assert!(rep.to_table().contains("partial"));
     }
 
+    /// Steps computed are the grid steps whose body does MXU work ([`Program::steps_computed`]):
+    /// JAX's causal Splash forward on its full grid steps over its empty tiles, and the one that
+    /// ends a q row finalizes its output (work on the VPU and EUP, no matmul), yet only the
+    /// visited tiles compute.
+    #[test]
+    fn steps_computed_leaves_out_steps_that_only_finalize() {
+        let chip = ChipModel::preset("v6e").unwrap();
+        let mut w = AttentionCall::video_default();
+        (w.q_len, w.kv_len, w.q_heads, w.kv_heads) = (4096, 4096, 1, 1);
+        w.mask = Mask::Causal { offset: 0 };
+        let kernel = tpusim_kernel::Kernel::Splash;
+        let config = SplashConfig { block_q: 512, block_kv: 512, block_kv_compute: 512, traversal: tpusim_kernel::Traversal::FullGrid, ..SplashConfig::for_family(kernel) };
+        let r = run(&chip, &Job::Attention { workload: w, config, direction: Direction::Fwd, scope: Scope::Kernel }).unwrap();
+        let rep = Report::from_run(&r);
+        let t = rep.tiles.unwrap();
+        assert!(rep.grid_steps > t.visited, "{} steps, {} visited", rep.grid_steps, t.visited);
+        assert_eq!(rep.steps_computed, t.visited);
+        let matmul = |c: &tpusim_model::StepClass| c.body.works().any(|(w, _)| matches!(w, tpusim_model::Work::Matmul { .. }));
+        let finalize_only = r.program.classes.iter().zip(&r.phases[0].result.class_steps).any(|(c, &n)| n > 0 && !c.body.is_empty() && !matmul(c));
+        assert!(finalize_only, "some step works without a matmul");
+    }
+
     /// A backward run's table gives the blocks the backward kernels ran at, which are not the
     /// forward's (tokamax's backward defaults to 128 blocks whatever the forward's are).
     #[test]
@@ -1378,7 +1393,7 @@ mod tests {
         w.kv_len = 4096;
         w.q_heads = 1;
         w.kv_heads = 1;
-        let mut config = SplashConfig::with_blocks(&w, &chip, 1024, 1024, None);
+        let mut config = SplashConfig::with_blocks(1024, 1024, None);
         config.bwd.block_q_dkv = 512;
         config.bwd.block_kv_dkv = 256;
         config.bwd.block_kv_dkv_compute = 256;

@@ -1,5 +1,6 @@
 //! Paths inside job files: a trace (`--trace FILE.toml`) or a sweep file names other files, a chip
-//! model (`chip = "my-v6e.toml"`) or mask files (`mask = "file:blocks.json"`). Relative paths
+//! model (`chip = "my-v6e.toml"`), mask files (`mask = "file:blocks.json"`), a kernel description
+//! (`kernel_ir = "kernel.json"`) and its runtime values (`runtime = ["lengths=lengths.npy"]`). Relative paths
 //! there resolve from the folder of the file that names them, not from the current folder, so a
 //! trace and its mask file can be moved or run from anywhere together. Paths given on the command
 //! line (flags) resolve from the current folder as usual. Absolute paths are kept.
@@ -34,9 +35,10 @@ fn missing(key: &str, written: &str, resolved: &Path) -> String {
 }
 
 impl JobSpec {
-    /// Rewrites the relative file paths of `chip` and of `mask`'s `file:PATH` terms as seen from
-    /// `dir`, the folder of the trace or sweep file this spec was read from (module docs). A mask
-    /// that does not parse is left as written (building the job reports it).
+    /// Rewrites the relative file paths of `chip`, of `mask`'s `file:PATH` terms, of `kernel_ir`
+    /// and of `runtime`'s files as seen from `dir`, the folder of the trace or sweep file this
+    /// spec was read from (module docs). A mask that does not parse, and a `runtime` entry
+    /// without `=`, are left as written (building the job reports them).
     ///
     /// # Errors
     /// A message naming the key, the path as written and the resolved path when a named file
@@ -74,6 +76,22 @@ impl JobSpec {
                 }
             }
         }
+        if let Some(k) = &self.kernel_ir {
+            let r = resolve(dir, k);
+            if !r.exists() {
+                return Err(missing("kernel_ir", k, &r));
+            }
+            self.kernel_ir = Some(r.to_string_lossy().into_owned());
+        }
+        for entry in &mut self.runtime {
+            if let Some((name, file)) = entry.split_once('=') {
+                let r = resolve(dir, file);
+                if !r.exists() {
+                    return Err(missing("runtime", entry, &r));
+                }
+                *entry = format!("{name}={}", r.to_string_lossy());
+            }
+        }
         Ok(())
     }
 
@@ -90,6 +108,13 @@ impl JobSpec {
                     return Err(missing("mask", text, Path::new(&p)));
                 }
             }
+        }
+        if let Some(k) = self.kernel_ir.as_deref().filter(|k| !Path::new(k).exists()) {
+            return Err(missing("kernel_ir", k, Path::new(k)));
+        }
+        if let Some(entry) = self.runtime.iter().find(|e| e.split_once('=').is_some_and(|(_, f)| !Path::new(f).exists())) {
+            let file = entry.split_once('=').map_or("", |(_, f)| f);
+            return Err(missing("runtime", entry, Path::new(file)));
         }
         Ok(())
     }

@@ -8,7 +8,7 @@
 //! in backticks (`` `heads` ``), and each front end renders them as what its user typed
 //! ([`FieldStyle`]: `--heads` on the command line, `heads` in a trace or sweep file).
 
-use crate::Job;
+use crate::{DescribedJob, Job};
 use clap::Args;
 use serde::{Deserialize, Serialize};
 use std::sync::OnceLock;
@@ -56,6 +56,10 @@ pub enum SpecError {
     /// The kernel refuses the configuration (block rules, VMEM, ...).
     #[error(transparent)]
     Kernel(#[from] KernelError),
+    /// A kernel description (`kernel_ir`) or a runtime value of it (`runtime`) cannot be read,
+    /// or does not bind: the reader's message (naming the file, or the field in backticks).
+    #[error("{0}")]
+    Description(String),
 }
 
 impl SpecError {
@@ -294,13 +298,51 @@ pub struct JobSpec {
     #[arg(long, allow_negative_numbers = true, value_parser = whole::<1, { tpusim_workload::MAX_DIM }>)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub block_k: Option<u64>,
+    /// Simulate a Pallas kernel read from its Mosaic IR: a kernel description file written by
+    /// `tpusim.jax.describe` (format: crates/tpusim-pallas/DESCRIPTION.md) instead of a kernel
+    /// family's job. The lowering fixed the workload, mask and blocks, so of the job flags only
+    /// --chip, --set, --scope (kernel, or call: the kernel plus the host's dispatch) and
+    /// --runtime apply.
+    #[arg(long, value_name = "FILE.json")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel_ir: Option<String>,
+    /// With --kernel-ir: the values of a runtime operand of the kernel (sequence lengths, page
+    /// tables), an integer `.npy` file, by the operand's name in the description (the traced
+    /// function's parameter name, or `prefetch N`). Repeat per operand; an operand the kernel
+    /// reads that is not given is an error naming it.
+    #[arg(long, value_name = "NAME=FILE.npy")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub runtime: Vec<String>,
     /// A mask given as a value rather than as `mask` text, by a library front end (the Python
     /// package hands over NumPy arrays and Splash mask objects this way); used instead of
     /// `mask`, never both. Not a flag or a trace key.
     #[arg(skip)]
     #[serde(skip)]
     pub mask_value: Option<Mask>,
+    /// A kernel description given as a value rather than as a `kernel_ir` file, by a library
+    /// front end (the Python package hands over what `tpusim.jax.describe` made, a program the
+    /// descriptions of its kernels); used instead of `kernel_ir`, never both. Not a flag or a
+    /// trace key.
+    #[arg(skip)]
+    #[serde(skip)]
+    pub kernel_ir_value: Option<KernelIrValue>,
 }
+
+/// A kernel description handed over as a value ([`JobSpec::kernel_ir_value`]): its JSON text,
+/// read when the job is built.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KernelIrValue {
+    /// What names it: the report's `job.file` and the description's errors (`kernels[2]` for a
+    /// program's kernel; `-`, named `kernel description` in errors, for text given in memory).
+    pub file: String,
+    /// The description (JSON, as `tpusim.jax.describe` writes it).
+    pub text: String,
+    /// The folder its side files (`.npy` tables) resolve in.
+    pub dir: std::path::PathBuf,
+}
+
+/// The job fields a kernel read from its IR takes (`kernel_ir`): its lowering fixed every other.
+pub const DESCRIBED_FIELDS: &[&str] = &["chip", "set", "scope", "kernel_ir", "runtime"];
 
 /// The value parser of a whole-number job flag: the number, or an error stating the range the
 /// job enforces (`LO` to `HI`, the limits of [`tpusim_workload`]), so that `--heads -1` and
@@ -442,6 +484,15 @@ impl JobSpec {
             (None, None) => base.mask_value.clone(),
         };
         out.no_fused_bwd = over.no_fused_bwd || (base.no_fused_bwd && over.fused_bwd.is_none());
+        // So does a kernel description (file or value).
+        out.kernel_ir_value = match (&over.kernel_ir_value, &over.kernel_ir) {
+            (Some(v), _) => {
+                out.kernel_ir = None;
+                Some(v.clone())
+            }
+            (None, Some(_)) => None,
+            (None, None) => base.kernel_ir_value.clone(),
+        };
         out
     }
 
@@ -490,6 +541,12 @@ impl JobSpec {
     /// kernel, invalid sizes or masks, unreadable mask files. Block rules and VMEM are checked
     /// later, by lowering.
     pub fn build(&self, chip: &ChipModel) -> Result<Job, SpecError> {
+        if let Some(d) = self.described()? {
+            return Ok(Job::Described(d));
+        }
+        if let Some(r) = self.runtime.first() {
+            return Err(SpecError::field("runtime", r, "only with `kernel_ir` (the values of a Pallas kernel's runtime operands)"));
+        }
         let kernel = self.kernel();
         self.check_applicable(kernel)?;
         let vmem_limit_bytes = self.vmem_limit_bytes(chip)?;
@@ -508,6 +565,56 @@ impl JobSpec {
                 Ok(Job::Matmul { workload, config, scope: self.scope.unwrap_or(Scope::Kernel) })
             }
             KernelKind::Copy => Err(SpecError::field("kernel", kernel, "names calibration-CSV rows of a bare HBM copy, not a kernel to simulate (the copies around a kernel are timed with --scope op or call); choose another kernel family")),
+        }
+    }
+
+    /// The job of a kernel read from its IR (`kernel_ir`, or `kernel_ir_value`): the
+    /// description read, its runtime operands bound from `runtime`, timed at `scope`. Any other
+    /// field is an error naming it (the lowering fixed the workload, mask and blocks). `None`
+    /// when the spec names no kernel description.
+    fn described(&self) -> Result<Option<DescribedJob>, SpecError> {
+        if self.kernel_ir.is_none() && self.kernel_ir_value.is_none() {
+            return Ok(None);
+        }
+        let set = self.set_fields();
+        let other = set.keys().find(|k| !DESCRIBED_FIELDS.contains(&k.as_str())).map(|k| (k.as_str(), set[k].to_string().trim_matches('"').to_string()));
+        let other = other.or_else(|| self.mask_value.as_ref().map(|m| ("mask", m.to_string()))).or_else(|| self.no_fused_bwd.then(|| ("fused_bwd", "false".into())));
+        if let Some((field, value)) = other {
+            return Err(SpecError::field(
+                field,
+                value,
+                "not with `kernel_ir`: the kernel's lowering fixed its workload, mask and block sizes (of the job fields only `chip`, `set`, `scope` and `runtime` apply; re-lower with tpusim.jax to change them)",
+            ));
+        }
+        let description = |e: tpusim_pallas::PallasError| SpecError::Description(e.to_string());
+        let (mut desc, dir, file) = match (&self.kernel_ir, &self.kernel_ir_value) {
+            (Some(path), None) => {
+                let (d, dir) = tpusim_pallas::Description::read(std::path::Path::new(path)).map_err(|e| SpecError::Description(format!("`kernel_ir` {e}")))?;
+                (d, dir, path.clone())
+            }
+            (None, Some(v)) => {
+                let name = if v.file == "-" { "kernel description" } else { v.file.as_str() };
+                (tpusim_pallas::Description::from_json(&v.text, name).map_err(description)?, v.dir.clone(), v.file.clone())
+            }
+            (Some(path), Some(_)) => return Err(SpecError::field("kernel_ir", path, "give the kernel description as a file or as a value, not both")),
+            (None, None) => return Ok(None),
+        };
+        let mut given: Vec<(String, tpusim_pallas::runtime::RuntimeValue)> = Vec::with_capacity(self.runtime.len());
+        for r in &self.runtime {
+            let (name, npy) = r.split_once('=').ok_or_else(|| SpecError::field("runtime", r, "expected NAME=FILE.npy"))?;
+            if given.iter().any(|(n, _)| n == name) {
+                return Err(SpecError::field("runtime", name, "given twice (each runtime operand takes one file)"));
+            }
+            let v = tpusim_pallas::runtime::RuntimeValue::from_npy(std::path::Path::new(npy))
+                .map_err(|e| SpecError::Description(format!("`runtime` {name}: {e}")))?;
+            given.push((name.to_string(), v));
+        }
+        tpusim_pallas::runtime::bind_runtime(&mut desc, &given).map_err(description)?;
+        let mut job = DescribedJob::new(file, desc, dir);
+        job.runtime.clone_from(&self.runtime);
+        match self.scope {
+            Some(scope) => job.with_scope(scope).map(Some).map_err(|allowed| SpecError::field("scope", scope, allowed)),
+            None => Ok(Some(job)),
         }
     }
 
@@ -874,8 +981,14 @@ impl Job {
                 vmem_limit_mib: c.vmem_limit_bytes.map(|b| b as f64 / 1048576.0),
                 ..Default::default()
             },
-            // A kernel description's job is its file (no job field applies to it).
-            Job::Described(_) => JobSpec::default(),
+            // A kernel description's job is its file, runtime values and scope (no other field
+            // applies to it).
+            Job::Described(d) => JobSpec {
+                kernel_ir: Some(d.file.clone()),
+                runtime: d.runtime.clone(),
+                scope: (d.scope != Scope::Kernel).then_some(d.scope),
+                ..Default::default()
+            },
         }
     }
 }

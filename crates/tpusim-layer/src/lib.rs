@@ -74,10 +74,8 @@ pub enum LayerError {
 
 impl From<tpusim_slice::SliceError> for LayerError {
     fn from(e: tpusim_slice::SliceError) -> Self {
-        match e {
-            tpusim_slice::SliceError::Field { field, value, allowed } => LayerError::Field { field, value, allowed },
-            tpusim_slice::SliceError::Op { op, message } => LayerError::Op { op, message },
-        }
+        let tpusim_slice::SliceError::Field { field, value, allowed } = e;
+        LayerError::Field { field, value, allowed }
     }
 }
 

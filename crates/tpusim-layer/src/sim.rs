@@ -1,8 +1,8 @@
 //! Simulating a layer: each op on the chip model, then the ops in program order on two
 //! resources, the TensorCore and the ICI.
 //!
-//! * **Matmuls**: XLA's dot as the slice crate lowers it (`tpusim_slice::xla`: the kernel
-//!   crate's `xla-matmul` family with balanced output tiles, halved until the tiling fits VMEM),
+//! * **Matmuls**: XLA's dot as the kernel crate lowers it (`tpusim_kernel::matmul::lower_xla`:
+//!   the `xla-matmul` family with balanced output tiles, halved until the tiling fits VMEM),
 //!   simulated by the engine.
 //! * **Attention**: the Splash simulation of the kernel crate and engine, through the job layer
 //!   (`tpusim_job::run`), exactly as `tpusim run` runs the same call and kernel options.
@@ -31,7 +31,6 @@ use serde::Serialize;
 use std::collections::HashMap;
 use tpusim_engine::{simulate, simulate_fusion, SimResult};
 use tpusim_model::{Fusion, PerUnit, Unit};
-pub use tpusim_slice::xla::{balanced_block, lower_xla_matmul, xla_matmul_config};
 use tpusim_slice::{issue_order, Queue, SliceOp};
 use tpusim_workload::MatmulCall;
 
@@ -83,7 +82,8 @@ pub fn cost(plan: &LayerPlan, work: &Work, name: &str) -> Result<OpCost, LayerEr
     match work {
         Work::Matmul { m, n, k } => {
             let mm = MatmulCall { m: *m, n: *n, k: *k };
-            let (cfg, prog) = lower_xla_matmul(chip, &mm, name).map_err(LayerError::from)?;
+            let (cfg, prog) =
+                tpusim_kernel::matmul::lower_xla(chip, &mm).map_err(|e| LayerError::Op { op: name.into(), message: e.to_string() })?;
             let r = simulate(chip, &prog);
             let detail = format!("{m} x {n} x {k}, tiles {} x {} x {}", cfg.block_m, cfg.block_n, cfg.block_k);
             Ok(from_sim(chip, &r, 2.0 * *m as f64 * *n as f64 * *k as f64, detail))

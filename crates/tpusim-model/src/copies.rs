@@ -89,8 +89,10 @@ impl CopySet {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct CopySets {
     sets: Vec<CopySet>,
+    /// Set -> id. Fx-hashed (no random state), so that equal programs print equal (`Debug`:
+    /// the sweep's test that lowering does not read timing parameters compares programs so).
     #[serde(skip)]
-    index: std::collections::HashMap<CopySet, u32>,
+    index: rustc_hash::FxHashMap<CopySet, u32>,
 }
 
 impl Default for CopySets {

@@ -7,17 +7,15 @@ use crate::PlotError;
 use tpusim_chip::ChipModel;
 use tpusim_engine::SimResult;
 use tpusim_model::{PerUnit, Unit};
-use tpusim_job::{run, DescribedJob, Job, JobSpec, Report, Run};
+use tpusim_job::{run, Job, JobSpec, Report, Run};
 
 /// A job to run and the label that names it in a figure.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LabelledSpec {
     /// Legend label.
     pub label: String,
-    /// The job (for a kernel description, only its `chip` and `set` are read).
+    /// The job (a kernel family's, or a kernel read from its IR: `kernel_ir`).
     pub spec: JobSpec,
-    /// A kernel description file to simulate instead of a job (`--kernel-ir FILE`).
-    pub kernel_ir: Option<String>,
 }
 
 /// A job that ran (a hand-modelled job or a kernel read from its IR: one run, one report).
@@ -120,32 +118,33 @@ pub fn expand_with(
         // The default job of `tpusim run` (the built-in case study) unless job flags are given.
         if tpusim_job::gives_no_job(overlay) {
             let stem = std::path::Path::new(tpusim_job::CASE_STUDY_PATH).file_stem().and_then(|s| s.to_str()).unwrap_or("default");
-            bases.push((stem.to_string(), tpusim_job::case_study(), None));
+            bases.push((stem.to_string(), tpusim_job::case_study(), false));
         } else {
-            bases.push(("default".to_string(), JobSpec::default(), None));
+            bases.push(("default".to_string(), JobSpec::default(), false));
         }
     }
     for t in traces {
         let spec = JobSpec::from_toml_file(t).map_err(|source| PlotError::Spec { context: format!("--trace {t}: "), source })?;
         let stem = std::path::Path::new(t).file_stem().and_then(|s| s.to_str()).unwrap_or(t).to_string();
-        bases.push((stem, spec, None));
+        bases.push((stem, spec, false));
     }
     for k in kernel_irs {
         let stem = std::path::Path::new(k).file_stem().and_then(|s| s.to_str()).unwrap_or(k).to_string();
-        let spec = JobSpec { chip: overlay.chip.clone(), set: overlay.set.clone(), ..Default::default() };
-        bases.push((stem, spec, Some(k.clone())));
+        let spec = JobSpec { chip: overlay.chip.clone(), set: overlay.set.clone(), kernel_ir: Some(k.clone()), ..Default::default() };
+        bases.push((stem, spec, true));
     }
     let mut out = Vec::new();
-    for (label, base, kernel_ir) in bases {
-        let spec = if kernel_ir.is_some() { base } else { base.overlay(overlay) };
+    for (label, base, described) in bases {
+        // The job flags overlay the traces' jobs; a description file takes only the chip.
+        let spec = if described { base } else { base.overlay(overlay) };
         if chips.is_empty() {
-            out.push(LabelledSpec { label, spec, kernel_ir });
+            out.push(LabelledSpec { label, spec });
         } else {
             for c in chips {
                 let mut s = spec.clone();
                 s.chip = Some(c.clone());
                 let l = if chips.len() > 1 { format!("{label} ({c})") } else { label.clone() };
-                out.push(LabelledSpec { label: l, spec: s, kernel_ir: kernel_ir.clone() });
+                out.push(LabelledSpec { label: l, spec: s });
             }
         }
     }
@@ -172,25 +171,12 @@ pub fn expand_with(
 pub fn run_one(j: &LabelledSpec) -> Result<JobRun, PlotError> {
     let ctx = |source: tpusim_job::SpecError| PlotError::Spec { context: format!("job {}: ", j.label), source };
     let chip = j.spec.chip().map_err(ctx)?;
-    if let Some(path) = &j.kernel_ir {
-        return run_kernel_ir(&chip, path, j.label.clone());
-    }
     let job = j.spec.build(&chip).map_err(ctx)?;
-    let r = run(&chip, &job).map_err(|e| PlotError::Input(format!("job {}: {e}", j.label)))?;
+    let r = run(&chip, &job).map_err(|e| match &j.spec.kernel_ir {
+        Some(path) => PlotError::Input(format!("--kernel-ir {path}: {e}")),
+        None => PlotError::Input(format!("job {}: {e}", j.label)),
+    })?;
     Ok(JobRun::new(j.label.clone(), r))
-}
-
-/// Reads the kernel description at `path`, lowers and simulates it on `chip` and reports it
-/// (with its what-if table), as `tpusim run --kernel-ir` does.
-///
-/// # Errors
-/// [`PlotError::Input`] naming `--kernel-ir` and the file: unreadable, not a description of
-/// this version, or a lowering error.
-pub fn run_kernel_ir(chip: &ChipModel, path: &str, label: String) -> Result<JobRun, PlotError> {
-    let (desc, dir) = tpusim_pallas::Description::read(std::path::Path::new(path)).map_err(|e| PlotError::Input(format!("--kernel-ir {e}")))?;
-    let job = Job::Described(DescribedJob::new(path, desc, dir));
-    let r = run(chip, &job).map_err(|e| PlotError::Input(format!("--kernel-ir {path}: {e}")))?;
-    Ok(JobRun::new(label, r))
 }
 
 /// Runs every job in order.
@@ -199,26 +185,6 @@ pub fn run_kernel_ir(chip: &ChipModel, path: &str, label: String) -> Result<JobR
 /// The first job's error.
 pub fn run_all(jobs: &[LabelledSpec]) -> Result<Vec<JobRun>, PlotError> {
     jobs.iter().map(run_one).collect()
-}
-
-/// The attention workload and configuration of a run.
-///
-/// # Errors
-/// [`PlotError`] naming `kind` when the job is not attention.
-pub fn splash_of<'a>(
-    r: &'a JobRun,
-    kind: &str,
-) -> Result<(&'a tpusim_workload::AttentionCall, &'a tpusim_kernel::SplashConfig), PlotError> {
-    match r.job() {
-        Job::Attention { workload, config, .. } => Ok((workload, config)),
-        Job::Matmul { .. } => {
-            Err(PlotError::Input(format!("{kind} needs an attention job (an attention --kernel); job {} is a matmul", r.label)))
-        }
-        Job::Described(_) => Err(PlotError::Input(format!(
-            "{kind} needs an attention job (an attention --kernel); {} is a kernel read from its IR, whose workload the IR does not state",
-            r.label
-        ))),
-    }
 }
 
 /// A one-line description of a job: chip, workload and kernel configuration.

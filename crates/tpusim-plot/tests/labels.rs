@@ -15,7 +15,7 @@ fn trace(name: &str, chip: &str) -> LabelledSpec {
     let path = format!("{}/../../traces/{name}.toml", env!("CARGO_MANIFEST_DIR"));
     let mut spec = JobSpec::from_toml_file(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
     spec.chip = Some(chip.into());
-    LabelledSpec { label: format!("{name} ({chip})"), spec, kernel_ir: None }
+    LabelledSpec { label: format!("{name} ({chip})"), spec }
 }
 
 /// Renders `fig` as PNG and SVG and returns the labels of the last rendering, checking that no

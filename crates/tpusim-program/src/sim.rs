@@ -3,7 +3,7 @@
 //! * **Fusions**: `tpusim_engine::simulate_fusion` (their bytes after fusion at the sustained
 //!   HBM bandwidth plus one HBM round trip of latency; their VPU and EUP work is not timed, so
 //!   a fusion is HBM-bound by rule).
-//! * **Dots**: XLA's dot as `tpusim layer` times it (`tpusim_slice::xla::lower_xla_matmul`, the
+//! * **Dots**: XLA's dot as `tpusim layer` times it (`tpusim_kernel::matmul::lower_xla`, the
 //!   `xla-matmul` family through the engine) for M x N x K, times the batch. The family moves
 //!   bf16 operands; a dot with other operand types is timed as bf16 (the report says so). The
 //!   element-wise ops fused into its output ride under the matmul (not timed), as in the layer.
@@ -111,7 +111,7 @@ pub struct ProgramReport {
 
 fn dot_cost(chip: &ChipModel, m: u64, n: u64, k: u64, name: &str) -> Result<(f64, u64), ProgramError> {
     let mm = MatmulCall { m, n, k };
-    let (_, prog) = tpusim_slice::xla::lower_xla_matmul(chip, &mm, name).map_err(|e| ProgramError::Kernel(e.to_string()))?;
+    let (_, prog) = tpusim_kernel::matmul::lower_xla(chip, &mm).map_err(|e| ProgramError::Kernel(format!("op `{name}`: {e}")))?;
     let r = tpusim_engine::simulate(chip, &prog);
     Ok((r.seconds, r.hbm_bytes))
 }
@@ -229,10 +229,11 @@ pub fn simulate_program(chip: &ChipModel, d: &ProgramDescription, slice: Option<
                 let c = match kernel_cache.get(&k) {
                     Some(c) => c.clone(),
                     None => {
-                        let desc = tpusim_pallas::Description::from_json(&d.kernels[k].to_string(), &format!("kernels[{k}]"))
-                            .map_err(|err| first.error(err.to_string()))?;
-                        let name = desc.kernel_name.clone();
-                        let job = tpusim_job::Job::Described(tpusim_job::DescribedJob::new(format!("kernels[{k}]"), desc, dir));
+                        let value = tpusim_job::KernelIrValue { file: format!("kernels[{k}]"), text: d.kernels[k].to_string(), dir: dir.to_path_buf() };
+                        let spec = tpusim_job::JobSpec { kernel_ir_value: Some(value), ..Default::default() };
+                        let job = spec.build(chip).map_err(|err| first.error(err.to_string()))?;
+                        let tpusim_job::Job::Described(described) = &job else { unreachable!("a kernel description builds a described job") };
+                        let name = described.kernel_name.clone();
                         let run = tpusim_job::run(chip, &job).map_err(|err| first.error(err.to_string()))?;
                         let c = (run.result.seconds, run.result.hbm_bytes, run.result.flops, run.result.transcendentals, name);
                         kernel_cache.insert(k, c.clone());

@@ -25,14 +25,11 @@ pub(crate) fn decode_kernel_ir(
     set: Vec<String>,
     folder: &str,
 ) -> PyResult<(String, String, String)> {
-    let spec = JobSpec { chip: Some(chip.to_string()), set, ..Default::default() };
+    let spec = JobSpec { chip: Some(chip.to_string()), set, kernel_ir_value: Some(crate::kernel_ir_value(description, folder)), ..Default::default() };
     let model = spec.chip().map_err(|e| input_err(e.to_string()))?;
-    let text = description.to_string();
-    let dir = std::path::PathBuf::from(folder);
     let shape = tpusim_job::decode::DecodeShape { lengths, page_size, kv_bytes_per_page, q_bytes, o_bytes, pages_per_block };
     crate::interruptible_once(py, move || {
-        let d = tpusim_pallas::Description::from_json(&text, "kernel description").map_err(|e| e.to_string())?;
-        let job = tpusim_job::Job::Described(tpusim_job::DescribedJob::new("-", d, dir));
+        let job = spec.build(&model).map_err(|e| e.to_string())?;
         let run = tpusim_job::run(&model, &job).map_err(|e| e.to_string())?;
         let rep = tpusim_job::decode::DecodeReport::from_run(&run, &shape)?;
         let k = tpusim_job::Report::from_run(&run);

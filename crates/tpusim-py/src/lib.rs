@@ -199,10 +199,17 @@ fn field_value(key: &str, v: &Bound<'_, PyAny>) -> PyResult<Option<Value>> {
             }
             Ok(None)
         }
-        Rule::Text if is_text => Ok(Some(Value::String(v.extract()?))),
-        // A path object (pathlib.Path) for a chip file.
-        Rule::Text if key == "chip" && v.hasattr("__fspath__")? => Ok(Some(Value::String(v.call_method0("__fspath__")?.extract()?))),
-        Rule::Text | Rule::TextList => Err(bad()),
+        Rule::Text | Rule::File if is_text => Ok(Some(Value::String(v.extract()?))),
+        // A path object (pathlib.Path) for a chip file or a kernel description.
+        Rule::Text | Rule::File if (key == "chip" || rule == Rule::File) && v.hasattr("__fspath__")? => {
+            Ok(Some(Value::String(v.call_method0("__fspath__")?.extract()?)))
+        }
+        // `runtime`: a list of NAME=FILE.npy texts.
+        Rule::RuntimeList if !is_text => match v.extract::<Vec<String>>() {
+            Ok(list) => Ok(Some(Value::Array(list.into_iter().map(Value::String).collect()))),
+            Err(_) => Err(bad()),
+        },
+        Rule::Text | Rule::File | Rule::TextList | Rule::RuntimeList => Err(bad()),
     }
 }
 
@@ -1186,18 +1193,21 @@ fn tile_counts<'py>(
 #[pyfunction]
 #[pyo3(signature = (description, chip = "v6e", set = Vec::new(), folder = "."))]
 fn simulate_kernel_ir(py: Python<'_>, description: &str, chip: &str, set: Vec<String>, folder: &str) -> PyResult<PyReport> {
-    let spec = JobSpec { chip: Some(chip.to_string()), set, ..Default::default() };
+    let spec = JobSpec { chip: Some(chip.to_string()), set, kernel_ir_value: Some(kernel_ir_value(description, folder)), ..Default::default() };
     let model = spec.chip().map_err(spec_err)?;
-    let text = description.to_string();
-    let dir = std::path::PathBuf::from(folder);
     let rep = interruptible_once(py, move || {
-        let d = tpusim_pallas::Description::from_json(&text, "kernel description")?;
-        let job = Job::Described(tpusim_job::DescribedJob::new("-", d, dir));
-        let run = tpusim_job::run(&model, &job)?;
-        Ok::<_, tpusim_job::JobError>((Report::from_run(&run), pipelines(&run)))
+        let job = spec.build(&model).map_err(|e| e.to_string())?;
+        let run = tpusim_job::run(&model, &job).map_err(|e| e.to_string())?;
+        Ok::<_, String>((Report::from_run(&run), pipelines(&run)))
     })?
-    .map_err(|e| input_err(e.to_string()))?;
+    .map_err(input_err)?;
     Ok(PyReport::new(rep))
+}
+
+/// A kernel description given as JSON text from Python (its side files resolved against
+/// `folder`), as a job's [`tpusim_job::KernelIrValue`].
+pub(crate) fn kernel_ir_value(description: &str, folder: &str) -> tpusim_job::KernelIrValue {
+    tpusim_job::KernelIrValue { file: "-".into(), text: description.to_string(), dir: std::path::PathBuf::from(folder) }
 }
 
 /// tpusim's compiled module, `tpusim._tpusim` (maturin's mixed layout: `python/tpusim/__init__.py`

@@ -37,7 +37,8 @@ def test_tutorial_matmul_equals_the_hand_model(chip):
     ir = r[0]
     hand = tpusim.simulate(kernel="pallas-matmul", m=m, n=n, k=k, block_m=b, block_n=b, block_k=b, chip=chip)
     assert ir.grid_steps == hand.grid_steps == (m // b) * (n // b) * (k // b)
-    assert ir.steps_computed == hand.grid_steps
+    # Steps computed: one definition for both front ends (every matmul step does MXU work).
+    assert ir.steps_computed == hand.steps_computed == hand.grid_steps
     assert ir.flops == hand.flops == 2 * m * n * k
     assert ir.transcendentals == hand.transcendentals == 0
     # Every step copies an x and a y block; every output block is written once.
@@ -87,7 +88,8 @@ def test_splash_forward_counts_equal_the_hand_model(mask):
     ir = tj.simulate(splash(mask, h, s, b), bf16(h, s, d), bf16(h, s, d), bf16(h, s, d), chip="v6e")[0]
     hand = tpusim.simulate(kernel="splash", heads=h, seq_len=s, head_dim=d, mask=mask, block_q=b, block_kv=b, block_kv_compute=b)
     assert ir.grid_steps == hand.grid_steps
-    assert ir.steps_computed == hand.tiles["visited"]
+    # The steps whose body does MXU work: the visited tiles, on both front ends.
+    assert ir.steps_computed == hand.steps_computed == hand.tiles["visited"]
     assert ir.flops == hand.flops
     assert ir.transcendentals == hand.transcendentals
 

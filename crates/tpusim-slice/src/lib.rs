@@ -4,25 +4,22 @@
 //!
 //! * [`topology`]: the slice as a mesh or torus of devices from the chip model's `[ici]` section,
 //!   chip groups, and collectives timed from the bytes on each link.
-//! * [`xla`]: XLA's own dot as the `xla-matmul` family lowers it (balanced output tiles, halved
-//!   until the tiling fits VMEM).
 //! * [`mod@schedule`]: the one schedule of a slice program: TensorCore ops one at a time, collectives
 //!   issued from the TensorCore and run on the ICI concurrently with compute (XLA's asynchronous
 //!   collectives and its latency-hiding scheduler's early start).
 //!
-//! Depends on chip, workload and kernel; never on the engine's callers above it (report, layer,
-//! program). Both slice front ends depend on it, so they time collectives and dots and order ops
-//! by one rule.
+//! Depends on chip alone; never on the kernel crates or the engine's callers above it (job,
+//! layer, program). Both slice front ends depend on it, so they time collectives and order ops by
+//! one rule (their dots are the kernel crate's `xla-matmul` family,
+//! `tpusim_kernel::matmul::lower_xla`).
 
 pub mod schedule;
 pub mod topology;
-pub mod xla;
 
 pub use schedule::{issue_order, schedule, Queue, Schedule, SliceOp};
 pub use topology::{time_collective, time_transfers, Collective, CollectiveTiming, Torus, Transfer};
 
-/// An error of the slice: a field (in backticks), its value and what is allowed; or an op whose
-/// kernel cannot run.
+/// An error of the slice: a field (in backticks), its value and what is allowed.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum SliceError {
     /// A field's value is not allowed (e.g. `slice`).
@@ -34,14 +31,6 @@ pub enum SliceError {
         value: String,
         /// What is allowed.
         allowed: String,
-    },
-    /// An op cannot run on the chip (its kernel's block rules, VMEM).
-    #[error("op `{op}`: {message}")]
-    Op {
-        /// The op's name.
-        op: String,
-        /// Why.
-        message: String,
     },
 }
 

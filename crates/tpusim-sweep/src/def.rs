@@ -33,14 +33,16 @@
 //!
 //! **Kernel descriptions.** A sweep may run kernels read from their Mosaic IR instead of jobs:
 //! `kernel_ir = "kernel.json"` in `[base]`, or `kernel_ir = ["a.json", "b.json"]` as an axis (or
-//! one per `[[points]]`), names kernel description files (`tpusim.jax.describe`; as `tpusim run
-//! --kernel-ir`). Such a sweep crosses its files with chip fields only: besides `kernel_ir` its
-//! keys may be `chip`, `set`, `chip.SECTION.FIELD` and `label` (a kernel's lowering fixed its
-//! workload, mask and block sizes, so any other job field is an error naming it), and every point
-//! must name a file. Each file is read and checked (format, version, fields) when the sweep file
-//! is, and its bytes (and its `.npy` side files') are part of the definition hash: editing one
-//! makes the sweep another sweep for resuming and merging. Rows carry the IR report's metrics
-//! ([`crate::output`]).
+//! one per `[[points]]`), names kernel description files (`tpusim.jax.describe`; the job field
+//! `kernel_ir`, as `tpusim run --kernel-ir`). Such a sweep crosses its files with chip fields
+//! only: besides `kernel_ir` its keys may be `chip`, `set`, `scope`, `runtime`,
+//! `chip.SECTION.FIELD` and `label` (a kernel's lowering fixed its workload, mask and block
+//! sizes, so any other job field is an error naming it), and every point must name a file. Each
+//! file is read and checked (format, version, fields) when the sweep file is, and its bytes (and
+//! its `.npy` side files' and runtime values') are part of the definition hash: editing one
+//! makes the sweep another sweep for resuming and merging. Its points run as every sweep's do
+//! (the job layer builds the described job; points that differ only in the chip's timing
+//! parameters share one lowering); rows carry the report's metrics ([`crate::output`]).
 //!
 //! Everything that can be checked without running a point is checked when the file is read:
 //! unknown keys, wrong value types, empty axes, a value listed twice in one axis, unknown chip
@@ -52,8 +54,7 @@
 
 use crate::SweepError;
 use serde::Deserialize;
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::path::Path;
 use tpusim_chip::ChipModel;
 use tpusim_job::{render_fields, FieldStyle, JobSpec};
 use tpusim_workload::Mask;
@@ -86,44 +87,27 @@ struct RawSweep {
     points: Option<Vec<toml::Table>>,
 }
 
-/// One value of one input: as written (for the output row) and as a partial job (to overlay),
-/// or a kernel description (`kernel_ir`).
+/// One value of one input: as written (for the output row) and as a partial job (to overlay).
 #[derive(Debug, Clone)]
 struct Value {
     raw: toml::Value,
     spec: JobSpec,
-    kernel_ir: Option<Arc<IrFile>>,
 }
 
-/// The key that names a kernel description file in a sweep (module docs).
+/// The key that names a kernel description file in a sweep (module docs): the job field.
 pub const KERNEL_IR_KEY: &str = "kernel_ir";
 
-/// The keys a sweep of kernel descriptions may give besides `kernel_ir` (and `chip.SECTION.FIELD`).
-const KERNEL_IR_KEYS: &[&str] = &["chip", "set", "label"];
-
-/// A kernel description a sweep names (`kernel_ir`), read and checked with the sweep file.
-#[derive(Debug, Clone)]
-pub struct IrFile {
-    /// The path, resolved from the sweep file's folder.
-    pub path: String,
-    /// The description as a job (its side files resolved from its folder).
-    pub job: tpusim_job::DescribedJob,
-    /// A hash of its bytes and its side files'.
-    hash: u64,
+/// One input value as a partial job ([`value_spec`]).
+fn value_of(key: &str, raw: toml::Value, chip: &ChipModel, dir: &Path) -> Result<Value, String> {
+    let spec = value_spec(key, &raw, chip, dir)?;
+    Ok(Value { raw, spec })
 }
 
-/// Reads the kernel description a `kernel_ir` value names (relative paths from `dir`).
-fn read_ir(raw: &toml::Value, dir: &Path) -> Result<IrFile, String> {
-    let toml::Value::String(given) = raw else {
-        return Err(format!("{KERNEL_IR_KEY}: expected the path of a kernel description file (a string), found {}", type_name(raw)));
-    };
-    let path = if Path::new(given).is_absolute() { PathBuf::from(given) } else { dir.join(given) };
-    let bytes = std::fs::read(&path).map_err(|e| {
-        format!("{KERNEL_IR_KEY} = \"{given}\": cannot read {} ({e}; relative paths resolve from the sweep file's folder)", path.display())
-    })?;
-    let (description, ir_dir) = tpusim_pallas::Description::read(&path).map_err(|e| format!("{KERNEL_IR_KEY} = \"{given}\": {e}"))?;
-    // Side files (prefetch tables as .npy) are part of the kernel.
-    let mut all = bytes;
+/// A hash of a kernel description's bytes and its side files' (prefetch tables as `.npy`): what
+/// the definition hash covers of a `kernel_ir` file.
+fn description_hash(path: &str) -> Result<u64, String> {
+    let mut all = std::fs::read(path).map_err(|e| format!("{KERNEL_IR_KEY} = \"{path}\": cannot read ({e})"))?;
+    let (description, ir_dir) = tpusim_pallas::Description::read(Path::new(path)).map_err(|e| format!("{KERNEL_IR_KEY} = \"{path}\": {e}"))?;
     for r in &description.refs {
         if let Some(tpusim_pallas::desc::Values::File(f)) = &r.values {
             if let Ok(b) = std::fs::read(ir_dir.join(f)) {
@@ -132,18 +116,7 @@ fn read_ir(raw: &toml::Value, dir: &Path) -> Result<IrFile, String> {
             }
         }
     }
-    let path = path.display().to_string();
-    Ok(IrFile { job: tpusim_job::DescribedJob::new(path.clone(), description, ir_dir), path, hash: crate::stable_hash(&all) })
-}
-
-/// One input value: a kernel description for `kernel_ir`, else a partial job ([`value_spec`]).
-fn value_of(key: &str, raw: toml::Value, chip: &ChipModel, dir: &Path) -> Result<Value, String> {
-    if key == KERNEL_IR_KEY {
-        let f = read_ir(&raw, dir)?;
-        return Ok(Value { raw, spec: JobSpec::default(), kernel_ir: Some(Arc::new(f)) });
-    }
-    let spec = value_spec(key, &raw, chip, dir)?;
-    Ok(Value { raw, spec, kernel_ir: None })
+    Ok(crate::stable_hash(&all))
 }
 
 /// A parsed, validated sweep file.
@@ -164,8 +137,6 @@ pub struct SweepDef {
     points: Vec<Vec<(usize, Value)>>,
     /// Whether the points are kernel descriptions (`kernel_ir`, module docs), not jobs.
     pub kernel_ir: bool,
-    /// The base's kernel description, if it names one.
-    base_ir: Option<Arc<IrFile>>,
     total: u64,
     hash: u64,
 }
@@ -177,11 +148,8 @@ pub struct Point<'a> {
     pub index: u64,
     /// Its input values, one per [`SweepDef::inputs`] column (`None`: not given for this point).
     pub inputs: Vec<Option<&'a toml::Value>>,
-    /// The job: the base overlaid with the point's values (in a sweep of kernel descriptions,
-    /// only its `chip` and `set`).
+    /// The job: the base overlaid with the point's values.
     pub spec: JobSpec,
-    /// The kernel description the point runs (sweeps of kernel descriptions).
-    pub kernel_ir: Option<&'a IrFile>,
 }
 
 fn one_line(s: &str) -> String {
@@ -210,9 +178,13 @@ fn type_name(v: &toml::Value) -> &'static str {
     }
 }
 
-/// Checks what deserialising a (partial) job spec cannot: that its mask parses and its chip
-/// loads, naming the key on error (option words are typed and checked while reading).
+/// Checks what deserialising a (partial) job spec cannot: that its mask parses, its chip loads
+/// and its kernel description reads, naming the key on error (option words are typed and
+/// checked while reading).
 fn check_spec(spec: &JobSpec) -> Result<(), String> {
+    if let Some(k) = &spec.kernel_ir {
+        tpusim_pallas::Description::read(Path::new(k)).map_err(|e| format!("{KERNEL_IR_KEY} = \"{k}\": {e}"))?;
+    }
     if let Some(m) = &spec.mask {
         Mask::parse(m).map_err(|e| format!("mask = \"{m}\": {e}"))?;
     }
@@ -294,11 +266,7 @@ impl SweepDef {
         // Job fields are named as the file's keys (`block_q`), not as flags: the front end
         // renders any backticked field left in a message as its own flag.
         let fail = |what: String| SweepError::new(format!("sweep file {origin}: {}", render_fields(&what, FieldStyle::Key)));
-        let mut raw: RawSweep = toml::from_str(text).map_err(|e| fail(one_line(&e.to_string())))?;
-        let base_ir = match raw.base.remove(KERNEL_IR_KEY) {
-            Some(v) => Some(Arc::new(read_ir(&v, dir).map_err(|e| fail(format!("base.{e}")))?)),
-            None => None,
-        };
+        let raw: RawSweep = toml::from_str(text).map_err(|e| fail(one_line(&e.to_string())))?;
         let mut base = tpusim_job::fields::spec_from_toml(&raw.base).map_err(|e| fail(format!("base: {e}")))?;
         // A chip the file's own base builds, broken by the command line's overrides, is the
         // command line's error (not the file's).
@@ -402,18 +370,19 @@ impl SweepDef {
             }
         }
         // A sweep of kernel descriptions crosses files with chip fields only (module docs).
-        let kernel_ir = base_ir.is_some() || inputs.iter().any(|k| k == KERNEL_IR_KEY);
+        let kernel_ir = base.kernel_ir.is_some() || inputs.iter().any(|k| k == KERNEL_IR_KEY);
         if kernel_ir {
-            let why = "not in a sweep of kernel descriptions (kernel_ir): a kernel's lowering fixed its workload, mask and block sizes; only chip, set, chip.SECTION.FIELD and label go with kernel_ir (re-lower with tpusim.jax to change the rest)";
-            if let Some(k) = base.set_fields().keys().find(|k| !KERNEL_IR_KEYS.contains(&k.as_str())) {
+            let why = "not in a sweep of kernel descriptions (kernel_ir): a kernel's lowering fixed its workload, mask and block sizes; only chip, set, scope, runtime, chip.SECTION.FIELD and label go with kernel_ir (re-lower with tpusim.jax to change the rest)";
+            let allowed = |k: &str| tpusim_job::spec::DESCRIBED_FIELDS.contains(&k) || k == "label";
+            if let Some(k) = base.set_fields().keys().find(|k| !allowed(k)) {
                 return Err(fail(format!("base.{k}: {why}")));
             }
             let where_ = if mode == Mode::Product { "axes" } else { "points" };
-            if let Some(k) = inputs.iter().find(|k| *k != KERNEL_IR_KEY && !KERNEL_IR_KEYS.contains(&k.as_str()) && !k.starts_with("chip.")) {
+            if let Some(k) = inputs.iter().find(|k| !allowed(k) && !k.starts_with("chip.")) {
                 return Err(fail(format!("{where_}.{k}: {why}")));
             }
-            if base_ir.is_none() {
-                if let Some(pi) = points.iter().position(|p| !p.iter().any(|(_, v)| v.kernel_ir.is_some())) {
+            if base.kernel_ir.is_none() {
+                if let Some(pi) = points.iter().position(|p| !p.iter().any(|(_, v)| v.spec.kernel_ir.is_some())) {
                     return Err(fail(format!(
                         "points[{pi}] names no kernel_ir: in a sweep of kernel descriptions every point runs one (give kernel_ir in [base] or in each point)"
                     )));
@@ -453,16 +422,24 @@ impl SweepDef {
             .map(|s| serde_json::to_value(s).unwrap_or_default())
             .collect();
         collect_referenced_files(&serde_json::Value::Array(resolved), &mut files);
-        // Kernel descriptions (and their side files) are part of the definition too.
-        for f in base_ir.iter().chain(axes.iter().flatten().filter_map(|v| v.kernel_ir.as_ref())).chain(points.iter().flatten().filter_map(|(_, v)| v.kernel_ir.as_ref())) {
-            if !files.iter().any(|(p, _)| *p == f.path) {
-                files.push((f.path.clone(), f.hash));
+        // Kernel descriptions (with their side files), then their runtime values, are part of
+        // the definition too.
+        let specs = || std::iter::once(&base).chain(axes.iter().flatten().map(|v| &v.spec)).chain(points.iter().flatten().map(|(_, v)| &v.spec));
+        for k in specs().filter_map(|s| s.kernel_ir.as_ref()) {
+            if !files.iter().any(|(p, _)| p == k) {
+                files.push((k.clone(), description_hash(k).map_err(&fail)?));
+            }
+        }
+        for f in specs().flat_map(|s| s.runtime.iter().filter_map(|r| r.split_once('=').map(|(_, f)| f))) {
+            if !files.iter().any(|(p, _)| p == f) {
+                let bytes = std::fs::read(f).map_err(|e| fail(format!("runtime: cannot read {f} ({e})")))?;
+                files.push((f.to_string(), crate::stable_hash(&bytes)));
             }
         }
         let mut canon = canon;
         canon["files"] = serde_json::Value::Array(files.into_iter().map(|(p, h)| serde_json::json!([p, format!("{h:016x}")])).collect());
         let hash = crate::stable_hash(canon.to_string().as_bytes());
-        Ok(SweepDef { origin: origin.to_string(), base, mode, inputs, axes, points, kernel_ir, base_ir, total, hash })
+        Ok(SweepDef { origin: origin.to_string(), base, mode, inputs, axes, points, kernel_ir, total, hash })
     }
 
     /// Number of points.
@@ -483,7 +460,6 @@ impl SweepDef {
         assert!(index < self.total, "point {index} of a sweep of {}", self.total);
         let mut inputs: Vec<Option<&toml::Value>> = vec![None; self.inputs.len()];
         let mut spec = self.base.clone();
-        let mut kernel_ir = self.base_ir.as_deref();
         match self.mode {
             Mode::Product => {
                 // Mixed radix, last axis fastest.
@@ -498,18 +474,16 @@ impl SweepDef {
                     let v = &self.axes[a][c];
                     inputs[a] = Some(&v.raw);
                     spec = spec.overlay(&v.spec);
-                    kernel_ir = v.kernel_ir.as_deref().or(kernel_ir);
                 }
             }
             Mode::Points => {
                 for (col, v) in &self.points[index as usize] {
                     inputs[*col] = Some(&v.raw);
                     spec = spec.overlay(&v.spec);
-                    kernel_ir = v.kernel_ir.as_deref().or(kernel_ir);
                 }
             }
         }
-        Point { index, inputs, spec, kernel_ir }
+        Point { index, inputs, spec }
     }
 }
 

@@ -23,6 +23,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use tpusim_chip::ChipModel;
 use tpusim_engine::SimResult;
 use tpusim_model::Lowered;
+use tpusim_pallas::IrFacts;
 use tpusim_job::{combine, run_with_dense, Job, JobError, JobSpec, Report, Run};
 
 /// Caches stop growing at this many entries (memory stays bounded on huge sweeps).
@@ -43,8 +44,8 @@ pub struct Shared {
     pub chip: Arc<ChipEntry>,
     /// The job lowered.
     pub job: Job,
-    /// Its lowering.
-    pub lowered: Result<Lowered, JobError>,
+    /// Its lowering, with the facts of an IR lowering (a kernel read from its IR).
+    pub lowered: Result<(Lowered, Option<IrFacts>), JobError>,
     dense: Option<Job>,
     dense_key: Option<u64>,
     dense_lowered: LoweredCell,
@@ -193,7 +194,7 @@ impl Evaluator {
         let (Ok(chip), Ok(job)) = (&p.chip, &p.job) else { return None };
         let dense = if self.skip_dense { None } else { job.dense_baseline() };
         Some(Shared {
-            lowered: job.lower(&chip.chip),
+            lowered: job.lower_with_facts(&chip.chip),
             dense_key: dense.as_ref().map(|d| stable_hash(&format!("{d:?}"))),
             dense,
             dense_lowered: OnceLock::new(),
@@ -219,7 +220,7 @@ impl Evaluator {
                 &own
             }
         };
-        let report = g.lowered.as_ref().map_err(|e| e.to_string()).and_then(|low| {
+        let report = g.lowered.as_ref().map_err(|e| e.to_string()).and_then(|(low, facts)| {
             let dense = match (&g.dense, g.dense_key) {
                 (Some(dj), Some(dk)) => Some(
                     self.dense_result((chip.key.clone(), dk), &chip.chip, &|| {
@@ -229,7 +230,8 @@ impl Evaluator {
                 ),
                 _ => None,
             };
-            let run = tpusim_job::run_lowered(&chip.chip, job, low.clone(), dense);
+            let mut run = tpusim_job::run_lowered(&chip.chip, job, low.clone(), dense);
+            run.facts.clone_from(facts);
             let rep = Report::row_of(&run, chip.identity.clone());
             Ok(if self.what_if_2x { rep.with_what_if(&run) } else { rep })
         });
@@ -262,27 +264,6 @@ impl Evaluator {
             Ok(Arc::new(r))
         });
         r.clone().map(|r| SimResult::clone(&r))
-    }
-
-    /// Lowers and simulates a kernel description on the chip `spec` names (its `chip` and `set`;
-    /// the chip cached like a job's), as `tpusim run --kernel-ir` does, and reports it (with the
-    /// what-if table when [`Evaluator::what_if_2x`]). Each point lowers its description anew:
-    /// descriptions are read once per sweep, when its file is.
-    pub fn evaluate_ir(&self, spec: &JobSpec, file: &crate::def::IrFile) -> Outcome {
-        let job = Job::Described(file.job.clone());
-        let chip = match self.chip(spec) {
-            Ok(c) => c,
-            Err(e) => return Outcome { job: Some(job), chip: None, report: Err(e) },
-        };
-        let report = tpusim_job::run(&chip.chip, &job).map_err(|e| e.to_string()).map(|run| {
-            let rep = Report::row_of(&run, chip.identity.clone());
-            if self.what_if_2x {
-                rep.with_what_if(&run)
-            } else {
-                rep
-            }
-        });
-        Outcome { job: Some(job), chip: Some(chip.identity.clone()), report }
     }
 
     /// [`tpusim_job::run`] with the dense baseline taken from the cache (one job, no
@@ -319,8 +300,13 @@ mod tests {
             JobSpec { block_q: Some(4000), ..sparse.clone() },
             JobSpec { block_q: Some(8192), block_kv: Some(8192), ..sparse.clone() },
             JobSpec { kernel: Some(tpusim_kernel::Kernel::PallasMatmul), m: Some(1024), n: Some(1024), k: Some(512), ..Default::default() },
+            // A kernel read from its IR (the CLI tests' fixture), alone and as a host-timed call.
+            JobSpec { kernel_ir: Some(FIXTURE.into()), ..Default::default() },
+            JobSpec { kernel_ir: Some(FIXTURE.into()), scope: Some(tpusim_kernel::Scope::Call), ..Default::default() },
         ]
     }
+
+    const FIXTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../tpusim/tests/data/kernel-ir/matmul.json");
 
     /// `tpusim run`'s report of a spec without what a sweep row leaves out (step classes, notes).
     fn reference(s: &JobSpec) -> Result<Report, String> {

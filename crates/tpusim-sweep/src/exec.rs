@@ -545,30 +545,6 @@ fn evaluate_into(
             Ok(out)
         });
         pool.install(|| {
-            if def.kernel_ir {
-                // Kernel descriptions: each point lowers its description on its chip.
-                todo.par_iter().for_each_with(tx, |tx, &i| {
-                    if stop.load(Ordering::Relaxed) || opts.cancelled() {
-                        return;
-                    }
-                    let point = def.point(i);
-                    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match point.kernel_ir {
-                        Some(f) => ev.evaluate_ir(&point.spec, f),
-                        None => crate::eval::Outcome {
-                            job: None,
-                            chip: None,
-                            report: Err("internal error: a point of a kernel_ir sweep without a file".into()),
-                        },
-                    }))
-                    .unwrap_or_else(|p| crate::eval::Outcome {
-                        job: None,
-                        chip: None,
-                        report: Err(format!("internal error: {}", panic_text(p.as_ref()))),
-                    });
-                    let _ = tx.send((i, layout.line(format, &layout.ir_row(&point, &outcome)), outcome.report.is_err()));
-                });
-                return;
-            }
             // Group keys, in parallel: (lowering fields of the chip, job fields but chip and set).
             // Hashed (a collision only costs a lowering: evaluate_in checks the job and chip).
             let keys: Vec<Option<[u64; 3]>> = todo

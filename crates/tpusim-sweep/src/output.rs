@@ -31,11 +31,12 @@
 //! 6. `error`: why the point could not be evaluated (empty when it was), naming job fields as
 //!    sweep-file keys.
 //!
-//! A sweep of kernel descriptions (`kernel_ir`, [`crate::def`]) has the same metric columns (one
-//! report, [`tpusim_job::Report`], for either front end; a kernel read from its IR counts its
-//! grid steps as tiles and leaves the attention densities empty) after its own inputs: `index`,
-//! the inputs, `kernel_ir` (the file, resolved from the sweep file's folder; unless an input),
-//! `kernel_name`, `chip` (unless an input), the chip-model columns, the metrics and `error`.
+//! A sweep of kernel descriptions (`kernel_ir`, [`crate::def`]) has rows of the same form, with
+//! the job columns of a described job in place of a kernel family's ([`described_columns`]):
+//! `kernel_ir` (the file, resolved from the sweep file's folder), `runtime` and `scope` (when the
+//! sweep's base gives them), `kernel_name` and `chip`, each unless an input. Its metric columns
+//! are every sweep's (one report, [`tpusim_job::Report`], for either front end; a kernel read
+//! from its IR counts its grid steps as tiles and leaves the attention densities empty).
 //!
 //! Numbers are written in Rust's shortest round-trip form, so equal inputs give equal bytes. CSV
 //! is written and read with the `csv` crate (RFC 4180: a field with a comma, quote or line break
@@ -77,10 +78,29 @@ impl Format {
     }
 }
 
-/// Resolved-job columns (module docs): the job fields a resolved job sets, in
-/// [`JobSpec::fields`] order.
+/// Resolved-job columns of a kernel family's job (module docs): the job fields a resolved job
+/// sets, in [`JobSpec::fields`] order (not those of a kernel read from its IR, which such a job
+/// never sets).
 pub fn job_columns() -> Vec<String> {
-    JobSpec::fields().iter().filter(|f| !matches!(f.as_str(), "set" | "seq_len" | "no_fused_bwd")).cloned().collect()
+    JobSpec::fields()
+        .iter()
+        .filter(|f| !matches!(f.as_str(), "set" | "seq_len" | "no_fused_bwd" | "kernel_ir" | "runtime"))
+        .cloned()
+        .collect()
+}
+
+/// Resolved-job columns of a sweep of kernel descriptions (module docs): `kernel_ir`, `runtime`
+/// and `scope` when the base gives them, the kernel's name and the chip.
+pub fn described_columns(def: &SweepDef) -> Vec<String> {
+    let mut c = vec![crate::def::KERNEL_IR_KEY.to_string()];
+    if !def.base.runtime.is_empty() {
+        c.push("runtime".into());
+    }
+    if def.base.scope.is_some() {
+        c.push("scope".into());
+    }
+    c.extend(["kernel_name".to_string(), "chip".to_string()]);
+    c
 }
 
 /// One cell of a row.
@@ -266,10 +286,11 @@ pub struct Layout {
     /// All column names, in order.
     pub columns: Vec<String>,
     inputs: usize,
-    job: Vec<usize>,
+    /// The resolved-job columns (those not among the inputs).
+    job: Vec<String>,
     what_if: bool,
-    /// A sweep of kernel descriptions: (a `kernel_ir` column, a `chip` column) after the inputs.
-    ir: Option<(bool, bool)>,
+    /// Whether the points are kernel descriptions (`kernel_ir`).
+    described: bool,
 }
 
 impl Layout {
@@ -278,61 +299,13 @@ impl Layout {
     pub fn for_sweep(def: &SweepDef, what_if: bool) -> Layout {
         let mut columns = vec!["index".to_string()];
         columns.extend(def.inputs.iter().cloned());
-        if def.kernel_ir {
-            let file_col = !def.inputs.iter().any(|k| k == crate::def::KERNEL_IR_KEY);
-            let chip_col = !def.inputs.iter().any(|k| k == "chip");
-            if file_col {
-                columns.push(crate::def::KERNEL_IR_KEY.into());
-            }
-            columns.push("kernel_name".into());
-            if chip_col {
-                columns.push("chip".into());
-            }
-            columns.extend(CHIP_COLUMNS.iter().map(|c| c.to_string()));
-            columns.extend(metric_columns(what_if));
-            columns.push("error".into());
-            return Layout { columns, inputs: def.inputs.len(), job: Vec::new(), what_if, ir: Some((file_col, chip_col)) };
-        }
-        let all = job_columns();
-        let job: Vec<usize> = (0..all.len()).filter(|&i| !def.inputs.iter().any(|k| *k == all[i])).collect();
-        columns.extend(job.iter().map(|&i| all[i].clone()));
+        let all = if def.kernel_ir { described_columns(def) } else { job_columns() };
+        let job: Vec<String> = all.into_iter().filter(|c| !def.inputs.contains(c)).collect();
+        columns.extend(job.iter().cloned());
         columns.extend(CHIP_COLUMNS.iter().map(|c| c.to_string()));
         columns.extend(metric_columns(what_if));
         columns.push("error".into());
-        Layout { columns, inputs: def.inputs.len(), job, what_if, ir: None }
-    }
-
-    /// The cells of a row of a sweep of kernel descriptions (module docs).
-    pub fn ir_row(&self, point: &Point<'_>, outcome: &Outcome) -> Vec<Cell> {
-        let (file_col, chip_col) = self.ir.unwrap_or((true, true));
-        let mut cells = Vec::with_capacity(self.columns.len());
-        cells.push(Cell::Int(point.index));
-        for i in 0..self.inputs {
-            cells.push(Cell::opt(point.inputs.get(i).copied().flatten().map(|v| Cell::Toml(v.clone()))));
-        }
-        if file_col {
-            cells.push(Cell::opt(point.kernel_ir.map(|f| Cell::Str(f.path.clone()))));
-        }
-        cells.push(Cell::opt(point.kernel_ir.map(|f| Cell::Str(f.job.kernel_name.clone()))));
-        if chip_col {
-            let chip = outcome.report.as_ref().ok().map(|r| r.chip.clone()).or_else(|| point.spec.chip.clone());
-            cells.push(Cell::Str(chip.unwrap_or_else(|| tpusim_job::spec::DEFAULT_CHIP.to_string())));
-        }
-        match &outcome.chip {
-            Some(id) => cells.extend([Cell::Str(id.source.clone()), Cell::Str(id.overrides.join(";")), Cell::Str(id.hash.clone())]),
-            None => cells.extend(std::iter::repeat_n(Cell::Empty, CHIP_COLUMNS.len())),
-        }
-        match &outcome.report {
-            Ok(r) => {
-                cells.extend(metric_cells(r, self.what_if));
-                cells.push(Cell::Empty);
-            }
-            Err(e) => {
-                cells.extend(std::iter::repeat_n(Cell::Empty, metric_columns(self.what_if).len()));
-                cells.push(Cell::Str(e.clone()));
-            }
-        }
-        cells
+        Layout { columns, inputs: def.inputs.len(), job, what_if, described: def.kernel_ir }
     }
 
     /// The cells of a point's row.
@@ -351,8 +324,17 @@ impl Layout {
             .ok()
             .or_else(|| point.spec.chip.clone())
             .or_else(|| Some(tpusim_job::spec::DEFAULT_CHIP.to_string()));
-        let job = job_cells(outcome.job.as_ref(), chip);
-        cells.extend(self.job.iter().map(|&i| job[i].clone()));
+        // A described job that could not be built still names its file (and runtime values).
+        let spec = match (&outcome.job, self.described) {
+            (Some(j), _) => j.to_spec(),
+            (None, true) => JobSpec { kernel_ir: point.spec.kernel_ir.clone(), runtime: point.spec.runtime.clone(), ..Default::default() },
+            (None, false) => JobSpec::default(),
+        };
+        let kernel_name = match &outcome.job {
+            Some(Job::Described(d)) => Some(d.kernel_name.as_str()),
+            _ => None,
+        };
+        cells.extend(job_cells(&spec, kernel_name, chip, &self.job));
         match &outcome.chip {
             Some(id) => cells.extend([Cell::Str(id.source.clone()), Cell::Str(id.overrides.join(";")), Cell::Str(id.hash.clone())]),
             None => cells.extend(std::iter::repeat_n(Cell::Empty, CHIP_COLUMNS.len())),
@@ -538,18 +520,25 @@ fn metric_cells(r: &tpusim_job::Report, what_if: bool) -> Vec<Cell> {
     c
 }
 
-/// Cells of [`job_columns`] for a built job: its [`Job::to_spec`] field by field.
-fn job_cells(job: Option<&Job>, chip: Option<String>) -> Vec<Cell> {
-    let mut spec = job.map(Job::to_spec).unwrap_or_default();
-    spec.chip = chip;
-    let fields = spec.set_fields();
-    job_columns()
+/// Cells of the job columns `names` for a job's spec ([`Job::to_spec`]), field by field, with
+/// the chip and (a kernel read from its IR) the kernel's name; a list (`runtime`) is its texts
+/// joined by `;`.
+fn job_cells(spec: &JobSpec, kernel_name: Option<&str>, chip: Option<String>, names: &[String]) -> Vec<Cell> {
+    let mut fields = spec.set_fields();
+    if let Some(c) = chip {
+        fields.insert("chip".into(), serde_json::Value::String(c));
+    }
+    if let Some(k) = kernel_name {
+        fields.insert("kernel_name".into(), serde_json::Value::String(k.to_string()));
+    }
+    names
         .iter()
         .map(|name| match fields.get(name) {
             None | Some(serde_json::Value::Null) => Cell::Empty,
             Some(serde_json::Value::String(s)) => Cell::Str(s.clone()),
             Some(serde_json::Value::Bool(b)) => Cell::Bool(*b),
             Some(serde_json::Value::Number(n)) => n.as_u64().map(Cell::Int).or_else(|| n.as_f64().map(Cell::Float)).unwrap_or(Cell::Empty),
+            Some(serde_json::Value::Array(a)) => Cell::Str(a.iter().map(|x| x.as_str().map_or_else(|| x.to_string(), String::from)).collect::<Vec<_>>().join(";")),
             Some(other) => Cell::Str(other.to_string()),
         })
         .collect()
@@ -605,7 +594,7 @@ pub fn read_back(path: &str, layout: Option<&Layout>) -> Result<ReadBack, SweepE
             }
             let columns = columns.map_err(|e| bad(2, &format!("malformed column names: {e}")))?;
             header_text.push_str(&body[range.clone()]);
-            let own = Layout { columns, inputs: 0, job: Vec::new(), what_if: false, ir: None };
+            let own = Layout { columns, inputs: 0, job: Vec::new(), what_if: false, described: false };
             let layout = layout.unwrap_or(&own);
             let records: Vec<_> = records.collect();
             let n = records.len();

@@ -5,7 +5,8 @@
 //! tiling ([`tiles`]) into empty, partial and full tiles with exact kept-pair counts, block by
 //! block, never materialising an N x N mask.
 //!
-//! Depends on no other workspace crate.
+//! Of the workspace it depends on `tpusim-io` alone (for the words of a mask file's parse error,
+//! `tpusim_io::plain_error`).
 
 pub mod mask;
 pub mod tiles;

@@ -95,8 +95,9 @@ pub struct TableArgs {
     pub filters: Vec<String>,
 }
 
-/// `--kernel-ir` on a kind that needs an attention workload: accepted by the parser only to be
-/// refused with the reason ([`NoKernelIr::refuse`]).
+/// `--kernel-ir` on a kind that needs an attention workload and takes no job flags: accepted by
+/// the parser only to be refused with the reason ([`NoKernelIr::refuse`]; `plot tiles` refuses
+/// its job's `--kernel-ir` the same way).
 #[derive(Args, Debug)]
 pub struct NoKernelIr {
     /// Not for this kind (it needs an attention workload, which a kernel's IR does not state).
@@ -205,26 +206,59 @@ pub struct MultiJobArgs {
     /// given].
     #[arg(long, value_name = "FILE")]
     pub trace: Vec<String>,
-    /// A Pallas kernel read from its Mosaic IR: a kernel description file (`tpusim.jax.describe`;
-    /// as `tpusim run --kernel-ir`); repeatable, one bar or point per file after the --trace jobs.
-    /// Its lowering fixed workload, mask and blocks: only --chip, --chips and --set apply to it.
-    #[arg(long, value_name = "FILE.json")]
-    pub kernel_ir: Vec<String>,
     /// Run every job on each of these chips (comma-separated presets or TOML paths).
     #[arg(long, value_delimiter = ',', value_name = "LIST")]
     pub chips: Vec<String>,
     /// Legend label per job, in order (repeatable) [default: the trace file's stem].
     #[arg(long, value_name = "TEXT")]
     pub label: Vec<String>,
-    /// Job fields for every job (override the trace files).
+    /// Job fields for every job (override the trace files); --kernel-ir is repeatable here.
     #[command(flatten)]
-    pub job: JobSpec,
+    pub job: MultiJobSpec,
 }
 
 impl MultiJobArgs {
     fn runs(&self) -> Result<Vec<JobRun>, CliError> {
-        let specs = jobs::expand_with(&self.trace, &self.kernel_ir, &self.job, &self.chips, &self.label)?;
+        let specs = jobs::expand_with(&self.trace, &self.job.kernel_ir, &self.job.spec, &self.chips, &self.label)?;
         Ok(jobs::run_all(&specs)?)
+    }
+}
+
+/// The job flags of the kinds that run several jobs: [`JobSpec`]'s, with `--kernel-ir`
+/// repeatable (one bar or point per file, after the --trace jobs; its lowering fixed workload,
+/// mask and blocks, so only --chip, --chips and --set apply to it).
+#[derive(Debug, Clone, Default)]
+pub struct MultiJobSpec {
+    /// Every job field but `kernel_ir`.
+    pub spec: JobSpec,
+    /// The kernel description files, in the order given.
+    pub kernel_ir: Vec<String>,
+}
+
+impl clap::FromArgMatches for MultiJobSpec {
+    fn from_arg_matches(m: &clap::ArgMatches) -> Result<Self, clap::Error> {
+        let kernel_ir = m.get_many::<String>("kernel_ir").map(|v| v.cloned().collect()).unwrap_or_default();
+        let spec = JobSpec { kernel_ir: None, ..JobSpec::from_arg_matches(m)? };
+        Ok(MultiJobSpec { spec, kernel_ir })
+    }
+
+    fn update_from_arg_matches(&mut self, m: &clap::ArgMatches) -> Result<(), clap::Error> {
+        *self = Self::from_arg_matches(m)?;
+        Ok(())
+    }
+}
+
+impl Args for MultiJobSpec {
+    fn augment_args(cmd: clap::Command) -> clap::Command {
+        JobSpec::augment_args(cmd).mut_arg("kernel_ir", |a| {
+            a.action(clap::ArgAction::Append).help(
+                "A Pallas kernel read from its Mosaic IR: a kernel description file (`tpusim.jax.describe`; as `tpusim run --kernel-ir`); repeatable, one bar or point per file after the --trace jobs. Its lowering fixed workload, mask and blocks: only --chip, --chips and --set apply to it",
+            )
+        })
+    }
+
+    fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
+        Self::augment_args(cmd)
     }
 }
 
@@ -293,8 +327,6 @@ pub struct TilesArgs {
     #[command(flatten)]
     pub figure: FigureArgs,
     #[command(flatten)]
-    pub no_kernel_ir: NoKernelIr,
-    #[command(flatten)]
     pub job: JobArgs,
     /// q head whose mask the map shows.
     #[arg(long, value_name = "H", default_value_t = 0)]
@@ -310,13 +342,10 @@ pub struct TimelineArgs {
     #[command(flatten)]
     pub figure: FigureArgs,
     /// A Chrome trace written by `tpusim run --timeline` to draw instead of simulating a job.
+    /// (With --kernel-ir, a kernel read from its Mosaic IR is drawn: --head is its grid index of
+    /// dimension 0.)
     #[arg(long, value_name = "TRACE.json", conflicts_with_all = ["trace", "kernel_ir"])]
     pub input: Option<String>,
-    /// Draw a Pallas kernel read from its Mosaic IR (a kernel description file, as `tpusim run
-    /// --kernel-ir`) instead of a job; only --chip and --set apply; --head is its grid index of
-    /// dimension 0. One file: a timeline draws one kernel.
-    #[arg(long, value_name = "FILE.json", conflicts_with_all = ["trace"])]
-    pub kernel_ir: Vec<String>,
     #[command(flatten)]
     pub job: JobArgs,
     /// Grid steps START:END (END exclusive) [default: 0:4; with --head, that head's first four
@@ -330,9 +359,10 @@ pub struct TimelineArgs {
 
 fn one_run(job: &JobArgs, kind: &str) -> Result<JobRun, CliError> {
     let spec = job.spec_or_default()?;
-    let trace = if job.is_default() { Some(tpusim_job::CASE_STUDY_PATH) } else { job.trace.as_deref() };
-    let label = trace.and_then(|t| std::path::Path::new(t).file_stem().and_then(|s| s.to_str())).unwrap_or("default").to_string();
-    jobs::run_one(&jobs::LabelledSpec { label, spec, kernel_ir: None }).map_err(|e| match e {
+    // Labelled by the file it came from: a kernel description, a trace or the case study's.
+    let file = if job.is_default() { Some(tpusim_job::CASE_STUDY_PATH) } else { spec.kernel_ir.as_deref().or(job.trace.as_deref()) };
+    let label = file.and_then(|t| std::path::Path::new(t).file_stem().and_then(|s| s.to_str())).unwrap_or("default").to_string();
+    jobs::run_one(&jobs::LabelledSpec { label, spec }).map_err(|e| match e {
         tpusim_plot::PlotError::Spec { source, .. } => job.error(format!("plot {kind}: {source}")),
         other => other.into(),
     })
@@ -432,14 +462,14 @@ pub fn cmd_plot(a: &PlotArgs) -> Result<String, CliError> {
         }
         PlotKind::Speedup(p) => speedup_plot(p),
         PlotKind::Tiles(p) => {
-            p.no_kernel_ir.refuse(
+            let spec = p.job.spec_or_default()?;
+            NoKernelIr { kernel_ir: spec.kernel_ir.clone() }.refuse(
                 "tiles",
                 "the tile map is an attention mask's empty / partial / full tiles at a block_q x block_kv tiling, and a kernel's IR states its grid, not a mask",
             )?;
             let out = p.figure.output((1150, 900))?;
             // The tile map needs the workload and the tiling only: the job is built (its
             // fields checked), not lowered or simulated.
-            let spec = p.job.spec_or_default()?;
             let chip = spec.chip().map_err(|e| p.job.error(format!("plot tiles: {e}")))?;
             let job = spec.build(&chip).map_err(|e| p.job.error(format!("plot tiles: {e}")))?;
             let tpusim_job::Job::Attention { workload: w, config: c, .. } = &job else {
@@ -509,26 +539,7 @@ fn timeline_plot(p: &TimelineArgs) -> Result<String, CliError> {
             let head_first = p.head.is_some();
             // One step more than asked: its input DMA is prefetched inside the window.
             let window = Window { steps: if head_first { None } else { Some((steps.0, steps.1.saturating_add(1))) }, head: p.head };
-            if p.kernel_ir.len() > 1 {
-                return Err(CliError::input(format!(
-                    "--kernel-ir given {} times: a timeline draws one kernel (plot roofline or breakdown compare several)",
-                    p.kernel_ir.len()
-                )));
-            }
-            let r = match p.kernel_ir.first() {
-                Some(f) => {
-                    if let Some(k) = p.job.job.set_fields().keys().find(|k| !matches!(k.as_str(), "chip" | "set")) {
-                        return Err(CliError::input(format!(
-                            "--{}: not with --kernel-ir: the kernel's lowering fixed its workload, mask and block sizes (of the job flags only --chip and --set apply)",
-                            k.replace('_', "-")
-                        )));
-                    }
-                    let chip = p.job.job.chip().map_err(|e| p.job.chip_error(e))?;
-                    let label = std::path::Path::new(f).file_stem().and_then(|s| s.to_str()).unwrap_or(f).to_string();
-                    jobs::run_kernel_ir(&chip, f, label)?
-                }
-                None => one_run(&p.job, "timeline")?,
-            };
+            let r = one_run(&p.job, "timeline")?;
             if let (Some(h), tpusim_job::Job::Attention { workload: w, .. }) = (p.head, r.job()) {
                 let n = w.batch * w.q_heads;
                 if u64::from(h) >= n {
@@ -563,13 +574,14 @@ fn layer_breakdown(b: &BreakdownArgs) -> Result<String, CliError> {
             "--trace, --chips and --label describe kernel jobs; with --layer use the layer flags and --resolutions, --slices, --attentions",
         ));
     }
-    if let Some(k) = p.job.set_fields().keys().find(|k| *k != "chip" && *k != "set") {
+    let kernel_ir = (!p.job.kernel_ir.is_empty()).then(|| "kernel_ir".to_string());
+    if let Some(k) = kernel_ir.or_else(|| p.job.spec.set_fields().keys().find(|k| *k != "chip" && *k != "set").cloned()) {
         return Err(CliError::input(format!(
             "--{}: a kernel job flag; with --layer only --chip and --set apply to the chip",
             k.replace('_', "-")
         )));
     }
-    let chip = crate::layer::chip(&p.job.chip, &p.job.set)?;
+    let chip = crate::layer::chip(&p.job.spec.chip, &p.job.spec.set)?;
     let runs = layer::run_layers(&b.spec, &chip, &b.axes.resolutions, &b.axes.slices, &b.axes.attentions)?;
     let f = LayerBreakdownFigure::from_runs(&runs, b.share, p.figure.title.as_deref());
     done(&f, &out, &f.title)

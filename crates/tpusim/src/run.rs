@@ -33,18 +33,6 @@ pub enum Format {
 pub struct RunArgs {
     #[command(flatten)]
     pub job: JobArgs,
-    /// Simulate a Pallas kernel read from its Mosaic IR: a kernel description file written by
-    /// `tpusim.jax.describe` (format: crates/tpusim-pallas/DESCRIPTION.md). The lowering fixed
-    /// the workload, mask and blocks, so of the job flags only --chip and --set apply (--timeline
-    /// and its window flags too: its steps carry their grid indices).
-    #[arg(long, value_name = "FILE.json")]
-    pub kernel_ir: Option<String>,
-    /// With --kernel-ir: the values of a runtime operand of the kernel (sequence lengths, page
-    /// tables), an integer `.npy` file, by the operand's name in the description (the traced
-    /// function's parameter name, or `prefetch N`). Repeat per operand; an operand the kernel
-    /// reads that is not given is an error naming it.
-    #[arg(long, value_name = "NAME=FILE.npy")]
-    pub runtime: Vec<String>,
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Table)]
     pub format: Format,
@@ -187,46 +175,6 @@ impl JobArgs {
     }
 }
 
-/// The job of `tpusim run --kernel-ir FILE`: the kernel description (its runtime operands bound
-/// from `--runtime`), on the chip of `--chip` and `--set` (every other job flag is refused by
-/// name).
-fn kernel_ir_job(a: &RunArgs, path: &str) -> Result<(ChipModel, tpusim_job::Job), CliError> {
-    let given: Vec<String> = a
-        .job
-        .job
-        .set_fields()
-        .keys()
-        .filter(|k| !matches!(k.as_str(), "chip" | "set" | "scope"))
-        .map(|k| format!("--{}", k.replace('_', "-")))
-        .chain(a.job.trace.iter().map(|_| "--trace".to_string()))
-        .collect();
-    if !given.is_empty() {
-        return Err(CliError::input(format!(
-            "{}: not with --kernel-ir: the kernel's lowering fixed its workload, mask and block sizes (of the job flags only --chip, --set and --scope apply; output flags such as --format and --timeline do too; re-lower with tpusim.jax to change them)",
-            given.join(", "),
-        )));
-    }
-    let spec = a.job.spec()?;
-    let chip = spec.chip().map_err(|e| a.job.chip_error(e))?;
-    let (mut desc, dir) = tpusim_pallas::Description::read(std::path::Path::new(path)).map_err(|e| CliError::input(format!("--kernel-ir {e}")))?;
-    let mut given = Vec::new();
-    for r in &a.runtime {
-        let (name, file) = r.split_once('=').ok_or_else(|| CliError::input(format!("--runtime {r}: expected NAME=FILE.npy")))?;
-        if given.iter().any(|(n, _): &(String, _)| n == name) {
-            return Err(CliError::input(format!("--runtime {name}: given twice (each runtime operand takes one file)")));
-        }
-        let v = tpusim_pallas::runtime::RuntimeValue::from_npy(std::path::Path::new(file)).map_err(|e| CliError::input(format!("--runtime {name}: {e}")))?;
-        given.push((name.to_string(), v));
-    }
-    tpusim_pallas::runtime::bind_runtime(&mut desc, &given).map_err(|e| CliError::input(e.to_string()))?;
-    let job = tpusim_job::DescribedJob::new(path, desc, dir);
-    let job = match spec.scope {
-        Some(scope) => job.with_scope(scope).map_err(|e| CliError::input(format!("--scope {scope}: {e}")))?,
-        None => job,
-    };
-    Ok((chip, tpusim_job::Job::Described(job)))
-}
-
 /// Writes the `--timeline` file of a run and appends what it holds to the
 /// report `text`; when the timeline cannot be written, prints the report first and returns why.
 fn with_timeline(a: &RunArgs, timed: &tpusim_plot::timeline::Timed<'_>, path: &str, text: String) -> Result<String, CliError> {
@@ -276,27 +224,17 @@ fn with_timeline(a: &RunArgs, timed: &tpusim_plot::timeline::Timed<'_>, path: &s
 }
 
 pub fn cmd_run(a: &RunArgs) -> Result<String, CliError> {
-    if !a.runtime.is_empty() && a.kernel_ir.is_none() {
-        return Err(CliError::input("--runtime: only with --kernel-ir (the values of a Pallas kernel's runtime operands)".to_string()));
-    }
-    // A kernel description's job flags are refused before the timeline is checked.
-    let described = a.kernel_ir.as_deref().map(|path| kernel_ir_job(a, path)).transpose()?;
+    // With no job flag at all (only --chip and --set), the built-in case study.
+    let case_study = a.job.is_default();
+    let spec = a.job.spec_or_default()?;
+    let chip = spec.chip().map_err(|e| a.job.chip_error(e))?;
+    // The job's fields are refused before the timeline is checked.
+    let job = spec.build(&chip).map_err(|e| a.job.error(e))?;
     if let Some(path) = &a.timeline {
         // Refuse an unwritable timeline before the simulation, not after it.
         tpusim_io::check_replace(std::path::Path::new(path), "run --timeline", a.force).map_err(|e| CliError::input(format!("--timeline {e}")))?;
     }
-    // With no job flag at all (only --chip and --set), the built-in case study.
-    let case_study = a.kernel_ir.is_none() && a.job.is_default();
-    let spec = if a.kernel_ir.is_some() { a.job.spec()? } else { a.job.spec_or_default()? };
-    let (chip, job) = match described {
-        Some(cj) => cj,
-        None => {
-            let chip = spec.chip().map_err(|e| a.job.chip_error(e))?;
-            let job = spec.build(&chip).map_err(|e| a.job.error(e))?;
-            (chip, job)
-        }
-    };
-    let r = run(&chip, &job).map_err(|e| match (&a.kernel_ir, a.job.error(&e)) {
+    let r = run(&chip, &job).map_err(|e| match (&spec.kernel_ir, a.job.error(&e)) {
         (Some(path), _) => CliError::input(format!("--kernel-ir {path}: {e}")),
         (None, CliError::Input(m)) if case_study => CliError::Input(format!(
             "{m} (this is the default job, {})",

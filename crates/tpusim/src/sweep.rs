@@ -80,12 +80,11 @@ pub struct MergeArgs {
 /// held fixed; the others are searched) and the search's own.
 #[derive(Args, Debug)]
 pub struct TuneArgs {
+    /// The job (--kernel-ir is refused: a kernel read from its Mosaic IR has the block sizes its
+    /// lowering fixed; rank candidates with `tpusim.jax.tune(make_fn, candidates, *args)`, as
+    /// the message says).
     #[command(flatten)]
     pub job: crate::run::JobArgs,
-    /// Refused: a kernel read from its Mosaic IR has the block sizes its lowering fixed; rank
-    /// candidates with `tpusim.jax.tune(make_fn, candidates, *args)` (the message says how).
-    #[arg(long, value_name = "FILE.json")]
-    pub kernel_ir: Option<String>,
     /// Configurations to list.
     #[arg(long, default_value_t = 10, allow_negative_numbers = true, value_parser = at_least_one)]
     pub top: usize,
@@ -238,7 +237,7 @@ fn stop_on_interrupt() -> std::sync::Arc<std::sync::atomic::AtomicBool> {
 pub const TUNE_KERNEL_IR: &str = "not with tpusim tune: a kernel read from its Mosaic IR has the block sizes its lowering fixed (block sizes live in the lowering, so each candidate is another lowering); rank candidates in Python with tpusim.jax.tune(make_fn, candidates, *args, chip=\"v6e\"), which lowers make_fn(candidate) for each and returns [(candidate, latency_ms, report)] fastest first, e.g. tpusim.jax.tune(lambda bq: make_kernel(block_q=bq), [256, 512, 1024], q, k, v)";
 
 pub fn cmd_tune(a: &TuneArgs) -> Result<String, CliError> {
-    if let Some(f) = &a.kernel_ir {
+    if let Some(f) = &a.job.spec()?.kernel_ir {
         return Err(CliError::input(format!("--kernel-ir {f}: {TUNE_KERNEL_IR}")));
     }
     // With no job flag: the default job's workload and kernel, its block sizes searched.

@@ -87,6 +87,26 @@ fn bound_by_is_the_what_if_table_and_each_row_is_the_run_with_its_overrides() {
     );
 }
 
+/// A host-timed call of a kernel read from its IR (`--scope call`) spends part of its time in
+/// the host's dispatch, and its what-if table has the host's row (halving the dispatch saves
+/// half of it), as a hand-modelled call's has; the kernel alone has none.
+#[test]
+fn a_host_timed_ir_call_has_a_host_row_in_its_what_if_table() {
+    let call = run_json(&["--scope", "call"]);
+    let (latency, host_ms) = (call["latency_ms"].as_f64().unwrap(), call["host_ms"].as_f64().unwrap());
+    assert!(host_ms > 0.0 && host_ms < latency, "{host_ms} of {latency} ms");
+    let table = call["what_if_2x"].as_array().unwrap();
+    let host = table.iter().find(|w| w["unit"] == "host").unwrap_or_else(|| panic!("no host row: {table:?}"));
+    assert!(host["set"][0].as_str().unwrap().starts_with("host.dispatch_us="), "{host}");
+    let gain = host["gain"].as_f64().unwrap();
+    assert!((gain - 0.5 * host_ms / latency).abs() < 1e-9, "gain {gain}, host {host_ms} of {latency} ms");
+    let kernel = run_json(&[]);
+    assert!(kernel["what_if_2x"].as_array().unwrap().iter().all(|w| w["unit"] != "host"), "{}", kernel["what_if_2x"]);
+    let f = fixture();
+    let text = ok(&["run", "--kernel-ir", &f, "--scope", "call"]);
+    assert!(text.lines().any(|l| l.starts_with("  what if 2x") && l.contains(", host -")), "{text}");
+}
+
 #[test]
 fn timeline_of_an_ir_kernel_adds_up_to_its_report() {
     let d = scratch("timeline");
@@ -145,7 +165,7 @@ fn bad_kernel_ir_input_is_refused_by_name() {
     input_error(&["run", "--kernel-ir", "/nonexistent/k.json"], &["--kernel-ir", "/nonexistent/k.json"]);
     input_error(&["run", "--kernel-ir", &f, "--block-q", "256"], &["--block-q", "not with --kernel-ir"]);
     // A description holds no XLA op around its kernel: scope op is refused, call adds the host.
-    input_error(&["run", "--kernel-ir", &f, "--scope", "op"], &["--scope op", "use `kernel` or `call`"]);
+    input_error(&["run", "--kernel-ir", &f, "--scope", "op"], &["--scope = op", "needs the XLA ops", "use kernel, or call"]);
     let kernel = run_json(&[]);
     let call = run_json(&["--scope", "call"]);
     let (k, c) = (kernel["latency_ms"].as_f64().unwrap(), call["latency_ms"].as_f64().unwrap());
@@ -383,7 +403,7 @@ fn a_sweep_over_description_files_and_chip_fields_has_the_ir_reports_rows() {
 #[test]
 fn bad_sweeps_of_description_files_name_the_key_and_the_file() {
     for (sweep, needles) in [
-        ("[axes]\nkernel_ir = [\"k.json\", \"missing.json\"]\n", vec!["axes.kernel_ir[1]", "missing.json", "cannot read"]),
+        ("[axes]\nkernel_ir = [\"k.json\", \"missing.json\"]\n", vec!["axes.kernel_ir[1]", "missing.json", "does not exist"]),
         ("[base]\nkernel_ir = \"nope.json\"\n[axes]\nchip = [\"v6e\"]\n", vec!["base.kernel_ir", "nope.json"]),
         ("[axes]\nkernel_ir = [\"k.json\"]\nblock_q = [256]\n", vec!["axes.block_q", "not in a sweep of kernel descriptions"]),
         ("[base]\nheads = 4\n[axes]\nkernel_ir = [\"k.json\"]\n", vec!["base.heads", "not in a sweep of kernel descriptions"]),
@@ -419,10 +439,7 @@ fn a_kernel_without_matmul_flops_is_left_off_the_roofline_and_a_timeline_takes_o
     // and in what the command prints (a fresh user saw one point listed and no word of the other).
     assert!(out.contains("elementwise: not drawn: it executes no matmul FLOPs"), "{out}");
     let t = d.join("t.svg");
-    input_error(
-        &["plot", "timeline", "--kernel-ir", &fixture(), "--kernel-ir", &ew, "--out", t.to_str().unwrap()],
-        &["given 2 times", "one kernel"],
-    );
+    input_error(&["plot", "timeline", "--kernel-ir", &fixture(), "--kernel-ir", &ew, "--out", t.to_str().unwrap()], &["--kernel-ir", "cannot be used multiple times"]);
 }
 
 /// A float carried through a loop (a `fori_loop` accumulator, which the simulator does not

@@ -6,23 +6,11 @@
 //!
 //! * **dkv kernel** (fused: it also writes dq): grid (kv blocks, q heads, q blocks), q innermost,
 //!   every dimension "arbitrary" (only a vmapped batch is parallel). Per computed step, for each
-//!   `block_kv_dkv_compute`-wide sub-tile s of the kv block (c rows) against the q block (bq
-//!   columns, q in lanes), with E = c x bq scores:
-//!
-//!   | op | unit | work |
-//!   |---|---|---|
-//!   | `q_scale` | VPU | bq d / 1024 (base-2 exp, once per step) |
-//!   | `qk` | MXU | c x d x bq (k_s q^T, recomputed) |
-//!   | `mask` | VPU | E / 1024 x mask ops (masked blocks only) |
-//!   | `p` | VPU, EUP | 2 E / 1024 (pop, subtract logsumexp; natural exp + E / 1024), E / 1024 exp |
-//!   | `dv` | MXU | c x bq x dv (p^T dO) after a bf16 cast of p (E / 1024) |
-//!   | `dp` | MXU | c x dv x bq (v_s dO^T) |
-//!   | `ds` | VPU | 3 E / 1024 (pop, dp - di, x p) + E / 1024 (cast) |
-//!   | `dk` | MXU | c x bq x d (ds q) |
-//!   | `ds_t` | XLU | E / 1024 (the transpose of the f32 ds for dq, after every ds slab, its result handed on whole; fused only) |
-//!   | `ds_t_cast` | VPU | E / 1024 (ds^T rounded to bf16 for the MXU, per bq row slab; fused only) |
-//!   | `dq` | MXU | bq x c x d (ds^T k_s, streamed by bq row slab; fused only) |
-//!   | `dv_acc`, `dk_acc`, `dq_acc` | VPU | 2 c dv / 1024, 2 c d / 1024, 2 bq d / 1024 (pop and add into f32 scratch; dq per bq row slab as it comes out) |
+//!   `block_kv_dkv_compute`-wide sub-tile of the kv block against the q block (q in lanes), the
+//!   body recomputes the scores and probabilities, runs the dv, dp and dk matmuls (fused, dq
+//!   too, after a transpose of ds) and accumulates into f32 scratch: the ops as the kernel's
+//!   Mosaic IR has them are written once in `splash::bwd_ops`, and the one op-cost table of the
+//!   body builder (`tpusim_model::body::cost`) prices them, so no cost is stated here.
 //!
 //!   The dk / dv scratch of a sub-tile is carried from one q step to the next (carried slots);
 //!   the dq scratch is zeroed and stored every step. tokamax runs its static grid: empty blocks

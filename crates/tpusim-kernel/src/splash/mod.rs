@@ -122,8 +122,7 @@ impl SplashConfig {
 
     /// The default family's configuration ([`Kernel::default`]) with the given blocks;
     /// `block_kv_compute` = `block_kv` when `compute` is `None` (every Splash family's rule).
-    /// The workload and chip are not read (kept so that callers name what the blocks are for).
-    pub fn with_blocks(_w: &AttentionCall, _chip: &ChipModel, block_q: u64, block_kv: u64, compute: Option<u64>) -> Self {
+    pub fn with_blocks(block_q: u64, block_kv: u64, compute: Option<u64>) -> Self {
         SplashConfig { block_q, block_kv, block_kv_compute: compute.unwrap_or(block_kv), ..SplashConfig::for_family(Kernel::default()) }
     }
 
@@ -206,6 +205,9 @@ fn op_body(kernel: Kernel, decl: &KernelDecl, s: &ops::FwdStep<'_>) -> StepBody 
 /// A step class's body arguments: (masked, first, runs, last); `None` for the empty step's
 /// class, whose body stays empty.
 pub(crate) type BodyArgs = Option<(bool, bool, bool, bool)>;
+
+/// A forward's step class by (tile kind: 0 partial, 1 full; first of its row; last of its row).
+type ClassOf = [[[u32; 2]; 2]; 2];
 
 /// Gives each class some step of the grid runs (`used`, from the step stream) the body `body`
 /// builds from its arguments; a class no step runs keeps its empty body (lowering builds only
@@ -710,7 +712,7 @@ fn fwd_smem(chip: &ChipModel, cfg: &SplashConfig, cl: &Classified, source: MaskS
 /// The classes' keys now, their bodies once the step stream says which classes run (a class no
 /// step runs keeps an empty body: a padded dense grid's masked tiles, for one, are never a
 /// row's first).
-fn fwd_classes(cfg: &SplashConfig, masked_kind: &dyn Fn(bool) -> bool) -> (Vec<StepClass>, Vec<BodyArgs>, [[[u32; 2]; 2]; 2], Option<u32>) {
+fn fwd_classes(cfg: &SplashConfig, masked_kind: &dyn Fn(bool) -> bool) -> (Vec<StepClass>, Vec<BodyArgs>, ClassOf, Option<u32>) {
     let mut classes =
         vec![StepClass { key: ClassKey { tile: "empty", masked: false, first: false, last: false }, body: StepBody::default() }];
     // Per class: the arguments of its body (`None`: the empty step's).
@@ -897,7 +899,7 @@ mod tests {
     }
 
     fn cfg(bq: u64, bkv: u64, c: u64) -> SplashConfig {
-        SplashConfig::with_blocks(&AttentionCall::video_default(), &v6e(), bq, bkv, Some(c))
+        SplashConfig::with_blocks(bq, bkv, Some(c))
     }
 
     #[test]
@@ -942,7 +944,7 @@ mod tests {
         assert!(lower(&v6e(), &w, &SplashConfig { kernel: Kernel::Splash, ..cfg(3024, 2048, 1024) }).is_ok());
         // One block over the whole q axis is its own array dimension.
         let short = AttentionCall { q_len: 1000, kv_len: 1024, ..AttentionCall::video_default() };
-        let one = SplashConfig { kernel: Kernel::SplashDense, ..SplashConfig::with_blocks(&short, &v6e(), 1000, 1024, Some(1024)) };
+        let one = SplashConfig { kernel: Kernel::SplashDense, ..SplashConfig::with_blocks(1000, 1024, Some(1024)) };
         assert!(lower(&v6e(), &short, &one).is_ok(), "{:?}", lower(&v6e(), &short, &one).err());
     }
 
@@ -952,7 +954,7 @@ mod tests {
         // kernel keeps its residuals q-major and takes any multiple of 8.
         let w = AttentionCall { q_len: 384, kv_len: 384, q_heads: 2, kv_heads: 2, ..AttentionCall::video_default() };
         let with = |kernel, q_dkv, q_dq, fused| {
-            let mut c = SplashConfig { kernel, ..SplashConfig::with_blocks(&w, &v6e(), 128, 128, Some(128)) };
+            let mut c = SplashConfig { kernel, ..SplashConfig::with_blocks(128, 128, Some(128)) };
             c.bwd = bwd::BwdBlocks { block_q_dkv: q_dkv, block_kv_dkv: 128, block_kv_dkv_compute: 128, block_q_dq: q_dq, block_kv_dq: 128, fused, ..c.bwd };
             c
         };

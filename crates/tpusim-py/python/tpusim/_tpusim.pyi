@@ -54,6 +54,9 @@ class Report:
     peak_tflops: float
     arithmetic_intensity: float
     grid_steps: int
+    # Grid steps that compute, over every kernel of the call: those whose body does MXU work (in a
+    # kernel without MXU work, any unit work); not the steps that only initialize or finalize an
+    # output. One definition for every kernel, hand-modelled or read from its IR, as `tpusim run`.
     steps_computed: int
     bound_rule: Literal["gain", "tied", "critical_path"] | None
     utilization: dict[str, float]

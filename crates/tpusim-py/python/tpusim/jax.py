@@ -1504,7 +1504,9 @@ def simulate(fn, *args, chip="v6e", device_kind=None, set=None, **options):
     Each is the `tpusim.Report` that `tpusim.simulate` returns, from the same run and report code:
     the same metrics by the same names with the same meanings (`latency_ms`, `cycles`, `flops`,
     `transcendentals`, `hbm_bytes`, `mfu`, `bottleneck` and `co_bound` from the what-if 2x table,
-    `what_if_2x`, `cost_estimate`, `band`, `grid_steps`, `steps_computed`, `vmem_bytes`, ...). Its
+    `what_if_2x`, `cost_estimate`, `band`, `grid_steps`, `steps_computed` (the grid steps whose body
+    does MXU work, or in a kernel without MXU work any unit work: not those that only initialize or
+    finalize an output; the count `tpusim.simulate` gives a hand-modelled kernel), `vmem_bytes`, ...). Its
     `job` is `{"kind": "described", "file", "kernel_name", "device_kind"}`, it adds
     `declared_cost_estimate`, `smem_bytes` and `assumptions` (what the IR path assumed), and it has
     no attention-only fields (masks, densities, the dense baseline): reading one raises an
@@ -1594,8 +1596,8 @@ def tune(make_fn, candidates, *args, chip="v6e", device_kind=None, set=None, top
     """Lowers `make_fn(candidate)` for each candidate (block sizes live in the lowering) and
     simulates it; returns a `TuneResult`: [(candidate, latency_ms, CallReport)] fastest first
     (the `top` fastest when given). Candidates that fail (a lowering error, VMEM overflow) are
-    left out of the ranking, listed with their reasons in the result's `failures` (and in
-    `tune.last_failures`), and a warning says how many failed and why the first did."""
+    left out of the ranking, listed with their reasons in the result's `failures`, and a warning
+    says how many failed and why the first did."""
     import warnings
 
     if top is not None and (isinstance(top, bool) or not isinstance(top, int) or top < 1):
@@ -1608,7 +1610,6 @@ def tune(make_fn, candidates, *args, chip="v6e", device_kind=None, set=None, top
         except InputError as e:
             failures.append((c, str(e)))
     ranked.sort(key=lambda x: x[1])
-    tune.last_failures = failures
     if not ranked:
         if not failures:
             raise InputError("candidates: none given (an empty list); give the block sizes (or other values) make_fn takes")
@@ -1621,9 +1622,6 @@ def tune(make_fn, candidates, *args, chip="v6e", device_kind=None, set=None, top
             stacklevel=2,
         )
     return TuneResult(ranked[:top] if top else ranked, failures)
-
-
-tune.last_failures = []
 
 
 # ----------------------------------------------------------------------------------------------

@@ -274,16 +274,6 @@ impl BlockMap {
         self.classes[((h * self.nq() + qi) * self.nk() + kj) as usize]
     }
 
-    /// Counts of empty, partial and full blocks of head `h`.
-    pub fn class_counts(&self, h: u64) -> [u64; 3] {
-        let per = (self.nq() * self.nk()) as usize;
-        let mut c = [0u64; 3];
-        for &x in &self.classes[h as usize * per..(h as usize + 1) * per] {
-            c[x as usize] += 1;
-        }
-        c
-    }
-
     /// Whether the element masks of the partial blocks are known.
     pub fn has_element_masks(&self) -> bool {
         self.partial.is_some()

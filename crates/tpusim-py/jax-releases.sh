@@ -66,7 +66,8 @@ done
 wheels="$root/target/wheels/tpusim-py"
 if [ "$build" = 1 ]; then
   venv=$("$here/env.sh")
-  cargo build --release -p tpusim --quiet
+  # The tpusim binary the tests call, as test.sh builds it (the workspace tests' features).
+  cargo test --workspace --release --no-run --quiet
   rm -rf "$wheels"
   "$venv/bin/maturin" build --release --quiet -m "$here/Cargo.toml" -o "$wheels"
 fi

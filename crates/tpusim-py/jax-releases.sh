@@ -132,7 +132,8 @@ for r in "${releases[@]}"; do
   rc=$?
   set -e
   secs=$(( $(date +%s) - start ))
-  summary=$(grep -E '^=+ .*(passed|failed|error|no tests ran).* =+$' "$log" | tail -n 1 | sed -E 's/^=+ //; s/ =+$//' || true)
+  # pytest's closing line (-q: "144 passed, 96 deselected in 98.1s"; else framed in "=").
+  summary=$(grep -E '^=* ?[0-9]+ (passed|failed|errors?|skipped|deselected)|no tests ran' "$log" | tail -n 1 | sed -E 's/^=+ //; s/ =+$//' || true)
   count() { echo "$summary" | grep -oE "[0-9]+ $1" | grep -oE '[0-9]+' || echo 0; }
   echo "JAX $r: ${summary:-no summary (exit $rc)}, $secs s (log: $log)" >&2
   results+=("$(printf '| %-8s | %6s | %6s | %6s | %7s | %7s |' "$r" "$(count passed)" "$(count failed)" "$(count 'errors?')" "$(count skipped)" "$secs")")

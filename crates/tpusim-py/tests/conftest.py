@@ -13,6 +13,31 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 
+#: The IR-path tests (marker `jax_ir`): every test of these modules lowers kernels or programs with
+#: the installed JAX and reads their IR (the README's kernels, JAX's flash attention, Splash forward
+#: and backward, paged and ragged paged attention, megablox gmm, the agreement suite, meshes and
+#: whole programs). `jax-releases.sh` runs them under each tested JAX release (`pytest -m jax_ir`).
+JAX_IR_MODULES = {
+    "test_jax_ir.py",
+    "test_ir_inputs.py",
+    "test_decode.py",
+    "test_serving_kernel_ir.py",
+    "test_runtime_sized.py",
+    "test_agreement.py",
+    "test_program.py",
+    "test_jax_releases.py",
+}
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "jax_ir: lowers kernels with the installed JAX and reads their IR (jax-releases.sh runs these under each release)")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.name in JAX_IR_MODULES:
+            item.add_marker(pytest.mark.jax_ir)
+
 
 def cli_path():
     p = os.environ.get("TPUSIM_BIN") or str(ROOT / "target" / "release" / "tpusim")

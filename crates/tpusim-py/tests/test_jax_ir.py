@@ -17,7 +17,7 @@ from conftest import run_cli
 def test_version_and_description_version_match_the_reader(tmp_path):
     import jax
 
-    assert jax.__version__ == tj.SUPPORTED_JAX
+    assert jax.__version__ in tj.TESTED_JAX
     # The description version the module writes is the one the Rust reader reads.
     paths = tj.describe(tutorial_matmul(256, 256, 256), bf16(512, 512), bf16(512, 512), path=tmp_path / "mm.json")
     d = json.loads(open(paths[0]).read())
@@ -149,7 +149,7 @@ def _renamed_splash():
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
 
     src = open(sk.__file__).read()
-    anchor = "    qk = apply_mask_and_soft_cap()\n    assert not isinstance(qk, tuple)\n"
+    anchor = "    qk = apply_mask_and_soft_cap()\n"
     assert src.count(anchor) == 1, "the Splash source changed: update the anchor"
     src = src.replace(anchor, anchor + "    qk = qk * 1.0001\n")
     name_anchor = 'return f"splash_{attention_type}'
@@ -202,14 +202,6 @@ def test_branch_on_a_runtime_table_names_the_operand():
     # Given as concrete values, the same call simulates.
     r = tj.simulate(block_sparse_matmul_runtime(nb, b), jnp.asarray(mask), bf16(nb * b, nb * b), bf16(nb * b, b))[0]
     assert r.steps_computed == nb
-
-
-def test_another_jax_version_is_refused(monkeypatch):
-    import jax
-
-    monkeypatch.setattr(jax, "__version__", "0.9.0")
-    with pytest.raises(tpusim.InputError, match=f"JAX 0.9.0 is installed; tpusim.jax reads the Mosaic IR of JAX {tj.SUPPORTED_JAX} only"):
-        tj.simulate(tutorial_matmul(256, 256, 256), bf16(512, 512), bf16(512, 512))
 
 
 def test_a_kernel_from_its_ir_is_reported_as_a_report_with_what_if_bound(tmp_path):

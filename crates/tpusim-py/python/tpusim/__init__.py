@@ -5,7 +5,7 @@
 `measurements_from_trace(...)` reads them from an XProf / Perfetto trace. Masks may be JAX Splash
 mask objects or NumPy arrays; block sizes a Splash `BlockSizes`.
 
-`tpusim.jax` (needs the `tpusim[jax]` extra) simulates your own Pallas kernels from their TPU
+`tpusim.jax` (needs JAX 0.9.0 to 0.10.2: the package's `jax` extra) simulates your own Pallas kernels from their TPU
 lowering: `tpusim.jax.simulate(fn, *args, chip="v6e")`. It is imported on demand, so that
 `import tpusim` never imports JAX.
 """

@@ -14,8 +14,13 @@ ask which generation they lower for), each `tpu_custom_call` in the result is de
 (`crates/tpusim-pallas/DESCRIPTION.md`), which the Rust crate `tpusim-pallas` lowers to the
 engine's program. This module only reads IR and writes descriptions: all modelling is in Rust.
 
-Supported JAX: exactly the version in `SUPPORTED_JAX` (the `tpu` dialect changes between
-releases). `simulate` times the kernels and lists the XLA ops outside them as not simulated;
+Supported JAX: the releases in `TESTED_JAX` (0.9.0 to 0.10.2; `jax-releases.sh` runs the IR-path
+tests under each). The lowering, the reader and the host evaluation adapt to the installed
+release, each difference in one place (`JAX_CHANGES` lists them); ops an older release emits for a
+computation are rewritten into the newest release's form, so one kernel source gives one
+description under every release. A newer release is tried with a `JaxReleaseWarning`; an op or
+attribute the reader does not know is an error naming it, the kernel, the source line and the
+release. `simulate` times the kernels and lists the XLA ops outside them as not simulated;
 `simulate_program(fn, *args, chip=..., slice="2x4", mesh=tpusim.jax.mesh(...))` times the whole
 program (fusions, dots, collectives under `shard_map`, kernels; crate `tpusim-program`).
 """
@@ -31,8 +36,11 @@ from . import _tpusim
 
 InputError = _tpusim.InputError
 
-#: The JAX release this module reads the IR of (the `tpusim[jax]` extra pins it).
-SUPPORTED_JAX = "0.10.2"
+#: The JAX releases this module is tested with, oldest first: `crates/tpusim-py/jax-releases.sh`
+#: runs the IR-path tests under each (CPython 3.11 gets none newer from PyPI), and the package's
+#: `jax` extra allows this range. An older release is refused; a newer one (or an untested one inside
+#: the range, such as a development build) is tried with a `JaxReleaseWarning`.
+TESTED_JAX = ("0.9.0", "0.9.0.1", "0.9.1", "0.9.2", "0.10.0", "0.10.1", "0.10.2")
 
 #: Chip preset -> (JAX device kind, TensorCores per JAX device) to lower under. The kinds are
 #: the strings `jax._src.pallas.mosaic.tpu_info.chip_version_from_device_kind` maps to each
@@ -53,19 +61,121 @@ DESCRIPTION_VERSION = 1
 INLINE_TABLE_LIMIT = 4096
 
 
+class JaxReleaseWarning(UserWarning):
+    """The installed JAX is not one of `TESTED_JAX` (a newer release): it is tried."""
+
+
+#: Each difference between the tested JAX releases that tpusim.jax adapts to, handled in one place
+#: each: (the first release with the newer behaviour, what changed, where it is handled). The
+#: reader rewrites an older release's ops into the newest release's form, so the hand models and
+#: the Rust side know one form only.
+JAX_CHANGES = (
+    ("0.9.1", "`jnp.tile` lowers to `tpu.concatenate` of copies (0.9.0, 0.9.0.1: one `tpu.repeat` per dimension, "
+     "a repeat of 1 a copy)", "_Reader._repeat"),
+    ("0.9.1", "a store to a kernel window no longer casts the value it stores and the value it reads back to "
+     "their own type (0.9.0, 0.9.0.1: identity `vector.shape_cast`s; a store to scratch keeps them)", "_Reader._old_shape_cast"),
+    ("0.9.1", "a boolean scalar broadcast to a vector lowers to a `vector.broadcast` to `i1` (0.9.0, 0.9.0.1: "
+     "an integer `select(flag, 1, 0)` broadcast and compared with a broadcast 1)", "_Reader._old_bool_broadcast"),
+    ("0.9.1", "`lax.transpose` lowers to `tpu.transpose` (0.9.0, 0.9.0.1: `vector.transpose`, same permutation)",
+     "_Reader._old_transpose"),
+    ("0.9.1", "an op's location holds the kernel's frames only (0.9.0, 0.9.0.1: the whole traceback of the trace, "
+     "the op's own line first)", "_loc"),
+    ("0.9.2", "`jax.experimental.pallas.tpu` imports `absl` without requiring absl-py (0.9.2 only)",
+     "the package's `jax` extra (pyproject.toml) and jax-releases.sh install absl-py"),
+    ("0.10.0", "the kernel function carries `tpu.core_type` (a TensorCore kernel: `#tpu.core_type<tc>`)",
+     "_KERNEL_ATTRS (other core types are refused)"),
+    ("0.10.1", "`jax.sharding.AbstractDevice` takes `platform` (before: device kind and cores only)",
+     "_JaxRelease.abstract_device"),
+    ("0.10.1", "`tpu.matmul` carries `transpose_lhs_hint` (false from Pallas)", "_OP_ATTRS (true is refused)"),
+    ("0.10.1", "a `fori_loop` with bounds known at run time lowers to a main loop and a remainder loop "
+     "(before: one loop; the remainder runs no iteration at unroll 1)", "nothing to adapt: both loops are read"),
+)
+
+
+def _release_key(version):
+    """A release's numbers for ordering: "0.9.0.1" -> (0, 9, 0, 1); a suffix such as ".dev2026" or
+    "rc1" ends the numbers (a development build of 0.10.3 orders as 0.10.3)."""
+    import re
+
+    nums = []
+    for part in str(version).split("."):
+        m = re.match(r"\d+", part)
+        if not m:
+            break
+        nums.append(int(m.group(0)))
+        if m.group(0) != part:
+            break
+    return tuple(nums)
+
+
+class _JaxRelease:
+    """The installed JAX release and the adaptations that depend on it (`JAX_CHANGES`)."""
+
+    def __init__(self, version):
+        self.version = version
+        self.key = _release_key(version)
+
+    def before(self, release):
+        """Whether the installed release is older than `release` (an entry of `JAX_CHANGES`)."""
+        return self.key < _release_key(release)
+
+    def abstract_device(self, kind, cores):
+        """The `jax.sharding.AbstractDevice` of a TPU device kind: JAX 0.10.1 added its `platform`
+        (Pallas lowering rules ask it); 0.9.0 to 0.10.0 take the device kind and core count only
+        and lower for the platform `jax.export` is given. Read from the class's fields, so that a
+        release tried as untested gets the form its class has."""
+        import dataclasses
+
+        from jax.sharding import AbstractDevice
+
+        fields = {f.name for f in dataclasses.fields(AbstractDevice)} if dataclasses.is_dataclass(AbstractDevice) else set()
+        if "platform" not in fields:
+            return AbstractDevice(device_kind=kind, num_cores=cores)
+        return AbstractDevice(device_kind=kind, num_cores=cores, platform="tpu")
+
+
+_RANGE = f"{TESTED_JAX[0]} to {TESTED_JAX[-1]}"
+_INSTALL = (
+    f"pip install 'jax[cpu]=={TESTED_JAX[-1]}' (or any release from {_RANGE}), or from a clone of tpusim "
+    "pip install './crates/tpusim-py[jax]'"
+)
+_warned = set()
+
+
 def _jax():
     try:
         import jax
     except ImportError as e:  # pragma: no cover - depends on the environment
-        raise InputError(
-            f"tpusim.jax needs JAX {SUPPORTED_JAX} for CPU: pip install 'tpusim[jax]' (jax[cpu]=={SUPPORTED_JAX})"
-        ) from e
-    if jax.__version__ != SUPPORTED_JAX:
-        raise InputError(
-            f"JAX {jax.__version__} is installed; tpusim.jax reads the Mosaic IR of JAX {SUPPORTED_JAX} only "
-            f"(the tpu dialect changes between releases): pip install 'jax[cpu]=={SUPPORTED_JAX}'"
-        )
+        raise InputError(f"tpusim.jax needs JAX ({_RANGE}) for CPU: {_INSTALL}") from e
+    _release(jax)
     return jax
+
+
+def _release(jax=None):
+    """The installed release (`_JaxRelease`): an older one than `TESTED_JAX` is refused; one not
+    listed there (newer) is tried with a `JaxReleaseWarning`, once per process."""
+    if jax is None:
+        import jax
+    version = jax.__version__
+    key = _release_key(version)
+    if not key or key < _release_key(TESTED_JAX[0]):
+        raise InputError(
+            f"JAX {version} is installed; tpusim.jax reads the Mosaic IR of JAX {_RANGE} (the tpu dialect changes "
+            f"between releases): {_INSTALL}"
+        )
+    if version not in TESTED_JAX and version not in _warned:
+        import warnings
+
+        _warned.add(version)
+        newer = key > _release_key(TESTED_JAX[-1])
+        warnings.warn(
+            f"JAX {version} is {'newer than the releases' if newer else 'not one of the releases'} tpusim.jax is tested with "
+            f"({_RANGE}: {', '.join(TESTED_JAX)}); it is tried as {TESTED_JAX[-1]}: an op or attribute its lowering emits "
+            "that the reader does not know is an error naming it, and the predictions are not checked against this release",
+            JaxReleaseWarning,
+            stacklevel=4,
+        )
+    return _JaxRelease(version)
 
 
 def _device_kind(chip, device_kind):
@@ -95,23 +205,23 @@ def mesh(shape, axis_names, chip="v6e", device_kind=None):
     (row-major over its axes) is chip i of the slice in row-major order of the slice shape."""
     jax = _jax()
     kind, cores = _device_kind(chip, device_kind)
-    from jax.sharding import AbstractDevice, AbstractMesh, AxisType
+    from jax.sharding import AbstractMesh, AxisType
 
     shape, axis_names = tuple(int(x) for x in shape), tuple(axis_names)
     if len(shape) != len(axis_names) or not shape or any(x < 1 for x in shape):
         raise InputError(f"mesh: shape {shape} and axis_names {axis_names}: one positive size per named axis")
     return AbstractMesh(
         shape, axis_names, axis_types=(AxisType.Auto,) * len(shape),
-        abstract_device=AbstractDevice(device_kind=kind, num_cores=cores, platform="tpu"),
+        abstract_device=_release(jax).abstract_device(kind, cores),
     )
 
 
 def _mesh_for(chip, device_kind):
     """The one-device abstract mesh of `chip`'s device kind that functions are lowered under."""
-    from jax.sharding import AbstractDevice, AbstractMesh
+    from jax.sharding import AbstractMesh
 
     kind, cores = _device_kind(chip, device_kind)
-    return AbstractMesh((1,), ("x",), abstract_device=AbstractDevice(device_kind=kind, num_cores=cores, platform="tpu"))
+    return AbstractMesh((1,), ("x",), abstract_device=_release().abstract_device(kind, cores))
 
 
 def lower(fn, *args, chip="v6e", device_kind=None, mesh=None):
@@ -332,14 +442,18 @@ def _memspace(t):
     return "vmem"
 
 
-def _loc(op):
+def _loc(op, release=None):
+    """An op's source line, `file.py:line`, from its MLIR location: the last frame of the chain
+    (JAX 0.9.1 and later keep the kernel's frames only, the kernel function's line last); under
+    `release` before 0.9.1 the first (0.9.0 and 0.9.0.1 keep the whole Python traceback of the
+    trace, the op's own line first and the caller of `jax.export` last)."""
     s = str(op.location)
     # loc("name"("file":line:col)) -> file:line
     import re
 
     m = re.findall(r'"([^"]+\.py)":(\d+)', s)
     if m:
-        f, line = m[-1]
+        f, line = m[0] if release is not None and release.before("0.9.1") else m[-1]
         return f"{os.path.basename(f)}:{line}"
     return s[4:-1] if s.startswith("loc(") else s
 
@@ -389,10 +503,11 @@ def _is_kernel_func(f):
 class _Reader:
     """Reads one kernel module into a description dict."""
 
-    def __init__(self, module, kernel_name, prefetch_values, smem_input_values=None):
+    def __init__(self, module, kernel_name, prefetch_values, release, smem_input_values=None):
         self.module = module
         self.kernel_name = kernel_name
         self.prefetch_values = prefetch_values
+        self.release = release
         # Input window -> the values of an SMEM input (a table the call passes in SMEM without
         # scalar prefetch: a grid-less `pallas_call`'s or a `pl.kernel`'s `pltpu.SMEM` operand).
         self.smem_input_values = smem_input_values or {}
@@ -429,6 +544,9 @@ class _Reader:
             _, _, ir, _ = _ir()
             self._asm = ir.AsmState(self.module.operation)
         return _Key(v.get_name(self._asm), hash(v))
+
+    def _loc(self, op):
+        return _loc(op, self.release)
 
     def _new_id(self):
         self.next_id += 1
@@ -568,6 +686,10 @@ class _Reader:
             name = op.name
             if name in ("func.return",):
                 continue
+            self._check_known(op)
+            rewrite = _REWRITES.get(name)
+            if rewrite is not None and (rewrite[0] is None or self.release.before(rewrite[0])) and getattr(self, rewrite[1])(op, out):
+                continue
             if name == "scf.yield":
                 ops = []
                 for x in op.operands:
@@ -590,7 +712,7 @@ class _Reader:
                     for y in region:
                         if y.get("op") == "scf.yield":
                             y["attrs"] = {"results": ids}
-                out.append({"op": "scf.if", "cond": cond, "then": then, "else": els, "loc": _loc(op)})
+                out.append({"op": "scf.if", "cond": cond, "then": then, "else": els, "loc": self._loc(op)})
                 continue
             if name == "scf.for":
                 lo, hi, st = (self.scalar(x) for x in op.operands[:3])
@@ -621,7 +743,7 @@ class _Reader:
                 for y in body:
                     if y.get("op") == "scf.yield":
                         y["attrs"] = {"results": ids}
-                d = {"op": "scf.for", "lower": lo, "upper": hi, "step": st, "then": body, "loc": _loc(op)}
+                d = {"op": "scf.for", "lower": lo, "upper": hi, "step": st, "then": body, "loc": self._loc(op)}
                 if carried:
                     d["attrs"] = {"carried": carried, "init": init, "yield": yields, "results": results}
                 out.append(d)
@@ -630,7 +752,7 @@ class _Reader:
                 before, after = op.regions[0].blocks[0], op.regions[1].blocks[0]
                 if any(_is_vector(a.type) for a in list(before.arguments) + list(after.arguments)):
                     raise InputError(
-                        f"kernel `{self.kernel_name}`: scf.while at {_loc(op)}: a lax.while_loop that carries a vector "
+                        f"kernel `{self.kernel_name}`: scf.while at {self._loc(op)}: a lax.while_loop that carries a vector "
                         "is not read (its trip count and carried values are found from scalars only): keep the vector "
                         "in a ref the loop body reads and writes (a pltpu.VMEM scratch, or the output block) and carry "
                         "only scalars, or use lax.fori_loop, whose vector carries are read"
@@ -658,7 +780,7 @@ class _Reader:
                     self.scalars[self._key(r)] = ["var", i]
                     results.append(i)
                 out.append({
-                    "op": "scf.while", "cond": cond, "then": body, "else": before_ops, "loc": _loc(op),
+                    "op": "scf.while", "cond": cond, "then": body, "else": before_ops, "loc": self._loc(op),
                     "attrs": {"carried": carried, "init": init, "forward": forward, "args": args, "yield": yields, "results": results},
                 })
                 continue
@@ -699,12 +821,12 @@ class _Reader:
                 ri = self.refs[self._key(op.operands[0])]
                 i = self._new_id()
                 self.scalars[self._key(op.results[0])] = ["var", i]
-                out.append({"op": "memref.load", "id": i, "operands": [{"ref": ri}], "attrs": {"index": [self.scalar(x) for x in op.operands[1:]]}, "loc": _loc(op)})
+                out.append({"op": "memref.load", "id": i, "operands": [{"ref": ri}], "attrs": {"index": [self.scalar(x) for x in op.operands[1:]]}, "loc": self._loc(op)})
                 continue
             if name == "memref.store" and self.refs.get(self._key(op.operands[1])) is not None:
                 ri = self.refs[self._key(op.operands[1])]
                 if self.ref_kinds[ri] == "prefetch" or self.ref_spaces[ri] == "smem":
-                    out.append({"op": "memref.store", "id": self._new_id(), "operands": [{"ref": ri}], "attrs": {"value": self.scalar(op.operands[0]), "index": [self.scalar(x) for x in op.operands[2:]]}, "loc": _loc(op)})
+                    out.append({"op": "memref.store", "id": self._new_id(), "operands": [{"ref": ri}], "attrs": {"value": self.scalar(op.operands[0]), "index": [self.scalar(x) for x in op.operands[2:]]}, "loc": self._loc(op)})
                 continue
             vector_result = any(_is_vector(r.type) for r in op.results)
             if not vector_result and name not in _VECTOR_SIDE_EFFECTS:
@@ -716,6 +838,136 @@ class _Reader:
                 continue
             out.append(self.vector_op(op))
         return out
+
+    # what the reader knows, and older releases' ops --------------------------------------
+    def _unknown(self, op, what):
+        """The error for an op or attribute the reader does not know."""
+        r = self.release
+        tested = r.version in TESTED_JAX
+        return InputError(
+            f"kernel `{self.kernel_name}`, {self._loc(op)}: {what} (lowered by JAX {r.version}, "
+            f"{'a tested release' if tested else f'not a tested release: tpusim.jax is tested with JAX {_RANGE}'}): "
+            "tpusim.jax does not know what it costs, and takes nothing unknown as free or as zero; "
+            + ("a kernel with it cannot be simulated yet" if tested else f"with JAX {TESTED_JAX[-1]} ({_INSTALL}) the kernel may lower to ops it knows")
+        )
+
+    def _check_known(self, op):
+        """Refuses an op the reader does not know, or an attribute of an op it does not know or
+        with a value it does not model (`_OP_ATTRS`). Scalar ops it does not know become
+        `["unknown", ...]` expressions instead, refused only where they steer the path."""
+        name = op.name
+        known = _OP_ATTRS.get(name)
+        if known is None:
+            if any(_is_vector(r.type) for r in op.results) or (not op.results and name not in _SCALAR_FREE):
+                raise self._unknown(op, f"`{name}` is an op the reader does not know")
+            return
+        for an in op.attributes:
+            an = an if isinstance(an, str) else an.name
+            if an not in known:
+                raise self._unknown(op, f"`{name}` has the attribute `{an}` = {op.attributes[an]}, which the reader does not know")
+            want = known[an]
+            if want is not None and str(op.attributes[an]) not in want:
+                raise self._unknown(
+                    op, f"`{name}` has `{an}` = {op.attributes[an]}, and the reader models it at {' or '.join(want)} only"
+                )
+
+    def _alias(self, result, source):
+        """`result` is the value `source` is (an op that does not change it)."""
+        k = self._key(source)
+        if k in self.ids:
+            self.ids[self._key(result)] = self.ids[k]
+            return True
+        return False
+
+    def _repeat(self, op, out):
+        """JAX before 0.9.1 (0.9.0, 0.9.0.1): `jnp.tile` lowers to one `tpu.repeat` per
+        dimension (so does `pltpu.repeat`, which 0.10 removed), a repeat of 1 leaving its operand
+        as it is; 0.9.1 and later lower it to a `tpu.concatenate` of the copies. Rewritten so, in
+        every release (the op means the same in each): a repeat of 1 is its operand, a repeat of
+        n a concatenation of n copies along its dimension."""
+        times = self._int_attr(op.attributes["times"])
+        src = op.operands[0]
+        if times == 1:
+            return self._alias(op.results[0], src)
+        out.append(self.vector_op(op, name="tpu.concatenate", operands=[src] * times))
+        return True
+
+    def _old_shape_cast(self, op, out):
+        """JAX before 0.9.1 (0.9.0, 0.9.0.1): a store to a kernel window (an input or output
+        block) casts the value it stores, and the old value it reads back, to their own type (a
+        `vector.shape_cast` from a type to itself: the value's sharding differs from the
+        window's under the abstract mesh the kernel is lowered in); 0.9.1 and later cast so only
+        for a scratch ref (`pltpu.VMEM`). Such a cast into a window, or of a window's read-back
+        that nothing uses, is its operand; every other cast is read as it is."""
+        src, res = op.operands[0], op.results[0]
+        if str(src.type) != str(res.type):
+            return False
+        uses = [(u.owner.operation if hasattr(u.owner, "operation") else u.owner, u.operand_number) for u in res.uses]
+        if not uses:
+            load = src.owner
+            if isinstance(load, _ir()[2].Block) or load.name not in ("vector.load", "tpu.strided_load") or not self._is_window(load.operands[0]):
+                return False
+            return True
+        if not all(o.name in _STORES and n == 0 and self._is_window(o.operands[1]) for o, n in uses):
+            return False
+        return self._alias(res, src)
+
+    def _old_bool_broadcast(self, op, out):
+        """JAX before 0.9.1 (0.9.0, 0.9.0.1): a boolean scalar broadcast to a vector (`jnp.
+        broadcast_to(flag, shape)`, Splash's partial-block flag) lowers as an integer: `select(flag,
+        1, 0)` broadcast, a broadcast 1, and `cmpi eq` of the two; 0.9.1 and later broadcast the
+        boolean (`vector.broadcast` to `i1`). The two broadcasts are dropped and the comparison
+        read as that one broadcast of the flag."""
+        if op.name == "arith.cmpi":
+            flag = self._bool_broadcast_flag(op)
+            if flag is None:
+                return False
+            out.append(self.vector_op(op, name="vector.broadcast", operands=[flag]))
+            return True
+        # A broadcast of the pattern: read at its comparison.
+        uses = [u.owner.operation if hasattr(u.owner, "operation") else u.owner for u in op.results[0].uses]
+        return len(uses) == 1 and uses[0].name == "arith.cmpi" and self._bool_broadcast_flag(uses[0]) is not None
+
+    def _bool_broadcast_flag(self, cmp):
+        """The boolean scalar an older release's `cmpi eq (broadcast (select flag 1 0)),
+        (broadcast 1)` broadcasts, or None when `cmp` is not that."""
+        _, _, ir, _ = _ir()
+        if self._int_attr(cmp.attributes["predicate"]) != 0 or len(cmp.operands) != 2 or not _is_vector(cmp.results[0].type):
+            return None
+
+        def owner(v):
+            o = v.owner
+            return None if isinstance(o, ir.Block) else (o.operation if hasattr(o, "operation") else o)
+
+        def const(v):
+            o = owner(v)
+            return self._int_attr(o.attributes["value"]) if o is not None and o.name == "arith.constant" else None
+
+        a, b = (owner(x) for x in cmp.operands)
+        if a is None or b is None or a.name != "vector.broadcast" or b.name != "vector.broadcast":
+            return None
+        if any(sum(1 for _ in x.results[0].uses) != 1 for x in (a, b)) or const(b.operands[0]) != 1:
+            return None
+        sel = owner(a.operands[0])
+        if sel is None or sel.name != "arith.select" or _is_vector(sel.results[0].type):
+            return None
+        if const(sel.operands[1]) != 1 or const(sel.operands[2]) != 0 or str(sel.operands[0].type) != "i1":
+            return None
+        return sel.operands[0]
+
+    def _is_window(self, v):
+        """Whether the memref `v` is a kernel window (an input or output block) or a view of one."""
+        k = self._key(v)
+        ri = self.refs.get(k)
+        if ri is None and k in self.views:
+            ri = self.views[k][0]
+        return ri is not None and 0 <= ri < len(self.ref_kinds) and self.ref_kinds[ri] in ("input", "output")
+
+    def _old_transpose(self, op, out):
+        """JAX before 0.9.1: `lax.transpose` lowers to `vector.transpose`; 0.9.1 and later to
+        `tpu.transpose` with the same permutation."""
+        out.append(self.vector_op(op, name="tpu.transpose"))
+        return True
 
     def _dims(self, v):
         """A memref value's dimensions: integers, and for the ones sized at run time (MLIR's `?`)
@@ -842,9 +1094,12 @@ class _Reader:
             return {"scalar": self.scalar(x)}
         return "other"
 
-    def vector_op(self, op):
-        name = op.name
-        d = {"op": name, "operands": [self.operand(x) for x in op.operands], "loc": _loc(op)}
+    def vector_op(self, op, name=None, operands=None):
+        """The description of a vector or side-effect op; `name` and `operands` (MLIR values)
+        replace the op's own for an older release's op rewritten into the newest form."""
+        name = name or op.name
+        operands = list(op.operands) if operands is None else operands
+        d = {"op": name, "operands": [self.operand(x) for x in operands], "loc": self._loc(op)}
         if len(op.results) >= 1:
             shape, dtype = _shape_dtype(op.results[0].type)
             d["shape"], d["dtype"] = shape, dtype
@@ -910,6 +1165,13 @@ class _Reader:
     def read(self, grid_refs_from_call):
         f = self.main
         a = f.attributes
+        for an in a:
+            an = an if isinstance(an, str) else an.name
+            want = _KERNEL_ATTRS.get(an, ())
+            if want == ():
+                raise self._unknown(f.operation, f"the kernel function has the attribute `{an}` = {a[an]}, which the reader does not know")
+            if want is not None and str(a[an]) not in want:
+                raise self._unknown(f.operation, f"the kernel function has `{an}` = {a[an]}, and the reader models {' or '.join(want)} only")
         grid = list(_ints(a["iteration_bounds"])) if "iteration_bounds" in a else []
         sem = [str(x).split("<")[-1].rstrip(">") for x in a["dimension_semantics"]] if "dimension_semantics" in a else []
         nprefetch = self._int_attr(a["scalar_prefetch"]) if "scalar_prefetch" in a else 0
@@ -945,6 +1207,9 @@ class _Reader:
                 wp = windows[w] if w < len(windows) else None
                 if wp is not None:
                     wp = _dict_attr(wp)
+                    for key in wp:
+                        if key not in ("transform_indices", "window_bounds", "pipeline_mode"):
+                            raise self._unknown(f.operation, f"the window of {nm} has `{key}` = {wp[key]}, which the reader does not know")
                     if "window_bounds" in wp:
                         ref["shape"] = list(_ints(wp["window_bounds"]))
                     if "transform_indices" in wp:
@@ -1023,6 +1288,134 @@ def _affine_expr(e, kernel, ref_name):
 
 _VECTOR_SIDE_EFFECTS = {"tpu.vector_store", "vector.store", "tpu.store", "tpu.strided_store", "tpu.enqueue_dma", "tpu.wait_dma2", "tpu.wait_dma", "tpu.sem_signal", "tpu.sem_wait"}
 _SCALAR_FREE = {"memref.store", "tpu.trace_start", "tpu.trace_stop", "tpu.assume_multiple", "tpu.yield"}
+
+
+#: The attributes of the kernel function the reader knows: None (any value) or the values it
+#: models. `tpu.core_type` (JAX 0.10.0 and later) names the core the kernel runs on: a
+#: TensorCore kernel is modelled, a SparseCore one is not.
+_KERNEL_ATTRS = {
+    "sym_name": None, "function_type": None, "arg_attrs": None, "res_attrs": None, "iteration_bounds": None,
+    "dimension_semantics": None, "scalar_prefetch": None, "scratch_operands": None, "window_params": None,
+    "tpu.core_type": ("#tpu.core_type<tc>",),
+}
+
+#: Stores: an older release's identity cast of the value one stores is dropped (`_old_shape_cast`).
+_STORES = {"tpu.vector_store", "vector.store", "tpu.store", "tpu.strided_store"}
+
+#: Ops an older release emits that the reader rewrites into the newest release's form
+#: (`JAX_CHANGES`): op -> (the first release that no longer emits it, or None for an op rewritten
+#: under every release; the reader's method, which returns False for an instance it leaves as it is).
+_REWRITES = {
+    "tpu.repeat": (None, "_repeat"),
+    "vector.shape_cast": ("0.9.1", "_old_shape_cast"),
+    "vector.transpose": ("0.9.1", "_old_transpose"),
+    "vector.broadcast": ("0.9.1", "_old_bool_broadcast"),
+    "arith.cmpi": ("0.9.1", "_old_bool_broadcast"),
+}
+
+_FALSE = ("false",)
+_FAST = {"fastmath": None}
+_OVERFLOW = {"overflowFlags": None}
+
+#: The ops the reader knows and, for each, the attributes it knows: attribute -> None (any value:
+#: the reader reads it, or it does not change the op's work) or the values the op is modelled at
+#: (another value is refused, naming it). The vector and side-effect ops are the ones the cost
+#: table of the Rust side prices (`crates/tpusim-kernel/src/body/cost.rs`; a test keeps the two
+#: equal), with the control flow and views the reader reads itself. An op with a vector result or
+#: a side effect that is not listed, or an attribute not listed for its op, is an error naming
+#: the op, the kernel, the source line and the JAX release (`_Reader._check_known`); attributes
+#: are the Mosaic `tpu` dialect's and MLIR's (`arith`, `math`, `vector`, `scf`, `memref`) as the
+#: tested releases print them.
+_OP_ATTRS = {
+    # Free: constants, layout, loads and stores, views, semaphores, markers.
+    "arith.constant": {"value": None},
+    "arith.bitcast": {},
+    "vector.broadcast": {},
+    "vector.splat": {},
+    "vector.shape_cast": {},
+    "vector.extract": {"static_position": None},
+    "vector.extract_strided_slice": {"offsets": None, "sizes": None, "strides": None},
+    "vector.insert_strided_slice": {"offsets": None, "strides": None},
+    "vector.load": {"nontemporal": _FALSE},
+    "vector.store": {"nontemporal": _FALSE},
+    "vector.create_mask": {},
+    "tpu.reshape": {},
+    "tpu.bitcast": {},
+    "tpu.concatenate": {"dimension": None},
+    "tpu.repeat": {"dimension": None, "times": None},
+    "tpu.iota": {"dimensions": None},
+    "tpu.load": {"sublane_mask": None, "sublane_stride": None},
+    "tpu.strided_load": {"strides": None},
+    # A store that adds to memory (`add`) reads it as well: not modelled.
+    "tpu.vector_store": {"strides": None, "add": _FALSE, "operandSegmentSizes": None},
+    "tpu.store": {"sublane_mask": None, "sublane_stride": None, "add": _FALSE, "operandSegmentSizes": None},
+    "tpu.strided_store": {"strides": None},
+    "tpu.create_mask": {},
+    "tpu.memref_slice": {"operandSegmentSizes": None},
+    "tpu.memref_squeeze": {},
+    "tpu.memref_reshape": {},
+    "tpu.memref_bitcast": {},
+    "tpu.reinterpret_cast": {"operandSegmentSizes": None},
+    "tpu.assume_multiple": {"multiple": None},
+    "tpu.assume_layout": {},
+    "tpu.erase_memref_layout": {},
+    "tpu.sem_wait": {},
+    "tpu.sem_signal": {"operandSegmentSizes": None, "core_type": None},
+    "tpu.sem_alloc": {},
+    "tpu.trace_start": {"level": None, "message": None},
+    "tpu.trace_stop": {},
+    "tpu.yield": {},
+    # VPU: element-wise arithmetic, comparisons, selects, conversions.
+    **{f"arith.{o}": dict(_FAST) for o in ("addf", "subf", "mulf", "negf", "maximumf", "minimumf", "maxnumf", "minnumf", "extf")},
+    "arith.truncf": {"fastmath": None, "roundingmode": None},
+    "arith.cmpf": {"fastmath": None, "predicate": None},
+    **{f"arith.{o}": dict(_OVERFLOW) for o in ("addi", "subi", "muli", "shli", "trunci")},
+    **{f"arith.{o}": {} for o in ("andi", "ori", "xori", "shrui", "shrsi", "maxsi", "minsi", "maxui", "minui", "select", "extsi", "extui",
+                                   "sitofp", "uitofp", "fptosi", "fptoui", "divsi", "divui", "floordivsi", "remsi", "remui")},
+    "arith.cmpi": {"predicate": None},
+    "tpu.extf": {},
+    "tpu.truncf": {"rounding_mode": None},
+    "tpu.sitofp": {"rounding_mode": None},
+    "tpu.fptosi": {"rounding_mode": None},
+    **{f"math.{o}": dict(_FAST) for o in ("absf", "copysign", "floor", "ceil", "roundeven", "round", "fma")},
+    "math.absi": {},
+    # EUP.
+    **{f"math.{o}": dict(_FAST) for o in ("exp", "exp2", "log", "log2", "log1p", "tanh", "rsqrt", "sqrt", "powf")},
+    "arith.divf": dict(_FAST),
+    "tpu.reciprocal": {"approx": None, "full_range": None},
+    # XLU.
+    "tpu.transpose": {"permutation": None},
+    "vector.transpose": {"permutation": None},
+    "tpu.dynamic_rotate": {"dimension": None, "stride": None, "stride_dimension": None},
+    "tpu.rotate": {"amount": None, "dimension": None, "stride": None, "stride_dimension": None},
+    "vector.multi_reduction": {"kind": None, "reduction_dims": None},
+    # MXU: a transposed lhs (`transpose_lhs`, or the hint JAX 0.10.1 added) is not modelled.
+    "tpu.matmul": {"dimension_numbers": None, "precision": None, "transpose_lhs": _FALSE, "transpose_rhs": None, "transpose_lhs_hint": _FALSE},
+    "vector.contract": {"indexing_maps": None, "iterator_types": None, "kind": None},
+    # DMA engines.
+    "tpu.enqueue_dma": {"operandSegmentSizes": None, "priority": None, "strict_ordering": None, "core_type": None},
+    "tpu.wait_dma": {"operandSegmentSizes": None, "priority": None, "strict_ordering": None},
+    "tpu.wait_dma2": {"operandSegmentSizes": None, "strict_ordering": None, "core_type": None},
+    # Packed int8 data widened (a loaded mask block).
+    "tpu.unpack_subelements": {"index": None, "pack_format": None, "sign_extended": None, "integer_extended": None, "unsigned_integers": None},
+    # Control flow, SMEM state and scalar work the reader reads itself.
+    "scf.if": {},
+    "scf.for": {},
+    "scf.while": {},
+    "scf.yield": {},
+    "scf.condition": {},
+    "tpu.region": {},
+    "memref.load": {"nontemporal": _FALSE},
+    "memref.store": {"nontemporal": _FALSE},
+    "tpu.iteration_bound": {"dim": None},
+}
+
+#: The ops of `_OP_ATTRS` the reader reads itself (control flow, SMEM state, `pl.num_programs`)
+#: or rewrites (`_REWRITES`): the others are the Rust cost table's.
+_READ_BY_THE_READER = {
+    "scf.if", "scf.for", "scf.while", "scf.yield", "scf.condition", "tpu.region", "memref.load", "memref.store",
+    "tpu.iteration_bound", "tpu.repeat",
+}
 
 
 def _is_vector(t):
@@ -1124,7 +1517,9 @@ def _kernels_of(module, args, operands=None):
     import numpy as np
 
     jmlir, jtpu, ir, passmanager = _ir()
-    args = _jax().tree.leaves(list(args))  # main's arguments are the flattened leaves
+    jax = _jax()
+    release = _release(jax)
+    args = jax.tree.leaves(list(args))  # main's arguments are the flattened leaves
     out = []
     skipped = []  # kernels that run no grid step (left out)
     kept_ops = []  # the custom calls of the kernels described (aligned with `out`)
@@ -1229,7 +1624,7 @@ def _kernels_of(module, args, operands=None):
                     smem_inputs[w] = {"runtime": m.group(1) if m else f"SMEM input {w} of {name} ({why})"}
                 else:
                     smem_inputs[w] = {"inline": [int(x) for x in np.asarray(val).reshape(-1)]}
-            reader = _Reader(kmod, name, prefetch, smem_inputs)
+            reader = _Reader(kmod, name, prefetch, release, smem_inputs)
             it = iter(grid_values)
             reader.grid_sizes = [b if b >= 0 else next(it) for b in bounds]
             desc = reader.read((n_in, n_out))
@@ -1259,7 +1654,7 @@ def _kernels_of(module, args, operands=None):
                 "version": DESCRIPTION_VERSION,
                 "kernel_name": name,
                 "kernel_metadata": meta,
-                "producer": {"tool": "tpusim.jax", "jax": SUPPORTED_JAX, "device_kind": "", "mosaic_version": version},
+                "producer": {"tool": "tpusim.jax", "jax": release.version, "device_kind": "", "mosaic_version": version},
                 "grid": desc["grid"],
                 "dimension_semantics": [s if s in ("parallel", "arbitrary", "core_parallel") else "arbitrary" for s in desc["dimension_semantics"]],
                 "vmem_limit_bytes": vmem_limit,
@@ -1284,7 +1679,7 @@ def _kernels_of(module, args, operands=None):
                 import warnings
 
                 warnings.warn(
-                    f"kernel `{name}` is called inside a loop (`stablehlo.while` at {_loc(loop)}: a fori_loop, scan or while_loop): "
+                    f"kernel `{name}` is called inside a loop (`stablehlo.while` at {_loc(loop, release)}: a fori_loop, scan or while_loop): "
                     "its report is one call; the loop runs it once per iteration, so multiply by the trip count",
                     stacklevel=3,
                 )
@@ -1752,7 +2147,7 @@ def paged_attention_step(q, k_pages, v_pages, lengths, page_indices, *, pages_pe
 
 def ragged_paged_attention_step(q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs, *, num_kv_pages_per_block, num_queries_per_block, chip="v6e", set=None, **kernel_options):
     """One step of JAX's ragged paged attention (jax.experimental.pallas.ops.tpu.
-    ragged_paged_attention, jax 0.10.2) with the user's `kv_lens`, `page_indices`, `cu_q_lens` and
+    ragged_paged_attention, as JAX 0.9.0 to 0.10.2 have it) with the user's `kv_lens`, `page_indices`, `cu_q_lens` and
     `num_seqs` (arrays): q [tokens, q_heads, head_dim], kv_pages [pages, page_size, 2 x kv_heads,
     head_dim]. Only the first `num_seqs` lengths count. Returns a `DecodeReport`."""
     import numpy as np

@@ -215,7 +215,7 @@ def describe_program(fn, *args, chip="v6e", device_kind=None, mesh=None):
     return {
         "format": "tpusim-program-description",
         "version": PROGRAM_VERSION,
-        "producer": {"tool": "tpusim.jax", "jax": tj.SUPPORTED_JAX, "device_kind": kind},
+        "producer": {"tool": "tpusim.jax", "jax": tj._release().version, "device_kind": kind},
         "mesh": axes,
         "values": reader.values,
         "inputs": inputs,

@@ -263,7 +263,7 @@ pub fn run_sweep(def: &SweepDef, opts: &SweepOptions) -> Result<SweepSummary, Sw
     check_replaceable(&partial, &format!("{partial} (where the sweep to --out {out} keeps its unfinished rows)"), opts.force)?;
     // Two sweeps on one output: an advisory lock (flock), released by the OS when the process
     // holding it ends, however it ends.
-    let _lock = LockGuard { _file: lock_output(out)?, path: lock_path(out) };
+    let _lock = LockGuard { _file: lock_output(out, opts.force)?, path: lock_path(out) };
     if !opts.restart {
         for path in [out, partial.as_str()] {
             if !Path::new(path).exists() {
@@ -386,25 +386,48 @@ pub fn lock_path(out: &str) -> String {
     format!("{out}.lock")
 }
 
+/// The command a sweep's lock file is marked with ([`tpusim_io::mark`]).
+pub const LOCK_COMMAND: &str = "sweep --out";
+
 /// Takes the advisory lock of `out` ([`lock_path`]) for this process, or says which file another
-/// running sweep holds.
+/// running sweep holds. The lock file carries tpusim's mark ([`LOCK_COMMAND`]); an existing file
+/// at its path that does not (a user's `OUT.lock`) is refused, as `OUT.partial` is, unless
+/// `force`: the lock file is removed when the sweep ends.
 ///
 /// # Errors
-/// [`SweepError::Input`] when another process holds it, [`SweepError::Io`] when the lock file
-/// cannot be created.
-fn lock_output(out: &str) -> Result<std::fs::File, SweepError> {
+/// [`SweepError::Input`] when another process holds it or a file tpusim did not write is there,
+/// [`SweepError::Io`] when the lock file cannot be created.
+fn lock_output(out: &str, force: bool) -> Result<std::fs::File, SweepError> {
     let path = lock_path(out);
-    let file = std::fs::OpenOptions::new()
+    let held = |path: &str| {
+        SweepError::new(format!(
+            "--out {out}: another tpusim sweep is writing it (it holds the lock {path}); wait for it to finish, or choose another --out"
+        ))
+    };
+    if !force && Path::new(&path).exists() && tpusim_io::mark::read_mark(Path::new(&path)).as_deref() != Some(LOCK_COMMAND) {
+        // Not tpusim's mark: a sweep of an older tpusim holding it (an empty file), or the user's.
+        if let Ok(f) = std::fs::File::open(&path) {
+            if matches!(fs4::FileExt::try_lock(&f), Err(fs4::TryLockError::WouldBlock)) {
+                return Err(held(&path));
+            }
+        }
+        return Err(SweepError::new(format!(
+            "{path} exists and tpusim did not write it (it carries no tpusim mark); a sweep to --out {out} keeps its lock there and removes it when it ends, so it is not used: give --force to replace it, or choose another --out"
+        )));
+    }
+    let mut file = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
         .open(&path)
         .map_err(|e| SweepError::Io(format!("cannot create the lock file {path}: {e}")))?;
     match fs4::FileExt::try_lock(&file) {
-        Ok(()) => Ok(file),
-        Err(fs4::TryLockError::WouldBlock) => Err(SweepError::new(format!(
-            "--out {out}: another tpusim sweep is writing it (it holds the lock {path}); wait for it to finish, or choose another --out"
-        ))),
+        Ok(()) => {
+            let marked = file.set_len(0).and_then(|_| file.write_all(tpusim_io::mark::comment_line(LOCK_COMMAND).as_bytes()));
+            marked.map_err(|e| SweepError::Io(format!("cannot write the lock file {path}: {e}")))?;
+            Ok(file)
+        }
+        Err(fs4::TryLockError::WouldBlock) => Err(held(&path)),
         Err(fs4::TryLockError::Error(e)) => Err(SweepError::Io(format!("cannot lock {path}: {e}"))),
     }
 }

@@ -15,11 +15,15 @@
 //! 3. the resolved job (defaults applied): every field of [`tpusim_report::JobSpec`] but `set`
 //!    and `seq_len` ([`job_columns`], in the struct's order), except keys that are already input
 //!    columns (empty where they do not apply, or when the job could not be built);
-//! 4. the chip model the point ran on ([`tpusim_chip::ChipIdentity`]): `chip_source` (`preset`
+//! 4. `design_whatif`: the options of the point's configuration that its kernel family's library
+//!    has no setting for, `; `-separated (e.g. `traversal compact (splash runs full-grid)`;
+//!    [`tpusim_report::design_what_ifs`]): tpusim times them as if the library had them, as
+//!    `tpusim run` notes and `tpusim tune` stars them (empty for configurations the library runs);
+//! 5. the chip model the point ran on ([`tpusim_chip::ChipIdentity`]): `chip_source` (`preset`
 //!    or the chip TOML's path), `chip_set` (the `--set` overrides applied, `;`-separated) and
 //!    `chip_hash` (a hash of the model's parameter values: rows with equal hashes ran on
 //!    identical models);
-//! 5. the metrics of [`tpusim_report::Report`]: `latency_ms`, `cycles`, `flops`, `mfu`,
+//! 6. the metrics of [`tpusim_report::Report`]: `latency_ms`, `cycles`, `flops`, `mfu`,
 //!    `achieved_tflops`, (with `--what-if-2x`: `bottleneck`, `co_bound`, `gain_2x_UNIT`),
 //!    `util_mxu` .. `util_step_control` (busy fraction),
 //!    `busy_ms_mxu` .. `busy_ms_step_control`, `transcendentals`, `hbm_bytes`,
@@ -28,7 +32,7 @@
 //!    `tiles_empty`, `tiles_partial`, `tiles_full`, `tiles_masked`, `pair_density`,
 //!    `exact_pair_density`, `tile_density`, `useful_fraction`, `dense_latency_ms`,
 //!    `tile_skip_efficiency`, `speedup_vs_dense` (empty where they do not apply);
-//! 6. `error`: why the point could not be evaluated (empty when it was), naming job fields as
+//! 7. `error`: why the point could not be evaluated (empty when it was), naming job fields as
 //!    sweep-file keys.
 //!
 //! A sweep of kernel descriptions (`kernel_ir`, [`crate::def`]) has the same metric columns (one
@@ -296,10 +300,16 @@ impl Layout {
         let all = job_columns();
         let job: Vec<usize> = (0..all.len()).filter(|&i| !def.inputs.iter().any(|k| *k == all[i])).collect();
         columns.extend(job.iter().map(|&i| all[i].clone()));
+        columns.push(DESIGN_WHATIF.into());
         columns.extend(CHIP_COLUMNS.iter().map(|c| c.to_string()));
         columns.extend(metric_columns(what_if));
         columns.push("error".into());
         Layout { columns, inputs: def.inputs.len(), job, what_if, ir: None }
+    }
+
+    /// Where the `design_whatif` column is (`None` in a sweep of kernel descriptions).
+    pub fn design_whatif_column(&self) -> Option<usize> {
+        self.columns.iter().position(|c| c == DESIGN_WHATIF)
     }
 
     /// The cells of a row of a sweep of kernel descriptions (module docs).
@@ -353,6 +363,8 @@ impl Layout {
             .or_else(|| Some(tpusim_report::spec::DEFAULT_CHIP.to_string()));
         let job = job_cells(outcome.job.as_ref(), chip);
         cells.extend(self.job.iter().map(|&i| job[i].clone()));
+        let what_ifs = outcome.job.as_ref().map(tpusim_report::design_what_ifs).unwrap_or_default();
+        cells.push(if what_ifs.is_empty() { Cell::Empty } else { Cell::Str(what_ifs.join("; ")) });
         match &outcome.chip {
             Some(id) => cells.extend([Cell::Str(id.source.clone()), Cell::Str(id.overrides.join(";")), Cell::Str(id.hash.clone())]),
             None => cells.extend(std::iter::repeat_n(Cell::Empty, CHIP_COLUMNS.len())),
@@ -417,6 +429,9 @@ impl Layout {
         }
     }
 }
+
+/// The design what-if column (module docs).
+pub const DESIGN_WHATIF: &str = "design_whatif";
 
 /// The chip-model columns (module docs).
 const CHIP_COLUMNS: &[&str] = &["chip_source", "chip_set", "chip_hash"];

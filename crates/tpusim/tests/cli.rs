@@ -639,3 +639,18 @@ fn backward_tuning_holds_the_forward_options() {
     assert!(!searched.contains("traversal") && !searched.contains("masking ("), "{t}");
     assert!(t.contains("fixed        traversal and masking (the backward kernels' own"), "{t}");
 }
+
+/// Issue 47, point 6: `tpusim run --help` says which blocks each attention family masks as the
+/// family's default does (JAX's Splash masks every computed block, as its IR reads; it said
+/// "partial blocks only").
+#[test]
+fn the_help_says_which_blocks_each_family_masks_as_it_runs() {
+    let out = bin().args(["run", "--help"]).output().unwrap();
+    let help = String::from_utf8_lossy(&out.stdout).into_owned();
+    for family in ["tokamax-splash", "splash", "sparse-splash", "flash-attention"] {
+        let line = help.lines().find(|l| l.trim_start().starts_with(&format!("- {family}:"))).unwrap_or_else(|| panic!("{family} in --help"));
+        let masking = run_json(&["--kernel", family, "--heads", "1", "--seq-len", "1024", "--mask", "causal"])["job"]["config"]["masking"].as_str().unwrap().to_string();
+        let says_partial = line.contains("partial blocks only");
+        assert_eq!(says_partial, masking == "partial", "{family} runs masking {masking}; its help: {line}");
+    }
+}

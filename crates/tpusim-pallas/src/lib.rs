@@ -6,11 +6,13 @@
 //! step's path through the body fed op by op to the kernel crate's one body builder and op-cost
 //! table ([`tpusim_kernel::body`]), which the hand-written kernels' bodies go through too.
 //!
-//! `kernel_name` and `kernel_metadata` are labels: nothing dispatches on them. Depends on chip,
+//! `kernel_name`, `kernel_metadata` and `family` are labels: nothing in the simulation dispatches
+//! on them (a family picks the error band a report quotes, [`family`]). Depends on chip,
 //! workload and kernel; never on the engine or above.
 
 pub mod desc;
 pub mod expr;
+pub mod family;
 pub mod lower;
 mod npy;
 pub mod runtime;

@@ -74,6 +74,10 @@ pub struct DescribedJob {
     pub kernel_metadata: Option<String>,
     /// The device kind it was lowered for (empty when the description does not say).
     pub device_kind: String,
+    /// The library kernel family it is, recorded or recognised ([`tpusim_pallas::family`]): a
+    /// label that picks the report's error band ([`bands::band_for`]), never simulated.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub family: Option<String>,
     /// The description, runtime values bound.
     #[serde(skip)]
     pub description: std::sync::Arc<Description>,
@@ -94,6 +98,7 @@ impl DescribedJob {
             kernel_name: description.kernel_name.clone(),
             kernel_metadata: description.kernel_metadata.clone(),
             device_kind: description.producer.device_kind.clone(),
+            family: tpusim_pallas::family::of(&description),
             description: std::sync::Arc::new(description),
             dir: dir.into(),
             scope: Scope::Kernel,

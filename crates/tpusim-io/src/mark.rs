@@ -9,9 +9,15 @@
 //! | SVG (`plot`) | a first line `<!-- tpusim output: plot (tpusim VERSION) -->` |
 //! | PNG (`plot`) | a `tEXt` chunk, keyword `tpusim output`, text `plot (tpusim VERSION)` |
 //! | sweep outputs (`sweep`, `merge`) | their header, `# tpusim sweep: ...` or `{"tpusim_sweep": ...}`, which also names the sweep definition |
+//! | sweep lock files (`sweep`: `OUT.lock`) | a first line `# tpusim output: sweep --out (tpusim VERSION)` |
+//! | band files (`validate --bands --out`) | a top-level key `"generated_by": "tpusim validate ... --bands ..."` ([`BANDS_COMMAND`]) |
+//! | kernel descriptions (`tpusim.jax.describe`, plain or gzip-compressed) | `"format": "tpusim-kernel-description"` with `"producer": {"tool": "tpusim.jax", ...}` ([`DESCRIBE_COMMAND`]) |
+//! | a description's `.npy` side files | none of their own: replaced only beside a description tpusim wrote ([`check_beside`]) |
 //!
 //! Sweep outputs carry their own identity (the definition hash), which the sweep crate checks:
-//! a different sweep definition needs `--force` too.
+//! a different sweep definition needs `--force` too. Every writer, the Python package's
+//! included (`force=False` by default), checks every path it will write before it writes the
+//! first ([`check_replace`], [`check_beside`]).
 
 use crate::OutputError;
 use std::io::Read as _;
@@ -24,6 +30,10 @@ pub const JSON_KEY: &str = "tpusim_output";
 /// The keyword of the mark's `tEXt` chunk in PNG outputs.
 pub const PNG_KEYWORD: &str = "tpusim output";
 const TAG: &str = "tpusim output: ";
+/// The command a band file's mark names (`tpusim validate --bands --out FILE`).
+pub const BANDS_COMMAND: &str = "validate --bands";
+/// The command a kernel description's mark names (`tpusim.jax.describe`).
+pub const DESCRIBE_COMMAND: &str = "tpusim.jax.describe";
 
 /// The mark's value: `COMMAND (tpusim VERSION)`.
 pub fn mark_value(command: &str) -> String {
@@ -41,11 +51,34 @@ pub fn svg_comment(command: &str) -> String {
 }
 
 /// The command whose mark a file carries (`None`: no tpusim mark, or not readable). Reads the
-/// first 64 KiB: marks are at the start of every output.
+/// first 64 KiB (of the decompressed text for a gzip-compressed file, such as a
+/// `kernel.json.gz` description): marks are at the start of every output.
 pub fn read_mark(path: &Path) -> Option<String> {
     let mut head = Vec::new();
     std::fs::File::open(path).ok()?.take(1 << 16).read_to_end(&mut head).ok()?;
+    if head.starts_with(&[0x1f, 0x8b]) {
+        let mut text = Vec::new();
+        // A truncated stream still yields its first bytes; a corrupt one yields what it can.
+        let file = std::fs::File::open(path).ok()?;
+        let _ = flate2::read::GzDecoder::new(file).take(1 << 16).read_to_end(&mut text);
+        return mark_in(&text);
+    }
     mark_in(&head)
+}
+
+/// The text of the JSON string value that follows `"key"` at or after byte `from` of `text`
+/// (with its byte offset), for the marks of JSON outputs: `"key": "value"`, any spacing.
+fn json_string_after(text: &str, key: &str, from: usize) -> Option<(usize, String)> {
+    let quoted = format!("\"{key}\"");
+    let mut at = from;
+    while let Some(i) = text.get(at..)?.find(&quoted).map(|i| at + i) {
+        at = i + quoted.len();
+        let Some(rest) = text[at..].trim_start().strip_prefix(':') else { continue };
+        let Some(rest) = rest.trim_start().strip_prefix('"') else { continue };
+        let end = rest.find('"')?;
+        return Some((i, rest[..end].to_string()));
+    }
+    None
 }
 
 /// The command whose mark `head` (a file's first bytes) carries.
@@ -81,11 +114,24 @@ pub fn mark_in(head: &[u8]) -> Option<String> {
         let value = rest[..end].trim_end_matches("-->").trim();
         return Some(command(value));
     }
-    let key = format!("\"{JSON_KEY}\"");
-    let i = text.find(&key)?;
-    let rest = text[i + key.len()..].trim_start().strip_prefix(':')?.trim_start().strip_prefix('"')?;
-    let end = rest.find('"')?;
-    Some(command(&rest[..end]))
+    if let Some((_, value)) = json_string_after(&text, JSON_KEY, 0) {
+        return Some(command(&value));
+    }
+    // A band file names the command that wrote it.
+    if let Some((_, by)) = json_string_after(&text, "generated_by", 0) {
+        let words: Vec<&str> = by.split_whitespace().collect();
+        if words.starts_with(&["tpusim", "validate"]) && words.contains(&"--bands") {
+            return Some(BANDS_COMMAND.to_string());
+        }
+    }
+    // A kernel description tpusim.jax wrote: its format, and its producer's tool.
+    if json_string_after(&text, "format", 0).is_some_and(|(_, f)| f == "tpusim-kernel-description") {
+        let (_, tool) = json_string_after(&text, "tool", text.find("\"producer\"")?)?;
+        if tool == "tpusim.jax" {
+            return Some(DESCRIBE_COMMAND.to_string());
+        }
+    }
+    None
 }
 
 /// Checks, before any work, that `command` may write `path`: a path [`crate::check_output`]
@@ -112,6 +158,31 @@ pub fn check_replace(path: &Path, command: &str, force: bool) -> Result<(), Outp
     }
 }
 
+/// Checks, before any work, that a side file of `owner` (a description's `.npy` table) may be
+/// written at `side`: a path [`crate::check_output`] accepts and, when a file is there, one beside
+/// an `owner` that carries the mark of `owner_command` (the side file holds tpusim's data only
+/// when the file that names it is tpusim's), unless `force`.
+///
+/// # Errors
+/// [`OutputError::Refused`] naming the side file and its owner, and that `force` replaces it.
+pub fn check_beside(side: &Path, owner: &Path, owner_command: &str, force: bool) -> Result<(), OutputError> {
+    crate::check_output(side)?;
+    if force || !side.exists() {
+        return Ok(());
+    }
+    if read_mark(owner).as_deref() == Some(owner_command) {
+        return Ok(());
+    }
+    Err(crate::refused(
+        side,
+        format!(
+            "exists and tpusim did not write it: it would be replaced as a side file of {}, which {}; give --force to replace it, or choose another path",
+            owner.display(),
+            if owner.exists() { format!("does not carry the mark of `{owner_command}`") } else { "is not there".to_string() }
+        ),
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -125,6 +196,43 @@ mod tests {
         assert_eq!(mark_in(b"# tpusim sweep: points=2 shard=0/1 definition=00 tpusim=0.1.0\n").as_deref(), Some("sweep"));
         assert_eq!(mark_in(b"id,chip\nA,v6e\n"), None);
         assert_eq!(mark_in(b"{\"traceEvents\": []}"), None);
+        let bands = "{\n  \"generated_by\": \"tpusim validate m.csv --bands --out b.json\",\n  \"measurements\": \"m.csv\"}";
+        assert_eq!(mark_in(bands.as_bytes()).as_deref(), Some(BANDS_COMMAND));
+        assert_eq!(mark_in(b"{\"generated_by\": \"my script\"}"), None);
+        let desc = "{\"format\":\"tpusim-kernel-description\",\"version\":1,\"kernel_name\":\"k\",\"producer\":{\"tool\":\"tpusim.jax\",\"jax\":\"0.10.2\"}}";
+        assert_eq!(mark_in(desc.as_bytes()).as_deref(), Some(DESCRIBE_COMMAND));
+        let other = desc.replace("\"tool\":\"tpusim.jax\"", "\"tool\":\"hand-written\"");
+        assert_eq!(mark_in(other.as_bytes()), None);
+        assert_eq!(mark_in(b"{\"format\":\"tpusim-kernel-description\",\"tool\":\"tpusim.jax\"}"), None, "the tool is the producer's");
+    }
+
+    #[test]
+    fn a_compressed_description_carries_its_mark() {
+        use std::io::Write as _;
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("k.json.gz");
+        let mut enc = flate2::write::GzEncoder::new(std::fs::File::create(&p).unwrap(), flate2::Compression::fast());
+        enc.write_all(b"{\"format\": \"tpusim-kernel-description\", \"producer\": {\"tool\": \"tpusim.jax\"}}").unwrap();
+        enc.finish().unwrap();
+        assert_eq!(read_mark(&p).as_deref(), Some(DESCRIBE_COMMAND));
+        check_replace(&p, DESCRIBE_COMMAND, false).unwrap();
+    }
+
+    #[test]
+    fn side_files_are_replaced_only_beside_a_description_tpusim_wrote() {
+        let dir = tempfile::tempdir().unwrap();
+        let owner = dir.path().join("k.json");
+        let side = dir.path().join("k.prefetch0.npy");
+        check_beside(&side, &owner, DESCRIBE_COMMAND, false).unwrap();
+        std::fs::write(&side, b"precious").unwrap();
+        let e = check_beside(&side, &owner, DESCRIBE_COMMAND, false).unwrap_err().to_string();
+        assert!(e.contains("is not there") && e.contains("force"), "{e}");
+        std::fs::write(&owner, b"{\"mine\": 1}").unwrap();
+        assert!(check_beside(&side, &owner, DESCRIBE_COMMAND, false).unwrap_err().to_string().contains("does not carry the mark"));
+        check_beside(&side, &owner, DESCRIBE_COMMAND, true).unwrap();
+        std::fs::write(&owner, b"{\"format\": \"tpusim-kernel-description\", \"producer\": {\"tool\": \"tpusim.jax\"}}").unwrap();
+        check_beside(&side, &owner, DESCRIBE_COMMAND, false).unwrap();
+        assert_eq!(std::fs::read(&side).unwrap(), b"precious", "a check writes nothing");
     }
 
     #[test]

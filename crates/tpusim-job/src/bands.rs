@@ -131,6 +131,11 @@ pub struct ReportBand {
     /// One line for people: `v6e tokamax-splash fwd op: median 3%, p90 9%, n 22`, or `not
     /// covered by measurements: ...`.
     pub text: String,
+    /// Why this band and not the job's own group (a kernel read from its IR whose family has
+    /// no band at its chip and scope: its family's band at another scope, or the pooled band of
+    /// every kernel read from its IR).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
 }
 
 /// The band key of a job on a chip (a kernel read from its IR: [`kernel_ir_key`]; no
@@ -151,9 +156,55 @@ pub fn band_for(chip: &ChipModel, job: &Job) -> ReportBand {
     band_in(shipped(), chip, job)
 }
 
-/// [`band_for`] against a given band file.
+/// [`band_for`] against a given band file. A kernel read from its IR is judged by its family's
+/// band ([`described_band`]).
 pub fn band_in(file: &BandFile, chip: &ChipModel, job: &Job) -> ReportBand {
-    band_of_key(file, chip, key_of(chip, job))
+    match job {
+        Job::Described(d) => described_band(file, chip, d.family.as_deref(), d.scope),
+        _ => band_of_key(file, chip, key_of(chip, job)),
+    }
+}
+
+/// The band of a kernel read from its IR of `family` at `scope` on `chip`: its family's band
+/// (chip x family, any direction, that scope); else its family's band at another scope of the
+/// same chip, with a note naming the scope it was measured at; else the pooled band of every
+/// kernel read from its IR on the chip ([`kernel_ir_key`]), with a note saying that the family
+/// has none (or is not known).
+pub fn described_band(file: &BandFile, chip: &ChipModel, family: Option<&str>, scope: tpusim_kernel::Scope) -> ReportBand {
+    let pooled_key = BandKey { scope: scope.to_string(), ..kernel_ir_key(chip) };
+    let Some(family) = family else {
+        let mut b = band_of_key(file, chip, pooled_key);
+        b.note = Some(
+            "the kernel's library family is not known (tpusim.jax.describe records the families of traces/measured/kernels/README.md it recognises, or takes family=): the pooled band of every kernel read from its IR"
+                .into(),
+        );
+        b.text = format!("{} ({})", b.text, b.note.as_deref().unwrap_or_default());
+        return b;
+    };
+    let own = BandKey { chip: chip.name.clone(), family: family.to_string(), direction: "any".into(), scope: scope.to_string() };
+    let b = band_of_key(file, chip, own);
+    if b.covered {
+        return b;
+    }
+    let other = file.bands.iter().find(|x| x.key.chip == chip.name && x.key.family == family && x.key.direction == "any" && x.n >= MIN_ROWS);
+    if let Some(o) = other {
+        let mut b = band_of_key(file, chip, o.key.clone());
+        b.note = Some(format!(
+            "{family} on {} is measured at scope {} only ({} rows); this run is at scope {scope}",
+            chip.name, o.key.scope, o.n
+        ));
+        b.text = format!("{} ({})", b.text, b.note.as_deref().unwrap_or_default());
+        return b;
+    }
+    let mut p = band_of_key(file, chip, pooled_key);
+    p.note = Some(format!(
+        "no band of family {family} on {} ({} calibration row{}, fewer than {MIN_ROWS}): the pooled band of every kernel read from its IR",
+        chip.name,
+        b.n,
+        if b.n == 1 { "" } else { "s" }
+    ));
+    p.text = format!("{} ({})", p.text, p.note.as_deref().unwrap_or_default());
+    p
 }
 
 /// The family word of kernels read from their Mosaic IR (`tpusim run --kernel-ir`) in band keys.
@@ -182,6 +233,7 @@ pub fn band_of_key(file: &BandFile, chip: &ChipModel, key: BandKey) -> ReportBan
             median_abs_error: Some(b.median_abs_error),
             p90_abs_error: Some(b.p90_abs_error),
             text: format!("{key}: median {}, p90 {}, n {n}{caveat}", pct(b.median_abs_error), pct(b.p90_abs_error)),
+            note: None,
         },
         None => ReportBand {
             text: format!(
@@ -197,6 +249,7 @@ pub fn band_of_key(file: &BandFile, chip: &ChipModel, key: BandKey) -> ReportBan
             n,
             median_abs_error: None,
             p90_abs_error: None,
+            note: None,
         },
     }
 }

@@ -76,6 +76,10 @@ pub struct DescribedJob {
     /// ([`JobSpec::runtime`]).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub runtime: Vec<String>,
+    /// The library kernel family it is, recorded or recognised ([`tpusim_pallas::family`]): a
+    /// label that picks the report's error band ([`bands::band_for`]), never simulated.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub family: Option<String>,
     /// The description, runtime values bound.
     #[serde(skip)]
     pub description: std::sync::Arc<Description>,
@@ -97,6 +101,7 @@ impl DescribedJob {
             kernel_metadata: description.kernel_metadata.clone(),
             device_kind: description.producer.device_kind.clone(),
             runtime: Vec::new(),
+            family: tpusim_pallas::family::of(&description),
             description: std::sync::Arc::new(description),
             dir: dir.into(),
             scope: Scope::Kernel,
@@ -548,6 +553,24 @@ pub fn render_settings(text: &str, name: &mut dyn FnMut(&str, &str) -> String) -
     }
     out.push_str(rest);
     out
+}
+
+/// The options of an attention job that its kernel family's library has no setting for (design
+/// what-ifs, each as `name value (the family runs ...)`): [`tpusim_kernel::Kernel::what_ifs`],
+/// and a mask computed in the kernel that the family can only load. Empty for a configuration
+/// the library runs as it is, and for other jobs. A report says so in a note; `tpusim tune`
+/// marks such configurations with `*`; a sweep names them in its `design_whatif` column.
+pub fn design_what_ifs(job: &Job) -> Vec<String> {
+    let Job::Attention { workload: w, config: c, .. } = job else { return Vec::new() };
+    let mut v = c.kernel.what_ifs(c.traversal, c.masking, c.mask_source, c.exp, w.mask.is_full());
+    if c.mask_source == tpusim_kernel::MaskSource::Computed
+        && !tpusim_kernel::splash::computable(&w.mask)
+        && !w.mask.expression_terms().loaded_only
+        && !v.iter().any(|x| x.starts_with("mask_source"))
+    {
+        v.push(format!("mask_source computed ({} computes only a single causal, local, band or chunked mask and loads any other)", c.kernel));
+    }
+    v
 }
 
 /// Whether `spec` gives no job field: nothing but `chip` and `set` (the hardware).

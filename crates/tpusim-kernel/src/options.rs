@@ -8,7 +8,7 @@ crate::word_enum! {
     pub enum Kernel {
         /// tokamax's Splash attention (openxla/tokamax, `pallas_mosaic_tpu.py`): compacted grid over non-empty blocks, mask on partial blocks only, base-2 exp; default blocks 128 (its heuristic config); fused backward.
         TokamaxSplash = "tokamax-splash",
-        /// JAX's Splash attention (`jax.experimental.pallas.ops.tpu.splash_attention`): every grid step after grid shrinking, compute skipped on empty blocks, mask on partial blocks only; default blocks 128 (`BlockSizes.get_default`); dq and dkv backward kernels, whose blocks a backward needs given once any block is given.
+        /// JAX's Splash attention (`jax.experimental.pallas.ops.tpu.splash_attention`): every grid step after grid shrinking, compute skipped on empty blocks, mask on every computed block (its `_apply_mask_and_soft_cap` masks whatever the block's kind, as its IR reads; --masking partial is a what-if); default blocks 128 (`BlockSizes.get_default`); dq and dkv backward kernels, whose blocks a backward needs given once any block is given.
         Splash = "splash",
         /// MaxDiffusion's dense Splash kernel (mask-free, `custom_splash_attention.py`): every block computed without a mask; q along the lanes (o is (head_dim_v, q)), so block_q is a multiple of 128 or q_len; default blocks 4864 / 1024 / 1024, scoped VMEM limit 64 MiB (MaxDiffusion's compiler flag); backward: JAX Splash's dq and dkv kernels, mask-free, at the forward's blocks unless given.
         SplashDense = "splash-dense",

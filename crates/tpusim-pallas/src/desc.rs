@@ -29,6 +29,11 @@ pub struct Description {
     /// The custom call's `kernel_metadata` (a label only), if any.
     #[serde(default)]
     pub kernel_metadata: Option<String>,
+    /// The library kernel family it is (a label: the error band a report quotes; never read by
+    /// the simulation), as `tpusim.jax.describe` recognised it or was told (`family=`); absent:
+    /// recognised when read ([`crate::family`]) or none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub family: Option<String>,
     /// Who wrote the file and for which device (labels).
     #[serde(default)]
     pub producer: Producer,
@@ -486,6 +491,11 @@ impl Description {
 
     /// Checks the fields this reader relies on.
     fn check(&self) -> Result<(), PallasError> {
+        if let Some(f) = &self.family {
+            if f.is_empty() || f.len() > 100 || !f.chars().all(|c| c.is_ascii_alphanumeric() || "._-".contains(c)) {
+                return Err(PallasError::field("family", format!("\"{f}\""), "expected a kernel family word of letters, digits, `.`, `_` and `-` (e.g. \"megablox-gmm\"), at most 100 characters"));
+            }
+        }
         let kind = &self.producer.device_kind;
         if !kind.is_empty() && !DEVICE_KINDS.iter().any(|(k, _)| k == kind) {
             return Err(PallasError::field(

@@ -8,11 +8,13 @@
 //! op to the one body builder and op-cost table ([`tpusim_model::body`]), which the
 //! hand-written kernels (crate `tpusim-kernel`) go through too.
 //!
-//! `kernel_name` and `kernel_metadata` are labels: nothing dispatches on them. Depends on chip
-//! and model; never on the hand-written families, the engine or above.
+//! `kernel_name`, `kernel_metadata` and `family` are labels: nothing in the simulation dispatches
+//! on them (a family picks the error band a report quotes, [`family`]). Depends on chip and
+//! model; never on the hand-written families, the engine or above.
 
 pub mod desc;
 pub use tpusim_model::expr;
+pub mod family;
 pub mod lower;
 mod npy;
 pub mod runtime;

@@ -166,8 +166,9 @@ impl HeatmapFigure {
                     widths.sort_by(f64::total_cmp);
                     let list: Vec<String> = widths.iter().map(|w| format!("{w}")).collect();
                     notes.push(format!(
-                        "block_kv_compute differs between cells ({}): where the sweep gives none, each point takes its family's rule (tokamax-splash: the largest width that fits VMEM), so neighbouring cells may jump; give block_kv_compute in the sweep to hold it.",
-                        list.join(", ")
+                        "block_kv_compute differs between cells ({}): where the sweep gives none, each point takes its family's rule ({}), so neighbouring cells may jump; give block_kv_compute in the sweep to hold it.",
+                        list.join(", "),
+                        compute_rules(t, &rows)
                     ));
                 }
             }
@@ -281,6 +282,37 @@ impl Figure for HeatmapFigure {
     }
 }
 
+/// The `block_kv_compute` rule of each kernel family in `rows` (its `kernel` column; tokamax's
+/// when the table has none: the default family), as a footnote states it.
+fn compute_rules(t: &Table, rows: &[(usize, &[String])]) -> String {
+    use tpusim_kernel::options::ComputeRule;
+    let mut families: Vec<tpusim_kernel::Kernel> = Vec::new();
+    match t.col("kernel", "kernel") {
+        Ok(c) => {
+            for (_, r) in rows {
+                if let Ok(k) = r[c].parse::<tpusim_kernel::Kernel>() {
+                    if !families.contains(&k) {
+                        families.push(k);
+                    }
+                }
+            }
+        }
+        Err(_) => families.push(tpusim_kernel::Kernel::default()),
+    }
+    let rules: Vec<String> = families
+        .iter()
+        .map(|k| match k.defaults().compute_rule {
+            ComputeRule::BlockKv => format!("{k}: block_kv itself"),
+            ComputeRule::LargestThatFits => format!("{k}: the largest width that fits VMEM"),
+        })
+        .collect();
+    if rules.is_empty() {
+        "the kernel family's".to_string()
+    } else {
+        rules.join("; ")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -304,6 +336,21 @@ mod tests {
         let spec = HeatmapSpec { x: "block_kv".into(), y: "block_q".into(), z: "latency_ms".into(), ..Default::default() };
         let f = HeatmapFigure::from_table(&t, &spec).unwrap();
         assert!(f.notes.iter().any(|n| n.starts_with("block_kv_compute differs between cells (256, 512, 1024)")), "{:?}", f.notes);
+    }
+
+    /// Issue 47, point 7: the footnote gives the rule of the families the sweep ran (JAX's and
+    /// MaxDiffusion's kernels take block_kv itself), not tokamax's for every sweep.
+    #[test]
+    fn the_width_note_gives_the_rule_of_the_swept_families() {
+        let text = "kernel,block_q,block_kv,block_kv_compute,latency_ms\nsparse-splash,512,512,512,3\nsparse-splash,512,1024,1024,9\nsparse-splash,1024,512,512,2\nsparse-splash,1024,1024,1024,2.5\n";
+        let t = Table::parse(text, "s.csv", "--input").unwrap();
+        let spec = HeatmapSpec { x: "block_kv".into(), y: "block_q".into(), z: "latency_ms".into(), ..Default::default() };
+        let f = HeatmapFigure::from_table(&t, &spec).unwrap();
+        let note = f.notes.iter().find(|n| n.starts_with("block_kv_compute differs")).unwrap();
+        assert!(note.contains("(sparse-splash: block_kv itself)") && !note.contains("tokamax"), "{note}");
+        let t = Table::parse(&text.replace("sparse-splash", "splash"), "s.csv", "--input").unwrap();
+        let note = HeatmapFigure::from_table(&t, &spec).unwrap().notes.into_iter().find(|n| n.starts_with("block_kv_compute differs")).unwrap();
+        assert!(note.contains("(splash: block_kv itself)"), "{note}");
     }
 
     #[test]

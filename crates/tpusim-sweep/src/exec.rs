@@ -263,7 +263,7 @@ pub fn run_sweep(def: &SweepDef, opts: &SweepOptions) -> Result<SweepSummary, Sw
     check_replaceable(&partial, &format!("{partial} (where the sweep to --out {out} keeps its unfinished rows)"), opts.force)?;
     // Two sweeps on one output: an advisory lock (flock), released by the OS when the process
     // holding it ends, however it ends.
-    let _lock = LockGuard { _file: lock_output(out)?, path: lock_path(out) };
+    let _lock = LockGuard { _file: lock_output(out, opts.force)?, path: lock_path(out) };
     if !opts.restart {
         for path in [out, partial.as_str()] {
             if !Path::new(path).exists() {
@@ -329,6 +329,13 @@ pub fn run_sweep(def: &SweepDef, opts: &SweepOptions) -> Result<SweepSummary, Sw
     let expected = shard.len(def.total());
     let mut computed_n = 0u64;
     let mut errors = done.values().filter(|l| row_has_error(format, l)).count() as u64;
+    let mut what_ifs = WhatIfRows::default();
+    for (&i, l) in &done {
+        let w = row_design_whatif(format, l, layout.design_whatif_column());
+        if !w.is_empty() {
+            what_ifs.add(i, &w);
+        }
+    }
     if todo.is_empty() {
         if done.len() as u64 != expected {
             return Err(SweepError::Internal(format!("{} rows for {expected} points", done.len())));
@@ -354,6 +361,7 @@ pub fn run_sweep(def: &SweepDef, opts: &SweepOptions) -> Result<SweepSummary, Sw
         let rows = evaluate_into(def, &layout, format, &todo, &partial, written, opts, &pool)?;
         computed_n = rows.rows.len() as u64;
         errors += rows.errors;
+        what_ifs.merge(rows.what_ifs);
         index.extend(rows.rows);
         if opts.cancelled() && (index.len() as u64) < expected {
             return Err(SweepError::Interrupted { partial, rows: index.len() as u64, points: expected });
@@ -367,6 +375,7 @@ pub fn run_sweep(def: &SweepDef, opts: &SweepOptions) -> Result<SweepSummary, Sw
     if Path::new(&partial).exists() {
         std::fs::remove_file(&partial).map_err(|e| SweepError::Io(format!("cannot remove {partial}: {e}")))?;
     }
+    notes.extend(what_ifs.note(expected));
     Ok(SweepSummary {
         origin: def.origin.clone(),
         out: out.to_string(),
@@ -386,25 +395,48 @@ pub fn lock_path(out: &str) -> String {
     format!("{out}.lock")
 }
 
+/// The command a sweep's lock file is marked with ([`tpusim_io::mark`]).
+pub const LOCK_COMMAND: &str = "sweep --out";
+
 /// Takes the advisory lock of `out` ([`lock_path`]) for this process, or says which file another
-/// running sweep holds.
+/// running sweep holds. The lock file carries tpusim's mark ([`LOCK_COMMAND`]); an existing file
+/// at its path that does not (a user's `OUT.lock`) is refused, as `OUT.partial` is, unless
+/// `force`: the lock file is removed when the sweep ends.
 ///
 /// # Errors
-/// [`SweepError::Input`] when another process holds it, [`SweepError::Io`] when the lock file
-/// cannot be created.
-fn lock_output(out: &str) -> Result<std::fs::File, SweepError> {
+/// [`SweepError::Input`] when another process holds it or a file tpusim did not write is there,
+/// [`SweepError::Io`] when the lock file cannot be created.
+fn lock_output(out: &str, force: bool) -> Result<std::fs::File, SweepError> {
     let path = lock_path(out);
-    let file = std::fs::OpenOptions::new()
+    let held = |path: &str| {
+        SweepError::new(format!(
+            "--out {out}: another tpusim sweep is writing it (it holds the lock {path}); wait for it to finish, or choose another --out"
+        ))
+    };
+    if !force && Path::new(&path).exists() && tpusim_io::mark::read_mark(Path::new(&path)).as_deref() != Some(LOCK_COMMAND) {
+        // Not tpusim's mark: a sweep of an older tpusim holding it (an empty file), or the user's.
+        if let Ok(f) = std::fs::File::open(&path) {
+            if matches!(fs4::FileExt::try_lock(&f), Err(fs4::TryLockError::WouldBlock)) {
+                return Err(held(&path));
+            }
+        }
+        return Err(SweepError::new(format!(
+            "{path} exists and tpusim did not write it (it carries no tpusim mark); a sweep to --out {out} keeps its lock there and removes it when it ends, so it is not used: give --force to replace it, or choose another --out"
+        )));
+    }
+    let mut file = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
         .open(&path)
         .map_err(|e| SweepError::Io(format!("cannot create the lock file {path}: {e}")))?;
     match fs4::FileExt::try_lock(&file) {
-        Ok(()) => Ok(file),
-        Err(fs4::TryLockError::WouldBlock) => Err(SweepError::new(format!(
-            "--out {out}: another tpusim sweep is writing it (it holds the lock {path}); wait for it to finish, or choose another --out"
-        ))),
+        Ok(()) => {
+            let marked = file.set_len(0).and_then(|_| file.write_all(tpusim_io::mark::comment_line(LOCK_COMMAND).as_bytes()));
+            marked.map_err(|e| SweepError::Io(format!("cannot write the lock file {path}: {e}")))?;
+            Ok(file)
+        }
+        Err(fs4::TryLockError::WouldBlock) => Err(held(&path)),
         Err(fs4::TryLockError::Error(e)) => Err(SweepError::Io(format!("cannot lock {path}: {e}"))),
     }
 }
@@ -430,10 +462,59 @@ struct RowAt {
     len: u32,
 }
 
-/// The rows a run appended to `OUT.partial`, and how many of them carry an error.
+/// The rows a run appended to `OUT.partial`, how many of them carry an error, and how many are
+/// design what-ifs (with the first by point index).
 struct Appended {
     rows: Vec<RowAt>,
     errors: u64,
+    what_ifs: WhatIfRows,
+}
+
+/// Rows whose `design_whatif` cell is not empty: how many, and the first by point index.
+#[derive(Debug, Default)]
+struct WhatIfRows {
+    count: u64,
+    first: Option<(u64, String)>,
+}
+
+impl WhatIfRows {
+    fn add(&mut self, point: u64, what: &str) {
+        self.count += 1;
+        if self.first.as_ref().is_none_or(|(p, _)| point < *p) {
+            self.first = Some((point, what.to_string()));
+        }
+    }
+
+    fn merge(&mut self, other: WhatIfRows) {
+        self.count += other.count;
+        if let Some((p, w)) = other.first {
+            if self.first.as_ref().is_none_or(|(q, _)| p < *q) {
+                self.first = Some((p, w));
+            }
+        }
+    }
+
+    /// The sweep's note, if any row is a design what-if.
+    fn note(&self, rows: u64) -> Option<String> {
+        let (point, what) = self.first.as_ref()?;
+        Some(format!(
+            "{} of {rows} rows are design what-ifs (column design_whatif): their kernel family's library has no setting for an option the point gives, and tpusim times it as if it had (as `tpusim run` notes and `tpusim tune` stars); the first, point {point}: {what}",
+            self.count
+        ))
+    }
+}
+
+/// The `design_whatif` cell of a row read back from an output (empty when none).
+fn row_design_whatif(format: Format, line: &str, column: Option<usize>) -> String {
+    let body = line.trim_end_matches('\n');
+    match (format, column) {
+        (_, None) => String::new(),
+        (Format::Csv, Some(c)) => csv_fields(body).ok().and_then(|f| f.get(c).cloned()).unwrap_or_default(),
+        (Format::Jsonl, Some(_)) => serde_json::from_str::<serde_json::Value>(body)
+            .ok()
+            .and_then(|v| v.get(crate::output::DESIGN_WHATIF).and_then(|w| w.as_str().map(String::from)))
+            .unwrap_or_default(),
+    }
 }
 
 /// Writes `out`: the header, then the rows of `partial` at `index` in index order, completely or
@@ -488,13 +569,14 @@ fn evaluate_into(
     let mut ev = Evaluator::new();
     ev.what_if_2x = opts.what_if_2x;
     let stop = AtomicBool::new(false);
-    let (tx, rx) = std::sync::mpsc::channel::<(u64, String, bool)>();
+    // (point, row, has an error, its design what-ifs when it is one)
+    let (tx, rx) = std::sync::mpsc::channel::<(u64, String, bool, Option<String>)>();
     let flush_every = opts.flush_every;
     let result = std::thread::scope(|s| {
         let writer = s.spawn(|| -> Result<Appended, SweepError> {
             let mut w = std::io::BufWriter::with_capacity(1 << 16, file);
             let mut last = Instant::now();
-            let mut out = Appended { rows: Vec::with_capacity(todo.len()), errors: 0 };
+            let mut out = Appended { rows: Vec::with_capacity(todo.len()), errors: 0, what_ifs: WhatIfRows::default() };
             let mut at = written;
             let mut fail = None;
             let rx = rx; // moved into the writer
@@ -502,7 +584,7 @@ fn evaluate_into(
             loop {
                 // Rows are flushed when 200 ms have passed since the last flush, or when no row
                 // has come for 200 ms: a kill loses at most the last fraction of a second.
-                let (i, line, error) = match rx.recv_timeout(flush_every) {
+                let (i, line, error, what_if) = match rx.recv_timeout(flush_every) {
                     Ok(row) => row,
                     Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
                         if dirty && fail.is_none() {
@@ -536,6 +618,9 @@ fn evaluate_into(
                 }
                 out.rows.push(RowAt { point: i, at, len: line.len() as u32 });
                 out.errors += u64::from(error);
+                if let Some(w) = what_if {
+                    out.what_ifs.add(i, &w);
+                }
                 at += line.len() as u64;
             }
             if let Some(e) = fail {
@@ -600,7 +685,8 @@ fn evaluate_into(
                             cell.get_or_insert_with(|| std::sync::Arc::new(ev.lower_for(&p))).clone()
                         };
                         let outcome = ev.evaluate_in(g.as_ref().as_ref(), &p);
-                        let _ = tx.send((todo[k], layout.line(format, &layout.row(&point, &outcome)), outcome.report.is_err()));
+                        let what_if = outcome.job.as_ref().map(tpusim_job::design_what_ifs).filter(|w| !w.is_empty()).map(|w| w.join("; "));
+                        let _ = tx.send((todo[k], layout.line(format, &layout.row(&point, &outcome)), outcome.report.is_err(), what_if));
                         sent[j] = true;
                     }
                 }));
@@ -613,7 +699,7 @@ fn evaluate_into(
                     if !sent[j] && (panicked || !opts.cancelled()) {
                         let point = def.point(todo[k]);
                         let outcome = Outcome { job: None, chip: None, report: Err(why.clone()) };
-                        let _ = tx.send((todo[k], layout.line(format, &layout.row(&point, &outcome)), true));
+                        let _ = tx.send((todo[k], layout.line(format, &layout.row(&point, &outcome)), true, None));
                     }
                 }
                 if left[gi].fetch_sub(1, Ordering::AcqRel) == 1 {

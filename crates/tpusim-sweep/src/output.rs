@@ -15,11 +15,15 @@
 //! 3. the resolved job (defaults applied): every field of [`tpusim_job::JobSpec`] but `set`
 //!    and `seq_len` ([`job_columns`], in the struct's order), except keys that are already input
 //!    columns (empty where they do not apply, or when the job could not be built);
-//! 4. the chip model the point ran on ([`tpusim_chip::ChipIdentity`]): `chip_source` (`preset`
+//! 4. `design_whatif`: the options of the point's configuration that its kernel family's library
+//!    has no setting for, `; `-separated (e.g. `traversal compact (splash runs full-grid)`;
+//!    [`tpusim_job::design_what_ifs`]): tpusim times them as if the library had them, as
+//!    `tpusim run` notes and `tpusim tune` stars them (empty for configurations the library runs);
+//! 5. the chip model the point ran on ([`tpusim_chip::ChipIdentity`]): `chip_source` (`preset`
 //!    or the chip TOML's path), `chip_set` (the `--set` overrides applied, `;`-separated) and
 //!    `chip_hash` (a hash of the model's parameter values: rows with equal hashes ran on
 //!    identical models);
-//! 5. the metrics of [`tpusim_job::Report`]: `latency_ms`, `cycles`, `flops`, `mfu`,
+//! 6. the metrics of [`tpusim_job::Report`]: `latency_ms`, `cycles`, `flops`, `mfu`,
 //!    `achieved_tflops`, (with `--what-if-2x`: `bottleneck`, `co_bound`, `gain_2x_UNIT`),
 //!    `util_mxu` .. `util_step_control` (busy fraction),
 //!    `busy_ms_mxu` .. `busy_ms_step_control`, `transcendentals`, `hbm_bytes`,
@@ -28,13 +32,14 @@
 //!    `tiles_empty`, `tiles_partial`, `tiles_full`, `tiles_masked`, `pair_density`,
 //!    `exact_pair_density`, `tile_density`, `useful_fraction`, `dense_latency_ms`,
 //!    `tile_skip_efficiency`, `speedup_vs_dense` (empty where they do not apply);
-//! 6. `error`: why the point could not be evaluated (empty when it was), naming job fields as
+//! 7. `error`: why the point could not be evaluated (empty when it was), naming job fields as
 //!    sweep-file keys.
 //!
 //! A sweep of kernel descriptions (`kernel_ir`, [`crate::def`]) has rows of the same form, with
 //! the job columns of a described job in place of a kernel family's ([`described_columns`]):
 //! `kernel_ir` (the file, resolved from the sweep file's folder), `runtime` and `scope` (when the
-//! sweep's base gives them), `kernel_name` and `chip`, each unless an input. Its metric columns
+//! sweep's base gives them), `kernel_name` and `chip`, each unless an input, and no `design_whatif`
+//! column (a description runs as written). Its metric columns
 //! are every sweep's (one report, [`tpusim_job::Report`], for either front end; a kernel read
 //! from its IR counts its grid steps as tiles and leaves the attention densities empty).
 //!
@@ -302,10 +307,18 @@ impl Layout {
         let all = if def.kernel_ir { described_columns(def) } else { job_columns() };
         let job: Vec<String> = all.into_iter().filter(|c| !def.inputs.contains(c)).collect();
         columns.extend(job.iter().cloned());
+        if !def.kernel_ir {
+            columns.push(DESIGN_WHATIF.into());
+        }
         columns.extend(CHIP_COLUMNS.iter().map(|c| c.to_string()));
         columns.extend(metric_columns(what_if));
         columns.push("error".into());
         Layout { columns, inputs: def.inputs.len(), job, what_if, described: def.kernel_ir }
+    }
+
+    /// Where the `design_whatif` column is (`None` in a sweep of kernel descriptions).
+    pub fn design_whatif_column(&self) -> Option<usize> {
+        self.columns.iter().position(|c| c == DESIGN_WHATIF)
     }
 
     /// The cells of a point's row.
@@ -335,6 +348,10 @@ impl Layout {
             _ => None,
         };
         cells.extend(job_cells(&spec, kernel_name, chip, &self.job));
+        if !self.described {
+            let what_ifs = outcome.job.as_ref().map(tpusim_job::design_what_ifs).unwrap_or_default();
+            cells.push(if what_ifs.is_empty() { Cell::Empty } else { Cell::Str(what_ifs.join("; ")) });
+        }
         match &outcome.chip {
             Some(id) => cells.extend([Cell::Str(id.source.clone()), Cell::Str(id.overrides.join(";")), Cell::Str(id.hash.clone())]),
             None => cells.extend(std::iter::repeat_n(Cell::Empty, CHIP_COLUMNS.len())),
@@ -399,6 +416,9 @@ impl Layout {
         }
     }
 }
+
+/// The design what-if column (module docs).
+pub const DESIGN_WHATIF: &str = "design_whatif";
 
 /// The chip-model columns (module docs).
 const CHIP_COLUMNS: &[&str] = &["chip_source", "chip_set", "chip_hash"];

@@ -46,9 +46,14 @@ pub struct ValidateArgs {
     /// scope and family).
     #[arg(long, conflicts_with = "cv")]
     pub bands: bool,
-    /// With --bands: write the band file here (atomically), e.g. traces/measured/bands.json.
+    /// With --bands: write the band file here (atomically), e.g. traces/measured/bands.json. An
+    /// existing file is replaced only when it is a band file (its `generated_by` names `tpusim
+    /// validate ... --bands`), or with --force.
     #[arg(long, value_name = "PATH", requires = "bands")]
     pub out: Option<String>,
+    /// Replace --out even if it is not a band file tpusim wrote.
+    #[arg(long, requires = "out")]
+    pub force: bool,
     /// Output format.
     #[arg(long, value_enum, default_value_t = ValidateFormat::Table)]
     pub format: ValidateFormat,
@@ -114,6 +119,27 @@ fn splice_parts(into: &[String], parts: &[(&str, String)]) -> Result<String, Cli
     Ok(out)
 }
 
+/// The command line of a `validate --bands` run, as its band file's `generated_by` records it
+/// (the flags that decide its content and where it went, each file as given).
+fn bands_command_line(a: &ValidateArgs) -> String {
+    let word = |w: &str| if !w.is_empty() && w.chars().all(|c| c.is_ascii_alphanumeric() || "/._-+=:,@".contains(c)) { w.to_string() } else { format!("'{}'", w.replace('\'', "'\\''")) };
+    let mut s = format!("tpusim validate {}", word(&a.file));
+    for c in &a.chip {
+        s.push_str(&format!(" --chip {}", word(c)));
+    }
+    s.push_str(" --bands");
+    if let Some(o) = &a.out {
+        s.push_str(&format!(" --out {}", word(o)));
+    }
+    if a.format == ValidateFormat::Markdown {
+        s.push_str(" --format markdown");
+    }
+    for f in &a.into {
+        s.push_str(&format!(" --into {}", word(f)));
+    }
+    s
+}
+
 /// The tags a validate command with these flags writes (`--into`).
 fn tags_of(a: &ValidateArgs) -> Vec<&'static str> {
     use tpusim_calib::docs::{TAG_BANDS, TAG_CV, TAG_IN_SAMPLE, TAG_PARAMS, TAG_SUMMARY};
@@ -146,11 +172,16 @@ pub fn cmd_validate(a: &ValidateArgs) -> Result<String, CliError> {
     }
     if a.bands {
         if let Some(path) = &a.out {
-            tpusim_io::check_output(std::path::Path::new(path)).map_err(|e| CliError::input(format!("--out {e}")))?;
+            // A file that is not a band file tpusim wrote is never replaced without --force,
+            // checked before the cross-validation.
+            tpusim_io::check_replace(std::path::Path::new(path), tpusim_io::mark::BANDS_COMMAND, a.force)
+                .map_err(|e| CliError::input(format!("--out {e}")))?;
         }
         let bytes = std::fs::read(&a.file).map_err(|e| CliError::input(format!("{}: {e}", a.file)))?;
         let cv = tpusim_calib::cross_validate(&file, &chips)?;
-        let bands = tpusim_calib::bands::band_file(&a.file, &bytes, &file, &chips, &cv);
+        let mut bands = tpusim_calib::bands::band_file(&a.file, &bytes, &file, &chips, &cv);
+        // The file names the command that wrote it, as it ran.
+        bands.generated_by = bands_command_line(a);
         let text = match a.format {
             ValidateFormat::Markdown => tpusim_calib::bands::to_markdown(&bands, &file, &cv),
             _ => bands.to_json(),

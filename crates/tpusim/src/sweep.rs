@@ -177,38 +177,12 @@ pub fn cmd_sweep(a: &SweepArgs) -> Result<String, CliError> {
         e @ tpusim_sweep::SweepError::Interrupted { .. } => CliError::Interrupted(e.to_string()),
         e => e.into(),
     })?;
-    let what_if = what_if_note(&def);
+    // (Points that set an option their family has no setting for, a mask computed that Splash
+    // only loads among them, are noted by the summary and named in the design_whatif column.)
     Ok(match choice.from {
-        Some(from) => format!("note: --shard auto: shard {shard} from {from}\n{what_if}{summary}"),
-        None => format!("{what_if}{summary}"),
+        Some(from) => format!("note: --shard auto: shard {shard} from {from}\n{summary}"),
+        None => summary.to_string(),
     })
-}
-
-/// A note for points that compute a mask in the kernel that their family can only load (kept
-/// as what-ifs, as `tpusim run` keeps them).
-fn what_if_note(def: &SweepDef) -> String {
-    let mut n = 0u64;
-    let mut example = None;
-    for i in 0..def.total() {
-        let spec = def.point(i).spec;
-        if spec.mask_source != Some(tpusim_kernel::MaskSource::Computed) {
-            continue;
-        }
-        let Some(text) = spec.mask.as_deref() else { continue };
-        if let Ok(m) = tpusim_workload::Mask::parse(text) {
-            if !tpusim_kernel::splash::computable(&m) && !m.expression_terms().loaded_only {
-                n += 1;
-                example.get_or_insert_with(|| text.to_string());
-            }
-        }
-    }
-    match example {
-        Some(m) => format!(
-            "note: {n} point{} set mask_source = computed with a mask Splash can only load ({m}): their rows are what-ifs of a kernel that computes it (Splash computes a single causal, local, band or chunked mask)\n",
-            if n == 1 { "" } else { "s" }
-        ),
-        None => String::new(),
-    }
 }
 
 pub fn cmd_merge(a: &MergeArgs) -> Result<String, CliError> {

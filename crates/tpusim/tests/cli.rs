@@ -639,3 +639,37 @@ fn backward_tuning_holds_the_forward_options() {
     assert!(!searched.contains("traversal") && !searched.contains("masking ("), "{t}");
     assert!(t.contains("fixed        traversal and masking (the backward kernels' own"), "{t}");
 }
+
+/// Issue 47, point 6: `tpusim run --help` says which blocks each attention family masks as the
+/// family's default does (JAX's Splash masks every computed block, as its IR reads; it said
+/// "partial blocks only").
+#[test]
+fn the_help_says_which_blocks_each_family_masks_as_it_runs() {
+    let out = bin().args(["run", "--help"]).output().unwrap();
+    let help = String::from_utf8_lossy(&out.stdout).into_owned();
+    for family in ["tokamax-splash", "splash", "sparse-splash", "flash-attention"] {
+        let line = help.lines().find(|l| l.trim_start().starts_with(&format!("- {family}:"))).unwrap_or_else(|| panic!("{family} in --help"));
+        let masking = run_json(&["--kernel", family, "--heads", "1", "--seq-len", "1024", "--mask", "causal"])["job"]["config"]["masking"].as_str().unwrap().to_string();
+        let says_partial = line.contains("partial blocks only");
+        assert_eq!(says_partial, masking == "partial", "{family} runs masking {masking}; its help: {line}");
+    }
+}
+
+/// Issue 47, point 8: a job flag starts from the family's defaults, not from the case study
+/// (`run --heads 10`, the case study's heads, runs tokamax's Splash at 128-wide blocks, twenty
+/// times slower): a note says so, in the table and in the JSON notes, and points to `tune`.
+#[test]
+fn a_job_flag_that_leaves_the_case_study_says_so() {
+    let args = ["--heads", "2", "--seq-len", "4096"];
+    let j = run_json(&args);
+    let notes: Vec<&str> = j["notes"].as_array().unwrap().iter().filter_map(|n| n.as_str()).collect();
+    let note = notes.iter().find(|n| n.contains("starts from the kernel family's defaults")).unwrap_or_else(|| panic!("{notes:?}"));
+    assert!(note.contains("tokamax-splash (the default --kernel) at its default blocks 128/128/128") && note.contains("tpusim tune"), "{note}");
+    let table = bin().arg("run").args(args).output().unwrap();
+    assert!(String::from_utf8_lossy(&table.stdout).contains("starts from the kernel family's defaults"));
+    // The case study itself, and a job that gives its blocks, need no such note.
+    for args in [&[][..], &["--heads", "2", "--seq-len", "4096", "--block-q", "512", "--block-kv", "512"][..]] {
+        let j = run_json(args);
+        assert!(!j["notes"].as_array().unwrap().iter().any(|n| n.as_str().unwrap().contains("starts from the kernel family's defaults")), "{args:?}");
+    }
+}

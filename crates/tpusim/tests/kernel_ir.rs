@@ -511,3 +511,30 @@ fn a_kernel_simulated_on_another_chip_than_it_was_lowered_for_says_so() {
     assert!(other.contains("lowered for TPU v6 lite (v6e) and simulated on v7x: Mosaic's choices for v6e"), "{other}");
     assert!(!ok(&["run", "--kernel-ir", &f]).contains("simulated on"));
 }
+
+/// Issue 47, point 9: a kernel read from its IR quotes its family's band where its family has
+/// one: megablox's gmm (its description records the family; measured as host-timed calls, so
+/// the band at scope call with a note), sglang's ragged paged attention (recognised from its
+/// kernel name and source file); a kernel of no known family quotes the pooled band and says so.
+#[test]
+fn a_kernel_read_from_its_ir_quotes_its_familys_band() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../traces/measured/kernels");
+    let band = |file: PathBuf| -> Value {
+        let j: Value = serde_json::from_str(&ok(&["run", "--kernel-ir", file.to_str().unwrap(), "--format", "json"])).unwrap();
+        j["band"].clone()
+    };
+    let gmm = band(root.join("megablox-gmm/GMM-v6e-t128-m1024-k1024-n4096-g16.json.gz"));
+    assert_eq!(gmm["family"], "megablox-gmm", "{gmm}");
+    assert_eq!(gmm["scope"], "call");
+    assert!(gmm["note"].as_str().unwrap().contains("measured at scope call only"), "{gmm}");
+    let rpa = band(root.join("rpa-v3-sglang/RPA3-v6e-decode-p128-t128-q4kv1.json.gz"));
+    assert_eq!((rpa["family"].as_str(), rpa["covered"].as_bool()), (Some("rpa-v3-sglang"), Some(true)), "{rpa}");
+    assert!(rpa.get("note").is_none(), "{rpa}");
+    let plain = run_json(&[]);
+    assert_eq!(plain["band"]["family"], "kernel-ir");
+    assert!(plain["band"]["note"].as_str().unwrap().contains("family is not known"), "{}", plain["band"]);
+    // The table says it too.
+    let table = ok(&["run", "--kernel-ir", root.join("megablox-gmm/GMM-v6e-t128-m1024-k1024-n4096-g16.json.gz").to_str().unwrap()]);
+    let line = table.lines().find(|l| l.trim_start().starts_with("band")).unwrap();
+    assert!(line.contains("megablox-gmm") && line.contains("59%"), "{line}");
+}

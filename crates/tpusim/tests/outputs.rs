@@ -123,15 +123,43 @@ fn a_sweep_replaces_only_its_own_results_and_locks_its_output() {
     std::fs::remove_file(&out).unwrap();
 
     // Two sweeps on one output: the second meets the first's lock (an OS advisory lock, held
-    // here by this test as a running sweep would hold it).
-    let lock = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(format!("{}.lock", s(&out))).unwrap();
+    // here by this test as a running sweep would hold it, in a lock file with tpusim's mark).
+    let mut lock = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(format!("{}.lock", s(&out))).unwrap();
+    use std::io::Write as _;
     use std::os::fd::AsRawFd as _;
     assert_eq!(unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) }, 0);
+    lock.write_all(b"# tpusim output: sweep --out (tpusim 0.1.0)\n").unwrap();
     let e = refused(sweep(&b, false), "a second sweep on a locked output");
     assert!(e.contains("another tpusim sweep is writing it") && e.contains("out.csv.lock"), "{e}");
     drop(lock); // released, as when a sweep's process ends
     ok(sweep(&b, false), "after the lock is released");
     assert!(!Path::new(&format!("{}.lock", s(&out))).exists(), "a finished sweep removes its lock file");
+}
+
+/// Issue 47, point 4: a lock file tpusim did not write (`echo keep > out.csv.lock`) is refused
+/// as `OUT.partial` is, and left as it was; `--force` replaces it (and the finished sweep removes
+/// it, as it removes its own).
+#[test]
+fn a_lock_file_tpusim_did_not_write_is_refused_and_kept() {
+    let dir = scratch("user-lock");
+    let out = dir.join("out.csv");
+    let lock = dir.join("out.csv.lock");
+    let a = sweep_file(&dir, "a.toml", &[256]);
+    std::fs::write(&lock, "keep\n").unwrap();
+    let sweep = |force: bool| {
+        let mut c = bin();
+        c.args(["sweep", s(&a), "--out", s(&out), "--no-progress"]);
+        if force {
+            c.arg("--force");
+        }
+        c.output().unwrap()
+    };
+    let e = refused(sweep(false), "a sweep beside a user's lock file");
+    assert!(e.contains("out.csv.lock exists and tpusim did not write it") && e.contains("--force"), "{e}");
+    assert_eq!(std::fs::read(&lock).unwrap(), b"keep\n", "the user's file is left byte for byte");
+    assert!(!out.exists() && !dir.join("out.csv.partial").exists(), "nothing was written");
+    ok(sweep(true), "--force");
+    assert!(out.exists() && !lock.exists());
 }
 
 #[test]

@@ -493,3 +493,31 @@ fn tune_block_sizes_lines_mark_a_repeated_block_size() {
     }
     assert!(repeats > 0, "no repeated BlockSizes in the top 6 to check: {out}");
 }
+
+/// Issue 47, point 5: a sweep that runs a family with an option its library has no setting for
+/// (JAX's Splash with the compacted grid) names it per row in `design_whatif` (CSV and JSON
+/// lines) and notes it, as `run` notes and `tune` stars it; the rows the library runs as they
+/// are leave the cell empty.
+#[test]
+fn design_what_if_rows_are_named_and_noted() {
+    let d = scratch("design-whatif");
+    std::fs::write(
+        d.join("s.toml"),
+        "[base]\nkernel = \"splash\"\nheads = 2\nseq_len = 4096\nmask = \"causal\"\nblock_q = 512\nblock_kv = 512\n[axes]\ntraversal = [\"full-grid\", \"compact\"]\n",
+    )
+    .unwrap();
+    for ext in ["csv", "jsonl"] {
+        let out = format!("s.{ext}");
+        let text = ok(&["sweep", "s.toml", "--out", &out, "--no-progress"], &d);
+        assert!(text.contains("1 of 2 rows are design what-ifs (column design_whatif)") && text.contains("point 1: traversal compact (splash runs full-grid)"), "{text}");
+        let body = String::from_utf8(read(&d.join(&out))).unwrap();
+        let cells: Vec<String> = if ext == "csv" {
+            let mut lines = body.lines().filter(|l| !l.starts_with('#')).map(|l| tpusim_io::csv_fields(l).unwrap());
+            let col = lines.next().unwrap().iter().position(|h| h == "design_whatif").expect("a design_whatif column");
+            lines.map(|f| f[col].clone()).collect()
+        } else {
+            body.lines().skip(1).map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["design_whatif"].as_str().unwrap_or("").to_string()).collect()
+        };
+        assert_eq!(cells, ["", "traversal compact (splash runs full-grid)"], "{ext}");
+    }
+}

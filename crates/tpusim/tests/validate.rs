@@ -299,3 +299,29 @@ fn nothing_predicted_is_an_error_and_into_takes_markdown() {
     let out = tpusim(&["calibrate", SHIPPED, "--chip", "v6e", "--params", "fitted.nonsense", "--no-cv"]);
     assert!(text(&out.stderr).contains("--params nonsense: not a fitted parameter"), "{}", text(&out.stderr));
 }
+
+/// Issue 47, point 1: `validate --bands --out` replaces only a band file tpusim wrote (a user's
+/// file is refused before the cross-validation and left byte for byte, `--force` replaces it),
+/// and the band file names the command that ran, not the docs' command.
+#[test]
+fn bands_out_replaces_only_a_band_file_and_names_the_command_that_ran() {
+    let d = TempDir::new("bands-out");
+    let rows = rows_of(&d, "v5e");
+    let mine = d.file("mine.json", "{\"my\":1}\n");
+    let out = tpusim(&["validate", &rows, "--bands", "--out", &mine]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stdout));
+    let e = text(&out.stderr);
+    assert!(e.contains("--out") && e.contains("tpusim did not write it") && e.contains("--force"), "{e}");
+    assert_eq!(std::fs::read(&mine).unwrap(), b"{\"my\":1}\n", "the user's file is left as it was");
+    let fresh = d.0.join("bands.json").to_string_lossy().into_owned();
+    let out = tpusim(&["validate", &rows, "--bands", "--out", &fresh]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let file: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&fresh).unwrap()).unwrap();
+    let by = file["generated_by"].as_str().unwrap();
+    assert_eq!(by, format!("tpusim validate {rows} --bands --out {fresh}"), "the command that ran");
+    // Its own band file it replaces; the user's only with --force.
+    assert!(tpusim(&["validate", &rows, "--bands", "--out", &fresh]).status.success());
+    let out = tpusim(&["validate", &rows, "--bands", "--out", &mine, "--force"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(std::fs::read_to_string(&mine).unwrap().contains("\"generated_by\""));
+}

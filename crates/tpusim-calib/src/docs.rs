@@ -132,8 +132,10 @@ pub fn summary(file: &MeasurementFile, v: &Validation, cv: &CrossValidation) -> 
     let _ = writeln!(s);
     let _ = writeln!(s, "| rows | n | in sample: median / worst | held out (leave-one-out): median / worst |");
     let _ = writeln!(s, "|---|---|---|---|");
-    // Kernels read from their IR are never fitted: their rows have a table of their own below.
+    // Library kernels read from their IR are never fitted: their rows have a table of their own
+    // below. Microbenchmark rows (read from their IR too) are fitted first: a line of their own.
     let described = |id: &str| file.rows.iter().any(|m| m.id == id && m.kernel_ir.is_some());
+    let mechanism = |id: &str| file.rows.iter().any(|m| m.id == id && m.kernel_word.starts_with(crate::fit::MECHANISM_KERNEL_PREFIX));
     let mut chips: Vec<&str> = Vec::new();
     for r in v.rows.iter().filter(|r| !described(&r.id)) {
         if !chips.contains(&r.chip.as_str()) {
@@ -159,6 +161,9 @@ pub fn summary(file: &MeasurementFile, v: &Validation, cv: &CrossValidation) -> 
     for c in &chips {
         line(format!("{c} ({})", kernels_of(c)), &|chip, id| chip == *c && !described(id));
     }
+    for c in &chips {
+        line(format!("{c} microbenchmarks (the step and DMA mechanisms, fitted first)"), &|chip, id| chip == *c && mechanism(id));
+    }
     let mut dirs: Vec<String> = Vec::new();
     for r in &v.rows {
         if let Some(d) = direction(&r.id) {
@@ -182,7 +187,7 @@ pub fn summary(file: &MeasurementFile, v: &Validation, cv: &CrossValidation) -> 
 /// rows on a chip is not covered (no band is claimed from it).
 fn described_families(s: &mut String, file: &MeasurementFile, v: &Validation) {
     let mut groups: Vec<(String, String)> = Vec::new();
-    for m in file.rows.iter().filter(|m| m.kernel_ir.is_some()) {
+    for m in file.rows.iter().filter(|m| m.kernel_ir.is_some() && !m.kernel_word.starts_with(crate::fit::MECHANISM_KERNEL_PREFIX)) {
         let g = (m.kernel_word.clone(), m.chip.clone());
         if !groups.contains(&g) {
             groups.push(g);

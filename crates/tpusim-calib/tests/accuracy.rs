@@ -128,21 +128,27 @@ fn out_of_sample_leave_one_out_errors_meet_their_bands() {
 /// miss (VALIDATION.md names every such row with its mechanism) that may not get worse than the
 /// figure recorded here, and fails when it meets the band until it is taken off.
 const DESCRIBED_MEDIANS: &[(&str, &str, f64)] = &[
-    // Transposes folded into their matmul as Mosaic does (0.158 while charged on the XLU).
-    ("rpa-v3-sglang", "v6e", 0.134),
-    ("rpa-tpu-inference-v0.11.1", "v7x", 0.073),
-    ("rpa-tpu-inference-v0.11.1", "v6e", 0.133),
-    // Worse since the copies are ops of the step body (0.419 and 0.265 before): the measured
-    // rows move more bytes than the chip's bandwidth allows (VALIDATION.md, known misses).
-    ("kv-cache-update", "v6e", 0.595),
-    ("kv-cache-update", "v7x", 0.305),
-    ("megablox-gmm", "v6e", 0.588),
+    // Since the step and DMA mechanisms are measured (v6e from its microbenchmarks; v7x's DMA
+    // latency scaled from XLA's table as v6e's, its step overhead refit): VALIDATION.md, known
+    // misses, names each family's mechanisms.
+    ("rpa-v3-sglang", "v6e", 0.175),
+    ("rpa-tpu-inference-v0.11.1", "v7x", 0.049),
+    ("rpa-tpu-inference-v0.11.1", "v6e", 0.195),
+    ("kv-cache-update", "v6e", 0.39),
+    ("kv-cache-update", "v7x", 0.115),
+    // vLLM's kv_cache_update, judge rows timed with DMA tracing on.
+    ("kv-cache-update-vllm", "v6e", 0.279),
+    ("megablox-gmm", "v6e", 0.132),
     // fp8 x fp8 matmuls at v7x's fp8 rates (0.578 while they were priced as bf16).
-    ("gmm-v2", "v7x", 0.288),
+    ("gmm-v2", "v7x", 0.316),
     // tokamax's grouped matmuls (openxla/tokamax @ d52c0797 autotuning data): 0.0.12's Pallas
     // kernel and gmm_v2, each a grid-less emit_pipeline.
-    ("tokamax-gmm", "v6e", 0.079),
-    ("tokamax-gmm-v2", "v6e", 0.092),
+    ("tokamax-gmm", "v6e", 0.092),
+    ("tokamax-gmm-v2", "v6e", 0.082),
+    // The public v6e microbenchmarks (mechanism rows: the step and DMA mechanisms are fitted
+    // to them, so these are in-sample).
+    ("microbench-copy", "v6e", 0.027),
+    ("microbench-dma", "v6e", 0.001),
 ];
 
 #[test]
@@ -155,7 +161,9 @@ fn kernels_read_from_their_ir_meet_their_band_or_are_named_misses() {
     assert!(described.len() >= 100, "{}", described.len());
     for (family, chip, recorded) in DESCRIBED_MEDIANS {
         let errs = abs_errors(&file, &v, |m| m.kernel_ir.is_some() && m.kernel_word == *family && m.chip == *chip);
-        assert!(errs.len() >= 5, "{family} on {chip}: {} rows\n{t}", errs.len());
+        // A library family needs five rows for a band; the microbenchmark patterns are one
+        // mechanism each.
+        assert!(errs.len() >= 5 || family.starts_with("microbench-"), "{family} on {chip}: {} rows\n{t}", errs.len());
         for (id, e) in &errs {
             assert!(*e <= 0.15 || misses.contains(id.as_str()), "{id}: |error| {e:.3}, not listed in VALIDATION.md's known misses\n{t}");
         }

@@ -23,7 +23,9 @@ fn refitting_the_shipped_csv_reproduces_every_declared_fitted_value() {
     for chip in FITTED_CHIPS {
         let preset = ChipModel::preset(chip).unwrap();
         let declared = candidates(&preset, &[]);
-        assert!(!declared.is_empty() && declared.len() <= 3, "{chip}: declares {declared:?}");
+        // At most three per stage: the step and DMA mechanisms, then the rest.
+        let mechanisms = declared.iter().filter(|n| tpusim_calib::fit::MECHANISM_PARAMS.contains(n)).count();
+        assert!(!declared.is_empty() && mechanisms <= 3 && declared.len() - mechanisms <= 3, "{chip}: declares {declared:?}");
         let cal = calibrate(&file, &preset, chip, &opts).unwrap();
         for name in &declared {
             let p = cal.params.iter().find(|p| p.name == *name).unwrap();

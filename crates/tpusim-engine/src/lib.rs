@@ -22,13 +22,19 @@
 //!    and accumulator updates that follow it) runs on while step i+1 starts. Its operations then wait for their units (still busy with step
 //!    i's work) and for the carried state step i writes (the running max and o_acc of each slab,
 //!    the dk/dv accumulators): the next step's QK matmul starts while the current step's softmax
-//!    and PV are draining. The next step's input DMAs are issued as step i starts (double
-//!    buffering), once the buffer they fill is free (step i-1, which read it, is done), and move their bytes at the sustained DMA bandwidth, one DMA at a time; output
-//!    blocks are written back once the step that completes them is done. The chip's HBM -> VMEM
-//!    latency is paid by the pipeline's first input DMA and the VMEM -> HBM latency by its last
-//!    write-back; in between, a DMA's issue and semaphore costs are part of the fitted grid-step
-//!    overhead (the Pallas TPU matmul tutorial's 128-block v5e timings, 350 ns per step, leave
-//!    no room for a separate per-step latency of the size XLA's table gives).
+//!    and PV are draining. The scalar unit's part of a step is the fixed grid-step overhead
+//!    (`fitted.grid_step_overhead_cycles`) plus one issue (`fitted.dma_issue_ns`) per copy it
+//!    starts (the next step's input blocks, this step's output blocks: the step's copy set from
+//!    the declaration's copy rule, [`tpusim_model::copies`]). The next step's input DMAs are
+//!    issued as step i starts (double buffering), once the buffer they fill is free (step i-1,
+//!    which read it, is done); every copy's data starts moving `fitted.dma_latency_ns` after its
+//!    issue (one latency per HBM leg) and moves at the sustained DMA bandwidth, one copy after
+//!    another. Output blocks are written back once the step that completes them is done, sharing
+//!    the bandwidth with the next step's input copies still moving (processor sharing: both at
+//!    half the rate until one is done). So a step whose body outlasts its copies' round trip
+//!    hides it entirely, and a step too short to hide it waits for its inputs: the exposed round
+//!    trip (issue, latency, transfer) sets the pace of short steps (the public v6e
+//!    microbenchmarks of a pipelined copy pin it, `models/v6e.toml`).
 //!
 //! **Megacore.** On a device with several TensorCores the grid's parallel units
 //! ([`Program::core_ranges`]) are split over the cores; each core runs its share with its own
@@ -130,13 +136,19 @@ pub struct StepTiming {
     pub core: u32,
     /// Cycle the step's scalar overhead started (after the previous step's issue end).
     pub overhead_start: f64,
+    /// Cycles of the step's scalar-unit work from `overhead_start`: the grid-step overhead plus
+    /// the issue of the copies it starts (the next step's inputs, its own write-backs; the first
+    /// step's own inputs too, issued in the prologue); the engine's `busy.step_control` is the
+    /// sum of these.
+    pub scalar: f64,
     /// Cycle the step began issuing (overhead done, inputs landed).
     pub body_start: f64,
     /// Cycle the step's last result was ready.
     pub body_end: f64,
-    /// Input DMA for this step: (transfer start, transfer end) if any bytes moved.
+    /// Input DMA for this step: (end less its bytes at the full DMA rate, the end: its data in)
+    /// if any bytes moved; a copy that shared the bandwidth started earlier than this.
     pub dma_in: Option<(f64, f64)>,
-    /// Output DMA after this step: (transfer start, transfer end) if any.
+    /// Output DMA after this step: (end less its bytes at the full DMA rate, the end), if any.
     pub dma_out: Option<(f64, f64)>,
     /// Each operation's absolute times, in node order.
     pub ops: Vec<OpTiming>,
@@ -847,10 +859,15 @@ impl<'a> Pipeline<'a> {
                     index: self.steps,
                     core: self.core,
                     overhead_start: front,
+                    // The first step's also issues its own inputs (the pipeline's prologue).
+                    scalar: scalar + if self.steps == 0 { self.issue * f64::from(cur_c.in_dmas) } else { 0.0 },
                     body_start: start,
                     body_end: done,
-                    dma_in: cur_in,
-                    dma_out,
+                    // Each copy as its work on the DMA engines, ending when its data is in: a copy
+                    // that shared the bandwidth took longer, but the engines' busy time is its
+                    // bytes at the full rate.
+                    dma_in: cur_in.map(|(_, e)| (e - quantize(cur_c.in_bytes as f64 / self.bpc), e)),
+                    dma_out: dma_out.map(|(_, e)| (e - quantize(cur_out as f64 / self.bpc), e)),
                     ops,
                 },
             );

@@ -296,3 +296,26 @@ fn remembered_applications_equal_replaying_input_by_input() {
     }
     assert!(tried >= 600, "{tried}");
 }
+
+/// A step whose body outlasts its copies' DMA round trip pays none of it: with 1024-cubed matmul
+/// blocks on v5e (each step's MXU work about 11 us, its copies' round trip about 5.4 us) a longer
+/// DMA latency costs the whole run only the pipeline's first read and last write (two
+/// latencies), while 128-cubed blocks (steps far shorter than the round trip) pay it at every
+/// step.
+#[test]
+fn a_step_whose_body_outlasts_the_dma_round_trip_pays_none_of_it() {
+    let chip = ChipModel::preset("v5e").unwrap();
+    let slow = chip.with_override("fitted.dma_latency_ns", &format!("{}", 2.0 * chip.fitted.dma_latency_ns.value)).unwrap();
+    let extra = slow.dma_latency_cycles() - chip.dma_latency_cycles();
+    let mm = MatmulCall { m: 4096, n: 4096, k: 4096 };
+    let run = |c: &ChipModel, b: u64| {
+        let p = matmul::lower(c, &mm, &MatmulConfig::blocks(b, b, b)).unwrap();
+        (simulate(c, &p).cycles, p.info.grid_steps)
+    };
+    let (long_fast, _) = run(&chip, 1024);
+    let (long_slow, _) = run(&slow, 1024);
+    assert!(long_slow - long_fast <= 2.0 * extra + 1.0, "long steps paid {} cycles for {extra} more latency", long_slow - long_fast);
+    let (short_fast, steps) = run(&chip, 128);
+    let (short_slow, _) = run(&slow, 128);
+    assert!(short_slow - short_fast >= 0.9 * extra * steps as f64, "short steps paid {} cycles over {steps} steps for {extra} more latency", short_slow - short_fast);
+}

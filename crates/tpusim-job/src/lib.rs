@@ -1324,7 +1324,7 @@ pub(crate) fn write_bound_by(s: &mut String, b: &BoundBy<'_>) {
                     format!("{} -{:.1}%{why}", w.unit, 100.0 * w.gain)
                 })
                 .collect();
-            let _ = writeln!(s, "  what if 2x   {} (latency saved with one unit twice as fast, same schedule)", cells.join(", "));
+            let _ = writeln!(s, "  what if 2x   {} (latency saved with one unit or DMA mechanism twice as fast, same schedule)", cells.join(", "));
         }
         _ => {
             // A busier unit whose work overlaps the bottleneck's does not bound the run; say so,

@@ -15,8 +15,15 @@
 //! | step_control | `fitted.grid_step_overhead_cycles` | /2 |
 //! | host (scope `call` only) | `host.dispatch_us` | /2 |
 //!
+//! and, after the units, one row per step and DMA mechanism ([`MECHANISMS`]): `dma_latency`
+//! (`fitted.dma_latency_ns` /2), `dma_issue` (`fitted.dma_issue_ns` /2) and `dmas_in_flight`
+//! (`fitted.dmas_in_flight` x2). They say which part of the copies' round trip a DMA- or
+//! step-bound kernel waits on; "bound by" is decided among the units alone.
+//!
 //! A what-if model keeps the issue order of the model it was derived from (`compiled_for`), so a
-//! faster unit never lengthens a run: every gain is >= 0. A gain decides "bound by" only when it
+//! faster unit lengthens a run only through the DMA engines' sharing (a body done sooner issues
+//! its write-back sooner, which then shares the bandwidth longer with the next step's inputs):
+//! a gain may be slightly below 0. A gain decides "bound by" only when it
 //! is large ([`DECISIVE_GAIN`]) and untied; tied units (within [`CO_BOUND_FRACTION`]) are
 //! co-bound, and a run whose gains are all small is bound by the unit its critical path waits on
 //! longest ([`bottleneck_of`]).
@@ -35,13 +42,14 @@ pub const CO_BOUND_MIN_GAIN: f64 = 0.01;
 /// What one unit twice as fast buys.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct WhatIf {
-    /// The unit (`mxu`, `vpu`, `eup`, `xlu`, `hbm`, `step_control`) or `host`.
+    /// The unit (`mxu`, `vpu`, `eup`, `xlu`, `hbm`, `step_control`), a mechanism
+    /// (`dma_latency`, `dma_issue`, `dmas_in_flight`: [`MECHANISMS`]) or `host`.
     pub unit: String,
     /// The `--set` overrides that make it twice as fast, e.g. `mxu.passes_per_cycle=4`.
     pub set: Vec<String>,
     /// Latency with those overrides, ms.
     pub latency_ms: f64,
-    /// 1 - latency_ms / the run's latency (>= 0).
+    /// 1 - latency_ms / the run's latency (about 0 or more: module docs).
     pub gain: f64,
 }
 
@@ -60,6 +68,20 @@ pub fn doubled(chip: &ChipModel, unit: Unit) -> Vec<(String, f64)> {
         Unit::StepControl => vec![("fitted.grid_step_overhead_cycles".into(), 0.5 * f.grid_step_overhead_cycles.value)],
     }
 }
+
+/// The step and DMA mechanisms of the what-if table (module docs): each row's name and its
+/// override on `chip`, that mechanism twice as fast.
+pub fn mechanisms(chip: &ChipModel) -> Vec<(&'static str, Vec<(String, f64)>)> {
+    let f = &chip.fitted;
+    vec![
+        ("dma_latency", vec![("fitted.dma_latency_ns".into(), 0.5 * f.dma_latency_ns.value)]),
+        ("dma_issue", vec![("fitted.dma_issue_ns".into(), 0.5 * f.dma_issue_ns.value)]),
+        ("dmas_in_flight", vec![("fitted.dmas_in_flight".into(), 2.0 * f.dmas_in_flight.value)]),
+    ]
+}
+
+/// The names of the mechanism rows ([`mechanisms`]).
+pub const MECHANISMS: [&str; 3] = ["dma_latency", "dma_issue", "dmas_in_flight"];
 
 /// `chip` with `set` applied in order.
 ///
@@ -85,7 +107,7 @@ pub fn format_value(v: f64) -> String {
 }
 
 /// Re-times `run` with each unit twice as fast (the host too for scope `call`), in the order of
-/// [`Unit::ALL`] then `host`. Skips (leaves out) a unit whose overrides the chip refuses.
+/// [`Unit::ALL`], the mechanisms ([`MECHANISMS`]), then `host`. Skips (leaves out) a unit whose overrides the chip refuses.
 pub fn what_if_2x(run: &Run) -> Vec<WhatIf> {
     // The host's row is the lowering's: a call it times with the host's dispatch, whatever the
     // job (a hand-modelled kernel or one read from its IR).
@@ -99,6 +121,7 @@ pub fn what_if_2x(run: &Run) -> Vec<WhatIf> {
 pub fn what_if_2x_by(chip: &ChipModel, seconds: f64, host: bool, retime: &dyn Fn(&ChipModel) -> f64) -> Vec<WhatIf> {
     let t = seconds;
     let mut sets: Vec<(String, Vec<(String, f64)>)> = Unit::ALL.iter().map(|&u| (u.word().to_string(), doubled(chip, u))).collect();
+    sets.extend(mechanisms(chip).into_iter().map(|(n, set)| (n.to_string(), set)));
     if host {
         sets.push(("host".into(), vec![("host.dispatch_us".into(), 0.5 * chip.host.dispatch_us.value)]));
     }
@@ -176,5 +199,5 @@ pub fn bottleneck_of(table: &[WhatIf], critical: &PerUnit<f64>, fallback: Unit) 
 /// True when no chip unit twice as fast saves [`CO_BOUND_MIN_GAIN`] of the latency: the run is
 /// bound by latency, not by any unit's rate.
 pub fn latency_bound(table: &[WhatIf]) -> bool {
-    table.iter().filter(|w| w.unit != "host").all(|w| w.gain < CO_BOUND_MIN_GAIN)
+    table.iter().filter(|w| Unit::ALL.iter().any(|u| u.word() == w.unit)).all(|w| w.gain < CO_BOUND_MIN_GAIN)
 }

@@ -23,9 +23,11 @@ fn check(s: &JobSpec, what: &str) -> Report {
     for w in &table {
         // An independent run: the overrides applied one by one, the job built and lowered again.
         let unit = tpusim_model::Unit::ALL.iter().copied().find(|u| u.word() == w.unit);
-        let set = match unit {
-            Some(u) => doubled(&chip, u),
-            None => vec![("host.dispatch_us".to_string(), 0.5 * chip.host.dispatch_us.value)],
+        let mechanism = tpusim_job::whatif::mechanisms(&chip).into_iter().find(|(n, _)| *n == w.unit).map(|(_, set)| set);
+        let set = match (unit, mechanism) {
+            (Some(u), _) => doubled(&chip, u),
+            (None, Some(set)) => set,
+            (None, None) => vec![("host.dispatch_us".to_string(), 0.5 * chip.host.dispatch_us.value)],
         };
         let fast = with_all(&chip, &set).unwrap();
         let job2 = s.build(&fast).unwrap();

@@ -5,8 +5,9 @@
 //! the per-class body schedules ([`tpusim_engine::schedule_body`]); nothing is re-modelled here.
 //! For every grid step in the [`Window`]:
 //!
-//! * **step control**: the fixed grid-step overhead, from `overhead_start` for
-//!   `grid_step_overhead_cycles` (the engine's `busy.step_control` is exactly the sum of these);
+//! * **step control**: the step's scalar work, from `overhead_start` for its `scalar` cycles (the
+//!   grid-step overhead and the issue of the copies it starts; the engine's `busy.step_control`
+//!   is exactly the sum of these);
 //! * **DMA in**: the step's input copy (transfer start to end, after the DMA latency);
 //! * **MXU / VPU / EUP / XLU**: one event per tile operation of the step body, at
 //!   `body_start + op.start` for `op.end - op.start` cycles (its occupancy; the result latency is
@@ -190,8 +191,6 @@ pub struct Event {
 /// simulation result (identical to [`tpusim_engine::simulate`]). Zero-length operations are
 /// skipped.
 pub fn for_each_event(chip: &ChipModel, program: &Program, window: &Window, f: &mut dyn FnMut(&Event)) -> SimResult {
-    // The engine's overhead in whole time quanta, so the events sum to its busy time exactly.
-    let overhead = tpusim_engine::quantize(chip.fitted.grid_step_overhead_cycles.value);
     simulate_observed(chip, program, &mut |s: &Step, t: &StepTiming| {
         if !window.contains(t.index, s) {
             return;
@@ -201,14 +200,14 @@ pub fn for_each_event(chip: &ChipModel, program: &Program, window: &Window, f: &
             track: Track::StepControl,
             name: "step overhead",
             start: t.overhead_start,
-            dur: overhead,
+            dur: t.scalar,
             step: t.index,
             coords: s.coords,
             tile: class.key.tile,
             masked: class.key.masked,
             bytes: 0,
         };
-        if overhead > 0.0 {
+        if t.scalar > 0.0 {
             f(&base);
         }
         if let Some((a, b)) = t.dma_in {
@@ -231,7 +230,7 @@ pub fn for_each_event(chip: &ChipModel, program: &Program, window: &Window, f: &
 pub fn count_events(chip: &ChipModel, program: &Program, window: &Window) -> u64 {
     let per_class: Vec<u64> =
         program.classes.iter().map(|c| schedule_body(chip, &c.body).ops.iter().filter(|o| o.end > o.start).count() as u64).collect();
-    let step_ev = u64::from(chip.fitted.grid_step_overhead_cycles.value > 0.0);
+    let step_ev = u64::from(chip.fitted.grid_step_overhead_cycles.value > 0.0 || chip.fitted.dma_issue_ns.value > 0.0);
     let mut n = 0u64;
     let mut i = 0u64;
     program.for_each_step(&mut |s| {

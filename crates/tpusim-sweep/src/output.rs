@@ -24,7 +24,8 @@
 //!    `chip_hash` (a hash of the model's parameter values: rows with equal hashes ran on
 //!    identical models);
 //! 6. the metrics of [`tpusim_job::Report`]: `latency_ms`, `cycles`, `flops`, `mfu`,
-//!    `achieved_tflops`, (with `--what-if-2x`: `bottleneck`, `co_bound`, `gain_2x_UNIT`),
+//!    `achieved_tflops`, (with `--what-if-2x`: `bottleneck`, `co_bound`, `gain_2x_UNIT`, then
+//!    `gain_2x_dma_latency`, `gain_2x_dma_issue`, `gain_2x_dmas_in_flight`),
 //!    `util_mxu` .. `util_step_control` (busy fraction),
 //!    `busy_ms_mxu` .. `busy_ms_step_control`, `transcendentals`, `hbm_bytes`,
 //!    `arithmetic_intensity`, `grid_steps`, `steps_computed`, `vmem_bytes`, `vmem_limit_bytes`,
@@ -430,6 +431,7 @@ fn head_columns(what_if: bool) -> Vec<String> {
     if what_if {
         c.extend(["bottleneck".to_string(), "co_bound".to_string()]);
         c.extend(Unit::ALL.iter().map(|u| format!("gain_2x_{u}")));
+        c.extend(tpusim_job::whatif::MECHANISMS.iter().map(|m| format!("gain_2x_{m}")));
     }
     c.extend(Unit::ALL.iter().map(|u| format!("util_{u}")));
     c.extend(Unit::ALL.iter().map(|u| format!("busy_ms_{u}")));
@@ -457,6 +459,7 @@ fn head_cells(h: &Head<'_>, what_if: bool) -> Vec<Cell> {
         c.extend([Cell::Str(h.bottleneck.to_string()), Cell::Str(co.join(";"))]);
         let table = h.what_if_2x.unwrap_or_default();
         c.extend(Unit::ALL.iter().map(|u| Cell::opt(table.iter().find(|w| w.unit == u.word()).map(|w| Cell::Float(w.gain)))));
+        c.extend(tpusim_job::whatif::MECHANISMS.iter().map(|m| Cell::opt(table.iter().find(|w| w.unit == *m).map(|w| Cell::Float(w.gain)))));
     }
     c.extend(h.utilization.iter().map(|(_, v)| Cell::Float(v)));
     c.extend(h.busy_ms.iter().map(|(_, v)| Cell::Float(v)));

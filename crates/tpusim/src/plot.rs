@@ -501,6 +501,14 @@ pub fn cmd_plot(a: &PlotArgs) -> Result<String, CliError> {
 const MAX_GANTT_STEPS: u64 = 64;
 
 fn timeline_plot(p: &TimelineArgs) -> Result<String, CliError> {
+    // One job per timeline: a repeated --kernel-ir (which roofline and breakdown take, and which
+    // the parser would otherwise let the last one win) is refused.
+    let given = std::env::args().filter(|a| a == "--kernel-ir" || a.starts_with("--kernel-ir=")).count();
+    if given > 1 {
+        return Err(CliError::input(format!(
+            "--kernel-ir given {given} times: the argument '--kernel-ir' cannot be used multiple times in plot timeline (one kernel's steps per figure; plot breakdown and roofline take several)"
+        )));
+    }
     let out = p.figure.output(WIDE)?;
     let mut steps = Window::parse_steps(p.steps.as_deref().unwrap_or("0:4"), "--steps")?;
     if steps.1.saturating_sub(steps.0) > MAX_GANTT_STEPS {

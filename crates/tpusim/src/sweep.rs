@@ -56,8 +56,9 @@ pub struct SweepArgs {
     pub force: bool,
     /// Add each point's what-if table: `bottleneck` (`tpusim run`'s rule: the unit whose 2x
     /// speed-up gains 10% or more, untied; else the tied or critical-path unit), `co_bound` and a
-    /// `gain_2x_UNIT` column per unit (1 - t'/t with that unit alone twice as fast). Six
-    /// re-timings a point; without it rows have no bottleneck column.
+    /// `gain_2x_UNIT` column per unit (1 - t'/t with that unit alone twice as fast) and per step
+    /// and DMA mechanism (`gain_2x_dma_latency`, `gain_2x_dma_issue`, `gain_2x_dmas_in_flight`).
+    /// Nine re-timings a point; without it rows have no bottleneck column.
     #[arg(long = "what-if-2x")]
     pub what_if_2x: bool,
 }

@@ -54,7 +54,8 @@ fn run_json(extra: &[&str]) -> Value {
 fn bound_by_is_the_what_if_table_and_each_row_is_the_run_with_its_overrides() {
     let j = run_json(&[]);
     let table = j["what_if_2x"].as_array().expect("a what-if table");
-    assert_eq!(table.len(), 6, "{table:?}");
+    // The six units, then the three step and DMA mechanisms.
+    assert_eq!(table.len(), 9, "{table:?}");
     let gain = |u: &str| table.iter().find(|w| w["unit"] == u).unwrap()["gain"].as_f64().unwrap();
     // The bottleneck is the unit with the largest gain.
     let best = table.iter().max_by(|a, b| a["gain"].as_f64().unwrap().total_cmp(&b["gain"].as_f64().unwrap())).unwrap();
@@ -536,5 +537,5 @@ fn a_kernel_read_from_its_ir_quotes_its_familys_band() {
     // The table says it too.
     let table = ok(&["run", "--kernel-ir", root.join("megablox-gmm/GMM-v6e-t128-m1024-k1024-n4096-g16.json.gz").to_str().unwrap()]);
     let line = table.lines().find(|l| l.trim_start().starts_with("band")).unwrap();
-    assert!(line.contains("megablox-gmm") && line.contains("59%"), "{line}");
+    assert!(line.contains("megablox-gmm") && line.contains("median 13%"), "{line}");
 }

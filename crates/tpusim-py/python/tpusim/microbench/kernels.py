@@ -5,7 +5,7 @@ its arguments as `jax.ShapeDtypeStruct`s, or as NumPy arrays where the kernel re
 (scalar-prefetch tables). `interpret=True` builds the same kernel for Pallas's interpret mode
 (CPU), which `python -m tpusim.microbench --measure --dry-run` times to test the harness.
 
-The public v6e microbenchmarks (`traces/measured/microbench-v6e.csv`) are written here from their
+The public v6e microbenchmarks (the `MB-v6e-` and `VLLM-KVUPD-v6e-` rows of `traces/measured/calibration.csv`) are written here from their
 public description (`copy`, `dma_hbm_hbm_rows`, `dma_via_vmem_rows`, `kv_cache_update_vllm`):
 the block shapes, grids, copy patterns and operands it gives, nothing else assumed but what each
 docstring says.

@@ -144,3 +144,41 @@ def test_describe_replaces_its_own_files_and_anything_with_force(tmp_path):
     mine.write_bytes(PRECIOUS)
     tj.describe(_copy(), X, path=mine, force=True)
     assert json.loads(mine.read_bytes())["format"] == "tpusim-kernel-description"
+
+
+class _Report:
+    def __init__(self, n):
+        self.n = n
+
+    def row(self):
+        return {"latency_ms": 0.5 * self.n}
+
+
+def test_decode_sweep_marks_its_csv_and_refuses_a_file_it_did_not_write(tmp_path):
+    ran = []
+
+    def step(n):
+        ran.append(n)
+        return _Report(n)
+
+    mine = tmp_path / "precious.csv"
+    mine.write_bytes(b"n,latency_ms\n1,99\n")
+    with pytest.raises(tpusim.InputError, match=r"path = '.*precious\.csv': exists and tpusim did not write it.*pass force=True to replace it"):
+        tj.decode_sweep(step, [{"n": 1}, {"n": 2}], path=mine)
+    assert ran == [], "refused before the first point runs"
+    assert mine.read_bytes() == b"n,latency_ms\n1,99\n" and _files(tmp_path) == ["precious.csv"]
+    # Another command's output is not this one's.
+    theirs = tmp_path / "rows.csv"
+    theirs.write_bytes(b"# tpusim output: from-trace (tpusim 0.1.0)\nid\nx\n")
+    with pytest.raises(tpusim.InputError, match=r"holds the output of `tpusim from-trace`, not of `tpusim\.jax\.decode_sweep`; pass force=True"):
+        tj.decode_sweep(step, [{"n": 1}], path=theirs)
+    assert theirs.read_bytes() == b"# tpusim output: from-trace (tpusim 0.1.0)\nid\nx\n"
+    with pytest.raises(tpusim.InputError, match=r"force = 1: expected True or False"):
+        tj.decode_sweep(step, [{"n": 1}], path=tmp_path / "new.csv", force=1)
+    # force=True replaces; the file starts with the mark; its own file is replaced without force.
+    rows = tj.decode_sweep(step, [{"n": 1}, {"n": 2}], path=mine, force=True)
+    lines = mine.read_text().splitlines()
+    assert lines[0] == f"# tpusim output: tpusim.jax.decode_sweep (tpusim {tpusim.__version__})"
+    assert lines[1:] == ["n,latency_ms,error", "1,0.5,", "2,1.0,"] and len(rows) == 2
+    tj.decode_sweep(step, [{"n": 3}], path=mine)
+    assert mine.read_text().splitlines()[1:] == ["n,latency_ms,error", "3,1.5,"]

@@ -30,7 +30,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import tempfile
 
 from . import _tpusim
 
@@ -1821,6 +1820,8 @@ def describe_all(fn, *args, chip="v6e", device_kind=None):
 #: The command a kernel description's mark names (`tpusim_io::mark::DESCRIBE_COMMAND`): a file
 #: with `"format": "tpusim-kernel-description"` and `"producer": {"tool": "tpusim.jax"}`.
 DESCRIBE_COMMAND = "tpusim.jax.describe"
+#: The command a decode sweep's CSV mark names (`tpusim_io::mark::DECODE_SWEEP_COMMAND`).
+DECODE_SWEEP_COMMAND = "tpusim.jax.decode_sweep"
 
 
 def _force_arg(force):
@@ -2208,14 +2209,26 @@ def ragged_paged_attention_step(q, kv_pages, kv_lens, page_indices, cu_q_lens, n
     )
 
 
-def decode_sweep(make_step, points, *, path=None):
+def decode_sweep(make_step, points, *, path=None, force=False):
     """Runs `make_step(**point)` (which returns a `DecodeReport`, e.g. a `paged_attention_step`
     call; each point re-lowers the kernel, since page size and pages per block live in the
     lowering) for every point (dicts); returns rows (the point's keys, then the report's
-    `row()`, or `error`), and writes them as CSV to `path` if given (completely or not at all)."""
+    `row()`, or `error`), and writes them as CSV to `path` if given (completely or not at all).
+
+    The CSV's first line is tpusim's mark, `# tpusim output: tpusim.jax.decode_sweep (tpusim
+    VERSION)` (pandas: `read_csv(path, comment="#")`), then the header and the rows. `force`
+    (default `False`): an existing `path` is replaced only when it carries that mark; any other
+    file is refused with an `InputError` naming it, before the first point runs. `force=True`
+    replaces it."""
     import csv
     import io
 
+    if path is not None:
+        path = _output_path(path, "path", "the CSV", "decode.csv")
+        force = _force_arg(force)
+        _tpusim._check_outputs("path", DECODE_SWEEP_COMMAND, [(path, None)], force)
+    else:
+        _force_arg(force)
     rows = []
     for p in points:
         try:
@@ -2230,14 +2243,10 @@ def decode_sweep(make_step, points, *, path=None):
                 if k not in keys:
                     keys.append(k)
         buf = io.StringIO()
-        w = csv.DictWriter(buf, fieldnames=keys)
+        buf.write(_tpusim._mark_line(DECODE_SWEEP_COMMAND))
+        w = csv.DictWriter(buf, fieldnames=keys, lineterminator="\n")
         w.writeheader()
         for r in rows:
             w.writerow(r)
-        path = os.fspath(path)
-        folder = os.path.dirname(os.path.abspath(path))
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tpusim-", suffix=".csv")
-        with os.fdopen(fd, "w") as f:
-            f.write(buf.getvalue())
-        os.replace(tmp, path)
+        _tpusim._write_output("path", path, buf.getvalue().encode())
     return rows

@@ -1881,6 +1881,26 @@ def _planned(desc, path):
     return (path, text), sides
 
 
+def _write_all(plans, force):
+    """Writes planned descriptions (`_planned`) after checking every file they write: each
+    description, and each side file beside the description that names it. Returns their paths."""
+    targets = [t for (p, _), sides in plans for t in [(p, None)] + [(s, p) for s, _ in sides]]
+    _tpusim._check_outputs("path", DESCRIBE_COMMAND, targets, force)
+    for (p, text), sides in plans:
+        # Side files first: a description is never there without the tables it names.
+        for s, data in sides:
+            _tpusim._write_output("path", s, data)
+        _tpusim._write_output("path", p, text)
+    return [p for (p, _), _ in plans]
+
+
+def _write(desc, path, force=False):
+    """Writes one description (a dict of `describe_all`) to `path` as `describe` writes it, under
+    the same overwrite rule; returns the path."""
+    path = _output_path(path, "path", "the description", "kernel.json")
+    return _write_all([_planned(desc, path)], _force_arg(force))[0]
+
+
 def describe(fn, *args, path, chip="v6e", device_kind=None, force=False):
     """Writes the kernel description of `fn(*args)` to `path` (JSON; `crates/tpusim-pallas/
     DESCRIPTION.md`; gzip-compressed, tables inline, for a path ending in `.gz`, as
@@ -1910,17 +1930,8 @@ def describe(fn, *args, path, chip="v6e", device_kind=None, force=False):
     base, ext = os.path.splitext(path)
     if ext == ".gz" and base.endswith(".json"):
         base, ext = base[: -len(".json")], ".json.gz"
-    plans = [_planned(d, path if i == 0 else f"{base}.{i}{ext}") for i, d in enumerate(descs)]
-    # Every file this call writes, checked before the first is written: the descriptions, and
-    # each side file beside the description that names it.
-    targets = [t for (p, _), sides in plans for t in [(p, None)] + [(s, p) for s, _ in sides]]
-    _tpusim._check_outputs("path", DESCRIBE_COMMAND, targets, force)
-    for (p, text), sides in plans:
-        # Side files first: a description is never there without the tables it names.
-        for s, data in sides:
-            _tpusim._write_output("path", s, data)
-        _tpusim._write_output("path", p, text)
-    return [p for (p, _), _ in plans]
+    # Every file this call writes is checked before the first is written.
+    return _write_all([_planned(d, path if i == 0 else f"{base}.{i}{ext}") for i, d in enumerate(descs)], force)
 
 
 def simulate(fn, *args, chip="v6e", device_kind=None, set=None, **options):

@@ -13,11 +13,13 @@
 //! | band files (`validate --bands --out`) | a top-level key `"generated_by": "tpusim validate ... --bands ..."` ([`BANDS_COMMAND`]) |
 //! | kernel descriptions (`tpusim.jax.describe`, plain or gzip-compressed) | `"format": "tpusim-kernel-description"` with `"producer": {"tool": "tpusim.jax", ...}` ([`DESCRIBE_COMMAND`]) |
 //! | a description's `.npy` side files | none of their own: replaced only beside a description tpusim wrote ([`check_beside`]) |
+//! | decode sweep CSV (`tpusim.jax.decode_sweep(..., path=)`) | a first line `# tpusim output: tpusim.jax.decode_sweep (tpusim VERSION)` ([`DECODE_SWEEP_COMMAND`]) |
 //!
 //! Sweep outputs carry their own identity (the definition hash), which the sweep crate checks:
 //! a different sweep definition needs `--force` too. Every writer, the Python package's
 //! included (`force=False` by default), checks every path it will write before it writes the
-//! first ([`check_replace`], [`check_beside`]).
+//! first ([`check_replace`], [`check_beside`]); a refusal says how to force in the writer's own
+//! terms ([`Force`]: `--force` on the command line, `force=True` in Python).
 
 use crate::OutputError;
 use std::io::Read as _;
@@ -34,6 +36,38 @@ const TAG: &str = "tpusim output: ";
 pub const BANDS_COMMAND: &str = "validate --bands";
 /// The command a kernel description's mark names (`tpusim.jax.describe`).
 pub const DESCRIBE_COMMAND: &str = "tpusim.jax.describe";
+/// The command a decode sweep's CSV mark names (`tpusim.jax.decode_sweep(..., path=...)`).
+pub const DECODE_SWEEP_COMMAND: &str = "tpusim.jax.decode_sweep";
+
+/// How a writer's caller replaces a file tpusim would not replace, as a refusal says it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Force {
+    /// The command line's `--force`.
+    #[default]
+    Flag,
+    /// The Python package's `force=True` keyword.
+    Keyword,
+}
+
+impl Force {
+    /// The refusal's way forward: `give --force to replace it` or `pass force=True to replace it`.
+    pub fn advice(self) -> &'static str {
+        match self {
+            Force::Flag => "give --force to replace it",
+            Force::Keyword => "pass force=True to replace it",
+        }
+    }
+}
+
+/// A command as a refusal names it: `tpusim COMMAND` for a command of the binary, the Python
+/// function itself (`tpusim.jax.describe`) for the package's writers.
+fn shown(command: &str) -> String {
+    if command.starts_with("tpusim.") {
+        command.to_string()
+    } else {
+        format!("tpusim {command}")
+    }
+}
 
 /// The mark's value: `COMMAND (tpusim VERSION)`.
 pub fn mark_value(command: &str) -> String {
@@ -136,24 +170,33 @@ pub fn mark_in(head: &[u8]) -> Option<String> {
 
 /// Checks, before any work, that `command` may write `path`: a path [`crate::check_output`]
 /// accepts and, when a file is there, one that carries the mark of the same command, unless
-/// `force` (module docs).
+/// `force` (module docs). The refusal says `--force` ([`check_replace_as`] for another [`Force`]).
 ///
 /// # Errors
 /// [`OutputError::Refused`] saying what the file holds and that `--force` replaces it.
 pub fn check_replace(path: &Path, command: &str, force: bool) -> Result<(), OutputError> {
+    check_replace_as(path, command, force, Force::Flag)
+}
+
+/// [`check_replace`], the refusal saying how to force as `how` does (`force=True` in Python).
+///
+/// # Errors
+/// [`OutputError::Refused`] saying what the file holds and how to replace it.
+pub fn check_replace_as(path: &Path, command: &str, force: bool, how: Force) -> Result<(), OutputError> {
     crate::check_output(path)?;
     if force || !path.exists() {
         return Ok(());
     }
+    let advice = how.advice();
     match read_mark(path) {
         Some(c) if c == command => Ok(()),
         Some(c) => Err(crate::refused(
             path,
-            format!("holds the output of `tpusim {c}`, not of `tpusim {command}`; give --force to replace it, or choose another path"),
+            format!("holds the output of `{}`, not of `{}`; {advice}, or choose another path", shown(&c), shown(command)),
         )),
         None => Err(crate::refused(
             path,
-            "exists and tpusim did not write it (it carries no tpusim mark), so it is not replaced; give --force to replace it, or choose another path",
+            format!("exists and tpusim did not write it (it carries no tpusim mark), so it is not replaced; {advice}, or choose another path"),
         )),
     }
 }
@@ -161,11 +204,12 @@ pub fn check_replace(path: &Path, command: &str, force: bool) -> Result<(), Outp
 /// Checks, before any work, that a side file of `owner` (a description's `.npy` table) may be
 /// written at `side`: a path [`crate::check_output`] accepts and, when a file is there, one beside
 /// an `owner` that carries the mark of `owner_command` (the side file holds tpusim's data only
-/// when the file that names it is tpusim's), unless `force`.
+/// when the file that names it is tpusim's), unless `force`. The refusal says how to force as
+/// `how` does.
 ///
 /// # Errors
-/// [`OutputError::Refused`] naming the side file and its owner, and that `force` replaces it.
-pub fn check_beside(side: &Path, owner: &Path, owner_command: &str, force: bool) -> Result<(), OutputError> {
+/// [`OutputError::Refused`] naming the side file and its owner, and how to replace it.
+pub fn check_beside(side: &Path, owner: &Path, owner_command: &str, force: bool, how: Force) -> Result<(), OutputError> {
     crate::check_output(side)?;
     if force || !side.exists() {
         return Ok(());
@@ -176,9 +220,10 @@ pub fn check_beside(side: &Path, owner: &Path, owner_command: &str, force: bool)
     Err(crate::refused(
         side,
         format!(
-            "exists and tpusim did not write it: it would be replaced as a side file of {}, which {}; give --force to replace it, or choose another path",
+            "exists and tpusim did not write it: it would be replaced as a side file of {}, which {}; {}, or choose another path",
             owner.display(),
-            if owner.exists() { format!("does not carry the mark of `{owner_command}`") } else { "is not there".to_string() }
+            if owner.exists() { format!("does not carry the mark of `{}`", shown(owner_command)) } else { "is not there".to_string() },
+            how.advice()
         ),
     ))
 }
@@ -223,15 +268,15 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let owner = dir.path().join("k.json");
         let side = dir.path().join("k.prefetch0.npy");
-        check_beside(&side, &owner, DESCRIBE_COMMAND, false).unwrap();
+        check_beside(&side, &owner, DESCRIBE_COMMAND, false, Force::Flag).unwrap();
         std::fs::write(&side, b"precious").unwrap();
-        let e = check_beside(&side, &owner, DESCRIBE_COMMAND, false).unwrap_err().to_string();
+        let e = check_beside(&side, &owner, DESCRIBE_COMMAND, false, Force::Flag).unwrap_err().to_string();
         assert!(e.contains("is not there") && e.contains("force"), "{e}");
         std::fs::write(&owner, b"{\"mine\": 1}").unwrap();
-        assert!(check_beside(&side, &owner, DESCRIBE_COMMAND, false).unwrap_err().to_string().contains("does not carry the mark"));
-        check_beside(&side, &owner, DESCRIBE_COMMAND, true).unwrap();
+        assert!(check_beside(&side, &owner, DESCRIBE_COMMAND, false, Force::Flag).unwrap_err().to_string().contains("does not carry the mark"));
+        check_beside(&side, &owner, DESCRIBE_COMMAND, true, Force::Flag).unwrap();
         std::fs::write(&owner, b"{\"format\": \"tpusim-kernel-description\", \"producer\": {\"tool\": \"tpusim.jax\"}}").unwrap();
-        check_beside(&side, &owner, DESCRIBE_COMMAND, false).unwrap();
+        check_beside(&side, &owner, DESCRIBE_COMMAND, false, Force::Flag).unwrap();
         assert_eq!(std::fs::read(&side).unwrap(), b"precious", "a check writes nothing");
     }
 
@@ -248,6 +293,24 @@ mod tests {
         check_replace(&p, "from-trace", false).unwrap();
         let e = check_replace(&p, "calibrate", false).unwrap_err().to_string();
         assert!(e.contains("holds the output of `tpusim from-trace`"), "{e}");
+    }
+
+    #[test]
+    fn a_python_writer_is_told_its_own_keyword() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("rows.csv");
+        std::fs::write(&p, "hand,written\n").unwrap();
+        let e = check_replace_as(&p, DECODE_SWEEP_COMMAND, false, Force::Keyword).unwrap_err().to_string();
+        assert!(e.contains("pass force=True to replace it") && !e.contains("--force"), "{e}");
+        std::fs::write(&p, comment_line("from-trace")).unwrap();
+        let e = check_replace_as(&p, DECODE_SWEEP_COMMAND, false, Force::Keyword).unwrap_err().to_string();
+        assert!(e.contains("not of `tpusim.jax.decode_sweep`; pass force=True"), "{e}");
+        std::fs::write(&p, comment_line(DECODE_SWEEP_COMMAND)).unwrap();
+        check_replace_as(&p, DECODE_SWEEP_COMMAND, false, Force::Keyword).unwrap();
+        let side = dir.path().join("k.prefetch0.npy");
+        std::fs::write(&side, b"mine").unwrap();
+        let e = check_beside(&side, &dir.path().join("k.json"), DESCRIBE_COMMAND, false, Force::Keyword).unwrap_err().to_string();
+        assert!(e.contains("pass force=True to replace it"), "{e}");
     }
 }
 

@@ -5,7 +5,7 @@
 
 use crate::axis::{describe_column, Ticked};
 use crate::style::{self, Sizes};
-use crate::table::Table;
+use crate::table::{BadRow, BadRows, Table};
 use crate::{draw_err, sig3, Figure, PlotError};
 use plotters::coord::Shift;
 use plotters::prelude::*;
@@ -27,7 +27,13 @@ pub struct HeatmapSpec {
     pub lower_is_better: Option<bool>,
     /// Title override.
     pub title: Option<String>,
+    /// Leave out rows whose metric is not a finite number, 0 or more, or whose x or y is not
+    /// finite (`--skip-bad`; the footnote lists them), instead of refusing them.
+    pub skip_bad: bool,
 }
+
+/// What a heatmap's metric may be: it colours times, counts, rates and fractions.
+pub const METRIC_ALLOWED: &str = "a heatmap's metric must be a finite number, 0 or more (it colours times, counts, rates and fractions and marks the lowest or highest as best)";
 
 /// Whether lower values of a metric are better, from its name.
 pub fn lower_is_better(name: &str) -> bool {
@@ -54,6 +60,8 @@ pub struct HeatmapFigure {
     pub best: Option<(usize, usize)>,
     /// Footnotes.
     pub notes: Vec<String>,
+    /// Rows left out by `--skip-bad` (their cells show no value).
+    pub skipped: Vec<BadRow>,
 }
 
 /// Viridis colour map at `t` in [0, 1].
@@ -90,14 +98,30 @@ impl HeatmapFigure {
         let rows = t.filtered(&spec.filters)?;
         let mut pts = Vec::new();
         let mut missing = 0;
+        let mut bad = BadRows { skip: spec.skip_bad, ..Default::default() };
+        let position = "a heatmap's x and y must be finite numbers (a cell's place)";
         for (line, r) in &rows {
-            match (t.num(*line, r, xc)?, t.num(*line, r, yc)?, t.num(*line, r, zc)?) {
-                (Some(x), Some(y), Some(z)) => pts.push((x, y, z)),
-                (Some(x), Some(y), None) => {
+            let (x, y, z) = (t.num(*line, r, xc)?, t.num(*line, r, yc)?, t.num(*line, r, zc)?);
+            let (Some(x), Some(y)) = (x, y) else {
+                missing += 1;
+                continue;
+            };
+            let at = || format!("{} = {}, {} = {}", spec.y, t.get(r, yc), spec.x, t.get(r, xc));
+            if !bad.check(t, *line, r, xc, x, f64::is_finite, position, String::new)?
+                || !bad.check(t, *line, r, yc, y, f64::is_finite, position, String::new)?
+            {
+                continue;
+            }
+            match z {
+                Some(z) => {
+                    // A value left out by --skip-bad leaves its cell without one.
+                    let ok = bad.check(t, *line, r, zc, z, |v| v.is_finite() && v >= 0.0, METRIC_ALLOWED, at)?;
+                    pts.push((x, y, if ok { z } else { f64::NAN }));
+                }
+                None => {
                     missing += 1;
                     pts.push((x, y, f64::NAN));
                 }
-                _ => missing += 1,
             }
         }
         if pts.iter().all(|p| p.2.is_nan()) {
@@ -144,6 +168,7 @@ impl HeatmapFigure {
             if lower { "lower" } else { "higher" },
             if missing > 0 { format!(" ({missing} rows without one, e.g. tilings that do not fit VMEM)") } else { String::new() }
         )];
+        notes.extend(bad.note());
         if counts.iter().flatten().any(|&c| c > 1) {
             notes.push(format!(
                 "Some cells hold several rows (another column varies): each shows the {} value; pin the others with --where COL=VALUE.",
@@ -180,7 +205,7 @@ impl HeatmapFigure {
             Some((i, j)) => format!("best: {} = {}, {} = {}: {} {}", spec.y, ys[i], spec.x, xs[j], spec.z, sig3(best_v)),
             None => String::new(),
         };
-        Ok(HeatmapFigure { title, subtitle, xs, ys, cells, desc: (spec.x.clone(), spec.y.clone(), zdesc), best, notes })
+        Ok(HeatmapFigure { title, subtitle, xs, ys, cells, desc: (spec.x.clone(), spec.y.clone(), zdesc), best, notes, skipped: bad.skipped })
     }
 }
 
@@ -351,6 +376,34 @@ mod tests {
         let t = Table::parse(&text.replace("sparse-splash", "splash"), "s.csv", "--input").unwrap();
         let note = HeatmapFigure::from_table(&t, &spec).unwrap().notes.into_iter().find(|n| n.starts_with("block_kv_compute differs")).unwrap();
         assert!(note.contains("(splash: block_kv itself)"), "{note}");
+    }
+
+    /// Issue 47, point 11: NaN, infinite and negative metrics were taken silently (a colour bar
+    /// from inf to NaN, -1 outlined as best); each is refused naming the row, or left out with
+    /// --skip-bad and listed.
+    #[test]
+    fn values_it_cannot_colour_are_refused_or_skipped_and_listed() {
+        let spec = HeatmapSpec { x: "block_kv".into(), y: "block_q".into(), z: "latency_ms".into(), ..Default::default() };
+        for (v, shown) in [("NaN", "NaN"), ("inf", "inf"), ("-inf", "-inf"), ("-1", "-1")] {
+            let text = format!("block_q,block_kv,latency_ms\n512,512,3\n512,1024,{v}\n1024,512,2\n1024,1024,2.5\n");
+            let t = Table::parse(&text, "s.csv", "--input").unwrap();
+            let e = HeatmapFigure::from_table(&t, &spec).unwrap_err().to_string();
+            assert!(
+                e.contains(&format!("s.csv line 3 (block_q = 512, block_kv = 1024): latency_ms = {shown}: a heatmap's metric must be a finite number, 0 or more"))
+                    && e.contains("--skip-bad"),
+                "{e}"
+            );
+            let f = HeatmapFigure::from_table(&t, &HeatmapSpec { skip_bad: true, ..spec.clone() }).unwrap();
+            assert_eq!(f.cells[0][1], None, "{v}: the cell shows no value");
+            assert_eq!(f.best, Some((1, 0)), "{v}: the best is the lowest finite value");
+            assert_eq!(f.skipped.len(), 1);
+            let note = f.notes.iter().find(|n| n.starts_with("--skip-bad left out 1 row")).unwrap();
+            assert!(note.contains(&format!("line 3 (latency_ms = {shown})")), "{note}");
+        }
+        // A position that is not finite is refused too.
+        let t = Table::parse("block_q,block_kv,latency_ms\n512,nan,3\n1024,512,2\n", "s.csv", "--input").unwrap();
+        let e = HeatmapFigure::from_table(&t, &spec).unwrap_err().to_string();
+        assert!(e.contains("line 2: block_kv = nan: a heatmap's x and y must be finite numbers"), "{e}");
     }
 
     #[test]

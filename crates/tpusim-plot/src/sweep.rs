@@ -3,7 +3,7 @@
 
 use crate::axis::{describe_column, Axis};
 use crate::style::{self, Sizes};
-use crate::table::Table;
+use crate::table::{BadRow, BadRows, Table};
 use crate::{draw_err, Figure, PlotError};
 use plotters::coord::Shift;
 use plotters::prelude::*;
@@ -26,6 +26,9 @@ pub struct SweepSpec {
     pub logy: bool,
     /// Title override.
     pub title: Option<String>,
+    /// Leave out rows whose x or y is not finite, or not above 0 on a log axis (`--skip-bad`;
+    /// the footnote lists them), instead of refusing them.
+    pub skip_bad: bool,
 }
 
 /// The sweep figure.
@@ -49,6 +52,17 @@ pub struct SweepFigure {
     pub logy: bool,
     /// Footnotes.
     pub notes: Vec<String>,
+    /// Rows left out by `--skip-bad`.
+    pub skipped: Vec<BadRow>,
+}
+
+/// What an axis of a sweep figure takes (`log`: a log axis).
+fn allowed(axis: &str, log: bool) -> String {
+    if log {
+        format!("a finite number above 0 on the log {axis} axis (--log{axis}); draw without --log{axis} for 0 and negative values")
+    } else {
+        format!("a finite number on the {axis} axis")
+    }
 }
 
 impl SweepFigure {
@@ -69,13 +83,19 @@ impl SweepFigure {
         let others = other_varied(t, &rows, xc, yc, sc);
         let mut series: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
         let mut skipped = 0usize;
+        let mut bad = BadRows { skip: spec.skip_bad, ..Default::default() };
         for (line, r) in &rows {
             let (Some(x), Some(y)) = (t.num(*line, r, xc)?, t.num(*line, r, yc)?) else {
                 skipped += 1;
                 continue;
             };
-            if (spec.logx && x <= 0.0) || (spec.logy && y <= 0.0) {
-                skipped += 1;
+            // A value the axis cannot place: NaN and infinities on any axis, 0 and below on a
+            // log axis (it was drawn above the axes or dropped without a word).
+            let series_at = || sc.map(|c| format!("{} = {}", t.header[c], t.get(r, c))).unwrap_or_default();
+            let y_at = || [format!("{} = {}", spec.x, t.get(r, xc)), series_at()].into_iter().filter(|s| !s.is_empty()).collect::<Vec<_>>().join(", ");
+            if !bad.check(t, *line, r, xc, x, |v| v.is_finite() && (!spec.logx || v > 0.0), &allowed("x", spec.logx), series_at)?
+                || !bad.check(t, *line, r, yc, y, |v| v.is_finite() && (!spec.logy || v > 0.0), &allowed("y", spec.logy), y_at)?
+            {
                 continue;
             }
             let mut parts: Vec<String> = sc.map(|c| t.get(r, c).to_string()).into_iter().collect();
@@ -109,6 +129,7 @@ impl SweepFigure {
             if spec.filters.is_empty() { String::new() } else { format!(" where {}", spec.filters.join(", ")) },
             if skipped > 0 { format!("; {skipped} without a value skipped") } else { String::new() }
         )];
+        notes.extend(bad.note());
         if !others.is_empty() {
             let names: Vec<&str> = others.iter().map(|&c| t.header[c].as_str()).collect();
             notes.push(format!(
@@ -149,6 +170,7 @@ impl SweepFigure {
             logx: spec.logx,
             logy: spec.logy,
             notes,
+            skipped: bad.skipped,
         })
     }
 }
@@ -294,5 +316,44 @@ impl Figure for SweepFigure {
             y += (s.tick * 1.6) as i32;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(logy: bool) -> SweepSpec {
+        SweepSpec { x: "block_kv".into(), y: "latency_ms".into(), series: Some("block_q".into()), logy, ..Default::default() }
+    }
+
+    /// Issue 47, point 11: with --logy, NaN, inf and negative values were taken silently (a
+    /// point above the axes, rows dropped as if empty); each is refused naming the row, or left
+    /// out with --skip-bad and listed.
+    #[test]
+    fn values_an_axis_cannot_place_are_refused_or_skipped_and_listed() {
+        for (v, logy_only) in [("NaN", false), ("inf", false), ("-1", true), ("0", true)] {
+            let text = format!("block_q,block_kv,latency_ms\n256,512,3\n256,1024,{v}\n256,2048,2\n");
+            let t = Table::parse(&text, "s.csv", "--input").unwrap();
+            let e = SweepFigure::from_table(&t, &spec(true)).unwrap_err().to_string();
+            assert!(
+                e.contains(&format!("s.csv line 3 (block_kv = 1024, block_q = 256): latency_ms = {v}: a finite number above 0 on the log y axis (--logy)"))
+                    && e.contains("--skip-bad"),
+                "{e}"
+            );
+            let f = SweepFigure::from_table(&t, &SweepSpec { skip_bad: true, ..spec(true) }).unwrap();
+            assert_eq!(f.series, vec![("256".to_string(), vec![(512.0, 3.0), (2048.0, 2.0)])], "{v}");
+            assert_eq!(f.skipped.len(), 1);
+            let note = f.notes.iter().find(|n| n.starts_with("--skip-bad left out 1 row")).unwrap();
+            assert!(note.contains(&format!("line 3 (latency_ms = {v})")), "{note}");
+            // A linear axis takes 0 and negative values, not NaN or infinities.
+            match SweepFigure::from_table(&t, &spec(false)) {
+                Ok(f) => assert!(logy_only && f.series[0].1.len() == 3, "{v}"),
+                Err(e) => assert!(!logy_only && e.to_string().contains("a finite number on the y axis"), "{v}: {e}"),
+            }
+        }
+        let t = Table::parse("block_q,block_kv,latency_ms\n256,-512,3\n256,1024,2\n", "s.csv", "--input").unwrap();
+        let e = SweepFigure::from_table(&t, &SweepSpec { logx: true, ..spec(false) }).unwrap_err().to_string();
+        assert!(e.contains("line 2 (block_q = 256): block_kv = -512: a finite number above 0 on the log x axis (--logx)"), "{e}");
     }
 }

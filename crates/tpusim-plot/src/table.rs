@@ -143,6 +143,82 @@ impl Table {
     }
 }
 
+/// A row left out of a figure for a value it cannot draw (`--skip-bad`): its line in the file,
+/// the column and the value as the file gives it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BadRow {
+    /// 1-based line of the row in the file.
+    pub line: usize,
+    /// The column whose value the figure cannot draw.
+    pub column: String,
+    /// The value as the file gives it (`NaN`, `inf`, `-1`).
+    pub value: String,
+}
+
+/// Rows with values a figure cannot draw: refused, naming the first, or with `skip` recorded
+/// and left out (`--skip-bad`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BadRows {
+    /// Leave such rows out instead of refusing them.
+    pub skip: bool,
+    /// The rows left out, in file order.
+    pub skipped: Vec<BadRow>,
+}
+
+impl BadRows {
+    /// Checks the value `v` of column `col` of the row at `line`: when `ok(v)` fails, refuses it
+    /// (an error naming the file, line, the row's `at` (`block_q = 512, block_kv = 1024`), the
+    /// column, the value, what is `allowed` and `--skip-bad`) or, with `skip`, records it and
+    /// returns `Ok(false)`.
+    ///
+    /// # Errors
+    /// [`PlotError::Input`] for a value `ok` refuses, without `skip`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn check(
+        &mut self,
+        t: &Table,
+        line: usize,
+        row: &[String],
+        col: usize,
+        v: f64,
+        ok: impl Fn(f64) -> bool,
+        allowed: &str,
+        at: impl FnOnce() -> String,
+    ) -> Result<bool, PlotError> {
+        if ok(v) {
+            return Ok(true);
+        }
+        let bad = BadRow { line, column: t.header[col].clone(), value: t.get(row, col).to_string() };
+        if self.skip {
+            self.skipped.push(bad);
+            return Ok(false);
+        }
+        let at = at();
+        Err(PlotError::Input(format!(
+            "--input {} line {line}{}: {} = {}: {allowed}; correct or remove the row, or give --skip-bad to leave such rows out (the figure's footnote lists them)",
+            t.path,
+            if at.is_empty() { String::new() } else { format!(" ({at})") },
+            bad.column,
+            bad.value
+        )))
+    }
+
+    /// The footnote (and stderr note) of the rows left out, `None` when none was:
+    /// `--skip-bad left out 2 rows: line 3 (latency_ms = NaN), line 7 (latency_ms = -1)`.
+    pub fn note(&self) -> Option<String> {
+        const SHOWN: usize = 8;
+        if self.skipped.is_empty() {
+            return None;
+        }
+        let n = self.skipped.len();
+        let mut list: Vec<String> = self.skipped.iter().take(SHOWN).map(|b| format!("line {} ({} = {})", b.line, b.column, b.value)).collect();
+        if n > SHOWN {
+            list.push(format!("and {} more", n - SHOWN));
+        }
+        Some(format!("--skip-bad left out {n} row{} with a value the figure cannot draw: {}.", if n == 1 { "" } else { "s" }, list.join(", ")))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -177,6 +253,21 @@ mod tests {
         assert!(e.contains("empty"), "{e}");
         let e = Table::read("/nonexistent/x.csv", "--input").unwrap_err().to_string();
         assert!(e.contains("--input /nonexistent/x.csv") && e.contains("cannot read"), "{e}");
+    }
+
+    #[test]
+    fn bad_values_are_refused_or_listed() {
+        let t = Table::parse("a,b\n1,NaN\n2,-1\n3,4\n", "f.csv", "--input").unwrap();
+        let finite = |v: f64| v.is_finite() && v >= 0.0;
+        let mut bad = BadRows::default();
+        let e = bad.check(&t, 2, &t.rows[0].1, 1, f64::NAN, finite, "a finite number >= 0", || "a = 1".into()).unwrap_err().to_string();
+        assert!(e.contains("f.csv line 2 (a = 1): b = NaN: a finite number >= 0") && e.contains("--skip-bad"), "{e}");
+        let mut bad = BadRows { skip: true, ..Default::default() };
+        assert!(!bad.check(&t, 2, &t.rows[0].1, 1, f64::NAN, finite, "", String::new).unwrap());
+        assert!(!bad.check(&t, 3, &t.rows[1].1, 1, -1.0, finite, "", String::new).unwrap());
+        assert!(bad.check(&t, 4, &t.rows[2].1, 1, 4.0, finite, "", String::new).unwrap());
+        assert_eq!(bad.note().unwrap(), "--skip-bad left out 2 rows with a value the figure cannot draw: line 2 (b = NaN), line 3 (b = -1).");
+        assert_eq!(BadRows::default().note(), None);
     }
 
     #[test]

@@ -23,6 +23,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tpusim_job::fields::{self, Rule};
 use tpusim_job::{render_fields, FieldStyle, Job, JobSpec, Report};
+use tpusim_io::mark::Force;
 use tpusim_workload::tiles::{TileGrid, TileStats};
 
 /// mimalloc, as the `tpusim` binary: lowering builds step bodies of thousands of small nodes,
@@ -41,6 +42,15 @@ create_exception!(
 /// An [`InputError`] with a message.
 pub(crate) fn input_err(msg: impl Into<String>) -> PyErr {
     InputError::new_err(msg.into())
+}
+
+/// An output file refused or not written, as Python raises it: a refusal (the user's path) as
+/// an [`InputError`] `ARG = 'PATH': why; how to go on`, a failed write as a [`SimulationError`].
+pub(crate) fn output_err(arg: &str, e: tpusim_io::OutputError) -> PyErr {
+    match e {
+        tpusim_io::OutputError::Refused { path, reason } => input_err(format!("{arg} = '{path}': {reason}")),
+        e @ tpusim_io::OutputError::Io { .. } => SimulationError::new_err(format!("{arg}: {e}")),
+    }
 }
 
 /// An input error from a library error, job fields rendered as keyword arguments.
@@ -1024,9 +1034,12 @@ impl JobMask for Report {
 /// the median duration in milliseconds (`measured_ms`) and its repeat count (in `timing`). The
 /// other columns come from the job keyword arguments (as for `simulate`; `chip` is required),
 /// resolved as the simulator resolves them. `id` is the row id (a prefix `ID-NAME` when several
-/// kernels match). With `out`, the rows are also written there as CSV (atomically). Returns
-/// the rows as a list of dicts. An existing `out` is replaced only when it holds rows this
-/// function (or `tpusim from-trace`) wrote, unless `force`.
+/// kernels match). With `out`, the rows are also written there as CSV (completely or not at
+/// all), marked as `tpusim from-trace --out` marks them. Returns the rows as a list of dicts.
+///
+/// `force` (default `False`): an existing `out` is replaced only when it holds rows this
+/// function (or `tpusim from-trace`) wrote, checked before the trace is read; `force=True`
+/// replaces any file. Raises `InputError` naming `out` otherwise.
 #[pyfunction]
 #[pyo3(signature = (trace, kernel_pattern, id, out = None, device = "^/device:", line = "^XLA Ops$", force = false, **kwargs))]
 #[allow(clippy::too_many_arguments)]
@@ -1046,6 +1059,10 @@ fn measurements_from_trace<'py>(
     let flag_to_arg = |s: String| {
         s.replace("--kernel-pattern", "kernel_pattern").replace("--device", "device").replace("--line", "line").replace("--", "")
     };
+    // The overwrite rule of the command line's `from-trace --out` (tpusim_io::mark), before any work.
+    if let Some(path) = out {
+        tpusim_io::mark::check_replace_as(std::path::Path::new(path), "from-trace", force, Force::Keyword).map_err(|e| output_err("out", e))?;
+    }
     let (trace_path, row_id) = (trace.to_string(), id.to_string());
     let rows = interruptible_once(py, move || {
         let t = tpusim_calib::read_trace(&trace_path)?;
@@ -1054,16 +1071,8 @@ fn measurements_from_trace<'py>(
     })?
     .map_err(|e| input_err(flag_to_arg(render_fields(&e.to_string(), FieldStyle::Key))))?;
     if let Some(path) = out {
-        // The overwrite rule of the command line's `from-trace --out` (tpusim_io::mark).
-        tpusim_io::check_replace(std::path::Path::new(path), "from-trace", force).map_err(|e| input_err(format!("out: {e}")))?;
         let marked = format!("{}{}", tpusim_io::mark::comment_line("from-trace"), tpusim_calib::rows_to_csv(&rows));
-        tpusim_io::write_atomic(std::path::Path::new(path), marked.as_bytes()).map_err(|e| {
-            if e.is_refusal() {
-                input_err(format!("out: {e}"))
-            } else {
-                SimulationError::new_err(format!("out: {e}"))
-            }
-        })?;
+        tpusim_io::write_atomic(std::path::Path::new(path), marked.as_bytes()).map_err(|e| output_err("out", e))?;
     }
     let list = PyList::empty(py);
     for r in rows {
@@ -1186,6 +1195,57 @@ fn tile_counts<'py>(
     Ok(out)
 }
 
+/// The overwrite rule (`tpusim_io::mark`) for the package's own writers (`tpusim.jax.describe`,
+/// `decode_sweep`, `python -m tpusim.microbench`), checked for every file a call will write before
+/// it writes the first: each `(path, owner)` of `targets` is a file `command` writes (`owner`
+/// `None`: replaced only when it carries `command`'s mark) or a side file of `owner` (replaced
+/// only beside an `owner` that carries it), unless `force`. `arg` is the keyword the caller
+/// gave the path as. Raises `InputError` `ARG = 'PATH': why; pass force=True to replace it, ...`;
+/// with `flag` (a command line of the package's, `python -m tpusim.microbench`), `ARG PATH: why;
+/// give --force to replace it, ...`.
+#[pyfunction]
+#[pyo3(name = "_check_outputs", signature = (arg, command, targets, force, flag = false))]
+fn check_outputs(arg: &str, command: &str, targets: Vec<(String, Option<String>)>, force: bool, flag: bool) -> PyResult<()> {
+    use std::path::Path;
+    let how = if flag { Force::Flag } else { Force::Keyword };
+    let output_err = |arg: &str, e| match e {
+        tpusim_io::OutputError::Refused { path, reason } if flag => input_err(format!("{arg} {path}: {reason}")),
+        e => output_err(arg, e),
+    };
+    for (path, owner) in &targets {
+        match owner {
+            None => tpusim_io::mark::check_replace_as(Path::new(path), command, force, how).map_err(|e| output_err(arg, e))?,
+            Some(owner) => tpusim_io::mark::check_beside(Path::new(path), Path::new(owner), command, force, how).map_err(|e| {
+                let e = match e {
+                    tpusim_io::OutputError::Refused { path, reason } => {
+                        tpusim_io::OutputError::Refused { path: owner.clone(), reason: format!("its side file {path} {reason}") }
+                    }
+                    other => other,
+                };
+                output_err(arg, e)
+            })?,
+        }
+    }
+    Ok(())
+}
+
+/// Writes `data` to `path` completely or not at all (`tpusim_io::write_atomic`: a temporary
+/// file in the same folder, flushed, renamed over `path`). `arg` names the path in errors:
+/// `InputError` for a path that cannot be an output, `SimulationError` for a failed write.
+#[pyfunction]
+#[pyo3(name = "_write_output")]
+fn write_output(arg: &str, path: &str, data: &[u8]) -> PyResult<()> {
+    tpusim_io::write_atomic(std::path::Path::new(path), data).map_err(|e| output_err(arg, e))
+}
+
+/// The first line of a CSV file `command` writes (`# tpusim output: COMMAND (tpusim VERSION)`,
+/// with its newline): the mark [`check_outputs`] reads back.
+#[pyfunction]
+#[pyo3(name = "_mark_line")]
+fn mark_line(command: &str) -> String {
+    tpusim_io::mark::comment_line(command)
+}
+
 /// Simulates a kernel description (JSON text, as `tpusim.jax.describe` writes it; side files
 /// resolved against `folder`) on `chip` with `set` overrides (`SECTION.FIELD=VALUE` strings).
 /// Used by `tpusim.jax.simulate`; returns a `Report` (its `job` is `{kind: "described", file,
@@ -1238,5 +1298,8 @@ fn tpusim_py(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(simulate_kernel_ir, m)?)?;
     m.add_function(wrap_pyfunction!(decode::decode_kernel_ir, m)?)?;
     m.add_function(wrap_pyfunction!(program::simulate_program_description, m)?)?;
+    m.add_function(wrap_pyfunction!(check_outputs, m)?)?;
+    m.add_function(wrap_pyfunction!(write_output, m)?)?;
+    m.add_function(wrap_pyfunction!(mark_line, m)?)?;
     Ok(())
 }

@@ -26,6 +26,7 @@ JAX_IR_MODULES = {
     "test_agreement.py",
     "test_program.py",
     "test_jax_releases.py",
+    "test_outputs.py",
 }
 
 

@@ -114,6 +114,23 @@ def test_measure_refuses_to_replace_a_file_it_did_not_write(tmp_path):
     assert out.read_text().startswith("id,chip")
 
 
+def test_describe_refuses_a_description_tpusim_did_not_write_unless_forced(tmp_path):
+    (e,) = mb.select("step-empty-g1$")
+    mine = tmp_path / (e.row_id("v6e") + ".json.gz")
+    mine.write_bytes(b"my own notes\n")
+    _, err = kit("--describe", "--out-dir", tmp_path, "--only", "step-empty-g1$", expect=2)
+    assert f"--out-dir {mine}: exists and tpusim did not write it" in err and "give --force to replace it" in err, err
+    assert mine.read_bytes() == b"my own notes\n" and os.listdir(tmp_path) == [mine.name]
+    # The same before a measurement: nothing runs, the file is left alone.
+    _, err = kit("--measure", "--dry-run", "--chip", "v6e", "--only", "step-empty-g1$", "--out", tmp_path / "rows.csv", "--out-dir", tmp_path, expect=1)
+    assert "give --force to replace it" in err and "DRY RUN" not in err, err
+    assert mine.read_bytes() == b"my own notes\n" and not (tmp_path / "rows.csv").exists()
+    kit("--describe", "--out-dir", tmp_path, "--only", "step-empty-g1$", "--force")
+    assert json.loads(gzip.decompress(mine.read_bytes()))["format"] == "tpusim-kernel-description"
+    # Its own description is replaced without --force.
+    kit("--describe", "--out-dir", tmp_path, "--only", "step-empty-g1$")
+
+
 def test_dry_run_times_through_the_profiler_and_writes_rows_marked_as_no_measurement(tmp_path):
     """The whole --measure path on the CPU: describe, jit, profile, read the trace with tpusim's
     reader, write rows and descriptions; the rows say they are not measurements, calibrate's

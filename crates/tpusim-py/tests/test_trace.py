@@ -94,8 +94,9 @@ def test_trace_becomes_rows_that_validate_accepts(trace_file, tmp_path):
     # A file it did not write is replaced only with force=True.
     mine = tmp_path / "mine.csv"
     mine.write_text("my,notes\n")
-    with pytest.raises(tpusim.InputError, match="tpusim did not write it"):
+    with pytest.raises(tpusim.InputError, match=r"out = '.*mine\.csv': exists and tpusim did not write it.*pass force=True to replace it"):
         tpusim.measurements_from_trace(str(trace_file), "splash_mha_fwd", "x", out=str(mine), **JOB)
+    assert mine.read_text() == "my,notes\n"
     tpusim.measurements_from_trace(str(trace_file), "splash_mha_fwd", "x", out=str(mine), force=True, **JOB)
     assert mine.read_text().startswith("# tpusim output: from-trace")
 

@@ -138,6 +138,10 @@ pub struct SweepPlotArgs {
     /// Log-scale y axis.
     #[arg(long)]
     pub logy: bool,
+    /// Leave out rows whose x or y is NaN or infinite, or 0 or below on a log axis, instead of
+    /// refusing them; the footnote and stderr say how many and which lines.
+    #[arg(long)]
+    pub skip_bad: bool,
 }
 
 /// Which end of a heatmap's metric is best.
@@ -169,7 +173,11 @@ pub struct HeatmapArgs {
     pub z: String,
     /// Which end of the metric is best [default: min for latency/time/bytes/error columns, else max].
     #[arg(long, value_enum)]
-    pub best: Option<Best>,
+    pub best: Option<Best>,    /// Leave out rows whose metric is NaN, infinite or negative (or whose x or y is not finite)
+    /// instead of refusing them; their cells show no value, and the footnote and stderr say how
+    /// many and which lines.
+    #[arg(long)]
+    pub skip_bad: bool,
 }
 
 /// Flags of `tpusim plot validation`.
@@ -380,6 +388,13 @@ fn done<F: Figure>(fig: &F, out: &Output, what: &str) -> Result<String, CliError
 
 const WIDE: (u32, u32) = (1400, 860);
 
+/// The footnote of the rows `--skip-bad` left out, on stderr as well (the figure drew without them).
+fn skipped_note(notes: &[String]) {
+    if let Some(n) = notes.iter().find(|n| n.starts_with("--skip-bad left out")) {
+        eprintln!("note: {n}");
+    }
+}
+
 pub fn cmd_plot(a: &PlotArgs) -> Result<String, CliError> {
     match &a.kind {
         PlotKind::Sweep(p) => {
@@ -393,8 +408,10 @@ pub fn cmd_plot(a: &PlotArgs) -> Result<String, CliError> {
                 logx: p.logx,
                 logy: p.logy,
                 title: p.figure.title.clone(),
+                skip_bad: p.skip_bad,
             };
             let f = SweepFigure::from_table(&t, &spec)?;
+            skipped_note(&f.notes);
             done(&f, &out, &f.title)
         }
         PlotKind::Heatmap(p) => {
@@ -411,8 +428,10 @@ pub fn cmd_plot(a: &PlotArgs) -> Result<String, CliError> {
                 filters: p.table.filters.clone(),
                 lower_is_better: p.best.map(|b| b == Best::Min),
                 title: p.figure.title.clone(),
+                skip_bad: p.skip_bad,
             };
             let f = HeatmapFigure::from_table(&t, &spec)?;
+            skipped_note(&f.notes);
             done(&f, &out, &f.title)
         }
         PlotKind::Validation(p) => {

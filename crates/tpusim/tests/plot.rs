@@ -512,3 +512,52 @@ fn plot_validation_names_its_default_columns_as_defaults() {
     assert!(!e.contains("--x measured_ms"), "{e}");
     ok(&["plot", "validation", "--input", csv.to_str().unwrap(), "--x", "time_ms", "--out", out.to_str().unwrap()]);
 }
+
+/// Runs and returns (stdout, stderr) of a success.
+fn ok_err(args: &[&str]) -> (String, String) {
+    let o = tpusim(args);
+    assert!(o.status.success(), "tpusim {args:?} failed: {}", String::from_utf8_lossy(&o.stderr));
+    (String::from_utf8_lossy(&o.stdout).into_owned(), String::from_utf8_lossy(&o.stderr).into_owned())
+}
+
+/// Issue 47, point 11: a heatmap took NaN, inf and negative metrics silently (a colour bar from
+/// inf to NaN, -1 outlined as best) and a --logy sweep drew inf above the axes and dropped
+/// negative values as if empty. Each is refused naming the line, column, value and what is
+/// allowed, and nothing is written; --skip-bad leaves them out and says which on stderr and in
+/// the footnote.
+#[test]
+fn values_a_figure_cannot_draw_are_refused_or_skipped_with_a_note() {
+    let d = tmpdir("bad-values");
+    let out = d.join("f.svg");
+    let o = out.to_str().unwrap();
+    for (v, heatmap_msg, logy_msg) in [
+        ("NaN", "latency_ms = NaN: a heatmap's metric must be a finite number, 0 or more", "latency_ms = NaN: a finite number above 0 on the log y axis"),
+        ("inf", "latency_ms = inf: a heatmap's metric must be a finite number, 0 or more", "latency_ms = inf: a finite number above 0 on the log y axis"),
+        ("-1", "latency_ms = -1: a heatmap's metric must be a finite number, 0 or more", "latency_ms = -1: a finite number above 0 on the log y axis"),
+    ] {
+        let csv = d.join("s.csv");
+        std::fs::write(&csv, format!("block_q,block_kv,latency_ms\n512,512,3\n512,1024,{v}\n1024,512,2\n1024,1024,2.5\n")).unwrap();
+        let c = csv.to_str().unwrap();
+        let e = fails(&["plot", "heatmap", "--input", c, "--out", o]);
+        assert!(e.contains(&format!("--input {c} line 3 (block_q = 512, block_kv = 1024): {heatmap_msg}")) && e.contains("--skip-bad"), "{e}");
+        let e = fails(&["plot", "sweep", "--input", c, "--x", "block_kv", "--series", "block_q", "--logy", "--out", o]);
+        assert!(e.contains(&format!("--input {c} line 3 (block_kv = 1024, block_q = 512): {logy_msg}")) && e.contains("--skip-bad"), "{e}");
+        assert!(!out.exists(), "a refused plot wrote {o}");
+        for kind in [vec!["heatmap"], vec!["sweep", "--x", "block_kv", "--series", "block_q", "--logy"]] {
+            let mut args = vec!["plot"];
+            args.extend(kind.iter().copied());
+            args.extend(["--input", c, "--out", o, "--skip-bad"]);
+            let (_, err) = ok_err(&args);
+            assert!(err.contains(&format!("note: --skip-bad left out 1 row with a value the figure cannot draw: line 3 (latency_ms = {v})")), "{kind:?}: {err}");
+            let svg = std::fs::read_to_string(&out).unwrap();
+            assert!(svg.contains("--skip-bad left out 1 row"), "{kind:?}: the footnote says so");
+            std::fs::remove_file(&out).unwrap();
+        }
+    }
+    // Without bad values, nothing is said.
+    let csv = d.join("good.csv");
+    std::fs::write(&csv, "block_q,block_kv,latency_ms\n512,512,3\n512,1024,1\n").unwrap();
+    let (_, err) = ok_err(&["plot", "heatmap", "--input", csv.to_str().unwrap(), "--out", o, "--skip-bad"]);
+    assert!(!err.contains("--skip-bad left out"), "{err}");
+    let _ = std::fs::remove_dir_all(d);
+}

@@ -30,7 +30,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import tempfile
 
 from . import _tpusim
 
@@ -1818,55 +1817,103 @@ def describe_all(fn, *args, chip="v6e", device_kind=None):
     return descs, outside
 
 
-def _write(desc, path):
-    """Writes a description: compact JSON with large prefetch tables as .npy side files beside
-    it, or for a path ending in .gz one gzip-compressed file with every table inline."""
+#: The command a kernel description's mark names (`tpusim_io::mark::DESCRIBE_COMMAND`): a file
+#: with `"format": "tpusim-kernel-description"` and `"producer": {"tool": "tpusim.jax"}`.
+DESCRIBE_COMMAND = "tpusim.jax.describe"
+#: The command a decode sweep's CSV mark names (`tpusim_io::mark::DECODE_SWEEP_COMMAND`).
+DECODE_SWEEP_COMMAND = "tpusim.jax.decode_sweep"
+
+
+def _force_arg(force):
+    """The `force` keyword every writer takes, checked: a bool."""
+    if not isinstance(force, bool):
+        raise InputError(f"force = {force!r}: expected True or False (True replaces an existing file tpusim did not write)")
+    return force
+
+
+def _output_path(path, arg, what, example):
+    """A writer's path argument, checked before any work: a str or os.PathLike naming a file in a
+    folder that exists. Returns it as a str."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise InputError(f"{arg} = {path!r}: expected a file path (str or os.PathLike) for {what}, e.g. {arg}={example!r}")
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        raise InputError(f"{arg} = {path!r}: is a directory; give a file path for {what}, e.g. {os.path.join(path, example)!r}")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise InputError(f"{arg} = {path!r}: its directory {folder!r} does not exist; create it first or choose another path")
+    return path
+
+
+def _planned(desc, path):
+    """The files one description is written as: `(path, bytes)` of the description itself and a
+    list of `(path, bytes)` of its side files. Compact JSON with large prefetch tables as .npy
+    side files beside it, or for a path ending in .gz one gzip-compressed file with every table
+    inline."""
+    import io
+
     import numpy as np
 
-    path = os.fspath(path)
     stem = os.path.basename(path)
     for ext in (".gz", ".json"):
         stem = stem[: -len(ext)] if stem.endswith(ext) else stem
     folder = os.path.dirname(os.path.abspath(path))
     d = json.loads(json.dumps(desc))
     packed = path.endswith(".gz")
+    sides = []
     for i, r in enumerate(d["refs"]):
         v = r.get("values")
         # A compressed description keeps its tables inline (one file); a plain one moves large
         # tables to .npy side files.
         if v and "inline" in v and len(v["inline"]) > INLINE_TABLE_LIMIT and not packed:
             side = f"{stem}.prefetch{i}.npy"
-            np.save(os.path.join(folder, side), np.asarray(v["inline"], dtype=np.int64).reshape(r["shape"]))
+            buf = io.BytesIO()
+            np.save(buf, np.asarray(v["inline"], dtype=np.int64).reshape(r["shape"]))
+            sides.append((os.path.join(folder, side), buf.getvalue()))
             r["values"] = {"file": side}
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tpusim-", suffix=".json")
-    try:
-        # Compact JSON (a serving kernel's copy sizes are deep expression trees); gzip-compressed
-        # for a path ending in .gz (tpusim reads either).
-        text = json.dumps(d, separators=(",", ":")).encode()
-        if packed:
-            import gzip
+    # Compact JSON (a serving kernel's copy sizes are deep expression trees); gzip-compressed for
+    # a path ending in .gz (tpusim reads either).
+    text = json.dumps(d, separators=(",", ":")).encode()
+    if packed:
+        import gzip
 
-            text = gzip.compress(text, mtime=0)
-        with os.fdopen(fd, "wb") as f:
-            f.write(text)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-    except BaseException:
-        # Written completely or not at all: no temporary file is left behind.
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
+        text = gzip.compress(text, mtime=0)
+    return (path, text), sides
 
 
-def describe(fn, *args, path, chip="v6e", device_kind=None):
+def _write_all(plans, force):
+    """Writes planned descriptions (`_planned`) after checking every file they write: each
+    description, and each side file beside the description that names it. Returns their paths."""
+    targets = [t for (p, _), sides in plans for t in [(p, None)] + [(s, p) for s, _ in sides]]
+    _tpusim._check_outputs("path", DESCRIBE_COMMAND, targets, force)
+    for (p, text), sides in plans:
+        # Side files first: a description is never there without the tables it names.
+        for s, data in sides:
+            _tpusim._write_output("path", s, data)
+        _tpusim._write_output("path", p, text)
+    return [p for (p, _), _ in plans]
+
+
+def _write(desc, path, force=False):
+    """Writes one description (a dict of `describe_all`) to `path` as `describe` writes it, under
+    the same overwrite rule; returns the path."""
+    path = _output_path(path, "path", "the description", "kernel.json")
+    return _write_all([_planned(desc, path)], _force_arg(force))[0]
+
+
+def describe(fn, *args, path, chip="v6e", device_kind=None, force=False):
     """Writes the kernel description of `fn(*args)` to `path` (JSON; `crates/tpusim-pallas/
     DESCRIPTION.md`; gzip-compressed, tables inline, for a path ending in `.gz`, as
     `kernel.json.gz`: serving kernels' copy sizes are large expressions). With several kernels,
-    the second and later go to `path` with `.1`, `.2`, ... before the extension. Returns the
-    paths written.
+    the second and later go to `path` with `.1`, `.2`, ... before the extension. Prefetch tables
+    of more than `INLINE_TABLE_LIMIT` elements go to `.npy` side files beside a plain JSON
+    description (`STEM.prefetchN.npy`). Returns the paths of the descriptions written.
+
+    `force` (default `False`): an existing description is replaced only when tpusim wrote it (its
+    `"format": "tpusim-kernel-description"` with `producer.tool` `"tpusim.jax"`), and an existing
+    side file only beside such a description; any other file is refused with an `InputError`
+    naming it, and nothing is written. `force=True` replaces them. Every path is checked before
+    the first file is written, and each file is written completely or not at all.
 
     Values a kernel takes at run time come from the arguments: a scalar-prefetch table or a
     dynamic grid size computed by XLA ops before the kernel (megablox `gmm`'s group metadata) is
@@ -1874,20 +1921,17 @@ def describe(fn, *args, path, chip="v6e", device_kind=None):
     expression over the table that sizes it. An argument given as a `jax.ShapeDtypeStruct`
     leaves the tables it feeds as runtime operands (`--runtime NAME=FILE.npy`) and a dynamic
     grid computed from it an error naming the kernel and dimension."""
-    # The path first: a bad one is refused before the lowering, naming what the user gave.
-    if not isinstance(path, (str, os.PathLike)):
-        raise InputError(f"path = {path!r}: expected a file path (str or os.PathLike) for the description, e.g. path='kernel.json'")
-    path = os.fspath(path)
-    if os.path.isdir(path):
-        raise InputError(f"path = {path!r}: is a directory; give a file path for the description, e.g. {os.path.join(path, 'kernel.json')!r}")
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
-        raise InputError(f"path = {path!r}: its directory {folder!r} does not exist; create it first or choose another path")
+    # The path first: a bad one, or a file tpusim did not write, is refused before the lowering,
+    # naming what the user gave.
+    path = _output_path(path, "path", "the description", "kernel.json")
+    force = _force_arg(force)
+    _tpusim._check_outputs("path", DESCRIBE_COMMAND, [(path, None)], force)
     descs, _ = describe_all(fn, *args, chip=chip, device_kind=device_kind)
     base, ext = os.path.splitext(path)
     if ext == ".gz" and base.endswith(".json"):
         base, ext = base[: -len(".json")], ".json.gz"
-    return [_write(d, path if i == 0 else f"{base}.{i}{ext}") for i, d in enumerate(descs)]
+    # Every file this call writes is checked before the first is written.
+    return _write_all([_planned(d, path if i == 0 else f"{base}.{i}{ext}") for i, d in enumerate(descs)], force)
 
 
 def simulate(fn, *args, chip="v6e", device_kind=None, set=None, **options):
@@ -2176,14 +2220,26 @@ def ragged_paged_attention_step(q, kv_pages, kv_lens, page_indices, cu_q_lens, n
     )
 
 
-def decode_sweep(make_step, points, *, path=None):
+def decode_sweep(make_step, points, *, path=None, force=False):
     """Runs `make_step(**point)` (which returns a `DecodeReport`, e.g. a `paged_attention_step`
     call; each point re-lowers the kernel, since page size and pages per block live in the
     lowering) for every point (dicts); returns rows (the point's keys, then the report's
-    `row()`, or `error`), and writes them as CSV to `path` if given (completely or not at all)."""
+    `row()`, or `error`), and writes them as CSV to `path` if given (completely or not at all).
+
+    The CSV's first line is tpusim's mark, `# tpusim output: tpusim.jax.decode_sweep (tpusim
+    VERSION)` (pandas: `read_csv(path, comment="#")`), then the header and the rows. `force`
+    (default `False`): an existing `path` is replaced only when it carries that mark; any other
+    file is refused with an `InputError` naming it, before the first point runs. `force=True`
+    replaces it."""
     import csv
     import io
 
+    if path is not None:
+        path = _output_path(path, "path", "the CSV", "decode.csv")
+        force = _force_arg(force)
+        _tpusim._check_outputs("path", DECODE_SWEEP_COMMAND, [(path, None)], force)
+    else:
+        _force_arg(force)
     rows = []
     for p in points:
         try:
@@ -2198,14 +2254,10 @@ def decode_sweep(make_step, points, *, path=None):
                 if k not in keys:
                     keys.append(k)
         buf = io.StringIO()
-        w = csv.DictWriter(buf, fieldnames=keys)
+        buf.write(_tpusim._mark_line(DECODE_SWEEP_COMMAND))
+        w = csv.DictWriter(buf, fieldnames=keys, lineterminator="\n")
         w.writeheader()
         for r in rows:
             w.writerow(r)
-        path = os.fspath(path)
-        folder = os.path.dirname(os.path.abspath(path))
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tpusim-", suffix=".csv")
-        with os.fdopen(fd, "w") as f:
-            f.write(buf.getvalue())
-        os.replace(tmp, path)
+        _tpusim._write_output("path", path, buf.getvalue().encode())
     return rows

@@ -40,7 +40,7 @@ def _parser():
     p.add_argument("--out", metavar="CSV", help="--measure: the rows' CSV file (required)")
     p.add_argument("--out-dir", metavar="DIR", help="--measure, --describe: the descriptions' folder (default: microbench-kernels beside --out)")
     p.add_argument("--repeats", type=int, default=200, help="--measure: back-to-back calls timed per kernel (default 200)")
-    p.add_argument("--force", action="store_true", help="--measure: replace an --out file this tool did not write")
+    p.add_argument("--force", action="store_true", help="--measure, --describe: replace an --out file or a description in --out-dir that tpusim did not write")
     p.add_argument("--format", choices=("table", "json"), default="table", help="--list, --simulate: output format")
     return p
 
@@ -108,9 +108,15 @@ def main(argv=None):
         if not a.out_dir:
             return usage("--describe needs --out-dir (the folder the descriptions go to)")
         chip = a.chip or "v6e"
+        from .. import InputError
+
+        try:
+            m.check_descriptions(entries, a.out_dir, chip, a.force)
+        except InputError as e:
+            return usage(str(e))
         os.makedirs(a.out_dir, exist_ok=True)
         for e in entries:
-            print(m.describe_entry(e, os.path.join(a.out_dir, e.row_id(chip) + ".json.gz"), chip))
+            print(m.describe_entry(e, m.description_path(e, a.out_dir, chip), chip, a.force))
         return 0
     if not a.out:
         return usage("--measure needs --out (the CSV file the rows go to)")

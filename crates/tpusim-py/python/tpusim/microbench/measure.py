@@ -148,12 +148,30 @@ def time_entry(entry, repeats=200, warmup=3, dry_run=False, device=None, trace_d
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def describe_entry(entry, path, chip):
-    """Writes the entry's kernel description (`tpusim.jax.describe`) to `path`; returns it."""
+def description_path(entry, out_dir, chip):
+    """Where the entry's kernel description goes: `out_dir/<row id>.json.gz`."""
+    return os.path.join(out_dir, entry.row_id(chip) + ".json.gz")
+
+
+def check_descriptions(entries, out_dir, chip, force):
+    """Refuses, before any work, a description path of `entries` that holds a file tpusim did not
+    write (unless `force`): the overwrite rule of `tpusim.jax.describe`, as `--force` says it.
+    Raises `tpusim.InputError`."""
+    from .. import _tpusim
+    from .. import jax as tj
+
+    if os.path.isdir(out_dir):
+        targets = [(description_path(e, out_dir, chip), None) for e in entries]
+        _tpusim._check_outputs("--out-dir", tj.DESCRIBE_COMMAND, targets, force, flag=True)
+
+
+def describe_entry(entry, path, chip, force=False):
+    """Writes the entry's kernel description (`tpusim.jax.describe`, `force` as it takes it) to
+    `path`; returns it."""
     from .. import jax as tj
 
     fn, args = entry.build()
-    (written, *more) = tj.describe(fn, *args, path=path, chip=chip)
+    (written, *more) = tj.describe(fn, *args, path=path, chip=chip, force=force)
     if more:
         raise MeasureError(f"{entry.name}: {1 + len(more)} Pallas kernels; a catalogue entry calls one")
     return written
@@ -219,19 +237,9 @@ def write_rows(path, rows, dry_run):
     w = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n")
     w.writeheader()
     w.writerows(rows)
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tpusim-", suffix=".csv")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(buf.getvalue())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    from .. import _tpusim
+
+    _tpusim._write_output("--out", path, buf.getvalue().encode())
 
 
 def measure(entries, out, out_dir, chip=None, repeats=200, dry_run=False, force=False, log=sys.stderr):
@@ -242,16 +250,17 @@ def measure(entries, out, out_dir, chip=None, repeats=200, dry_run=False, force=
     rows are written. Returns (rows, failures: [(entry name, reason)]).
 
     Raises `MeasureError` before any work for a missing TPU, an unknown device kind, a bad
-    `out`, and `tpusim.InputError` for a JAX other than the one `tpusim.jax` reads."""
+    `out`, an `out` or a description in `out_dir` that tpusim did not write (unless `force`), and
+    `tpusim.InputError` for a JAX other than the one `tpusim.jax` reads."""
     import jax
 
+    from .. import InputError
     from ..jax import _jax
 
     _jax()  # the JAX release tpusim.jax reads, or an InputError saying which to install
     check_out(out, force)
     if dry_run:
         device = jax.devices("cpu")[0]
-        print(BANNER, file=log)
     else:
         try:
             device = jax.devices("tpu")[0]
@@ -268,13 +277,20 @@ def measure(entries, out, out_dir, chip=None, repeats=200, dry_run=False, force=
         chip = found
     if chip is None:
         raise MeasureError("--dry-run needs --chip (the chip the descriptions are lowered for)")
+    # Every description path too, before the first kernel runs.
+    try:
+        check_descriptions(entries, out_dir, chip, force)
+    except InputError as e:
+        raise MeasureError(str(e)) from None
+    if dry_run:
+        print(BANNER, file=log)
     os.makedirs(out_dir, exist_ok=True)
     csv_dir = os.path.dirname(os.path.abspath(out))
     rows, failures = [], []
     note = " (interpret mode: means nothing)" if dry_run else ""
     for n, e in enumerate(entries, 1):
         try:
-            desc = describe_entry(e, os.path.join(out_dir, e.row_id(chip) + ".json.gz"), chip)
+            desc = describe_entry(e, description_path(e, out_dir, chip), chip, force)
             timed = time_entry(e, repeats=repeats, dry_run=dry_run, device=device)
         except Exception as ex:  # noqa: BLE001 - one kernel's failure is reported; the others run
             failures.append((e.name, f"{type(ex).__name__}: {ex}"))

@@ -577,13 +577,20 @@ impl JobSpec {
             return Ok(None);
         }
         let set = self.set_fields();
-        let other = set.keys().find(|k| !DESCRIBED_FIELDS.contains(&k.as_str())).map(|k| (k.as_str(), set[k].to_string().trim_matches('"').to_string()));
-        let other = other.or_else(|| self.mask_value.as_ref().map(|m| ("mask", m.to_string()))).or_else(|| self.no_fused_bwd.then(|| ("fused_bwd", "false".into())));
-        if let Some((field, value)) = other {
+        let mut others: Vec<(&str, String)> =
+            set.keys().filter(|k| !DESCRIBED_FIELDS.contains(&k.as_str())).map(|k| (k.as_str(), set[k].to_string().trim_matches('"').to_string())).collect();
+        others.extend(self.mask_value.as_ref().map(|m| ("mask", m.to_string())));
+        if self.no_fused_bwd {
+            others.push(("fused_bwd", "false".into()));
+        }
+        if let Some((field, value)) = others.first() {
+            // Every field given that does not apply is named, the first with its value.
+            let also: Vec<String> = others[1..].iter().map(|(f, _)| format!("`{f}`")).collect();
+            let also = if also.is_empty() { String::new() } else { format!(" (nor {})", also.join(", ")) };
             return Err(SpecError::field(
                 field,
-                value,
-                "not with `kernel_ir`: the kernel's lowering fixed its workload, mask and block sizes (of the job fields only `chip`, `set`, `scope` and `runtime` apply; re-lower with tpusim.jax to change them)",
+                value.clone(),
+                &format!("not with `kernel_ir`{also}: the kernel's lowering fixed its workload, mask and block sizes (of the job fields only `chip`, `set`, `scope` and `runtime` apply; re-lower with tpusim.jax to change them)"),
             ));
         }
         let description = |e: tpusim_pallas::PallasError| SpecError::Description(e.to_string());

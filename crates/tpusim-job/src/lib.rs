@@ -1287,7 +1287,23 @@ pub(crate) fn write_bound_by(s: &mut String, b: &BoundBy<'_>) {
     match (b.what_if_2x, b.rule) {
         (Some(table), Some(rule)) => {
             let gain = |u: &str| table.iter().find(|w| w.unit == u).map_or(0.0, |w| w.gain);
-            let largest = table.iter().filter(|w| w.unit != "host").max_by(|x, y| x.gain.total_cmp(&y.gain));
+            let is_unit = |w: &&whatif::WhatIf| Unit::ALL.iter().any(|u| u.word() == w.unit);
+            let largest = table.iter().filter(is_unit).max_by(|x, y| x.gain.total_cmp(&y.gain));
+            // The step and DMA mechanism that saves most, when it saves more than any unit: the
+            // copies' round trip (latency, issue, slots), not a unit's rate, bounds the run.
+            let mechanism = table
+                .iter()
+                .filter(|w| whatif::MECHANISMS.contains(&w.unit.as_str()) && w.gain >= whatif::CO_BOUND_MIN_GAIN)
+                .max_by(|x, y| x.gain.total_cmp(&y.gain))
+                .filter(|m| m.gain > largest.map_or(0.0, |w| w.gain));
+            let round_trip = mechanism.map_or(String::new(), |m| {
+                let what = match m.unit.as_str() {
+                    "dma_latency" => "the DMA latency its steps cannot hide (fitted.dma_latency_ns halved)",
+                    "dma_issue" => "the scalar core's DMA issues (fitted.dma_issue_ns halved)",
+                    _ => "the DMAs in flight at once (fitted.dmas_in_flight doubled)",
+                };
+                format!("; its copies' round trips bound it more than any unit: {what} saves {:.1}%", 100.0 * m.gain)
+            });
             let co: Vec<String> = b.co_bound.iter().map(|u| format!("{u} -{:.1}%, {:.0}% of the critical path", 100.0 * gain(u.word()), share(*u))).collect();
             let line = match rule {
                 whatif::BoundRule::Gain => format!(
@@ -1310,7 +1326,7 @@ pub(crate) fn write_bound_by(s: &mut String, b: &BoundBy<'_>) {
                     100.0 * largest.map_or(0.0, |w| w.gain)
                 ),
             };
-            let _ = writeln!(s, "  bound by     {line}");
+            let _ = writeln!(s, "  bound by     {line}{round_trip}");
             // An MXU that bounds the run but gains nothing from twice its row rate is bound by
             // what the what-if leaves alone (module `whatif`): say so beside the figure.
             let cells: Vec<String> = table

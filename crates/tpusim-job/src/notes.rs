@@ -7,8 +7,8 @@
 //!   while the peak (and so the MFU's denominator) grows.
 //! * [`eight_bit_peak`]: matmuls ran in int8 or fp8 at another row rate than bf16's, so the
 //!   MFU (against the bf16 peak) can exceed 100%; it gives the type's peak.
-//! * [`short_steps`]: the grid steps are shorter than any measured small-block step and the
-//!   chip's step overhead is not fitted, so the run may be optimistic.
+//! * [`short_steps`]: the grid steps are shorter than any measured small-block step and neither
+//!   the chip's step overhead nor its DMA latency is fitted, so the run may be off either way.
 //! * [`unfitted_parameters`]: the run depends on `[fitted]` parameters that were not fitted to
 //!   any measurement of this chip (carried over from another chip's fit), so its latency and MFU
 //!   are unvalidated on this chip for this kind of kernel.
@@ -270,15 +270,16 @@ pub fn unfitted_parameters(run: &Run, rep: &Report) -> Option<String> {
 /// (`traces/measured/calibration.csv`, PALLAS-MM-v5e-8192-b128).
 pub const MEASURED_SMALL_STEP_NS: f64 = 350.0;
 
-/// A note when the run's grid steps average less than [`MEASURED_SMALL_STEP_NS`] and the chip's
-/// grid-step overhead is fitted to none of its measurements (an empty `fitted_to`): the per-step
-/// costs a small block pays (its copies' issue and semaphore waits, a small copy's latency) are
-/// then set by a value no measurement of this chip pins, and the run may be optimistic (the
-/// megablox gmm rows at 128 tiles on v6e measure 0.43-0.47 us a step where the model gives
-/// 0.17: traces/measured/VALIDATION.md, known misses). `None` otherwise.
+/// A note when the run's grid steps average less than [`MEASURED_SMALL_STEP_NS`] and neither the
+/// chip's grid-step overhead nor its DMA latency is fitted to any of its measurements (empty
+/// `fitted_to`s): the per-step costs a small block pays (its copies' issue, latency and
+/// semaphore waits) are then set by values no measurement of this chip pins, and the run may be
+/// optimistic or pessimistic (v6e's, pinned by its microbenchmarks, expose a 0.35 us round trip a
+/// step; `python -m tpusim.microbench --measure` pins another chip's). `None` otherwise.
 pub fn short_steps(run: &Run, rep: &Report) -> Option<String> {
-    let p = &run.chip.fitted.grid_step_overhead_cycles;
-    if rep.grid_steps == 0 || !p.fitted_to.as_ref().is_some_and(|r| r.is_empty()) {
+    let f = &run.chip.fitted;
+    let unpinned = |p: &tpusim_chip::Param<f64>| p.fitted_to.as_ref().is_some_and(|r| r.is_empty());
+    if rep.grid_steps == 0 || !unpinned(&f.grid_step_overhead_cycles) || !unpinned(&f.dma_latency_ns) {
         return None;
     }
     let step_ns = rep.latency_ms * 1e6 / rep.grid_steps as f64;
@@ -287,8 +288,9 @@ pub fn short_steps(run: &Run, rep: &Report) -> Option<String> {
     }
     let chip = &run.chip.name;
     Some(format!(
-        "grid steps average {step_ns:.0} ns, shorter than the {MEASURED_SMALL_STEP_NS:.0} ns a step of 128-wide blocks measures on v5e (the Pallas TPU matmul tutorial); {chip}'s grid-step overhead ({:.0} cycles) is fitted to no {chip} measurement, so what a small block pays each step (its copies' issue and semaphore waits, a small copy's latency) is not pinned and this run may be optimistic: megablox gmm at 128 tiles on v6e measures 0.43-0.47 us a step against 0.17 modelled (traces/measured/VALIDATION.md, known misses); larger blocks make steps fewer",
-        p.value
+        "grid steps average {step_ns:.0} ns, shorter than the {MEASURED_SMALL_STEP_NS:.0} ns a step of 128-wide blocks measures on v5e (the Pallas TPU matmul tutorial); {chip}'s grid-step overhead ({:.0} cycles) and DMA latency ({:.0} ns) are fitted to no {chip} measurement, so what a small block pays each step (its copies' issue, latency and semaphore waits) is not pinned and this run may be off either way (v6e's microbenchmarks pin its: a pipelined step exposes a round trip of about 0.35 us; python -m tpusim.microbench --measure pins a chip's); larger blocks make steps fewer",
+        f.grid_step_overhead_cycles.value,
+        f.dma_latency_ns.value
     ))
 }
 

@@ -164,3 +164,21 @@ proptest! {
         check(&s, &format!("{kernel} {chip} {mask} {len} {bq}x{bkv} d {d}"));
     }
 }
+
+/// A run whose short steps wait on their copies' round trips says so (issue 47, point 10): the
+/// what-if row of halved DMA latency saves more than any unit twice as fast, and the "bound by"
+/// line names that mechanism; a long-step run does not.
+#[test]
+fn a_run_bound_by_its_copies_round_trips_names_them() {
+    let short = check(&spec("kernel = 'pallas-matmul'\nm = 4096\nn = 4096\nk = 4096\n"), "128-block matmul");
+    let table = short.what_if_2x.clone().unwrap();
+    let gain = |u: &str| table.iter().find(|w| w.unit == u).unwrap().gain;
+    let best_unit = tpusim_model::Unit::ALL.iter().map(|u| gain(u.word())).fold(f64::NEG_INFINITY, f64::max);
+    assert!(gain("dma_latency") > best_unit + 0.1, "{table:?}");
+    let text = short.to_table();
+    let line = text.lines().find(|l| l.trim_start().starts_with("bound by")).unwrap();
+    assert!(line.contains("round trips bound it") && line.contains("fitted.dma_latency_ns halved"), "{line}");
+    let long = check(&spec("kernel = 'splash'\nheads = 2\nseq_len = 8192\nblock_q = 1024\nblock_kv = 1024\n"), "splash 1024 blocks");
+    let text = long.to_table();
+    assert!(!text.contains("round trips bound it"), "{text}");
+}

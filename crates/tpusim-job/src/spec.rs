@@ -590,7 +590,7 @@ impl JobSpec {
             return Err(SpecError::field(
                 field,
                 value.clone(),
-                &format!("not with `kernel_ir`{also}: the kernel's lowering fixed its workload, mask and block sizes (of the job fields only `chip`, `set`, `scope` and `runtime` apply; re-lower with tpusim.jax to change them)"),
+                format!("not with `kernel_ir`{also}: the kernel's lowering fixed its workload, mask and block sizes (of the job fields only `chip`, `set`, `scope` and `runtime` apply; re-lower with tpusim.jax to change them)"),
             ));
         }
         let description = |e: tpusim_pallas::PallasError| SpecError::Description(e.to_string());

@@ -3,7 +3,7 @@
 //! Grid (M / block_m, N / block_n, K / block_k), k innermost. Each step multiplies an x block
 //! (block_m x block_k) by a y block (block_k x block_n) on the MXU, pops the f32 result and adds
 //! it into a VMEM accumulator (2 VPU ops per (8,128) register); the first k step zeroes the accumulator, the
-//! last casts it to bf16 and the output block is written back. Per [`crate::SLAB_ROWS`]-row slab of x:
+//! last casts it to bf16 and the output block is written back. Per [`tpusim_model::SLAB_ROWS`]-row slab of x:
 //! `mm` (MXU) then `acc` (VPU), so the two units overlap across slabs. Sizes that are not a
 //! multiple of their block are padded up.
 

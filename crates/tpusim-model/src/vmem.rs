@@ -24,7 +24,7 @@
 //!   across the body's operations, and the compiler's own figures match windows + scratch + the
 //!   largest intermediate, not more (evidence below).
 //!
-//! The total must not exceed the kernel's scoped VMEM limit ([`VmemBudget::check`]).
+//! The total must not exceed the kernel's scoped VMEM limit (`tpusim_kernel::check_vmem`).
 //!
 //! **Evidence** (each a public report of the real compiler; the cases are a test table in
 //! `crates/tpusim-job/tests/vmem_cases.rs`, which prints each margin):
@@ -148,7 +148,7 @@ pub fn tiled_bytes(shape: &[u64], dtype: Dtype) -> u64 {
 
 /// What a kernel keeps in VMEM at once (module docs): every window times its buffers, every
 /// scratch operand once, and the largest internal value once; checked against `limit_bytes`
-/// by [`VmemBudget::check`]. The budget lists each counted buffer with its bytes.
+/// by `tpusim_kernel::check_vmem`. The budget lists each counted buffer with its bytes.
 pub fn footprint(buffers: &[VmemBuffer], limit_bytes: u64) -> VmemBudget {
     let mut out = Vec::new();
     for b in buffers {

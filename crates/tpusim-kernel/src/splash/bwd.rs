@@ -254,7 +254,7 @@ pub(crate) fn dkv_refs(w: &AttentionCall, b: &BwdBlocks, kernel: Kernel, o: BwdV
     (r, vec![VmemBuffer::internal("score tile", &[c, bq], F32)])
 }
 
-/// VMEM the dkv (or fused) kernel needs (its declaration, [`dkv_refs`], counted by
+/// VMEM the dkv (or fused) kernel needs (its declaration, `dkv_refs`, counted by
 /// [`crate::vmem::footprint`]).
 pub fn dkv_vmem(w: &AttentionCall, b: &BwdBlocks, kernel: Kernel, o: BwdVmemOptions, limit_bytes: u64) -> VmemBudget {
     let (refs, internal) = dkv_refs(w, b, kernel, o);
@@ -304,7 +304,7 @@ pub(crate) fn dq_refs(w: &AttentionCall, b: &BwdBlocks, o: BwdVmemOptions) -> (V
     (r, vec![VmemBuffer::internal("score tile", &[bq, bkv], F32)])
 }
 
-/// VMEM the dq kernel needs (its declaration, [`dq_refs`], counted by
+/// VMEM the dq kernel needs (its declaration, `dq_refs`, counted by
 /// [`crate::vmem::footprint`]).
 pub fn dq_vmem(w: &AttentionCall, b: &BwdBlocks, o: BwdVmemOptions, limit_bytes: u64) -> VmemBudget {
     let (refs, internal) = dq_refs(w, b, o);

@@ -9,7 +9,7 @@
 //! (this module's `ops.rs` for the forward kernels, `bwd_ops.rs` for the backward ones) and
 //! priced by the one body builder ([`crate::body`]) that also builds the bodies of kernels read
 //! from their Mosaic IR: the same ops, the same cost table ([`crate::body::cost`]), the same
-//! [`crate::SLAB_ROWS`]-row slabs and issue slots. Per computed sub-tile of `block_kv_compute`
+//! [`tpusim_model::SLAB_ROWS`]-row slabs and issue slots. Per computed sub-tile of `block_kv_compute`
 //! columns: the `q k^T` matmul on the MXU; on a masked step the mask (the mask function traced
 //! from iota positions, a loaded int8 block widened at the chip's fitted cost, segment ids
 //! compared) and its select; the row max (element-wise maxima then a cross-lane reduction on the
@@ -38,7 +38,7 @@
 //!
 //! **Limits.** Blocks follow the (8, 128) rules (MaxDiffusion's mask-free kernel and JAX's
 //! backward kernels lay q along the lanes: their q blocks are multiples of 128 or q_len); VMEM holds 32-bit data in (8, 128) tiles, bf16 in (16, 128) and int8 in (32, 128), each last dimension padded to 128 lanes, and counts as
-//! [`crate::vmem`] says (over the family's declaration: [`family_refs`]);
+//! [`crate::vmem`] says (over the family's declaration: `family_refs`);
 //! the mask metadata Splash prefetches into SMEM must fit SMEM ([`smem_bytes`]); q, k, v and o
 //! must fit the device's HBM.
 
@@ -385,7 +385,7 @@ pub(crate) fn copy_table(decl: &KernelDecl, tags: &[Option<u32>], events: u32, s
         .collect()
 }
 
-/// VMEM a forward tiling needs (its declaration, [`family_refs`], counted by
+/// VMEM a forward tiling needs (its declaration, `family_refs`, counted by
 /// [`crate::vmem::footprint`]).
 pub fn vmem_budget(w: &AttentionCall, cfg: &SplashConfig, limit_bytes: u64) -> VmemBudget {
     let (refs, internal) = family_refs(w, cfg);

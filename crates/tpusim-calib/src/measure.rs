@@ -329,9 +329,10 @@ pub fn parse(text: &str, path: &str, known_chips: &[ChipModel]) -> Result<Measur
     let mut chips = ChipCheck { known: known_chips, checked: HashMap::new() };
     let mut seen: BTreeMap<String, u64> = BTreeMap::new();
     let mut rows = Vec::new();
+    let mut lines = tpusim_io::CsvLines::new(text);
     for rec in rdr.records() {
         let rec = rec.map_err(|e| record_error(&e, text, path))?;
-        let row = RowCells { rec: &rec, columns: &columns, line: rec.position().map(|p| line_at(text, p.byte())).unwrap_or(0), path };
+        let row = RowCells { rec: &rec, columns: &columns, line: rec.position().map(|p| lines.line_at(p.byte())).unwrap_or(0), path };
         let (id, chip) = row.identity(&mut seen, &mut chips)?;
         let (kernel_word, kernel, direction) = row.kernel()?;
         let measured_ms = row.measured_ms()?;

@@ -410,6 +410,14 @@ impl ChipModel {
     /// # Errors
     /// [`ChipError::UnknownChip`] if the name is not a preset.
     pub fn preset(name: &str) -> Result<Self, ChipError> {
+        // Each preset is parsed once per process (its TOML, notes and row lists included, is most
+        // of a short run's time otherwise: a run, its what-if table and its shipped measurement
+        // each ask for it).
+        static PARSED: std::sync::OnceLock<std::sync::Mutex<Vec<(String, ChipModel)>>> = std::sync::OnceLock::new();
+        let cache = PARSED.get_or_init(Default::default);
+        if let Some((_, c)) = cache.lock().unwrap_or_else(std::sync::PoisonError::into_inner).iter().find(|(n, _)| n == name) {
+            return Ok(c.clone());
+        }
         let text = PRESET_TEXT
             .iter()
             .find(|(n, _)| *n == name)
@@ -417,6 +425,7 @@ impl ChipModel {
             .ok_or_else(|| ChipError::UnknownChip { name: name.to_string(), presets: PRESETS.join(", ") })?;
         let mut chip = Self::from_toml_str(text, &format!("preset {name}"))?;
         chip.provenance.source = "preset".to_string();
+        cache.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push((name.to_string(), chip.clone()));
         Ok(chip)
     }
 

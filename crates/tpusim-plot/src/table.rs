@@ -29,7 +29,8 @@ impl Table {
             .comment(Some(b'#'))
             .trim(csv::Trim::All)
             .from_reader(text.as_bytes());
-        let line_at = |byte: u64| tpusim_io::csv_line_at(text, byte) as usize;
+        let mut lines = tpusim_io::CsvLines::new(text);
+        let mut line_at = |byte: u64| lines.line_at(byte) as usize;
         let mut header: Option<Vec<String>> = None;
         let mut rows = Vec::new();
         for rec in rdr.records() {

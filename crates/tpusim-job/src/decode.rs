@@ -25,6 +25,7 @@ use crate::Run;
 use serde::Serialize;
 use std::fmt::Write as _;
 use tpusim_pallas::runtime::DmaTally;
+use tpusim_model::Unit;
 
 /// The decode step's shape as the caller's arrays give it (the kernel's IR does not say which
 /// operand is a sequence length).
@@ -149,14 +150,27 @@ impl DecodeReport {
         let issue_ms = dmas.count as f64 * issue_ns * 1e-6 / active;
         let slot_s: f64 = dmas.sizes.iter().map(|(&b, &n)| n as f64 * (lat_ns * 1e-9 + b as f64 / per_core_bw)).sum();
         let inflight_ms = slot_s / inflight * 1e3 / active;
+        // What the engine's bound is made of, in the terms a kernel engineer acts on: on a path
+        // that waits on copies, the bytes' streaming time against the copies' round trips.
+        let share = |u: Unit| r.critical[u] / r.critical.0.iter().sum::<f64>().max(f64::MIN_POSITIVE);
+        let wait_ms = engine_ms * share(Unit::Hbm);
+        let stream_ms = r.hbm_bytes as f64 / bw * 1e3;
+        let term = if r.bottleneck() == Unit::Hbm && wait_ms > 1.5 * stream_ms {
+            format!(
+                "bound by DMA round trips: the critical path waits {wait_ms:.4} ms on copies whose bytes stream in {stream_ms:.4} ms, the rest their latency the steps cannot hide (fitted.dma_latency_ns {lat_ns} ns a copy, {:.1}% of the HBM roof reached)",
+                100.0 * stream_ms / engine_ms.max(f64::MIN_POSITIVE)
+            )
+        } else if r.bottleneck() == Unit::Hbm {
+            format!("bound by HBM bandwidth: the critical path waits {wait_ms:.4} ms on copies whose bytes stream in {stream_ms:.4} ms")
+        } else {
+            format!("bound by {} ({:.0}% of its critical path)", r.bottleneck().word(), 100.0 * share(r.bottleneck()))
+        };
         let mut bounds = vec![
             Bound {
                 name: "engine pipeline".into(),
                 ms: engine_ms,
                 reason: format!(
-                    "the kernel's IR on the engine, bound by {} ({:.0}% of its critical path): {} HBM bytes at {:.0} GB/s per core, its copies under its compute as far as its waits allow, and {} grid steps' overhead",
-                    r.bottleneck().word(),
-                    100.0 * r.critical[r.bottleneck()] / r.critical.0.iter().sum::<f64>().max(f64::MIN_POSITIVE),
+                    "the kernel's IR on the engine, {term}: {} HBM bytes at {:.0} GB/s per core, its copies under its compute as far as its waits allow, and {} grid steps' overhead",
                     r.hbm_bytes,
                     chip.hbm.dma_bandwidth_gb_per_s.value,
                     r.grid_steps
@@ -189,7 +203,6 @@ impl DecodeReport {
                 shape.pages_touched()
             ));
         }
-        let stream_ms = r.hbm_bytes as f64 / bw * 1e3;
         below.push(format!(
             "{}: {:.4} ms against {:.4} ms to stream the moved bytes ({})",
             bounds[0].name, latency_ms, stream_ms, bounds[0].reason

@@ -150,6 +150,8 @@ impl DecodeReport {
         let issue_ms = dmas.count as f64 * issue_ns * 1e-6 / active;
         let slot_s: f64 = dmas.sizes.iter().map(|(&b, &n)| n as f64 * (lat_ns * 1e-9 + b as f64 / per_core_bw)).sum();
         let inflight_ms = slot_s / inflight * 1e3 / active;
+        // Whether a figure is fitted to this chip's measurements or assumed.
+        let how = |p: &tpusim_chip::Param<f64>| if p.fitted_to.as_ref().is_some_and(|r| !r.is_empty()) { "fitted" } else { "assumed" };
         // What the engine's bound is made of, in the terms a kernel engineer acts on: on a path
         // that waits on copies, the bytes' streaming time against the copies' round trips.
         let share = |u: Unit| r.critical[u] / r.critical.0.iter().sum::<f64>().max(f64::MIN_POSITIVE);
@@ -176,15 +178,16 @@ impl DecodeReport {
                     r.grid_steps
                 ),
             },
-            Bound { name: "DMA issue".into(), ms: issue_ms, reason: format!("{} DMAs x fitted.dma_issue_ns {issue_ns} ns (assumed) over {active} core(s)", dmas.count) },
+            Bound { name: "DMA issue".into(), ms: issue_ms, reason: format!("{} DMAs x fitted.dma_issue_ns {issue_ns} ns ({}) over {active} core(s)", dmas.count, how(&chip.fitted.dma_issue_ns)) },
             Bound {
                 name: "DMAs in flight".into(),
                 ms: inflight_ms,
                 reason: format!(
-                    "{} DMAs x (fitted.dma_latency_ns {lat_ns} ns + {:.0} bytes / {:.0} GB/s) / fitted.dmas_in_flight {inflight} (assumed)",
+                    "{} DMAs x (fitted.dma_latency_ns {lat_ns} ns + {:.0} bytes / {:.0} GB/s) / fitted.dmas_in_flight {inflight} ({})",
                     dmas.count,
                     if dmas.count > 0 { dmas.bytes as f64 / dmas.count as f64 } else { 0.0 },
-                    chip.hbm.dma_bandwidth_gb_per_s.value
+                    chip.hbm.dma_bandwidth_gb_per_s.value,
+                    how(&chip.fitted.dmas_in_flight)
                 ),
             },
         ];

@@ -137,7 +137,7 @@ impl AttentionCall {
                 field,
                 value,
                 &format!(
-                    "batch x heads x q_len x kv_len = {} x {} x {} x {} = {:.2e} score pairs; at most {:.2e} ({MAX_PAIRS}) are allowed",
+                    "batch x heads x q_len x kv_len = {} x {} x {} x {} = {pairs} score pairs ({:.3e}); at most {MAX_PAIRS} ({:.3e}) are allowed",
                     self.batch, self.q_heads, self.q_len, self.kv_len, pairs as f64, MAX_PAIRS as f64
                 ),
             ));

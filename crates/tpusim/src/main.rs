@@ -153,6 +153,10 @@ fn value_error(e: &clap::Error) -> Option<String> {
     let ContextValue::String(arg) = e.get(ContextKind::InvalidArg)? else { return None };
     let ContextValue::String(value) = e.get(ContextKind::InvalidValue)? else { return None };
     let flag = arg.split([' ', '[']).next().unwrap_or(arg);
+    // A flag given without its value (`tpusim run --heads`): say that, not that "" is refused.
+    if value.is_empty() && e.kind() == ErrorKind::InvalidValue {
+        return Some(format!("{flag} needs a value: give it as `{flag} VALUE` (`--help` says what each flag takes)"));
+    }
     let why = match e.kind() {
         ErrorKind::ValueValidation => std::error::Error::source(e)?.to_string(),
         _ => match e.get(ContextKind::ValidValue) {

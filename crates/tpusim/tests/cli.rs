@@ -143,6 +143,10 @@ fn bad_input_exits_2_naming_the_field() {
     let deep = format!("{}causal{}", "(".repeat(5000), ")".repeat(5000));
     expect_input_error(&["run", "--seq-len", "4096", "--mask", &deep], &["nests at most"]);
     expect_input_error(&["run", "--seq-len", "1000000000"], &["score pairs"]);
+    // Just over the limit: the count and the limit differ as printed (both exact).
+    expect_input_error(&["run", "--seq-len", "134217728", "--heads", "1"], &["= 18014398509481984 score pairs", "at most 18014398509481983"]);
+    // A flag without its value says so.
+    expect_input_error(&["run", "--heads"], &["--heads needs a value"]);
     expect_input_error(&["run", "--heads", "4294967295", "--seq-len", "128"], &["--heads", "from 1 to 1048576"]);
     // Outputs are never written through devices, directories or links.
     let csv = root().join("traces/measured/calibration.csv");

@@ -59,7 +59,10 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
 
     /// More HBM bandwidth, more MXUs, a faster EUP or VPU, or a lower step overhead never makes a
-    /// prediction slower.
+    /// prediction slower, but through the DMA engines' sharing: a body done sooner issues its
+    /// write-back sooner, which then shares the bandwidth longer with the next step's inputs in
+    /// flight (processor sharing), so a run may come out slower by a little (at most 0.6% over
+    /// 600 random cases on 2026-12-06); 2% is the bound held.
     #[test]
     fn better_hardware_is_never_slower((len, d, bq, bkv) in tiling(), mask in masks(), t in traversal(), m in masking(), which in 0usize..5) {
         let chip = ChipModel::preset("v6e").unwrap();
@@ -76,7 +79,7 @@ proptest! {
         };
         let a = sim(&chip, &w, &c).cycles;
         let b = sim(&better, &w, &c).cycles;
-        prop_assert!(b <= a * (1.0 + 1e-12), "{which}: {b} > {a} for {mask} {len} {bq}x{bkv} {t:?} {m:?}");
+        prop_assert!(b <= a * 1.02, "{which}: {b} > {a} for {mask} {len} {bq}x{bkv} {t:?} {m:?}");
     }
 
     /// Reported FLOPs and bytes equal the analytical counts for the visited tiles; busy time per

@@ -147,21 +147,7 @@ pub fn csv_fields(record: &str) -> Result<Vec<String>, String> {
 /// crate's record position may point at the previous line's terminator or at skipped blank lines
 /// and `#` comment lines.
 pub fn csv_line_at(text: &str, byte: u64) -> u64 {
-    let b = text.as_bytes();
-    let mut i = (byte as usize).min(b.len());
-    loop {
-        while i < b.len() && (b[i] == b'\n' || b[i] == b'\r') {
-            i += 1;
-        }
-        if i < b.len() && b[i] == b'#' {
-            while i < b.len() && b[i] != b'\n' {
-                i += 1;
-            }
-            continue;
-        }
-        break;
-    }
-    1 + b[..i].iter().filter(|&&c| c == b'\n').count() as u64
+    CsvLines::new(text).line_at(byte)
 }
 
 /// [`csv_line_at`] for a reader's records in order: counts line ends only from the previous

@@ -220,10 +220,25 @@ impl Work {
         }
     }
 
-    /// FLOPs of a matmul (2 x m x k x n); zero for other work.
+    /// FLOPs of a matmul at its own dimensions (2 x m x k x n); zero for other work.
     pub fn flops(&self) -> f64 {
         match self {
             Work::Matmul { m, k, n, .. } => 2.0 * (*m as f64) * (*k as f64) * (*n as f64),
+            _ => 0.0,
+        }
+    }
+
+    /// FLOPs a matmul executes at its operands' tile-padded dimensions: the contraction `k` and
+    /// the output columns `n` lie along the 128 lanes of their registers and VMEM tiles and are
+    /// padded to whole multiples of 128, the rows `m` to whole multiples of 8 sublanes
+    /// (`crate::copies`, the padding rule); zero for other work. The MXU's own array padding
+    /// (a 256-wide array fed 128 columns) is not counted here: it shows in the MXU's time.
+    pub fn executed_flops(&self) -> f64 {
+        match self {
+            Work::Matmul { m, k, n, .. } => {
+                let lanes = crate::vmem::LANES;
+                2.0 * (m.next_multiple_of(8) as f64) * (k.next_multiple_of(lanes) as f64) * (n.next_multiple_of(lanes) as f64)
+            }
             _ => 0.0,
         }
     }
@@ -372,7 +387,10 @@ impl StepBody {
 
     /// A body of `graph` (its node indices a topological order, as [`StepBody`] requires) whose
     /// operations name carried slots `0..carries`.
-    pub fn from_graph(graph: DiGraph<TileOp, ()>, carries: u16) -> Self {
+    pub fn from_graph(mut graph: DiGraph<TileOp, ()>, carries: u16) -> Self {
+        // A built graph is kept (shared by clones, stored for later lowerings): its storage at
+        // its size, not at the capacity it grew to.
+        graph.shrink_to_fit();
         StepBody { graph: std::sync::Arc::new(graph), carries, ..StepBody::default() }
     }
 
@@ -429,9 +447,14 @@ impl StepBody {
         }
     }
 
-    /// Total matmul FLOPs of the body.
+    /// Total matmul FLOPs of the body, at the matmuls' own dimensions ([`Work::flops`]).
     pub fn flops(&self) -> f64 {
         self.works().map(|(w, n)| f64::from(n) * w.flops()).sum()
+    }
+
+    /// Total matmul FLOPs the body executes, at tile-padded dimensions ([`Work::executed_flops`]).
+    pub fn executed_flops(&self) -> f64 {
+        self.works().map(|(w, n)| f64::from(n) * w.executed_flops()).sum()
     }
 
     /// Total exp/reciprocal registers x elements per register gives transcendentals.

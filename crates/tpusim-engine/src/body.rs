@@ -339,6 +339,7 @@ struct Index {
     /// Nodes per distinct work.
     count: Vec<u32>,
     flops: f64,
+    useful_flops: f64,
     transcendental_vregs: f64,
     dma_bytes: u64,
     /// The body's isolated schedules ([`Transfer::isolated`]), per order and costs.
@@ -436,7 +437,8 @@ impl Index {
             Index {
                 work_of,
                 count,
-                flops: body.flops(),
+                flops: body.executed_flops(),
+                useful_flops: body.flops(),
                 dma_bytes: body.dma_bytes(),
                 transcendental_vregs: body.transcendental_vregs(),
                 works,
@@ -704,9 +706,15 @@ impl Transfer {
         Transfer { carries: k, empty: plan.node.is_empty(), index, plan, costs, key }
     }
 
-    /// Executed matmul FLOPs of one step of this body.
+    /// Executed matmul FLOPs of one step of this body, at the operands' tile-padded dimensions
+    /// ([`tpusim_model::Work::executed_flops`]).
     pub fn flops(&self) -> f64 {
         self.index.flops
+    }
+
+    /// The same matmuls' FLOPs at their own dimensions ([`tpusim_model::Work::flops`]).
+    pub fn useful_flops(&self) -> f64 {
+        self.index.useful_flops
     }
 
     /// Bytes the copies the body starts itself move, per step of this body.

@@ -74,12 +74,20 @@ pub struct SimResult {
     pub seconds: f64,
     /// Busy cycles per unit, summed over cores.
     pub busy: UnitCycles,
-    /// Executed matmul FLOPs (padding and masked-out pairs of visited tiles included).
+    /// Executed matmul FLOPs: every matmul at its operands' tile-padded dimensions (contraction
+    /// and output columns to 128 lanes, rows to 8: [`tpusim_model::Work::executed_flops`]),
+    /// sequence padding and masked-out pairs of visited tiles included.
     pub flops: f64,
+    /// The same matmuls at their own dimensions (2 m k n each): `flops` without the lane and row
+    /// padding.
+    pub useful_flops: f64,
     /// Executed exp/reciprocal elements.
     pub transcendentals: f64,
-    /// Bytes moved between HBM and VMEM (both directions).
+    /// Bytes moved between HBM and VMEM (both directions): each copy's block, in whole tiles
+    /// where it is cut at an array's edge (`tpusim_model::copies`, the padding rule).
     pub hbm_bytes: u64,
+    /// `hbm_bytes` counting only the elements inside the arrays (no edge tiles).
+    pub useful_hbm_bytes: u64,
     /// Grid steps run.
     pub grid_steps: u64,
     /// Scheduled body of each step class alone (index = class id).
@@ -181,8 +189,10 @@ pub fn simulate_fusion(chip: &ChipModel, f: &Fusion) -> SimResult {
         seconds: cycles / chip.clock_hz(),
         busy,
         flops: 0.0,
+        useful_flops: 0.0,
         transcendentals: 0.0,
         hbm_bytes: bytes,
+        useful_hbm_bytes: bytes,
         grid_steps: 0,
         class_timing: Vec::new(),
         class_steps: Vec::new(),
@@ -363,7 +373,7 @@ impl Shared {
     fn combine(self, chip: &ChipModel, program: &Program, cores: Vec<CoreState>) -> SimResult {
         let mut busy = UnitCycles::default();
         let mut class_steps = vec![0u64; program.classes.len()];
-        let (mut in_b, mut out_b, mut steps) = (0u64, 0u64, 0u64);
+        let (mut in_b, mut out_b, mut useful_b, mut steps) = (0u64, 0u64, 0u64, 0u64);
         let slowest = cores.iter().enumerate().max_by(|a, b| a.1.cycles.total_cmp(&b.1.cycles)).map(|(i, _)| i).unwrap_or(0);
         let mut per_core = Vec::new();
         for c in &cores {
@@ -373,15 +383,18 @@ impl Shared {
             }
             in_b += c.in_bytes;
             out_b += c.out_bytes;
+            useful_b += c.useful_bytes;
             steps += c.steps;
             per_core.push(CoreResult { cycles: c.cycles, grid_steps: c.steps, busy: c.busy });
         }
         let mut flops = 0.0;
+        let mut useful_flops = 0.0;
         let mut trans = 0.0;
         let mut body_dma = 0u64;
         for (i, tr) in self.transfers.iter().enumerate() {
             let k = class_steps[i] as f64;
             flops += k * tr.flops();
+            useful_flops += k * tr.useful_flops();
             trans += k * tr.transcendental_vregs() * 1024.0;
             body_dma += class_steps[i] * tr.dma_bytes();
         }
@@ -391,8 +404,10 @@ impl Shared {
             seconds: cycles / chip.clock_hz(),
             busy,
             flops,
+            useful_flops,
             transcendentals: trans,
             hbm_bytes: in_b + out_b + body_dma,
+            useful_hbm_bytes: useful_b + body_dma,
             grid_steps: steps,
             class_timing: self.timing,
             class_steps,
@@ -502,6 +517,8 @@ struct Pipeline<'a> {
     busy: UnitCycles,
     in_bytes: u64,
     out_bytes: u64,
+    /// The copies' own bytes, padding left out.
+    useful_bytes: u64,
     steps: u64,
     /// The step whose inputs are in flight.
     next: Option<Step>,
@@ -574,6 +591,8 @@ struct RowOut {
     busy: UnitCycles,
     in_bytes: u64,
     out_bytes: u64,
+    /// The copies' own bytes, padding left out.
+    useful_bytes: u64,
     steps: u64,
     last_class: Option<u32>,
 }
@@ -608,6 +627,8 @@ struct CoreState {
     class_steps: Vec<u64>,
     in_bytes: u64,
     out_bytes: u64,
+    /// The copies' own bytes, padding left out.
+    useful_bytes: u64,
     steps: u64,
 }
 
@@ -636,6 +657,7 @@ impl<'a> Pipeline<'a> {
             busy: UnitCycles::default(),
             in_bytes: 0,
             out_bytes: 0,
+            useful_bytes: 0,
             steps: 0,
             next: None,
             last_class: None,
@@ -892,6 +914,7 @@ impl<'a> Pipeline<'a> {
         self.busy[Unit::StepControl] += n as f64 * (self.overhead + self.issue * f64::from(cs.in_dmas + cs.out_dmas));
         self.in_bytes += n * inb;
         self.out_bytes += n * outb;
+        self.useful_bytes += n * cs.useful_bytes;
         self.steps += n;
     }
 
@@ -1033,7 +1056,7 @@ impl<'a> Pipeline<'a> {
         let mut remaining = k;
         while remaining > 0 {
             let before = (self.t.clone(), self.tot);
-            let counts_before = (self.class_steps.clone(), self.busy, self.in_bytes, self.out_bytes, self.steps);
+            let counts_before = (self.class_steps.clone(), self.busy, self.in_bytes, self.out_bytes, self.steps, self.useful_bytes);
             for row in head {
                 self.row(row, observe);
             }
@@ -1049,6 +1072,7 @@ impl<'a> Pipeline<'a> {
                 self.in_bytes += (self.in_bytes - counts_before.2) * r;
                 self.out_bytes += (self.out_bytes - counts_before.3) * r;
                 self.steps += (self.steps - counts_before.4) * r;
+                self.useful_bytes += (self.useful_bytes - counts_before.5) * r;
                 remaining = 0;
             }
         }
@@ -1083,7 +1107,7 @@ impl<'a> Pipeline<'a> {
             return;
         }
         let before = (self.t.clone(), self.tot);
-        let counts = (self.class_steps.clone(), self.busy, self.in_bytes, self.out_bytes, self.steps);
+        let counts = (self.class_steps.clone(), self.busy, self.in_bytes, self.out_bytes, self.steps, self.useful_bytes);
         for (s, n) in row {
             self.run(s, *n, observe);
         }
@@ -1094,6 +1118,7 @@ impl<'a> Pipeline<'a> {
             in_bytes: self.in_bytes - counts.2,
             out_bytes: self.out_bytes - counts.3,
             steps: self.steps - counts.4,
+            useful_bytes: self.useful_bytes - counts.5,
             last_class: self.last_class,
         };
         if self.memo.row_outs.len() >= StepMemo::CAPACITY {
@@ -1114,6 +1139,7 @@ impl<'a> Pipeline<'a> {
         self.busy.add_scaled(&out.busy, 1.0);
         self.in_bytes += out.in_bytes;
         self.out_bytes += out.out_bytes;
+        self.useful_bytes += out.useful_bytes;
         self.steps += out.steps;
         if out.last_class.is_some() {
             self.last_class = out.last_class;
@@ -1143,6 +1169,7 @@ impl<'a> Pipeline<'a> {
             class_steps: self.class_steps,
             in_bytes: self.in_bytes,
             out_bytes: self.out_bytes,
+            useful_bytes: self.useful_bytes,
             steps: self.steps,
         }
     }

@@ -91,8 +91,15 @@ proptest! {
         let p = splash::lower(&chip, &w, &c).unwrap();
         let r = simulate(&chip, &p);
         let tiles = p.info.tiles.unwrap();
+        // Useful FLOPs at head_dim d; executed at d padded to 128 lanes (the padding rule).
         let want_flops = tiles.visited as f64 * 4.0 * (c.block_q * c.block_kv * d) as f64;
-        prop_assert!((r.flops - want_flops).abs() <= 1e-9 * want_flops.max(1.0), "{} vs {want_flops}", r.flops);
+        prop_assert!((r.useful_flops - want_flops).abs() <= 1e-9 * want_flops.max(1.0), "{} vs {want_flops}", r.useful_flops);
+        let executed = want_flops * d.next_multiple_of(128) as f64 / d as f64;
+        prop_assert!((r.flops - executed).abs() <= 1e-9 * executed.max(1.0), "{} vs {executed}", r.flops);
+        // Bytes: what the copies move at least what lies inside the arrays; equal when the
+        // blocks divide the sequence (no edge block, whatever the head_dim: HBM is not padded).
+        prop_assert!(r.hbm_bytes >= r.useful_hbm_bytes);
+        prop_assert!((r.hbm_bytes == r.useful_hbm_bytes) || len % c.block_q != 0 || len % c.block_kv != 0, "{} {}", r.hbm_bytes, r.useful_hbm_bytes);
         for (n, u) in r.utilization().iter() {
             prop_assert!(u <= 1.0 + 1e-9, "{n} busy {u}");
         }

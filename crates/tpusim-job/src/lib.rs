@@ -299,8 +299,10 @@ pub fn combine(chip: &ChipModel, phases: &[PhaseResult]) -> SimResult {
         r.cycles += x.cycles;
         r.seconds += x.seconds;
         r.flops += x.flops;
+        r.useful_flops += x.useful_flops;
         r.transcendentals += x.transcendentals;
         r.hbm_bytes += x.hbm_bytes;
+        r.useful_hbm_bytes += x.useful_hbm_bytes;
         r.grid_steps += x.grid_steps;
         r.dma_stall_cycles += x.dma_stall_cycles;
         r.critical.add_scaled(&x.critical, 1.0);
@@ -392,23 +394,33 @@ pub struct Report {
     pub cycles: f64,
     /// Clock of the chip model, GHz.
     pub clock_ghz: f64,
-    /// Executed matmul FLOPs (visited tiles, padding included).
+    /// Executed matmul FLOPs: every matmul at its operands' tile-padded dimensions (a head_dim
+    /// of 7 or 64 runs on the MXU as 128 lanes; `tpusim_model::copies`, the padding rule),
+    /// visited tiles, sequence padding and masked-out pairs included.
     pub flops: f64,
-    /// Achieved FLOP/s over the chip model's bf16 peak (a kernel whose matmuls run in int8 or
-    /// fp8 at a faster rate than bf16's can exceed 1).
+    /// The same matmuls at their own dimensions (2 m k n each, no lane or row padding): the
+    /// FLOPs MFU counts.
+    pub useful_flops: f64,
+    /// Achieved useful FLOP/s ([`Report::useful_flops`]) over the chip model's bf16 peak (a
+    /// kernel whose matmuls run in int8 or fp8 at a faster rate than bf16's can exceed 1).
     pub mfu: f64,
-    /// Achieved TFLOP/s.
+    /// Achieved useful TFLOP/s.
     pub achieved_tflops: f64,
     /// The chip model's peak bf16 TFLOP/s (count x rows x columns x passes x clock x 2).
     pub peak_tflops: f64,
     /// Executed exp / reciprocal elements (lane-replicated row values count every lane).
     pub transcendentals: f64,
-    /// Bytes moved between HBM and VMEM.
+    /// Bytes moved between HBM and VMEM: each copy's block (a narrow head_dim unpadded in HBM,
+    /// whole tiles where a block is cut at an array's edge: the padding rule), the copies a
+    /// kernel body starts at their own bytes.
     pub hbm_bytes: u64,
+    /// [`Report::hbm_bytes`] counting only the elements inside the arrays (no edge tiles).
+    pub useful_hbm_bytes: u64,
     /// The run's executed totals under the field names of Pallas' `pl.CostEstimate` (flops,
     /// transcendentals, bytes_accessed): what the units did, not a logical count ([`CostEstimate`]).
     pub cost_estimate: CostEstimate,
-    /// FLOPs per HBM byte.
+    /// Executed FLOPs per HBM byte moved ([`Report::flops`] / [`Report::hbm_bytes`]): where the
+    /// run sits on the roofline.
     pub arithmetic_intensity: f64,
     /// Grid steps run.
     pub grid_steps: u64,
@@ -844,11 +856,13 @@ impl Report {
             cycles: r.cycles,
             clock_ghz: chip.device.clock_ghz.value,
             flops: r.flops,
-            mfu: r.flops / seconds / chip.peak_flops(),
-            achieved_tflops: r.flops / seconds / 1e12,
+            useful_flops: r.useful_flops,
+            mfu: r.useful_flops / seconds / chip.peak_flops(),
+            achieved_tflops: r.useful_flops / seconds / 1e12,
             peak_tflops: chip.peak_flops() / 1e12,
             transcendentals: r.transcendentals,
             hbm_bytes: r.hbm_bytes,
+            useful_hbm_bytes: r.useful_hbm_bytes,
             cost_estimate: CostEstimate {
                 flops: r.flops.round() as u64,
                 transcendentals: r.transcendentals.round() as u64,
@@ -1077,18 +1091,28 @@ impl Report {
             self.band.text,
             if self.band.covered { " (leave-one-out |error| over the calibration rows)" } else { "" }
         );
+        // Executed and useful apart where the padding rule adds work (a head_dim below 128).
+        let useful = |executed: f64, useful: f64, what: String| {
+            if executed > useful * (1.0 + 1e-9) {
+                format!(" ({what} useful, {:.0}% of it tile padding)", 100.0 * (1.0 - useful / executed))
+            } else {
+                String::new()
+            }
+        };
         let _ = writeln!(
             s,
-            "  compute      {:.3e} FLOP executed, {:.1} TFLOP/s = {:.1}% MFU (peak {:.0} TFLOP/s)",
+            "  compute      {:.3e} FLOP executed{}, {:.1} TFLOP/s = {:.1}% MFU (peak {:.0} TFLOP/s)",
             self.flops,
+            useful(self.flops, self.useful_flops, format!("{:.3e}", self.useful_flops)),
             self.achieved_tflops,
             self.mfu * 100.0,
             self.peak_tflops
         );
         let _ = writeln!(
             s,
-            "  memory       {} HBM traffic, arithmetic intensity {:.0} FLOP/byte",
+            "  memory       {} HBM traffic{}, arithmetic intensity {:.0} FLOP/byte",
             traffic(self.hbm_bytes),
+            useful(self.hbm_bytes as f64, self.useful_hbm_bytes as f64, traffic(self.useful_hbm_bytes)),
             self.arithmetic_intensity
         );
         let _ = writeln!(

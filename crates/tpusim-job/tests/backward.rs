@@ -113,13 +113,17 @@ proptest! {
              block_q_dkv = {bq}\nblock_kv_dkv = {bkv}\nblock_kv_dkv_compute = {bkv}\n{dq}vmem_limit_mib = 128\n"
         );
         let r = report(&toml);
+        let mut useful = 0.0;
         for p in r.phases.iter().filter(|p| p.kernel) {
             let t = p.tiles.expect("kernel tiles");
-            let per_tile = 2.0 * (bq * bkv * d) as f64;
+            // Executed at head_dim padded to 128 lanes (the padding rule); useful at d.
+            let per_tile = 2.0 * (bq * bkv * d.next_multiple_of(128)) as f64;
             let matmuls = match p.part { Part::FusedBackward => 5.0, Part::Dq => 3.0, Part::Dkv => 4.0, other => panic!("{other:?}") };
             let want = t.visited as f64 * matmuls * per_tile;
             prop_assert!((p.flops - want).abs() <= 1e-9 * want.max(1.0), "{:?}: {} vs {want} ({toml})", p.part, p.flops);
+            useful += want * d as f64 / d.next_multiple_of(128) as f64;
         }
+        prop_assert!((r.useful_flops - useful).abs() <= 1e-9 * useful.max(1.0), "useful {} vs {useful} ({toml})", r.useful_flops);
     }
 
     /// The dq kernel visits the forward's tiles and the dkv kernel the transposed mask's, each

@@ -8,10 +8,22 @@
 //!   block index differs (or the step is the grid's last);
 //! * a copy moves the block's bytes, except at the edge of an array its blocks do not divide,
 //!   where it moves only the part inside the array (Pallas clamps the DMA to the array's
-//!   bounds), in whole tiles of the array's HBM layout (XLA tiles an array's two minor
-//!   dimensions as VMEM does: 128 lanes, and rows by [`Dtype::tile_rows`]), never more than the
-//!   block;
+//!   bounds), in whole (rows, 128) tiles, never more than the block;
 //! * each copy is one DMA.
+//!
+//! **The padding rule** (one rule for every figure). *On chip*, data lives in (rows, 128) tiles:
+//! a VMEM buffer has its last dimension padded to 128 lanes and its second-to-last to its tile
+//! height ([`crate::vmem`]; documented, jax-ml/jax `infer_memref_layout.cc`), a register value
+//! likewise, and the MXU executes a matmul at those padded dimensions
+//! ([`crate::Work::executed_flops`]): a head_dim of 7 or 64 costs VMEM and MXU time as 128.
+//! *In HBM* the layout is XLA's choice; tpusim **assumes** a copy moves the block's own
+//! elements, a narrow last dimension unpadded (a head_dim of 64 moves 64 lanes per row; the DMA
+//! writes them into padded VMEM tiles), rounded to whole tiles only where a block is cut at the
+//! array's edge. Evidence for the assumption: the public head_dim-64 rows that can tell
+//! (tokamax's autotuned attention rows, `traces/measured/VALIDATION.md`) ran layouts in which
+//! head_dim is the second-minor dimension and nothing pads; padding their HBM copies to 128
+//! lanes moved TK-v6e-225 from +14% to +21%. [`Copy::bytes`] is what a copy moves,
+//! [`Copy::useful_bytes`] the elements inside the array (they differ at edges).
 //!
 //! A step stream names each step's copies by a [`CopySet`] id: the distinct sets of a program
 //! are kept once ([`CopySets`]), so a step stays a few words and the engine reads the set's
@@ -38,8 +50,11 @@ pub struct Copy {
     pub r: u32,
     /// In before the step, or out after it.
     pub dir: Direction,
-    /// Bytes moved.
+    /// Bytes moved: the region, in whole tiles where the block is cut at the array's edge
+    /// (module docs, the padding rule).
     pub bytes: u64,
+    /// The bytes of the elements inside the array (no edge rounding).
+    pub useful_bytes: u64,
     /// DMAs issued for it.
     pub dmas: u32,
     /// The region copied, elements per dimension (the block, or its part inside the array at
@@ -62,6 +77,8 @@ pub struct CopySet {
     pub in_dmas: u32,
     /// DMAs of the write-backs.
     pub out_dmas: u32,
+    /// The copies' own bytes, in and out, padding left out ([`Copy::useful_bytes`]).
+    pub useful_bytes: u64,
 }
 
 impl CopySet {
@@ -69,6 +86,7 @@ impl CopySet {
     pub fn new(copies: Vec<Copy>) -> Self {
         let mut s = CopySet { copies, ..CopySet::default() };
         for c in &s.copies {
+            s.useful_bytes += c.useful_bytes;
             match c.dir {
                 Direction::In => {
                     s.in_bytes += c.bytes;
@@ -135,7 +153,7 @@ impl CopySets {
 #[derive(Debug, Clone)]
 pub struct CopyRule {
     /// The windows: (ref index, role, block, array shape when its blocks do not divide it,
-    /// element bytes, HBM tile rows, buffers).
+    /// element bytes, HBM tiling, buffers).
     windows: Vec<Window>,
 }
 
@@ -209,10 +227,13 @@ impl CopyRule {
     /// The copy of window `w`'s block at block indices `at` (`None`: the whole block).
     pub fn copy(&self, w: usize, at: Option<&[i64]>) -> Copy {
         let win = &self.windows[w];
-        let shape: Vec<u64> = match (&win.edge, at) {
+        // At an edge: the part inside the array per dimension, and that part in whole tiles.
+        let (shape, inside): (Vec<u64>, u64) = match (&win.edge, at) {
             (Some(a), Some(at)) => {
                 let n = win.block.len();
-                win.block
+                let mut inside = 1u64;
+                let shape = win
+                    .block
                     .iter()
                     .zip(a)
                     .zip(at)
@@ -223,14 +244,18 @@ impl CopyRule {
                             2 => win.tile_rows,
                             _ => 1,
                         };
-                        b.min(x.saturating_sub(i.max(0) as u64 * b).next_multiple_of(tile))
+                        let part = b.min(x.saturating_sub(i.max(0) as u64 * b));
+                        inside = inside.saturating_mul(part);
+                        b.min(part.next_multiple_of(tile))
                     })
-                    .collect()
+                    .collect();
+                (shape, inside)
             }
-            _ => win.block.clone(),
+            _ => (win.block.clone(), win.block.iter().product()),
         };
         let bytes = shape.iter().product::<u64>().saturating_mul(win.elem_bytes);
-        Copy { r: win.r, dir: if win.out { Direction::Out } else { Direction::In }, bytes, dmas: 1, shape, buffers: win.buffers }
+        let useful_bytes = inside.saturating_mul(win.elem_bytes);
+        Copy { r: win.r, dir: if win.out { Direction::Out } else { Direction::In }, bytes, useful_bytes, dmas: 1, shape, buffers: win.buffers }
     }
 
     /// The copies of one step (module docs): `changed(w)` says whether window `w`'s block index

@@ -586,7 +586,8 @@ impl PyReport {
     fn cycles(&self) -> f64 {
         self.report.cycles
     }
-    /// Executed matmul FLOPs (visited tiles, padding included).
+    /// Executed matmul FLOPs (visited tiles, padding included: a head_dim below 128 runs as
+    /// 128 lanes; `useful_flops` leaves the padding out).
     #[getter]
     fn flops(&self) -> f64 {
         self.report.flops
@@ -596,12 +597,13 @@ impl PyReport {
     fn transcendentals(&self) -> f64 {
         self.report.transcendentals
     }
-    /// Bytes moved between HBM and VMEM.
+    /// Bytes moved between HBM and VMEM (`useful_hbm_bytes`: only the elements inside the
+    /// arrays, no edge tiles).
     #[getter]
     fn hbm_bytes(&self) -> u64 {
         self.report.hbm_bytes
     }
-    /// Achieved FLOP/s over the chip model's peak (0..1).
+    /// Achieved useful FLOP/s over the chip model's peak (0..1).
     #[getter]
     fn mfu(&self) -> f64 {
         self.report.mfu

@@ -27,8 +27,9 @@
 //!    `achieved_tflops`, (with `--what-if-2x`: `bottleneck`, `co_bound`, `gain_2x_UNIT`, then
 //!    `gain_2x_dma_latency`, `gain_2x_dma_issue`, `gain_2x_dmas_in_flight`),
 //!    `util_mxu` .. `util_step_control` (busy fraction),
-//!    `busy_ms_mxu` .. `busy_ms_step_control`, `transcendentals`, `hbm_bytes`,
-//!    `arithmetic_intensity`, `grid_steps`, `steps_computed`, `vmem_bytes`, `vmem_limit_bytes`,
+//!    `busy_ms_mxu` .. `busy_ms_step_control`, `transcendentals`, `hbm_bytes`, `useful_flops`,
+//!    `useful_hbm_bytes` (`flops` and `hbm_bytes` are executed, tile-padded by the padding rule
+//!    of `tpusim_model::copies`; these without the padding), `arithmetic_intensity`, `grid_steps`, `steps_computed`, `vmem_bytes`, `vmem_limit_bytes`,
 //!    `smem_bytes` (kernels read from their IR), `dma_stall_ms`, `tiles_total`, `tiles_visited`,
 //!    `tiles_empty`, `tiles_partial`, `tiles_full`, `tiles_masked`, `pair_density`,
 //!    `exact_pair_density`, `tile_density`, `useful_fraction`, `dense_latency_ms`,
@@ -472,6 +473,8 @@ fn metric_columns(what_if: bool) -> Vec<String> {
         [
             "transcendentals",
             "hbm_bytes",
+            "useful_flops",
+            "useful_hbm_bytes",
             "arithmetic_intensity",
             "grid_steps",
             "steps_computed",
@@ -519,6 +522,8 @@ fn metric_cells(r: &tpusim_job::Report, what_if: bool) -> Vec<Cell> {
     c.extend([
         Cell::Float(r.transcendentals),
         Cell::Int(r.hbm_bytes),
+        Cell::Float(r.useful_flops),
+        Cell::Int(r.useful_hbm_bytes),
         Cell::Float(r.arithmetic_intensity),
         Cell::Int(r.grid_steps),
         Cell::Int(r.steps_computed),

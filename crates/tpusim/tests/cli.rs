@@ -48,6 +48,42 @@ fn head_dim_128_is_not_hbm_bound_and_mfu_rises_with_head_dim() {
     assert!(mfu[0] < mfu[1] && mfu[1] < mfu[2], "MFU should rise with head_dim: {mfu:?}");
 }
 
+/// One padding rule in every figure (`tpusim_model::copies`): on chip a head_dim below 128 runs
+/// as 128 lanes, so executed FLOPs equal head_dim 128's while useful FLOPs (and MFU, which
+/// counts them) scale with head_dim; in HBM it is not padded, so bytes scale with it too, and
+/// only an edge block's whole tiles make moved bytes exceed useful ones. The text report says
+/// how much is padding.
+#[test]
+fn head_dim_below_128_pads_to_128_lanes_in_every_figure() {
+    let base = ["--heads", "4", "--seq-len", "4096", "--block-q", "1024", "--block-kv", "1024", "--block-kv-compute", "512"];
+    let at = |d: &str| {
+        let mut a = base.to_vec();
+        a.extend(["--head-dim", d]);
+        run_json(&a)
+    };
+    let (full, half, seven) = (at("128"), at("64"), at("7"));
+    let f = |j: &Value, k: &str| j[k].as_f64().unwrap_or_else(|| panic!("{k} in {j}"));
+    assert_eq!(f(&full, "useful_flops"), f(&full, "flops"));
+    for (j, d) in [(&half, 64.0), (&seven, 7.0)] {
+        let r = d / 128.0;
+        assert_eq!(f(j, "flops"), f(&full, "flops"), "executed FLOPs at d {d}");
+        assert!((f(j, "useful_flops") / f(&full, "flops") - r).abs() < 1e-9, "useful FLOPs at d {d}");
+        let mfu = f(j, "mfu") * f(j, "latency_ms") / (f(&full, "mfu") * f(&full, "latency_ms"));
+        assert!((mfu - r).abs() < 1e-9, "MFU at d {d} counts useful FLOPs: {mfu}");
+        assert_eq!(f(j, "useful_hbm_bytes"), f(j, "hbm_bytes"), "no edge block at d {d}");
+        // q, k, v and o all scale with head_dim; the segment ids and residuals do not.
+        assert!(f(j, "hbm_bytes") < f(&full, "hbm_bytes") * (r + 0.1), "HBM bytes at d {d}");
+    }
+    let out = bin().args(["run", "--head-dim", "64"]).args(base).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("useful, 50% of it tile padding)"), "{text}");
+    // An edge block: 4000 tokens in 1024-row blocks move whole tiles past the array's end.
+    let mut a = base.to_vec();
+    a[3] = "4000";
+    let edge = run_json(&a);
+    assert!(f(&edge, "hbm_bytes") >= f(&edge, "useful_hbm_bytes"));
+}
+
 #[test]
 fn busy_time_never_exceeds_latency_and_critical_path_sums_to_it() {
     let j = run_json(&["--heads", "4", "--seq-len", "8192", "--mask", "causal", "--traversal", "compact", "--masking", "partial"]);

@@ -483,7 +483,8 @@ pub(crate) fn check_q_lanes(chip: &ChipModel, q_len: u64, bq: u64, field: &str, 
     ))
 }
 
-/// Checks that the call's tensors fit the device's HBM: q, k, v, o (bf16), the residuals when
+/// Checks that the call's tensors fit the device's HBM: q, k, v, o (bf16, head dims unpadded:
+/// `tpusim_model::copies`, the padding rule), the residuals when
 /// returned, and `extra` bytes (the backward's gradients and partials); `advice` says what
 /// would make them fit (`None`: a smaller batch or shorter sequences).
 pub(crate) fn check_hbm(chip: &ChipModel, w: &AttentionCall, residuals: bool, extra: u64, advice: Option<String>) -> Result<(), KernelError> {

@@ -52,6 +52,12 @@ class Report:
     clock_ghz: float
     achieved_tflops: float
     peak_tflops: float
+    # `flops` are executed: matmuls at (8, 128)-tile-padded dimensions, a head_dim below 128 as
+    # 128 lanes; `hbm_bytes` what the copies move, whole tiles at an array's edge (the padding
+    # rule, ARCHITECTURE.md). These two leave the padding out; `mfu` and `achieved_tflops` count
+    # useful FLOPs.
+    useful_flops: float
+    useful_hbm_bytes: int
     arithmetic_intensity: float
     grid_steps: int
     # Grid steps that compute, over every kernel of the call: those whose body does MXU work (in a

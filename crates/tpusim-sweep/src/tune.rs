@@ -103,7 +103,8 @@ impl Default for TuneOptions {
 }
 
 impl TuneOptions {
-    fn cancelled(&self) -> bool {
+    /// Whether [`TuneOptions::cancel`] was set (the search stops and [`tune`] returns an error).
+    pub fn cancelled(&self) -> bool {
         self.cancel.as_ref().is_some_and(|c| c.load(std::sync::atomic::Ordering::Relaxed))
     }
 }

@@ -208,6 +208,25 @@ fn stop_on_interrupt() -> std::sync::Arc<std::sync::atomic::AtomicBool> {
     flag
 }
 
+/// What an interrupted `tpusim tune` says (exit code 130).
+const TUNE_INTERRUPTED: &str = "tune: interrupted before every candidate was simulated, so nothing is ranked and nothing was written; to search faster, narrow it (a shorter --seq-len or fewer --heads for the ranking, or --top 1), or time chosen blocks with `tpusim run --block-q ... --block-kv ...`, or write the candidates as a sweep file (`tpusim sweep` keeps its rows across a Ctrl-C and resumes)";
+
+/// Ctrl-C during `tpusim tune`: the first stops the search (candidates not yet simulated are
+/// skipped; the command exits 130 with [`TUNE_INTERRUPTED`]); a second exits at once with 130.
+fn stop_tune_on_interrupt() -> std::sync::Arc<std::sync::atomic::AtomicBool> {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let flag = std::sync::Arc::new(AtomicBool::new(false));
+    let f = flag.clone();
+    let _ = ctrlc::set_handler(move || {
+        if f.swap(true, Ordering::Relaxed) {
+            eprintln!("\ninterrupted again: exiting without waiting for the running candidates");
+            std::process::exit(130);
+        }
+        eprintln!("\ninterrupted: stopping the search (Ctrl-C again to exit at once)");
+    });
+    flag
+}
+
 /// Why `tpusim tune --kernel-ir` is refused, and what to run instead.
 pub const TUNE_KERNEL_IR: &str = "not with tpusim tune: a kernel read from its Mosaic IR has the block sizes its lowering fixed (block sizes live in the lowering, so each candidate is another lowering); rank candidates in Python with tpusim.jax.tune(make_fn, candidates, *args, chip=\"v6e\"), which lowers make_fn(candidate) for each and returns [(candidate, latency_ms, report)] fastest first, e.g. tpusim.jax.tune(lambda bq: make_kernel(block_q=bq), [256, 512, 1024], q, k, v)";
 
@@ -226,11 +245,12 @@ pub fn cmd_tune(a: &TuneArgs) -> Result<String, CliError> {
         refine: a.refine,
         jobs: a.jobs,
         progress: !a.no_progress,
-        cancel: None,
+        cancel: Some(stop_tune_on_interrupt()),
         exhaustive: a.exhaustive.unwrap_or(false),
         baseline,
     };
     let r = tpusim_sweep::tune(&spec, &opts).map_err(|e| match e {
+        _ if opts.cancelled() => CliError::Interrupted(TUNE_INTERRUPTED.into()),
         tpusim_sweep::SweepError::Spec(e) => a.job.error(e),
         other => other.into(),
     })?;

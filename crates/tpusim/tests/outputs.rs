@@ -245,6 +245,25 @@ fn ctrl_c_on_a_sweep_says_where_the_rows_are_and_resumes() {
     assert!(now >= kept, "resumed from the {kept} kept rows: {again}");
 }
 
+/// Ctrl-C during `tpusim tune` says what happened and what to do (it exited 130 without a word).
+#[test]
+fn an_interrupted_tune_says_so_and_exits_130() {
+    let child = bin()
+        .args(["tune", "--heads", "8", "--mask", "causal", "--seq-len", "1048576", "--no-progress", "--jobs", "1"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(700));
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(130), "{err}");
+    assert!(err.contains("interrupted: stopping the search"), "{err}");
+    assert!(err.contains("tune: interrupted before every candidate was simulated") && err.contains("narrow it"), "{err}");
+    assert!(o.stdout.is_empty(), "no table from an interrupted search");
+}
+
 #[test]
 fn tune_best_line_is_a_complete_command_that_runs_the_best_row() {
     let job = ["--heads", "2", "--seq-len", "2048", "--mask", "band:300+sink:64", "--traversal", "compact", "--masking", "partial"];

@@ -124,7 +124,11 @@ pub fn expand_with(
         }
     }
     for t in traces {
-        let spec = JobSpec::from_toml_file(t).map_err(|source| PlotError::Spec { context: format!("--trace {t}: "), source })?;
+        // One prefix, as `tpusim run --trace` prints it: a trace's own error names its file.
+        let spec = JobSpec::from_toml_file(t).map_err(|source| match source {
+            tpusim_job::SpecError::Trace { path, message } if path == *t => PlotError::new(format!("--trace {t}: {message}")),
+            source => PlotError::Spec { context: format!("--trace {t}: "), source },
+        })?;
         let stem = std::path::Path::new(t).file_stem().and_then(|s| s.to_str()).unwrap_or(t).to_string();
         bases.push((stem, spec, false));
     }

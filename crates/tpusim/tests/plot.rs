@@ -561,3 +561,20 @@ fn values_a_figure_cannot_draw_are_refused_or_skipped_with_a_note() {
     assert!(!err.contains("--skip-bad left out"), "{err}");
     let _ = std::fs::remove_dir_all(d);
 }
+
+/// A bad trace is named once, as `tpusim run --trace` names it (it printed `--trace t.toml:
+/// trace t.toml: ...`).
+#[test]
+fn a_bad_trace_is_named_once_as_run_names_it() {
+    let d = tmpdir("bad-trace");
+    let t = d.join("t.toml");
+    std::fs::write(&t, "[[call]]\nbogus = 1\n").unwrap();
+    let t = t.to_str().unwrap();
+    let out = d.join("r.svg");
+    let plot = fails(&["plot", "roofline", "--trace", t, "--out", out.to_str().unwrap()]);
+    let run = fails(&["run", "--trace", t]);
+    assert_eq!(plot, run, "plot and run name the trace alike");
+    assert_eq!(plot.matches(t).count(), 1, "{plot}");
+    assert!(plot.contains("unknown key 'call'"), "{plot}");
+    assert!(!out.exists());
+}

@@ -1051,6 +1051,16 @@ impl Job {
         }
         Some(v.join(", "))
     }
+
+    /// [`Job::block_sizes_kwargs`] as the call of the job's library config that takes them:
+    /// tokamax's `SplashConfig(...)` (`tokamax/_src/ops/experimental/tpu/splash_attention/
+    /// splash_attention_kernel.py`) for tokamax-splash, JAX Splash's `BlockSizes(...)` for the
+    /// others. `None` for matmul jobs.
+    pub fn block_sizes_call(&self) -> Option<String> {
+        let Job::Attention { config: c, .. } = self else { return None };
+        let api = if c.kernel == tpusim_kernel::Kernel::TokamaxSplash { "SplashConfig" } else { "BlockSizes" };
+        self.block_sizes_kwargs().map(|k| format!("{api}({k})"))
+    }
 }
 
 impl JobSpec {

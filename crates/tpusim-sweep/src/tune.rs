@@ -131,8 +131,8 @@ pub struct Ranked {
     pub job: Job,
     /// The fields to pass to `tpusim run` for this configuration.
     pub flags: String,
-    /// The blocks as Splash's `BlockSizes(...)` keyword arguments (attention;
-    /// [`Job::block_sizes_kwargs`]).
+    /// The blocks as the call of the kernel's library config: JAX Splash's `BlockSizes(...)`,
+    /// tokamax's `SplashConfig(...)` (attention; [`Job::block_sizes_call`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub block_sizes: Option<String>,
 }
@@ -833,7 +833,7 @@ fn rank(
             vmem_limit_bytes: r.vmem_limit_bytes,
             job: (*job).clone(),
             flags: job.config_spec().to_flags(),
-            block_sizes: job.block_sizes_kwargs().map(|k| format!("BlockSizes({k})")),
+            block_sizes: job.block_sizes_call(),
         })
         .collect();
     Ok(TuneResult {
@@ -960,9 +960,11 @@ impl TuneResult {
         serde_json::to_string_pretty(self).unwrap_or_default()
     }
 
-    /// The ranked configurations as lines ready to paste into Python: `BlockSizes(...)` with a
-    /// comment giving the rank, the latency and the options that are not block sizes; a line
-    /// whose `BlockSizes` an earlier rank has says so and which options differ.
+    /// The ranked configurations as lines ready to paste into Python: the kernel's config call
+    /// (`BlockSizes(...)`, tokamax's `SplashConfig(...)`) with a comment giving the rank, the
+    /// latency and the options that are not block sizes; a line whose blocks an earlier rank
+    /// has says so and which options differ; a design what-if's line says which option its
+    /// kernel has no setting for, after a `*`.
     pub fn to_block_sizes(&self) -> String {
         let mut s = String::new();
         // Per BlockSizes written: its rank and flags (`--name value` options).
@@ -976,14 +978,18 @@ impl TuneResult {
                     let same = match seen.iter().find(|(sb, _, _)| *sb == b.as_str()) {
                         Some((_, rank, first)) => {
                             let differ: Vec<String> = opts.iter().filter(|o| !first.contains(o)).map(|o| format!("--{o}")).collect();
-                            format!(" (the BlockSizes of rank {rank}; differs in {})", differ.join(" "))
+                            format!(" (the same blocks as rank {rank}; differs in {})", differ.join(" "))
                         }
                         None => {
                             seen.push((b.as_str(), r.rank, opts));
                             String::new()
                         }
                     };
-                    let _ = writeln!(s, "{b}  # rank {}: {:.3} ms; {flags}{same}", r.rank, r.latency_ms);
+                    // A design what-if (an option the kernel's library has no setting for) carries
+                    // the table's `*` and says which option.
+                    let what_ifs = tpusim_job::design_what_ifs(&r.job);
+                    let mark = if what_ifs.is_empty() { String::new() } else { format!("; * a design what-if: {}", what_ifs.join("; ")) };
+                    let _ = writeln!(s, "{b}  # rank {}: {:.3} ms; {flags}{same}{mark}", r.rank, r.latency_ms);
                 }
                 None => {
                     let _ = writeln!(s, "# rank {}: {:.3} ms; {} (not attention: no BlockSizes)", r.rank, r.latency_ms, r.flags);

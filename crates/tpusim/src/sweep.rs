@@ -113,9 +113,9 @@ pub struct TuneArgs {
     /// Output format.
     #[arg(long, value_enum, default_value_t = crate::run::Format::Table)]
     pub format: crate::run::Format,
-    /// Print the ranked configurations as keyword arguments ready to paste into Splash's
-    /// `BlockSizes(...)` (one line each, the rank, latency and other options in a comment),
-    /// instead of --format.
+    /// Print the ranked configurations as the kernel's config call ready to paste (JAX Splash's
+    /// `BlockSizes(...)`, tokamax's `SplashConfig(...)`; one line each, the rank, latency and
+    /// other options in a comment, a design what-if starred), instead of --format.
     #[arg(long)]
     pub block_sizes: bool,
 }

@@ -477,13 +477,13 @@ fn sweep_row_errors_name_fields_as_the_sweep_file_gives_them() {
 fn tune_block_sizes_lines_mark_a_repeated_block_size() {
     let dir = scratch("tune-block-sizes");
     let out = ok(&["tune", "--heads", "16", "--seq-len", "16384", "--mask", "causal", "--block-sizes", "--top", "6"], &dir);
-    let lines: Vec<&str> = out.lines().filter(|l| l.starts_with("BlockSizes(")).collect();
+    let lines: Vec<&str> = out.lines().filter(|l| l.starts_with("BlockSizes(") || l.starts_with("SplashConfig(")).collect();
     assert_eq!(lines.len(), 6, "{out}");
     let mut seen: Vec<&str> = Vec::new();
     let mut repeats = 0;
     for l in &lines {
         let b = &l[..l.find(')').unwrap() + 1];
-        let marked = l.contains("(the BlockSizes of rank ");
+        let marked = l.contains("(the same blocks as rank ");
         assert_eq!(marked, seen.contains(&b), "{l}");
         if marked {
             repeats += 1;
@@ -492,6 +492,27 @@ fn tune_block_sizes_lines_mark_a_repeated_block_size() {
         seen.push(b);
     }
     assert!(repeats > 0, "no repeated BlockSizes in the top 6 to check: {out}");
+}
+
+/// `tune --block-sizes` writes each family's own config call (tokamax's `SplashConfig`, JAX
+/// Splash's `BlockSizes`), and a design what-if's line carries the table's `*` with the option.
+#[test]
+fn tune_block_sizes_lines_use_the_kernels_config_and_star_design_what_ifs() {
+    let dir = scratch("tune-block-sizes-api");
+    let job = ["tune", "--heads", "4", "--seq-len", "4096", "--block-sizes", "--top", "4", "--no-progress"];
+    let tokamax = ok(&[&job[..], &["--kernel", "tokamax-splash"]].concat(), &dir);
+    let jax = ok(&[&job[..], &["--kernel", "splash"]].concat(), &dir);
+    let ranked = |out: &str| out.lines().filter(|l| l.contains("# rank ")).map(String::from).collect::<Vec<_>>();
+    let (t, j) = (ranked(&tokamax), ranked(&jax));
+    assert!(!t.is_empty() && t.iter().all(|l| l.starts_with("SplashConfig(block_q=")), "{tokamax}");
+    assert!(!j.is_empty() && j.iter().all(|l| l.starts_with("BlockSizes(block_q=")), "{jax}");
+    // JAX's Splash runs only the full grid: every compacted row is a design what-if, starred.
+    for l in j.iter().filter(|l| l.contains("--traversal compact")) {
+        assert!(l.contains("; * a design what-if: traversal compact"), "{l}");
+    }
+    for l in j.iter().filter(|l| l.contains("--traversal full-grid") && l.contains("--masking partial")) {
+        assert!(!l.contains("* a design what-if"), "{l}");
+    }
 }
 
 /// Issue 47, point 5: a sweep that runs a family with an option its library has no setting for

@@ -431,7 +431,18 @@ impl Mask {
             Mask::Ranges(r) => file_mismatch(&r.path, r.q_len, r.kv_len),
             Mask::Array(a) => {
                 let (fq, fk) = a.source.lengths();
-                file_mismatch(a.source.name().trim_start_matches("file:"), fq, fk)
+                let path = a.source.name().trim_start_matches("file:");
+                // A dense array smaller than the workload both ways is most likely a block map
+                // given as an array: say where block maps go.
+                file_mismatch(path, fq, fk).map_err(|e| match e {
+                    MaskError::File { path, message } if fq < q_len && fk < kv_len => MaskError::File {
+                        path,
+                        message: format!(
+                            "{message}; a dense array has one value per (q, kv) pair; if this is a block map (Splash's MaskInfo.block_mask: 0 empty, 1 partial, 2 full, one per tile), it goes in an .npz with 'block_mask', 'q_len', 'kv_len', 'block_q', 'block_kv' (crates/tpusim-workload/MASK_FILES.md)"
+                        ),
+                    },
+                    e => e,
+                })
             }
             Mask::Video(v) => {
                 let n = v.tokens();

@@ -565,6 +565,18 @@ mod tests {
         }
     }
 
+    /// A dense array smaller than the workload both ways (a block map saved as an `.npy`) is
+    /// refused with where block maps go; a longer one only with the lengths.
+    #[test]
+    fn a_small_dense_array_says_block_maps_go_in_an_npz() {
+        let m = dense_of(&Mask::parse("causal").unwrap(), 24, 50);
+        let e = m.check_lengths(75_600, 75_600).unwrap_err().to_string();
+        assert!(e.contains("24 x 50") && e.contains("block map") && e.contains(".npz with 'block_mask'"), "{e}");
+        let e = m.check_lengths(20, 50).unwrap_err().to_string();
+        assert!(e.contains("the file must match it") && !e.contains("block map"), "{e}");
+        assert!(m.check_lengths(24, 50).is_ok());
+    }
+
     #[test]
     fn strided_and_multi_head_arrays() {
         // Fortran order (strides (1, q)) and two heads.

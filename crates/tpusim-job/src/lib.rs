@@ -1069,7 +1069,22 @@ impl Report {
         };
         let grid = if grid.is_empty() { "(no grid)".to_string() } else { grid.join(" x ") };
         let steps = if self.grid_steps == 1 { "grid step" } else { "grid steps" };
-        let _ = writeln!(s, "  grid         {grid} -> {} {steps}{computed}", self.grid_steps);
+        // A call of several kernels (a forward and its backward): the grid shown is the first
+        // kernel's, and the steps are every kernel's, each named.
+        let kernels: Vec<&PhaseSummary> = self.phases.iter().filter(|p| p.kernel && p.grid_steps > 0).collect();
+        if kernels.len() > 1 {
+            let each: Vec<String> = kernels.iter().map(|p| format!("{} {}", p.part.label(), p.grid_steps)).collect();
+            let _ = writeln!(
+                s,
+                "  grid         {grid} (the {} kernel's); {} {steps} over its {} kernels ({}){computed}",
+                kernels[0].part.label(),
+                self.grid_steps,
+                kernels.len(),
+                each.join(", ")
+            );
+        } else {
+            let _ = writeln!(s, "  grid         {grid} -> {} {steps}{computed}", self.grid_steps);
+        }
         let _ = writeln!(s, "  VMEM         {:.1} MiB of the {:.1} MiB scoped limit", mib(self.vmem_bytes), mib(self.vmem_limit_bytes));
         let _ = writeln!(s);
         let _ = writeln!(s, "  latency      {:.3} ms  ({:.4e} cycles at {} GHz)", self.latency_ms, self.cycles, self.clock_ghz);

@@ -713,3 +713,21 @@ fn a_job_flag_that_leaves_the_case_study_says_so() {
         assert!(!j["notes"].as_array().unwrap().iter().any(|n| n.as_str().unwrap().contains("starts from the kernel family's defaults")), "{args:?}");
     }
 }
+
+/// A call of several kernels names whose grid the grid line shows and each kernel's steps,
+/// which add up to the total (it mixed the forward's blocks with both passes' steps).
+#[test]
+fn a_forward_and_backward_grid_line_names_each_kernels_steps() {
+    let args = ["run", "--direction", "fwd+bwd", "--heads", "4", "--seq-len", "8192", "--mask", "causal"];
+    let out = bin().args(args).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text.lines().find(|l| l.trim_start().starts_with("grid ")).unwrap_or_else(|| panic!("{text}"));
+    assert!(line.contains("(the forward kernel's)") && line.contains("over its 2 kernels (forward "), "{line}");
+    let j = run_json(&args[1..]);
+    let per: Vec<u64> = j["phases"].as_array().unwrap().iter().filter(|p| p["kernel"] == true).map(|p| p["grid_steps"].as_u64().unwrap()).collect();
+    assert_eq!(per.len(), 2);
+    assert_eq!(per.iter().sum::<u64>(), j["grid_steps"].as_u64().unwrap());
+    for n in &per {
+        assert!(line.contains(&format!(" {n}")), "{line} names {n}");
+    }
+}

@@ -207,8 +207,7 @@ impl Figure for ValidationFigure {
         for r in &self.rows {
             let gi = self.groups.iter().position(|g| *g == r.group).unwrap_or(0);
             let xy = (r.measured, r.predicted);
-            plot.draw(&Circle::new(xy, 7, style::series(gi).filled())).map_err(draw_err)?;
-            plot.draw(&Circle::new(xy, 7, BLACK.stroke_width(1))).map_err(draw_err)?;
+            marker(&plot, xy, gi)?;
             let p = plot.map_coordinate(&xy);
             labels.reserve([p.0 - 8, p.1 - 8, p.0 + 8, p.1 + 8]);
         }
@@ -228,7 +227,7 @@ impl Figure for ValidationFigure {
         let st = style::font(s.tick).pos(Pos::new(HPos::Left, VPos::Center));
         for (i, g) in self.groups.iter().enumerate() {
             let n = self.rows.iter().filter(|r| r.group == *g).count();
-            root.draw(&Circle::new((x0 + 7, y), 7, style::series(i).filled())).map_err(draw_err)?;
+            marker(root, (x0 + 7, y), i)?;
             root.draw(&Text::new(format!("{g} ({n} rows)"), (x0 + 22, y), st.clone())).map_err(draw_err)?;
             y += (s.tick * 1.5) as i32;
         }
@@ -284,7 +283,7 @@ impl Figure for ValidationFigure {
             let gi = self.groups.iter().position(|g| *g == r.group).unwrap_or(0);
             let e = r.error() * 100.0;
             ep.draw(&Rectangle::new([(0.0, y + 0.2), (e, y + 0.8)], style::series(gi).filled())).map_err(draw_err)?;
-            if id_font >= 8.0 {
+            if id_font >= ROW_LABEL_MIN_PX {
                 let p = ep.map_coordinate(&(-emax, y + 0.5));
                 root.draw(&Text::new(r.id.clone(), (p.0 - 8, p.1), style::font(id_font).pos(Pos::new(HPos::Right, VPos::Center))))
                     .map_err(draw_err)?;
@@ -298,7 +297,62 @@ impl Figure for ValidationFigure {
                 .map_err(draw_err)?;
             }
         }
+        // Too many rows to name each: name each group's block of rows instead, between rules.
+        if id_font < ROW_LABEL_MIN_PX {
+            let mut start = 0;
+            while start < n {
+                let g = &rows[start].group;
+                let end = start + rows[start..].iter().take_while(|r| r.group == *g).count();
+                // Rows start..end sit at y from n - end to n - start.
+                let (top, bottom) = ((n - start) as f64, (n - end) as f64);
+                let rule = ep.map_coordinate(&(-emax, top));
+                if start > 0 {
+                    root.draw(&PathElement::new(vec![(rule.0 - id_w as i32, rule.1), (rule.0, rule.1)], DARK_GREY.stroke_width(1)))
+                        .map_err(draw_err)?;
+                }
+                let mid = ep.map_coordinate(&(-emax, (top + bottom) / 2.0));
+                let tall = ep.map_coordinate(&(-emax, bottom)).1 - rule.1;
+                let font = (s.tick * 0.85).min(tall as f64 * 0.9);
+                if font >= ROW_LABEL_MIN_PX {
+                    let label = format!("{g} ({})", end - start);
+                    root.draw(&Text::new(label, (mid.0 - 8, mid.1), style::font(font).pos(Pos::new(HPos::Right, VPos::Center))))
+                        .map_err(draw_err)?;
+                }
+                start = end;
+            }
+        }
         Ok(())
+    }
+}
+
+/// The smallest font, pixels, a row's id is drawn at in the error panel; below it the panel
+/// names each group's block of rows instead.
+const ROW_LABEL_MIN_PX: f64 = 8.0;
+
+/// Group `i`'s marker at `at`: its series colour, and past the palette's eight colours a square,
+/// then a triangle, so that groups sharing a colour stay apart (filled, outlined in black).
+fn marker<DB: DrawingBackend, CT: CoordTranslate>(area: &DrawingArea<DB, CT>, at: CT::From, i: usize) -> Result<(), PlotError>
+where
+    CT::From: Clone,
+{
+    let fill = style::series(i).filled();
+    let edge = BLACK.stroke_width(1);
+    match (i / style::SERIES.len()) % 3 {
+        0 => {
+            area.draw(&(EmptyElement::at(at.clone()) + Circle::new((0, 0), 7, fill))).map_err(draw_err)?;
+            area.draw(&(EmptyElement::at(at) + Circle::new((0, 0), 7, edge))).map_err(draw_err)
+        }
+        1 => {
+            area.draw(&(EmptyElement::at(at.clone()) + Rectangle::new([(-6, -6), (6, 6)], fill))).map_err(draw_err)?;
+            area.draw(&(EmptyElement::at(at) + Rectangle::new([(-6, -6), (6, 6)], edge))).map_err(draw_err)
+        }
+        _ => {
+            let tri = vec![(0, -8), (7, 5), (-7, 5)];
+            area.draw(&(EmptyElement::at(at.clone()) + Polygon::new(tri.clone(), fill))).map_err(draw_err)?;
+            let mut outline = tri.clone();
+            outline.push(tri[0]);
+            area.draw(&(EmptyElement::at(at) + PathElement::new(outline, edge))).map_err(draw_err)
+        }
     }
 }
 

@@ -578,3 +578,30 @@ fn a_bad_trace_is_named_once_as_run_names_it() {
     assert!(plot.contains("unknown key 'call'"), "{plot}");
     assert!(!out.exists());
 }
+
+/// `plot validation` with more groups than the palette's eight colours gives the ninth another
+/// marker shape (VD and GMMV2 shared a colour and a circle), and an error panel with too many
+/// rows to name each names each group's block of rows (it had no labels at all).
+#[test]
+fn validation_groups_past_the_palette_differ_in_shape_and_are_named_in_the_error_panel() {
+    let d = tmpdir("validation-groups");
+    let mut csv = String::from("id,predicted_ms,measured_ms\n");
+    for g in 0..9 {
+        for r in 0..30 {
+            csv.push_str(&format!("G{g}-{r},{},{}\n", 1.0 + 0.01 * r as f64, 1.0 + 0.012 * r as f64 + g as f64));
+        }
+    }
+    let input = d.join("v.csv");
+    std::fs::write(&input, csv).unwrap();
+    let out = d.join("v.svg");
+    ok(&["plot", "validation", "--input", input.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    let svg = std::fs::read_to_string(&out).unwrap();
+    // Circles (filled, then outlined) for the first eight groups' 30 points and legend entry
+    // each; the ninth group's are squares.
+    assert_eq!(svg.matches("<circle").count(), 2 * 8 * 31, "only the first eight groups are circles");
+    // 270 rows cannot each be named: each group's block is, with its row count.
+    for g in 0..9 {
+        assert!(svg.contains(&format!("G{g} (30)")), "group G{g} named in the error panel");
+    }
+    assert!(!svg.contains("G0-1\n"), "no per-row ids at this size");
+}

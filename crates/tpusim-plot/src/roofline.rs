@@ -259,6 +259,12 @@ impl Figure for RooflineFigure {
         let mut hbm_labels: Vec<HbmLabel> = Vec::new();
         // Right-aligned labels on horizontal lines, spread so they do not overlap.
         let mut right_labels: Vec<(String, f64, RGBColor)> = Vec::new();
+        // The drawn lines, as thin boxes in root pixels: no point's label may lie on one.
+        let mut lines: Vec<style::LabelBox> = Vec::new();
+        let horizontal = |x0: f64, y: f64| {
+            let (a, b) = (plot.map_coordinate(&(x0, y)), plot.map_coordinate(&(xhi, y)));
+            [a.0, a.1 - 2, b.0, a.1 + 2]
+        };
         for (i, r) in self.roofs.iter().enumerate() {
             let ridge = ridges[i];
             // Each chip's roofs and their labels in the chip's colour (black for one chip).
@@ -266,6 +272,16 @@ impl Figure for RooflineFigure {
             let roof = colour.stroke_width(3);
             let xs = xlo.max(ylo * t / r.bw);
             plot.draw(&PathElement::new(vec![(xs, xs * r.bw / t), (ridge, r.peak / t), (xhi, r.peak / t)], roof)).map_err(draw_err)?;
+            lines.push(horizontal(ridge, r.peak / t));
+            // The slope, as boxes around 40 short pieces.
+            let at = |f: f64| {
+                let x = xs * (ridge / xs).powf(f);
+                plot.map_coordinate(&(x, x * r.bw / t))
+            };
+            for k in 0..40 {
+                let (a, b) = (at(k as f64 / 40.0), at((k + 1) as f64 / 40.0));
+                lines.push([a.0.min(b.0) - 2, a.1.min(b.1) - 2, a.0.max(b.0) + 2, a.1.max(b.1) + 2]);
+            }
             let chip = if self.roofs.len() > 1 { format!("{} ", r.chip) } else { String::new() };
             right_labels.push((
                 format!("{chip}MXU peak {} TFLOP/s (ridge at {} FLOP/B)", sig3(r.peak / t), sig3(ridge)),
@@ -301,6 +317,7 @@ impl Figure for RooflineFigure {
             let bw = self.roofs.iter().find(|r| r.chip == p.chip).map_or(1.0, |r| r.bw);
             let x0 = (v / bw).max(xlo);
             plot.draw(&DashedPathElement::new(vec![(x0, v / t), (xhi, v / t)], 10, 6, DARK_GREY.stroke_width(2))).map_err(draw_err)?;
+            lines.push(horizontal(x0, v / t));
             let chip = if self.roofs.len() > 1 { format!("{} ", p.chip) } else { String::new() };
             right_labels.push((format!("{chip}MXU ceiling at head_dim {d}: {} TFLOP/s", sig3(v / t)), v / t, DARK_GREY));
         }
@@ -312,6 +329,7 @@ impl Figure for RooflineFigure {
                 let bw = self.roofs.iter().find(|r| r.chip == p.chip).map_or(1.0, |r| r.bw);
                 let x0 = (v / bw).max(xlo);
                 plot.draw(&DashedPathElement::new(vec![(x0, v / t), (xhi, v / t)], 6, 5, c.stroke_width(2))).map_err(draw_err)?;
+                lines.push(horizontal(x0, v / t));
                 right_labels.push((format!("{}: softmax ceiling ({unit}) {} TFLOP/s", p.label, sig3(v / t)), v / t, c));
             }
             if p.intensity > 0.0 {
@@ -329,9 +347,14 @@ impl Figure for RooflineFigure {
             let p = plot.map_coordinate(xy);
             labels.reserve([p.0 - 10, p.1 - 10, p.0 + 10, p.1 + 10]);
         }
+        // No label lies on a drawn line: each line's own label sits just above it, clear of it.
+        for b in lines {
+            labels.reserve(b);
+        }
         let gap = (s.tick * 1.25) as i32;
         let x_right = plot.map_coordinate(&(xhi, 1.0)).0 - 6;
-        let wanted: Vec<i32> = right_labels.iter().map(|(_, y, _)| plot.map_coordinate(&(xhi, *y)).1 - (s.tick * 0.7) as i32).collect();
+        let wanted: Vec<i32> =
+            right_labels.iter().map(|(_, y, _)| plot.map_coordinate(&(xhi, *y)).1 - (s.tick * 0.6) as i32 - 8).collect();
         for ((txt, _, c), y) in right_labels.iter().zip(style::spread(&wanted, gap)) {
             let st = style::font_c(s.tick, *c).pos(Pos::new(HPos::Right, VPos::Center));
             labels.place(root, txt, &st, &[(x_right, y)])?;

@@ -50,6 +50,10 @@ fn a_roofline_of_two_chips_keeps_every_label_clear() {
     assert_eq!(hbm.len(), 2, "one HBM-roof label per chip: {labels:?}");
     assert!(hbm.iter().all(|t| !t.contains("0000")), "bandwidth printed to 3 figures: {hbm:?}");
     assert_eq!(labels.iter().filter(|(t, _)| t.contains("MFU")).count(), 6, "a label per workload point");
+    // The roofs and ceilings are lines no label may lie on (a point's label sat on a ceiling
+    // just above its point): each flat roof and dashed ceiling is kept clear as a thin box.
+    let lines = style::last_reserved().iter().filter(|b| b[3] - b[1] == 4 && b[2] - b[0] > 50).count();
+    assert!(lines >= 2 + 6, "two MXU roofs and a softmax ceiling per workload kept clear: {lines}");
 }
 
 #[test]

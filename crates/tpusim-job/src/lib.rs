@@ -439,6 +439,13 @@ pub struct Report {
     /// Other units whose 2x gain ties with the bottleneck's ([`whatif`]: at least 80% of the
     /// largest and above 1%, the largest 10% or more); empty without the what-if table.
     pub co_bound: Vec<Unit>,
+    /// Of the MXU's busy time, the share spent in matmuls whose weight folds take longer to
+    /// load than their rows take to stream through them (`tpusim_engine::body::matmul_parts`:
+    /// a fold of `rows x columns` weights loads in `rows` cycles; a matmul of fewer rows than
+    /// that per fold waits on loads). Such matmuls gain nothing from a faster row rate; more
+    /// rows per fold (a larger block_q, or m) amortise each load. `None` without MXU work.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mxu_fold_load_share: Option<f64>,
     /// Which rule named the bottleneck (`gain`, `tied`, `critical_path`); `None` without the
     /// what-if table (the critical-path rule then).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -881,6 +888,7 @@ impl Report {
                 .sum(),
             bottleneck: r.bottleneck(),
             co_bound: Vec::new(),
+            mxu_fold_load_share: mxu_fold_load_share(run),
             bound_rule: None,
             what_if_2x: None,
             utilization: r.utilization(),
@@ -1152,6 +1160,7 @@ impl Report {
                 utilization: &self.utilization,
                 critical_path_ms: &self.critical_path_ms,
                 latency_ms: self.latency_ms,
+                mxu_fold_load_share: self.mxu_fold_load_share,
             },
         );
         let _ = writeln!(s, "  unit           busy ms  busy %  critical path ms");
@@ -1297,6 +1306,32 @@ pub(crate) struct BoundBy<'a> {
     pub utilization: &'a PerUnit<f64>,
     pub critical_path_ms: &'a PerUnit<f64>,
     pub latency_ms: f64,
+    pub mxu_fold_load_share: Option<f64>,
+}
+
+/// [`Report::mxu_fold_load_share`] of a run: its kernels' matmuls, each class's works times the
+/// steps that ran it, split by which bound of `matmul_parts` sets their occupancy.
+fn mxu_fold_load_share(run: &Run) -> Option<f64> {
+    let (mut total, mut load_bound) = (0.0f64, 0.0f64);
+    for (l, p) in run.lowered.phases.iter().zip(&run.phases) {
+        let PhaseWork::Kernel(k) = &l.work else { continue };
+        for (class, &steps) in k.classes.iter().zip(&p.result.class_steps) {
+            if steps == 0 {
+                continue;
+            }
+            for (w, n) in class.body.works() {
+                if let tpusim_model::Work::Matmul { m, k, n: cols, m_total, mxu_type } = w {
+                    let (stream, load) = tpusim_engine::body::matmul_parts(&run.chip, k, cols, m_total, mxu_type);
+                    let occ = stream.max(load) * m as f64 / m_total.max(1) as f64 * f64::from(n) * steps as f64;
+                    total += occ;
+                    if load > stream {
+                        load_bound += occ;
+                    }
+                }
+            }
+        }
+    }
+    (total > 0.0).then(|| load_bound / total)
 }
 
 /// Writes the "bound by" line (and, with a what-if table, the "what if 2x" line) to `s`: the
@@ -1365,7 +1400,19 @@ pub(crate) fn write_bound_by(s: &mut String, b: &BoundBy<'_>) {
                     100.0 * largest.map_or(0.0, |w| w.gain)
                 ),
             };
-            let _ = writeln!(s, "  bound by     {line}{round_trip}");
+            // An MXU that bounds the run but gains nothing from twice its row rate: say which part
+            // of its work does bound it.
+            let mxu_part = match b.mxu_fold_load_share {
+                Some(f) if unit == Unit::Mxu && gain("mxu") < whatif::CO_BOUND_MIN_GAIN && f >= 0.5 => format!(
+                    "; the MXU's weight-fold loads bound it, not its row rate: {:.0}% of its busy time is matmuls whose folds take longer to load than their rows take to stream (more rows per fold, a larger block_q or m, amortise each load)",
+                    100.0 * f
+                ),
+                Some(_) if unit == Unit::Mxu && gain("mxu") < whatif::CO_BOUND_MIN_GAIN => {
+                    "; the MXU's result latency bounds it, not its row rate: the body waits on each matmul's result before the next step of its chain (more independent work per step hides it)".to_string()
+                }
+                _ => String::new(),
+            };
+            let _ = writeln!(s, "  bound by     {line}{mxu_part}{round_trip}");
             // An MXU that bounds the run but gains nothing from twice its row rate is bound by
             // what the what-if leaves alone (module `whatif`): say so beside the figure.
             let cells: Vec<String> = table
@@ -1413,7 +1460,19 @@ mod tests {
         assert!(whatif::latency_bound(&table));
         let mut s = String::new();
         let busy = PerUnit([0.5, 0.1, 0.1, 0.8, 0.0, 0.05]);
-        write_bound_by(&mut s, &BoundBy { bottleneck: b, co_bound: &co, rule: Some(rule), what_if_2x: Some(&table), utilization: &busy, critical_path_ms: &critical, latency_ms: 1.0 });
+        write_bound_by(
+            &mut s,
+            &BoundBy {
+                bottleneck: b,
+                co_bound: &co,
+                rule: Some(rule),
+                what_if_2x: Some(&table),
+                utilization: &busy,
+                critical_path_ms: &critical,
+                latency_ms: 1.0,
+                mxu_fold_load_share: None,
+            },
+        );
         assert!(s.contains("bound by     xlu (latency: no unit twice as fast saves 1% or more; the critical path waits on xlu for 80% of the run"), "{s}");
     }
 

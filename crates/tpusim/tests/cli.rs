@@ -731,3 +731,19 @@ fn a_forward_and_backward_grid_line_names_each_kernels_steps() {
         assert!(line.contains(&format!(" {n}")), "{line} names {n}");
     }
 }
+
+/// Issue 47, point 10: a run bound by the MXU that twice the MXU's row rate does not speed up
+/// says which part of the MXU's work bounds it (its weight-fold loads at 128-row blocks), and
+/// the report gives the share; large blocks stream enough rows per fold to leave loads hidden.
+#[test]
+fn an_mxu_bound_run_says_whether_fold_loads_or_result_latency_bound_it() {
+    let args = ["--heads", "32", "--seq-len", "8192", "--mask", "causal"];
+    let out = bin().arg("run").args(args).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text.lines().find(|l| l.contains("bound by")).unwrap();
+    assert!(line.starts_with("  bound by     mxu") && line.contains("the MXU's weight-fold loads bound it, not its row rate"), "{line}");
+    let j = run_json(&args);
+    assert!(j["mxu_fold_load_share"].as_f64().unwrap() >= 0.5, "{}", j["mxu_fold_load_share"]);
+    let big = run_json(&["--heads", "32", "--seq-len", "8192", "--mask", "causal", "--block-q", "2048", "--block-kv", "2048", "--block-kv-compute", "512"]);
+    assert!(big["mxu_fold_load_share"].as_f64().unwrap() < 0.5, "{}", big["mxu_fold_load_share"]);
+}

@@ -58,6 +58,9 @@ class Report:
     # useful FLOPs.
     useful_flops: float
     useful_hbm_bytes: int
+    # Of the MXU's busy time, the share in matmuls whose weight folds take longer to load than
+    # their rows take to stream (absent without MXU work).
+    mxu_fold_load_share: float
     arithmetic_intensity: float
     grid_steps: int
     # Grid steps that compute, over every kernel of the call: those whose body does MXU work (in a

@@ -306,3 +306,37 @@ def test_a_transpose_of_leading_dimensions_is_not_folded():
     x = jax.ShapeDtypeStruct((n, n, n), jnp.bfloat16)
     r = tj.simulate(f, x, x, chip="v6e")[0]
     assert r.busy_ms["xlu"] > 0, r.busy_ms
+
+
+def test_a_debug_print_runs_free_with_a_warning(tmp_path):
+    """`pl.debug_print` (`tpu.log`) was refused as an unknown op: it runs free, with a warning
+    that says so once, and the kernel times as it does without the print."""
+    import warnings
+
+    import jax
+    from jax.experimental import pallas as pl
+
+    def copy(printing):
+        def kernel(x_ref, o_ref):
+            if printing:
+                pl.debug_print("step {}", pl.program_id(0))
+            o_ref[...] = x_ref[...] * 2
+
+        def f(x):
+            return pl.pallas_call(
+                kernel,
+                grid=(4,),
+                in_specs=[pl.BlockSpec((128, 128), lambda i: (i, 0))],
+                out_specs=pl.BlockSpec((128, 128), lambda i: (i, 0)),
+                out_shape=jax.ShapeDtypeStruct((512, 128), x.dtype),
+            )(x)
+
+        return f
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with_print = tj.simulate(copy(True), bf16(512, 128))
+    said = [str(w.message) for w in caught if "debug_print" in str(w.message)]
+    assert len(said) == 1 and "taken as free" in said[0], [str(w.message) for w in caught]
+    without = tj.simulate(copy(False), bf16(512, 128))
+    assert with_print.latency_ms == without.latency_ms

@@ -686,6 +686,17 @@ class _Reader:
             if name in ("func.return",):
                 continue
             self._check_known(op)
+            if name == "tpu.log" and not getattr(self, "_warned_log", False):
+                # `pl.debug_print`: simulated as free, and said so once per kernel.
+                import warnings
+
+                self._warned_log = True
+                warnings.warn(
+                    f"kernel `{self.kernel_name}`, {self._loc(op)}: `pl.debug_print` (`tpu.log`) is taken as free; "
+                    "on a TPU a print costs scalar-core time each step it runs (and prints only with the log "
+                    "recorder on), so time the kernel without it",
+                    stacklevel=2,
+                )
             rewrite = _REWRITES.get(name)
             if rewrite is not None and (rewrite[0] is None or self.release.before(rewrite[0])) and getattr(self, rewrite[1])(op, out):
                 continue
@@ -1286,7 +1297,7 @@ def _affine_expr(e, kernel, ref_name):
 
 
 _VECTOR_SIDE_EFFECTS = {"tpu.vector_store", "vector.store", "tpu.store", "tpu.strided_store", "tpu.enqueue_dma", "tpu.wait_dma2", "tpu.wait_dma", "tpu.sem_signal", "tpu.sem_wait"}
-_SCALAR_FREE = {"memref.store", "tpu.trace_start", "tpu.trace_stop", "tpu.assume_multiple", "tpu.yield"}
+_SCALAR_FREE = {"memref.store", "tpu.trace_start", "tpu.trace_stop", "tpu.assume_multiple", "tpu.yield", "tpu.log"}
 
 
 #: The attributes of the kernel function the reader knows: None (any value) or the values it

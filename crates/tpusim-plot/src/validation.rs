@@ -207,7 +207,7 @@ impl Figure for ValidationFigure {
         for r in &self.rows {
             let gi = self.groups.iter().position(|g| *g == r.group).unwrap_or(0);
             let xy = (r.measured, r.predicted);
-            marker(&plot, xy, gi)?;
+            marker(plot, xy, gi)?;
             let p = plot.map_coordinate(&xy);
             labels.reserve([p.0 - 8, p.1 - 8, p.0 + 8, p.1 + 8]);
         }

@@ -742,8 +742,9 @@ fn simulate(py: Python<'_>, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<PyRe
 /// Searches block sizes and kernel options for one job (the job fields as for `simulate`; with
 /// no job field, the default job's workload and kernel, its blocks searched) and
 /// returns the ranking as a dict: `top` is a list of configurations, best first, each with
-/// `latency_ms`, `bottleneck`, `flags` (for `tpusim run`), `block_sizes` (text ready to paste,
-/// `BlockSizes(block_q=..., ...)`) and `block_sizes_kwargs` (a dict for `BlockSizes(**kw)`).
+/// `latency_ms`, `bottleneck`, `flags` (for `tpusim run`), `block_sizes` (text ready to paste:
+/// the kernel's config call, JAX Splash's `BlockSizes(block_q=..., ...)` or tokamax's
+/// `SplashConfig(block_q=..., ...)`) and `block_sizes_kwargs` (a dict for either, `**kw`).
 /// `pruned` counts the valid configurations not simulated because their latency lower bound
 /// showed they cannot rank; `exhaustive=True` simulates them too (the same ranking).
 #[pyfunction]

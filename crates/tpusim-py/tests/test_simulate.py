@@ -217,9 +217,11 @@ def test_tune_prints_block_sizes_ready_to_paste():
     job = dict(heads=2, seq_len=2048, mask="causal", traversal="compact", masking="partial", mask_source="computed")
     t = tpusim.tune(top=3, refine=3, **job)
     best = t["top"][0]
-    assert best["block_sizes"].startswith("BlockSizes(block_q=")
-    bs = K.BlockSizes(**best["block_sizes_kwargs"])  # the kwargs construct JAX's BlockSizes
     cfg = best["job"]["config"]
+    # The text is the kernel's own config call: tokamax's SplashConfig, JAX Splash's BlockSizes.
+    api = "SplashConfig" if cfg["kernel"] == "tokamax-splash" else "BlockSizes"
+    assert best["block_sizes"].startswith(f"{api}(block_q="), best["block_sizes"]
+    bs = K.BlockSizes(**best["block_sizes_kwargs"])  # the same kwargs construct JAX's BlockSizes
     again = tpusim.simulate(kernel=cfg["kernel"], block_sizes=bs, exp=cfg["exp"], **job)
     assert again.latency_ms == best["latency_ms"]
     out, _ = run_cli("tune", *flags(job), "--top", 3, "--refine", 3, "--block-sizes", "--no-progress")

@@ -171,7 +171,10 @@ pub fn cmd_sweep(a: &SweepArgs) -> Result<String, CliError> {
         restart: a.restart,
         force: a.force,
         what_if_2x: a.what_if_2x,
-        cancel: Some(stop_on_interrupt()),
+        cancel: Some(stop_on_interrupt(
+            "interrupted: finishing the points running (Ctrl-C again to exit at once)",
+            "interrupted again: exiting without waiting for the running points",
+        )),
         ..SweepOptions::new(&out)
     };
     let summary = tpusim_sweep::run_sweep(&def, &opts).map_err(|e| match e {
@@ -190,42 +193,29 @@ pub fn cmd_merge(a: &MergeArgs) -> Result<String, CliError> {
     Ok(tpusim_sweep::merge(&a.files, &a.out, a.force)?.to_string())
 }
 
-/// Ctrl-C during a sweep: the first sets the sweep's cancel flag (no further point starts;
-/// the points running finish, their rows are flushed to `OUT.partial`, and the sweep ends with
-/// [`tpusim_sweep::SweepError::Interrupted`], which says how many rows that file holds: exit
-/// code 130, the shell's for SIGINT); a second exits at once with 130.
-fn stop_on_interrupt() -> std::sync::Arc<std::sync::atomic::AtomicBool> {
+/// Ctrl-C during a long command: the first sets the returned cancel flag and prints `first`;
+/// a second prints `again` and exits at once with 130 (the shell's code for SIGINT).
+///
+/// A sweep then starts no further point: the points running finish, their rows are flushed to
+/// `OUT.partial`, and it ends with [`tpusim_sweep::SweepError::Interrupted`], which says how many
+/// rows that file holds (exit 130). A tune skips the candidates not yet simulated and exits 130
+/// with [`TUNE_INTERRUPTED`].
+fn stop_on_interrupt(first: &'static str, again: &'static str) -> std::sync::Arc<std::sync::atomic::AtomicBool> {
     use std::sync::atomic::{AtomicBool, Ordering};
     let flag = std::sync::Arc::new(AtomicBool::new(false));
     let f = flag.clone();
     let _ = ctrlc::set_handler(move || {
         if f.swap(true, Ordering::Relaxed) {
-            eprintln!("\ninterrupted again: exiting without waiting for the running points");
+            eprintln!("\n{again}");
             std::process::exit(130);
         }
-        eprintln!("\ninterrupted: finishing the points running (Ctrl-C again to exit at once)");
+        eprintln!("\n{first}");
     });
     flag
 }
 
 /// What an interrupted `tpusim tune` says (exit code 130).
 const TUNE_INTERRUPTED: &str = "tune: interrupted before every candidate was simulated, so nothing is ranked and nothing was written; to search faster, narrow it (a shorter --seq-len or fewer --heads for the ranking, or --top 1), or time chosen blocks with `tpusim run --block-q ... --block-kv ...`, or write the candidates as a sweep file (`tpusim sweep` keeps its rows across a Ctrl-C and resumes)";
-
-/// Ctrl-C during `tpusim tune`: the first stops the search (candidates not yet simulated are
-/// skipped; the command exits 130 with [`TUNE_INTERRUPTED`]); a second exits at once with 130.
-fn stop_tune_on_interrupt() -> std::sync::Arc<std::sync::atomic::AtomicBool> {
-    use std::sync::atomic::{AtomicBool, Ordering};
-    let flag = std::sync::Arc::new(AtomicBool::new(false));
-    let f = flag.clone();
-    let _ = ctrlc::set_handler(move || {
-        if f.swap(true, Ordering::Relaxed) {
-            eprintln!("\ninterrupted again: exiting without waiting for the running candidates");
-            std::process::exit(130);
-        }
-        eprintln!("\ninterrupted: stopping the search (Ctrl-C again to exit at once)");
-    });
-    flag
-}
 
 /// Why `tpusim tune --kernel-ir` is refused, and what to run instead.
 pub const TUNE_KERNEL_IR: &str = "not with tpusim tune: a kernel read from its Mosaic IR has the block sizes its lowering fixed (block sizes live in the lowering, so each candidate is another lowering); rank candidates in Python with tpusim.jax.tune(make_fn, candidates, *args, chip=\"v6e\"), which lowers make_fn(candidate) for each and returns [(candidate, latency_ms, report)] fastest first, e.g. tpusim.jax.tune(lambda bq: make_kernel(block_q=bq), [256, 512, 1024], q, k, v)";
@@ -245,7 +235,10 @@ pub fn cmd_tune(a: &TuneArgs) -> Result<String, CliError> {
         refine: a.refine,
         jobs: a.jobs,
         progress: !a.no_progress,
-        cancel: Some(stop_tune_on_interrupt()),
+        cancel: Some(stop_on_interrupt(
+            "interrupted: stopping the search (Ctrl-C again to exit at once)",
+            "interrupted again: exiting without waiting for the running candidates",
+        )),
         exhaustive: a.exhaustive.unwrap_or(false),
         baseline,
     };

@@ -443,7 +443,8 @@ pub struct Report {
     /// load than their rows take to stream through them (`tpusim_engine::body::matmul_parts`:
     /// a fold of `rows x columns` weights loads in `rows` cycles; a matmul of fewer rows than
     /// that per fold waits on loads). Such matmuls gain nothing from a faster row rate; more
-    /// rows per fold (a larger block_q, or m) amortise each load. `None` without MXU work.
+    /// rows per fold (a larger block_q, or m) amortise each load. `None` without MXU work, and
+    /// in a sweep's rows ([`Report::row_of`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mxu_fold_load_share: Option<f64>,
     /// Which rule named the bottleneck (`gain`, `tied`, `critical_path`); `None` without the
@@ -805,8 +806,8 @@ impl Report {
     }
 
     /// [`Report::from_run_as`] without the parts a sweep's row never shows: the step-class
-    /// summaries (each body's signature hashes every operation) and the notes. Every metric is
-    /// the same.
+    /// summaries (each body's signature hashes every operation), the notes and
+    /// [`Report::mxu_fold_load_share`]. Every other metric is the same.
     pub fn row_of(run: &Run, identity: tpusim_chip::ChipIdentity) -> Self {
         Self::summarise(run, identity, false)
     }
@@ -888,7 +889,8 @@ impl Report {
                 .sum(),
             bottleneck: r.bottleneck(),
             co_bound: Vec::new(),
-            mxu_fold_load_share: mxu_fold_load_share(run),
+            // Walks every class body's works: for the report's text, not a sweep's row.
+            mxu_fold_load_share: if detail { mxu_fold_load_share(run) } else { None },
             bound_rule: None,
             what_if_2x: None,
             utilization: r.utilization(),

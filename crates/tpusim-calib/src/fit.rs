@@ -77,6 +77,10 @@ pub const MECHANISM_PARAMS: &[&str] = &["grid_step_overhead_cycles", "dma_latenc
 /// read from its IR is a judge: validated, never fitted.
 pub const MECHANISM_KERNEL_PREFIX: &str = "microbench-";
 
+/// The `kernel` word a dry run of the microbenchmark kit gives its rows (`dry-run-` before the
+/// mechanism word): times taken in interpret mode on the CPU, which no fit takes.
+pub const DRY_RUN_KERNEL_PREFIX: &str = "dry-run-";
+
 /// Leave-one-out up to this many rows; k-fold above.
 pub const LOO_MAX_ROWS: usize = 30;
 /// Folds of k-fold cross-validation for more than [`LOO_MAX_ROWS`] rows.
@@ -820,9 +824,22 @@ pub fn calibrate(
         }
     }
     if rows.is_empty() {
+        // Why each row was left out, the commonest reasons first (a dry run's rows, say, are
+        // expressible but never fitted).
+        let mut why: Vec<(usize, &str)> = Vec::new();
+        for u in &unused {
+            match why.iter_mut().find(|(_, r)| *r == u.reason) {
+                Some(w) => w.0 += 1,
+                None => why.push((1, &u.reason)),
+            }
+        }
+        why.sort_by_key(|w| std::cmp::Reverse(w.0));
+        let reasons: Vec<String> = why.iter().take(3).map(|(n, r)| format!("{n} row{}: {r}", if *n == 1 { "" } else { "s" })).collect();
         return Err(crate::CalibError::Input(format!(
-            "{}: no row of chip {} that the simulator can express; nothing to fit",
-            file.path, base.name
+            "{}: no row of chip {} that the fit takes; nothing to fit{}",
+            file.path,
+            base.name,
+            if reasons.is_empty() { String::new() } else { format!(" ({}{})", reasons.join("; "), if why.len() > 3 { "; ..." } else { "" }) }
         )));
     }
     // Stages (module docs): the mechanisms from the mechanism rows, when there are any; then the
@@ -1012,6 +1029,12 @@ fn prepare(m: &Measurement, base: &ChipModel) -> Result<Row, String> {
         Some(spec) if m.kernel_word.starts_with(MECHANISM_KERNEL_PREFIX) => {
             let job = spec.build(base).map_err(|e| tpusim_job::render_fields(&e.to_string(), tpusim_job::FieldStyle::Key))?;
             (RowJob::Described(Box::new(job)), true)
+        }
+        Some(_) if m.kernel_word.starts_with(DRY_RUN_KERNEL_PREFIX) => {
+            return Err(format!(
+                "a dry run's row (kernel {}: `python -m tpusim.microbench --measure --dry-run` runs on the CPU in interpret mode, so its times are not measurements): never fitted; `tpusim validate` still predicts it; rows taken on a TPU (`--measure` without --dry-run) are fitted",
+                m.kernel_word
+            ))
         }
         Some(_) => {
             return Err(format!(

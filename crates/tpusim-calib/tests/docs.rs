@@ -72,3 +72,19 @@ fn a_moved_held_out_prediction_changes_the_generated_tables() {
     let cv = |p: &Vec<(&str, String)>| p.iter().find(|(t, _)| *t == TAG_CV).unwrap().1.clone();
     assert_ne!(cv(&before), cv(&after));
 }
+
+/// The summary's "all rows" counts every row the fit and `validate --cv` take: each chip's
+/// library rows and its microbenchmark rows (it left the microbenchmarks out: 44 against
+/// `validate --cv`'s 54).
+#[test]
+fn the_summarys_all_rows_are_the_chips_rows_and_their_microbenchmarks() {
+    let csv = root().join("traces/measured/calibration.csv");
+    let file = read_file(csv.to_str().unwrap(), &[]).unwrap();
+    let parts = parts_from_band_file(&file, &ChipSet::default(), &shipped_bands()).unwrap();
+    let summary = &parts.iter().find(|(t, _)| *t == TAG_SUMMARY).unwrap().1;
+    let n = |l: &str| l.split('|').nth(2).unwrap().trim().parse::<usize>().unwrap();
+    let rows: Vec<&str> = summary.lines().filter(|l| l.starts_with("| v") && !l.contains("VD-B")).collect();
+    assert!(rows.iter().any(|l| l.contains("microbenchmarks")), "{summary}");
+    let all = summary.lines().find(|l| l.starts_with("| all rows |")).expect("an all-rows line");
+    assert_eq!(n(all), rows.iter().map(|l| n(l)).sum::<usize>(), "{summary}");
+}

@@ -164,6 +164,17 @@ impl DecodeReport {
             )
         } else if r.bottleneck() == Unit::Hbm {
             format!("bound by HBM bandwidth: the critical path waits {wait_ms:.4} ms on copies whose bytes stream in {stream_ms:.4} ms")
+        } else if r.bottleneck() == Unit::Mxu {
+            // Which part of the MXU's work bounds it (as the run report says it): a decode step
+            // streams few query rows through each weight fold it loads.
+            let sh = 100.0 * share(Unit::Mxu);
+            match crate::mxu_fold_load_share(run) {
+                Some(f) if f >= 0.5 => format!(
+                    "bound by the MXU's weight-fold loads ({sh:.0}% of its critical path): {:.0}% of the MXU's busy time is matmuls whose folds take longer to load than their few query rows take to stream (more query rows per fold, e.g. the q heads that share a KV head in one matmul, amortise each load)",
+                    100.0 * f
+                ),
+                _ => format!("bound by the MXU's result latency ({sh:.0}% of its critical path): each matmul's result is waited on before the next op of its chain"),
+            }
         } else {
             format!("bound by {} ({:.0}% of its critical path)", r.bottleneck().word(), 100.0 * share(r.bottleneck()))
         };

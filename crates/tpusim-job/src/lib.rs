@@ -1425,7 +1425,13 @@ pub(crate) fn write_bound_by(s: &mut String, b: &BoundBy<'_>) {
                     } else {
                         ""
                     };
-                    format!("{} -{:.1}%{why}", w.unit, 100.0 * w.gain)
+                    // A run made slower by a faster unit (the DMA engines' sharing: module
+                    // `whatif`) shows its latency added, not a double minus.
+                    if w.gain < -0.0005 {
+                        format!("{} +{:.1}% (slower: a write-back issued sooner shares the DMA engines with the next inputs)", w.unit, -100.0 * w.gain)
+                    } else {
+                        format!("{} -{:.1}%{why}", w.unit, 100.0 * w.gain.max(0.0))
+                    }
                 })
                 .collect();
             let _ = writeln!(s, "  what if 2x   {} (latency saved with one unit or DMA mechanism twice as fast, same schedule)", cells.join(", "));

@@ -1206,7 +1206,21 @@ pub fn lower(chip: &ChipModel, d: &Description, dir: &Path) -> Result<(Program, 
     let classes = g.classes.len();
     let mut program = Program::from_listed(g.classes, g.listed, vmem, info, decl, g.sets);
     let computed = program.steps_computed();
-    program.info.tiles = Some(TileCounts { total: steps_total, visited: computed, empty: steps_total - computed, partial: 0, full: computed, masked: 0 });
+    // Grid steps as tiles: those that compute, or in a kernel that only moves data (a pipelined
+    // copy: no step has unit work) those whose copies move bytes. Such a step is not skipped.
+    let visited = if computed > 0 {
+        computed
+    } else {
+        let mut n = 0u64;
+        program.for_each_run(&mut |s, k| {
+            let c = program.copies.get(s.copies);
+            if c.in_bytes + c.out_bytes > 0 {
+                n += k;
+            }
+        });
+        n
+    };
+    program.info.tiles = Some(TileCounts { total: steps_total, visited, empty: steps_total - visited, partial: 0, full: visited, masked: 0 });
     let facts = IrFacts {
         kernel_name: d.kernel_name.clone(),
         steps_computed: computed,

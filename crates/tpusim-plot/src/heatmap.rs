@@ -94,6 +94,9 @@ impl HeatmapFigure {
         let xc = t.col(&spec.x, "--x")?;
         let yc = t.col(&spec.y, "--y")?;
         let zc = t.col(&spec.z, "--z")?;
+        // A sweep's rows that are design what-ifs (options their kernel family has no setting
+        // for) name them in `design_whatif`: a cell such a row fills says so.
+        let wc = t.col("design_whatif", "design_whatif").ok();
         let lower = spec.lower_is_better.unwrap_or_else(|| lower_is_better(&spec.z));
         let rows = t.filtered(&spec.filters)?;
         let mut pts = Vec::new();
@@ -116,11 +119,12 @@ impl HeatmapFigure {
                 Some(z) => {
                     // A value left out by --skip-bad leaves its cell without one.
                     let ok = bad.check(t, *line, r, zc, z, |v| v.is_finite() && v >= 0.0, METRIC_ALLOWED, at)?;
-                    pts.push((x, y, if ok { z } else { f64::NAN }));
+                    let what_if = wc.map(|c| t.get(r, c).trim().to_string()).unwrap_or_default();
+                    pts.push((x, y, if ok { z } else { f64::NAN }, what_if));
                 }
                 None => {
                     missing += 1;
-                    pts.push((x, y, f64::NAN));
+                    pts.push((x, y, f64::NAN, String::new()));
                 }
             }
         }
@@ -136,7 +140,10 @@ impl HeatmapFigure {
         let ys = distinct(pts.iter().map(|p| p.1).collect());
         let mut cells = vec![vec![None; xs.len()]; ys.len()];
         let mut counts = vec![vec![0usize; xs.len()]; ys.len()];
-        for &(x, y, z) in &pts {
+        // The design what-if of the row each cell shows (empty: none).
+        let mut cell_what_if = vec![vec![String::new(); xs.len()]; ys.len()];
+        for (x, y, z, what_if) in &pts {
+            let (x, y, z) = (*x, *y, *z);
             let (i, j) = (ys.iter().position(|v| *v == y).unwrap_or(0), xs.iter().position(|v| *v == x).unwrap_or(0));
             if z.is_nan() {
                 continue;
@@ -145,6 +152,7 @@ impl HeatmapFigure {
             let better = |old: f64| if lower { z < old } else { z > old };
             if cells[i][j].is_none_or(better) {
                 cells[i][j] = Some(z);
+                cell_what_if[i][j].clone_from(what_if);
             }
         }
         let mut best = None;
@@ -169,6 +177,12 @@ impl HeatmapFigure {
             if missing > 0 { format!(" ({missing} rows without one, e.g. tilings that do not fit VMEM)") } else { String::new() }
         )];
         notes.extend(bad.note());
+        let what_ifs = cell_what_if.iter().flatten().filter(|w| !w.is_empty()).count();
+        if what_ifs > 0 {
+            notes.push(format!(
+                "{what_ifs} cells show rows that are design what-ifs (their design_whatif column: options their kernel has no setting for); --where design_whatif= keeps the rows that run as written."
+            ));
+        }
         if counts.iter().flatten().any(|&c| c > 1) {
             notes.push(format!(
                 "Some cells hold several rows (another column varies): each shows the {} value; pin the others with --where COL=VALUE.",
@@ -202,7 +216,11 @@ impl HeatmapFigure {
         let title =
             spec.title.clone().unwrap_or_else(|| format!("{} over {} x {}", zdesc.split(" (").next().unwrap_or(&zdesc), spec.y, spec.x));
         let subtitle = match best {
-            Some((i, j)) => format!("best: {} = {}, {} = {}: {} {}", spec.y, ys[i], spec.x, xs[j], spec.z, sig3(best_v)),
+            Some((i, j)) => {
+                let w = &cell_what_if[i][j];
+                let what_if = if w.is_empty() { String::new() } else { format!(" * a design what-if: {w}") };
+                format!("best: {} = {}, {} = {}: {} {}{what_if}", spec.y, ys[i], spec.x, xs[j], spec.z, sig3(best_v))
+            }
             None => String::new(),
         };
         Ok(HeatmapFigure { title, subtitle, xs, ys, cells, desc: (spec.x.clone(), spec.y.clone(), zdesc), best, notes, skipped: bad.skipped })
@@ -376,6 +394,24 @@ mod tests {
         let t = Table::parse(&text.replace("sparse-splash", "splash"), "s.csv", "--input").unwrap();
         let note = HeatmapFigure::from_table(&t, &spec).unwrap().notes.into_iter().find(|n| n.starts_with("block_kv_compute differs")).unwrap();
         assert!(note.contains("(splash: block_kv itself)"), "{note}");
+    }
+
+    /// A fresh user's finding: the best cell of a sweep was a design what-if (a mask computed
+    /// that the kernel only loads) and the figure did not say so; the runnable row of those
+    /// blocks was 38% slower. The best line names it and a note counts such cells.
+    #[test]
+    fn a_best_cell_that_is_a_design_what_if_says_so() {
+        let text = "block_q,block_kv,design_whatif,latency_ms\n512,512,,3\n512,1024,mask_source computed,2\n512,1024,,2.8\n1024,512,,2.5\n";
+        let t = Table::parse(text, "s.csv", "--input").unwrap();
+        let spec = HeatmapSpec { x: "block_kv".into(), y: "block_q".into(), z: "latency_ms".into(), ..Default::default() };
+        let f = HeatmapFigure::from_table(&t, &spec).unwrap();
+        assert_eq!(f.best, Some((0, 1)));
+        assert!(f.subtitle.ends_with("latency_ms 2.00 * a design what-if: mask_source computed"), "{}", f.subtitle);
+        assert!(f.notes.iter().any(|n| n.starts_with("1 cells show rows that are design what-ifs")), "{:?}", f.notes);
+        // Pinned to the rows that run as written, the best is an ordinary row.
+        let pinned = HeatmapSpec { filters: vec!["design_whatif=".into()], ..spec };
+        let f = HeatmapFigure::from_table(&t, &pinned).unwrap();
+        assert!(!f.subtitle.contains("what-if") && f.subtitle.ends_with("latency_ms 2.50"), "{}", f.subtitle);
     }
 
     /// Issue 47, point 11: NaN, infinite and negative metrics were taken silently (a colour bar

@@ -920,6 +920,8 @@ fn validate<'py>(py: Python<'py>, rows: &Bound<'py, PyAny>, chips: Option<Vec<St
 /// Runs one simulation per point (in parallel over the machine's cores; Ctrl-C stops it) and
 /// returns a list of dicts (ready for `pandas.DataFrame`), in the order of `points`:
 /// `error` (None, or why the point did not run: its row then holds only its own fields),
+/// `design_whatif` (None, or the options the point's kernel family has no setting for, as
+/// `tpusim sweep`'s column names them),
 /// each point's fields, then `latency_ms`, `cycles`, `flops`, `mfu`, `hbm_bytes`,
 /// `transcendentals`, `bottleneck`, the tile counts (`tiles_empty`, `tiles_partial`,
 /// `tiles_full`, `tiles_visited`), `pair_density`, `tile_density`, `dense_latency_ms` and
@@ -959,14 +961,20 @@ fn sweep<'py>(py: Python<'py>, points: &Bound<'py, PyAny>, base: Option<&Bound<'
     let stop = cancel.clone();
     let reports = interruptible(py, &cancel, move || {
         use rayon::prelude::*;
-        specs.par_iter().map(|s| if stop.load(Ordering::Relaxed) { Err(String::new()) } else { run_job(s) }).collect::<Vec<_>>()
+        // Each run with its design what-ifs (the options its kernel family has no setting for),
+        // which `tpusim sweep` gives in its `design_whatif` column.
+        let what_ifs = |s: &JobSpec| s.chip().ok().and_then(|c| s.build(&c).ok()).map(|j| tpusim_job::design_what_ifs(&j)).unwrap_or_default();
+        specs
+            .par_iter()
+            .map(|s| if stop.load(Ordering::Relaxed) { Err(String::new()) } else { run_job(s).map(|(r, _)| (r, what_ifs(s))) })
+            .collect::<Vec<_>>()
     })?;
     for ((d, _, given), r) in points.iter().zip(reports) {
         let row = PyDict::new(py);
         // A point that does not run (a block rule, a VMEM overflow) keeps its row, with the
         // reason in `error`, as `tpusim sweep` does; the others' `error` is None.
-        let r = match r {
-            Ok((r, _)) => r,
+        let (r, what_ifs) = match r {
+            Ok(r) => r,
             Err(e) => {
                 for (k, v) in d.iter() {
                     row.set_item(k, v)?;
@@ -977,6 +985,7 @@ fn sweep<'py>(py: Python<'py>, points: &Bound<'py, PyAny>, base: Option<&Bound<'
             }
         };
         row.set_item("error", py.None())?;
+        row.set_item("design_whatif", if what_ifs.is_empty() { None } else { Some(what_ifs.join("; ")) })?;
         for (k, v) in d.iter() {
             let key: String = k.extract()?;
             if key == "mask" && !v.is_instance_of::<PyString>() {
@@ -1249,6 +1258,16 @@ fn mark_line(command: &str) -> String {
     tpusim_io::mark::comment_line(command)
 }
 
+/// The library kernel family of a kernel named `kernel_name` whose ops come from the source
+/// files `files` (paths as the lowering's locations give them, folders included), by the table
+/// of `tpusim_pallas::family` (stated in `traces/measured/kernels/README.md`); `None` when no
+/// row matches. `tpusim.jax.describe` records it in a description's `family`.
+#[pyfunction]
+#[pyo3(name = "_kernel_family")]
+fn kernel_family(kernel_name: &str, files: Vec<String>) -> Option<&'static str> {
+    tpusim_pallas::family::recognise(kernel_name, files.iter().map(String::as_str))
+}
+
 /// Simulates a kernel description (JSON text, as `tpusim.jax.describe` writes it; side files
 /// resolved against `folder`) on `chip` with `set` overrides (`SECTION.FIELD=VALUE` strings).
 /// Used by `tpusim.jax.simulate`; returns a `Report` (its `job` is `{kind: "described", file,
@@ -1296,6 +1315,7 @@ fn tpusim_py(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(sweep, m)?)?;
     m.add_function(wrap_pyfunction!(measurements_from_trace, m)?)?;
     m.add_function(wrap_pyfunction!(trace_ops, m)?)?;
+    m.add_function(wrap_pyfunction!(kernel_family, m)?)?;
     m.add_function(wrap_pyfunction!(mask_text, m)?)?;
     m.add_function(wrap_pyfunction!(tile_counts, m)?)?;
     m.add_function(wrap_pyfunction!(simulate_kernel_ir, m)?)?;

@@ -43,6 +43,11 @@ def test_paged_attention_bytes_are_the_blocks_its_lengths_touch():
     engine = next(b for b in r.bounds if b["name"] == "engine pipeline")
     if r.kernel["bottleneck"] == "hbm":
         assert "bound by DMA round trips" in engine["reason"] or "bound by HBM bandwidth" in engine["reason"], engine
+    elif r.kernel["bottleneck"] == "mxu":
+        # Which part of the MXU's work: its weight-fold loads (a decode step's few query rows per
+        # fold) or its result latency, as the run report names it; "bound by mxu" alone said less.
+        assert "bound by the MXU's weight-fold loads (" in engine["reason"] or "bound by the MXU's result latency (" in engine["reason"], engine
+        assert "% of its critical path)" in engine["reason"], engine
     else:
         assert f"bound by {r.kernel['bottleneck']} (" in engine["reason"] and "% of its critical path)" in engine["reason"], engine
 

@@ -240,6 +240,11 @@ def test_sweep_returns_rows_ready_for_a_dataframe():
     ok, bad = tpusim.sweep([{"block_kv": 512}, {"block_kv": 100}], seq_len=4096)
     assert ok["error"] is None and ok["latency_ms"] > 0 and ok["block_q"] >= 128
     assert "block_kv = 100" in bad["error"] and "latency_ms" not in bad and bad["block_kv"] == 100
+    # A design what-if (JAX's Splash has no compact traversal) is named, as `tpusim sweep`'s
+    # design_whatif column names it; a kernel as written has None (a fresh user found no mark).
+    full, compact = tpusim.sweep([{"traversal": "full-grid"}, {"traversal": "compact"}], kernel="splash", seq_len=4096, mask="causal")
+    assert ok["design_whatif"] is None and full["design_whatif"] is None, (ok, full)
+    assert compact["design_whatif"].startswith("traversal compact (splash runs full-grid"), compact["design_whatif"]
     # Malformed fields still stop the sweep before anything runs, naming the point.
     with pytest.raises(tpusim.InputError, match=r"points\[1\]: block_kv = '100'"):
         tpusim.sweep([{"block_kv": 512}, {"block_kv": "100"}], seq_len=4096)

@@ -49,7 +49,7 @@ pub struct ValidateArgs {
     /// With --bands: write the band file here (atomically), e.g. traces/measured/bands.json. An
     /// existing file is replaced only when it is a band file (its `generated_by` names `tpusim
     /// validate ... --bands`), or with --force.
-    #[arg(long, value_name = "PATH", requires = "bands")]
+    #[arg(long, value_name = "PATH")]
     pub out: Option<String>,
     /// Replace --out even if it is not a band file tpusim wrote.
     #[arg(long, requires = "out")]
@@ -153,6 +153,12 @@ fn tags_of(a: &ValidateArgs) -> Vec<&'static str> {
 }
 
 pub fn cmd_validate(a: &ValidateArgs) -> Result<String, CliError> {
+    if let (Some(out), false) = (&a.out, a.bands) {
+        return Err(CliError::input(format!(
+            "--out {out}: writes the band file of --bands; the validation itself goes to standard output (`tpusim validate {} --format csv > {out}`), or into a Markdown file between its markers with --into",
+            a.file
+        )));
+    }
     let models = a.chip.iter().map(|c| ChipModel::load(c)).collect::<Result<Vec<_>, _>>()?;
     let chips = ChipSet::new(models)?;
     let file = read_file(&a.file, &chips.models)?;

@@ -539,3 +539,34 @@ fn a_kernel_read_from_its_ir_quotes_its_familys_band() {
     let line = table.lines().find(|l| l.trim_start().starts_with("band")).unwrap();
     assert!(line.contains("megablox-gmm") && line.contains("median 13%"), "{line}");
 }
+
+/// A unit made twice as fast that makes the run slower (the DMA engines' sharing) shows the
+/// latency it adds with a plus and says so; it printed a double minus (`vpu --0.1%`).
+#[test]
+fn a_what_if_that_slows_the_run_is_shown_as_added_latency() {
+    let f = fixture();
+    let json: serde_json::Value = serde_json::from_str(&ok(&["run", "--kernel-ir", &f, "--format", "json"])).unwrap();
+    let slower: Vec<&str> = json["what_if_2x"].as_array().unwrap().iter().filter(|w| w["gain"].as_f64().unwrap() < -0.0005).map(|w| w["unit"].as_str().unwrap()).collect();
+    assert!(!slower.is_empty(), "the fixture's matmul has a unit whose 2x makes it slower (vpu): {json}");
+    let text = ok(&["run", "--kernel-ir", &f]);
+    let line = text.lines().find(|l| l.trim_start().starts_with("what if 2x")).expect("what-if line");
+    assert!(!line.contains("--"), "{line}");
+    for u in slower {
+        assert!(line.contains(&format!("{u} +")) && line.contains("(slower:"), "{u} in {line}");
+    }
+}
+
+/// A kernel that only moves data (the public pipelined copy: its bodies are free loads and
+/// stores) visits every grid step that copies: a fresh user saw its 2048 steps reported as 2048
+/// empty tiles ("skipped") while it moved 16 MiB. None computes (the grid line says "data
+/// movement only").
+#[test]
+fn a_copy_kernels_steps_are_not_empty_tiles() {
+    let f = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../traces/measured/kernels/microbench/MB-v6e-copy-t1.json.gz");
+    let json: serde_json::Value = serde_json::from_str(&ok(&["run", "--kernel-ir", f.to_str().unwrap(), "--format", "json"])).unwrap();
+    let steps = json["grid_steps"].as_u64().unwrap();
+    assert!(steps > 1 && json["hbm_bytes"].as_u64().unwrap() > 0, "{json}");
+    assert_eq!(json["steps_computed"].as_u64(), Some(0), "{json}");
+    assert_eq!(json["tiles"]["visited"].as_u64(), Some(steps), "{json}");
+    assert_eq!(json["tiles"]["empty"].as_u64(), Some(0), "{json}");
+}

@@ -300,6 +300,20 @@ fn nothing_predicted_is_an_error_and_into_takes_markdown() {
     assert!(text(&out.stderr).contains("--params nonsense: not a fitted parameter"), "{}", text(&out.stderr));
 }
 
+/// A fresh user's `validate FILE --format csv --out val.csv` was told `--bands` was missing, which
+/// writes another file: it now says where the validation goes (standard output, or --into), and
+/// writes nothing.
+#[test]
+fn out_without_bands_says_where_the_validation_goes() {
+    let d = TempDir::new("validate-out");
+    let target = d.0.join("val.csv").to_string_lossy().into_owned();
+    let out = tpusim(&["validate", SHIPPED, "--format", "csv", "--out", &target]);
+    assert_eq!(out.status.code(), Some(2));
+    let e = text(&out.stderr);
+    assert!(e.contains(&format!("--out {target}: writes the band file of --bands")) && e.contains("standard output") && e.contains("--format csv >"), "{e}");
+    assert!(!std::path::Path::new(&target).exists());
+}
+
 /// Issue 47, point 1: `validate --bands --out` replaces only a band file tpusim wrote (a user's
 /// file is refused before the cross-validation and left byte for byte, `--force` replaces it),
 /// and the band file names the command that ran, not the docs' command.

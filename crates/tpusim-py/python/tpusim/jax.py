@@ -441,6 +441,14 @@ def _memspace(t):
     return "vmem"
 
 
+def _source_files(module):
+    """The source files (full paths, each once, in order) of a kernel module's op locations."""
+    import re
+
+    text = module.operation.get_asm(enable_debug_info=True)
+    return list(dict.fromkeys(re.findall(r'"([^"]+\.py)":\d+', text)))
+
+
 def _loc(op, release=None):
     """An op's source line, `file.py:line`, from its MLIR location: the last frame of the chain
     (JAX 0.9.1 and later keep the kernel's frames only, the kernel function's line last); under
@@ -1674,6 +1682,11 @@ def _kernels_of(module, args, operands=None):
             }
             if desc["allocations"]:
                 full["allocations"] = desc["allocations"]
+            # The library kernel family, from the kernel name and its ops' source files with their
+            # folders (the description's `loc` keeps file names only): the band a report quotes.
+            family = _tpusim._kernel_family(name, _source_files(kmod))
+            if family is not None:
+                full["family"] = family
             # Array shapes of the windows, from the call's operands and results.
             shapes = [list(ir.RankedTensorType(x.type).shape) for x in list(op.operands)[ndyn + nprefetch:]] + [
                 list(ir.RankedTensorType(x.type).shape) for x in op.results
@@ -1812,14 +1825,33 @@ def _call_operands(fn, args, mesh):
         return None
 
 
-def describe_all(fn, *args, chip="v6e", device_kind=None):
+def _family_arg(family):
+    """The `family` keyword of `describe`, `describe_all` and `simulate`, checked: `None` or a
+    kernel family word (the rule a description's `family` follows, `DESCRIPTION.md`)."""
+    import re
+
+    if family is None or (isinstance(family, str) and re.fullmatch(r"[A-Za-z0-9._-]{1,100}", family)):
+        return family
+    raise InputError(
+        f"family = {family!r}: expected a kernel family word of letters, digits, `.`, `_` and `-` (e.g. \"megablox-gmm\"), "
+        "at most 100 characters; the families with their own error band are listed in traces/measured/kernels/README.md"
+    )
+
+
+def describe_all(fn, *args, chip="v6e", device_kind=None, family=None):
     """The kernel descriptions (dicts) of every Pallas kernel in `fn(*args)`, and the XLA ops
-    outside them (names), lowered for `chip`."""
+    outside them (names), lowered for `chip`. Each records its library kernel `family` when
+    tpusim recognises it (traces/measured/kernels/README.md states the rule), or `family` when
+    given (for every kernel of the call): a label, which selects the error band a report quotes
+    and never the simulation."""
+    family = _family_arg(family)
     exported = lower(fn, *args, chip=chip, device_kind=device_kind)
     descs, outside = _kernels(exported, args, lambda: _call_operands(fn, args, _mesh_for(chip, device_kind)))
     kind, _ = _device_kind(chip, device_kind)
     for d in descs:
         d["producer"]["device_kind"] = kind
+        if family is not None:
+            d["family"] = family
     if not descs:
         raise InputError(
             "the function has no Pallas kernel (no tpu_custom_call in its TPU lowering): tpusim.jax simulates "
@@ -1912,7 +1944,7 @@ def _write(desc, path, force=False):
     return _write_all([_planned(desc, path)], _force_arg(force))[0]
 
 
-def describe(fn, *args, path, chip="v6e", device_kind=None, force=False):
+def describe(fn, *args, path, chip="v6e", device_kind=None, force=False, family=None):
     """Writes the kernel description of `fn(*args)` to `path` (JSON; `crates/tpusim-pallas/
     DESCRIPTION.md`; gzip-compressed, tables inline, for a path ending in `.gz`, as
     `kernel.json.gz`: serving kernels' copy sizes are large expressions). With several kernels,
@@ -1931,13 +1963,17 @@ def describe(fn, *args, path, chip="v6e", device_kind=None, force=False):
     evaluated on the host CPU from concrete arrays; a copy sized at run time is written as an
     expression over the table that sizes it. An argument given as a `jax.ShapeDtypeStruct`
     leaves the tables it feeds as runtime operands (`--runtime NAME=FILE.npy`) and a dynamic
-    grid computed from it an error naming the kernel and dimension."""
+    grid computed from it an error naming the kernel and dimension.
+
+    `family` (default `None`): the library kernel family to record (`describe_all`), for a
+    kernel tpusim does not recognise; the report then quotes that family's error band."""
     # The path first: a bad one, or a file tpusim did not write, is refused before the lowering,
     # naming what the user gave.
     path = _output_path(path, "path", "the description", "kernel.json")
     force = _force_arg(force)
     _tpusim._check_outputs("path", DESCRIBE_COMMAND, [(path, None)], force)
-    descs, _ = describe_all(fn, *args, chip=chip, device_kind=device_kind)
+    family = _family_arg(family)
+    descs, _ = describe_all(fn, *args, chip=chip, device_kind=device_kind, family=family)
     base, ext = os.path.splitext(path)
     if ext == ".gz" and base.endswith(".json"):
         base, ext = base[: -len(".json")], ".json.gz"
@@ -1945,7 +1981,7 @@ def describe(fn, *args, path, chip="v6e", device_kind=None, force=False):
     return _write_all([_planned(d, path if i == 0 else f"{base}.{i}{ext}") for i, d in enumerate(descs)], force)
 
 
-def simulate(fn, *args, chip="v6e", device_kind=None, set=None, **options):
+def simulate(fn, *args, chip="v6e", device_kind=None, set=None, family=None, **options):
     """Simulates every Pallas kernel of `fn(*args)` on `chip` (a preset name; `set` a dict or list
     of `SECTION.FIELD=VALUE` what-if overrides). Returns a `CallReport`: `.kernels` (one
     `tpusim.Report` per kernel, in call order), `.latency_ms` (their sum), `.not_simulated`
@@ -1960,13 +1996,14 @@ def simulate(fn, *args, chip="v6e", device_kind=None, set=None, **options):
     `job` is `{"kind": "described", "file", "kernel_name", "device_kind"}`, it adds
     `declared_cost_estimate`, `smem_bytes` and `assumptions` (what the IR path assumed), and it has
     no attention-only fields (masks, densities, the dense baseline): reading one raises an
-    `AttributeError` saying so."""
+    `AttributeError` saying so. `family` names the kernels' library family where tpusim does not
+    recognise it (`describe_all`): the band is then that family's."""
     if options:
         raise InputError(
             f"{', '.join(sorted(options))}: not options of tpusim.jax.simulate (the lowering fixes the workload, "
-            "mask and block sizes; use chip=, device_kind=, set=)"
+            "mask and block sizes; use chip=, device_kind=, set=, family=)"
         )
-    descs, outside = describe_all(fn, *args, chip=chip, device_kind=device_kind)
+    descs, outside = describe_all(fn, *args, chip=chip, device_kind=device_kind, family=_family_arg(family))
     overrides = _overrides(set)
     reports = [_tpusim.simulate_kernel_ir(json.dumps(d), chip=chip, set=overrides) for d in descs]
     return CallReport(reports, outside)

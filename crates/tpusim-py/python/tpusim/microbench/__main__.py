@@ -19,6 +19,12 @@ import sys
 
 from . import select
 
+#: Back-to-back calls `--measure` times per kernel on a TPU.
+REPEATS = 200
+#: ... and with `--dry-run` (CPU interpret mode: 200 calls of the slowest copy took minutes and
+#: the profiler dropped some of their events).
+DRY_RUN_REPEATS = 20
+
 
 def _parser():
     p = argparse.ArgumentParser(
@@ -39,7 +45,12 @@ def _parser():
     p.add_argument("--judges", action="store_true", help="include the judge kernels (vLLM's kv_cache_update: check a model, never fitted)")
     p.add_argument("--out", metavar="CSV", help="--measure: the rows' CSV file (required)")
     p.add_argument("--out-dir", metavar="DIR", help="--measure, --describe: the descriptions' folder (default: microbench-kernels beside --out)")
-    p.add_argument("--repeats", type=int, default=200, help="--measure: back-to-back calls timed per kernel (default 200)")
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=None,
+        help=f"--measure: back-to-back calls timed per kernel (default {REPEATS}; with --dry-run {DRY_RUN_REPEATS}: interpret mode on the CPU is slow, and its profiler drops events of long runs)",
+    )
     p.add_argument("--force", action="store_true", help="--measure, --describe: replace an --out file or a description in --out-dir that tpusim did not write")
     p.add_argument("--format", choices=("table", "json"), default="table", help="--list, --simulate: output format")
     return p
@@ -88,6 +99,8 @@ def main(argv=None):
 
     if a.dry_run and not a.measure:
         return usage("--dry-run goes with --measure")
+    if a.repeats is None:
+        a.repeats = DRY_RUN_REPEATS if a.dry_run else REPEATS
     if a.repeats < 1:
         return usage(f"--repeats {a.repeats}: expected a whole number from 1")
     try:

@@ -41,7 +41,9 @@ create_exception!(
 
 /// An [`InputError`] with a message.
 pub(crate) fn input_err(msg: impl Into<String>) -> PyErr {
-    InputError::new_err(msg.into())
+    // A chip override's error names the command line's flag (`chip model --set: ...`); in
+    // Python the overrides are the `set=` keyword.
+    InputError::new_err(msg.into().replace("chip model --set: ", "set: "))
 }
 
 /// An output file refused or not written, as Python raises it: a refusal (the user's path) as

@@ -259,6 +259,10 @@ def test_chip_models_and_overrides():
     assert json.loads(out) == base
     with pytest.raises(tpusim.InputError, match="v9z"):
         tpusim.chip("v9z")
+    # A bad override is named by Python's keyword, not the command line's flag (a fresh user's
+    # finding: "chip model --set: field ...").
+    with pytest.raises(tpusim.InputError, match=r"^set: field 'mxu.count' = 0: expected a whole number from 1 to 64$"):
+        tpusim.simulate(set={"mxu.count": 0})
 
 
 def test_reports_say_how_sure_they_are_and_time_host_timed_calls():

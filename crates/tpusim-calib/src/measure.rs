@@ -306,7 +306,7 @@ use tpusim_io::csv_line_at as line_at;
 /// unknown chips, duplicate ids, workload columns an expressible row needs but lacks, and a file
 /// with no row after its header.
 pub fn read_file(path: &str, known_chips: &[ChipModel]) -> Result<MeasurementFile, MeasureError> {
-    let text = std::fs::read_to_string(path).map_err(|e| MeasureError {
+    let text = tpusim_io::read_text(path).map_err(|e| MeasureError {
         file: path.to_string(),
         line: None,
         column: None,

@@ -439,7 +439,7 @@ impl ChipModel {
         }
         let path = Path::new(spec);
         if spec.ends_with(".toml") || path.exists() {
-            let text = std::fs::read_to_string(path).map_err(|e| ChipError::Io { path: spec.to_string(), reason: e.to_string() })?;
+            let text = tpusim_io::read_text(path).map_err(|e| ChipError::Io { path: spec.to_string(), reason: e.to_string() })?;
             return Self::from_toml_str(&text, spec);
         }
         Err(ChipError::UnknownChip { name: spec.to_string(), presets: PRESETS.join(", ") })

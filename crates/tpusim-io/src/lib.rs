@@ -54,6 +54,26 @@ fn folder_of(path: &Path) -> PathBuf {
     }
 }
 
+/// Reads a text file, as `std::fs::read_to_string` does, but a file that is not UTF-8 is refused
+/// with where: the byte offset of the first byte that is not, and its line and column (1-based),
+/// so that a user can find it (the standard error says only that the stream was not UTF-8).
+///
+/// # Errors
+/// The file's read error, or an [`std::io::ErrorKind::InvalidData`] error naming the position.
+pub fn read_text(path: impl AsRef<Path>) -> std::io::Result<String> {
+    let bytes = std::fs::read(path)?;
+    String::from_utf8(bytes).map_err(|e| {
+        let at = e.utf8_error().valid_up_to();
+        let before = &e.as_bytes()[..at];
+        let line = before.iter().filter(|&&b| b == b'\n').count() + 1;
+        let column = before.len() - before.iter().rposition(|&b| b == b'\n').map_or(0, |p| p + 1) + 1;
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("not UTF-8 text: the byte at offset {at} (line {line}, column {column}) is not valid UTF-8; save the file as UTF-8"),
+        )
+    })
+}
+
 /// Checks, before any work, that `path` can be written by [`write_atomic`]: a non-empty path
 /// with a file name, in an existing folder that takes new files (probed by creating and removing
 /// a temporary file there), that is not an existing directory, device or link.
@@ -196,6 +216,20 @@ impl<'a> CsvLines<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A file that is not UTF-8 is refused with the position of its first bad byte (a fresh
+    /// user's Latin-1 files got "stream did not contain valid UTF-8" with no place).
+    #[test]
+    fn read_text_names_where_a_file_is_not_utf8() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("t.toml");
+        std::fs::write(&p, b"heads = 8\nmask = \"caf\xe9\"\n").unwrap();
+        let e = read_text(&p).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidData);
+        assert_eq!(e.to_string(), "not UTF-8 text: the byte at offset 21 (line 2, column 12) is not valid UTF-8; save the file as UTF-8");
+        std::fs::write(&p, "heads = 8\n").unwrap();
+        assert_eq!(read_text(&p).unwrap(), "heads = 8\n");
+    }
 
     #[test]
     fn counted_lines_equal_lines_counted_from_the_start() {

@@ -420,7 +420,7 @@ impl JobSpec {
     /// sets no job field (an empty trace would run the family's defaults without a word).
     pub fn from_toml_file(path: &str) -> Result<Self, SpecError> {
         let text =
-            std::fs::read_to_string(path).map_err(|e| SpecError::Trace { path: path.into(), message: format!("cannot read: {e}") })?;
+            tpusim_io::read_text(path).map_err(|e| SpecError::Trace { path: path.into(), message: format!("cannot read: {e}") })?;
         let mut spec = Self::from_toml_str(&text, path)?;
         if spec.set_fields().is_empty() {
             return Err(SpecError::Trace {

@@ -248,7 +248,7 @@ impl SweepDef {
     /// # Errors
     /// [`SweepError`] naming the file and the key (module docs).
     pub fn from_file(path: &str, set: &[String]) -> Result<Self, SweepError> {
-        let text = std::fs::read_to_string(path).map_err(|e| SweepError::new(format!("cannot read sweep file {path}: {e}")))?;
+        let text = tpusim_io::read_text(path).map_err(|e| SweepError::new(format!("cannot read sweep file {path}: {e}")))?;
         Self::parse_in(&text, path, set, Path::new(path).parent().unwrap_or(Path::new("")))
     }
 

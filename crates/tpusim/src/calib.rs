@@ -165,7 +165,7 @@ pub fn cmd_validate(a: &ValidateArgs) -> Result<String, CliError> {
     // Checked before the work (the cross-validation takes minutes): every --into file exists and
     // has the markers of some part this command writes (nothing is written yet).
     for into in &a.into {
-        let text = std::fs::read_to_string(into).map_err(|e| CliError::input(format!("--into {into}: cannot read it: {e}")))?;
+        let text = tpusim_io::read_text(into).map_err(|e| CliError::input(format!("--into {into}: cannot read it: {e}")))?;
         let tags = tags_of(a);
         if !tags.iter().any(|t| tpusim_io::mark::has_part(&text, t)) {
             let (begin, end) = tpusim_io::mark::splice_markers(tags[0]);

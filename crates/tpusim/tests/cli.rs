@@ -747,3 +747,19 @@ fn an_mxu_bound_run_says_whether_fold_loads_or_result_latency_bound_it() {
     let big = run_json(&["--heads", "32", "--seq-len", "8192", "--mask", "causal", "--block-q", "2048", "--block-kv", "2048", "--block-kv-compute", "512"]);
     assert!(big["mxu_fold_load_share"].as_f64().unwrap() < 0.5, "{}", big["mxu_fold_load_share"]);
 }
+
+/// A trace, chip model or sweep file that is not UTF-8 (a Latin-1 `é`) is refused with where
+/// its first bad byte is; the message was "stream did not contain valid UTF-8", with no place.
+#[test]
+fn a_file_that_is_not_utf8_is_refused_with_its_position() {
+    let dir = std::env::temp_dir().join(format!("tpusim-utf8-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let f = dir.join("latin1.toml");
+    std::fs::write(&f, b"heads = 8\nmask = \"caf\xe9\"\n").unwrap();
+    let f = f.to_str().unwrap();
+    let at = "not UTF-8 text: the byte at offset 21 (line 2, column 12) is not valid UTF-8; save the file as UTF-8";
+    expect_input_error(&["run", "--trace", f], &["--trace", at]);
+    expect_input_error(&["chip", "show", f], &[at]);
+    expect_input_error(&["sweep", f, "--out", dir.join("o.csv").to_str().unwrap()], &["sweep file", at]);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

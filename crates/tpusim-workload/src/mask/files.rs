@@ -41,7 +41,7 @@ fn file_err(path: &str, message: String) -> MaskError {
 }
 
 fn read_text(path: &str) -> Result<String, MaskError> {
-    std::fs::read_to_string(path).map_err(|e| file_err(path, format!("cannot read: {e}")))
+    tpusim_io::read_text(path).map_err(|e| file_err(path, format!("cannot read: {e}")))
 }
 
 fn parse_json(text: &str, path: &str) -> Result<Value, MaskError> {

@@ -169,7 +169,7 @@ impl DecodeReport {
             // streams few query rows through each weight fold it loads.
             let sh = 100.0 * share(Unit::Mxu);
             match crate::mxu_fold_load_share(run) {
-                Some(f) if f >= 0.5 => format!(
+                Some(f) if f >= crate::FOLD_LOADS_BOUND => format!(
                     "bound by the MXU's weight-fold loads ({sh:.0}% of its critical path): {:.0}% of the MXU's busy time is matmuls whose folds take longer to load than their few query rows take to stream (more query rows per fold, e.g. the q heads that share a KV head in one matmul, amortise each load)",
                     100.0 * f
                 ),

@@ -1311,6 +1311,10 @@ pub(crate) struct BoundBy<'a> {
     pub mxu_fold_load_share: Option<f64>,
 }
 
+/// The [`Report::mxu_fold_load_share`] from which the MXU's weight-fold loads, not its result
+/// latency, are said to bound an MXU-bound run (the run report's and the decode report's words).
+pub(crate) const FOLD_LOADS_BOUND: f64 = 0.5;
+
 /// [`Report::mxu_fold_load_share`] of a run: its kernels' matmuls, each class's works times the
 /// steps that ran it, split by which bound of `matmul_parts` sets their occupancy.
 fn mxu_fold_load_share(run: &Run) -> Option<f64> {
@@ -1405,7 +1409,7 @@ pub(crate) fn write_bound_by(s: &mut String, b: &BoundBy<'_>) {
             // An MXU that bounds the run but gains nothing from twice its row rate: say which part
             // of its work does bound it.
             let mxu_part = match b.mxu_fold_load_share {
-                Some(f) if unit == Unit::Mxu && gain("mxu") < whatif::CO_BOUND_MIN_GAIN && f >= 0.5 => format!(
+                Some(f) if unit == Unit::Mxu && gain("mxu") < whatif::CO_BOUND_MIN_GAIN && f >= FOLD_LOADS_BOUND => format!(
                     "; the MXU's weight-fold loads bound it, not its row rate: {:.0}% of its busy time is matmuls whose folds take longer to load than their rows take to stream (more rows per fold, a larger block_q or m, amortise each load)",
                     100.0 * f
                 ),

@@ -492,8 +492,8 @@ impl Description {
     /// Checks the fields this reader relies on.
     fn check(&self) -> Result<(), PallasError> {
         if let Some(f) = &self.family {
-            if f.is_empty() || f.len() > 100 || !f.chars().all(|c| c.is_ascii_alphanumeric() || "._-".contains(c)) {
-                return Err(PallasError::field("family", format!("\"{f}\""), "expected a kernel family word of letters, digits, `.`, `_` and `-` (e.g. \"megablox-gmm\"), at most 100 characters"));
+            if !crate::family::is_word(f) {
+                return Err(PallasError::field("family", format!("\"{f}\""), crate::family::WORD_RULE));
             }
         }
         let kind = &self.producer.device_kind;

@@ -19,6 +19,15 @@
 
 use crate::desc::{Description, Op};
 
+/// What a kernel family word may be (a description's `family`, the `family=` of
+/// `tpusim.jax`): the words of the table above, and any label a user gives.
+pub const WORD_RULE: &str = "expected a kernel family word of letters, digits, `.`, `_` and `-` (e.g. \"megablox-gmm\"), at most 100 characters";
+
+/// Whether `f` is a kernel family word ([`WORD_RULE`]).
+pub fn is_word(f: &str) -> bool {
+    !f.is_empty() && f.len() <= 100 && f.chars().all(|c| c.is_ascii_alphanumeric() || "._-".contains(c))
+}
+
 /// One row of the table (module docs).
 struct Rule {
     family: &'static str,

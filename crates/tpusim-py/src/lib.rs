@@ -520,16 +520,18 @@ fn default_job(spec: JobSpec) -> JobSpec {
     tpusim_job::case_study_or(spec)
 }
 
-/// Builds and runs a job (its report with the what-if table, notes and shipped measurement);
-/// errors name fields as the caller gave them (a length given as seq_len is named seq_len).
-fn run_job(spec: &JobSpec) -> Result<(Report, String), String> {
+/// Builds and runs a job: its report (with the what-if table, notes and shipped measurement),
+/// its pipelines ([`pipelines`]) and its design what-ifs (`tpusim_job::design_what_ifs`: the
+/// options its kernel family has no setting for); errors name fields as the caller gave them
+/// (a length given as seq_len is named seq_len).
+fn run_job(spec: &JobSpec) -> Result<(Report, String, Vec<String>), String> {
     let chip = spec.chip().map_err(|e| as_given(spec, e))?;
     let job = spec.build(&chip).map_err(|e| as_given(spec, e))?;
     let run = tpusim_job::run(&chip, &job).map_err(|e| as_given(spec, e))?;
     let mut rep = Report::from_run(&run);
     rep.render_notes(&mut |f, v| spec.describe_setting(f, v, FieldStyle::Key));
     rep.measured = tpusim_calib::shipped_measurement(&chip, &job, rep.latency_ms);
-    Ok((rep, pipelines(&run)))
+    Ok((rep, pipelines(&run), tpusim_job::design_what_ifs(&job)))
 }
 
 /// Every kernel phase's pipeline ([`tpusim_model::Program::pipeline`]) as JSON: a list of
@@ -557,7 +559,7 @@ fn pipelines(run: &tpusim_job::Run) -> String {
 
 /// Builds and runs a job on another thread without the GIL, Ctrl-C checked meanwhile.
 fn run_spec(py: Python<'_>, spec: JobSpec, given: &Given) -> PyResult<(Report, String)> {
-    interruptible_once(py, move || run_job(&spec))?.map_err(|e| input_err(given.fix(e)))
+    interruptible_once(py, move || run_job(&spec).map(|(r, p, _)| (r, p)))?.map_err(|e| input_err(given.fix(e)))
 }
 
 /// The result of one simulation, whichever front end described the kernel: a hand-modelled job
@@ -963,13 +965,9 @@ fn sweep<'py>(py: Python<'py>, points: &Bound<'py, PyAny>, base: Option<&Bound<'
     let stop = cancel.clone();
     let reports = interruptible(py, &cancel, move || {
         use rayon::prelude::*;
-        // Each run with its design what-ifs (the options its kernel family has no setting for),
-        // which `tpusim sweep` gives in its `design_whatif` column.
-        let what_ifs = |s: &JobSpec| s.chip().ok().and_then(|c| s.build(&c).ok()).map(|j| tpusim_job::design_what_ifs(&j)).unwrap_or_default();
-        specs
-            .par_iter()
-            .map(|s| if stop.load(Ordering::Relaxed) { Err(String::new()) } else { run_job(s).map(|(r, _)| (r, what_ifs(s))) })
-            .collect::<Vec<_>>()
+        // Each run with its design what-ifs, which `tpusim sweep` gives in its `design_whatif`
+        // column.
+        specs.par_iter().map(|s| if stop.load(Ordering::Relaxed) { Err(String::new()) } else { run_job(s).map(|(r, _, w)| (r, w)) }).collect::<Vec<_>>()
     })?;
     for ((d, _, given), r) in points.iter().zip(reports) {
         let row = PyDict::new(py);
@@ -1270,6 +1268,14 @@ fn kernel_family(kernel_name: &str, files: Vec<String>) -> Option<&'static str> 
     tpusim_pallas::family::recognise(kernel_name, files.iter().map(String::as_str))
 }
 
+/// `None` when `family` is a kernel family word (`tpusim_pallas::family::is_word`), else what
+/// one may be: the rule a description's `family` is read by, for `tpusim.jax`'s `family=`.
+#[pyfunction]
+#[pyo3(name = "_family_word_rule")]
+fn family_word_rule(family: &str) -> Option<&'static str> {
+    (!tpusim_pallas::family::is_word(family)).then_some(tpusim_pallas::family::WORD_RULE)
+}
+
 /// Simulates a kernel description (JSON text, as `tpusim.jax.describe` writes it; side files
 /// resolved against `folder`) on `chip` with `set` overrides (`SECTION.FIELD=VALUE` strings).
 /// Used by `tpusim.jax.simulate`; returns a `Report` (its `job` is `{kind: "described", file,
@@ -1318,6 +1324,7 @@ fn tpusim_py(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(measurements_from_trace, m)?)?;
     m.add_function(wrap_pyfunction!(trace_ops, m)?)?;
     m.add_function(wrap_pyfunction!(kernel_family, m)?)?;
+    m.add_function(wrap_pyfunction!(family_word_rule, m)?)?;
     m.add_function(wrap_pyfunction!(mask_text, m)?)?;
     m.add_function(wrap_pyfunction!(tile_counts, m)?)?;
     m.add_function(wrap_pyfunction!(simulate_kernel_ir, m)?)?;

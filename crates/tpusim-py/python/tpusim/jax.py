@@ -1827,15 +1827,13 @@ def _call_operands(fn, args, mesh):
 
 def _family_arg(family):
     """The `family` keyword of `describe`, `describe_all` and `simulate`, checked: `None` or a
-    kernel family word (the rule a description's `family` follows, `DESCRIPTION.md`)."""
-    import re
-
-    if family is None or (isinstance(family, str) and re.fullmatch(r"[A-Za-z0-9._-]{1,100}", family)):
+    kernel family word (the rule a description's `family` is read by, `DESCRIPTION.md`)."""
+    if family is None:
+        return None
+    why = _tpusim._family_word_rule(family if isinstance(family, str) else "")
+    if why is None:
         return family
-    raise InputError(
-        f"family = {family!r}: expected a kernel family word of letters, digits, `.`, `_` and `-` (e.g. \"megablox-gmm\"), "
-        "at most 100 characters; the families with their own error band are listed in traces/measured/kernels/README.md"
-    )
+    raise InputError(f"family = {family!r}: {why}; the families with their own error band are listed in traces/measured/kernels/README.md")
 
 
 def describe_all(fn, *args, chip="v6e", device_kind=None, family=None):

@@ -43,7 +43,7 @@ def test_catalogue_names_kernel_words_and_row_ids():
         assert not e.kernel.startswith(mb.PREFIX) and not e.row_id("v6e").startswith("MB-")
     # Every mechanism the kit promises has entries.
     kinds = {e.kernel for e in mech}
-    for k in ("copy", "dma", "step", "matmul", "vpu", "eup", "xlu", "headdim"):
+    for k in ("copy", "dma", "step", "matmul", "mxu", "vpu", "eup", "xlu", "headdim"):
         assert mb.PREFIX + k in kinds
     # The public copy: exactly t = 1 .. 128, and the two public DMA patterns.
     ts = sorted(int(e.name.rsplit("-t", 1)[1]) for e in mech if re.fullmatch(r"microbench-copy-t\d+", e.name))
@@ -74,6 +74,37 @@ def test_the_public_copy_is_the_public_kernel(t):
         ("input", [t, 4, 128], "bf16", [2048, 4, 128]),
         ("output", [t, 4, 128], "bf16", [2048, 4, 128]),
     ]
+
+
+def test_the_paged_gather_moves_its_pages_bytes_at_every_page_size():
+    """A page copy per table entry: equal tokens and heads move equal bytes whatever the page
+    size (2048 tokens x heads x 128 bf16, and the one row copied out), so that a measured time
+    that grows as pages shrink is a page copy's own cost."""
+    got = {}
+    for e in mb.select(r"dma-paged-p\d+-h8$"):
+        fn, args = e.build()
+        table, cache = args
+        page = int(e.name.split("-p")[-1].split("-")[0])
+        assert table.dtype == "int32" and table.shape == (2048 // page,) and len(set(table.tolist())) == table.size
+        assert tuple(cache.shape) == (4 * 2048 // page, page, 8, 128)
+        r = tj.simulate(fn, *args, chip="v6e").kernels[0]
+        assert r.hbm_bytes == 2048 * 8 * 128 * 2 + 8 * 128 * 2, e.name
+        got[page] = r.latency_ms
+    assert sorted(got) == [16, 64, 256]
+
+
+def test_the_mxu_fold_entries_run_their_matmuls():
+    """64 matmuls a step over 8 steps of resident blocks: the executed MXU work is theirs, and
+    only the first step copies its inputs."""
+    for e in mb.select(r"mxu-fold-m8-k(128-n128|256-n256)$"):
+        fn, args = e.build()
+        x, w = args
+        (m, k), (reps, k2, n) = x.shape, w.shape
+        assert (m, k, reps) == (8, k2, 64)
+        r = tj.simulate(fn, *args, chip="v6e").kernels[0]
+        assert r.useful_flops == 2 * m * k * n * reps * 8, e.name
+        assert r.hbm_bytes == (m * k + reps * k * n) * 2 + m * n * 4, e.name
+        assert r.bottleneck == "mxu", e.name
 
 
 def test_simulate_prints_each_prediction_as_tpusim_jax_simulates_it():

@@ -2,9 +2,10 @@
 your own chip: `python -m tpusim.microbench`.
 
 The catalogue (`catalogue()`) is a list of small Pallas kernels, each isolating one mechanism of
-the chip (a pipelined copy at block sizes and layouts, DMA issue, size and concurrency, empty
-grid steps and one-step calls, matmuls at block sizes with 8- and 16-bit operands, dependent
-chains on the VPU, EUP and XLU, head_dim 64 against 128). Each `Entry` has a name
+the chip (a pipelined copy at block sizes and layouts, DMA issue, size and concurrency, paged
+gathers from an SMEM page table at page sizes and head counts, empty grid steps and one-step
+calls, matmuls at block sizes with 8- and 16-bit operands, weight-load-bound matmuls whose folds
+fill part of the MXU, dependent chains on the VPU, EUP and XLU, head_dim 64 against 128). Each `Entry` has a name
 (`microbench-<mechanism>-<params>`), its kernel family word (`microbench-<mechanism>`, the
 `kernel` column of the rows it makes), the mechanism it isolates, the chip parameters it pins
 (free text), and `build()`: the function and its arguments (`jax.ShapeDtypeStruct`s).
@@ -206,6 +207,16 @@ def _entries():
         partial(k.resident_chain, "lane-max", 16, dtype=jnp.float32, **chain),
     )
 
+    for m, kk, n in ((8, 128, 128), (8, 128, 256), (8, 256, 128), (8, 256, 256), (256, 256, 256)):
+        add(
+            f"microbench-mxu-fold-m{m}-k{kk}-n{n}", "microbench-mxu",
+            f"64 bf16 matmuls of a resident ({m}, {kk}) block by 64 different ({kk}, {n}) weight blocks, summed in f32, 8 steps",
+            "the MXU's weight-fold load time (mxu.rows, mxu.passes_per_cycle) and whether a fold that fills part of the "
+            "array (a 128-wide contraction or output, as head_dim 128 makes on v6e) loads in part of the time; at m = 256, "
+            "streaming against loading",
+            partial(k.mxu_fold, m, kk, n),
+        )
+
     for d in (64, 128):
         add(
             f"microbench-headdim-attn-d{d}", "microbench-headdim",
@@ -218,6 +229,16 @@ def _entries():
             f"pipelined copy of bf16[16384, {d}] in (1024, {d}) blocks: {d} of 128 lanes",
             "copies of blocks narrower than the 128 lanes (HBM layout, DMA rate per byte)",
             partial(k.copy, (16384, d), (1024, d), jnp.bfloat16),
+        )
+
+    for page, heads in ((16, 8), (64, 8), (256, 8), (64, 2), (64, 16)):
+        add(
+            f"microbench-dma-paged-p{page}-h{heads}", "microbench-dma",
+            f"one program: a page table in SMEM, {2048 // page} copies of one {page}-token page of bf16[{page}, {heads}, 128] "
+            f"({page * heads // 4} KiB) HBM to VMEM started in a scalar loop, then waited; 2048 tokens in all",
+            "what a page copy costs beyond its bytes (descriptor from an SMEM page table in a scalar loop), and copies whose "
+            "second-minor dimension is below bf16's 16-row tile (heads 2, 8) against a whole tile (16): paged attention's KV fetch",
+            partial(k.dma_paged, page, heads),
         )
 
     for nspb in (8, 16, 32, 64, 128, 256):

@@ -377,6 +377,9 @@ impl fmt::Display for ChipIdentity {
     }
 }
 
+/// The tables of a chip model file, in [`ChipModel`]'s order.
+const TABLES: &[&str] = &["device", "mxu", "vpu", "eup", "xlu", "vmem", "smem", "hbm", "ici", "host", "fitted"];
+
 impl ChipModel {
     /// Parses and validates a chip model from TOML text. `origin` names the file in errors.
     ///
@@ -388,7 +391,15 @@ impl ChipModel {
         let mut chip: ChipModel = serde_path_to_error::deserialize(toml::Deserializer::new(text)).map_err(|e| {
             let path = e.path().to_string();
             let message = if path.is_empty() || path == "." {
-                one_line(&e.inner().to_string())
+                // A missing top-level table or key reads as serde's "missing field" at line 1.
+                match e.inner().message().strip_prefix("missing field `").and_then(|m| m.strip_suffix('`')) {
+                    Some(k) if TABLES.contains(&k) => format!(
+                        "missing table [{k}]: a chip model has the tables {} (their fields: models/README.md)",
+                        TABLES.iter().map(|t| format!("[{t}]")).collect::<Vec<_>>().join(", ")
+                    ),
+                    Some(k) => format!("missing key '{k}' at the top of the file (a chip model starts with name = \"...\" and description = \"...\")"),
+                    None => one_line(&e.inner().to_string()),
+                }
             } else {
                 let key = path.strip_suffix(".value").unwrap_or(&path);
                 let plain = tpusim_io::plain_error(key, e.inner().message());
@@ -985,6 +996,21 @@ mod tests {
             let err = v6e.with_override(key, bad).unwrap_err().to_string();
             assert!(err.contains(key) && err.contains(bad) && err.contains(rule), "{key}={bad}: {err}");
         }
+    }
+
+    /// A missing table, or a missing top-level key, is named (serde says "missing field" at
+    /// line 1, quoting the file's first line).
+    #[test]
+    fn a_missing_table_is_named_with_the_tables_a_model_has() {
+        let text = include_str!("../../../models/v6e.toml");
+        let (start, end) = (text.find("\n[ici]").expect("[ici]"), text.find("\n[host]").expect("[host]"));
+        let no_ici = format!("{}{}", &text[..start], &text[end..]);
+        let err = ChipModel::from_toml_str(&no_ici, "edited.toml").unwrap_err().to_string();
+        assert!(err.contains("missing table [ici]") && err.contains("[device], [mxu]") && err.contains("[fitted]"), "{err}");
+        assert!(!err.contains("line 1"), "{err}");
+        let no_name = text.replacen("name = \"v6e\"\n", "", 1);
+        let err = ChipModel::from_toml_str(&no_name, "edited.toml").unwrap_err().to_string();
+        assert!(err.contains("missing key 'name' at the top of the file"), "{err}");
     }
 
     #[test]

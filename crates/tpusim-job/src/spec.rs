@@ -612,6 +612,8 @@ impl JobSpec {
             if given.iter().any(|(n, _)| n == name) {
                 return Err(SpecError::field("runtime", name, "given twice (each runtime operand takes one file)"));
             }
+            // The name first: a mistyped name is named as such, not as a file that cannot be read.
+            tpusim_pallas::runtime::check_runtime_name(&desc, name).map_err(description)?;
             let v = tpusim_pallas::runtime::RuntimeValue::from_npy(std::path::Path::new(npy))
                 .map_err(|e| SpecError::Description(format!("`runtime` {name}: {e}")))?;
             given.push((name.to_string(), v));

@@ -99,6 +99,33 @@ pub fn runtime_operands(d: &Description) -> Vec<(usize, String)> {
         .collect()
 }
 
+/// The runtime operand `name` names (its operand name or its ref's name): (ref index, operand
+/// name), so that a name can be checked before its file is read.
+///
+/// # Errors
+/// [`PallasError::Field`] `--runtime NAME` for a name that is no runtime operand of the kernel:
+/// the names it has are listed, the closest first when one is within two edits of `name`.
+pub fn check_runtime_name(d: &Description, name: &str) -> Result<(usize, String), PallasError> {
+    runtime_operand(d, &runtime_operands(d), name)
+}
+
+fn runtime_operand(d: &Description, ops: &[(usize, String)], name: &str) -> Result<(usize, String), PallasError> {
+    if let Some((i, n)) = ops.iter().find(|(i, n)| n == name || d.refs[*i].name == *name) {
+        return Ok((*i, n.clone()));
+    }
+    let names: Vec<String> = ops.iter().map(|(_, n)| format!("`{n}`")).collect();
+    let near = ops.iter().map(|(_, n)| (strsim::levenshtein(n, name), n)).filter(|(e, _)| *e <= 2).min_by_key(|(e, _)| *e);
+    Err(PallasError::field(
+        &format!("--runtime {name}"),
+        name,
+        match (names.is_empty(), near) {
+            (true, _) => format!("kernel `{}` has no runtime operand (every table it reads is a constant of the lowering)", d.kernel_name),
+            (false, Some((_, n))) => format!("did you mean `{n}`? kernel `{}` has the runtime operands {}", d.kernel_name, names.join(", ")),
+            (false, None) => format!("kernel `{}` has the runtime operands {}", d.kernel_name, names.join(", ")),
+        },
+    ))
+}
+
 /// Replaces the runtime tables named in `given` (operand name -> value) by inline values.
 ///
 /// # Errors
@@ -107,20 +134,8 @@ pub fn runtime_operands(d: &Description) -> Vec<(usize, String)> {
 pub fn bind_runtime(d: &mut Description, given: &[(String, RuntimeValue)]) -> Result<(), PallasError> {
     let ops = runtime_operands(d);
     for (name, v) in given {
-        let hit = ops.iter().find(|(i, n)| n == name || d.refs[*i].name == *name);
-        let Some((i, n)) = hit else {
-            let names: Vec<String> = ops.iter().map(|(_, n)| format!("`{n}`")).collect();
-            return Err(PallasError::field(
-                &format!("--runtime {name}"),
-                name,
-                if names.is_empty() {
-                    format!("kernel `{}` has no runtime operand (every table it reads is a constant of the lowering)", d.kernel_name)
-                } else {
-                    format!("kernel `{}` has the runtime operands {}", d.kernel_name, names.join(", "))
-                },
-            ));
-        };
-        let r = &mut d.refs[*i];
+        let (i, n) = runtime_operand(d, &ops, name)?;
+        let r = &mut d.refs[i];
         let want: u64 = r.shape.iter().product();
         if v.values.len() as u64 != want {
             return Err(PallasError::field(

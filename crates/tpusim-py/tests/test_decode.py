@@ -113,6 +113,9 @@ def test_missing_lengths_and_bad_page_tables_are_errors(tmp_path):
     assert json.loads(out)["hbm_bytes"] == tj.paged_attention_step(q, kv, kv, np.array([40, 128], np.int32), table, pages_per_compute_block=2).hbm_bytes
     _, err = run_cli("run", "--kernel-ir", path, "--runtime", f"lens={tmp_path / 'lengths.npy'}", expect=2)
     assert "runtime operands `lengths`" in err, err
+    # A mistyped name is named as such (with the name it is near), before its file is read.
+    _, err = run_cli("run", "--kernel-ir", path, "--runtime", f"lenghts={tmp_path / 'no-such.npy'}", expect=2)
+    assert "did you mean `lengths`?" in err and "no-such.npy" not in err, err
 
 
 def test_decode_sweep_relowers_per_point(tmp_path):

@@ -217,6 +217,21 @@ impl Job {
 pub const DESCRIBED_LACKS: &[&str] =
     &["pair_density", "exact_pair_density", "tile_density", "useful_fraction", "dense_latency_ms", "tile_skip_efficiency", "speedup_vs_dense"];
 
+/// Why a [`Report`] field that its JSON leaves out when it has no value is absent, for front ends
+/// asked for it by name (`report.declared_cost_estimate` in Python): `None` for any other name.
+pub fn absent_field_reason(described: bool, name: &str) -> Option<&'static str> {
+    match name {
+        _ if described && DESCRIBED_LACKS.contains(&name) => {
+            Some("a kernel read from its IR lacks it (its IR does not state an attention workload)")
+        }
+        "declared_cost_estimate" if described => {
+            Some("the kernel declares no pl.CostEstimate (cost_estimate= of its pallas_call); cost_estimate holds the run's own totals")
+        }
+        "declared_cost_estimate" | "smem_bytes" => Some("only a kernel read from its IR (tpusim.jax, tpusim run --kernel-ir) has it"),
+        _ => None,
+    }
+}
+
 /// Everything one run produced.
 #[derive(Debug, Clone)]
 pub struct Run {

@@ -678,10 +678,9 @@ impl PyReport {
         match d.get_item(name) {
             Ok(v) => Ok(v),
             Err(_) => Err(pyo3::exceptions::PyAttributeError::new_err(
-                if matches!(self.report.job, Job::Described(_)) && tpusim_job::DESCRIBED_LACKS.contains(&name) {
-                    format!("Report has no field '{name}': a kernel read from its IR lacks it (its IR does not state an attention workload)")
-                } else {
-                    format!("Report has no field '{name}'")
+                match tpusim_job::absent_field_reason(matches!(self.report.job, Job::Described(_)), name) {
+                    Some(why) => format!("Report has no field '{name}': {why}"),
+                    None => format!("Report has no field '{name}'"),
                 },
             )),
         }

@@ -209,6 +209,31 @@ def test_cost_estimate_fields():
     r = tpusim.simulate(heads=8, seq_len=4096, mask="causal", block_q=512, block_kv=512)
     assert r.cost_estimate == {"flops": round(r.flops), "transcendentals": round(r.transcendentals), "bytes_accessed": r.hbm_bytes}
     assert "pl.CostEstimate(flops=" in str(r)
+    # A hand-modelled job has no declared estimate, and says why when asked for one.
+    with pytest.raises(AttributeError, match="declared_cost_estimate': only a kernel read from its IR"):
+        r.declared_cost_estimate
+    with pytest.raises(AttributeError, match="^Report has no field 'no_such_field'$"):
+        r.no_such_field
+
+
+def test_a_kernel_that_declares_no_cost_estimate_says_so():
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+    from jax.experimental import pallas as pl
+
+    import tpusim.jax as tj
+
+    def copy(x):
+        def body(x_ref, o_ref):
+            o_ref[...] = x_ref[...]
+
+        spec = pl.BlockSpec((8, 128), lambda i: (i, 0))
+        return pl.pallas_call(body, grid=(4,), in_specs=[spec], out_specs=spec, out_shape=jax.ShapeDtypeStruct((32, 128), jnp.float32))(x)
+
+    r = tj.simulate(copy, jax.ShapeDtypeStruct((32, 128), jnp.float32), chip="v6e").kernels[0]
+    assert r.cost_estimate["bytes_accessed"] == r.hbm_bytes
+    with pytest.raises(AttributeError, match="declares no pl.CostEstimate"):
+        r.declared_cost_estimate
 
 
 def test_tune_prints_block_sizes_ready_to_paste():

@@ -56,6 +56,18 @@ pub fn shipped_measurement(chip: &ChipModel, job: &Job, latency_ms: f64) -> Opti
     })
 }
 
+/// When `job` has a shipped row on the preset `chip` is named after but `chip`'s parameters
+/// differ from the preset's (a `--set` what-if, or another file of that name), a note saying so:
+/// the measurement is of the chip as built, so no error is given against this model.
+pub fn what_if_measurement_note(chip: &ChipModel, job: &Job) -> Option<String> {
+    let hash = chip.parameter_hash();
+    let e = entries().iter().find(|e| e.row.chip == chip.name && e.chip_hash != hash && e.job == *job)?;
+    Some(format!(
+        "row {} of {} measured this job at {:.2} ms on the {} preset; this chip model's parameters differ from it (--set or another file), so the prediction is not compared with it",
+        e.row.id, SHIPPED_PATH, e.row.measured_ms, e.row.chip
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -72,5 +84,10 @@ mod tests {
         // A what-if chip is not the chip that was measured.
         let fast = JobSpec { set: vec!["hbm.bandwidth_gb_per_s=3276".into()], ..Default::default() }.chip().unwrap();
         assert!(shipped_measurement(&fast, &job, 75.0).is_none());
+        // ... and says so, naming the row the job has on the chip as built.
+        let note = what_if_measurement_note(&fast, &job).expect("a note for the what-if chip");
+        assert!(note.contains("row VD-B0") && note.contains("78.70 ms") && note.contains("differ"), "{note}");
+        assert!(what_if_measurement_note(&chip, &job).is_none());
+        assert!(what_if_measurement_note(&fast, &other).is_none());
     }
 }

@@ -531,6 +531,9 @@ fn run_job(spec: &JobSpec) -> Result<(Report, String, Vec<String>), String> {
     let mut rep = Report::from_run(&run);
     rep.render_notes(&mut |f, v| spec.describe_setting(f, v, FieldStyle::Key));
     rep.measured = tpusim_calib::shipped_measurement(&chip, &job, rep.latency_ms);
+    if rep.measured.is_none() {
+        rep.notes.extend(tpusim_calib::what_if_measurement_note(&chip, &job));
+    }
     Ok((rep, pipelines(&run), tpusim_job::design_what_ifs(&job)))
 }
 

@@ -248,6 +248,9 @@ pub fn cmd_run(a: &RunArgs) -> Result<String, CliError> {
         rep.notes.extend(family_defaults_note(&spec, &job));
     }
     rep.measured = tpusim_calib::shipped_measurement(&chip, &job, rep.latency_ms);
+    if rep.measured.is_none() {
+        rep.notes.extend(tpusim_calib::what_if_measurement_note(&chip, &job));
+    }
     let text = match a.format {
         Format::Json => rep.to_json(),
         Format::Table => rep.to_table(),

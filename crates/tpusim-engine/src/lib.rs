@@ -827,8 +827,10 @@ impl<'a> Pipeline<'a> {
         let waited = (ready - (front + scalar)).max(0.0);
         // The next step's inputs are issued as this step starts (double buffering).
         // Its buffer is the one the previous step read, so it also waits for that step to be done.
+        // Inputs of one-buffer windows (`pl.Buffered(1)`) fill the buffer this step reads: they
+        // are issued once its body is done (below).
         let buffer_free = start.max(self.t.done);
-        let next_in = next_c.map_or(0, |c| c.in_bytes);
+        let next_in = next_c.map_or(0, |c| c.in_bytes - c.in_bytes_sync);
         self.t.pending = (next_in > 0).then(|| self.transfer(buffer_free, self.lat_in, next_in));
         let (front_end, done) = if tr.empty {
             (start, start)
@@ -846,6 +848,11 @@ impl<'a> Pipeline<'a> {
             self.t.hbm_free = self.t.hbm_free.max(units[Unit::Hbm.index()]);
             (e, d)
         };
+        let sync_in = next_c.map_or(0, |c| c.in_bytes_sync);
+        if sync_in > 0 {
+            let (a, b) = self.transfer(done, self.lat_in, sync_in);
+            self.t.pending = Some(self.t.pending.map_or((a, b), |(a0, b0)| (a0.min(a), b0.max(b))));
+        }
         let cur_out = cur_c.out_bytes;
         let dma_out = (cur_out > 0).then(|| self.write_back(done, cur_out));
         if let Some((_, e)) = dma_out {

@@ -79,6 +79,19 @@ pub struct CopySet {
     pub out_dmas: u32,
     /// The copies' own bytes, in and out, padding left out ([`Copy::useful_bytes`]).
     pub useful_bytes: u64,
+    /// Of `in_bytes`, the copies into windows of one buffer (`pl.Buffered(1)`, Mosaic's
+    /// `synchronous` pipeline mode): each fills the buffer the step before reads, so it can start
+    /// only once that step's body is done (the engine's rule; double and deeper buffers are
+    /// prefetched while the step before runs).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub in_bytes_sync: u64,
+    /// DMAs of those copies (of `in_dmas`).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub in_dmas_sync: u32,
+}
+
+fn is_zero<T: Default + PartialEq>(x: &T) -> bool {
+    *x == T::default()
 }
 
 impl CopySet {
@@ -91,6 +104,10 @@ impl CopySet {
                 Direction::In => {
                     s.in_bytes += c.bytes;
                     s.in_dmas += c.dmas;
+                    if c.buffers == 1 {
+                        s.in_bytes_sync += c.bytes;
+                        s.in_dmas_sync += c.dmas;
+                    }
                 }
                 Direction::Out => {
                     s.out_bytes += c.bytes;

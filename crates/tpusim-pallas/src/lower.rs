@@ -1141,7 +1141,7 @@ fn check_vmem(chip: &ChipModel, d: &Description, decl: &KernelDecl) -> Result<Vm
 fn assumptions(chip: &ChipModel, d: &Description, folded: usize, f32_mm: u64) -> Vec<String> {
     let mut out = vec![
         "body ops cost (8,128) 32-bit registers on their unit (the model crate's one table, crates/tpusim-model/src/body/cost.rs); loads, stores, broadcasts and reshapes are free".to_string(),
-        "windows follow Pallas's pipeline rule (copy when the block index changes, write back when it will change); every window is timed double-buffered".to_string(),
+        "windows follow Pallas's pipeline rule (copy when the block index changes, write back when it will change), double-buffered; a one-buffer window's copy (pl.Buffered(1)) starts when the step that reads its buffer is done".to_string(),
         "scalar-unit work (index arithmetic, SMEM loads) is part of the fixed grid-step overhead".to_string(),
         "VMEM: windows x their buffer counts, scratch, and the largest intermediate once (Mosaic's internal scratch is not in the IR)".to_string(),
     ];

@@ -661,7 +661,8 @@ impl PyReport {
     /// its order (`{role, shape, dtype, buffers, bytes}`: windows with their pipeline buffers,
     /// scratch, the largest body value), `copy_sets` the distinct sets of copies Pallas's rule
     /// makes around a step (each a `{copies: [{r, dir, bytes, dmas, shape, buffers}], in_bytes,
-    /// out_bytes, in_dmas, out_dmas}`; index 0 copies nothing) and `steps` every grid step's set
+    /// out_bytes, in_dmas, out_dmas}`, with `in_bytes_sync` / `in_dmas_sync` when one-buffer
+    /// windows copy in; index 0 copies nothing) and `steps` every grid step's set
     /// in step order as `[steps, set index]` runs. What the hand models and the IR path must
     /// declare alike (`crates/tpusim-py/agreement.py`).
     #[getter]

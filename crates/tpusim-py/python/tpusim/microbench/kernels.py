@@ -327,78 +327,6 @@ def attention_scores(head_dim, seq=2048, block=512, *, name, interpret=False):
     return _named(fn, name), [a, a, a]
 
 
-def dma_paged(page, heads, tokens=2048, *, name, interpret=False):
-    """A paged gather, as paged attention fetches a sequence's KV cache: one program reads a page
-    table (int32[tokens / page], scalar-prefetched into SMEM: pages of a bf16[4 x tokens / page,
-    page, heads, 128] cache in HBM, a permutation from NumPy's default_rng(0)) and in a scalar
-    loop (`lax.fori_loop`, as the kernels write it) starts one HBM-to-VMEM copy per page into
-    rows of a VMEM buffer bf16[tokens, heads, 128], on one semaphore, then waits each; one
-    row of the buffer is copied out so that the call has an output. Equal bytes at different
-    page sizes separate a page copy's own cost from its bytes; `heads` below bf16's 16-row tile
-    makes each token's rows a strided piece of a VMEM tile."""
-    pages = tokens // page
-    table = np.random.default_rng(0).permutation(4 * pages)[:pages].astype(np.int32)
-
-    def kernel(table_ref, cache_hbm, o_hbm, buf, sem):
-        def start(i, c):
-            pltpu.make_async_copy(cache_hbm.at[table_ref[i]], buf.at[pl.ds(i * page, page)], sem).start()
-            return c
-
-        def wait(i, c):
-            pltpu.make_async_copy(cache_hbm.at[0], buf.at[pl.ds(0, page)], sem).wait()
-            return c
-
-        jax.lax.fori_loop(0, pages, start, 0)
-        jax.lax.fori_loop(0, pages, wait, 0)
-        out = pltpu.make_async_copy(buf.at[pl.ds(0, 1)], o_hbm, sem)
-        out.start()
-        out.wait()
-
-    def fn(table, cache):
-        return pl.pallas_call(
-            kernel,
-            grid_spec=pltpu.PrefetchScalarGridSpec(
-                num_scalar_prefetch=1,
-                grid=(1,),
-                in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
-                out_specs=pl.BlockSpec(memory_space=pl.ANY),
-                scratch_shapes=[pltpu.VMEM((tokens, heads, 128), jnp.bfloat16), pltpu.SemaphoreType.DMA],
-            ),
-            out_shape=S((1, heads, 128), jnp.bfloat16),
-            name=name,
-            interpret=interpret,
-        )(table, cache)
-
-    return _named(fn, name), [table, S((4 * pages, page, heads, 128), jnp.bfloat16)]
-
-
-def mxu_fold(m, k, n, reps=64, steps=8, *, name, interpret=False):
-    """`reps` matmuls of one resident bf16 (m, k) block by `reps` different (k, n) weight blocks,
-    summed in f32: `steps` grid steps over the same blocks (no copy after the first). With few
-    rows (m = 8) each matmul's time is its weights' load into the MXU; k and n of 128 against
-    256 show whether a fold that fills part of a 256 x 256 array loads in part of the time."""
-
-    def kernel(x_ref, w_ref, o_ref):
-        x = x_ref[...]
-        acc = jnp.zeros((m, n), jnp.float32)
-        for r in range(reps):
-            acc += jnp.dot(x, w_ref[r], preferred_element_type=jnp.float32)
-        o_ref[...] = acc
-
-    def fn(x, w):
-        return pl.pallas_call(
-            kernel,
-            grid=(steps,),
-            in_specs=[pl.BlockSpec((m, k), lambda i: (0, 0)), pl.BlockSpec((reps, k, n), lambda i: (0, 0, 0))],
-            out_specs=pl.BlockSpec((m, n), lambda i: (0, 0)),
-            out_shape=S((m, n), jnp.float32),
-            name=name,
-            interpret=interpret,
-        )(x, w)
-
-    return _named(fn, name), [S((m, k), jnp.bfloat16), S((reps, k, n), jnp.bfloat16)]
-
-
 # ----------------------------------------------------------------------------------------------
 # vLLM's kv_cache_update (judge rows: they check the model and are never fitted)
 
@@ -492,3 +420,79 @@ def kv_cache_update_vllm(nspb, pipelined=False, page=64, *, name, interpret=Fals
         )(slices, new_kv, cache)
 
     return _named(fn, name), [table, S((PUBLIC_ROWS, 4, 128), jnp.bfloat16), S((PUBLIC_CACHE_ROWS, 4, 128), jnp.bfloat16)]
+
+
+# ----------------------------------------------------------------------------------------------
+# Paged gathers and weight-load-bound matmuls (no public measurement yet: kernels that would take one)
+
+
+def dma_paged(page, heads, tokens=2048, *, name, interpret=False):
+    """A paged gather, as paged attention fetches a sequence's KV cache: one program reads a page
+    table (int32[tokens / page], scalar-prefetched into SMEM: pages of a bf16[4 x tokens / page,
+    page, heads, 128] cache in HBM, a permutation from NumPy's default_rng(0)) and in a scalar
+    loop (`lax.fori_loop`, as the kernels write it) starts one HBM-to-VMEM copy per page into
+    rows of a VMEM buffer bf16[tokens, heads, 128], on one semaphore, then waits each; one
+    row of the buffer is copied out so that the call has an output. Equal bytes at different
+    page sizes separate a page copy's own cost from its bytes; `heads` below bf16's 16-row tile
+    makes each token's rows a strided piece of a VMEM tile."""
+    pages = tokens // page
+    table = np.random.default_rng(0).permutation(4 * pages)[:pages].astype(np.int32)
+
+    def kernel(table_ref, cache_hbm, o_hbm, buf, sem):
+        def start(i, c):
+            pltpu.make_async_copy(cache_hbm.at[table_ref[i]], buf.at[pl.ds(i * page, page)], sem).start()
+            return c
+
+        def wait(i, c):
+            pltpu.make_async_copy(cache_hbm.at[0], buf.at[pl.ds(0, page)], sem).wait()
+            return c
+
+        jax.lax.fori_loop(0, pages, start, 0)
+        jax.lax.fori_loop(0, pages, wait, 0)
+        out = pltpu.make_async_copy(buf.at[pl.ds(0, 1)], o_hbm, sem)
+        out.start()
+        out.wait()
+
+    def fn(table, cache):
+        return pl.pallas_call(
+            kernel,
+            grid_spec=pltpu.PrefetchScalarGridSpec(
+                num_scalar_prefetch=1,
+                grid=(1,),
+                in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+                out_specs=pl.BlockSpec(memory_space=pl.ANY),
+                scratch_shapes=[pltpu.VMEM((tokens, heads, 128), jnp.bfloat16), pltpu.SemaphoreType.DMA],
+            ),
+            out_shape=S((1, heads, 128), jnp.bfloat16),
+            name=name,
+            interpret=interpret,
+        )(table, cache)
+
+    return _named(fn, name), [table, S((4 * pages, page, heads, 128), jnp.bfloat16)]
+
+
+def mxu_fold(m, k, n, reps=64, steps=8, *, name, interpret=False):
+    """`reps` matmuls of one resident bf16 (m, k) block by `reps` different (k, n) weight blocks,
+    summed in f32: `steps` grid steps over the same blocks (no copy after the first). With few
+    rows (m = 8) each matmul's time is its weights' load into the MXU; k and n of 128 against
+    256 show whether a fold that fills part of a 256 x 256 array loads in part of the time."""
+
+    def kernel(x_ref, w_ref, o_ref):
+        x = x_ref[...]
+        acc = jnp.zeros((m, n), jnp.float32)
+        for r in range(reps):
+            acc += jnp.dot(x, w_ref[r], preferred_element_type=jnp.float32)
+        o_ref[...] = acc
+
+    def fn(x, w):
+        return pl.pallas_call(
+            kernel,
+            grid=(steps,),
+            in_specs=[pl.BlockSpec((m, k), lambda i: (0, 0)), pl.BlockSpec((reps, k, n), lambda i: (0, 0, 0))],
+            out_specs=pl.BlockSpec((m, n), lambda i: (0, 0)),
+            out_shape=S((m, n), jnp.float32),
+            name=name,
+            interpret=interpret,
+        )(x, w)
+
+    return _named(fn, name), [S((m, k), jnp.bfloat16), S((reps, k, n), jnp.bfloat16)]

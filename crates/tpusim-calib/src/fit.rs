@@ -1135,7 +1135,7 @@ impl Calibration {
                 Status::Fitted if p.interval.is_none() => "fitted (no 95% interval: the rows do not pin it)".to_string(),
                 Status::Fitted => "fitted".to_string(),
                 Status::NotIdentifiable(r) => r.clone(),
-                Status::NotSelected => "not selected (--params)".to_string(),
+                Status::NotSelected => "held: not a candidate (the starting model does not fit it, or --params left it out)".to_string(),
             };
             let interval = p.interval.map_or("-".to_string(), |(a, b)| format!("{a} to {b}"));
             let _ = writeln!(

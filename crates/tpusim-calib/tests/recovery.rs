@@ -84,6 +84,12 @@ fn calibration_recovers_altered_parameters_within_2_percent() {
     }
     let after = cal.after.unwrap();
     assert!(after.worst_abs_error < 0.005, "training error after the fit: {after:?}\n{table}");
+    // A parameter left out says why it was held, whether or not --params was given.
+    for p in cal.params.iter().filter(|p| p.status == Status::NotSelected) {
+        let line = table.lines().find(|l| l.starts_with(&p.name)).unwrap_or_else(|| panic!("{}\n{table}", p.name));
+        assert!(line.ends_with("held: not a candidate (the starting model does not fit it, or --params left it out)"), "{line}");
+    }
+    assert!(cal.params.iter().any(|p| p.status == Status::NotSelected), "{table}");
     // provenance: every fitted value names the rows it was fitted to
     let ids: Vec<String> = ROWS.iter().map(|r| r.split(',').next().unwrap().to_string()).collect();
     assert_eq!(cal.model.fitted.valu_vreg_ops_per_cycle.fitted_to.as_ref(), Some(&ids));

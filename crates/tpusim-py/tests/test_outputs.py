@@ -138,6 +138,8 @@ def test_describe_replaces_its_own_files_and_anything_with_force(tmp_path):
     assert tj.describe(_gathered(), X, TABLE, path=path, force=True) == [p]
     assert path.read_bytes() == first
     assert np.array_equal(np.load(tmp_path / "k.prefetch0.npy"), TABLE)
+    # The side file keeps the table's own type (an int32 prefetch table, not int64).
+    assert np.load(tmp_path / "k.prefetch0.npy").dtype == TABLE.dtype == np.int32
     assert _files(tmp_path) == ["k.json", "k.prefetch0.npy"]
     run_cli("run", "--kernel-ir", path)
     mine = tmp_path / "precious.json"

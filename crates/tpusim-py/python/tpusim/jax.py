@@ -56,6 +56,10 @@ DEVICE_KINDS = {
 #: The description format version this module writes (the Rust reader's `VERSION`).
 DESCRIPTION_VERSION = 1
 
+#: The NumPy type a prefetch table's `.npy` side file is saved in, by the table's Mosaic type
+#: (int64 for any other: tpusim reads every integer width).
+_SIDE_FILE_DTYPES = {"i8": "int8", "i16": "int16", "i32": "int32", "i64": "int64", "ui8": "uint8", "ui16": "uint16", "ui32": "uint32", "i1": "bool"}
+
 #: Prefetch tables with more elements than this go to `.npy` side files in `describe`.
 INLINE_TABLE_LIMIT = 4096
 
@@ -1909,7 +1913,7 @@ def _planned(desc, path):
         if v and "inline" in v and len(v["inline"]) > INLINE_TABLE_LIMIT and not packed:
             side = f"{stem}.prefetch{i}.npy"
             buf = io.BytesIO()
-            np.save(buf, np.asarray(v["inline"], dtype=np.int64).reshape(r["shape"]))
+            np.save(buf, np.asarray(v["inline"], dtype=_SIDE_FILE_DTYPES.get(r.get("dtype"), "int64")).reshape(r["shape"]))
             sides.append((os.path.join(folder, side), buf.getvalue()))
             r["values"] = {"file": side}
     # Compact JSON (a serving kernel's copy sizes are deep expression trees); gzip-compressed for

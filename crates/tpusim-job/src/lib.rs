@@ -1238,9 +1238,16 @@ impl Report {
                     0.0
                 }
             };
+            // With several kernels (forward and backward), these are the first one's; the
+            // phase lines above give each kernel's.
+            let mut tiled = self.phases.iter().filter(|p| p.tiles.is_some());
+            let whose = match (tiled.next(), tiled.next()) {
+                (Some(first), Some(_)) => format!(" (the {} kernel's; the phases above give each kernel's)", first.part.label()),
+                _ => String::new(),
+            };
             let _ = writeln!(
                 s,
-                "  tiles        {} total: {} empty, {} partial, {} full; {} visited ({:.1}%), {} masked",
+                "  tiles        {} total: {} empty, {} partial, {} full; {} visited ({:.1}%), {} masked{whose}",
                 t.total,
                 t.empty,
                 t.partial,

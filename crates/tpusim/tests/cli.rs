@@ -723,6 +723,9 @@ fn a_forward_and_backward_grid_line_names_each_kernels_steps() {
     let text = String::from_utf8_lossy(&out.stdout);
     let line = text.lines().find(|l| l.trim_start().starts_with("grid ")).unwrap_or_else(|| panic!("{text}"));
     assert!(line.contains("(the forward kernel's)") && line.contains("over its 2 kernels (forward "), "{line}");
+    // The tiles line is the forward kernel's too, and says so.
+    let tiles = text.lines().find(|l| l.trim_start().starts_with("tiles ")).unwrap_or_else(|| panic!("{text}"));
+    assert!(tiles.ends_with("masked (the forward kernel's; the phases above give each kernel's)"), "{tiles}");
     let j = run_json(&args[1..]);
     let per: Vec<u64> = j["phases"].as_array().unwrap().iter().filter(|p| p["kernel"] == true).map(|p| p["grid_steps"].as_u64().unwrap()).collect();
     assert_eq!(per.len(), 2);

@@ -36,7 +36,7 @@ def _copy():
 X = np.ones((32, 128), np.float32)
 
 
-def _gathered(calls=1):
+def _gathered(calls=1, cast=False):
     """`calls` Pallas calls whose blocks come from a scalar-prefetch table longer than
     `tj.INLINE_TABLE_LIMIT`: a plain description writes it to a .npy side file."""
 
@@ -49,7 +49,7 @@ def _gathered(calls=1):
             grid_spec=pltpu.PrefetchScalarGridSpec(
                 num_scalar_prefetch=1,
                 grid=(4,),
-                in_specs=[pl.BlockSpec((8, 128), lambda i, t: (t[i], 0))],
+                in_specs=[pl.BlockSpec((8, 128), lambda i, t: (t[i].astype(jnp.int32) if cast else t[i], 0))],
                 out_specs=pl.BlockSpec((8, 128), lambda i, t: (i, 0)),
             ),
             out_shape=jax.ShapeDtypeStruct((32, 128), jnp.float32),
@@ -146,6 +146,18 @@ def test_describe_replaces_its_own_files_and_anything_with_force(tmp_path):
     mine.write_bytes(PRECIOUS)
     tj.describe(_copy(), X, path=mine, force=True)
     assert json.loads(mine.read_bytes())["format"] == "tpusim-kernel-description"
+
+
+def test_a_side_file_keeps_an_unsigned_table(tmp_path):
+    # Mosaic's integer types are signless: a uint8 table (Mosaic `i8`) holding 200..249 is kept
+    # as unsigned bytes, not refused as out of int8's range, and read back by the CLI.
+    small = TABLE.astype(np.uint8)
+    small[4:] = 200 + np.arange(small.size - 4) % 50
+    [q] = tj.describe(_gathered(cast=True), X, small, path=tmp_path / "u.json")
+    side = np.load(tmp_path / "u.prefetch0.npy")
+    assert side.dtype == np.uint8 and np.array_equal(side, small)
+    out, _ = run_cli("run", "--kernel-ir", q, "--format", "json")
+    assert json.loads(out)["latency_ms"] == tj.simulate(_gathered(cast=True), X, small).latency_ms
 
 
 class _Report:

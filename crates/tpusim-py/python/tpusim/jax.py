@@ -60,6 +60,26 @@ DESCRIPTION_VERSION = 1
 #: (int64 for any other: tpusim reads every integer width).
 _SIDE_FILE_DTYPES = {"i8": "int8", "i16": "int16", "i32": "int32", "i64": "int64", "ui8": "uint8", "ui16": "uint16", "ui32": "uint32", "i1": "bool"}
 
+def _side_file_array(values, dtype):
+    """A prefetch table's values as the NumPy array its `.npy` side file holds: in the table's
+    own Mosaic type when every value fits it (Mosaic's integer types are signless: an `i8` table
+    may hold 0..255), else int64."""
+    import numpy as np
+
+    wide = np.asarray(values, dtype=np.int64)
+    want = _SIDE_FILE_DTYPES.get(dtype)
+    if want is None or want == "bool":
+        return wide
+    info = np.iinfo(want)
+    if wide.size and (wide.min() < info.min or wide.max() > info.max):
+        unsigned = "u" + want if not want.startswith("u") else want
+        info = np.iinfo(unsigned)
+        if wide.min() >= info.min and wide.max() <= info.max:
+            return wide.astype(unsigned)
+        return wide
+    return wide.astype(want)
+
+
 #: Prefetch tables with more elements than this go to `.npy` side files in `describe`.
 INLINE_TABLE_LIMIT = 4096
 
@@ -1913,7 +1933,7 @@ def _planned(desc, path):
         if v and "inline" in v and len(v["inline"]) > INLINE_TABLE_LIMIT and not packed:
             side = f"{stem}.prefetch{i}.npy"
             buf = io.BytesIO()
-            np.save(buf, np.asarray(v["inline"], dtype=_SIDE_FILE_DTYPES.get(r.get("dtype"), "int64")).reshape(r["shape"]))
+            np.save(buf, _side_file_array(v["inline"], r.get("dtype")).reshape(r["shape"]))
             sides.append((os.path.join(folder, side), buf.getvalue()))
             r["values"] = {"file": side}
     # Compact JSON (a serving kernel's copy sizes are deep expression trees); gzip-compressed for

@@ -86,8 +86,12 @@ pub fn render_fields(text: &str, style: FieldStyle) -> String {
     })
 }
 
+/// Words after which a backticked word is a name (a kernel's, a runtime operand's), not a field.
+const NAME_BEFORE: &[&str] = &["kernel ", "operand ", "operands ", "did you mean "];
+
 /// Rewrites every backticked job field in `text` with `name(field)`; other backticked words are
-/// left alone.
+/// left alone, and so is one that names a kernel or a runtime operand (after "kernel ",
+/// "operand ", "operands " or "did you mean ") even where it spells a field.
 pub fn render_fields_with(text: &str, name: &mut dyn FnMut(&str) -> String) -> String {
     let fields = JobSpec::fields();
     let mut out = String::with_capacity(text.len());
@@ -98,7 +102,10 @@ pub fn render_fields_with(text: &str, name: &mut dyn FnMut(&str) -> String) -> S
         };
         let word = &rest[open + 1..open + 1 + close];
         out.push_str(&rest[..open]);
-        if fields.iter().any(|f| f == word) {
+        // A name in backticks after "kernel " or "operand(s) " (a kernel read from its IR, or one
+        // of its runtime operands) is that name, even when it spells a field (`kernel`, `mask`).
+        let named = NAME_BEFORE.iter().any(|w| out.ends_with(w));
+        if !named && fields.iter().any(|f| f == word) {
             out.push_str(&name(word));
         } else {
             out.push_str(&rest[open..open + close + 2]);
@@ -608,7 +615,16 @@ impl JobSpec {
         };
         let mut given: Vec<(String, tpusim_pallas::runtime::RuntimeValue)> = Vec::with_capacity(self.runtime.len());
         for r in &self.runtime {
-            let (name, npy) = r.split_once('=').ok_or_else(|| SpecError::field("runtime", r, "expected NAME=FILE.npy"))?;
+            let (name, npy) = r.split_once('=').ok_or_else(|| SpecError::field("runtime", r, "expected NAME=FILE.npy (no '=')"))?;
+            if name.is_empty() {
+                return Err(SpecError::field("runtime", r, "expected NAME=FILE.npy (the operand's name before '=' is empty)"));
+            }
+            if npy.is_empty() {
+                return Err(SpecError::field("runtime", r, "expected NAME=FILE.npy (no file after '=')"));
+            }
+            if npy.contains(',') && npy.contains('=') {
+                return Err(SpecError::field("runtime", r, "expected one NAME=FILE.npy (repeat --runtime for each operand)"));
+            }
             if given.iter().any(|(n, _)| n == name) {
                 return Err(SpecError::field("runtime", name, "given twice (each runtime operand takes one file)"));
             }

@@ -116,6 +116,12 @@ def test_missing_lengths_and_bad_page_tables_are_errors(tmp_path):
     # A mistyped name is named as such (with the name it is near), before its file is read.
     _, err = run_cli("run", "--kernel-ir", path, "--runtime", f"lenghts={tmp_path / 'no-such.npy'}", expect=2)
     assert "did you mean `lengths`?" in err and "no-such.npy" not in err, err
+    # Malformed values say what is missing; a kernel or operand name that spells a job field
+    # (`kernel`, `mask`) is not rewritten as a flag.
+    for value, says in [("=x.npy", "name before '=' is empty"), ("lengths=", "no file after '='"), ("lengths", "(no '=')"),
+                        (f"lengths={tmp_path / 'lengths.npy'},b=y.npy", "repeat --runtime for each operand"), ("kernel=x.npy", "runtime operands `lengths`")]:
+        _, err = run_cli("run", "--kernel-ir", path, "--runtime", value, expect=2)
+        assert says in err and "--kernel " not in err, (value, err)
 
 
 def test_decode_sweep_relowers_per_point(tmp_path):

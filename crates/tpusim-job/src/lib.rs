@@ -228,6 +228,12 @@ pub fn absent_field_reason(described: bool, name: &str) -> Option<&'static str> 
             Some("the kernel declares no pl.CostEstimate (cost_estimate= of its pallas_call); cost_estimate holds the run's own totals")
         }
         "declared_cost_estimate" | "smem_bytes" => Some("only a kernel read from its IR (tpusim.jax, tpusim run --kernel-ir) has it"),
+        "measured" => Some(
+            "no row of traces/measured/calibration.csv is this job on this chip model (the notes say so when the job has a row on the chip as built)",
+        ),
+        "dense_latency_ms" | "tile_skip_efficiency" | "speedup_vs_dense" => {
+            Some("only a masked attention job has a dense baseline (a full mask is its own)")
+        }
         _ => None,
     }
 }

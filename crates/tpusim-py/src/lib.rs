@@ -684,7 +684,10 @@ impl PyReport {
             Err(_) => Err(pyo3::exceptions::PyAttributeError::new_err(
                 match tpusim_job::absent_field_reason(matches!(self.report.job, Job::Described(_)), name) {
                     Some(why) => format!("Report has no field '{name}': {why}"),
-                    None => format!("Report has no field '{name}'"),
+                    None => match self.__dir__().into_iter().map(|k| (strsim::levenshtein(&k, name), k)).filter(|(e, _)| *e <= 2).min() {
+                        Some((_, k)) => format!("Report has no field '{name}': did you mean '{k}'?"),
+                        None => format!("Report has no field '{name}'"),
+                    },
                 },
             )),
         }

@@ -214,6 +214,13 @@ def test_cost_estimate_fields():
         r.declared_cost_estimate
     with pytest.raises(AttributeError, match="^Report has no field 'no_such_field'$"):
         r.no_such_field
+    with pytest.raises(AttributeError, match="^Report has no field 'latncy_ms': did you mean 'latency_ms'\\?$"):
+        r.latncy_ms
+    # A what-if chip has no measured row (the notes say which row the chip as built has).
+    w = tpusim.simulate(set={"mxu.count": 4})
+    with pytest.raises(AttributeError, match="'measured': no row of traces/measured/calibration.csv is this job on this chip model"):
+        w.measured
+    assert any("row VD-B0" in n for n in w.notes), w.notes
 
 
 def test_a_kernel_that_declares_no_cost_estimate_says_so():

@@ -176,7 +176,8 @@ def test_dry_run_times_through_the_profiler_and_writes_rows_marked_as_no_measure
     for r in rows:
         assert r["kernel"].startswith("dry-run-microbench-step") and not r["kernel"].startswith(mb.PREFIX)
         assert r["timing"].startswith(mm.DRY_RUN_TIMING)
-        assert "median host time of" in r["timing"] and float(r["measured_ms"]) > 0
+        # One event per call (a call's nested event of the same name is not a second call).
+        assert "median host time of 4 " in r["timing"] and "over 4 calls" in r["timing"] and float(r["measured_ms"]) > 0, r["timing"]
         assert "jax 0.10.2" in r["source"] and "LIBTPU_INIT_ARGS=" in r["source"]
         desc = tmp_path / r["kernel_ir"]
         assert r["kernel_ir"] == os.path.join("microbench-kernels", r["id"][len("DRYRUN-"):] + ".json.gz") and desc.exists()
@@ -210,6 +211,12 @@ def xprof_modules(names_durs):
             ev.append({"ph": "X", "pid": 2, "tid": 1, "ts": t, "dur": 10 * us, "name": name})  # another device
             t += us + 5
     return {"traceEvents": ev}
+
+
+def test_nested_events_of_one_call_count_once():
+    ev = lambda ts, dur, line="t": {"device": "/host:CPU", "line": line, "name": "PjitFunction(f)", "ts_us": ts, "dur_us": dur}  # noqa: E731
+    ops = [ev(0, 10), ev(1, 8), ev(20, 10), ev(21, 2), ev(25, 3, line="u")]
+    assert [(o["ts_us"], o["line"]) for o in mm._outermost(ops)] == [(0, "t"), (20, "t"), (25, "u")]
 
 
 def test_a_tpu_trace_is_read_as_the_module_line_of_device_0(tmp_path):

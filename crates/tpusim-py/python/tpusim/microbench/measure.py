@@ -99,6 +99,19 @@ def _selection(fn_name, dry_run, device):
     return rf"^jit_{re.escape(fn_name)}(\(|\.|$)", rf"^/device:TPU:{device.id}$", r"^XLA Modules$"
 
 
+def _outermost(ops):
+    """The selected events that no other selected event on the same device line holds: one per
+    call where a call's event nests another of the same name (a dry run's host trace has two
+    `PjitFunction(NAME)` events a call, one inside the other)."""
+    out = []
+    for o in sorted(ops, key=lambda o: (o["device"], o["line"], o["ts_us"], -o["dur_us"])):
+        last = out[-1] if out else None
+        inside = last is not None and (last["device"], last["line"]) == (o["device"], o["line"]) and o["ts_us"] + o["dur_us"] <= last["ts_us"] + last["dur_us"]
+        if not inside:
+            out.append(o)
+    return out
+
+
 def time_entry(entry, repeats=200, warmup=3, dry_run=False, device=None, trace_dir=None):
     """Times one entry: `repeats` back-to-back calls of its jitted function inside a profiler
     trace. Returns a dict: `median_ms`, `events` (the events the median is of), `selection`
@@ -133,7 +146,7 @@ def time_entry(entry, repeats=200, warmup=3, dry_run=False, device=None, trace_d
         if not traces:
             raise MeasureError(f"{entry.name}: the profiler wrote no *.trace.json.gz under {tmp}")
         pattern, dev, line = _selection(fn.__name__, dry_run, device)
-        ops = tpusim.trace_ops(traces[-1], pattern, device=dev, line=line)
+        ops = _outermost(tpusim.trace_ops(traces[-1], pattern, device=dev, line=line))
         durs = [o["dur_us"] for o in ops]
         if len(durs) < repeats:
             raise MeasureError(

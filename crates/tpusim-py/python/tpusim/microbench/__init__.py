@@ -211,9 +211,10 @@ def _entries():
         add(
             f"microbench-mxu-fold-m{m}-k{kk}-n{n}", "microbench-mxu",
             f"64 bf16 matmuls of a resident ({m}, {kk}) block by 64 different ({kk}, {n}) weight blocks, summed in f32, 8 steps",
-            "the MXU's weight-fold load time (mxu.rows, mxu.passes_per_cycle) and whether a fold that fills part of the "
-            "array (a 128-wide contraction or output, as head_dim 128 makes on v6e) loads in part of the time; at m = 256, "
-            "streaming against loading",
+            ("streaming 256 rows through each fold against the 8-row entries' loading (mxu.rows, mxu.passes_per_cycle)" if m == 256 else
+             "the MXU's weight-fold load time (mxu.rows, mxu.passes_per_cycle), and whether independent matmuls share the MXUs"
+             + ("" if (kk, n) == (256, 256) else
+                f"; a fold that fills {'a quarter' if (kk, n) == (128, 128) else 'half'} of the 256 x 256 array loading in part of the time")),
             partial(k.mxu_fold, m, kk, n),
         )
 
@@ -236,8 +237,9 @@ def _entries():
             f"microbench-dma-paged-p{page}-h{heads}", "microbench-dma",
             f"one program: a page table in SMEM, {2048 // page} copies of one {page}-token page of bf16[{page}, {heads}, 128] "
             f"({page * heads // 4} KiB) HBM to VMEM started in a scalar loop, then waited; 2048 tokens in all",
-            "what a page copy costs beyond its bytes (descriptor from an SMEM page table in a scalar loop), and copies whose "
-            "second-minor dimension is below bf16's 16-row tile (heads 2, 8) against a whole tile (16): paged attention's KV fetch",
+            ("what a page copy costs beyond its bytes (descriptor from an SMEM page table in a scalar loop), against the same "
+             "2048 tokens in other page sizes: paged attention's KV fetch" if heads == 8 else
+             f"a page whose {heads} heads {'fill 2 of' if heads < 16 else 'fill all'} bf16's 16 tile rows, against 8 heads at the same page size"),
             partial(k.dma_paged, page, heads),
         )
 

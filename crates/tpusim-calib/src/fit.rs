@@ -595,6 +595,12 @@ pub struct Calibration {
     /// The fitted chip model.
     #[serde(skip)]
     pub model: ChipModel,
+    /// Whether the parameters to fit were named (`--params`), for the table's words.
+    #[serde(skip)]
+    pub params_given: bool,
+    /// Whether cross-validation was asked for (not `--no-cv`), for the table's words.
+    #[serde(skip)]
+    pub cv_asked: bool,
 }
 
 /// Today's date (UTC) as YYYY-MM-DD.
@@ -1004,6 +1010,8 @@ pub fn calibrate(
         cross_validation: cv_name,
         evaluations,
         model: fitted,
+        params_given: !opts.params.is_empty(),
+        cv_asked: opts.cross_validate,
     })
 }
 
@@ -1135,7 +1143,8 @@ impl Calibration {
                 Status::Fitted if p.interval.is_none() => "fitted (no 95% interval: the rows do not pin it)".to_string(),
                 Status::Fitted => "fitted".to_string(),
                 Status::NotIdentifiable(r) => r.clone(),
-                Status::NotSelected => "held: not a candidate (the starting model does not fit it, or --params left it out)".to_string(),
+                Status::NotSelected if self.params_given => "held: not among --params".to_string(),
+                Status::NotSelected => "held: the starting model does not fit it (no fitted_to rows; --params NAME fits it)".to_string(),
             };
             let interval = p.interval.map_or("-".to_string(), |(a, b)| format!("{a} to {b}"));
             let _ = writeln!(
@@ -1198,7 +1207,8 @@ impl Calibration {
             let _ = writeln!(s, "{}", line(&format!("held out ({})", self.cross_validation), &self.held_out));
             let _ = writeln!(s, "{}", line("held out (head_dim groups)", &self.held_out_group));
         } else {
-            let _ = writeln!(s, "  held out                   not run (fewer than 2 rows, or --no-cv)");
+            let why = if self.cv_asked { "fewer than 2 rows" } else { "--no-cv" };
+            let _ = writeln!(s, "  held out                   not run ({why})");
         }
         s
     }

@@ -582,6 +582,14 @@ impl Validation {
         let m = &self.summary;
         let _ = writeln!(s);
         let _ = writeln!(s, "summary: {} rows, {} predicted, {} skipped", m.rows, m.predicted, m.skipped);
+        let dry = self.rows.iter().filter(|r| r.kernel.starts_with(crate::fit::DRY_RUN_KERNEL_PREFIX)).count();
+        if dry > 0 {
+            let _ = writeln!(
+                s,
+                "  note      {dry} of the rows are a dry run's (kernel {}...: `python -m tpusim.microbench --measure --dry-run` timed them on the CPU in interpret mode): their errors say nothing about the model",
+                crate::fit::DRY_RUN_KERNEL_PREFIX
+            );
+        }
         let _ = writeln!(
             s,
             "  |error|   median {}, mean {} (MAPE); bias {}; RMS of ln(pred/meas) {}",

@@ -183,6 +183,8 @@ def test_dry_run_times_through_the_profiler_and_writes_rows_marked_as_no_measure
         assert r["kernel_ir"] == os.path.join("microbench-kernels", r["id"][len("DRYRUN-"):] + ".json.gz") and desc.exists()
         assert json.loads(gzip.decompress(desc.read_bytes()))["format"] == "tpusim-kernel-description"
     # tpusim validate reads the file and predicts each row from its description.
+    table, _ = run_cli("validate", out)
+    assert "2 of the rows are a dry run's" in table and "their errors say nothing about the model" in table, table
     v, _ = run_cli("validate", out, "--format", "json")
     pred = {r["id"]: r["predicted_ms"] for r in json.loads(v)["rows"]}
     assert set(pred) == {r["id"] for r in rows}

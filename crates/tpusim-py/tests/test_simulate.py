@@ -237,7 +237,13 @@ def test_a_kernel_that_declares_no_cost_estimate_says_so():
         spec = pl.BlockSpec((8, 128), lambda i: (i, 0))
         return pl.pallas_call(body, grid=(4,), in_specs=[spec], out_specs=spec, out_shape=jax.ShapeDtypeStruct((32, 128), jnp.float32))(x)
 
-    r = tj.simulate(copy, jax.ShapeDtypeStruct((32, 128), jnp.float32), chip="v6e").kernels[0]
+    call = tj.simulate(copy, jax.ShapeDtypeStruct((32, 128), jnp.float32), chip="v6e")
+    # A call's report holds one Report per kernel, and says so when asked for a kernel's field.
+    with pytest.raises(AttributeError, match=r"CallReport has no field 'bottleneck': it holds one Report per kernel .*report.kernels\[i\].bottleneck"):
+        call.bottleneck
+    with pytest.raises(AttributeError, match="CallReport has no field 'nonsense' \\(its fields: kernels"):
+        call.nonsense
+    r = call.kernels[0]
     assert r.cost_estimate["bytes_accessed"] == r.hbm_bytes
     with pytest.raises(AttributeError, match="declares no pl.CostEstimate"):
         r.declared_cost_estimate

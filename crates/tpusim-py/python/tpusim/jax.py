@@ -2083,6 +2083,16 @@ class CallReport:
     def __len__(self):
         return len(self.kernels)
 
+    def __getattr__(self, name):
+        # Only for names a CallReport lacks: a kernel's own field says where it lives.
+        kernels = self.__dict__.get("kernels") or []
+        if not name.startswith("_") and kernels and hasattr(kernels[0], name):
+            raise AttributeError(
+                f"CallReport has no field '{name}': it holds one Report per kernel of the call ({len(kernels)} here); "
+                f"use report.kernels[i].{name} (or report[i].{name}); report.latency_ms sums the kernels'"
+            )
+        raise AttributeError(f"CallReport has no field '{name}' (its fields: kernels, not_simulated, latency_ms)")
+
     def __str__(self):
         parts = [str(k) for k in self.kernels]
         if self.not_simulated:

@@ -63,7 +63,7 @@ impl CalibError {
         }
     }
 }
-pub use lookup::{shipped_measurement, what_if_measurement_note};
+pub use lookup::{attach_shipped_measurement, shipped_measurement, what_if_measurement_note};
 pub use measure::{parse, read_file, MeasureError, Measurement, MeasurementFile};
 pub use trace::{kernel_timings, measurement_rows, read_trace, rows_to_csv, select_ops, DeviceOp, KernelTiming, Selection, TraceError};
 pub use validate::{validate, ChipSet, ModelUse, UnmatchedModel, Usage, Validation};

@@ -68,6 +68,16 @@ pub fn what_if_measurement_note(chip: &ChipModel, job: &Job) -> Option<String> {
     ))
 }
 
+/// Puts on `report` (of `job` on `chip`) what the shipped measurements say of it: the measured
+/// row ([`shipped_measurement`]), or else a note when the job has a row on the chip as built
+/// ([`what_if_measurement_note`]). `tpusim run` and `tpusim.simulate` both call it.
+pub fn attach_shipped_measurement(report: &mut tpusim_job::Report, chip: &ChipModel, job: &Job) {
+    report.measured = shipped_measurement(chip, job, report.latency_ms);
+    if report.measured.is_none() {
+        report.notes.extend(what_if_measurement_note(chip, job));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -530,10 +530,7 @@ fn run_job(spec: &JobSpec) -> Result<(Report, String, Vec<String>), String> {
     let run = tpusim_job::run(&chip, &job).map_err(|e| as_given(spec, e))?;
     let mut rep = Report::from_run(&run);
     rep.render_notes(&mut |f, v| spec.describe_setting(f, v, FieldStyle::Key));
-    rep.measured = tpusim_calib::shipped_measurement(&chip, &job, rep.latency_ms);
-    if rep.measured.is_none() {
-        rep.notes.extend(tpusim_calib::what_if_measurement_note(&chip, &job));
-    }
+    tpusim_calib::attach_shipped_measurement(&mut rep, &chip, &job);
     Ok((rep, pipelines(&run), tpusim_job::design_what_ifs(&job)))
 }
 

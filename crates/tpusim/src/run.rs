@@ -247,10 +247,7 @@ pub fn cmd_run(a: &RunArgs) -> Result<String, CliError> {
     if !case_study && a.job.job.kernel_ir.is_none() {
         rep.notes.extend(family_defaults_note(&spec, &job));
     }
-    rep.measured = tpusim_calib::shipped_measurement(&chip, &job, rep.latency_ms);
-    if rep.measured.is_none() {
-        rep.notes.extend(tpusim_calib::what_if_measurement_note(&chip, &job));
-    }
+    tpusim_calib::attach_shipped_measurement(&mut rep, &chip, &job);
     let text = match a.format {
         Format::Json => rep.to_json(),
         Format::Table => rep.to_table(),

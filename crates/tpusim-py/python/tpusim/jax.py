@@ -56,28 +56,24 @@ DEVICE_KINDS = {
 #: The description format version this module writes (the Rust reader's `VERSION`).
 DESCRIPTION_VERSION = 1
 
-#: The NumPy type a prefetch table's `.npy` side file is saved in, by the table's Mosaic type
-#: (int64 for any other: tpusim reads every integer width).
-_SIDE_FILE_DTYPES = {"i8": "int8", "i16": "int16", "i32": "int32", "i64": "int64", "ui8": "uint8", "ui16": "uint16", "ui32": "uint32", "i1": "bool"}
 
 def _side_file_array(values, dtype):
-    """A prefetch table's values as the NumPy array its `.npy` side file holds: in the table's
-    own Mosaic type when every value fits it (Mosaic's integer types are signless: an `i8` table
-    may hold 0..255), else int64."""
+    """A prefetch table's values as the NumPy array its `.npy` side file holds: in the width of
+    the table's Mosaic integer type (`i8` .. `i64`, `ui8` ..), signed or unsigned, whichever holds
+    every value (Mosaic's types are signless: an `i8` table may hold 0..255), else int64 (tpusim
+    reads every integer width)."""
+    import re
+
     import numpy as np
 
     wide = np.asarray(values, dtype=np.int64)
-    want = _SIDE_FILE_DTYPES.get(dtype)
-    if want is None or want == "bool":
-        return wide
-    info = np.iinfo(want)
-    if wide.size and (wide.min() < info.min or wide.max() > info.max):
-        unsigned = "u" + want if not want.startswith("u") else want
-        info = np.iinfo(unsigned)
-        if wide.min() >= info.min and wide.max() <= info.max:
-            return wide.astype(unsigned)
-        return wide
-    return wide.astype(want)
+    m = re.fullmatch(r"(u?)i(8|16|32|64)", dtype or "")
+    if m:
+        for kind in ("uint", "int") if m[1] else ("int", "uint"):
+            info = np.iinfo(kind + m[2])
+            if not wide.size or (info.min <= wide.min() and wide.max() <= info.max):
+                return wide.astype(kind + m[2])
+    return wide
 
 
 #: Prefetch tables with more elements than this go to `.npy` side files in `describe`.

@@ -1039,9 +1039,9 @@ fn prepare(m: &Measurement, base: &ChipModel) -> Result<Row, String> {
             (RowJob::Described(Box::new(job)), true)
         }
         Some(_) if m.kernel_word.starts_with(DRY_RUN_KERNEL_PREFIX) => {
+            // One reason for every dry-run kernel (a refusal counts rows by reason).
             return Err(format!(
-                "a dry run's row (kernel {}: `python -m tpusim.microbench --measure --dry-run` runs on the CPU in interpret mode, so its times are not measurements): never fitted; `tpusim validate` still predicts it; rows taken on a TPU (`--measure` without --dry-run) are fitted",
-                m.kernel_word
+                "a dry run's row (kernel {DRY_RUN_KERNEL_PREFIX}...: `python -m tpusim.microbench --measure --dry-run` runs on the CPU in interpret mode, so its times are not measurements): never fitted; `tpusim validate` still predicts it; rows taken on a TPU (`--measure` without --dry-run) are fitted"
             ))
         }
         Some(_) => {

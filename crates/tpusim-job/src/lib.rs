@@ -1412,10 +1412,12 @@ pub(crate) fn write_bound_by(s: &mut String, b: &BoundBy<'_>) {
                 };
                 format!("; its copies' round trips bound it more than any unit: {what} saves {:.1}%", 100.0 * m.gain)
             });
+            // When a copy mechanism saves more, the unit's gain is the largest of a unit only.
+            let largest_word = if mechanism.is_some() { "the largest of any unit" } else { "the largest gain" };
             let co: Vec<String> = b.co_bound.iter().map(|u| format!("{u} -{:.1}%, {:.0}% of the critical path", 100.0 * gain(u.word()), share(*u))).collect();
             let line = match rule {
                 whatif::BoundRule::Gain => format!(
-                    "{unit} (2x faster: -{:.1}% latency, the largest gain; {how}: {sh:.0}% of the critical path, busy {bz:.0}% of the run)",
+                    "{unit} (2x faster: -{:.1}% latency, {largest_word}; {how}: {sh:.0}% of the critical path, busy {bz:.0}% of the run)",
                     100.0 * gain(unit.word())
                 ),
                 whatif::BoundRule::Tied => format!(
@@ -1427,9 +1429,10 @@ pub(crate) fn write_bound_by(s: &mut String, b: &BoundBy<'_>) {
                     "{unit} (latency: no unit twice as fast saves 1% or more; the critical path waits on {unit} for {sh:.0}% of the run, busy {bz:.0}%)"
                 ),
                 whatif::BoundRule::CriticalPath => format!(
-                    "{unit} ({sh:.0}% of the critical path, busy {bz:.0}% of the run{}; no unit twice as fast saves {:.0}%: the largest gain is {} -{:.1}%)",
+                    "{unit} ({sh:.0}% of the critical path, busy {bz:.0}% of the run{}; no unit twice as fast saves {:.0}%: {} is {} -{:.1}%)",
                     overlapping(3),
                     100.0 * whatif::DECISIVE_GAIN,
+                    largest_word,
                     largest.map_or("none", |w| w.unit.as_str()),
                     100.0 * largest.map_or(0.0, |w| w.gain)
                 ),

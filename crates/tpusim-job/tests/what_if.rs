@@ -181,6 +181,8 @@ fn a_run_bound_by_its_copies_round_trips_names_them() {
     let text = short.to_table();
     let line = text.lines().find(|l| l.trim_start().starts_with("bound by")).unwrap();
     assert!(line.contains("round trips bound it") && line.contains("fitted.dma_latency_ns halved"), "{line}");
+    // One largest gain per line: the unit's is the largest of a unit's, the mechanism's larger.
+    assert_eq!(line.matches("the largest gain").count(), 0, "{line}");
     let long = check(&spec("kernel = 'splash'\nheads = 2\nseq_len = 8192\nblock_q = 1024\nblock_kv = 1024\n"), "splash 1024 blocks");
     let text = long.to_table();
     assert!(!text.contains("round trips bound it"), "{text}");

@@ -340,11 +340,16 @@ impl Layout {
             .or_else(|| point.spec.chip.clone())
             .or_else(|| Some(tpusim_job::spec::DEFAULT_CHIP.to_string()));
         // A described job that could not be built still names its file (and runtime values).
-        let spec = match (&outcome.job, self.described) {
+        let mut spec = match (&outcome.job, self.described) {
             (Some(j), _) => j.to_spec(),
             (None, true) => JobSpec { kernel_ir: point.spec.kernel_ir.clone(), runtime: point.spec.runtime.clone(), ..Default::default() },
             (None, false) => JobSpec::default(),
         };
+        // The layout a row ran with, also where it is the family's own (which a job's spec
+        // leaves unsaid).
+        if let Some(Job::Attention { config, .. }) = &outcome.job {
+            spec.input_layout.get_or_insert(config.input_layout);
+        }
         let kernel_name = match &outcome.job {
             Some(Job::Described(d)) => Some(d.kernel_name.as_str()),
             _ => None,

@@ -542,3 +542,28 @@ fn design_what_if_rows_are_named_and_noted() {
         assert_eq!(cells, ["", "traversal compact (splash runs full-grid)"], "{ext}");
     }
 }
+
+/// A sweep row names the input layout it ran with, also where it is the family's own (the cell
+/// was empty there, as if the row had none): JAX's Splash takes [batch, heads, seq, head_dim],
+/// tokamax's flash attention [batch, seq, heads, head_dim].
+#[test]
+fn every_attention_row_names_its_input_layout() {
+    let d = scratch("input-layout");
+    std::fs::write(
+        d.join("s.toml"),
+        "[base]\nheads = 2\nseq_len = 2048\nmask = \"causal\"\nblock_q = 512\nblock_kv = 512\n[axes]\nkernel = [\"splash\", \"tokamax-splash\"]\n",
+    )
+    .unwrap();
+    ok(&["sweep", "s.toml", "--out", "s.csv", "--no-progress"], &d);
+    let body = String::from_utf8(read(&d.join("s.csv"))).unwrap();
+    let mut lines = body.lines().filter(|l| !l.starts_with('#')).map(|l| tpusim_io::csv_fields(l).unwrap());
+    let head = lines.next().unwrap();
+    let col = |name: &str| head.iter().position(|h| h == name).unwrap_or_else(|| panic!("no {name} column: {head:?}"));
+    let (k, l) = (col("kernel"), col("input_layout"));
+    let rows: Vec<(String, String)> = lines.map(|f| (f[k].clone(), f[l].clone())).collect();
+    assert_eq!(rows.len(), 2, "{body}");
+    for (kernel, layout) in &rows {
+        assert!(!layout.is_empty(), "{kernel}: empty input_layout in {body}");
+    }
+    assert_ne!(rows[0].1, rows[1].1, "the two families take different layouts: {rows:?}");
+}

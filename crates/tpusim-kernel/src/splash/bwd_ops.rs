@@ -129,7 +129,7 @@ pub(crate) fn dq_step(decl: &KernelDecl, s: &BwdStep<'_>) -> [StepBody; 2] {
     }
     // The step without its row's end, then with it: the ops before the end are emitted once
     // ([`crate::body::cached_pair`]).
-    let without_end = e.clone().finish().body;
+    let without_end = e.finish_copy().body;
     {
         let dq = load2(&mut e, refs.dq_scratch, &acc, "f32");
         let dq = e.ew("arith.truncf", &[&dq], "bf16");
@@ -237,7 +237,7 @@ pub(crate) fn dkv_step(decl: &KernelDecl, s: &BwdStep<'_>) -> [StepBody; 2] {
     }
     // The step without its row's end, then with it: the ops before the end are emitted once
     // ([`crate::body::cached_pair`]).
-    let without_end = e.clone().finish().body;
+    let without_end = e.finish_copy().body;
     {
         for (scratch, out, cols) in [(refs.dk_scratch, refs.dk, d), (refs.dv_scratch, refs.dv, dv)] {
             let x = load2(&mut e, scratch, &[bkv, cols], "f32");

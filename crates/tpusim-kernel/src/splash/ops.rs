@@ -282,7 +282,7 @@ pub(crate) fn splash_fwd(decl: &KernelDecl, s: &FwdStep<'_>) -> [StepBody; 2] {
     }
     // The step without its row's end, then with it: the ops before the end are emitted once
     // ([`crate::body::cached_pair`]).
-    let without_end = e.clone().finish().body;
+    let without_end = e.finish_copy().body;
     {
         let l = load2(&mut e, l_ref, &stat, "f32");
         // `1.0 / l` (the IR broadcasts a constant of the compute branch, or a scalar: alike).
@@ -480,7 +480,7 @@ pub(crate) fn jax_flash_fwd(decl: &KernelDecl, s: &FwdStep<'_>) -> [StepBody; 2]
     }
     // The step without its row's end, then with it: the ops before the end are emitted once
     // ([`crate::body::cached_pair`]).
-    let without_end = e.clone().finish().body;
+    let without_end = e.finish_copy().body;
     {
         let o = load4(&mut e, acc_ref, [bq, dv], "f32");
         let o = e.ew("arith.truncf", &[&o], "bf16");

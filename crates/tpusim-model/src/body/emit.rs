@@ -131,4 +131,9 @@ impl Emitter {
     pub fn finish(self) -> Built {
         self.b.finish()
     }
+
+    /// The body built so far, with the emitter kept to emit more ops ([`Builder::finish_copy`]).
+    pub fn finish_copy(&self) -> Built {
+        self.b.finish_copy()
+    }
 }

@@ -332,7 +332,7 @@ pub fn counting_only<T>(f: impl FnOnce() -> T) -> T {
 /// when no recent lowering of this process built the one wanted (a hand lowering names a body
 /// by its kernel and step fields), and both are kept: lowerings of one shape, and a sweep's
 /// points that share one, build it once. A step and the same step at its row's end are such a
-/// pair: every op before the end is emitted once (a cloned [`Builder`]), and a lowering that
+/// pair: every op before the end is emitted once ([`Builder::finish_copy`]), and a lowering that
 /// uses one mostly uses the other. At most 8 bodies are kept (all dropped when full: a large
 /// body is megabytes, and a sweep keeps its groups' lowerings itself). Bodies
 /// built for counting only ([`counting_only`]) are neither kept nor looked up.
@@ -374,9 +374,14 @@ impl Builder {
     /// A builder for a body whose refs `carried` (by ref index) are loaded and stored by it
     /// ([`carried_refs`]).
     pub fn new(carried: Vec<bool>) -> Self {
+        // Room for a large body: its nodes are written without regrowing the storage.
+        Self::with_room(carried, 4096)
+    }
+
+    /// A builder whose graph has room for `nodes` nodes and as many edges.
+    fn with_room(carried: Vec<bool>, nodes: usize) -> Self {
         Builder {
-            // Room for a large body: its nodes are written without regrowing the storage.
-            graph: DiGraph::with_capacity(4096, 4096),
+            graph: DiGraph::with_capacity(nodes, nodes),
             carries: 0,
             scratch: Vec::new(),
             vals: HashMap::default(),
@@ -1156,15 +1161,43 @@ impl Builder {
     /// The body, with the last store of each carried slab writing its slot.
     pub fn finish(mut self) -> Built {
         if self.counting {
-            let body = StepBody::counted(self.tally);
+            let body = StepBody::counted(std::mem::take(&mut self.tally));
             return Built { body, largest_bytes: self.largest, largest_value: self.largest_value, f32_matmuls: self.f32_matmuls };
         }
+        let graph = std::mem::take(&mut self.graph);
+        self.built(graph)
+    }
+
+    /// The body built so far, as [`Builder::finish`] would give it, with the builder kept to
+    /// emit more ops: a body and the same body with more ops after it share the build of the
+    /// ops before ([`cached_pair`]). Copies the graph at its size, not the builder (whose value
+    /// maps and graph capacity a clone would copy too).
+    pub fn finish_copy(&self) -> Built {
+        if self.counting {
+            let body = StepBody::counted(self.tally.clone());
+            return Built { body, largest_bytes: self.largest, largest_value: self.largest_value.clone(), f32_matmuls: self.f32_matmuls };
+        }
+        let copy = Builder {
+            graph: DiGraph::default(),
+            carries: self.carries,
+            slots: self.slots.clone(),
+            writers: self.writers.clone(),
+            largest: self.largest,
+            largest_value: self.largest_value.clone(),
+            f32_matmuls: self.f32_matmuls,
+            ..Builder::with_room(Vec::new(), 0)
+        };
+        copy.built(self.graph.clone())
+    }
+
+    /// The body of `graph` (this builder's), its carried slots' last writers marked.
+    fn built(mut self, mut graph: DiGraph<TileOp, ()>) -> Built {
         let mut writes: Vec<(RefSlab, Deps)> = self.writers.drain().collect();
         writes.sort_by_key(|w| w.0);
         for ((r, s), w) in writes {
             let slot = self.slot(r, s);
             if let Some(&(n, _)) = w.iter().max_by_key(|x| x.1) {
-                let op = &mut self.graph[n];
+                let op = &mut graph[n];
                 if op.carry_out.is_none() {
                     op.carry_out = Some(slot);
                     self.carries = self.carries.max(slot + 1);
@@ -1172,7 +1205,6 @@ impl Builder {
             }
         }
         self.carries = self.carries.max(self.slots.len() as u16);
-        let graph = std::mem::take(&mut self.graph);
         Built { body: StepBody::from_graph(graph, self.carries), largest_bytes: self.largest, largest_value: self.largest_value, f32_matmuls: self.f32_matmuls }
     }
 }

@@ -419,8 +419,10 @@ pub struct Report {
     /// of 7 or 64 runs on the MXU as 128 lanes; `tpusim_model::copies`, the padding rule),
     /// visited tiles, sequence padding and masked-out pairs included.
     pub flops: f64,
-    /// The same matmuls at their own dimensions (2 m k n each, no lane or row padding): the
-    /// FLOPs MFU counts.
+    /// The model's FLOPs, which MFU counts: for attention the mask's kept pairs, 2 x (head_dim +
+    /// head_dim_v) each forward and 6 x head_dim + 4 x head_dim_v backward (FlashAttention's
+    /// count; masked pairs of visited tiles, sequence padding and recomputation left out);
+    /// otherwise the matmuls at their own dimensions (2 m k n each, no lane or row padding).
     pub useful_flops: f64,
     /// Achieved useful FLOP/s ([`Report::useful_flops`]) over the chip model's bf16 peak (a
     /// kernel whose matmuls run in int8 or fp8 at a faster rate than bf16's can exceed 1).
@@ -999,6 +1001,20 @@ impl Report {
             let td = if t.total > 0 { t.visited as f64 / t.total as f64 } else { 0.0 };
             rep.tile_density = Some(td);
             rep.useful_fraction = Some(if info.visited_pairs > 0 { info.kept_pairs as f64 / info.visited_pairs as f64 } else { 0.0 });
+            // Useful (model) FLOPs of attention: the mask's kept pairs, each 2 x (head_dim +
+            // head_dim_v) forward (q.k and p.v) and 6 x head_dim + 4 x head_dim_v backward (s
+            // recomputed, dp, dv, dq, dk), FlashAttention's count (backward 2.5x the forward at
+            // equal dims). Masked pairs of visited tiles, sequence padding and recomputation are
+            // executed, not useful: MFU ranks configurations as their latency does.
+            let (dq, dv) = (w.head_dim as f64, w.head_dim_v as f64);
+            let per_pair = match run.job {
+                Job::Attention { direction: Direction::Fwd, .. } => 2.0 * (dq + dv),
+                Job::Attention { direction: Direction::Bwd, .. } => 6.0 * dq + 4.0 * dv,
+                _ => 2.0 * (dq + dv) + 6.0 * dq + 4.0 * dv,
+            };
+            rep.useful_flops = info.kept_pairs as f64 * per_pair;
+            rep.mfu = rep.useful_flops / seconds / chip.peak_flops();
+            rep.achieved_tflops = rep.useful_flops / seconds / 1e12;
             if let Some(d) = &run.dense {
                 rep.dense_latency_ms = Some(d.seconds * 1e3);
                 rep.tile_skip_efficiency = Some(d.seconds * td / seconds);
@@ -1137,10 +1153,12 @@ impl Report {
             self.band.text,
             if self.band.covered { " (leave-one-out |error| over the calibration rows)" } else { "" }
         );
-        // Executed and useful apart where the padding rule adds work (a head_dim below 128).
-        let useful = |executed: f64, useful: f64, what: String| {
+        // Executed and useful apart where they differ: tile padding (a head_dim below 128) and,
+        // for attention, the masked pairs of visited tiles, sequence padding and recomputation.
+        let waste = if self.pair_density.is_some() { "masked pairs, padding or recomputation" } else { "tile padding" };
+        let useful = |executed: f64, useful: f64, what: String, waste: &str| {
             if executed > useful * (1.0 + 1e-9) {
-                format!(" ({what} useful, {:.0}% of it tile padding)", 100.0 * (1.0 - useful / executed))
+                format!(" ({what} useful, {:.1}% of it {waste})", 100.0 * (1.0 - useful / executed))
             } else {
                 String::new()
             }
@@ -1149,7 +1167,7 @@ impl Report {
             s,
             "  compute      {:.3e} FLOP executed{}, {:.1} TFLOP/s = {:.1}% MFU (peak {:.0} TFLOP/s)",
             self.flops,
-            useful(self.flops, self.useful_flops, format!("{:.3e}", self.useful_flops)),
+            useful(self.flops, self.useful_flops, format!("{:.3e}", self.useful_flops), waste),
             self.achieved_tflops,
             self.mfu * 100.0,
             self.peak_tflops
@@ -1158,7 +1176,7 @@ impl Report {
             s,
             "  memory       {} HBM traffic{}, arithmetic intensity {:.0} FLOP/byte",
             traffic(self.hbm_bytes),
-            useful(self.hbm_bytes as f64, self.useful_hbm_bytes as f64, traffic(self.useful_hbm_bytes)),
+            useful(self.hbm_bytes as f64, self.useful_hbm_bytes as f64, traffic(self.useful_hbm_bytes), "tile padding"),
             self.arithmetic_intensity
         );
         let _ = writeln!(

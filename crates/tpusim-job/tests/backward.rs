@@ -123,7 +123,12 @@ proptest! {
             prop_assert!((p.flops - want).abs() <= 1e-9 * want.max(1.0), "{:?}: {} vs {want} ({toml})", p.part, p.flops);
             useful += want * d as f64 / d.next_multiple_of(128) as f64;
         }
-        prop_assert!((r.useful_flops - useful).abs() <= 1e-9 * useful.max(1.0), "useful {} vs {useful} ({toml})", r.useful_flops);
+        // Useful (model) FLOPs: the mask's kept pairs, 10 x head_dim each (FlashAttention's
+        // backward count), never more than the executed at the operands' own dims.
+        let kept = r.pair_density.expect("a pair density") * 2.0 * (len * len) as f64;
+        let model = kept * 10.0 * d as f64;
+        prop_assert!((r.useful_flops - model).abs() <= 1e-9 * model.max(1.0), "useful {} vs {model} ({toml})", r.useful_flops);
+        prop_assert!(r.useful_flops <= useful * (1.0 + 1e-9), "useful {} above the executed at own dims {useful} ({toml})", r.useful_flops);
     }
 
     /// The dq kernel visits the forward's tiles and the dkv kernel the transposed mask's, each

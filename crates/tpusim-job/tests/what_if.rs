@@ -187,3 +187,31 @@ fn a_run_bound_by_its_copies_round_trips_names_them() {
     let text = long.to_table();
     assert!(!text.contains("round trips bound it"), "{text}");
 }
+
+/// MFU counts the model's FLOPs (the mask's kept pairs), not the work a configuration executes:
+/// of two tilings of one causal layer, the faster has the higher MFU (a tiling that visits more
+/// masked pairs ranked above a faster one, as a fresh user found in `tpusim tune`).
+#[test]
+fn mfu_ranks_tilings_of_one_layer_as_their_latency_does() {
+    let base = "kernel = 'splash'\nheads = 4\nseq_len = 8192\nhead_dim = 128\nmask = 'causal'\ntraversal = 'compact'\nmasking = 'partial'\n";
+    let reports: Vec<Report> = [(512, 512), (1024, 1024), (2048, 1024), (2048, 2048)]
+        .iter()
+        .map(|(q, kv)| {
+            let s = spec(&format!("{base}block_q = {q}\nblock_kv = {kv}\nblock_kv_compute = {kv}\n"));
+            let chip = s.chip().unwrap();
+            Report::from_run(&run(&chip, &s.build(&chip).unwrap()).unwrap())
+        })
+        .collect();
+    let model = reports[0].useful_flops;
+    for r in &reports {
+        assert_eq!(r.useful_flops, model, "one layer, one model FLOP count");
+        assert!(r.useful_flops < r.flops, "the diagonal tiles' masked pairs are executed, not useful");
+    }
+    for a in &reports {
+        for b in &reports {
+            if a.latency_ms < b.latency_ms {
+                assert!(a.mfu > b.mfu, "{} ms at {} MFU against {} ms at {}", a.latency_ms, a.mfu, b.latency_ms, b.mfu);
+            }
+        }
+    }
+}

@@ -202,6 +202,11 @@ pub struct LayerReport {
     /// The sparse mask (sparse).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sparse_mask: Option<String>,
+    /// Whether the sparse kernel runs the mask aligned to its tiles (`tile_align`: every tile
+    /// the exact mask touches computed whole, as the case study's tile-aligned kernel; it
+    /// changes the output), else the exact mask (sparse).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sparse_tile_align: Option<bool>,
     /// Weights on each chip.
     pub weights: String,
     /// Whether collectives overlap compute.
@@ -328,6 +333,7 @@ impl LayerReport {
                 crate::spec::Placement::Before => format!("before the all-to-all ({} exchange)", p.exchange),
             }),
             sparse_mask: (p.attention == AttentionMode::Sparse).then(|| p.sparse_mask.to_string()),
+            sparse_tile_align: (p.attention == AttentionMode::Sparse).then_some(p.sparse_kernel.tile_align == Some(true)),
             weights: p.weights.to_string(),
             overlap: p.overlap,
             latency_ms: r.seconds * ms,
@@ -387,7 +393,12 @@ impl LayerReport {
         );
         match (&self.permutation, &self.sparse_mask) {
             (Some(perm), Some(mask)) => {
-                let _ = writeln!(s, "  attention    sparse, mask {mask}; permutation {perm}");
+                let aligned = if self.sparse_tile_align == Some(true) {
+                    " aligned to the kernel's tiles (tile_align: each tile it touches computed whole; the output changes)"
+                } else {
+                    " (exact)"
+                };
+                let _ = writeln!(s, "  attention    sparse, mask {mask}{aligned}; permutation {perm}");
             }
             _ => {
                 let _ = writeln!(s, "  attention    dense");

@@ -76,7 +76,7 @@ fn head_dim_below_128_pads_to_128_lanes_in_every_figure() {
     }
     let out = bin().args(["run", "--head-dim", "64"]).args(base).output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("useful, 50% of it tile padding)"), "{text}");
+    assert!(text.contains("useful, 50.0% of it masked pairs, padding or recomputation)"), "{text}");
     // An edge block: 4000 tokens in 1024-row blocks move whole tiles past the array's end.
     let mut a = base.to_vec();
     a[3] = "4000";

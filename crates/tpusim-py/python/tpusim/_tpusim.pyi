@@ -54,8 +54,9 @@ class Report:
     peak_tflops: float
     # `flops` are executed: matmuls at (8, 128)-tile-padded dimensions, a head_dim below 128 as
     # 128 lanes; `hbm_bytes` what the copies move, whole tiles at an array's edge (the padding
-    # rule, ARCHITECTURE.md). These two leave the padding out; `mfu` and `achieved_tflops` count
-    # useful FLOPs.
+    # rule, ARCHITECTURE.md). These two leave the padding out (for attention, `useful_flops` are
+    # the model's: the mask's kept pairs, 4 x head_dim each forward, 10 x backward); `mfu` and
+    # `achieved_tflops` count useful FLOPs.
     useful_flops: float
     useful_hbm_bytes: int
     # Of the MXU's busy time, the share in matmuls whose weight folds take longer to load than

@@ -387,6 +387,17 @@ impl Columns {
         };
         let headers = rdr.headers().map_err(|e| err(1, "", format!("malformed CSV header: {e}")))?.clone();
         let line = headers.position().map(|p| line_at(text, p.byte())).unwrap_or(1);
+        // A file of another kind (a sweep file, a chip model, a trace: TOML) is named as such,
+        // not as a CSV with an unknown column.
+        let first = text.lines().map(str::trim).find(|l| !l.is_empty() && !l.starts_with('#')).unwrap_or("");
+        let toml_key = first.split_once('=').is_some_and(|(k, _)| !k.is_empty() && !k.contains(','));
+        if first.starts_with('[') || toml_key {
+            return Err(err(
+                line,
+                "",
+                "not a measurement CSV: its first line reads as TOML (a sweep file, trace or chip model?); validate and calibrate read a CSV whose header names its columns, such as traces/measured/calibration.csv (see traces/measured/README.md)".into(),
+            ));
+        }
         let mut index: HashMap<String, usize> = HashMap::new();
         for (i, h) in headers.iter().enumerate() {
             if !KNOWN_COLUMNS.contains(&h) {
@@ -744,6 +755,17 @@ mod tests {
         assert!(e.contains("line 2, column measured_ms") && e.contains("above 0"), "{e}");
         let e = one("A,v6e,tokamax-splash,fwd,1,8,8,40x96,4096,128,128,full,,,,,,,x,1,t,s").unwrap_err().to_string();
         assert!(e.contains("line 2, column q_len") && e.contains("40x96"), "{e}");
+    }
+
+    /// A TOML file given where a measurement CSV goes is named as such (it read "column
+    /// [base]: unknown column").
+    #[test]
+    fn a_toml_file_is_named_as_not_a_measurement_csv() {
+        for text in ["[base]\nheads = 2\n", "# a sweep\ndescription = \"a, b\"\n[axes]\n", "chip = \"v6e\"\n"] {
+            let e = parse(text, "s.toml", &[]).unwrap_err().to_string();
+            assert!(e.contains("not a measurement CSV") && e.contains("TOML") && !e.contains("unknown column"), "{text}: {e}");
+        }
+        assert!(one("A,v6e,tokamax-splash,fwd,1,8,8,4096,4096,128,128,full,,,,,,,x,1,t,s").is_ok());
     }
 
     #[test]

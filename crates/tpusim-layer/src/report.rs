@@ -446,7 +446,13 @@ impl LayerReport {
                 .map(|w| format!("{} -{:.1}%", w.unit, 100.0 * w.gain))
                 .collect();
             let co = if co.is_empty() { String::new() } else { format!("; co-bound: {}", co.join(", ")) };
-            let _ = writeln!(s, "  bound by     {b} (2x faster: -{:.1}% latency, the largest gain of one unit twice as fast{co})", 100.0 * top);
+            // Below the gain `tpusim run` calls decisive, say that no unit dominates the layer.
+            let spread = if top < tpusim_job::whatif::DECISIVE_GAIN {
+                format!("; no unit twice as fast saves {:.0}%: the layer's time is spread over its units and ops", 100.0 * tpusim_job::whatif::DECISIVE_GAIN)
+            } else {
+                String::new()
+            };
+            let _ = writeln!(s, "  bound by     {b} (2x faster: -{:.1}% latency, the largest gain of one unit twice as fast{co}{spread})", 100.0 * top);
             let _ = writeln!(s, "  what if 2x   {}", cells.join(", "));
         }
         let _ = writeln!(s);

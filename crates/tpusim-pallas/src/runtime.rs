@@ -103,7 +103,7 @@ pub fn runtime_operands(d: &Description) -> Vec<(usize, String)> {
 /// name), so that a name can be checked before its file is read.
 ///
 /// # Errors
-/// [`PallasError::Field`] `--runtime NAME` for a name that is no runtime operand of the kernel:
+/// [`PallasError::Field`] `--runtime` (value `NAME`) for a name that is no runtime operand of the kernel:
 /// the names it has are listed, the closest first when one is within two edits of `name`.
 pub fn check_runtime_name(d: &Description, name: &str) -> Result<(usize, String), PallasError> {
     runtime_operand(d, &runtime_operands(d), name)
@@ -116,7 +116,7 @@ fn runtime_operand(d: &Description, ops: &[(usize, String)], name: &str) -> Resu
     let names: Vec<String> = ops.iter().map(|(_, n)| format!("`{n}`")).collect();
     let near = ops.iter().map(|(_, n)| (strsim::levenshtein(n, name), n)).filter(|(e, _)| *e <= 2).min_by_key(|(e, _)| *e);
     Err(PallasError::field(
-        &format!("--runtime {name}"),
+        "--runtime",
         name,
         match (names.is_empty(), near) {
             (true, _) => format!("kernel `{}` has no runtime operand (every table it reads is a constant of the lowering)", d.kernel_name),

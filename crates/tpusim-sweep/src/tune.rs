@@ -989,10 +989,10 @@ impl TuneResult {
                     // the table's `*` and says which option.
                     let what_ifs = tpusim_job::design_what_ifs(&r.job);
                     let mark = if what_ifs.is_empty() { String::new() } else { format!("; * a design what-if: {}", what_ifs.join("; ")) };
-                    let _ = writeln!(s, "{b}  # rank {}: {:.3} ms; {flags}{same}{mark}", r.rank, r.latency_ms);
+                    let _ = writeln!(s, "{b}  # rank {}: {} ms; {flags}{same}{mark}", r.rank, ms(r.latency_ms));
                 }
                 None => {
-                    let _ = writeln!(s, "# rank {}: {:.3} ms; {} (not attention: no BlockSizes)", r.rank, r.latency_ms, r.flags);
+                    let _ = writeln!(s, "# rank {}: {} ms; {} (not attention: no BlockSizes)", r.rank, ms(r.latency_ms), r.flags);
                 }
             }
         }
@@ -1056,7 +1056,7 @@ impl TuneResult {
         }
         match (self.given_latency_ms, &self.given_error, &self.given_job) {
             (Some(l), _, Some(job)) => {
-                let _ = writeln!(s, "  given        {l:.3} ms with {}", job.config_spec().to_flags());
+                let _ = writeln!(s, "  given        {} ms with {}", ms(l), job.config_spec().to_flags());
             }
             (_, Some(e), _) => {
                 let _ = writeln!(s, "  given        does not run: {e}");
@@ -1118,9 +1118,9 @@ impl TuneResult {
                     }
                     let _ = writeln!(
                         s,
-                        "  {:>4}  {:>10.3}  {:>7}  {:>7}  {:>8}  {:>7}  {:<10}  {:<8}  {:<9}  {:<5}  {:<12}  {:>4.1}%  {:>8.1}",
+                        "  {:>4}  {:>10}  {:>7}  {:>7}  {:>8}  {:>7}  {:<10}  {:<8}  {:<9}  {:<5}  {:<12}  {:>4.1}%  {:>8.1}",
                         r.rank,
-                        r.latency_ms,
+                        ms(r.latency_ms),
                         vs,
                         bq,
                         bkv,
@@ -1137,9 +1137,9 @@ impl TuneResult {
                 Job::Matmul { config: c, .. } => {
                     let _ = writeln!(
                         s,
-                        "  {:>4}  {:>10.3}  {:>7}  {:>7}  {:>7}  {:>7}  {:<12}  {:>4.1}%  {:>8.1}",
+                        "  {:>4}  {:>10}  {:>7}  {:>7}  {:>7}  {:>7}  {:<12}  {:>4.1}%  {:>8.1}",
                         r.rank,
-                        r.latency_ms,
+                        ms(r.latency_ms),
                         vs,
                         c.block_m,
                         c.block_n,
@@ -1155,7 +1155,7 @@ impl TuneResult {
         if let Some(k) = what_if_kernel {
             let d = k.defaults();
             let best = match runnable {
-                Some(r) => format!("the fastest it runs as it is: rank {} ({:.3} ms)", r.rank, r.latency_ms),
+                Some(r) => format!("the fastest it runs as it is: rank {} ({} ms)", r.rank, ms(r.latency_ms)),
                 None => "none of these runs as it is (give --traversal and --masking to hold them at its own)".to_string(),
             };
             let _ = writeln!(
@@ -1189,9 +1189,32 @@ impl TuneResult {
     }
 }
 
+/// A latency in ms as the tune report prints it: three decimals, more below 1 ms so that four
+/// significant digits show (0.001403, not 0.001: ranks of sub-microsecond runs told apart, and
+/// the ratios beside them readable from the times).
+fn ms(x: f64) -> String {
+    let decimals = if x > 0.0 && x.is_finite() { (3 - x.log10().floor() as i64).clamp(3, 7) as usize } else { 3 };
+    format!("{x:.decimals$}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Sub-millisecond latencies keep four significant digits, so that ranks a fresh user saw
+    /// printed as 0.001 and 0.003 beside a 1.934x ratio read as what they are.
+    #[test]
+    fn latencies_print_four_significant_digits_below_a_millisecond() {
+        assert_eq!(ms(75.05461), "75.055");
+        assert_eq!(ms(3.1806), "3.181");
+        assert_eq!(ms(0.25), "0.2500");
+        assert_eq!(ms(0.0014034), "0.001403");
+        assert_eq!(ms(0.0000012345), "0.0000012");
+        assert_eq!(ms(0.0), "0.000");
+        let (a, b) = (0.0014034, 0.0027142);
+        let ratio = ms(b).parse::<f64>().unwrap() / ms(a).parse::<f64>().unwrap();
+        assert!((ratio / (b / a) - 1.0).abs() < 1e-3, "{ratio}");
+    }
 
     #[test]
     fn candidates_follow_the_rules() {

@@ -115,8 +115,8 @@ fn main() {
     }
     // The calibration commands the README's prose quotes (their times come from here).
     let csv = root.join("traces/measured/calibration.csv").to_str().expect("utf-8 path").to_string();
-    cases.push(Case { name: "`tpusim calibrate --chip v6e` (shipped CSV, with held-out refits)".into(), args: vec!["calibrate".into(), csv.clone(), "--chip".into(), "v6e".into()], count: none, runs });
-    cases.push(Case { name: "`tpusim validate --cv` (shipped CSV)".into(), args: vec!["validate".into(), csv, "--cv".into()], count: none, runs });
+    cases.push(Case { name: "`tpusim calibrate traces/measured/calibration.csv --chip v6e` (with held-out refits)".into(), args: vec!["calibrate".into(), csv.clone(), "--chip".into(), "v6e".into()], count: none, runs });
+    cases.push(Case { name: "`tpusim validate traces/measured/calibration.csv --cv`".into(), args: vec!["validate".into(), csv, "--cv".into()], count: none, runs });
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     println!("commands as processes of {bin}, {threads} cores, {runs} runs each");
     let mut table = String::from(

@@ -165,3 +165,15 @@ fn sparse_attention_names_a_tile_aligned_mask() {
     assert_eq!(exact["sparse_tile_align"], false, "{exact}");
     assert!(exact["latency_ms"].as_f64().unwrap() > aligned["latency_ms"].as_f64().unwrap(), "the exact mask computes more");
 }
+
+/// The layer's bound-by line names its largest 2x gain; below the gain `tpusim run` calls
+/// decisive (10%) it says that no unit dominates (it read as if a 6.5% gain bounded the layer
+/// as a run's 10% does).
+#[test]
+fn a_layer_without_a_decisive_unit_says_its_time_is_spread() {
+    let j = layer_json(&["--attention", "sparse"]);
+    let top = j["what_if_2x"].as_array().unwrap().iter().map(|w| w["gain"].as_f64().unwrap()).fold(0.0, f64::max);
+    let text = String::from_utf8(tpusim(&["layer", "--attention", "sparse"]).stdout).unwrap();
+    let line = text.lines().find(|l| l.trim_start().starts_with("bound by")).unwrap();
+    assert_eq!(top < 0.10, line.contains("no unit twice as fast saves 10%"), "{top}: {line}");
+}

@@ -504,8 +504,8 @@ impl ArrayMask {
                 return Err(MaskError::File {
                     path: b.name.trim_start_matches("file:").to_string(),
                     message: format!(
-                        "a block map of {} x {} blocks without element masks ('partial_mask_blocks', 'mask_next') classifies only tilings made of whole blocks; block_q x block_kv = {block_q} x {block_kv} is not a multiple of it",
-                        b.block_q, b.block_kv
+                        "a block map of {} x {} blocks without element masks ('partial_mask_blocks', 'mask_next') classifies only tilings made of whole blocks; block_q x block_kv = {block_q} x {block_kv} is not a multiple of it: give `block_q` a multiple of {} and `block_kv` a multiple of {} (or add the element masks to the file)",
+                        b.block_q, b.block_kv, b.block_q, b.block_kv
                     ),
                 });
             }
@@ -619,7 +619,9 @@ mod tests {
         // (1,1) 1,0,2,2 -> partial.
         assert_eq!(kinds, vec![Partial, Empty, Partial, Partial]);
         assert!(m.check_tiling(32, 32).is_ok());
-        assert!(m.check_tiling(24, 32).is_err());
+        let e = m.check_tiling(24, 32).unwrap_err().to_string();
+        // The way forward: the multiples the tiling needs.
+        assert!(e.contains("give `block_q` a multiple of 16 and `block_kv` a multiple of 16"), "{e}");
         assert_eq!(m.notes().len(), 1);
         // Unknown partials cannot join an expression.
         assert!(Mask::Union(vec![Mask::Causal { offset: 0 }, m.clone()]).validate().is_err());

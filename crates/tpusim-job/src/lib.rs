@@ -227,7 +227,8 @@ pub fn absent_field_reason(described: bool, name: &str) -> Option<&'static str> 
         "declared_cost_estimate" if described => {
             Some("the kernel declares no pl.CostEstimate (cost_estimate= of its pallas_call); cost_estimate holds the run's own totals")
         }
-        "declared_cost_estimate" | "smem_bytes" => Some("only a kernel read from its IR (tpusim.jax, tpusim run --kernel-ir) has it"),
+        "declared_cost_estimate" => Some("only a kernel read from its IR (tpusim.jax, tpusim run --kernel-ir) has it"),
+        "smem_bytes" => Some("only a kernel read from its IR and a forward attention kernel (its mask metadata) have it"),
         "measured" => Some(
             "no row of traces/measured/calibration.csv is this job on this chip model (the notes say so when the job has a row on the chip as built)",
         ),
@@ -499,7 +500,9 @@ pub struct Report {
     pub vmem_limit_bytes: u64,
     /// VMEM of the main kernel by buffer: (name, bytes), tile-padded.
     pub vmem_buffers: Vec<(String, u64)>,
-    /// SMEM for prefetch tables and SMEM buffers, bytes (a kernel read from its IR).
+    /// SMEM for prefetch tables and SMEM buffers, bytes: a kernel read from its IR, or a forward
+    /// attention kernel's mask metadata (Splash's data_next, mask_next and block masks; 0 for a
+    /// mask that needs none).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub smem_bytes: Option<u64>,
     /// The `pl.CostEstimate` a kernel read from its IR declares, if any (to compare with
@@ -926,7 +929,13 @@ impl Report {
             vmem_bytes: run.program.vmem.total(),
             vmem_limit_bytes: run.program.vmem.limit_bytes,
             vmem_buffers: run.program.vmem.buffers.clone(),
-            smem_bytes: facts.map(|f| f.smem_bytes),
+            // A forward attention kernel's mask metadata (its scalar prefetch), else a kernel
+            // read from its IR.
+            smem_bytes: match (facts, &run.job) {
+                (Some(f), _) => Some(f.smem_bytes),
+                (None, Job::Attention { direction: Direction::Fwd, .. }) => Some(info.smem_bytes),
+                _ => None,
+            },
             declared_cost_estimate: facts.and_then(|f| f.declared_cost),
             tiles: info.tiles,
             pair_density: None,

@@ -30,7 +30,7 @@
 //!    `busy_ms_mxu` .. `busy_ms_step_control`, `transcendentals`, `hbm_bytes`, `useful_flops`,
 //!    `useful_hbm_bytes` (`flops` and `hbm_bytes` are executed, tile-padded by the padding rule
 //!    of `tpusim_model::copies`; these without the padding), `arithmetic_intensity`, `grid_steps`, `steps_computed`, `vmem_bytes`, `vmem_limit_bytes`,
-//!    `smem_bytes` (kernels read from their IR), `dma_stall_ms`, `tiles_total`, `tiles_visited`,
+//!    `smem_bytes` (kernels read from their IR, forward attention), `dma_stall_ms`, `tiles_total`, `tiles_visited`,
 //!    `tiles_empty`, `tiles_partial`, `tiles_full`, `tiles_masked`, `pair_density`,
 //!    `exact_pair_density`, `tile_density`, `useful_fraction`, `dense_latency_ms`,
 //!    `tile_skip_efficiency`, `speedup_vs_dense` (empty where they do not apply);

@@ -766,3 +766,18 @@ fn a_file_that_is_not_utf8_is_refused_with_its_position() {
     expect_input_error(&["sweep", f, "--out", dir.join("o.csv").to_str().unwrap()], &["sweep file", at]);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A forward attention run reports the SMEM its mask metadata takes (the column was empty in
+/// every attention sweep row, where the same figure refuses a tiling that overflows SMEM): more
+/// grid blocks need more; a full mask needs none in tokamax.
+#[test]
+fn forward_attention_reports_its_mask_metadata_smem() {
+    let smem = |bq: &str, mask: &str| {
+        let j = run_json(&["--kernel", "splash", "--heads", "2", "--seq-len", "16384", "--mask", mask, "--block-q", bq, "--block-kv", bq]);
+        j["smem_bytes"].as_u64().unwrap_or_else(|| panic!("no smem_bytes: {j}"))
+    };
+    let (small, large) = (smem("512", "causal"), smem("2048", "causal"));
+    assert!(small > large && large > 0, "{small} {large}");
+    let bwd = run_json(&["--kernel", "splash", "--direction", "bwd", "--heads", "2", "--seq-len", "4096", "--mask", "causal"]);
+    assert!(bwd.get("smem_bytes").is_none(), "the backward's metadata is not counted: {bwd}");
+}

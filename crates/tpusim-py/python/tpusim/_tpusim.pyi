@@ -95,7 +95,7 @@ class Report:
     dense_latency_ms: float  # sparse attention
     tile_skip_efficiency: float  # sparse attention
     speedup_vs_dense: float  # sparse attention
-    smem_bytes: int  # a kernel read from its IR
+    smem_bytes: int  # a kernel read from its IR, or a forward attention kernel's mask metadata
     declared_cost_estimate: dict[str, float]  # a kernel read from its IR that declares one (as the description holds it)
     assumptions: list[str]  # a kernel read from its IR
     measured: dict[str, Any]  # a job with a shipped measurement

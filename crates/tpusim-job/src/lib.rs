@@ -1452,6 +1452,12 @@ pub(crate) fn write_bound_by(s: &mut String, b: &BoundBy<'_>) {
                     100.0 * gain(unit.word()),
                     co.join("; ")
                 ),
+                // Busy nearly all the run, yet no faster unit saves 1%: two bounds at nearly one
+                // time, this unit's rate and the step's dependency chain behind it.
+                whatif::BoundRule::CriticalPath if whatif::latency_bound(table) && bz >= 95.0 => format!(
+                    "{unit} (busy {bz:.0}% of the run, {sh:.0}% of the critical path, yet twice as fast it saves only {:.1}%: the steps' dependency chain through the units in turn bounds the run at nearly the same time, so speeding {unit} alone leaves it; more independent work per step (smaller blocks) shortens the chain)",
+                    100.0 * gain(unit.word())
+                ),
                 whatif::BoundRule::CriticalPath if whatif::latency_bound(table) => format!(
                     "{unit} (latency: no unit twice as fast saves 1% or more; the critical path waits on {unit} for {sh:.0}% of the run, busy {bz:.0}%)"
                 ),

@@ -781,3 +781,15 @@ fn forward_attention_reports_its_mask_metadata_smem() {
     let bwd = run_json(&["--kernel", "splash", "--direction", "bwd", "--heads", "2", "--seq-len", "4096", "--mask", "causal"]);
     assert!(bwd.get("smem_bytes").is_none(), "the backward's metadata is not counted: {bwd}");
 }
+
+/// A unit busy for the whole run whose doubling saves almost nothing is not called
+/// latency-bound: the line says its rate and the steps' dependency chain bound the run at
+/// nearly one time (a fresh user read "xlu (latency: ...) busy 100%" as a contradiction).
+#[test]
+fn a_unit_busy_all_run_that_gains_little_names_the_chain_behind_it() {
+    let out = bin().args(["run", "--block-q", "8192", "--block-kv", "8192", "--seq-len", "65536", "--heads", "1"]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text.lines().find(|l| l.trim_start().starts_with("bound by")).unwrap_or_else(|| panic!("{text}"));
+    assert!(line.contains("busy 100% of the run") && line.contains("dependency chain"), "{line}");
+    assert!(!line.contains("(latency:"), "{line}");
+}

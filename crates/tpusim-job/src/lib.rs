@@ -980,6 +980,16 @@ impl Report {
                     t.partial
                 ));
             }
+            // (Not for a family that masks every computed block as it is: JAX's Splash.)
+            if c.masking == tpusim_kernel::Masking::All
+                && c.kernel.defaults().masking != tpusim_kernel::Masking::All
+                && matches!(w.mask, tpusim_workload::Mask::Full)
+            {
+                rep.notes.push(format!(
+                    "`masking=all` with a full mask: there is no mask to evaluate, so only the {} tiles holding sequence padding apply one (as partial masking does)",
+                    t.masked
+                ));
+            }
             if c.mask_source == tpusim_kernel::MaskSource::Computed
                 && !tpusim_kernel::splash::computable(&w.mask)
                 && !w.mask.expression_terms().loaded_only

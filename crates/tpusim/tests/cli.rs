@@ -793,3 +793,14 @@ fn a_unit_busy_all_run_that_gains_little_names_the_chain_behind_it() {
     assert!(line.contains("busy 100% of the run") && line.contains("dependency chain"), "{line}");
     assert!(!line.contains("(latency:"), "{line}");
 }
+
+/// `masking all` with a full mask says that only the padding tiles apply a mask (a fresh user
+/// read "masking all ... 720 masked" of 11500 visited as a contradiction).
+#[test]
+fn masking_all_with_a_full_mask_says_only_padding_is_masked() {
+    let j = run_json(&["--kernel", "tokamax-splash", "--heads", "1", "--seq-len", "4000", "--mask", "full", "--masking", "all", "--block-q", "1024", "--block-kv", "1024"]);
+    let masked = j["tiles"]["masked"].as_u64().unwrap();
+    assert!(masked > 0 && masked < j["tiles"]["visited"].as_u64().unwrap(), "{j}");
+    let notes = j["notes"].as_array().unwrap();
+    assert!(notes.iter().any(|n| n.as_str().unwrap().contains(&format!("only the {masked} tiles holding sequence padding"))), "{notes:?}");
+}

@@ -218,12 +218,28 @@ pub fn kernel_ir_key(chip: &ChipModel) -> BandKey {
     BandKey { chip: chip.name.clone(), family: KERNEL_IR_FAMILY.into(), direction: "any".into(), scope: "kernel".into() }
 }
 
+/// The parameter hash of preset `name` (computed once per process), if it is a preset.
+fn preset_hash(name: &str) -> Option<String> {
+    static HASHES: std::sync::OnceLock<std::sync::Mutex<Vec<(String, Option<String>)>>> = std::sync::OnceLock::new();
+    let cache = HASHES.get_or_init(Default::default);
+    let mut c = cache.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some((_, h)) = c.iter().find(|(n, _)| n == name) {
+        return h.clone();
+    }
+    let h = ChipModel::preset(name).ok().map(|p| p.parameter_hash());
+    c.push((name.to_string(), h.clone()));
+    h
+}
+
 /// The band of `key` in `file` for a run on `chip` ([`band_for`]'s rule).
 pub fn band_of_key(file: &BandFile, chip: &ChipModel, key: BandKey) -> ReportBand {
     let band = file.bands.iter().find(|b| b.key == key);
     let n = band.map_or(0, |b| b.n);
     let pct = |x: f64| format!("{:.0}%", 100.0 * x);
-    let shipped_model = chip.provenance.source == "preset" && chip.provenance.overrides.is_empty();
+    // The preset itself, or a file whose parameters are the preset's (models/v6e.toml read by
+    // its path has the preset's parameter hash; a preset with overrides is not it).
+    let shipped_model = chip.provenance.overrides.is_empty()
+        && (chip.provenance.source == "preset" || preset_hash(&chip.name).is_some_and(|h| h == chip.parameter_hash()));
     let caveat = if shipped_model { "" } else { " (measured on the shipped preset; this model differs from it)" };
     match band.filter(|b| b.n >= MIN_ROWS) {
         Some(b) => ReportBand {

@@ -647,6 +647,37 @@ pub fn case_study_or(spec: JobSpec) -> JobSpec {
     }
 }
 
+/// A note for an attention job whose block sizes nobody gave, built from job fields (not the
+/// case study: [`case_study_or`] runs that when no job field is given): a job field starts from
+/// the kernel family's defaults, so `tpusim run --heads 10` (or `tpusim.simulate(heads=10)`)
+/// runs tokamax's Splash at its 128-wide blocks where the case study ran JAX's Splash at
+/// 3024/2048/1024; `tune` with the same fields finds better blocks. Job fields are named as
+/// `style` names them; `None` for the case study, a kernel read from its IR, a job given blocks
+/// and any job but attention.
+pub fn family_defaults_note(spec: &JobSpec, job: &Job, style: FieldStyle) -> Option<String> {
+    let Job::Attention { config: c, .. } = job else { return None };
+    if gives_no_job(spec) || spec.kernel_ir.is_some() || spec.block_q.is_some() || spec.block_kv.is_some() {
+        return None;
+    }
+    let (what, tune) = match style {
+        FieldStyle::Flag => ("a job flag", "`tpusim tune` with the same flags"),
+        FieldStyle::Key => ("a job field", "tune with the same fields"),
+    };
+    let family = if spec.kernel.is_some() { format!("`kernel` {}", c.kernel) } else { format!("{} (the default `kernel`)", c.kernel) };
+    let case = case_study();
+    let text = format!(
+        "{what} starts from the kernel family's defaults, not from the built-in case study: this ran {family} at its default blocks {}/{}/{} (no `block_q` or `block_kv` given); {tune} searches for better blocks (with no job field the case study runs: `kernel` {} at {}/{}/{})",
+        c.block_q,
+        c.block_kv,
+        c.block_kv_compute,
+        case.kernel(),
+        case.block_q.unwrap_or_default(),
+        case.block_kv.unwrap_or_default(),
+        case.block_kv_compute.unwrap_or_default()
+    );
+    Some(render_fields(&text, style))
+}
+
 /// The job `tune` searches when given no job field: the default job ([`case_study_or`]) with its
 /// block sizes left to the search (its workload, kernel family and options kept).
 pub fn tune_default_or(spec: JobSpec) -> JobSpec {

@@ -196,8 +196,10 @@ impl Figure for BreakdownFigure {
             labels.place(root, &txt, &st, &[p, (q.0 - style::text_width(root, &txt, &st) - 6, q.1)])?;
             let tot = plot.map_coordinate(&(x, tops[i]));
             let st = style::font_c(s.tick * 0.9, style::DARK_GREY).pos(Pos::new(HPos::Center, VPos::Bottom));
-            // Units run at once: their busy times add up to more than the latency. Say so.
-            labels.place(root, &format!("busy total {} ms (units overlap)", sig3(tops[i])), &st, &[(tot.0, tot.1 - 4)])?;
+            // Units run at once: their busy times may add up to more than the latency (say so),
+            // or, with idle gaps, to less.
+            let why = if tops[i] > l { "units overlap" } else { "units also idle" };
+            labels.place(root, &format!("busy total {} ms ({why})", sig3(tops[i])), &st, &[(tot.0, tot.1 - 4)])?;
         }
         // Legend: top of the right column, top unit first (stack order).
         let st = style::font(s.tick).pos(Pos::new(HPos::Left, VPos::Center));

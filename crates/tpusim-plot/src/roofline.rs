@@ -79,9 +79,11 @@ pub struct Point {
     pub chip: String,
     /// FLOP per HBM byte.
     pub intensity: f64,
-    /// Achieved FLOP/s.
+    /// Executed FLOP/s (the MXU's work, padding and masked pairs of visited tiles included: what
+    /// the roofs bound, at the intensity's executed FLOPs per byte).
     pub achieved: f64,
-    /// MFU (achieved / peak).
+    /// MFU: the run's useful (model) FLOPs per second over the peak, as `tpusim run` gives it
+    /// (below `achieved` / peak where work is padded or masked).
     pub mfu: f64,
     /// MXU ceiling at the workload's head dims, FLOP/s (attention only).
     pub mxu_head_dim: Option<(u64, f64)>,
@@ -192,13 +194,13 @@ impl RooflineFigure {
 
 impl Figure for RooflineFigure {
     /// Per chip its ridge (`ridge v6e: 668 FLOP/B`), per point its intensity, rate, MFU and
-    /// softmax ceiling (`point dense: 2920 FLOP/B, 390 TFLOP/s, 43% MFU, softmax ceiling (EUP) 407 TFLOP/s`),
+    /// softmax ceiling (`point dense: 2920 FLOP/B, 390 TFLOP/s executed, 43% MFU (useful FLOPs), softmax ceiling (EUP) 407 TFLOP/s`),
     /// then each job not drawn and why.
     fn facts(&self) -> Vec<String> {
         let mut f: Vec<String> = self.roofs.iter().map(|r| format!("ridge {}: {:.0} FLOP/B", r.chip, r.peak / r.bw)).collect();
         for p in &self.points {
             let ceiling = p.softmax.map_or(String::new(), |(u, v)| format!(", softmax ceiling ({u}) {:.0} TFLOP/s", v / 1e12));
-            f.push(format!("point {}: {:.0} FLOP/B, {:.0} TFLOP/s, {:.0}% MFU{ceiling}", p.label, p.intensity, p.achieved / 1e12, 100.0 * p.mfu));
+            f.push(format!("point {}: {:.0} FLOP/B, {:.0} TFLOP/s executed, {:.0}% MFU (useful FLOPs){ceiling}", p.label, p.intensity, p.achieved / 1e12, 100.0 * p.mfu));
         }
         f.extend(self.left_out.iter().cloned());
         f
@@ -241,7 +243,7 @@ impl Figure for RooflineFigure {
         chart
             .configure_mesh()
             .x_desc("arithmetic intensity (FLOP per HBM byte)")
-            .y_desc("achieved compute (TFLOP/s)")
+            .y_desc("executed compute (TFLOP/s)")
             .axis_desc_style(style::font(s.label))
             .label_style(style::font(s.tick))
             .x_label_formatter(&|v| style::tick_label(*v))
@@ -336,7 +338,7 @@ impl Figure for RooflineFigure {
                 plot.draw(&Circle::new((p.intensity, p.achieved / t), 8, c.filled())).map_err(draw_err)?;
                 plot.draw(&Circle::new((p.intensity, p.achieved / t), 8, BLACK.stroke_width(1))).map_err(draw_err)?;
                 left_labels.push((
-                    format!("{}: {} TFLOP/s, {:.0}% MFU", p.label, sig3(p.achieved / t), p.mfu * 100.0),
+                    format!("{}: {} TFLOP/s executed, {:.0}% MFU", p.label, sig3(p.achieved / t), p.mfu * 100.0),
                     (p.intensity, p.achieved / t),
                     c,
                 ));

@@ -137,7 +137,7 @@ impl ValidationFigure {
             median * 100.0,
             abs.last().copied().unwrap_or(0.0) * 100.0,
             if within.is_empty() { String::new() } else { format!("; {}", within.join(", ")) },
-            if skipped > 0 { format!(" ({skipped} rows without both values skipped)") } else { String::new() }
+            if skipped > 0 { format!(" ({skipped} row{} without both values skipped)", if skipped == 1 { "" } else { "s" }) } else { String::new() }
         );
         let notes = vec![format!(
             "Source: {}. Error = (predicted - measured) / measured; shaded bands: ±{} around y = x.",

@@ -446,8 +446,18 @@ impl JobIn {
                 }
             }
             if let Some(h) = pm.heads {
-                if !self.fields.contains_key("heads") {
-                    self.fields.insert("heads".into(), Value::from(h));
+                match self.fields.get("heads").map(Value::as_u64) {
+                    None => {
+                        self.fields.insert("heads".into(), Value::from(h));
+                    }
+                    // A per-head mask of another head count (its masks all alike or not); a heads
+                    // value that is no count is refused where the job is read.
+                    Some(Some(given)) if given != h => {
+                        return Err(input_err(format!(
+                            "mask: a per-head mask of {h} heads for heads = {given}: a per-head mask lists one mask per q head; give {given} masks or heads={h}"
+                        )));
+                    }
+                    Some(_) => {}
                 }
             }
             match masks::as_text(&pm.mask) {
@@ -492,9 +502,15 @@ fn job_in(py: Python<'_>, kwargs: Option<&Bound<'_, PyDict>>, skip: &[&str]) -> 
                 if !j.alias(&key, &v, "keyword arguments")? {
                     if fields::rule(&key).is_none() || key == "no_fused_bwd" {
                         return Err(input_err(format!(
-                            "{key} = {}: not a job keyword; the keywords are {}, mask, block_sizes and Splash's spellings (use_fused_bwd_kernel, use_base2_exp, use_experimental_scheduler)",
+                            "{key} = {}: not a job keyword; the keywords are {}, block_sizes and Splash's spellings (use_fused_bwd_kernel, use_base2_exp, use_experimental_scheduler)",
                             repr(&v),
-                            fields::file_keys().join(", ")
+                            {
+                                let mut keys = fields::file_keys();
+                                if !keys.contains(&"mask") {
+                                    keys.push("mask");
+                                }
+                                keys.join(", ")
+                            }
                         )));
                     }
                     j.field(&key, &v, "keyword arguments")?;
@@ -738,12 +754,22 @@ impl PyReport {
 ///   HEAD_DIM_MINOR).
 /// * `set`: chip overrides, `{"hbm.bandwidth_gb_per_s": 3276}`.
 ///
+/// With no job keyword (only `chip`, `set` or none) it runs the built-in case study (JAX's Splash
+/// at 3024/2048/1024 on the 75,600-token video layer); any job keyword starts from the kernel
+/// family's defaults instead (`simulate(heads=10)` runs tokamax's Splash at its 128-wide
+/// blocks), and the report's notes say so.
+///
 /// Raises `tpusim.InputError` (a `ValueError`) with the command line's message for bad input.
 #[pyfunction]
 #[pyo3(signature = (**kwargs))]
 fn simulate(py: Python<'_>, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<PyReport> {
     let (spec, given) = job_spec(py, kwargs, &[])?;
-    Ok(PyReport::new(run_spec(py, default_job(spec), &given)?))
+    let (mut report, pipelines) = run_spec(py, default_job(spec.clone()), &given)?;
+    // The job as built again (cheap: no lowering) for the family-defaults note.
+    if let Some(job) = spec.chip().ok().and_then(|chip| spec.build(&chip).ok()) {
+        report.notes.extend(tpusim_job::family_defaults_note(&spec, &job, FieldStyle::Key));
+    }
+    Ok(PyReport::new((report, pipelines)))
 }
 
 /// Searches block sizes and kernel options for one job (the job fields as for `simulate`; with
@@ -751,7 +777,9 @@ fn simulate(py: Python<'_>, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<PyRe
 /// returns the ranking as a dict: `top` is a list of configurations, best first, each with
 /// `latency_ms`, `bottleneck`, `flags` (for `tpusim run`), `block_sizes` (text ready to paste:
 /// the kernel's config call, JAX Splash's `BlockSizes(block_q=..., ...)` or tokamax's
-/// `SplashConfig(block_q=..., ...)`) and `block_sizes_kwargs` (a dict for either, `**kw`).
+/// `SplashConfig(block_q=..., ...)`), `block_sizes_kwargs` (a dict for either, `**kw`) and,
+/// for a design what-if (an option the kernel's library has no setting for, starred by
+/// `tpusim tune`), `design_whatif` naming it: its `block_sizes` run without that option.
 /// `pruned` counts the valid configurations not simulated because their latency lower bound
 /// showed they cannot rank; `exhaustive=True` simulates them too (the same ranking).
 #[pyfunction]
@@ -858,7 +886,20 @@ fn rows_csv(rows: &Bound<'_, PyAny>) -> PyResult<String> {
         let mut m = serde_json::Map::new();
         for (k, v) in d.iter() {
             let key: String = k.extract()?;
+            // A NaN or infinite number is named as such (it became an empty cell: "empty").
+            if let Some(f) = v.cast::<PyFloat>().ok().and_then(|f| f.extract::<f64>().ok()) {
+                if !f.is_finite() {
+                    return Err(input_err(format!("rows[{i}].{key} = {f}: not a finite number")));
+                }
+            }
             m.insert(key.clone(), to_json(&v, &format!("rows[{i}].{key}"))?);
+        }
+        if m.is_empty() {
+            return Err(input_err(format!(
+                "rows[{i}] = {{}}: no measurement columns; a row needs at least {} (the columns are {}; traces/measured/README.md)",
+                tpusim_calib::measure::REQUIRED_COLUMNS.join(", "),
+                tpusim_calib::measure::KNOWN_COLUMNS.join(", ")
+            )));
         }
         recs.push(m);
     }

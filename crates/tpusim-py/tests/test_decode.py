@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 
+import tpusim
 import tpusim.jax as tj
 from conftest import run_cli
 
@@ -138,6 +139,13 @@ def test_decode_sweep_relowers_per_point(tmp_path):
     assert rows[0]["hbm_bytes"] <= rows[1]["hbm_bytes"] <= rows[2]["hbm_bytes"]
     first, header = (tmp_path / "s.csv").read_text().splitlines()[:2]
     assert first.startswith("# tpusim output: tpusim.jax.decode_sweep (tpusim ") and header.startswith("pages_per_block,")
+    # A point make_step itself rejects (an unknown keyword: TypeError) is a row with its error;
+    # the points done before it are kept and written (they were all lost).
+    rows = tj.decode_sweep(step, [{"pages_per_block": 2}, {"pages_per_block": 2, "bogus": 1}], path=tmp_path / "t.csv")
+    assert rows[0]["error"] == "" and rows[1]["error"].startswith("TypeError: ") and "bogus" in rows[1]["error"], rows
+    assert len((tmp_path / "t.csv").read_text().splitlines()) == 4
+    with pytest.raises(tpusim.InputError, match=r"points\[1\] = 3: each point is a dict"):
+        tj.decode_sweep(step, [{"pages_per_block": 2}, 3])
 
 
 def test_readme_decode_example_runs(root, capsys):

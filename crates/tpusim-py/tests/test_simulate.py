@@ -330,3 +330,38 @@ def test_bound_by_is_the_largest_what_if_gain_and_matches_a_set_run():
     again = tpusim.simulate(kernel="sparse-splash", mask="band:15000+sink:3600", traversal="compact",
                             masking="partial", block_q=3328, block_kv=1536, set=best["set"])
     assert again.latency_ms == best["latency_ms"]
+
+
+def test_a_job_keyword_starts_from_the_family_defaults_and_says_so():
+    # simulate() runs the case study; simulate(heads=10), the case study's own head count, runs
+    # tokamax's Splash at its 128 blocks: its notes say why, as `tpusim run --heads 10` does
+    # (a fresh user saw 75 ms become 1597 ms without a word).
+    case = tpusim.simulate()
+    assert not any("kernel family's defaults" in n for n in case.notes), case.notes
+    r = tpusim.simulate(heads=10, seq_len=4096)
+    note = next((n for n in r.notes if "starts from the kernel family's defaults" in n), None)
+    assert note is not None, r.notes
+    assert "block_q" in note and "--block-q" not in note and "tune with the same fields" in note, note
+    given = tpusim.simulate(heads=10, seq_len=4096, block_q=512, block_kv=512)
+    assert not any("kernel family's defaults" in n for n in given.notes), given.notes
+
+
+def test_tune_marks_the_configurations_the_library_cannot_run():
+    # Ranks that differ only in an option tokamax has no setting for (masking all) carry
+    # `design_whatif`, as the CLI stars them: their block_sizes would run the other option.
+    r = tpusim.tune(heads=8, seq_len=8192, mask="causal", top=4)
+    marks = [t.get("design_whatif") for t in r["top"]]
+    assert any(m and "masking all" in m for m in marks), marks
+    plain = [t for t in r["top"] if "design_whatif" not in t]
+    assert plain, marks
+
+
+def test_a_per_head_mask_of_another_head_count_is_refused():
+    # Three alike masks for four heads ran as `causal` on four heads (three different ones were
+    # refused): both are refused, naming the two counts.
+    M = pytest.importorskip("jax.experimental.pallas.ops.tpu.splash_attention.splash_attention_mask")
+    shape = (1024, 1024)
+    for masks in ([M.CausalMask(shape)] * 3, [M.CausalMask(shape), M.LocalMask(shape, (128, 128), 0), M.CausalMask(shape)]):
+        with pytest.raises(tpusim.InputError, match=r"per-head mask of 3 heads for heads = 4"):
+            tpusim.simulate(mask=M.MultiHeadMask(masks), heads=4)
+    assert tpusim.simulate(mask=M.MultiHeadMask([M.CausalMask(shape)] * 4), heads=4).latency_ms > 0

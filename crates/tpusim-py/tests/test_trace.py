@@ -144,3 +144,12 @@ def test_trace_ops_lists_the_selected_device_ops(trace_file):
     assert all(b["ts_us"] > a["ts_us"] for a, b in zip(dev1, dev1[1:]))
     with pytest.raises(tpusim.InputError, match=r"kernel_pattern 'nothing'.*device '\^/device:'.*XLA Ops"):
         tpusim.trace_ops(str(trace_file), "nothing")
+
+
+def test_validate_names_an_empty_row_and_a_nan_time():
+    # A NaN time read as "empty", and a row without columns as "unknown column" with no name.
+    row = {"id": "a", "chip": "v6e", "kernel": "tokamax-splash", "measured_ms": float("nan")}
+    with pytest.raises(tpusim.InputError, match=r"rows\[0\]\.measured_ms = NaN: not a finite number"):
+        tpusim.validate([row])
+    with pytest.raises(tpusim.InputError, match=r"rows\[0\] = \{\}: no measurement columns; a row needs at least id, chip, kernel, measured_ms"):
+        tpusim.validate([{}])

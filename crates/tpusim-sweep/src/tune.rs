@@ -135,6 +135,11 @@ pub struct Ranked {
     /// tokamax's `SplashConfig(...)` (attention; [`Job::block_sizes_call`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub block_sizes: Option<String>,
+    /// The options of this configuration its kernel family's library has no setting for (a
+    /// design what-if, starred in the table: tpusim times it as if the library had them; its
+    /// `block_sizes` run without them), `; `-joined; absent when the library runs it as it is.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub design_whatif: Option<String>,
 }
 
 /// The outcome of a search.
@@ -834,6 +839,7 @@ fn rank(
             job: (*job).clone(),
             flags: job.config_spec().to_flags(),
             block_sizes: job.block_sizes_call(),
+            design_whatif: Some(tpusim_job::design_what_ifs(job).join("; ")).filter(|w| !w.is_empty()),
         })
         .collect();
     Ok(TuneResult {

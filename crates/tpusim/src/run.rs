@@ -245,7 +245,7 @@ pub fn cmd_run(a: &RunArgs) -> Result<String, CliError> {
     let mut rep = Report::from_run(&r);
     rep.render_notes(&mut |f, v| a.job.describe_setting(&spec, f, v, case_study));
     if !case_study && a.job.job.kernel_ir.is_none() {
-        rep.notes.extend(family_defaults_note(&spec, &job));
+        rep.notes.extend(tpusim_job::family_defaults_note(&spec, &job, tpusim_job::FieldStyle::Flag));
     }
     tpusim_calib::attach_shipped_measurement(&mut rep, &chip, &job);
     let text = match a.format {
@@ -256,33 +256,6 @@ pub fn cmd_run(a: &RunArgs) -> Result<String, CliError> {
         None => Ok(text),
         Some(path) => with_timeline(a, &tpusim_plot::timeline::Timed::of_run(&r), path, text),
     }
-}
-
-/// A note for an attention job whose block sizes nobody gave (a flag or the trace): a job flag
-/// starts from the kernel family's defaults, not from the built-in case study (`tpusim run`
-/// with no job flag), so `tpusim run --heads 10` runs tokamax's Splash at its 128-wide blocks;
-/// `tpusim tune` with the same flags finds better blocks.
-fn family_defaults_note(spec: &JobSpec, job: &tpusim_job::Job) -> Option<String> {
-    let tpusim_job::Job::Attention { config: c, .. } = job else { return None };
-    if spec.block_q.is_some() || spec.block_kv.is_some() {
-        return None;
-    }
-    let family = if spec.kernel.is_some() {
-        format!("--kernel {}", c.kernel)
-    } else {
-        format!("{} (the default --kernel)", c.kernel)
-    };
-    let case = tpusim_job::case_study();
-    Some(format!(
-        "a job flag starts from the kernel family's defaults, not from the built-in case study: this ran {family} at its default blocks {}/{}/{} (no --block-q or --block-kv given); `tpusim tune` with the same flags searches for better blocks (tpusim run with no job flag runs the case study, --kernel {} at {}/{}/{})",
-        c.block_q,
-        c.block_kv,
-        c.block_kv_compute,
-        case.kernel(),
-        case.block_q.unwrap_or_default(),
-        case.block_kv.unwrap_or_default(),
-        case.block_kv_compute.unwrap_or_default()
-    ))
 }
 
 /// Writes `text` (with a final newline) to stdout at once, before an error follows on stderr.

@@ -804,3 +804,18 @@ fn masking_all_with_a_full_mask_says_only_padding_is_masked() {
     let notes = j["notes"].as_array().unwrap();
     assert!(notes.iter().any(|n| n.as_str().unwrap().contains(&format!("only the {masked} tiles holding sequence padding"))), "{notes:?}");
 }
+
+/// The shipped chip file read by its path is the preset (same parameter hash): its band carries
+/// no "this model differs" caveat; an override does.
+#[test]
+fn the_shipped_chip_file_is_not_called_a_different_model() {
+    let ir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../traces/measured/kernels/microbench/MB-v6e-copy-t1.json.gz");
+    let band = |args: &[&str]| {
+        let mut a = vec!["--kernel-ir", ir];
+        a.extend_from_slice(args);
+        run_json(&a)["band"]["text"].as_str().unwrap().to_string()
+    };
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/v6e.toml");
+    assert!(!band(&["--chip", root]).contains("this model differs"));
+    assert!(band(&["--chip", root, "--set", "hbm.bandwidth_gb_per_s=3276"]).contains("this model differs"));
+}

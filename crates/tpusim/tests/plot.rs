@@ -605,3 +605,20 @@ fn validation_groups_past_the_palette_differ_in_shape_and_are_named_in_the_error
     }
     assert!(!svg.contains("G0-1\n"), "no per-row ids at this size");
 }
+
+/// The roofline's point is executed FLOP/s (what the roofs bound), said so, beside the MFU `run`
+/// gives (useful FLOPs): a fresh user read "191 TFLOP/s, 87% MFU" on a 197 TFLOP/s chip as two
+/// figures that disagree with `run`'s 170.1 TFLOP/s.
+#[test]
+fn the_roofline_point_says_executed_and_gives_runs_mfu() {
+    let d = tmpdir("roofline-mfu");
+    let out = d.join("r.svg");
+    let msg = ok(&["plot", "roofline", "--trace", "traces/llm-causal-16k.toml", "--chips", "v5e", "--out", out.to_str().unwrap()]);
+    let line = msg.lines().find(|l| l.contains("point ") && l.contains("FLOP/B")).unwrap_or_else(|| panic!("{msg}"));
+    assert!(line.contains("TFLOP/s executed") && line.contains("MFU (useful FLOPs)"), "{line}");
+    let j: serde_json::Value = serde_json::from_str(&ok(&["run", "--trace", "traces/llm-causal-16k.toml", "--chip", "v5e", "--format", "json"])).unwrap();
+    let mfu = format!("{:.0}% MFU", 100.0 * j["mfu"].as_f64().unwrap());
+    assert!(line.contains(&mfu), "{line} against run's {mfu}");
+    let executed = j["flops"].as_f64().unwrap() / (j["latency_ms"].as_f64().unwrap() * 1e-3) / 1e12;
+    assert!(line.contains(&format!("{executed:.0} TFLOP/s executed")), "{line} against {executed:.1}");
+}

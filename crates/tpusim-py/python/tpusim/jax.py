@@ -2300,7 +2300,9 @@ def decode_sweep(make_step, points, *, path=None, force=False):
     """Runs `make_step(**point)` (which returns a `DecodeReport`, e.g. a `paged_attention_step`
     call; each point re-lowers the kernel, since page size and pages per block live in the
     lowering) for every point (dicts); returns rows (the point's keys, then the report's
-    `row()`, or `error`), and writes them as CSV to `path` if given (completely or not at all).
+    `row()`, or `error`: tpusim's refusal, or any other exception's type and message, so one
+    failing point never loses the others), and writes them as CSV to `path` if given
+    (completely or not at all).
 
     The CSV's first line is tpusim's mark, `# tpusim output: tpusim.jax.decode_sweep (tpusim
     VERSION)` (pandas: `read_csv(path, comment="#")`), then the header and the rows. `force`
@@ -2316,13 +2318,21 @@ def decode_sweep(make_step, points, *, path=None, force=False):
         _tpusim._check_outputs("path", DECODE_SWEEP_COMMAND, [(path, None)], force)
     else:
         _force_arg(force)
+    points = list(points)
+    for i, p in enumerate(points):
+        if not isinstance(p, dict) or not all(isinstance(k, str) for k in p):
+            raise InputError(f"points[{i}] = {p!r}: each point is a dict of make_step's keyword arguments")
     rows = []
     for p in points:
+        # A point that does not run is a row with its reason, as in `tpusim sweep` (the rows
+        # done before it are kept): tpusim's refusal as it is, any other error with its type.
         try:
             r = make_step(**p)
             rows.append({**p, **r.row(), "error": ""})
         except InputError as e:
             rows.append({**p, "error": str(e)})
+        except Exception as e:  # noqa: BLE001 - reported in the row, as the docstring says
+            rows.append({**p, "error": f"{type(e).__name__}: {e}"})
     if path is not None:
         keys = []
         for r in rows:

@@ -220,7 +220,9 @@ pub fn kernel_ir_key(chip: &ChipModel) -> BandKey {
 
 /// The parameter hash of preset `name` (computed once per process), if it is a preset.
 fn preset_hash(name: &str) -> Option<String> {
-    static HASHES: std::sync::OnceLock<std::sync::Mutex<Vec<(String, Option<String>)>>> = std::sync::OnceLock::new();
+    /// (preset name, its parameter hash; `None` for a name that is no preset).
+    type Hashes = std::sync::Mutex<Vec<(String, Option<String>)>>;
+    static HASHES: std::sync::OnceLock<Hashes> = std::sync::OnceLock::new();
     let cache = HASHES.get_or_init(Default::default);
     let mut c = cache.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     if let Some((_, h)) = c.iter().find(|(n, _)| n == name) {

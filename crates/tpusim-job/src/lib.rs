@@ -1011,6 +1011,20 @@ impl Report {
                     t.partial
                 ));
             }
+            // The padding rule, stated where it applies (a head_dim off the 128-lane tile).
+            let lanes = tpusim_model::vmem::LANES;
+            let mut odd: Vec<(&str, u64)> =
+                [("head_dim", w.head_dim), ("head_dim_v", w.head_dim_v)].into_iter().filter(|(_, d)| !d.is_multiple_of(lanes)).collect();
+            if w.head_dim == w.head_dim_v {
+                odd.truncate(1);
+            }
+            if !odd.is_empty() {
+                let what: Vec<String> = odd.iter().map(|(n, d)| format!("{n} {d} as {} lanes", d.next_multiple_of(lanes))).collect();
+                rep.notes.push(format!(
+                    "on chip each operand is padded to {lanes}-lane tiles, so the MXU, VPU and VMEM run {} (the executed FLOPs count the padding, the useful ones do not); HBM copies move the operands' own lanes per row, the named assumption (XLA chooses the HBM layout; tpusim_model::copies states the rule)",
+                    what.join(" and ")
+                ));
+            }
             // (Not for a family that masks every computed block as it is: JAX's Splash.)
             if c.masking == tpusim_kernel::Masking::All
                 && c.kernel.defaults().masking != tpusim_kernel::Masking::All

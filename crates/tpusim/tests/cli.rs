@@ -77,6 +77,9 @@ fn head_dim_below_128_pads_to_128_lanes_in_every_figure() {
     let out = bin().args(["run", "--head-dim", "64"]).args(base).output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("useful, 50.0% of it masked pairs, padding or recomputation)"), "{text}");
+    // The rule is stated in the run's own notes (a fresh user found it only in the README).
+    assert!(text.contains("run head_dim 64 as 128 lanes") && text.contains("HBM copies move the operands' own lanes"), "{text}");
+    assert!(!String::from_utf8_lossy(&bin().args(["run", "--head-dim", "128"]).args(base).output().unwrap().stdout).contains("128-lane tiles"));
     // An edge block: 4000 tokens in 1024-row blocks move whole tiles past the array's end.
     let mut a = base.to_vec();
     a[3] = "4000";

@@ -647,6 +647,20 @@ pub fn case_study_or(spec: JobSpec) -> JobSpec {
     }
 }
 
+/// An attention call's useful (model) FLOPs per kept score pair in `direction`: 2 x (head_dim +
+/// head_dim_v) forward (q.k and p.v) and 6 x head_dim + 4 x head_dim_v backward (s recomputed,
+/// dp, dv, dq, dk), FlashAttention's count (backward 2.5x the forward at equal dims); both for a
+/// training step. What MFU counts, for a run ([`Report::useful_flops`]) and a layer's attention.
+pub fn model_flops_per_pair(call: &AttentionCall, direction: Direction) -> f64 {
+    let (dq, dv) = (call.head_dim as f64, call.head_dim_v as f64);
+    let (fwd, bwd) = (2.0 * (dq + dv), 6.0 * dq + 4.0 * dv);
+    match direction {
+        Direction::Fwd => fwd,
+        Direction::Bwd => bwd,
+        Direction::FwdBwd => fwd + bwd,
+    }
+}
+
 /// A note for an attention job whose block sizes nobody gave, built from job fields (not the
 /// case study: [`case_study_or`] runs that when no job field is given): a job field starts from
 /// the kernel family's defaults, so `tpusim run --heads 10` (or `tpusim.simulate(heads=10)`)
@@ -1065,18 +1079,12 @@ impl Report {
             let td = if t.total > 0 { t.visited as f64 / t.total as f64 } else { 0.0 };
             rep.tile_density = Some(td);
             rep.useful_fraction = Some(if info.visited_pairs > 0 { info.kept_pairs as f64 / info.visited_pairs as f64 } else { 0.0 });
-            // Useful (model) FLOPs of attention: the mask's kept pairs, each 2 x (head_dim +
-            // head_dim_v) forward (q.k and p.v) and 6 x head_dim + 4 x head_dim_v backward (s
-            // recomputed, dp, dv, dq, dk), FlashAttention's count (backward 2.5x the forward at
-            // equal dims). Masked pairs of visited tiles, sequence padding and recomputation are
-            // executed, not useful: MFU ranks configurations as their latency does.
-            let (dq, dv) = (w.head_dim as f64, w.head_dim_v as f64);
-            let per_pair = match run.job {
-                Job::Attention { direction: Direction::Fwd, .. } => 2.0 * (dq + dv),
-                Job::Attention { direction: Direction::Bwd, .. } => 6.0 * dq + 4.0 * dv,
-                _ => 2.0 * (dq + dv) + 6.0 * dq + 4.0 * dv,
-            };
-            rep.useful_flops = info.kept_pairs as f64 * per_pair;
+            // Useful (model) FLOPs of attention: the mask's kept pairs ([`model_flops_per_pair`]).
+            // Masked pairs of visited tiles, sequence padding and recomputation are executed, not
+            // useful: MFU ranks configurations as their latency does.
+            if let Job::Attention { direction, .. } = &run.job {
+                rep.useful_flops = info.kept_pairs as f64 * model_flops_per_pair(w, *direction);
+            }
             rep.mfu = rep.useful_flops / seconds / chip.peak_flops();
             rep.achieved_tflops = rep.useful_flops / seconds / 1e12;
             if let Some(d) = &run.dense {
@@ -1450,6 +1458,10 @@ fn mxu_fold_load_share(run: &Run) -> Option<f64> {
     (total > 0.0).then(|| load_bound / total)
 }
 
+/// The busy fraction (of a unit's critical-path share, or of the run) at which a unit counts as
+/// bound by its throughput, not its latency.
+const THROUGHPUT_BUSY: f64 = 0.95;
+
 /// Writes the "bound by" line (and, with a what-if table, the "what if 2x" line) to `s`: the
 /// bottleneck with the rule that named it ([`whatif::bottleneck_of`]), its critical-path share
 /// and busy time, and the figures a kernel engineer checks against a profile.
@@ -1460,7 +1472,7 @@ pub(crate) fn write_bound_by(s: &mut String, b: &BoundBy<'_>) {
     // Throughput-bound when the unit is busy for nearly all of its critical-path share (idle at
     // most 5% of it: the pipeline's first copy latency and last write-back on an HBM-bound run):
     // it could not finish sooner without more throughput; latency-bound otherwise.
-    let how = if busy * b.latency_ms >= 0.95 * crit { "throughput" } else { "latency" };
+    let how = if busy * b.latency_ms >= THROUGHPUT_BUSY * crit { "throughput" } else { "latency" };
     let unit = b.bottleneck;
     let (sh, bz) = (share(unit), busy * 100.0);
     // The other units busier than a few percent, busiest first: what overlaps the bottleneck.
@@ -1509,7 +1521,7 @@ pub(crate) fn write_bound_by(s: &mut String, b: &BoundBy<'_>) {
                 ),
                 // Busy nearly all the run, yet no faster unit saves 1%: two bounds at nearly one
                 // time, this unit's rate and the step's dependency chain behind it.
-                whatif::BoundRule::CriticalPath if whatif::latency_bound(table) && bz >= 95.0 => format!(
+                whatif::BoundRule::CriticalPath if whatif::latency_bound(table) && bz >= 100.0 * THROUGHPUT_BUSY => format!(
                     "{unit} (busy {bz:.0}% of the run, {sh:.0}% of the critical path, yet twice as fast it saves only {:.1}%: the steps' dependency chain through the units in turn bounds the run at nearly the same time, so speeding {unit} alone leaves it; more independent work per step (smaller blocks) shortens the chain)",
                     100.0 * gain(unit.word())
                 ),

@@ -42,7 +42,7 @@ pub struct OpCost {
     /// TensorCore time to issue a collective, seconds: one `fitted.dma_issue_ns` per message a
     /// device sends (0 for TensorCore ops).
     pub issue_seconds: f64,
-    /// Useful matmul FLOPs (2 m n k; attention 2 (d + dv) per kept pair).
+    /// Useful matmul FLOPs (2 m n k; attention `tpusim_job::model_flops_per_pair` per kept pair).
     pub flops: f64,
     /// FLOPs the MXUs executed (padding and masked-out pairs of visited tiles included).
     pub executed_flops: f64,
@@ -108,7 +108,7 @@ pub fn cost(plan: &LayerPlan, work: &Work, name: &str) -> Result<OpCost, LayerEr
             let run = tpusim_job::run_with_dense(chip, &job, None)
                 .map_err(|e| err(tpusim_job::render_fields(&e.to_string(), tpusim_job::FieldStyle::Key)))?;
             let info = &run.program.info;
-            let flops = 2.0 * (call.head_dim + call.head_dim_v) as f64 * info.kept_pairs as f64;
+            let flops = info.kept_pairs as f64 * tpusim_job::model_flops_per_pair(call, tpusim_kernel::Direction::Fwd);
             let blocks: Vec<String> = info.blocks.iter().map(|(_, v)| v.to_string()).collect();
             let detail = format!(
                 "{} x {} heads x {} x {}, {} {}, mask {}",

@@ -540,12 +540,16 @@ fn default_job(spec: JobSpec) -> JobSpec {
 /// its pipelines ([`pipelines`]) and its design what-ifs (`tpusim_job::design_what_ifs`: the
 /// options its kernel family has no setting for); errors name fields as the caller gave them
 /// (a length given as seq_len is named seq_len).
-fn run_job(spec: &JobSpec) -> Result<(Report, String, Vec<String>), String> {
+fn run_job(spec: &JobSpec, asked: Option<&JobSpec>) -> Result<(Report, String, Vec<String>), String> {
     let chip = spec.chip().map_err(|e| as_given(spec, e))?;
     let job = spec.build(&chip).map_err(|e| as_given(spec, e))?;
     let run = tpusim_job::run(&chip, &job).map_err(|e| as_given(spec, e))?;
     let mut rep = Report::from_run(&run);
     rep.render_notes(&mut |f, v| spec.describe_setting(f, v, FieldStyle::Key));
+    // The job fields as the caller gave them (before the case study filled an empty call).
+    if let Some(asked) = asked {
+        rep.notes.extend(tpusim_job::family_defaults_note(asked, &job, FieldStyle::Key));
+    }
     tpusim_calib::attach_shipped_measurement(&mut rep, &chip, &job);
     Ok((rep, pipelines(&run), tpusim_job::design_what_ifs(&job)))
 }
@@ -573,9 +577,11 @@ fn pipelines(run: &tpusim_job::Run) -> String {
     Value::Array(list).to_string()
 }
 
-/// Builds and runs a job on another thread without the GIL, Ctrl-C checked meanwhile.
-fn run_spec(py: Python<'_>, spec: JobSpec, given: &Given) -> PyResult<(Report, String)> {
-    interruptible_once(py, move || run_job(&spec).map(|(r, p, _)| (r, p)))?.map_err(|e| input_err(given.fix(e)))
+/// Builds and runs the job the caller `asked` for (the case study when it gives no job field:
+/// [`default_job`]) on another thread without the GIL, Ctrl-C checked meanwhile.
+fn run_spec(py: Python<'_>, asked: JobSpec, given: &Given) -> PyResult<(Report, String)> {
+    interruptible_once(py, move || run_job(&default_job(asked.clone()), Some(&asked)).map(|(r, p, _)| (r, p)))?
+        .map_err(|e| input_err(given.fix(e)))
 }
 
 /// The result of one simulation, whichever front end described the kernel: a hand-modelled job
@@ -764,12 +770,7 @@ impl PyReport {
 #[pyo3(signature = (**kwargs))]
 fn simulate(py: Python<'_>, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<PyReport> {
     let (spec, given) = job_spec(py, kwargs, &[])?;
-    let (mut report, pipelines) = run_spec(py, default_job(spec.clone()), &given)?;
-    // The job as built again (cheap: no lowering) for the family-defaults note.
-    if let Some(job) = spec.chip().ok().and_then(|chip| spec.build(&chip).ok()) {
-        report.notes.extend(tpusim_job::family_defaults_note(&spec, &job, FieldStyle::Key));
-    }
-    Ok(PyReport::new((report, pipelines)))
+    Ok(PyReport::new(run_spec(py, spec, &given)?))
 }
 
 /// Searches block sizes and kernel options for one job (the job fields as for `simulate`; with
@@ -1011,7 +1012,7 @@ fn sweep<'py>(py: Python<'py>, points: &Bound<'py, PyAny>, base: Option<&Bound<'
         use rayon::prelude::*;
         // Each run with its design what-ifs, which `tpusim sweep` gives in its `design_whatif`
         // column.
-        specs.par_iter().map(|s| if stop.load(Ordering::Relaxed) { Err(String::new()) } else { run_job(s).map(|(r, _, w)| (r, w)) }).collect::<Vec<_>>()
+        specs.par_iter().map(|s| if stop.load(Ordering::Relaxed) { Err(String::new()) } else { run_job(s, None).map(|(r, _, w)| (r, w)) }).collect::<Vec<_>>()
     })?;
     for ((d, _, given), r) in points.iter().zip(reports) {
         let row = PyDict::new(py);

@@ -42,6 +42,44 @@ pub fn peak_rss_mib() -> Option<f64> {
     Some(kib / 1024.0)
 }
 
+/// Runs a command to its end as [`std::process::Command::output`] does, and gives its peak
+/// resident memory in MiB: the child's `ru_maxrss` from `wait4(2)` on Linux (`None` elsewhere).
+/// For the commands bench, whose processes are each measured on their own.
+///
+/// # Errors
+/// Spawning, reading its output or waiting for it failed.
+pub fn output_with_peak_rss(cmd: &mut std::process::Command) -> std::io::Result<(std::process::Output, Option<f64>)> {
+    #[cfg(target_os = "linux")]
+    {
+        use std::io::Read as _;
+        use std::os::unix::process::ExitStatusExt as _;
+        use std::process::Stdio;
+        let mut child = cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn()?;
+        let (mut out, mut err) = (child.stdout.take().expect("piped"), child.stderr.take().expect("piped"));
+        let reader = std::thread::spawn(move || {
+            let mut v = Vec::new();
+            out.read_to_end(&mut v).map(|_| v)
+        });
+        let mut stderr = Vec::new();
+        err.read_to_end(&mut stderr)?;
+        let stdout = reader.join().map_err(|_| std::io::Error::other("the stdout reader panicked"))??;
+        let mut status = 0;
+        // SAFETY: rusage is plain data; wait4 fills it and the status for our own child, which
+        // nothing else waits for (std's Child does not wait on drop).
+        let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+        let pid = libc::pid_t::try_from(child.id()).map_err(std::io::Error::other)?;
+        if unsafe { libc::wait4(pid, &mut status, 0, &mut usage) } < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // ru_maxrss is in KiB on Linux (getrusage(2)).
+        Ok((std::process::Output { status: std::process::ExitStatus::from_raw(status), stdout, stderr }, Some(usage.ru_maxrss as f64 / 1024.0)))
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        cmd.output().map(|o| (o, None))
+    }
+}
+
 /// The machine and the date, for the line under a generated table: for instance
 /// `2 cores (Intel Xeon ...), 23 GiB, 2026-12-01`. Reads `/proc/cpuinfo` and `/proc/meminfo`
 /// where they exist; the date is UTC.
@@ -99,6 +137,27 @@ mod tests {
         let date = &m[m.len() - 10..];
         assert!(date.as_bytes()[4] == b'-' && date.as_bytes()[7] == b'-' && date[..4].parse::<u32>().unwrap() >= 2024, "{m}");
         assert!(m.contains("core"), "{m}");
+    }
+
+    /// A child that touches 64 MiB reports at least that peak, and its output and status come
+    /// back as `Command::output` gives them.
+    #[test]
+    fn a_childs_peak_memory_is_its_own() {
+        if !cfg!(target_os = "linux") {
+            return;
+        }
+        let run = |mib: u32| {
+            let script = format!("import sys; b = bytearray({mib} << 20); b[::4096] = b'x' * len(b[::4096]); print('ok'); sys.exit(3)");
+            output_with_peak_rss(std::process::Command::new("python3").args(["-c", &script])).expect("python3 runs")
+        };
+        let (big, big_peak) = run(64);
+        let (small, small_peak) = run(1);
+        assert_eq!(String::from_utf8_lossy(&big.stdout).trim(), "ok");
+        assert_eq!(big.status.code(), Some(3));
+        assert_eq!(small.status.code(), Some(3));
+        let (big_peak, small_peak) = (big_peak.unwrap(), small_peak.unwrap());
+        assert!(big_peak >= 64.0, "{big_peak}");
+        assert!(small_peak < big_peak - 50.0, "a later, smaller child reports its own peak: {small_peak} after {big_peak}");
     }
 
     #[test]

@@ -4,6 +4,7 @@
 //!
 //! Depends on nothing in the workspace.
 
+pub mod alloc;
 pub mod bench;
 pub mod mark;
 pub mod plain;

@@ -12,10 +12,10 @@
 use std::time::Instant;
 use tpusim_job::{run, Job, JobSpec};
 
-/// The allocator the shipped binary uses (mimalloc; see `tpusim/src/main.rs`), so that bench
-/// figures are the binary's.
+/// The allocator the shipped binary uses (`tpusim_io::alloc`; its `main` calls
+/// `tune_process_heap`, as this bench's does), so that bench figures are the binary's.
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: tpusim_io::alloc::Split = tpusim_io::alloc::Split;
 
 /// A case: the job as `tpusim run` flags would give it.
 fn spec(args: &[(&str, &str)]) -> JobSpec {
@@ -50,6 +50,7 @@ fn label(job: &Job) -> String {
 }
 
 fn main() {
+    tpusim_io::alloc::tune_process_heap();
     let default_trace = concat!(env!("CARGO_MANIFEST_DIR"), "/../../traces/video-720p-dense.toml");
     let cases: Vec<JobSpec> = vec![
         // `tpusim run` with no flags runs this trace.

@@ -6,12 +6,13 @@ use std::path::Path;
 use std::time::Instant;
 use tpusim_chip::ChipModel;
 
-/// The allocator the shipped binary uses (mimalloc; see `tpusim/src/main.rs`), so that bench
-/// figures are the binary's.
+/// The allocator the shipped binary uses (`tpusim_io::alloc`; its `main` calls
+/// `tune_process_heap`, as this bench's does), so that bench figures are the binary's.
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: tpusim_io::alloc::Split = tpusim_io::alloc::Split;
 
 fn main() {
+    tpusim_io::alloc::tune_process_heap();
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/data/splash_full_75776_b512.json");
     let chip = ChipModel::preset("v6e").expect("preset");
     // Per iteration: (total, read, lower, simulate, CPU) in ms.

@@ -15,10 +15,9 @@ use error::CliError;
 use std::io::Write;
 use std::process::ExitCode;
 
-/// mimalloc: lowering builds step bodies of thousands of small nodes and dependency lists, which
-/// the system allocator serves at several times the cost.
+/// Small blocks from mimalloc, large ones from the system allocator: `tpusim_io::alloc`.
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: tpusim_io::alloc::Split = tpusim_io::alloc::Split;
 
 #[derive(Parser, Debug)]
 #[command(name = "tpusim", version, about = "Cycle-approximate TPU simulator for attention kernels and the transformer layers around them", long_about = None, args_override_self = true)]
@@ -90,6 +89,7 @@ fn cli_command() -> clap::Command {
 }
 
 fn main() -> ExitCode {
+    tpusim_io::alloc::tune_process_heap();
     use clap::FromArgMatches;
     let cli = match cli_command().try_get_matches().and_then(|m| Cli::from_arg_matches(&m)) {
         Ok(cli) => cli,

@@ -333,8 +333,8 @@ pub fn counting_only<T>(f: impl FnOnce() -> T) -> T {
 /// by its kernel and step fields), and both are kept: lowerings of one shape, and a sweep's
 /// points that share one, build it once. A step and the same step at its row's end are such a
 /// pair: every op before the end is emitted once ([`Builder::finish_copy`]), and a lowering that
-/// uses one mostly uses the other. At most 8 bodies are kept (all dropped when full: a large
-/// body is megabytes, and a sweep keeps its groups' lowerings itself). Bodies
+/// uses one mostly uses the other. The most recent bodies are kept, by bytes and count
+/// ([`STORE_BYTES`]: a large body is megabytes, and a sweep keeps its groups' lowerings itself). Bodies
 /// built for counting only ([`counting_only`]) are neither kept nor looked up.
 pub fn cached_pair(keys: [String; 2], want: usize, build: impl FnOnce() -> [StepBody; 2]) -> StepBody {
     use std::sync::PoisonError;
@@ -342,18 +342,16 @@ pub fn cached_pair(keys: [String; 2], want: usize, build: impl FnOnce() -> [Step
         let [a, b] = build();
         return if want == 0 { a } else { b };
     }
-    if let Some(b) = store().lock().unwrap_or_else(PoisonError::into_inner).get(&keys[want]) {
+    if let Some(b) = store().lock().unwrap_or_else(PoisonError::into_inner).bodies.get(&keys[want]) {
         return b.clone();
     }
     let bodies = build();
     let mut c = store().lock().unwrap_or_else(PoisonError::into_inner);
-    if c.len() + 2 > STORE_CAPACITY {
-        c.clear();
-    }
     let [k0, k1] = keys;
     let [b0, b1] = bodies;
-    let b0 = c.entry(k0).or_insert(b0).clone();
-    let b1 = c.entry(k1).or_insert(b1).clone();
+    let b0 = c.insert(k0, b0);
+    let b1 = c.insert(k1, b1);
+    c.evict();
     if want == 0 {
         b0
     } else {
@@ -361,12 +359,51 @@ pub fn cached_pair(keys: [String; 2], want: usize, build: impl FnOnce() -> [Step
     }
 }
 
-/// Bodies [`cached_pair`] keeps: at most this many (all dropped when full).
-const STORE_CAPACITY: usize = 8;
+/// Bodies [`cached_pair`] keeps: the most recent, up to [`STORE_BYTES`] of graph storage and
+/// [`STORE_BODIES`] bodies (the oldest dropped first; the pair just built always stays).
+/// Small bodies are kept by the dozen, so a process that runs a lowering again (a bench, a
+/// notebook) finds every body of it with its schedules; megabyte bodies by the few, so a sweep
+/// holds no lowering beyond its groups' own.
+const STORE_BYTES: usize = 8 << 20;
+/// See [`STORE_BYTES`].
+const STORE_BODIES: usize = 64;
 
-/// The bodies recent lowerings of this process built, by key.
-fn store() -> &'static std::sync::Mutex<HashMap<String, StepBody>> {
-    static CACHE: std::sync::OnceLock<std::sync::Mutex<HashMap<String, StepBody>>> = std::sync::OnceLock::new();
+/// The bodies recent lowerings built, by key, with their order and sizes.
+#[derive(Default)]
+struct Store {
+    bodies: HashMap<String, StepBody>,
+    order: std::collections::VecDeque<(String, usize)>,
+    bytes: usize,
+}
+
+impl Store {
+    /// Keeps `body` under `key` (an equal key built by another thread meanwhile wins) and gives
+    /// the kept body.
+    fn insert(&mut self, key: String, body: StepBody) -> StepBody {
+        if let Some(b) = self.bodies.get(&key) {
+            return b.clone();
+        }
+        let bytes = body.graph.node_count() * (std::mem::size_of::<TileOp>() + 8) + body.graph.edge_count() * 12;
+        self.bytes += bytes;
+        self.order.push_back((key.clone(), bytes));
+        self.bodies.insert(key, body.clone());
+        body
+    }
+
+    /// Drops the oldest bodies until the store is within its limits, keeping the last two.
+    fn evict(&mut self) {
+        while self.order.len() > 2 && (self.bytes > STORE_BYTES || self.order.len() > STORE_BODIES) {
+            if let Some((k, b)) = self.order.pop_front() {
+                self.bodies.remove(&k);
+                self.bytes -= b;
+            }
+        }
+    }
+}
+
+/// The bodies recent lowerings of this process built.
+fn store() -> &'static std::sync::Mutex<Store> {
+    static CACHE: std::sync::OnceLock<std::sync::Mutex<Store>> = std::sync::OnceLock::new();
     CACHE.get_or_init(Default::default)
 }
 
@@ -1226,4 +1263,54 @@ fn depends_on(graph: &petgraph::graph::DiGraph<crate::TileOp, ()>, roots: &[Node
         dfs.move_to(r);
         std::iter::from_fn(|| dfs.next(&rev)).any(|n| targets.contains(&n))
     })
+}
+
+#[cfg(test)]
+mod store_tests {
+    use super::*;
+
+    /// A body of `n` independent vector ops.
+    fn body(n: usize) -> StepBody {
+        let mut b = StepBody::default();
+        for i in 0..n {
+            b.add("op", Work::Vector { ops: 1.0, loaded_mask_vregs: 0.0 }, &[], i as u64);
+        }
+        b
+    }
+
+    /// Small bodies stay by the dozen (a lowering run again finds them all); large ones by the
+    /// few, oldest dropped first, the pair just built always kept.
+    #[test]
+    fn the_store_keeps_recent_bodies_within_its_bytes() {
+        let mut s = Store::default();
+        for i in 0..40 {
+            s.insert(format!("small{i}"), body(10));
+            s.evict();
+        }
+        assert_eq!(s.bodies.len(), 40, "40 small bodies fit");
+        let per_node = std::mem::size_of::<TileOp>() + 8;
+        let big = STORE_BYTES / per_node / 3 + 1; // three of these exceed the budget
+        for i in 0..3 {
+            s.insert(format!("big{i}"), body(big));
+            s.evict();
+        }
+        assert!(s.bytes <= STORE_BYTES, "{} bytes kept, budget {STORE_BYTES}", s.bytes);
+        assert!(s.bodies.contains_key("big2") && s.bodies.contains_key("big1"), "the newest stay");
+        assert!(!s.bodies.contains_key("small0"), "the oldest go first");
+        assert_eq!(s.bytes, s.order.iter().map(|(_, b)| b).sum::<usize>());
+        assert_eq!(s.bodies.len(), s.order.len());
+        // One pair larger than the budget is kept alone.
+        s.insert("huge0".into(), body(STORE_BYTES / per_node + 1));
+        s.insert("huge1".into(), body(1));
+        s.evict();
+        assert_eq!(s.order.len(), 2, "{:?}", s.order.iter().map(|(k, _)| k).collect::<Vec<_>>());
+        // Count limit.
+        let mut s = Store::default();
+        for i in 0..(STORE_BODIES + 10) {
+            s.insert(format!("k{i}"), body(1));
+            s.evict();
+        }
+        assert_eq!(s.bodies.len(), STORE_BODIES);
+        assert!(s.bodies.contains_key(&format!("k{}", STORE_BODIES + 9)) && !s.bodies.contains_key("k0"));
+    }
 }

@@ -118,7 +118,7 @@ mv "$val_csv.tmp" "$val_csv"
 # --- Figures ----------------------------------------------------------------------------------
 
 t plot breakdown "${jobs[@]}" --title "Busy time per unit: dense vs sparse vs tile-aligned (v6e)" --out "$dest"/breakdown.png
-# block_kv_compute 256 so that the tiling fits v5e's 16 MiB scoped VMEM limit on every chip.
+# block_kv_compute 256: chosen when the v5e model had a 16 MiB scoped VMEM limit (now 32 MiB, as XLA gives it); kept so that this figure compares with earlier ones.
 t plot breakdown --trace plots/jobs/dense.toml --block-kv-compute 256 --chips v6e,v5e,v5p \
   --title "Busy time per unit: dense video attention on three chips (blocks 3024/2048/256)" --out "$dest"/breakdown_chips.png
 t plot timeline --trace plots/jobs/dense.toml --steps 10:13 --out "$dest"/timeline_dense.png

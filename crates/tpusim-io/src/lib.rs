@@ -128,11 +128,54 @@ pub fn write_with(path: &Path, fill: impl FnOnce(&mut std::fs::File) -> std::io:
         builder.permissions(std::fs::Permissions::from_mode(0o666));
     }
     let mut tmp = builder.tempfile_in(folder_of(path)).map_err(io)?;
+    // Until it is renamed or dropped, an interrupt handler may remove it (remove_pending_outputs).
+    let _pending = Pending::new(tmp.path());
     fill(tmp.as_file_mut()).map_err(io)?;
     tmp.as_file_mut().flush().map_err(io)?;
     tmp.as_file().sync_all().map_err(io)?;
     tmp.persist(path).map_err(|e| io(e.error))?;
     Ok(())
+}
+
+/// The temporary files [`write_with`] is filling right now (a writer's drop removes its own;
+/// a process killed by a signal drops nothing).
+fn pending() -> &'static std::sync::Mutex<Vec<PathBuf>> {
+    static PENDING: std::sync::OnceLock<std::sync::Mutex<Vec<PathBuf>>> = std::sync::OnceLock::new();
+    PENDING.get_or_init(Default::default)
+}
+
+/// A temporary file's place in [`pending`] while [`write_with`] fills it.
+struct Pending(PathBuf);
+
+impl Pending {
+    fn new(path: &Path) -> Self {
+        pending().lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(path.to_path_buf());
+        Pending(path.to_path_buf())
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        let mut p = pending().lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(i) = p.iter().position(|q| *q == self.0) {
+            p.swap_remove(i);
+        }
+    }
+}
+
+/// Removes the temporary files of the writes in progress ([`write_with`]), for a front end's
+/// interrupt handler to call before it exits: a process ended by a signal runs no destructor, so
+/// a large output interrupted while being written (a `--timeline` of hundreds of MB) would leave
+/// its hidden `.tpusim-*.tmp` beside the target. The targets themselves are never touched: each
+/// is either its old file or the complete new one. Returns how many were removed.
+pub fn remove_pending_outputs() -> usize {
+    remove_pending(|_| true)
+}
+
+/// [`remove_pending_outputs`] for the pending files `which` picks.
+fn remove_pending(which: impl Fn(&Path) -> bool) -> usize {
+    let p = pending().lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    p.iter().filter(|f| which(f) && std::fs::remove_file(f).is_ok()).count()
 }
 
 /// [`write_with`] for bytes in memory.
@@ -230,6 +273,30 @@ mod tests {
         assert_eq!(e.to_string(), "not UTF-8 text: the byte at offset 21 (line 2, column 12) is not valid UTF-8; save the file as UTF-8");
         std::fs::write(&p, "heads = 8\n").unwrap();
         assert_eq!(read_text(&p).unwrap(), "heads = 8\n");
+    }
+
+    /// While a write fills its temporary file, remove_pending_outputs removes it (what an
+    /// interrupt handler calls before exiting); the target is left as it was, and a finished
+    /// write is no longer pending.
+    #[test]
+    fn an_interrupted_write_leaves_no_temporary_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("out.json");
+        std::fs::write(&target, "old").unwrap();
+        let listing = || std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect::<Vec<_>>();
+        let r = write_with(&target, |f| {
+            f.write_all(b"partial")?;
+            assert_eq!(listing().len(), 2, "the temporary file exists: {:?}", listing());
+            // Only this test's folder: other tests write in parallel.
+            assert_eq!(remove_pending(|p| p.starts_with(dir.path())), 1);
+            assert_eq!(listing(), vec!["out.json".to_string()], "removed while being filled");
+            Err(std::io::Error::other("interrupted"))
+        });
+        assert!(r.is_err());
+        assert_eq!(std::fs::read_to_string(&target).unwrap(), "old");
+        write_atomic(&target, b"new").unwrap();
+        assert_eq!(remove_pending(|p| p.starts_with(dir.path())), 0, "nothing pending after a finished write");
+        assert_eq!(std::fs::read_to_string(&target).unwrap(), "new");
     }
 
     #[test]

@@ -1206,7 +1206,9 @@ impl Report {
         }
         let _ = writeln!(s, "  VMEM         {:.1} MiB of the {:.1} MiB scoped limit", mib(self.vmem_bytes), mib(self.vmem_limit_bytes));
         let _ = writeln!(s);
-        let _ = writeln!(s, "  latency      {:.3} ms  ({:.4e} cycles at {} GHz)", self.latency_ms, self.cycles, self.clock_ghz);
+        // Four significant digits below 0.1 ms (a small kernel printed 0.001 ms).
+        let digits = if self.latency_ms > 0.0 && self.latency_ms < 0.1 { (3.0 - self.latency_ms.log10().floor()) as usize } else { 3 };
+        let _ = writeln!(s, "  latency      {:.digits$} ms  ({:.4e} cycles at {} GHz)", self.latency_ms, self.cycles, self.clock_ghz);
         if let Some(m) = &self.measured {
             let _ = writeln!(
                 s,
@@ -1276,9 +1278,11 @@ impl Report {
                 mxu_fold_load_share: self.mxu_fold_load_share,
             },
         );
-        let _ = writeln!(s, "  unit           busy ms  busy %  critical path ms");
+        // Microseconds for a run under 0.1 ms (its cells all read 0.000 in ms).
+        let (scale, per) = if self.latency_ms < 0.1 { (1e3, "us") } else { (1.0, "ms") };
+        let _ = writeln!(s, "  unit           busy {per}  busy %  critical path {per}");
         for n in Unit::ALL {
-            let (b, u, c) = (self.busy_ms[*n], self.utilization[*n], self.critical_path_ms[*n]);
+            let (b, u, c) = (self.busy_ms[*n] * scale, self.utilization[*n], self.critical_path_ms[*n] * scale);
             let _ = writeln!(s, "    {:<12} {:>9.3}  {:>6.1}  {:>9.3}  {}", n.word(), b, u * 100.0, c, bar(u));
         }
         if self.cores.len() > 1 {

@@ -283,6 +283,7 @@ impl Figure for ValidationFigure {
             let gi = self.groups.iter().position(|g| *g == r.group).unwrap_or(0);
             let e = r.error() * 100.0;
             ep.draw(&Rectangle::new([(0.0, y + 0.2), (e, y + 0.8)], style::series(gi).filled())).map_err(draw_err)?;
+
             if id_font >= ROW_LABEL_MIN_PX {
                 let p = ep.map_coordinate(&(-emax, y + 0.5));
                 root.draw(&Text::new(r.id.clone(), (p.0 - 8, p.1), style::font(id_font).pos(Pos::new(HPos::Right, VPos::Center))))
@@ -300,6 +301,9 @@ impl Figure for ValidationFigure {
         // Too many rows to name each: name each group's block of rows instead, between rules.
         if id_font < ROW_LABEL_MIN_PX {
             let mut start = 0;
+            // The last label's centre and half height: a group too short for its label still
+            // gets it, at a smaller font, below the one above.
+            let mut last: Option<(i32, f64)> = None;
             while start < n {
                 let g = &rows[start].group;
                 let end = start + rows[start..].iter().take_while(|r| r.group == *g).count();
@@ -312,12 +316,19 @@ impl Figure for ValidationFigure {
                 }
                 let mid = ep.map_coordinate(&(-emax, (top + bottom) / 2.0));
                 let tall = ep.map_coordinate(&(-emax, bottom)).1 - rule.1;
-                let font = (s.tick * 0.85).min(tall as f64 * 0.9);
-                if font >= ROW_LABEL_MIN_PX {
-                    let label = format!("{g} ({})", end - start);
-                    root.draw(&Text::new(label, (mid.0 - 8, mid.1), style::font(font).pos(Pos::new(HPos::Right, VPos::Center))))
-                        .map_err(draw_err)?;
-                }
+                // Each block is named with its group's marker (two groups may share a colour;
+                // the marker's shape tells them apart).
+                let font = (s.tick * 0.85).min((tall as f64 * 0.9).max(s.tick * 0.6)).max(ROW_LABEL_MIN_PX);
+                // Nudged below the label above where the two would run into each other.
+                let y = match last {
+                    Some((y, h)) => mid.1.max(y + (h + font * 0.5).max(14.0).ceil() as i32),
+                    None => mid.1,
+                };
+                let gi = self.groups.iter().position(|x| x == g).unwrap_or(0);
+                let label = format!("{g} ({})", end - start);
+                root.draw(&Text::new(label, (mid.0 - 24, y), style::font(font).pos(Pos::new(HPos::Right, VPos::Center)))).map_err(draw_err)?;
+                marker(root, (mid.0 - 12, y), gi)?;
+                last = Some((y, font * 0.5));
                 start = end;
             }
         }

@@ -263,7 +263,13 @@ pub fn run_sweep(def: &SweepDef, opts: &SweepOptions) -> Result<SweepSummary, Sw
     check_replaceable(&partial, &format!("{partial} (where the sweep to --out {out} keeps its unfinished rows)"), opts.force)?;
     // Two sweeps on one output: an advisory lock (flock), released by the OS when the process
     // holding it ends, however it ends.
-    let _lock = LockGuard { _file: lock_output(out, opts.force)?, path: lock_path(out) };
+    let lock = lock_path(out);
+    let foreign_lock = Path::new(&lock).exists() && tpusim_io::mark::read_mark(Path::new(&lock)).as_deref() != Some(LOCK_COMMAND);
+    let _lock = LockGuard { _file: lock_output(out, opts.force)?, path: lock.clone() };
+    if foreign_lock {
+        // Only with --force: lock_output refused it otherwise.
+        notes.push(format!("replaced {lock} (--force): tpusim did not write it; the sweep kept its lock there and removed it at the end"));
+    }
     if !opts.restart {
         for path in [out, partial.as_str()] {
             if !Path::new(path).exists() {

@@ -137,8 +137,8 @@ impl AttentionCall {
                 field,
                 value,
                 &format!(
-                    "batch x heads x q_len x kv_len = {} x {} x {} x {} = {pairs} score pairs ({:.3e}); at most {MAX_PAIRS} ({:.3e}) are allowed",
-                    self.batch, self.q_heads, self.q_len, self.kv_len, pairs as f64, MAX_PAIRS as f64
+                    "batch x heads x q_len x kv_len = {} x {} x {} x {} = {pairs} score pairs, {} more than the at most {MAX_PAIRS} (2^64 / 1024, so that FLOP and byte counts stay within 64-bit arithmetic) a call may have: give a shorter sequence, fewer heads or a smaller batch",
+                    self.batch, self.q_heads, self.q_len, self.kv_len, pairs - MAX_PAIRS
                 ),
             ));
         }

@@ -5,6 +5,7 @@
 
 mod calib;
 mod error;
+mod interrupt;
 mod layer;
 mod plot;
 mod run;
@@ -90,6 +91,7 @@ fn cli_command() -> clap::Command {
 
 fn main() -> ExitCode {
     tpusim_io::alloc::tune_process_heap();
+    interrupt::install();
     use clap::FromArgMatches;
     let cli = match cli_command().try_get_matches().and_then(|m| Cli::from_arg_matches(&m)) {
         Ok(cli) => cli,

@@ -171,7 +171,7 @@ pub fn cmd_sweep(a: &SweepArgs) -> Result<String, CliError> {
         restart: a.restart,
         force: a.force,
         what_if_2x: a.what_if_2x,
-        cancel: Some(stop_on_interrupt(
+        cancel: Some(crate::interrupt::stop_on_interrupt(
             "interrupted: finishing the points running (Ctrl-C again to exit at once)",
             "interrupted again: exiting without waiting for the running points",
         )),
@@ -191,27 +191,6 @@ pub fn cmd_sweep(a: &SweepArgs) -> Result<String, CliError> {
 
 pub fn cmd_merge(a: &MergeArgs) -> Result<String, CliError> {
     Ok(tpusim_sweep::merge(&a.files, &a.out, a.force)?.to_string())
-}
-
-/// Ctrl-C during a long command: the first sets the returned cancel flag and prints `first`;
-/// a second prints `again` and exits at once with 130 (the shell's code for SIGINT).
-///
-/// A sweep then starts no further point: the points running finish, their rows are flushed to
-/// `OUT.partial`, and it ends with [`tpusim_sweep::SweepError::Interrupted`], which says how many
-/// rows that file holds (exit 130). A tune skips the candidates not yet simulated and exits 130
-/// with [`TUNE_INTERRUPTED`].
-fn stop_on_interrupt(first: &'static str, again: &'static str) -> std::sync::Arc<std::sync::atomic::AtomicBool> {
-    use std::sync::atomic::{AtomicBool, Ordering};
-    let flag = std::sync::Arc::new(AtomicBool::new(false));
-    let f = flag.clone();
-    let _ = ctrlc::set_handler(move || {
-        if f.swap(true, Ordering::Relaxed) {
-            eprintln!("\n{again}");
-            std::process::exit(130);
-        }
-        eprintln!("\n{first}");
-    });
-    flag
 }
 
 /// What an interrupted `tpusim tune` says (exit code 130).
@@ -235,7 +214,7 @@ pub fn cmd_tune(a: &TuneArgs) -> Result<String, CliError> {
         refine: a.refine,
         jobs: a.jobs,
         progress: !a.no_progress,
-        cancel: Some(stop_on_interrupt(
+        cancel: Some(crate::interrupt::stop_on_interrupt(
             "interrupted: stopping the search (Ctrl-C again to exit at once)",
             "interrupted again: exiting without waiting for the running candidates",
         )),

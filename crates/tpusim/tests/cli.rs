@@ -183,7 +183,7 @@ fn bad_input_exits_2_naming_the_field() {
     expect_input_error(&["run", "--seq-len", "4096", "--mask", &deep], &["nests at most"]);
     expect_input_error(&["run", "--seq-len", "1000000000"], &["score pairs"]);
     // Just over the limit: the count and the limit differ as printed (both exact).
-    expect_input_error(&["run", "--seq-len", "134217728", "--heads", "1"], &["= 18014398509481984 score pairs", "at most 18014398509481983"]);
+    expect_input_error(&["run", "--seq-len", "134217728", "--heads", "1"], &["= 18014398509481984 score pairs, 1 more than the at most 18014398509481983", "shorter sequence, fewer heads or a smaller batch"]);
     // A flag without its value says so.
     expect_input_error(&["run", "--heads"], &["--heads needs a value"]);
     expect_input_error(&["run", "--heads", "4294967295", "--seq-len", "128"], &["--heads", "from 1 to 1048576"]);
@@ -821,4 +821,24 @@ fn the_shipped_chip_file_is_not_called_a_different_model() {
     let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/v6e.toml");
     assert!(!band(&["--chip", root]).contains("this model differs"));
     assert!(band(&["--chip", root, "--set", "hbm.bandwidth_gb_per_s=3276"]).contains("this model differs"));
+}
+
+/// A kernel of about a microsecond prints its latency to four significant digits and its unit
+/// table in microseconds (a fresh user read `latency 0.001 ms` and a table of 0.000 cells).
+#[test]
+fn a_microsecond_kernel_prints_significant_digits() {
+    let o = bin().args(["run", "--kernel", "pallas-matmul", "--m", "100", "--n", "100", "--k", "100"]).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let text = String::from_utf8_lossy(&o.stdout);
+    let line = text.lines().find(|l| l.trim_start().starts_with("latency")).unwrap();
+    let ms: f64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let printed = line.split_whitespace().nth(1).unwrap();
+    let j = run_json(&["--kernel", "pallas-matmul", "--m", "100", "--n", "100", "--k", "100"]);
+    let exact = j["latency_ms"].as_f64().unwrap();
+    assert!(exact < 0.01, "a microsecond kernel: {exact}");
+    assert!(((ms - exact) / exact).abs() < 5e-4, "four significant digits: {printed} for {exact}");
+    assert!(text.contains("unit           busy us  busy %  critical path us"), "{text}");
+    let mxu = text.lines().find(|l| l.trim_start().starts_with("mxu ")).unwrap();
+    let busy_us: f64 = mxu.split_whitespace().nth(1).unwrap().parse().unwrap();
+    assert!((busy_us - j["busy_ms"]["mxu"].as_f64().unwrap() * 1e3).abs() < 1e-3, "{mxu}");
 }

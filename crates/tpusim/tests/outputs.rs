@@ -158,8 +158,12 @@ fn a_lock_file_tpusim_did_not_write_is_refused_and_kept() {
     assert!(e.contains("out.csv.lock exists and tpusim did not write it") && e.contains("--force"), "{e}");
     assert_eq!(std::fs::read(&lock).unwrap(), b"keep\n", "the user's file is left byte for byte");
     assert!(!out.exists() && !dir.join("out.csv.partial").exists(), "nothing was written");
-    ok(sweep(true), "--force");
+    let forced = sweep(true);
+    let said = format!("{}{}", String::from_utf8_lossy(&forced.stdout), String::from_utf8_lossy(&forced.stderr));
+    ok(forced, "--force");
     assert!(out.exists() && !lock.exists());
+    // --force replaces a foreign file with a note, as it does for OUT.partial.
+    assert!(said.contains("replaced") && said.contains("out.csv.lock (--force): tpusim did not write it"), "{said}");
 }
 
 #[test]
@@ -243,6 +247,42 @@ fn ctrl_c_on_a_sweep_says_where_the_rows_are_and_resumes() {
     };
     let now = now.unwrap_or_else(|| panic!("no row count in: {again}"));
     assert!(now >= kept, "resumed from the {kept} kept rows: {again}");
+}
+
+/// Ctrl-C while a large output is being written leaves no hidden temporary file beside it (a
+/// fresh user found 90-170 MB `.tpusim-*.tmp` files after interrupting `run --timeline`), and the
+/// target is not created half-written.
+#[test]
+fn an_interrupted_write_leaves_no_temporary_file() {
+    let dir = scratch("interrupted-write");
+    let tl = dir.join("tl.json");
+    let trace = concat!(env!("CARGO_MANIFEST_DIR"), "/../../traces/video-720p-sparse.toml");
+    let temps = || {
+        std::fs::read_dir(&dir).unwrap().filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).filter(|n| n.starts_with(".tpusim-")).collect::<Vec<_>>()
+    };
+    let child = bin()
+        .args(["run", "--trace", trace, "--timeline", s(&tl), "--timeline-steps", "0:800"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Interrupt once the temporary file exists (the write takes about a second).
+    let start = Instant::now();
+    while temps().is_empty() && start.elapsed() < Duration::from_secs(60) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    if o.status.success() {
+        // The write finished before the signal arrived: the output is whole.
+        assert!(tl.exists());
+    } else {
+        assert_eq!(o.status.code(), Some(130), "{err}");
+        assert!(err.contains("interrupted"), "{err}");
+        assert!(!tl.exists(), "no half-written target");
+    }
+    assert!(temps().is_empty(), "left behind: {:?} ({err})", temps());
 }
 
 /// Ctrl-C during `tpusim tune` says what happened and what to do (it exited 130 without a word).

@@ -591,17 +591,27 @@ fn validation_groups_past_the_palette_differ_in_shape_and_are_named_in_the_error
             csv.push_str(&format!("G{g}-{r},{},{}\n", 1.0 + 0.01 * r as f64, 1.0 + 0.012 * r as f64 + g as f64));
         }
     }
+    // Groups of three rows between large ones, too short for a label at the panel's font (a
+    // fresh user found VD and XLA unnamed): named all the same, below the one above.
+    for g in 9..11 {
+        for r in 0..3 {
+            csv.push_str(&format!("G{g}-{r},{},{}\n", 1.0 + 0.01 * r as f64, 1.1 + 0.01 * r as f64));
+        }
+    }
     let input = d.join("v.csv");
     std::fs::write(&input, csv).unwrap();
     let out = d.join("v.svg");
     ok(&["plot", "validation", "--input", input.to_str().unwrap(), "--out", out.to_str().unwrap()]);
     let svg = std::fs::read_to_string(&out).unwrap();
-    // Circles (filled, then outlined) for the first eight groups' 30 points and legend entry
-    // each; the ninth group's are squares.
-    assert_eq!(svg.matches("<circle").count(), 2 * 8 * 31, "only the first eight groups are circles");
-    // 270 rows cannot each be named: each group's block is, with its row count.
+    // Circles (filled, then outlined) for the first eight groups' 30 points, legend entry and
+    // error-panel label each; the ninth to eleventh groups' are squares.
+    assert_eq!(svg.matches("<circle").count(), 2 * 8 * 32, "only the first eight groups are circles");
+    // 276 rows cannot each be named: each group's block is, with its row count and marker.
     for g in 0..9 {
         assert!(svg.contains(&format!("G{g} (30)")), "group G{g} named in the error panel");
+    }
+    for g in 9..11 {
+        assert!(svg.contains(&format!("G{g} (3)")), "short group G{g} named in the error panel");
     }
     assert!(!svg.contains("G0-1\n"), "no per-row ids at this size");
 }

@@ -168,10 +168,11 @@ impl HeatmapFigure {
             }
         }
         let mut notes = vec![format!(
-            "Source: {} ({} rows{}); {} is {} better; grey cells: no value{}.",
+            "Source: {} ({} rows{}{}); {} is {} better; grey cells: no value{}.",
             t.path,
             rows.len(),
             if spec.filters.is_empty() { String::new() } else { format!(" where {}", spec.filters.join(", ")) },
+            if bad.skipped.is_empty() { String::new() } else { format!(", {} of them skipped with --skip-bad", bad.skipped.len()) },
             spec.z,
             if lower { "lower" } else { "higher" },
             if missing > 0 { format!(" ({missing} rows without one, e.g. tilings that do not fit VMEM)") } else { String::new() }
@@ -435,6 +436,7 @@ mod tests {
             assert_eq!(f.skipped.len(), 1);
             let note = f.notes.iter().find(|n| n.starts_with("--skip-bad left out 1 row")).unwrap();
             assert!(note.contains(&format!("line 3 (latency_ms = {shown})")), "{note}");
+            assert!(f.notes[0].contains("(4 rows, 1 of them skipped with --skip-bad)"), "{}", f.notes[0]);
         }
         // A position that is not finite is refused too.
         let t = Table::parse("block_q,block_kv,latency_ms\n512,nan,3\n1024,512,2\n", "s.csv", "--input").unwrap();

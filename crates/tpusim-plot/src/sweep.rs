@@ -123,10 +123,11 @@ impl SweepFigure {
             series.sort_by(|a, b| a.0.parse::<f64>().unwrap_or(0.0).total_cmp(&b.0.parse::<f64>().unwrap_or(0.0)));
         }
         let mut notes = vec![format!(
-            "Source: {} ({} rows{}{})",
+            "Source: {} ({} rows{}{}{})",
             t.path,
             rows.len(),
             if spec.filters.is_empty() { String::new() } else { format!(" where {}", spec.filters.join(", ")) },
+            if bad.skipped.is_empty() { String::new() } else { format!(", {} of them skipped with --skip-bad", bad.skipped.len()) },
             if skipped > 0 { format!("; {skipped} without a value skipped") } else { String::new() }
         )];
         notes.extend(bad.note());
@@ -346,6 +347,7 @@ mod tests {
             assert_eq!(f.skipped.len(), 1);
             let note = f.notes.iter().find(|n| n.starts_with("--skip-bad left out 1 row")).unwrap();
             assert!(note.contains(&format!("line 3 (latency_ms = {v})")), "{note}");
+            assert!(f.notes[0].contains("(3 rows, 1 of them skipped with --skip-bad)"), "{}", f.notes[0]);
             // A linear axis takes 0 and negative values, not NaN or infinities.
             match SweepFigure::from_table(&t, &spec(false)) {
                 Ok(f) => assert!(logy_only && f.series[0].1.len() == 3, "{v}"),

@@ -333,8 +333,8 @@ pub fn counting_only<T>(f: impl FnOnce() -> T) -> T {
 /// by its kernel and step fields), and both are kept: lowerings of one shape, and a sweep's
 /// points that share one, build it once. A step and the same step at its row's end are such a
 /// pair: every op before the end is emitted once ([`Builder::finish_copy`]), and a lowering that
-/// uses one mostly uses the other. The most recent bodies are kept, by bytes and count
-/// ([`STORE_BYTES`]: a large body is megabytes, and a sweep keeps its groups' lowerings itself). Bodies
+/// uses one mostly uses the other. The most recent bodies are kept, up to 8 MiB of graph storage
+/// and 64 bodies (a large body is megabytes, and a sweep keeps its groups' lowerings itself). Bodies
 /// built for counting only ([`counting_only`]) are neither kept nor looked up.
 pub fn cached_pair(keys: [String; 2], want: usize, build: impl FnOnce() -> [StepBody; 2]) -> StepBody {
     use std::sync::PoisonError;

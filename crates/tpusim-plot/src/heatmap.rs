@@ -172,7 +172,7 @@ impl HeatmapFigure {
             t.path,
             rows.len(),
             if spec.filters.is_empty() { String::new() } else { format!(" where {}", spec.filters.join(", ")) },
-            if bad.skipped.is_empty() { String::new() } else { format!(", {} of them skipped with --skip-bad", bad.skipped.len()) },
+            bad.of_them(),
             spec.z,
             if lower { "lower" } else { "higher" },
             if missing > 0 { format!(" ({missing} rows without one, e.g. tilings that do not fit VMEM)") } else { String::new() }

@@ -127,7 +127,7 @@ impl SweepFigure {
             t.path,
             rows.len(),
             if spec.filters.is_empty() { String::new() } else { format!(" where {}", spec.filters.join(", ")) },
-            if bad.skipped.is_empty() { String::new() } else { format!(", {} of them skipped with --skip-bad", bad.skipped.len()) },
+            bad.of_them(),
             if skipped > 0 { format!("; {skipped} without a value skipped") } else { String::new() }
         )];
         notes.extend(bad.note());

@@ -204,6 +204,16 @@ impl BadRows {
         )))
     }
 
+    /// What a figure's source line adds after its row count: `, 2 of them skipped with
+    /// --skip-bad` (empty when none was).
+    pub fn of_them(&self) -> String {
+        if self.skipped.is_empty() {
+            String::new()
+        } else {
+            format!(", {} of them skipped with --skip-bad", self.skipped.len())
+        }
+    }
+
     /// The footnote (and stderr note) of the rows left out, `None` when none was:
     /// `--skip-bad left out 2 rows: line 3 (latency_ms = NaN), line 7 (latency_ms = -1)`.
     pub fn note(&self) -> Option<String> {

@@ -263,12 +263,10 @@ pub fn run_sweep(def: &SweepDef, opts: &SweepOptions) -> Result<SweepSummary, Sw
     check_replaceable(&partial, &format!("{partial} (where the sweep to --out {out} keeps its unfinished rows)"), opts.force)?;
     // Two sweeps on one output: an advisory lock (flock), released by the OS when the process
     // holding it ends, however it ends.
-    let lock = lock_path(out);
-    let foreign_lock = Path::new(&lock).exists() && tpusim_io::mark::read_mark(Path::new(&lock)).as_deref() != Some(LOCK_COMMAND);
-    let _lock = LockGuard { _file: lock_output(out, opts.force)?, path: lock.clone() };
-    if foreign_lock {
-        // Only with --force: lock_output refused it otherwise.
-        notes.push(format!("replaced {lock} (--force): tpusim did not write it; the sweep kept its lock there and removed it at the end"));
+    let (file, replaced) = lock_output(out, opts.force)?;
+    let _lock = LockGuard { _file: file, path: lock_path(out) };
+    if replaced {
+        notes.push(format!("replaced {} (--force): tpusim did not write it; the sweep kept its lock there and removed it at the end", lock_path(out)));
     }
     if !opts.restart {
         for path in [out, partial.as_str()] {
@@ -407,19 +405,21 @@ pub const LOCK_COMMAND: &str = "sweep --out";
 /// Takes the advisory lock of `out` ([`lock_path`]) for this process, or says which file another
 /// running sweep holds. The lock file carries tpusim's mark ([`LOCK_COMMAND`]); an existing file
 /// at its path that does not (a user's `OUT.lock`) is refused, as `OUT.partial` is, unless
-/// `force`: the lock file is removed when the sweep ends.
+/// `force`: the lock file is removed when the sweep ends. Gives the open lock file and whether it
+/// replaced such a file.
 ///
 /// # Errors
 /// [`SweepError::Input`] when another process holds it or a file tpusim did not write is there,
 /// [`SweepError::Io`] when the lock file cannot be created.
-fn lock_output(out: &str, force: bool) -> Result<std::fs::File, SweepError> {
+fn lock_output(out: &str, force: bool) -> Result<(std::fs::File, bool), SweepError> {
     let path = lock_path(out);
     let held = |path: &str| {
         SweepError::new(format!(
             "--out {out}: another tpusim sweep is writing it (it holds the lock {path}); wait for it to finish, or choose another --out"
         ))
     };
-    if !force && Path::new(&path).exists() && tpusim_io::mark::read_mark(Path::new(&path)).as_deref() != Some(LOCK_COMMAND) {
+    let foreign = Path::new(&path).exists() && tpusim_io::mark::read_mark(Path::new(&path)).as_deref() != Some(LOCK_COMMAND);
+    if foreign && !force {
         // Not tpusim's mark: a sweep of an older tpusim holding it (an empty file), or the user's.
         if let Ok(f) = std::fs::File::open(&path) {
             if matches!(fs4::FileExt::try_lock(&f), Err(fs4::TryLockError::WouldBlock)) {
@@ -440,7 +440,7 @@ fn lock_output(out: &str, force: bool) -> Result<std::fs::File, SweepError> {
         Ok(()) => {
             let marked = file.set_len(0).and_then(|_| file.write_all(tpusim_io::mark::comment_line(LOCK_COMMAND).as_bytes()));
             marked.map_err(|e| SweepError::Io(format!("cannot write the lock file {path}: {e}")))?;
-            Ok(file)
+            Ok((file, foreign))
         }
         Err(fs4::TryLockError::WouldBlock) => Err(held(&path)),
         Err(fs4::TryLockError::Error(e)) => Err(SweepError::Io(format!("cannot lock {path}: {e}"))),

@@ -530,18 +530,14 @@ const NONE: u16 = u16::MAX;
 struct Plan {
     /// Node at each issue position.
     node: Vec<u32>,
-    /// Distinct work ([`Index`]) at each position.
-    work: Vec<u32>,
-    /// Unit index at each position.
-    unit: Vec<u8>,
-    /// Dependencies of position p: `deps[dep_at[p] .. dep_at[p + 1]]`, as positions.
-    dep_at: Vec<u32>,
+    /// Dependencies of the positions, as positions: position p's end at `replay[p].deps_end`
+    /// and start where p - 1's end ([`Plan::deps`]).
     deps: Vec<u32>,
     has_mxu: bool,
     /// Whether any position runs on each unit (MXU, VPU, EUP, XLU, the DMA engines, the scalar
     /// unit's waits).
     runs: [bool; BODY_UNITS],
-    /// The positions packed for [`Transfer::apply`].
+    /// Each position's distinct work, unit and carried slots, packed for [`Transfer::apply`].
     replay: Vec<Replay>,
     /// The carried slots some position writes (the others pass their input through).
     writes: Vec<u16>,
@@ -559,9 +555,6 @@ impl Plan {
         }
         let mut plan = Plan {
             node: order.iter().map(|&i| i as u32).collect(),
-            work: order.iter().map(|&i| index.work_of[i]).collect(),
-            unit: Vec::with_capacity(n),
-            dep_at: Vec::with_capacity(n + 1),
             deps: Vec::with_capacity(index.pred.len()),
             has_mxu: index.unit.iter().any(|&u| usize::from(u) == Unit::Mxu.index()),
             runs: std::array::from_fn(|u| index.unit.iter().any(|&x| usize::from(x) == u)),
@@ -569,11 +562,8 @@ impl Plan {
             writes: Vec::new(),
             reads: Vec::new(),
         };
-        plan.dep_at.push(0);
         for &i in order {
-            plan.unit.push(index.unit[i]);
             plan.deps.extend(index.pred[index.pred_at[i] as usize..index.pred_at[i + 1] as usize].iter().map(|&d| pos[d as usize] as u32));
-            plan.dep_at.push(plan.deps.len() as u32);
             let c = index.carry_in[i];
             // A wait for copies earlier steps started reads the DMA engines' free time at the
             // step's start (an input of the transfer) as it would a carried slot.
@@ -602,8 +592,10 @@ impl Plan {
         plan
     }
 
+    /// The dependencies of position `p`, as positions.
     fn deps(&self, p: usize) -> &[u32] {
-        &self.deps[self.dep_at[p] as usize..self.dep_at[p + 1] as usize]
+        let start = if p == 0 { 0 } else { self.replay[p - 1].deps_end as usize };
+        &self.deps[start..self.replay[p].deps_end as usize]
     }
 }
 
@@ -841,13 +833,14 @@ impl Transfer {
         let mut units: [f64; BODY_UNITS] = std::array::from_fn(|u| x[IN_UNITS + u]);
         let mut done = vec![0.0; n];
         for p in 0..n {
-            let u = plan.unit[p] as usize;
+            let r = plan.replay[p];
+            let u = usize::from(r.unit);
             let mut s = x[IN_START].max(units[u]);
             for &d in plan.deps(p) {
                 s = s.max(done[d as usize]);
             }
-            s = s.max(x[plan.replay[p].carry_in as usize]);
-            let (_, occ, lat) = self.costs[plan.work[p] as usize];
+            s = s.max(x[r.carry_in as usize]);
+            let (_, occ, lat) = self.costs[r.work as usize];
             let end = s + occ;
             units[u] = end;
             done[p] = end + lat;
@@ -882,7 +875,8 @@ impl Transfer {
             t.ops = vec![OpTiming { node: 0, unit: Unit::Mxu, start: 0.0, end: 0.0 }; n];
         }
         for p in 0..n {
-            let u = plan.unit[p] as usize;
+            let r = plan.replay[p];
+            let u = usize::from(r.unit);
             let (mut ready, mut binding) = (0.0f64, usize::MAX);
             for &d in plan.deps(p) {
                 let d = d as usize;
@@ -891,7 +885,7 @@ impl Transfer {
                     binding = d;
                 }
             }
-            let (_, occ, lat) = self.costs[plan.work[p] as usize];
+            let (_, occ, lat) = self.costs[r.work as usize];
             let start = ready.max(unit_free[u]);
             cause[p] = if ready >= unit_free[u] { binding } else { last_on_unit[u] };
             let end = start + occ;
@@ -912,7 +906,7 @@ impl Transfer {
         let mut cur = (0..n).max_by(|&a, &b| done[a].total_cmp(&done[b]).then(plan.node[a].cmp(&plan.node[b])));
         let mut mark = t.cycles;
         while let Some(p) = cur {
-            t.critical.0[plan.unit[p] as usize] += mark - starts[p];
+            t.critical.0[usize::from(plan.replay[p].unit)] += mark - starts[p];
             mark = starts[p];
             cur = (cause[p] != usize::MAX).then_some(cause[p]);
         }

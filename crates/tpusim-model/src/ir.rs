@@ -378,7 +378,52 @@ impl std::fmt::Debug for Memo {
     }
 }
 
+/// A [`StepBody`] held without keeping it alive ([`StepBody::downgrade`]): the body again while
+/// some clone of it still holds it unchanged.
+#[derive(Debug, Clone)]
+pub(crate) struct WeakBody {
+    graph: std::sync::Weak<DiGraph<TileOp, ()>>,
+    carries: u16,
+    memo: std::sync::Weak<MemoSlot>,
+    signature: std::sync::Weak<std::sync::OnceLock<u64>>,
+}
+
+impl std::fmt::Debug for MemoSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("MemoSlot")
+    }
+}
+
+impl WeakBody {
+    /// The body, if a clone of it still holds its graph, memo and signature (a body changed in
+    /// place lets go of all three: [`StepBody::changed`]).
+    pub(crate) fn upgrade(&self) -> Option<StepBody> {
+        Some(StepBody {
+            graph: self.graph.upgrade()?,
+            carries: self.carries,
+            memo: Memo(self.memo.upgrade()?),
+            signature: SignatureCell(self.signature.upgrade()?),
+            counted: None,
+        })
+    }
+
+    /// Whether some clone still holds the body's graph.
+    pub(crate) fn alive(&self) -> bool {
+        self.graph.strong_count() > 0
+    }
+}
+
 impl StepBody {
+    /// The body held weakly ([`WeakBody`]); `None` for a body built for counting only.
+    pub(crate) fn downgrade(&self) -> Option<WeakBody> {
+        self.counted.is_none().then(|| WeakBody {
+            graph: std::sync::Arc::downgrade(&self.graph),
+            carries: self.carries,
+            memo: std::sync::Arc::downgrade(&self.memo.0),
+            signature: std::sync::Arc::downgrade(&self.signature.0),
+        })
+    }
+
     /// An empty body with room for `nodes` operations and `edges` dependencies (a builder that
     /// knows its size saves the graph's reallocations).
     pub fn with_capacity(nodes: usize, edges: usize) -> Self {

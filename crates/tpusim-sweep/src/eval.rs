@@ -15,8 +15,9 @@
 //!   (tile classification of 75,600 rows) is ~95% of a point's cost.
 //! * **Dense baselines** of sparse attention points are cached per (chip, workload with the full
 //!   mask, kernel configuration without tile alignment): a sweep over masks or kernel options
-//!   simulates one baseline per chip, shape and blocks. The cached baseline keeps every
-//!   [`SimResult`] field except the per-operation schedules (`class_timing[..].ops`).
+//!   simulates one baseline per chip, shape and blocks. The cached baseline keeps its latency and
+//!   totals, which is what a report reads of it, and no per-class timings (`class_timing`,
+//!   `class_steps`).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -28,6 +29,8 @@ use tpusim_job::{combine, run_with_dense, Job, JobError, JobSpec, Report, Run};
 
 /// Caches stop growing at this many entries (memory stays bounded on huge sweeps).
 const CACHE_LIMIT: usize = 100_000;
+/// Distinct base models [`SharedParts`] shares (each lookup compares with every one).
+const BASES_KEPT: usize = 16;
 /// Dense baselines kept before the cache starts over (a sweep over timing parameters has a
 /// baseline per point, which is never reused).
 const DENSE_LIMIT: usize = 4096;
@@ -62,8 +65,9 @@ pub struct ChipEntry {
     pub chip: ChipModel,
     /// Identifies the whole chip (its name or path and overrides).
     pub key: String,
-    /// Identifies the parts of the chip that lowering reads (module docs).
-    pub lowering_key: String,
+    /// Identifies the parts of the chip that lowering reads (module docs). One allocation per
+    /// distinct key, shared by the chips that have it (a sweep over rates has one).
+    pub lowering_key: Arc<str>,
     /// A hash of `lowering_key`.
     pub lowering_hash: u64,
     /// Which model this is (source, overrides, parameter hash), for the rows it produces.
@@ -117,10 +121,44 @@ pub fn lowering_key(chip: &ChipModel) -> String {
     v.to_string()
 }
 
+/// The parts cached chips share: the models their overrides were applied to (the first
+/// [`BASES_KEPT`] distinct ones: a sweep names a few chips) and their lowering keys (at most
+/// [`CACHE_LIMIT`]); beyond those a new one is kept by its chip alone.
+#[derive(Default)]
+struct SharedParts {
+    bases: Vec<Arc<ChipModel>>,
+    keys: std::collections::HashSet<Arc<str>>,
+}
+
+impl SharedParts {
+    /// Replaces `base` with an equal model kept before, or keeps it.
+    fn base(&mut self, base: &mut Arc<ChipModel>) {
+        match self.bases.iter().find(|b| ***b == **base) {
+            Some(b) => *base = b.clone(),
+            None if self.bases.len() < BASES_KEPT => self.bases.push(base.clone()),
+            None => {}
+        }
+    }
+
+    /// The kept key equal to `key`, or `key` kept.
+    fn key(&mut self, key: String) -> Arc<str> {
+        if let Some(k) = self.keys.get(key.as_str()) {
+            return k.clone();
+        }
+        let k: Arc<str> = key.into();
+        if self.keys.len() < CACHE_LIMIT {
+            self.keys.insert(k.clone());
+        }
+        k
+    }
+}
+
 /// Evaluates jobs, caching chips and dense baselines. Shared by threads (`Sync`).
 #[derive(Default)]
 pub struct Evaluator {
     chips: Mutex<ChipCache>,
+    /// What the cached chips share ([`Evaluator::chip`]).
+    shared: Mutex<SharedParts>,
     dense: Mutex<HashMap<(String, u64), DenseCell>>,
     /// Skip the dense baseline of sparse points (the tuner only needs latency).
     pub skip_dense: bool,
@@ -134,7 +172,10 @@ impl Evaluator {
         Self::default()
     }
 
-    /// The chip a spec names, with its overrides (cached).
+    /// The chip a spec names, with its overrides (cached). Chips with overrides share the model
+    /// they were made from (`provenance.compiled_for`) and their lowering key when equal: a
+    /// sweep over 10,000 rate combinations holds the base model once, not 10,000 times (a
+    /// model with its sources is some 15 KB).
     ///
     /// # Errors
     /// The chip model's error, as text.
@@ -143,11 +184,19 @@ impl Evaluator {
         if let Some(c) = self.chips.lock().expect("chip cache").get(&key) {
             return c.clone();
         }
-        let entry = spec.chip().map_err(|e| e.to_string()).map(|chip| {
+        let entry = spec.chip().map_err(|e| e.to_string()).map(|mut chip| {
             let lk = lowering_key(&chip);
+            let lowering_hash = stable_hash(&lk);
+            let lowering_key = {
+                let mut shared = self.shared.lock().expect("shared chip parts");
+                if let Some(base) = &mut chip.provenance.compiled_for {
+                    shared.base(base);
+                }
+                shared.key(lk)
+            };
             Arc::new(ChipEntry {
-                lowering_hash: stable_hash(&lk),
-                lowering_key: lk,
+                lowering_hash,
+                lowering_key,
                 key: format!("{:?}|{:?}", spec.chip, spec.set),
                 identity: chip.identity(),
                 chip,
@@ -239,8 +288,8 @@ impl Evaluator {
     }
 
     /// The dense baseline's result for a chip and dense job (cached by the chip's key and a hash
-    /// of the dense job's text),
-    /// lowering with `lower_dense` on a miss.
+    /// of the dense job's text), lowering with `lower_dense` on a miss. Its latency and totals
+    /// only: `class_timing` and `class_steps` are empty.
     fn dense_result(&self, key: (String, u64), chip: &ChipModel, lower_dense: &dyn Fn() -> Result<Lowered, JobError>) -> Result<SimResult, JobError> {
         let cell = {
             let mut cache = self.dense.lock().expect("dense cache");
@@ -257,11 +306,14 @@ impl Evaluator {
             }
         };
         let r = cell.get_or_init(|| {
-            let mut r = combine(chip, &tpusim_job::simulate_call(chip, &lower_dense()?));
-            for t in &mut r.class_timing {
-                t.ops = Vec::new();
+            let mut phases = tpusim_job::simulate_call(chip, &lower_dense()?);
+            // A report reads the baseline's latency and totals ([`Report::row_of`]), not its
+            // per-class timings: the cache keeps none (thousands of baselines are kept).
+            for p in &mut phases {
+                p.result.class_timing = Vec::new();
+                p.result.class_steps = Vec::new();
             }
-            Ok(Arc::new(r))
+            Ok(Arc::new(combine(chip, &phases)))
         });
         r.clone().map(|r| SimResult::clone(&r))
     }
@@ -307,6 +359,26 @@ mod tests {
     }
 
     const FIXTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../tpusim/tests/data/kernel-ir/matmul.json");
+
+    /// Chips made by overriding rates of one model hold that model once, and their lowering key
+    /// once, whatever the number of combinations (a million-point sweep has 10,000); the chips
+    /// themselves stay what `JobSpec::chip` gives.
+    #[test]
+    fn chips_with_overrides_share_their_base_and_lowering_key() {
+        let ev = Evaluator::new();
+        let spec = |set: &[&str]| JobSpec { set: set.iter().map(|s| (*s).to_string()).collect(), ..Default::default() };
+        let specs = [spec(&["hbm.bandwidth_gb_per_s=819"]), spec(&["hbm.bandwidth_gb_per_s=2000", "fitted.valu_vreg_ops_per_cycle=4"])];
+        let [a, b] = specs.each_ref().map(|s| ev.chip(s).unwrap());
+        let (ba, bb) = (a.chip.provenance.compiled_for.as_ref().unwrap(), b.chip.provenance.compiled_for.as_ref().unwrap());
+        assert!(Arc::ptr_eq(ba, bb), "one base model");
+        assert!(Arc::ptr_eq(&a.lowering_key, &b.lowering_key), "one lowering key");
+        for (s, e) in specs.iter().zip([&a, &b]) {
+            assert_eq!(e.chip, s.chip().unwrap());
+        }
+        // A different lowering key is its own.
+        let c = ev.chip(&spec(&["vmem.scoped_limit_mib=64"])).unwrap();
+        assert_ne!(c.lowering_key, a.lowering_key);
+    }
 
     /// `tpusim run`'s report of a spec without what a sweep row leaves out (step classes, notes,
     /// the MXU's fold-load share).

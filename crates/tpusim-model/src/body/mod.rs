@@ -334,16 +334,18 @@ pub fn counting_only<T>(f: impl FnOnce() -> T) -> T {
 /// points that share one, build it once. A step and the same step at its row's end are such a
 /// pair: every op before the end is emitted once ([`Builder::finish_copy`]), and a lowering that
 /// uses one mostly uses the other. The most recent bodies are kept, up to 8 MiB of graph storage
-/// and 64 bodies (a large body is megabytes, and a sweep keeps its groups' lowerings itself). Bodies
-/// built for counting only ([`counting_only`]) are neither kept nor looked up.
+/// and 64 bodies (a large body is megabytes, and a sweep keeps its groups' lowerings itself); a
+/// body beyond those is still found, with its schedules, while a program holds it (a sweep's
+/// dense baseline, lowered while its sparse lowering is held, shares its full-tile bodies).
+/// Bodies built for counting only ([`counting_only`]) are neither kept nor looked up.
 pub fn cached_pair(keys: [String; 2], want: usize, build: impl FnOnce() -> [StepBody; 2]) -> StepBody {
     use std::sync::PoisonError;
     if COUNTING.with(std::cell::Cell::get) {
         let [a, b] = build();
         return if want == 0 { a } else { b };
     }
-    if let Some(b) = store().lock().unwrap_or_else(PoisonError::into_inner).bodies.get(&keys[want]) {
-        return b.clone();
+    if let Some(b) = store().lock().unwrap_or_else(PoisonError::into_inner).get(&keys[want]) {
+        return b;
     }
     let bodies = build();
     let mut c = store().lock().unwrap_or_else(PoisonError::into_inner);
@@ -368,20 +370,43 @@ const STORE_BYTES: usize = 8 << 20;
 /// See [`STORE_BYTES`].
 const STORE_BODIES: usize = 64;
 
-/// The bodies recent lowerings built, by key, with their order and sizes.
+/// The bodies recent lowerings built, by key, with their order and sizes; and every body built
+/// that something else (a lowering's program) may still hold, held weakly.
 #[derive(Default)]
 struct Store {
     bodies: HashMap<String, StepBody>,
     order: std::collections::VecDeque<(String, usize)>,
     bytes: usize,
+    /// Bodies built, held weakly: a body the store has dropped but a program still holds is
+    /// found here, its schedules with it (a sweep's dense baseline, lowered while its sparse
+    /// lowering is held, shares the full-tile bodies of it).
+    live: HashMap<String, crate::ir::WeakBody>,
+    /// `live`'s size after it was last cleared of dead entries.
+    live_pruned: usize,
 }
 
 impl Store {
+    /// The body under `key`, kept or still held by some program.
+    fn get(&self, key: &str) -> Option<StepBody> {
+        self.bodies.get(key).cloned().or_else(|| self.live.get(key)?.upgrade())
+    }
+
     /// Keeps `body` under `key` (an equal key built by another thread meanwhile wins) and gives
     /// the kept body.
     fn insert(&mut self, key: String, body: StepBody) -> StepBody {
         if let Some(b) = self.bodies.get(&key) {
             return b.clone();
+        }
+        if let Some(b) = self.live.get(&key).and_then(crate::ir::WeakBody::upgrade) {
+            return b;
+        }
+        if let Some(w) = body.downgrade() {
+            self.live.insert(key.clone(), w);
+            // Dead entries go once the map has doubled since they last went (amortised O(1)).
+            if self.live.len() > 2 * self.live_pruned.max(64) {
+                self.live.retain(|_, w| w.alive());
+                self.live_pruned = self.live.len();
+            }
         }
         let bytes = body.graph.node_count() * (std::mem::size_of::<TileOp>() + 8) + body.graph.edge_count() * 12;
         self.bytes += bytes;
@@ -1312,5 +1337,34 @@ mod store_tests {
         }
         assert_eq!(s.bodies.len(), STORE_BODIES);
         assert!(s.bodies.contains_key(&format!("k{}", STORE_BODIES + 9)) && !s.bodies.contains_key("k0"));
+    }
+
+    /// A body the store has dropped is found while a program still holds it, with its memo (a
+    /// sweep's dense baseline shares the full-tile bodies of the sparse lowering it runs beside);
+    /// once nothing holds it, or its holder changed it, it is gone.
+    #[test]
+    fn a_dropped_body_is_found_while_a_program_holds_it() {
+        let mut s = Store::default();
+        let per_node = std::mem::size_of::<TileOp>() + 8;
+        let big = STORE_BYTES / per_node / 3 + 1;
+        let held = s.insert("held".into(), body(big));
+        let changed = s.insert("changed".into(), body(big));
+        let dropped = s.insert("dropped".into(), body(big));
+        drop(dropped);
+        held.memo.get_or_insert_with(7, || 42u32);
+        for i in 0..4 {
+            s.insert(format!("other{i}"), body(big));
+            s.evict();
+        }
+        assert!(!s.bodies.contains_key("held") && !s.bodies.contains_key("dropped"), "beyond the store's bytes");
+        let found = s.get("held").expect("a held body is found");
+        assert!(std::sync::Arc::ptr_eq(&found.graph, &held.graph), "the same graph, not a copy");
+        assert_eq!(*found.memo.get_or_insert_with(7, || 0u32), 42, "with its memo");
+        assert!(s.get("dropped").is_none(), "nothing holds it");
+        let mut changed = changed;
+        changed.add("late", Work::Vector { ops: 1.0, loaded_mask_vregs: 0.0 }, &[], 0);
+        assert!(s.get("changed").is_none(), "its holder changed it in place");
+        drop((found, held));
+        assert!(s.get("held").is_none(), "gone with its last holder");
     }
 }

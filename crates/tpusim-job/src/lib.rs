@@ -1176,7 +1176,13 @@ impl Report {
         if !self.padded.is_empty() {
             let pads: Vec<String> =
                 self.padded.iter().map(|(n, a, b)| if a == b { format!("{n} {a}") } else { format!("{n} {a} padded to {b}") }).collect();
-            let _ = writeln!(s, "  lengths      {}", pads.join(", "));
+            // Attention's lengths: the Splash kernels take whole blocks (JAX's mask info refuses
+            // a length its block does not divide), so the caller pads the sequence and masks the
+            // padding with segment ids, as the case study's kernels run (MaxDiffusion pads 75,600
+            // tokens to whole blocks).
+            let by_caller = self.tiles.is_some() && self.padded.iter().any(|(_, a, b)| a != b);
+            let why = if by_caller { " (by the caller, to whole blocks: the kernel takes no partial block; the padding is masked with segment ids)" } else { "" };
+            let _ = writeln!(s, "  lengths      {}{why}", pads.join(", "));
         }
         let grid: Vec<String> = self.grid.iter().map(|(n, v)| format!("{v} {n}")).collect();
         let computed = match self.steps_computed {

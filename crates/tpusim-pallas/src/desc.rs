@@ -482,7 +482,7 @@ impl Description {
             flate2::read::MultiGzDecoder::new(&bytes[..]).read_to_string(&mut t).map_err(io)?;
             t
         } else {
-            String::from_utf8(bytes).map_err(|e| io(std::io::Error::new(std::io::ErrorKind::InvalidData, e)))?
+            String::from_utf8(bytes).map_err(|e| PallasError::Json { path: path.display().to_string(), message: not_text(e.as_bytes()) })?
         };
         let d = Description::from_json(&text, &path.display().to_string())?;
         let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
@@ -978,4 +978,15 @@ impl Description {
     pub fn grid_steps(&self) -> u64 {
         self.grid.iter().product::<u64>().max(1)
     }
+}
+
+/// Why a file of bytes that are not text is no description: what it looks like (a NumPy array,
+/// say) and what a description is.
+fn not_text(bytes: &[u8]) -> String {
+    let what = if bytes.starts_with(b"\x93NUMPY") {
+        "a NumPy array (.npy): a side table or a `--runtime` value a description names, not the description; give the description's .json (or .json.gz) beside it"
+    } else {
+        "binary data, not text"
+    };
+    format!("it is {what} (a description is the JSON text `tpusim.jax.describe` writes, or that text compressed with gzip)")
 }

@@ -21,6 +21,11 @@ struct Cancellable {
 
 static CANCELLABLE: Mutex<Option<Cancellable>> = Mutex::new(None);
 
+/// What an interrupt of a command without a clean stop leaves (every output is written whole or
+/// not at all: `tpusim_io::write_with`).
+const NOTHING_HALF_WRITTEN: &str =
+    "the outputs it had written are complete, the others are as they were (each file is written whole or not at all); run the command again to finish";
+
 /// Installs the handler (once; a failure to install leaves the default, which ends the process).
 pub fn install() {
     let _ = ctrlc::set_handler(|| {
@@ -31,7 +36,7 @@ pub fn install() {
                 return;
             }
             Some(c) => eprintln!("\n{}", c.again),
-            None => eprintln!("\ninterrupted"),
+            None => eprintln!("\ninterrupted: {NOTHING_HALF_WRITTEN}"),
         }
         if tpusim_io::remove_pending_outputs() > 0 {
             eprintln!("the output being written was not finished and is removed; the file it was to replace is as it was");

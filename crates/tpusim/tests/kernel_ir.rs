@@ -173,8 +173,12 @@ fn bad_kernel_ir_input_is_refused_by_name() {
     assert!(c > k && (c - k - call["host_ms"].as_f64().unwrap()).abs() < 1e-9, "{k} {c} {}", call["host_ms"]);
     // tune says to use tpusim.jax.tune, and how.
     input_error(&["tune", "--kernel-ir", &f], &["--kernel-ir", "tpusim.jax.tune(make_fn, candidates", "lowers make_fn(candidate)"]);
-    // A hand-edited window that breaks the (8, 128) block rule: 250 rows of a 1024-row array.
+    // A side table given for the description (a fresh user did): what it is, and what to give.
     let dir = scratch("bad-block");
+    let npy = dir.join("k.prefetch0.npy");
+    std::fs::write(&npy, b"\x93NUMPY\x01\x00v\x00{'descr': '<i4', 'fortran_order': False, 'shape': (2,), }\xff\xfe").unwrap();
+    input_error(&["run", "--kernel-ir", npy.to_str().unwrap()], &["k.prefetch0.npy", "a NumPy array (.npy)", "give the description's .json"]);
+    // A hand-edited window that breaks the (8, 128) block rule: 250 rows of a 1024-row array.
     let mut d: Value = serde_json::from_str(&std::fs::read_to_string(&f).unwrap()).unwrap();
     d["refs"][0]["shape"][0] = 250.into();
     let bad = dir.join("bad.json");

@@ -279,7 +279,7 @@ fn an_interrupted_write_leaves_no_temporary_file() {
         assert!(tl.exists());
     } else {
         assert_eq!(o.status.code(), Some(130), "{err}");
-        assert!(err.contains("interrupted"), "{err}");
+        assert!(err.contains("interrupted: the outputs it had written are complete") && err.contains("run the command again"), "{err}");
         assert!(!tl.exists(), "no half-written target");
     }
     assert!(temps().is_empty(), "left behind: {:?} ({err})", temps());

@@ -756,6 +756,8 @@ fn fwd_info(w: &AttentionCall, cfg: &SplashConfig, cl: &Classified, (tiles, kept
                 match cfg.traversal {
                     Traversal::FullGrid if cl.width < cl.grid.kv_tiles() => "kv steps (after grid shrinking)".into(),
                     Traversal::FullGrid => "kv steps".into(),
+                    // Rows differ only when some tile is empty (a row visits its non-empty tiles).
+                    Traversal::Compact if tiles.empty == 0 => "kv steps (compacted; no tile is empty)".into(),
                     Traversal::Compact => "kv steps (compacted, varies by row)".into(),
                 },
                 cl.width,

@@ -145,7 +145,7 @@ pub fn mxu_fill(run: &Run, f: &MxuFill) -> Option<String> {
     let mut why = Vec::new();
     if f.row_fill < 0.99 || f.column_fill < 0.99 {
         why.push(format!(
-            "the matmuls are smaller than the {rows} x {cols} arrays: weight folds fill on average {:.0}% of the array rows (contraction) and {:.0}% of its columns (output)",
+            "the matmuls are smaller than the {rows} x {cols} arrays: their own data (not lanes padded past it) fills on average {:.0}% of a weight fold's rows (contraction) and {:.0}% of its columns (output)",
             100.0 * f.row_fill,
             100.0 * f.column_fill
         ));

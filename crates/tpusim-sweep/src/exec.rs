@@ -569,7 +569,9 @@ fn evaluate_into(
 ) -> Result<Appended, SweepError> {
     use std::sync::atomic::AtomicUsize;
     use std::sync::Mutex;
-    let io = |e: std::io::Error| SweepError::Io(format!("cannot write {partial}: {e}"));
+    let io = |e: std::io::Error| {
+        SweepError::Io(format!("cannot write {partial}: {e} (the rows already in it are kept: once it can be written, run the same command again to resume)"))
+    };
     let file = std::fs::OpenOptions::new().append(true).open(partial).map_err(io)?;
     let pb = crate::progress_bar(opts.progress, todo.len() as u64, "sweep");
     let mut ev = Evaluator::new();

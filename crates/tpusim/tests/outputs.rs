@@ -377,3 +377,38 @@ fn a_generator_writes_into_a_hand_written_file_between_its_markers_only() {
     let e = refused(bin().args(["validate", s(&csv), "--bands", "--into", s(&bare)]).output().unwrap(), "no markers with --bands");
     assert!(e.contains("(or the markers of tpusim validate-cv, tpusim validate-bands, tpusim accuracy, tpusim fitted-params)"), "{e}");
 }
+
+/// A sweep whose rows cannot be written (a full disk, a file-size limit) says the rows written
+/// are kept and how to go on (a fresh user saw a bare "File too large"), and the same command
+/// resumes it.
+#[test]
+fn a_sweep_that_cannot_write_its_rows_says_how_to_go_on() {
+    use std::os::unix::process::CommandExt;
+    let dir = scratch("efbig");
+    let def = dir.join("s.toml");
+    let rates: Vec<String> = (0..60).map(|i| (800 + 10 * i).to_string()).collect();
+    std::fs::write(&def, format!("[base]\nheads = 1\nseq_len = 4096\n[axes]\n\"chip.hbm.bandwidth_gb_per_s\" = [{}]\n", rates.join(", "))).unwrap();
+    let out = dir.join("o.csv");
+    let mut cmd = bin();
+    cmd.args(["sweep", s(&def), "--out", s(&out), "--no-progress", "--jobs", "1"]);
+    // SAFETY: async-signal-safe calls only, between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+            let lim = libc::rlimit { rlim_cur: 16 << 10, rlim_max: 16 << 10 };
+            if libc::setrlimit(libc::RLIMIT_FSIZE, &lim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let o = cmd.output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "60 rows do not fit 16 KiB: {err}");
+    assert!(err.contains("cannot write") && err.contains("the rows already in it are kept") && err.contains("run the same command again to resume"), "{err}");
+    // Without the limit the same command resumes and finishes.
+    let o = bin().args(["sweep", s(&def), "--out", s(&out), "--no-progress"]).output().unwrap();
+    let said = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert!(o.status.success() && said.contains("resumed"), "{said}");
+    assert_eq!(std::fs::read_to_string(&out).unwrap().lines().filter(|l| !l.starts_with('#')).count(), 61, "header and 60 rows");
+}

@@ -380,18 +380,11 @@ impl std::fmt::Debug for Memo {
 
 /// A [`StepBody`] held without keeping it alive ([`StepBody::downgrade`]): the body again while
 /// some clone of it still holds it unchanged.
-#[derive(Debug, Clone)]
 pub(crate) struct WeakBody {
     graph: std::sync::Weak<DiGraph<TileOp, ()>>,
     carries: u16,
     memo: std::sync::Weak<MemoSlot>,
     signature: std::sync::Weak<std::sync::OnceLock<u64>>,
-}
-
-impl std::fmt::Debug for MemoSlot {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("MemoSlot")
-    }
 }
 
 impl WeakBody {

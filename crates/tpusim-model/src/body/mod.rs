@@ -394,10 +394,7 @@ impl Store {
     /// Keeps `body` under `key` (an equal key built by another thread meanwhile wins) and gives
     /// the kept body.
     fn insert(&mut self, key: String, body: StepBody) -> StepBody {
-        if let Some(b) = self.bodies.get(&key) {
-            return b.clone();
-        }
-        if let Some(b) = self.live.get(&key).and_then(crate::ir::WeakBody::upgrade) {
+        if let Some(b) = self.get(&key) {
             return b;
         }
         if let Some(w) = body.downgrade() {
